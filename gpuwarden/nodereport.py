@@ -1,0 +1,150 @@
+"""The NodeReport wire schema: what an agent sends the operator, validated on both ends.
+
+One schema, versioned by ``schemaVersion``. The agent builds these models and
+serialises them with ``model_dump_json(by_alias=True)``; the operator parses a
+body with :func:`parse_report`, which raises :class:`ReportError` naming the
+offending field. Field names on the wire are camelCase, as in the Kubernetes API.
+
+A report batches the snapshots sampled since the last one that was delivered,
+oldest first, so a replay after an outage arrives as a few large, in-order reports.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+SCHEMA_VERSION = 1
+"""The only ``schemaVersion`` this build speaks; bumped on any incompatible change."""
+
+MAX_SNAPSHOTS_PER_REPORT = 3600
+"""A report carries at most an hour of 1 s snapshots; replays are split into several reports."""
+
+
+class _Wire(BaseModel):
+    """Base for wire models: camelCase on the wire, snake_case in Python, nothing unknown."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+    )
+
+
+class DeviceState(enum.StrEnum):
+    """Whether a GPU's readings can be trusted. Anything but ``ok`` means the numbers are absent, not zero."""
+
+    OK = "ok"
+    LOST = "lost"  # fell off the bus / NVML_ERROR_GPU_IS_LOST
+    UNKNOWN = "unknown"  # NVML answered with an error we could not classify
+
+
+class PodRef(_Wire):
+    """A container (or a whole pod when ``container`` is empty) on this node."""
+
+    namespace: str = Field(min_length=1, max_length=253)
+    name: str = Field(min_length=1, max_length=253)
+    container: str = Field(default="", max_length=253)
+
+
+Percent = Annotated[float, Field(ge=0, le=100)]
+Bytes = Annotated[int, Field(ge=0)]
+
+
+class ProcessSample(_Wire):
+    """One process with a CUDA context on a GPU."""
+
+    pid: int = Field(ge=0)
+    used_memory_bytes: Bytes | None = None
+    sm_util: Percent | None = None
+    """Per-process SM utilization from nvmlDeviceGetProcessUtilization; sampled at a lower rate, so often None."""
+    command: str = Field(default="", max_length=4096)
+    pod: PodRef | None = None
+    """The container this process runs in, from /proc/<pid>/cgroup; None for host processes."""
+
+
+class GpuSample(_Wire):
+    """One GPU (or MIG device) at one instant. ``None`` means not supported or not read, never zero."""
+
+    uuid: str = Field(min_length=1, max_length=128)
+    index: int = Field(ge=0)
+    model: str = Field(default="", max_length=256)
+    mig_id: str | None = Field(default=None, max_length=128)
+    """The MIG device UUID when this entry is a MIG instance; ``uuid`` is then the parent GPU's."""
+    state: DeviceState = DeviceState.OK
+
+    utilization_gpu: Percent | None = None
+    """NVML utilization.gpu: the share of time any kernel ran. A trickle of tiny kernels reads near 100."""
+    sm_active: Percent | None = None
+    """GPM SM activity (Hopper and later): the share of SM cycles doing work. The signal that means work."""
+    sm_occupancy: Percent | None = None
+    tensor_active: Percent | None = None
+    dram_active: Percent | None = None
+    memory_used_bytes: Bytes | None = None
+    memory_total_bytes: Bytes | None = None
+    temperature_c: float | None = None
+    power_watts: float | None = Field(default=None, ge=0)
+    sm_clock_mhz: int | None = Field(default=None, ge=0)
+    ecc_uncorrected: int | None = Field(default=None, ge=0)
+
+    pods: list[PodRef] = Field(default_factory=list, max_length=64)
+    """Pods the kubelet allocated this device to (PodResources). Several under time-slicing."""
+    processes: list[ProcessSample] = Field(default_factory=list, max_length=1024)
+
+
+class PodHostMemory(_Wire):
+    """Host (CPU) memory of one pod from its cgroup's memory.current."""
+
+    namespace: str = Field(min_length=1, max_length=253)
+    name: str = Field(min_length=1, max_length=253)
+    memory_bytes: Bytes
+
+
+class Snapshot(_Wire):
+    """Every GPU of the node at one instant."""
+
+    timestamp: float = Field(gt=0)
+    """Seconds since the Unix epoch, taken by the agent when the sample was read."""
+    gpus: list[GpuSample] = Field(max_length=64)
+    pod_host_memory: list[PodHostMemory] = Field(default_factory=list, max_length=1024)
+
+
+class NodeReport(_Wire):
+    """A batch of snapshots from one node's agent."""
+
+    schema_version: int
+    node: str = Field(min_length=1, max_length=253)
+    agent_id: str = Field(min_length=1, max_length=128)
+    """Random per agent process; with ``seq`` it lets the operator drop duplicates after a retry."""
+    seq: int = Field(ge=0)
+    """Increases by one per report an agent process builds."""
+    snapshots: list[Snapshot] = Field(min_length=1, max_length=MAX_SNAPSHOTS_PER_REPORT)
+
+
+class ReportError(ValueError):
+    """A report body that is not a valid NodeReport; the message names the field."""
+
+
+def parse_report(body: bytes | str) -> NodeReport:
+    """Parse and validate a JSON body; raise :class:`ReportError` with a short, field-naming reason."""
+    try:
+        report = NodeReport.model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise ReportError(f"{where}: {first['msg']}{more}") from None
+    if report.schema_version != SCHEMA_VERSION:
+        raise ReportError(
+            f"schemaVersion: {report.schema_version} is not supported; this operator speaks {SCHEMA_VERSION}"
+        )
+    return report
+
+
+def dump_report(report: NodeReport) -> bytes:
+    """Serialise a report for the wire (camelCase, no ``None`` fields)."""
+    return report.model_dump_json(by_alias=True, exclude_none=True).encode()

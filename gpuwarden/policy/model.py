@@ -1,0 +1,144 @@
+"""The typed model of a GPUMonitorPolicy spec (v1alpha1), as the engine sees it.
+
+Plain frozen dataclasses; durations are seconds (float), byte sizes are ints,
+percentages are floats in 0..100. ``parse_spec`` (in :mod:`gpuwarden.policy.parse`)
+builds them from the CRD's camelCase dict and raises ``SpecError`` naming the field.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Signal(enum.StrEnum):
+    """Which utilization reading a utilization rule compares against its threshold."""
+
+    AUTO = "auto"  # smActive where the GPU reports it (GPM, Hopper+), else gpuUtil
+    SM_ACTIVE = "smActive"
+    GPU_UTIL = "gpuUtil"
+
+
+@dataclass(frozen=True, slots=True)
+class LabelRequirement:
+    """One matchExpressions entry of a LabelSelector."""
+
+    key: str
+    operator: str  # In, NotIn, Exists, DoesNotExist
+    values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LabelSelector:
+    """A Kubernetes LabelSelector; an empty one selects every pod of the namespace."""
+
+    match_labels: tuple[tuple[str, str], ...] = ()
+    match_expressions: tuple[LabelRequirement, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class UtilizationFloor:
+    """Fires when a pod's GPUs stay below ``percent`` for ``for_seconds`` (idle or wasted GPUs)."""
+
+    name: str
+    percent: float
+    for_seconds: float
+    signal: Signal = Signal.AUTO
+    noise_floor: float = 0.0
+    """Readings at or below this count as 0 (monitoring chatter)."""
+    power_threshold_watts: float | None = None
+    """If set, a GPU drawing at least this much power is treated as busy and never idle."""
+    hysteresis: float = 5.0
+    """Percentage points past the threshold the value must go before a finding clears."""
+
+
+@dataclass(frozen=True, slots=True)
+class UtilizationCeiling:
+    """Fires when a pod's GPUs stay above ``percent`` for ``for_seconds`` (saturation)."""
+
+    name: str
+    percent: float
+    for_seconds: float
+    signal: Signal = Signal.AUTO
+    hysteresis: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryCeiling:
+    """Fires when GPU memory used stays above a share of the card or an absolute size."""
+
+    name: str
+    for_seconds: float
+    percent: float | None = None
+    bytes: int | None = None
+    hysteresis: float = 2.0
+    """Percent of the card (or of ``bytes``) below the threshold needed to clear."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryGrowth:
+    """Fires when GPU memory grows steadily (a leak): robust slope above ``rate``, fit at least ``min_fit``."""
+
+    name: str
+    rate_bytes_per_second: float
+    window_seconds: float
+    min_fit: float
+    for_seconds: float = 0.0
+
+
+Rule = UtilizationFloor | UtilizationCeiling | MemoryCeiling | MemoryGrowth
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleTargetRef:
+    """What to scale: any resource with a /scale subresource, in the policy's namespace."""
+
+    api_version: str
+    kind: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleDirection:
+    """HPA-like behaviour for one direction (scale up or down)."""
+
+    stabilization_seconds: float
+    step_replicas: int | None = None
+    step_percent: float | None = None
+    cooldown_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleAction:
+    """spec.actions.scale."""
+
+    target_ref: ScaleTargetRef
+    min_replicas: int
+    max_replicas: int
+    scale_up_on: tuple[str, ...]
+    scale_down_on: tuple[str, ...]
+    scale_up: ScaleDirection
+    scale_down: ScaleDirection
+    scale_up_min_pods: int | None = 1
+    """How many pods must violate a scaleUpOn rule; ``None`` with ``scale_up_min_pods_percent`` set."""
+    scale_up_min_pods_percent: float | None = None
+    dry_run: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Actions:
+    """spec.actions."""
+
+    events: bool = True
+    renotify_seconds: float = 3600.0
+    scale: ScaleAction | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySpec:
+    """A whole GPUMonitorPolicy spec."""
+
+    selector: LabelSelector
+    rules: tuple[Rule, ...]
+    evaluation_interval_seconds: float = 10.0
+    actions: Actions = field(default_factory=Actions)
