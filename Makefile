@@ -1,0 +1,34 @@
+# The two commands a newcomer needs: `make demo` and `make test`. Each sets up what it needs.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint unit integration control-plane demo-cluster clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -U pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+## demo: play the scripted four-GPU scenario through the agent and the engine (about a minute)
+demo: $(BIN)/.installed
+	$(BIN)/gpuwarden demo
+
+## test: lint, type-check, and run every test (unit + integration against a real kube-apiserver)
+test: $(BIN)/.installed control-plane
+	./hack/ensure-system-deps.sh >/dev/null
+	$(MAKE) lint
+	$(BIN)/pytest -q
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check gpuwarden tests bench
+	$(BIN)/ruff format --check gpuwarden tests bench
+	$(BIN)/mypy
+
+## control-plane: build (once, cached outside the tree) kube-apiserver, etcd, kubectl and helm
+control-plane:
+	./hack/build-control-plane.sh >/dev/null
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
