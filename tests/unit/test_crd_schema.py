@@ -1,0 +1,460 @@
+"""The GPUMonitorPolicy CRD, checked offline.
+
+The openAPIV3Schema is translated to plain JSON Schema (Kubernetes extensions dropped, int-or-string made
+a type union, unknown fields rejected as `kubectl apply`'s strict field validation does) and run with
+`jsonschema`. CEL rules cannot run here: we check they are present, and that parse_spec enforces the
+same invariants. The real API server checks live in tests/integration/test_crd.py.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from gpuwarden.policy.parse import SpecError, parse_spec
+from gpuwarden.policy.units import DURATION_PATTERN, QUANTITY_PATTERN, RATE_PATTERN
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_PATH = ROOT / "crds" / "gpuwarden.dev_gpumonitorpolicies.yaml"
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+Schema = dict[str, Any]
+
+
+def load_crd() -> dict[str, Any]:
+    with CRD_PATH.open(encoding="utf-8") as f:
+        crd: dict[str, Any] = yaml.safe_load(f)
+    return crd
+
+
+CRD = load_crd()
+VERSION = CRD["spec"]["versions"][0]
+SCHEMA: Schema = VERSION["schema"]["openAPIV3Schema"]
+
+
+def to_json_schema(node: Schema) -> Schema:
+    """Kubernetes structural schema -> JSON Schema (draft 2020-12) with unknown fields rejected."""
+    out: Schema = {}
+    for key, value in node.items():
+        if key.startswith("x-kubernetes-") or key in ("default", "format", "description"):
+            continue
+        if key == "properties":
+            out[key] = {name: to_json_schema(sub) for name, sub in value.items()}
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+            out[key] = to_json_schema(value)
+        elif key == "anyOf" and node.get("x-kubernetes-int-or-string"):
+            continue
+        else:
+            out[key] = copy.deepcopy(value)
+    if node.get("x-kubernetes-int-or-string"):
+        out["type"] = ["integer", "string"]
+    if "properties" in node and "additionalProperties" not in node:
+        out["additionalProperties"] = False
+    return out
+
+
+JSON_SCHEMA = to_json_schema(SCHEMA)
+VALIDATOR = jsonschema.Draft202012Validator(JSON_SCHEMA)
+
+
+def walk(node: Schema, path: str = "") -> Iterator[tuple[str, Schema]]:
+    """Every schema node under ``node`` with its path (``.spec.rules[].name``, ``.x.matchLabels{}``)."""
+    yield path, node
+    for name, sub in node.get("properties", {}).items():
+        yield from walk(sub, f"{path}.{name}")
+    if isinstance(node.get("items"), dict):
+        yield from walk(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from walk(node["additionalProperties"], f"{path}{{}}")
+
+
+NODES = dict(walk(SCHEMA))
+
+
+def example_object() -> dict[str, Any]:
+    with (ROOT / "examples" / "gpumonitorpolicy.yaml").open(encoding="utf-8") as f:
+        obj: dict[str, Any] = yaml.safe_load(f)
+    return obj
+
+
+def apply_defaults(node: Schema, value: Any) -> Any:
+    """Structural defaulting as the API server does it: absent fields take their default, recursively."""
+    if isinstance(value, dict) and "properties" in node:
+        for name, sub in node["properties"].items():
+            if name not in value and "default" in sub:
+                value[name] = copy.deepcopy(sub["default"])
+            if name in value:
+                value[name] = apply_defaults(sub, value[name])
+    elif isinstance(value, list) and isinstance(node.get("items"), dict):
+        return [apply_defaults(node["items"], item) for item in value]
+    return value
+
+
+# --- the CRD object itself -----------------------------------------------------------------------------
+
+
+def test_names_scope_and_version() -> None:
+    spec = CRD["spec"]
+    assert CRD["apiVersion"] == "apiextensions.k8s.io/v1"
+    assert CRD["metadata"]["name"] == "gpumonitorpolicies.gpuwarden.dev"
+    assert spec["group"] == "gpuwarden.dev"
+    assert spec["scope"] == "Namespaced"
+    assert spec["names"] == {
+        "kind": "GPUMonitorPolicy",
+        "listKind": "GPUMonitorPolicyList",
+        "plural": "gpumonitorpolicies",
+        "singular": "gpumonitorpolicy",
+        "shortNames": ["gmp", "gpupolicy"],
+        "categories": ["gpuwarden"],
+    }
+    assert [v["name"] for v in spec["versions"]] == ["v1alpha1"]
+    assert VERSION["served"] is True
+    assert VERSION["storage"] is True
+    assert VERSION["subresources"] == {"status": {}}
+
+
+def test_printer_columns() -> None:
+    columns = {c["name"]: c for c in VERSION["additionalPrinterColumns"]}
+    assert list(columns) == ["Pods", "Violating", "Replicas", "Ready", "Reason", "Age"]
+    assert columns["Pods"]["jsonPath"] == ".status.matchedPods"
+    assert columns["Violating"]["jsonPath"] == ".status.violatingPods"
+    assert columns["Replicas"]["jsonPath"] == ".status.scale.currentReplicas"
+    assert columns["Replicas"]["priority"] == 1
+    assert columns["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
+    assert columns["Reason"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].reason'
+    assert columns["Reason"]["priority"] == 1
+    assert columns["Age"] == {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+    for column in columns.values():
+        # Every column must resolve to a field the schema defines.
+        path = column["jsonPath"].split("[")[0]
+        if not path.startswith(".metadata"):
+            assert path in NODES, path
+
+
+# --- structural rules the API server would enforce when creating the CRD --------------------------------
+
+
+def test_every_field_has_a_description() -> None:
+    missing = [path or "(root)" for path, node in NODES.items() if not node.get("description")]
+    assert missing == []
+
+
+def test_schema_is_structural() -> None:
+    for path, node in NODES.items():
+        if node.get("x-kubernetes-int-or-string"):
+            assert "type" not in node, path
+            assert node["anyOf"] == [{"type": "integer"}, {"type": "string"}], path
+        else:
+            assert node.get("type") in ("object", "array", "string", "integer", "number", "boolean"), path
+        if node.get("type") == "array":
+            assert "items" in node, path
+
+
+def test_lists_and_strings_are_bounded_for_cel_cost() -> None:
+    """The CEL cost estimator needs bounds on every list and on strings that CEL rules touch."""
+    spec_nodes = {p: n for p, n in NODES.items() if p.startswith(".spec")}
+    for path, node in spec_nodes.items():
+        if node.get("type") == "array":
+            assert "maxItems" in node, path
+        if node.get("type") == "string" and "enum" not in node:
+            assert "maxLength" in node, path
+    assert NODES[".status.violations"]["maxItems"] == 20
+
+
+def test_defaults_validate_against_their_own_schema() -> None:
+    for node in NODES.values():
+        if "default" in node:
+            jsonschema.validate(node["default"], to_json_schema(node))
+
+
+# --- durations, quantities, rates ---------------------------------------------------------------------------
+
+DURATION_FIELDS = {
+    ".spec.evaluationInterval": "10s",
+    ".spec.rules[].utilizationFloor.for": "5m",
+    ".spec.rules[].utilizationCeiling.for": "2m",
+    ".spec.rules[].memoryCeiling.for": "1m",
+    ".spec.rules[].memoryGrowth.window": "30m",
+    ".spec.rules[].memoryGrowth.for": "0s",
+    ".spec.actions.renotifyInterval": "1h",
+    ".spec.actions.scale.behavior.scaleUp.stabilizationWindow": "0s",
+    ".spec.actions.scale.behavior.scaleUp.cooldown": "1m",
+    ".spec.actions.scale.behavior.scaleDown.stabilizationWindow": "5m",
+    ".spec.actions.scale.behavior.scaleDown.cooldown": "5m",
+}
+
+
+def test_every_duration_field_carries_the_same_pattern() -> None:
+    with_pattern = {p for p, n in NODES.items() if n.get("pattern") == DURATION_PATTERN}
+    assert with_pattern == set(DURATION_FIELDS)
+    for path, default in DURATION_FIELDS.items():
+        node = NODES[path]
+        assert node["type"] == "string", path
+        assert node["maxLength"] == 32, path
+        assert node["default"] == default, path
+        assert "duration" in node["description"], path
+
+
+def test_quantity_and_rate_patterns_match_the_parser() -> None:
+    assert NODES[".spec.rules[].memoryCeiling.bytes"]["pattern"] == QUANTITY_PATTERN
+    assert NODES[".spec.rules[].memoryGrowth.rate"]["pattern"] == RATE_PATTERN
+
+
+# --- CEL rules ------------------------------------------------------------------------------------------
+
+
+def cel_rules(path: str) -> list[str]:
+    return [" ".join(v["rule"].split()) for v in NODES[path].get("x-kubernetes-validations", [])]
+
+
+@pytest.mark.parametrize(
+    ("path", "fragment"),
+    [
+        (".spec.rules[]", "has(self.utilizationFloor), has(self.utilizationCeiling)"),
+        (".spec.rules[]", ".filter(k, k).size() == 1"),
+        (".spec.rules[].memoryCeiling", "has(self.percent) != has(self.bytes)"),
+        (".spec.rules[].memoryCeiling", "quantity(string(self.bytes)).isInteger()"),
+        (".spec.rules[].memoryGrowth", "!self.rate.matches("),
+        (".spec.rules[].memoryGrowth.window", "duration(self) >= duration('1s')"),
+        (".spec.evaluationInterval", "duration(self) >= duration('1s')"),
+        (".spec.actions.renotifyInterval", "duration(self) >= duration('1m')"),
+        (".spec.actions.scale", "self.minReplicas <= self.maxReplicas"),
+        (".spec.actions.scale", "!self.scaleUpOn.exists(n, n in self.scaleDownOn)"),
+        (".spec.actions.scale", "size(self.scaleUpOn) > 0"),
+        (".spec", "self.actions.scale.scaleUpOn.all(n, self.rules.exists(r, r.name == n))"),
+        (".spec", "self.actions.scale.scaleDownOn.all(n, self.rules.exists(r, r.name == n))"),
+        (".spec.selector.matchExpressions[]", "self.operator in ['In', 'NotIn']"),
+    ],
+)
+def test_cel_rule_present(path: str, fragment: str) -> None:
+    assert any(fragment in rule for rule in cel_rules(path)), cel_rules(path)
+
+
+def test_every_cel_rule_has_a_message() -> None:
+    for path, node in NODES.items():
+        for validation in node.get("x-kubernetes-validations", []):
+            assert validation.get("message") or validation.get("messageExpression"), path
+
+
+def test_rule_names_are_unique_by_list_map() -> None:
+    rules = NODES[".spec.rules"]
+    assert rules["x-kubernetes-list-type"] == "map"
+    assert rules["x-kubernetes-list-map-keys"] == ["name"]
+    assert rules["minItems"] == 1
+    assert rules["maxItems"] == 32
+    assert "name" in NODES[".spec.rules[]"]["required"]
+
+
+def test_conditions_are_standard() -> None:
+    conditions = NODES[".status.conditions"]
+    assert conditions["x-kubernetes-list-type"] == "map"
+    assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+    item = NODES[".status.conditions[]"]
+    assert set(item["properties"]) == {
+        "type",
+        "status",
+        "reason",
+        "message",
+        "lastTransitionTime",
+        "observedGeneration",
+    }
+    assert item["properties"]["status"]["enum"] == ["True", "False", "Unknown"]
+    assert item["properties"]["reason"]["pattern"] == "^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+    assert item["properties"]["lastTransitionTime"]["format"] == "date-time"
+
+
+# --- the schema against policies --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_are_accepted(path: Path) -> None:
+    for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+        if doc is None:
+            continue
+        VALIDATOR.validate(doc)
+        parse_spec(doc["spec"])
+
+
+def test_status_example_is_accepted() -> None:
+    obj = example_object()
+    obj["status"] = {
+        "observedGeneration": 3,
+        "matchedPods": 4,
+        "violatingPods": 1,
+        "violations": [
+            {
+                "pod": "llm-server-7c9f-x2",
+                "rule": "leak",
+                "reason": "GPUMemoryGrowing",
+                "message": "GPU memory grows 212Mi/m (fit 0.97); reaches 141Gi in 14m",
+                "since": "2026-12-02T14:00:00Z",
+                "gpu": "GPU-5fd4e1a2-0b7c-4f7e-9d3a-1c2b3d4e5f60",
+            }
+        ],
+        "scale": {
+            "currentReplicas": 3,
+            "desiredReplicas": 3,
+            "lastScaleTime": "2026-12-02T13:00:00Z",
+            "lastScaleReason": "scale up 2->3: saturated on 2/2 pods",
+        },
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "Evaluating",
+                "message": "4 pods, 4 rules",
+                "lastTransitionTime": "2026-12-02T12:00:00Z",
+                "observedGeneration": 3,
+            }
+        ],
+    }
+    VALIDATOR.validate(obj)
+
+
+def test_crd_defaults_match_parser_defaults() -> None:
+    """A minimal policy means the same whether the API server or parse_spec fills in the defaults."""
+    minimal = {
+        "selector": {"matchLabels": {"app": "x"}},
+        "rules": [
+            {"name": "a", "utilizationFloor": {"percent": 10}},
+            {"name": "b", "utilizationCeiling": {"percent": 90}},
+            {"name": "c", "memoryCeiling": {"bytes": "10Gi"}},
+            {"name": "d", "memoryGrowth": {"rate": "1Mi/s"}},
+        ],
+        "actions": {"scale": {"targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "x"}}},
+    }
+    minimal["actions"]["scale"]["maxReplicas"] = 4  # type: ignore[index]
+    minimal["actions"]["scale"]["scaleUpOn"] = ["b"]  # type: ignore[index]
+    defaulted = apply_defaults(NODES[".spec"], copy.deepcopy(minimal))
+    assert defaulted["actions"]["scale"]["behavior"]["scaleDown"]["cooldown"] == "5m"
+    assert defaulted["rules"][0]["utilizationFloor"]["signal"] == "auto"
+    assert parse_spec(defaulted) == parse_spec(minimal)
+    # And with no actions at all, the defaulted {} equals parse_spec's Actions().
+    del minimal["actions"]
+    assert parse_spec(apply_defaults(NODES[".spec"], copy.deepcopy(minimal))) == parse_spec(minimal)
+
+
+Mutation = Callable[[dict[str, Any]], None]
+
+
+def _set(path: str, value: Any) -> Mutation:
+    """A mutation setting ``a.b[0].c`` in the policy object."""
+
+    def mutate(obj: dict[str, Any]) -> None:
+        *parents, last = _tokens(path)
+        target: Any = obj
+        for token in parents:
+            target = target[token]
+        target[last] = value
+
+    return mutate
+
+
+def _delete(path: str) -> Mutation:
+    def mutate(obj: dict[str, Any]) -> None:
+        *parents, last = _tokens(path)
+        target: Any = obj
+        for token in parents:
+            target = target[token]
+        del target[last]
+
+    return mutate
+
+
+def _tokens(path: str) -> list[str | int]:
+    tokens: list[str | int] = []
+    for part in path.replace("[", ".[").split("."):
+        tokens.append(int(part[1:-1]) if part.startswith("[") else part)
+    return tokens
+
+
+# Each of these the schema alone rejects; parse_spec must reject it too (local mode has no API server).
+SCHEMA_REJECTS: dict[str, Mutation] = {
+    "missing selector": _delete("spec.selector"),
+    "missing rules": _delete("spec.rules"),
+    "empty rules": _set("spec.rules", []),
+    "too many rules": _set(
+        "spec.rules", [{"name": f"r{i}", "utilizationFloor": {"percent": 1}} for i in range(33)]
+    ),
+    "unknown spec field": _set("spec.evaluationIntervall", "10s"),
+    "unknown rule field": _set("spec.rules[0].utilizationFloor.precent", 20),
+    "bad duration unit": _set("spec.evaluationInterval", "10sec"),
+    "duration as number": _set("spec.rules[0].utilizationFloor.for", 300),
+    "duration with days": _set("spec.rules[1].utilizationCeiling.for", "1d"),
+    "duration too many digits": _set("spec.actions.renotifyInterval", "100000s"),
+    "duration five parts": _set("spec.rules[2].memoryCeiling.for", "1h1m1s1ms1s"),
+    "percent above 100": _set("spec.rules[0].utilizationFloor.percent", 101),
+    "negative percent": _set("spec.rules[1].utilizationCeiling.percent", -1),
+    "percent as string": _set("spec.rules[0].utilizationFloor.percent", "20"),
+    "bad signal": _set("spec.rules[0].utilizationFloor.signal", "smactive"),
+    "noise floor above 100": _set("spec.rules[0].utilizationFloor.noiseFloor", 150),
+    "negative power": _set("spec.rules[0].utilizationFloor.powerThresholdWatts", -5),
+    "hysteresis above 50": _set("spec.rules[1].utilizationCeiling.hysteresis", 60),
+    "rule name uppercase": _set("spec.rules[0].name", "Idle"),
+    "rule name too long": _set("spec.rules[0].name", "a" * 64),
+    "bad bytes": _set("spec.rules[2].memoryCeiling", {"bytes": "120GB"}),
+    "bad rate unit": _set("spec.rules[3].memoryGrowth.rate", "100Mb/m"),
+    "rate per day": _set("spec.rules[3].memoryGrowth.rate", "100Mi/d"),
+    "missing rate": _delete("spec.rules[3].memoryGrowth.rate"),
+    "minFit above 1": _set("spec.rules[3].memoryGrowth.minFit", 1.5),
+    "events not bool": _set("spec.actions.events", "yes"),
+    "maxReplicas zero": _set("spec.actions.scale.maxReplicas", 0),
+    "minReplicas zero": _set("spec.actions.scale.minReplicas", 0),
+    "missing maxReplicas": _delete("spec.actions.scale.maxReplicas"),
+    "missing targetRef name": _delete("spec.actions.scale.targetRef.name"),
+    "scaleUpMinPods percent above 100": _set("spec.actions.scale.scaleUpMinPods", "150%"),
+    "scaleUpMinPods zero": _set("spec.actions.scale.scaleUpMinPods", 0),
+    "step zero percent": _set("spec.actions.scale.behavior.scaleUp.step", "0%"),
+    "step as word": _set("spec.actions.scale.behavior.scaleDown.step", "one"),
+    "bad operator": _set("spec.selector.matchExpressions[0].operator", "Equals"),
+    "bad label value": _set("spec.selector.matchLabels.app", "llm server"),
+    "label value not string": _set("spec.selector.matchLabels.app", 7),
+}
+
+
+@pytest.mark.parametrize("mutate", SCHEMA_REJECTS.values(), ids=SCHEMA_REJECTS.keys())
+def test_schema_and_parser_reject(mutate: Mutation) -> None:
+    obj = example_object()
+    mutate(obj)
+    with pytest.raises(jsonschema.ValidationError):
+        VALIDATOR.validate(obj)
+    with pytest.raises(SpecError):
+        parse_spec(obj["spec"])
+
+
+# Each of these only a CEL rule (or the list-map key) rejects: jsonschema accepts, parse_spec must not.
+CEL_REJECTS: dict[str, Mutation] = {
+    "rule with no kind": _set("spec.rules[0]", {"name": "idle-gpu"}),
+    "rule with two kinds": _set("spec.rules[1].memoryGrowth", {"rate": "1Mi/m"}),
+    "duplicate rule names": _set("spec.rules[1].name", "idle-gpu"),
+    "percent and bytes": _set("spec.rules[2].memoryCeiling.bytes", "120Gi"),
+    "neither percent nor bytes": _set("spec.rules[2].memoryCeiling", {"for": "1m"}),
+    "fractional bytes": _set("spec.rules[2].memoryCeiling", {"bytes": "1.5"}),
+    "zero rate": _set("spec.rules[3].memoryGrowth.rate", "0Mi/m"),
+    "zero window": _set("spec.rules[3].memoryGrowth.window", "0s"),
+    "sub-second evaluation": _set("spec.evaluationInterval", "500ms"),
+    "short renotify": _set("spec.actions.renotifyInterval", "30s"),
+    "min above max": _set("spec.actions.scale.minReplicas", 9),
+    "unknown scaleUpOn rule": _set("spec.actions.scale.scaleUpOn", ["saturatd"]),
+    "unknown scaleDownOn rule": _set("spec.actions.scale.scaleDownOn", ["idle"]),
+    "rule in both directions": _set("spec.actions.scale.scaleDownOn", ["saturated"]),
+    "no scaling rules": _set("spec.actions.scale.scaleUpOn", []),
+    "In without values": _set("spec.selector.matchExpressions[0]", {"key": "a", "operator": "In"}),
+}
+
+
+@pytest.mark.parametrize("mutate", CEL_REJECTS.values(), ids=CEL_REJECTS.keys())
+def test_cel_only_invariants_rejected_by_parser(mutate: Mutation) -> None:
+    obj = example_object()
+    mutate(obj)
+    if obj["spec"]["actions"]["scale"]["scaleUpOn"] == []:
+        obj["spec"]["actions"]["scale"]["scaleDownOn"] = []
+    VALIDATOR.validate(obj)  # the structural schema alone lets it through
+    with pytest.raises(SpecError):
+        parse_spec(obj["spec"])
