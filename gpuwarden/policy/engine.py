@@ -1,0 +1,271 @@
+"""PolicyEvaluator: one policy's rules applied to the pods it selects, findings kept across evaluations.
+
+Pure: pods, samples and ``now`` come in; transitions and verdicts go out. The
+operator (or local mode) calls :meth:`PolicyEvaluator.evaluate` every
+``evaluationInterval`` and turns transitions into Events, status and scaling.
+
+One evaluation, in order:
+
+1. **Selection.** Pods in the evaluator's namespace (all, when it has none)
+   whose labels match the policy's selector. Pods without GPU series are
+   selected too (they simply have nothing to judge).
+2. **Snooze.** A pod annotated ``snooze.gpuwarden.dev/<rule-name>: <RFC3339 time>``
+   is not judged by that rule until that time; an active finding resolves with
+   ``Snoozed``. An annotation that does not parse is ignored.
+3. **Rules**, in spec order, per pod in (namespace, name) order: each yields an
+   :class:`~gpuwarden.policy.rules.Outcome`, which the
+   :class:`~gpuwarden.policy.findings.FindingTracker` turns into a transition.
+4. **Sweep.** Active findings whose rule left the spec (or changed kind)
+   resolve with ``RuleRemoved``; those whose pod is no longer selected with
+   ``NotSelected``; those whose pod is not in the list at all with ``PodGone``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from gpuwarden.policy.findings import (
+    Finding,
+    FindingKey,
+    FindingTracker,
+    FindingTransition,
+    Resolution,
+    Transition,
+)
+from gpuwarden.policy.growth import evaluate_growth
+from gpuwarden.policy.memory import evaluate_memory_ceiling
+from gpuwarden.policy.model import (
+    MemoryCeiling,
+    MemoryGrowth,
+    PolicySpec,
+    Rule,
+    UtilizationCeiling,
+    UtilizationFloor,
+)
+from gpuwarden.policy.rules import Outcome, RuleKind, WindowParams
+from gpuwarden.policy.selector import selector_matches
+from gpuwarden.policy.series import PodId, SeriesKey, SeriesStore, Window
+from gpuwarden.policy.utilization import evaluate_ceiling, evaluate_floor
+
+SNOOZE_PREFIX = "snooze.gpuwarden.dev/"
+"""Annotation prefix; the rule's name follows it."""
+
+DEFAULT_NO_DATA_SECONDS = 600.0
+"""An active finding whose pod sent nothing usable this long resolves with ``NoData``."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    """What the engine needs to know of a pod."""
+
+    namespace: str
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def id(self) -> PodId:
+        """The pod's (namespace, name)."""
+        return PodId(self.namespace, self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """The result of one evaluation of one policy."""
+
+    at: float
+    transitions: tuple[FindingTransition, ...]
+    """Every active finding's step (STARTED, ONGOING, RENOTIFY, RESOLVED), in a stable order."""
+    active: tuple[Finding, ...]
+    """Findings active after this evaluation, newest first."""
+    matched_pods: tuple[PodId, ...]
+    """Pods the policy selects, sorted."""
+    violating_pods: tuple[PodId, ...]
+    """Selected pods with at least one active finding, sorted."""
+    outcomes: tuple[Outcome, ...] = ()
+    """Every rule's verdict on every selected, unsnoozed pod (for metrics and local mode's display)."""
+
+    def announcements(self) -> list[FindingTransition]:
+        """Transitions that announce something: STARTED, RENOTIFY and RESOLVED (ONGOING left out)."""
+        return [t for t in self.transitions if t.transition is not Transition.ONGOING]
+
+
+def rule_kind(rule: Rule) -> RuleKind:
+    """The kind of a rule."""
+    match rule:
+        case UtilizationFloor():
+            return RuleKind.UTILIZATION_FLOOR
+        case UtilizationCeiling():
+            return RuleKind.UTILIZATION_CEILING
+        case MemoryCeiling():
+            return RuleKind.MEMORY_CEILING
+        case MemoryGrowth():
+            return RuleKind.MEMORY_GROWTH
+
+
+def rule_window_seconds(rule: Rule) -> float:
+    """How far back a rule reads: its ``for`` window, or ``window`` for memoryGrowth."""
+    return rule.window_seconds if isinstance(rule, MemoryGrowth) else rule.for_seconds
+
+
+def horizon_seconds(spec: PolicySpec, params: WindowParams | None = None) -> float:
+    """The store retention this policy needs: its longest window, plus staleness and slack.
+
+    Size the store's ``retention_seconds`` as the largest horizon over all policies.
+    """
+    params = params or WindowParams()
+    longest = max((rule_window_seconds(r) for r in spec.rules), default=0.0)
+    return longest + params.stale_after_seconds + 60.0
+
+
+def evaluate_rule(
+    rule: Rule,
+    pod: PodId,
+    series: Sequence[tuple[SeriesKey, Window]],
+    now: float,
+    params: WindowParams,
+) -> Outcome:
+    """Judge one rule for one pod (dispatches on the rule's kind)."""
+    match rule:
+        case UtilizationFloor():
+            return evaluate_floor(rule, pod, series, now, params)
+        case UtilizationCeiling():
+            return evaluate_ceiling(rule, pod, series, now, params)
+        case MemoryCeiling():
+            return evaluate_memory_ceiling(rule, pod, series, now, params)
+        case MemoryGrowth():
+            return evaluate_growth(rule, pod, series, now, params)
+
+
+def snoozed_until(annotations: Mapping[str, str], rule_name: str) -> float | None:
+    """The epoch second until which ``rule_name`` is snoozed on a pod, or None (absent or unparsable).
+
+    The value is an RFC 3339 time (``2026-12-03T08:00:00Z``); one without an offset is read as UTC.
+    """
+    raw = annotations.get(SNOOZE_PREFIX + rule_name)
+    if raw is None:
+        return None
+    try:
+        when = datetime.fromisoformat(raw.strip())
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    seconds = when.timestamp()
+    return seconds if math.isfinite(seconds) else None
+
+
+class PolicyEvaluator:
+    """Evaluates one policy; holds that policy's findings between evaluations.
+
+    ``policy_key`` names the policy in findings (``namespace/name``).
+    ``namespace`` limits it to pods of that namespace (a namespaced policy);
+    None evaluates every pod it is given (local mode). ``params`` sets how
+    windows are judged; ``no_data_seconds`` how long an active finding survives
+    without usable data (a node gone quiet, a restart still replaying).
+    """
+
+    def __init__(
+        self,
+        policy_key: str,
+        spec: PolicySpec,
+        *,
+        namespace: str | None = None,
+        params: WindowParams | None = None,
+        no_data_seconds: float = DEFAULT_NO_DATA_SECONDS,
+    ) -> None:
+        self.policy_key = policy_key
+        self.namespace = namespace
+        self.params = params or WindowParams()
+        self.spec = spec
+        self._tracker = FindingTracker(
+            policy_key, renotify_seconds=spec.actions.renotify_seconds, no_data_seconds=no_data_seconds
+        )
+
+    def update_spec(self, spec: PolicySpec) -> None:
+        """Switch to an edited spec, keeping the findings of rules that still exist with the same kind.
+
+        Findings of removed (or re-kinded) rules resolve at the next evaluation with ``RuleRemoved``.
+        """
+        self.spec = spec
+        self._tracker.renotify_seconds = spec.actions.renotify_seconds
+
+    def restore(self, findings: Iterable[Finding], now: float) -> None:
+        """Seed active findings after a restart (from the policy's status), so they are not announced again.
+
+        They count as announced at ``now`` and resolve like any other, or with
+        ``NoData`` if their pod's data does not come back within ``no_data_seconds``.
+        """
+        self._tracker.restore(findings, now)
+
+    def active(self) -> list[Finding]:
+        """Active findings, newest first."""
+        return self._tracker.active()
+
+    def horizon_seconds(self) -> float:
+        """The store retention this policy needs (see :func:`horizon_seconds`)."""
+        return horizon_seconds(self.spec, self.params)
+
+    def evaluate(self, pods: Iterable[PodView], store: SeriesStore, now: float) -> Evaluation:
+        """Apply every rule to every selected pod as of ``now``; return the transitions and verdicts."""
+        tracker = self._tracker
+        rules = {r.name: r for r in self.spec.rules}
+        present: set[PodId] = set()
+        selected: dict[PodId, PodView] = {}
+        for pod in pods:
+            if self.namespace is not None and pod.namespace != self.namespace:
+                continue
+            present.add(pod.id)
+            if selector_matches(self.spec.selector, pod.labels):
+                selected[pod.id] = pod
+
+        transitions: list[FindingTransition] = []
+        outcomes: list[Outcome] = []
+        for pod_id in sorted(selected):
+            pod = selected[pod_id]
+            series = store.series_of(pod_id.namespace, pod_id.name)
+            for rule in self.spec.rules:
+                key = FindingKey(rule.name, pod_id.namespace, pod_id.name)
+                state = tracker.state(key)
+                if state is not None and state.finding.kind is not rule_kind(rule):
+                    _append(transitions, tracker.resolve(key, Resolution.RULE_REMOVED, now))
+                until = snoozed_until(pod.annotations, rule.name)
+                if until is not None and now < until:
+                    _append(transitions, tracker.resolve(key, Resolution.SNOOZED, now))
+                    continue
+                outcome = evaluate_rule(rule, pod_id, series, now, self.params)
+                outcomes.append(outcome)
+                for_seconds = rule.for_seconds if isinstance(rule, MemoryGrowth) else 0.0
+                _append(transitions, tracker.observe(outcome, now, for_seconds))
+
+        for key in sorted(tracker.keys()):
+            pod_id = PodId(key.namespace, key.pod)
+            rule_now = rules.get(key.rule)
+            state = tracker.state(key)
+            if rule_now is None or (state is not None and state.finding.kind is not rule_kind(rule_now)):
+                _append(transitions, tracker.resolve(key, Resolution.RULE_REMOVED, now))
+            elif pod_id not in selected:
+                cause = Resolution.NOT_SELECTED if pod_id in present else Resolution.POD_GONE
+                _append(transitions, tracker.resolve(key, cause, now))
+        for key in tracker.pending_keys():
+            if key.rule not in rules or PodId(key.namespace, key.pod) not in selected:
+                tracker.forget_pending(key)
+
+        active = tracker.active()
+        violating = sorted({PodId(f.namespace, f.pod) for f in active})
+        return Evaluation(
+            at=now,
+            transitions=tuple(transitions),
+            active=tuple(active),
+            matched_pods=tuple(sorted(selected)),
+            violating_pods=tuple(violating),
+            outcomes=tuple(outcomes),
+        )
+
+
+def _append(out: list[FindingTransition], transition: FindingTransition | None) -> None:
+    if transition is not None:
+        out.append(transition)

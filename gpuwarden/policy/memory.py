@@ -1,0 +1,121 @@
+"""memoryCeiling: GPU memory used stayed above a limit for the whole ``for`` window.
+
+Semantics (the window, coverage and as-of time are in :mod:`gpuwarden.policy.rules`):
+
+- **Per GPU.** The GPU's value is the *lowest* memory used over
+  ``[end - for, end]``: the level it stayed above for the whole window. With
+  ``percent`` it is a share of the card's total memory (as last reported; a GPU
+  that never reported its total cannot be judged), with ``bytes`` a size.
+- **Holds** when some GPU covers the window and its value is above the limit;
+  each GPU is judged on its own readings, so one GPU's gap does not hide
+  another's full card. The pod's value is its worst GPU's; the finding names
+  the GPUs over the limit.
+- **Clears** when every GPU's value is at or below the limit minus
+  ``hysteresis`` (percentage points of the card with ``percent``; per cent of
+  ``bytes`` with ``bytes``): memory dipped clearly below the limit within the window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpuwarden.policy.humanize import format_bytes
+from gpuwarden.policy.model import MemoryCeiling
+from gpuwarden.policy.rules import (
+    Outcome,
+    RuleKind,
+    WindowParams,
+    covered,
+    percent,
+    pod_end,
+    readings,
+    unknown,
+)
+from gpuwarden.policy.series import Column, PodId, SeriesKey, Window
+from gpuwarden.policy.units import format_duration
+
+
+@dataclass(frozen=True, slots=True)
+class GpuMemoryLevel:
+    """The memory a GPU stayed above over a window."""
+
+    gpu: str
+    low_bytes: float
+    total_bytes: float | None
+    value: float
+    """In the rule's unit: percent of the card, or bytes."""
+    covered: bool
+
+
+def _limits(rule: MemoryCeiling) -> tuple[float, float, str]:
+    """The rule's threshold, clear line and unit."""
+    if rule.percent is not None:
+        return rule.percent, rule.percent - rule.hysteresis, "percent"
+    if rule.bytes is None:
+        raise ValueError(f"memoryCeiling {rule.name!r} has neither percent nor bytes")
+    return float(rule.bytes), rule.bytes * (1 - rule.hysteresis / 100), "bytes"
+
+
+def evaluate_memory_ceiling(
+    rule: MemoryCeiling,
+    pod: PodId,
+    series: Sequence[tuple[SeriesKey, Window]],
+    now: float,
+    params: WindowParams,
+) -> Outcome:
+    """Judge a memoryCeiling rule for one pod (see the module doc)."""
+    kind = RuleKind.MEMORY_CEILING
+    threshold, clear_line, unit = _limits(rule)
+    end = pod_end(series, now)
+    if end is None or now - end > params.stale_after_seconds:
+        return unknown(rule.name, kind, pod, threshold, unit)
+    start = end - rule.for_seconds
+    levels: list[GpuMemoryLevel] = []
+    for key, window in series:
+        times, used = readings(window, Column.MEM_USED, start, end)
+        if not used:
+            continue
+        total = window.mem_total
+        low = min(used)
+        if unit == "percent":
+            if not total:
+                continue
+            value = 100.0 * low / total
+        else:
+            value = low
+        levels.append(
+            GpuMemoryLevel(key.gpu, low, total, value, covered(times, start, end, params.max_gap_seconds))
+        )
+    if not levels:
+        return unknown(rule.name, kind, pod, threshold, unit)
+
+    over = [g for g in levels if g.covered and g.value > threshold]
+    holds = bool(over)
+    clears = all(g.value <= clear_line for g in levels)
+    named = over if holds else [g for g in levels if g.value > clear_line]
+    worst = max(over or levels, key=lambda g: g.value)
+    if unit == "percent":
+        assert worst.total_bytes is not None
+        level = (
+            f"{percent(worst.value)} of the card ({format_bytes(worst.low_bytes)}"
+            f" of {format_bytes(worst.total_bytes)})"
+        )
+        limit = percent(threshold)
+    else:
+        level = format_bytes(worst.low_bytes)
+        limit = format_bytes(threshold)
+    on = f" on {len(named)} of {len(levels)} GPUs" if len(levels) > 1 and named else ""
+    message = f"GPU memory stayed above {level} for {format_duration(rule.for_seconds)}{on}, limit {limit}"
+    return Outcome(
+        rule.name,
+        kind,
+        pod,
+        worst.value,
+        threshold,
+        unit,
+        holds=holds,
+        clears=clears,
+        gpus=tuple(g.gpu for g in named),
+        message=message,
+    )

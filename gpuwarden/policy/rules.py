@@ -1,0 +1,161 @@
+"""What every rule shares: its kinds, its outcome, and how a window is cut and judged complete.
+
+Windows are data-defined, so that the same samples always give the same verdict
+whatever the evaluation cadence (a replay re-derives the same findings):
+
+- **As-of time.** A pod is judged as of its newest sample at or before ``now``
+  (``end``), not ``now`` itself: reports arrive batched and late, and a window
+  ending at ``now`` would see a gap at its tail at every evaluation. A pod whose
+  newest sample is older than ``stale_after_seconds`` is not judged at all
+  (value unknown: nothing starts, nothing clears).
+- **The window** of a rule of length ``L`` is ``[end - L, end]``, both ends
+  included. The pod's GPUs are its series with at least one point in it; a GPU
+  silent for a whole window has left the pod's view.
+- **Coverage.** A series covers the window when the readings the rule uses
+  (non-missing values of its column) leave no gap longer than ``max_gap``: from
+  the window's start to the first reading, between consecutive readings, and from
+  the last reading to ``end``. ``max_gap`` is the evaluator's ``max_gap_seconds``
+  when set; by default it adapts to the series: a gap is too long when it
+  exceeds both 5 s and 3 x the median interval between the window's readings. A
+  rule starts only when every GPU of the pod covers its window: missing samples
+  never satisfy a duration.
+- **Hysteresis.** Each rule states two conditions: *holds* (start a finding)
+  and *clears* (resolve it), separated by a margin, so a value hovering at the
+  threshold does not flap. A clear is judged on whatever readings the window
+  has, even when it is not covered, so a recovered pod is recognised promptly.
+"""
+
+from __future__ import annotations
+
+import enum
+import statistics
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from operator import sub
+
+from gpuwarden.policy.series import Column, PodId, SeriesKey, Window
+
+MIN_GAP_SECONDS = 5.0
+"""The adaptive ``max_gap`` is never below this: agents sample at 1 s, and reports jitter."""
+
+GAP_INTERVALS = 3.0
+"""The adaptive ``max_gap`` is this many median sampling intervals."""
+
+
+class RuleKind(enum.StrEnum):
+    """A rule's kind, named as in the CRD; ``reason`` is the CamelCase Event reason."""
+
+    UTILIZATION_FLOOR = "utilizationFloor"
+    UTILIZATION_CEILING = "utilizationCeiling"
+    MEMORY_CEILING = "memoryCeiling"
+    MEMORY_GROWTH = "memoryGrowth"
+
+    @property
+    def reason(self) -> str:
+        """The Event reason for a finding of this kind."""
+        return _REASONS[self]
+
+
+_REASONS = {
+    RuleKind.UTILIZATION_FLOOR: "GPUUnderutilized",
+    RuleKind.UTILIZATION_CEILING: "GPUSaturated",
+    RuleKind.MEMORY_CEILING: "GPUMemoryNearLimit",
+    RuleKind.MEMORY_GROWTH: "GPUMemoryLeakSuspected",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class WindowParams:
+    """Evaluator-wide settings for cutting and judging windows."""
+
+    max_gap_seconds: float | None = None
+    """The longest gap a covered window may have; None adapts it per series (see the module doc)."""
+    stale_after_seconds: float = 60.0
+    """A pod whose newest sample is older than this is not judged (its node went quiet)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one rule concluded about one pod at one evaluation.
+
+    ``value`` is None when there was nothing to judge (no readings, stale pod,
+    rule snoozed); then both ``holds`` and ``clears`` are False. ``holds``
+    implies not ``clears``.
+    """
+
+    rule: str
+    kind: RuleKind
+    pod: PodId
+    value: float | None
+    threshold: float
+    unit: str
+    holds: bool
+    clears: bool
+    gpus: tuple[str, ...] = ()
+    """The GPUs the value speaks for: all the pod's GPUs for utilization, the offending ones for memory."""
+    message: str = ""
+    fit: float | None = None
+    seconds_to_full: float | None = None
+
+
+def unknown(rule: str, kind: RuleKind, pod: PodId, threshold: float, unit: str) -> Outcome:
+    """An outcome with nothing to judge."""
+    return Outcome(rule, kind, pod, None, threshold, unit, holds=False, clears=False)
+
+
+def pod_end(series: Sequence[tuple[SeriesKey, Window]], now: float) -> float | None:
+    """The pod's as-of time: its newest sample at or before ``now``, or None."""
+    end: float | None = None
+    for _, window in series:
+        t = window.latest_at(now)
+        if t is not None and (end is None or t > end):
+            end = t
+    return end
+
+
+def readings(window: Window, column: Column, start: float, end: float) -> tuple[array[float], array[float]]:
+    """Times and values of the non-missing readings of ``column`` in ``[start, end]``."""
+    i0, i1 = window.span(start, end)
+    times = window.times(i0, i1)
+    values = window.values(column, i0, i1)
+    # A NaN anywhere makes the sum NaN: a C-speed test for the common, complete case.
+    if sum(values) == sum(values):
+        return times, values
+    keep = [i for i, v in enumerate(values) if v == v]
+    return array("d", (times[i] for i in keep)), array("f", (values[i] for i in keep))
+
+
+def has_readings(window: Window, column: Column, start: float, end: float) -> bool:
+    """Whether ``column`` has at least one non-missing reading in ``[start, end]``."""
+    i0, i1 = window.span(start, end)
+    return any(v == v for v in window.values(column, i0, i1))
+
+
+def covered(times: Sequence[float], start: float, end: float, max_gap: float | None) -> bool:
+    """Whether readings at ``times`` (ascending) cover ``[start, end]`` with no gap over ``max_gap``.
+
+    ``max_gap=None`` adapts it: the longest gap may not exceed both
+    :data:`MIN_GAP_SECONDS` and :data:`GAP_INTERVALS` x the median interval.
+    """
+    n = len(times)
+    if n == 0:
+        return False
+    worst = max(times[0] - start, end - times[-1])
+    intervals: list[float] = list(map(sub, times[1:], times[:-1])) if n > 1 else []
+    if intervals:
+        worst = max(worst, max(intervals))
+    if max_gap is not None:
+        return worst <= max_gap
+    if worst <= MIN_GAP_SECONDS:
+        return True
+    if len(intervals) < 2:
+        return False
+    return worst <= GAP_INTERVALS * statistics.median(intervals)
+
+
+def percent(value: float) -> str:
+    """A percentage for a message: ``3%``, ``97.5%``, ``0.4%``."""
+    if value >= 10 or value == int(value):
+        return f"{value:.0f}%"
+    return f"{value:.1f}%"

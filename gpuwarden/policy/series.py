@@ -1,0 +1,328 @@
+"""Bounded sliding windows of GPU readings, one series per (namespace, pod, GPU).
+
+The store is the engine's only memory of the past. It is pure bookkeeping: it
+never reads a clock (``prune`` is told ``now``) and never does I/O.
+
+Memory per series
+-----------------
+Each retained point costs **24 bytes**: the timestamp as a float64 and four
+readings (gpu_util, sm_active, mem_used, power_w) as float32 columns. The card's
+total memory barely ever changes, so only its latest value is kept, once per
+series. A series never holds more than ``max_points`` points plus a compaction
+slack of ``max(16, max_points // 8)`` (old points are dropped lazily, in
+batches, so that each add is amortised O(1)); CPython's arrays over-allocate by
+about 6% on growth. With a fixed overhead of about 1 KiB per series (six small
+objects and the index entries), a 1,800-point series (30 minutes at 1 s) costs
+at most about 50 KiB, typically 44 KiB: see ``bench/engine.py`` and
+``docs/benchmarks.md`` for the measured figure.
+
+float32 keeps 24 bits of mantissa: percentages and watts are exact to far
+better than a reading's own noise, and memory sizes are kept to within 16 KiB at
+141 GB (relative 6e-8), well below anything a memory rule can tell apart.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import sys
+from array import array
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import NamedTuple
+
+BYTES_PER_POINT = 24
+"""float64 timestamp + four float32 readings."""
+
+
+class SeriesKey(NamedTuple):
+    """Identifies one series: a pod's view of one GPU (or MIG device)."""
+
+    namespace: str
+    pod: str
+    gpu: str
+    """The GPU UUID, or the MIG device UUID for a MIG instance."""
+
+
+class PodId(NamedTuple):
+    """A pod by namespace and name."""
+
+    namespace: str
+    name: str
+
+
+@dataclass(slots=True)
+class Point:
+    """One reading of one series at time ``t`` (seconds since the epoch).
+
+    ``None`` means the reading is not available (not supported, not sampled, not
+    attributable), never zero; the store keeps it as NaN.
+    """
+
+    t: float
+    gpu_util: float | None = None
+    """NVML utilization.gpu, percent (or the sum of a pod's per-process SM utilization on a shared GPU)."""
+    sm_active: float | None = None
+    """GPM SM activity, percent."""
+    mem_used: float | None = None
+    """Bytes of GPU memory used."""
+    mem_total: float | None = None
+    """Bytes of GPU memory on the card (or MIG instance)."""
+    power_w: float | None = None
+    """Power draw in watts."""
+
+
+class Column(enum.IntEnum):
+    """The readings a window keeps per point (``mem_total`` is kept once per series)."""
+
+    GPU_UTIL = 0
+    SM_ACTIVE = 1
+    MEM_USED = 2
+    POWER_W = 3
+
+
+def _nan_if_none(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
+def _none_if_nan(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
+class Window:
+    """The retained points of one series, oldest first; a bounded, compacting buffer.
+
+    Read it through :meth:`span`, :meth:`times` and :meth:`values`, which work on
+    logical indexes (0 is the oldest retained point); write to it only through
+    :class:`SeriesStore`. Slices come back as fresh ``array`` copies, so callers
+    can run C-speed builtins (``sum``, ``min``, ``map``) over them.
+    """
+
+    __slots__ = ("_cols", "_head", "_slack", "_t", "max_points", "mem_total")
+
+    def __init__(self, max_points: int) -> None:
+        self.max_points = max_points
+        self._slack = max(16, max_points // 8)
+        self._t: array[float] = array("d")
+        self._cols: tuple[array[float], ...] = tuple(array("f") for _ in Column)
+        self._head = 0  # points before this physical index are dropped, awaiting compaction
+        self.mem_total: float | None = None
+        """The card's total memory from the latest point that reported it."""
+
+    def __len__(self) -> int:
+        return len(self._t) - self._head
+
+    @property
+    def first_time(self) -> float | None:
+        """The oldest retained timestamp, or None when empty."""
+        return self._t[self._head] if len(self) else None
+
+    @property
+    def last_time(self) -> float | None:
+        """The newest timestamp, or None when empty."""
+        return self._t[-1] if len(self) else None
+
+    def latest_at(self, now: float) -> float | None:
+        """The newest timestamp at or before ``now``, or None."""
+        if not len(self):
+            return None
+        last = self._t[-1]
+        if last <= now:
+            return last
+        i = bisect_right(self._t, now, self._head)
+        return self._t[i - 1] if i > self._head else None
+
+    def span(self, start: float, end: float) -> tuple[int, int]:
+        """Logical index range ``[i0, i1)`` of the points with ``start <= t <= end``."""
+        head = self._head
+        i0 = bisect_left(self._t, start, head)
+        i1 = bisect_right(self._t, end, i0)
+        return i0 - head, i1 - head
+
+    def times(self, i0: int, i1: int) -> array[float]:
+        """Timestamps of logical points ``[i0, i1)``."""
+        return self._t[self._head + i0 : self._head + i1]
+
+    def values(self, column: Column, i0: int, i1: int) -> array[float]:
+        """Readings of one column for logical points ``[i0, i1)``; NaN where not available."""
+        return self._cols[column][self._head + i0 : self._head + i1]
+
+    def points(self) -> list[Point]:
+        """Every retained point, oldest first (slow; for tests, debugging and snapshots)."""
+        out = []
+        cols = self._cols
+        for i in range(self._head, len(self._t)):
+            out.append(
+                Point(
+                    t=self._t[i],
+                    gpu_util=_none_if_nan(cols[Column.GPU_UTIL][i]),
+                    sm_active=_none_if_nan(cols[Column.SM_ACTIVE][i]),
+                    mem_used=_none_if_nan(cols[Column.MEM_USED][i]),
+                    mem_total=self.mem_total,
+                    power_w=_none_if_nan(cols[Column.POWER_W][i]),
+                )
+            )
+        return out
+
+    def nbytes(self) -> int:
+        """Bytes this series holds, allocation slack and object headers included."""
+        return sys.getsizeof(self) + sys.getsizeof(self._t) + sum(sys.getsizeof(c) for c in self._cols)
+
+    # -- writing, through SeriesStore only --
+
+    def _append(self, point: Point) -> None:
+        self._t.append(point.t)
+        cols = self._cols
+        cols[Column.GPU_UTIL].append(_nan_if_none(point.gpu_util))
+        cols[Column.SM_ACTIVE].append(_nan_if_none(point.sm_active))
+        cols[Column.MEM_USED].append(_nan_if_none(point.mem_used))
+        cols[Column.POWER_W].append(_nan_if_none(point.power_w))
+        if point.mem_total is not None:
+            self.mem_total = point.mem_total
+        if len(self._t) - self._head > self.max_points:
+            self._head = len(self._t) - self.max_points
+        self._compact_if_due()
+
+    def _drop_before(self, cutoff: float) -> int:
+        """Drop points older than ``cutoff``; return how many."""
+        new_head = bisect_left(self._t, cutoff, self._head)
+        dropped = new_head - self._head
+        self._head = new_head
+        self._compact_if_due()
+        return dropped
+
+    def _compact_if_due(self) -> None:
+        # Dropping in batches keeps appends amortised O(1) (one memmove per `slack` drops).
+        head = self._head
+        if head >= self._slack or (head and head == len(self._t)):
+            del self._t[:head]
+            for c in self._cols:
+                del c[:head]
+            self._head = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """Counters for the operator's own metrics."""
+
+    series: int
+    points: int
+    ignored: int
+    """Points not stored because they were not newer than the series' latest (out of order or duplicate)."""
+    evicted: int
+    """Points dropped because a series reached ``max_points`` before they aged out."""
+    nbytes: int
+    """Bytes held by the windows (see :meth:`Window.nbytes`)."""
+
+
+class SeriesStore:
+    """Every tracked series, bounded by age and by count.
+
+    ``retention_seconds`` should cover the longest window any policy needs (see
+    :func:`gpuwarden.policy.engine.horizon_seconds`); ``max_points`` caps a series
+    whatever its sampling rate (at 1 s sampling, ``retention_seconds`` points).
+    Points must arrive in time order per series: a point not newer than the
+    series' latest is ignored and counted (a retried or replayed report).
+    """
+
+    def __init__(self, retention_seconds: float, max_points: int) -> None:
+        if retention_seconds <= 0 or max_points < 1:
+            raise ValueError("retention_seconds must be > 0 and max_points >= 1")
+        self.retention_seconds = retention_seconds
+        self.max_points = max_points
+        self._pods: dict[PodId, dict[str, Window]] = {}
+        self._ignored = 0
+        self._evicted = 0
+
+    def add(self, key: SeriesKey, point: Point) -> bool:
+        """Append ``point`` to ``key``'s series; False (and counted) when it is not newer than the last."""
+        if not math.isfinite(point.t):
+            self._ignored += 1
+            return False
+        pod = PodId(key.namespace, key.pod)
+        gpus = self._pods.get(pod)
+        if gpus is None:
+            gpus = self._pods[pod] = {}
+        window = gpus.get(key.gpu)
+        if window is None:
+            window = gpus[key.gpu] = Window(self.max_points)
+        last = window.last_time
+        if last is not None and point.t <= last:
+            self._ignored += 1
+            return False
+        before = len(window)
+        window._append(point)
+        if len(window) == before:
+            self._evicted += 1
+        first = window.first_time
+        cutoff = point.t - self.retention_seconds
+        if first is not None and first < cutoff:
+            window._drop_before(cutoff)
+        return True
+
+    def extend(self, items: Iterable[tuple[SeriesKey, Point]]) -> int:
+        """Add ``(key, point)`` pairs, as :mod:`gpuwarden.policy.intake` yields them; return how many."""
+        return sum(self.add(key, point) for key, point in items)
+
+    def pods(self) -> list[PodId]:
+        """Pods with at least one series, in no particular order."""
+        return list(self._pods)
+
+    def series_of(self, namespace: str, pod: str) -> list[tuple[SeriesKey, Window]]:
+        """The pod's series, ordered by GPU id (empty when the pod has none)."""
+        gpus = self._pods.get(PodId(namespace, pod))
+        if not gpus:
+            return []
+        return [(SeriesKey(namespace, pod, gpu), gpus[gpu]) for gpu in sorted(gpus)]
+
+    def window(self, key: SeriesKey) -> Window | None:
+        """One series, or None."""
+        gpus = self._pods.get(PodId(key.namespace, key.pod))
+        return gpus.get(key.gpu) if gpus else None
+
+    def keys(self) -> Iterator[SeriesKey]:
+        """Every series key."""
+        for pod, gpus in self._pods.items():
+            for gpu in gpus:
+                yield SeriesKey(pod.namespace, pod.name, gpu)
+
+    def forget_pod(self, namespace: str, pod: str) -> int:
+        """Drop every series of a pod (it was deleted); return how many series went."""
+        gpus = self._pods.pop(PodId(namespace, pod), None)
+        return len(gpus) if gpus else 0
+
+    def prune(self, now: float) -> int:
+        """Drop points older than ``now - retention_seconds``, and series left empty; return points dropped.
+
+        ``add`` already ages out a series' old points as new ones arrive; this is
+        for series that stopped receiving any (a GPU lost, a node gone quiet).
+        """
+        cutoff = now - self.retention_seconds
+        dropped = 0
+        for pod in list(self._pods):
+            gpus = self._pods[pod]
+            for gpu in list(gpus):
+                window = gpus[gpu]
+                first = window.first_time
+                if first is not None and first < cutoff:
+                    dropped += window._drop_before(cutoff)
+                if not len(window):
+                    del gpus[gpu]
+            if not gpus:
+                del self._pods[pod]
+        return dropped
+
+    def __len__(self) -> int:
+        return sum(len(g) for g in self._pods.values())
+
+    def stats(self) -> StoreStats:
+        """Current counters and sizes (walks every series: call it per scrape, not per report)."""
+        windows = [w for gpus in self._pods.values() for w in gpus.values()]
+        return StoreStats(
+            series=len(windows),
+            points=sum(len(w) for w in windows),
+            ignored=self._ignored,
+            evicted=self._evicted,
+            nbytes=sum(w.nbytes() for w in windows),
+        )

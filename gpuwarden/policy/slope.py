@@ -1,0 +1,84 @@
+"""Robust straight lines: Theil-Sen slope, its fit, and the bucketing that bounds their cost.
+
+Theil-Sen takes the median of the slopes between every pair of points: up to
+29% of the points can be arbitrary outliers and the slope barely moves. It
+costs n²/2 slopes, so callers first reduce a window to a few dozen bucket
+medians (:func:`bucket_medians`): each bucket summarises all of its readings
+(nothing is skipped, so nothing aliases with a periodic pattern), and a
+bucket's median shrugs off transient allocations.
+"""
+
+from __future__ import annotations
+
+import statistics
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class LineFit:
+    """``y ≈ intercept + slope * x``, with ``fit`` the R² of that line, clipped to 0..1."""
+
+    slope: float
+    intercept: float
+    fit: float
+
+
+def theil_sen(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Theil-Sen slope (median of pairwise slopes) and intercept (median of ``y - slope * x``).
+
+    Needs at least two distinct ``xs``; pairs with equal ``x`` are skipped.
+    Center ``xs`` near zero (e.g. seconds before the window's end) to keep the
+    intercept precise.
+    """
+    n = len(xs)
+    slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i]) for i in range(n) for j in range(i + 1, n) if xs[j] != xs[i]]
+    if not slopes:
+        raise ValueError("theil_sen needs at least two distinct x values")
+    slope = statistics.median(slopes)
+    intercept = statistics.median([y - slope * x for x, y in zip(xs, ys, strict=True)])
+    return slope, intercept
+
+
+def r_squared(xs: Sequence[float], ys: Sequence[float], slope: float, intercept: float) -> float:
+    """Share of the variance of ``ys`` the line explains, clipped to 0..1 (0 for constant ``ys``).
+
+    Computed against the given (robust) line rather than the least-squares one,
+    so it can only be lower: a staircase that stopped or a sawtooth leaves large
+    residuals around any straight line and scores low; a noisy but steady
+    ramp scores near 1.
+    """
+    mean = sum(ys) / len(ys)
+    total = sum((y - mean) ** 2 for y in ys)
+    if total <= 0:
+        return 0.0
+    residual = sum((y - intercept - slope * x) ** 2 for x, y in zip(xs, ys, strict=True))
+    return min(1.0, max(0.0, 1.0 - residual / total))
+
+
+def fit_line(xs: Sequence[float], ys: Sequence[float]) -> LineFit:
+    """Theil-Sen line through the points and its R² (see :func:`r_squared`)."""
+    slope, intercept = theil_sen(xs, ys)
+    return LineFit(slope, intercept, r_squared(xs, ys, slope, intercept))
+
+
+def bucket_medians(
+    times: Sequence[float], values: Sequence[float], start: float, end: float, buckets: int
+) -> tuple[list[float], list[float]]:
+    """Split ``[start, end]`` into ``buckets`` equal spans; return non-empty spans' centers and medians.
+
+    ``times`` must be ascending and ``values`` free of NaN. Centers are relative
+    to ``end`` (negative seconds), ready for :func:`theil_sen`.
+    """
+    width = (end - start) / buckets
+    xs: list[float] = []
+    ys: list[float] = []
+    lo = bisect_left(times, start)
+    for k in range(buckets):
+        hi = len(times) if k == buckets - 1 else bisect_left(times, start + (k + 1) * width, lo)
+        if hi > lo:
+            xs.append(start + (k + 0.5) * width - end)
+            ys.append(statistics.median(values[lo:hi]))
+        lo = hi
+    return xs, ys

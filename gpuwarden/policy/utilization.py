@@ -1,0 +1,223 @@
+"""utilizationFloor and utilizationCeiling: a pod's mean GPU activity over the rule's ``for`` window.
+
+Semantics (the window, coverage and as-of time are in :mod:`gpuwarden.policy.rules`):
+
+- **Signal.** ``smActive`` or ``gpuUtil`` as the rule says; ``auto`` uses a GPU's
+  smActive readings when it has any in the window, else its gpuUtil readings.
+  (gpuUtil reads near 100 under a trickle of tiny kernels; SM activity is the
+  share of SM cycles doing work.)
+- **Noise floor** (floor only). A reading at or below ``noiseFloor`` counts as 0.
+- **Value.** Per GPU, the mean of its readings over ``[end - for, end]``; for the
+  pod, the mean of its GPUs' means (the same as averaging the GPUs at each
+  timestamp, since one node snapshot samples them together). A pod holding 8
+  GPUs and using one reads 12.5%.
+- **"For" is the window.** The rule holds when every GPU covers the window and
+  the mean is below (floor) / above (ceiling) ``percent``. Brief spikes lift the
+  mean only a little, so an idle GPU with brief spikes still trips the floor;
+  it is spared only when its activity lifts the mean over the window.
+- **Power** (floor only). With ``powerThresholdWatts``, a GPU whose mean power
+  draw over the window is at least the threshold counts as busy: the floor does
+  not hold for its pod, and an active finding clears.
+- **Clearing.** A floor finding clears once the mean is at or above
+  ``percent + hysteresis`` (or a GPU is busy by power); a ceiling finding once it
+  is at or below ``percent - hysteresis``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpuwarden.policy.model import Signal, UtilizationCeiling, UtilizationFloor
+from gpuwarden.policy.rules import (
+    Outcome,
+    RuleKind,
+    WindowParams,
+    covered,
+    percent,
+    pod_end,
+    readings,
+    unknown,
+)
+from gpuwarden.policy.series import Column, PodId, SeriesKey, Window
+from gpuwarden.policy.units import format_duration
+
+UNIT = "percent"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuActivity:
+    """One GPU's activity over a window."""
+
+    gpu: str
+    column: Column
+    """The reading used (SM_ACTIVE or GPU_UTIL)."""
+    mean: float | None
+    """None when the window has no reading of ``column``."""
+    covered: bool
+    power_w: float | None = None
+    """Mean power draw over the window, when asked for and reported."""
+
+
+def gpu_activity(
+    gpu: str,
+    window: Window,
+    signal: Signal,
+    start: float,
+    end: float,
+    *,
+    noise_floor: float = 0.0,
+    max_gap: float | None = None,
+    with_power: bool = False,
+) -> GpuActivity:
+    """One GPU's mean activity over ``[start, end]`` per ``signal``, readings <= ``noise_floor`` as 0."""
+    column = Column.GPU_UTIL if signal is Signal.GPU_UTIL else Column.SM_ACTIVE
+    times, values = readings(window, column, start, end)
+    if not values and signal is Signal.AUTO:
+        column = Column.GPU_UTIL
+        times, values = readings(window, column, start, end)
+    power: float | None = None
+    if with_power:
+        _, watts = readings(window, Column.POWER_W, start, end)
+        power = sum(watts) / len(watts) if watts else None
+    if not values:
+        return GpuActivity(gpu, column, None, covered=False, power_w=power)
+    total = sum(filter(noise_floor.__lt__, values)) if noise_floor > 0 else sum(values)
+    return GpuActivity(
+        gpu,
+        column,
+        total / len(values),
+        covered=covered(times, start, end, max_gap),
+        power_w=power,
+    )
+
+
+def pod_activity(
+    series: Sequence[tuple[SeriesKey, Window]],
+    signal: Signal,
+    start: float,
+    end: float,
+    *,
+    noise_floor: float = 0.0,
+    max_gap: float | None = None,
+    with_power: bool = False,
+) -> list[GpuActivity]:
+    """Activity of each of the pod's GPUs that has any point in ``[start, end]``."""
+    out = []
+    for key, window in series:
+        i0, i1 = window.span(start, end)
+        if i0 == i1:
+            continue  # silent for the whole window: no longer part of the pod's view
+        out.append(
+            gpu_activity(
+                key.gpu,
+                window,
+                signal,
+                start,
+                end,
+                noise_floor=noise_floor,
+                max_gap=max_gap,
+                with_power=with_power,
+            )
+        )
+    return out
+
+
+def _signal_name(gpus: Sequence[GpuActivity]) -> str:
+    columns = {g.column for g in gpus if g.mean is not None}
+    if columns == {Column.SM_ACTIVE}:
+        return "SM activity"
+    if columns == {Column.GPU_UTIL}:
+        return "GPU utilization"
+    return "GPU activity"
+
+
+def _describe(gpus: Sequence[GpuActivity], value: float, for_seconds: float) -> str:
+    across = f" across {len(gpus)} GPUs" if len(gpus) > 1 else ""
+    return f"mean {_signal_name(gpus)} {percent(value)} over {format_duration(for_seconds)}{across}"
+
+
+def evaluate_floor(
+    rule: UtilizationFloor,
+    pod: PodId,
+    series: Sequence[tuple[SeriesKey, Window]],
+    now: float,
+    params: WindowParams,
+) -> Outcome:
+    """Judge a utilizationFloor rule for one pod (see the module doc)."""
+    kind = RuleKind.UTILIZATION_FLOOR
+    end = pod_end(series, now)
+    if end is None or now - end > params.stale_after_seconds:
+        return unknown(rule.name, kind, pod, rule.percent, UNIT)
+    with_power = rule.power_threshold_watts is not None
+    gpus = pod_activity(
+        series,
+        rule.signal,
+        end - rule.for_seconds,
+        end,
+        noise_floor=rule.noise_floor,
+        max_gap=params.max_gap_seconds,
+        with_power=with_power,
+    )
+    means = [g.mean for g in gpus if g.mean is not None]
+    if not means:
+        return unknown(rule.name, kind, pod, rule.percent, UNIT)
+    value = sum(means) / len(means)
+    busy = [
+        g
+        for g in gpus
+        if rule.power_threshold_watts is not None
+        and g.power_w is not None
+        and g.power_w >= rule.power_threshold_watts
+    ]
+    complete = all(g.covered for g in gpus)
+    holds = complete and value < rule.percent and not busy
+    clears = not holds and (value >= rule.percent + rule.hysteresis or bool(busy))
+    message = f"{_describe(gpus, value, rule.for_seconds)}, floor {percent(rule.percent)}"
+    if busy:
+        message += f"; busy by power ({max(g.power_w or 0.0 for g in busy):.0f} W)"
+    return Outcome(
+        rule.name,
+        kind,
+        pod,
+        value,
+        rule.percent,
+        UNIT,
+        holds=holds,
+        clears=clears,
+        gpus=tuple(g.gpu for g in gpus),
+        message=message,
+    )
+
+
+def evaluate_ceiling(
+    rule: UtilizationCeiling,
+    pod: PodId,
+    series: Sequence[tuple[SeriesKey, Window]],
+    now: float,
+    params: WindowParams,
+) -> Outcome:
+    """Judge a utilizationCeiling rule for one pod (see the module doc)."""
+    kind = RuleKind.UTILIZATION_CEILING
+    end = pod_end(series, now)
+    if end is None or now - end > params.stale_after_seconds:
+        return unknown(rule.name, kind, pod, rule.percent, UNIT)
+    gpus = pod_activity(series, rule.signal, end - rule.for_seconds, end, max_gap=params.max_gap_seconds)
+    means = [g.mean for g in gpus if g.mean is not None]
+    if not means:
+        return unknown(rule.name, kind, pod, rule.percent, UNIT)
+    value = sum(means) / len(means)
+    holds = all(g.covered for g in gpus) and value > rule.percent
+    clears = not holds and value <= rule.percent - rule.hysteresis
+    return Outcome(
+        rule.name,
+        kind,
+        pod,
+        value,
+        rule.percent,
+        UNIT,
+        holds=holds,
+        clears=clears,
+        gpus=tuple(g.gpu for g in gpus),
+        message=f"{_describe(gpus, value, rule.for_seconds)}, ceiling {percent(rule.percent)}",
+    )
