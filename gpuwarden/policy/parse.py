@@ -507,7 +507,7 @@ def _check_fields(
 
 
 def _did_you_mean(word: str, choices: Collection[str]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.75)
     return f' (did you mean "{close[0]}"?)' if close else ""
 
 
