@@ -1,0 +1,541 @@
+"""The NVML backend: the only module in gpuwarden that imports ``pynvml``.
+
+Every reading NVML refuses becomes an explicit state, never a zero:
+
+- ``NVML_ERROR_GPU_IS_LOST`` anywhere → the device's ``state`` is ``lost`` and all its
+  readings are ``None`` (it fell off the bus; nothing it reports can be trusted);
+- ``NVML_ERROR_NOT_SUPPORTED`` → that one field is ``None``; NVML support does not change
+  while the driver is loaded, so the call is not made again for that device;
+- any other error → the field is ``None`` and the device's ``state`` is ``unknown``.
+
+MIG: a GPU in MIG mode is reported as one entry for the GPU itself (the device-wide
+readings: memory, temperature, power, clock, ECC) and one entry per MIG device (its
+memory, processes and GPM metrics), ``mig_id`` set to the MIG device's UUID. Pods are
+allocated MIG devices, not the parent, so their series land on the MIG entries.
+
+GPM (Hopper and later) metrics are rates between two GPM samples: each device keeps
+its previous sample, so the first device sample after start has no GPM values and
+each later one covers the time since the one before.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuwarden.agent.backend import BackendError, ProcessUtilization
+from gpuwarden.nodereport import DeviceState, GpuSample, ProcessSample
+
+log = logging.getLogger(__name__)
+
+_GPM_FIELDS: tuple[tuple[str, str], ...] = (
+    ("sm_active", "NVML_GPM_METRIC_SM_UTIL"),
+    ("sm_occupancy", "NVML_GPM_METRIC_SM_OCCUPANCY"),
+    ("tensor_active", "NVML_GPM_METRIC_ANY_TENSOR_UTIL"),
+    ("dram_active", "NVML_GPM_METRIC_DRAM_BW_UTIL"),
+)
+_MAX_COMMAND = 4096  # ProcessSample.command's limit on the wire
+
+
+class _GpuLost(Exception):
+    """Raised inside one device's sample to abandon it: nothing more can be read."""
+
+
+@dataclass(slots=True)
+class _Gpm:
+    """Two GPM sample buffers used alternately, and the metrics request reused each time."""
+
+    samples: tuple[Any, Any]
+    request: Any
+    next: int = 0
+    primed: bool = False  # whether samples[next ^ 1] holds the previous reading
+
+
+@dataclass(slots=True)
+class _Device:
+    """One GPU or MIG device as enumerated, with what NVML told us it cannot do."""
+
+    handle: Any
+    uuid: str
+    index: int
+    model: str
+    mig_id: str | None = None
+    parent_handle: Any = None  # MIG only: the GPU, for nvmlGpmMigSampleGet
+    gpu_instance_id: int | None = None
+    max_mig_devices: int = 0
+    mig_capable: bool = False
+    unsupported: set[str] = field(default_factory=set)
+    memory_v2: bool = True
+    gpm: _Gpm | None = None
+    gpm_note: str = "not probed"
+    last_process_timestamp_us: int = 0
+    migs: dict[str, _Device] = field(default_factory=dict)
+    lost_at_open: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """What :meth:`NvmlBackend.devices` says about one GPU, for logs, the bench and the GPU test."""
+
+    uuid: str
+    index: int
+    model: str
+    mig_capable: bool
+    gpm: bool
+    gpm_note: str
+
+
+class _Reader:
+    """Reads the fields of one device for one sample and keeps the device's resulting state."""
+
+    def __init__(self, backend: NvmlBackend, device: _Device) -> None:
+        self._backend = backend
+        self._device = device
+        self.state = DeviceState.OK
+
+    def __call__(self, name: str, fn: Any, *args: Any) -> Any:
+        if name in self._device.unsupported:
+            return None
+        try:
+            return fn(*args)
+        except self._backend.nvml.NVMLError as exc:
+            self.failed(name, exc.value)
+            return None
+
+    def failed(self, name: str, code: int) -> None:
+        """Map one NVML error code for field ``name`` to a state (or raise :class:`_GpuLost`)."""
+        nvml = self._backend.nvml
+        if code == nvml.NVML_ERROR_NOT_SUPPORTED:
+            self._device.unsupported.add(name)
+        elif code == nvml.NVML_ERROR_GPU_IS_LOST:
+            raise _GpuLost
+        else:
+            self.state = DeviceState.UNKNOWN
+            self._backend.log_once(self._device, name, code)
+
+
+def _text(value: Any) -> str:
+    # pynvml returned bytes before 11.x and str since; accept both
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _percent(value: Any) -> float | None:
+    """A GPM percentage, or None if NVML handed back something that is not one."""
+    number = float(value)
+    if not math.isfinite(number):
+        return None
+    # GPM rounding can overshoot the 0..100 range by a hair; the wire schema forbids it
+    return min(100.0, max(0.0, number))
+
+
+class NvmlBackend:
+    """Reads every GPU of this host through NVML. See the module docstring for the error mapping.
+
+    ``nvml`` is the pynvml module; tests pass a fake with the same names to check the
+    mapping. ``first_process_window`` is how far back the first per-process utilization
+    read looks, before there is a previous timestamp to continue from.
+    """
+
+    name = "nvml"
+
+    def __init__(
+        self,
+        *,
+        nvml: Any = None,
+        proc_root: Path = Path("/proc"),
+        first_process_window: float = 10.0,
+    ) -> None:
+        self.nvml: Any = nvml
+        self._proc_root = proc_root
+        self._first_window = first_process_window
+        self._gpus: list[_Device] = []
+        self._commands: dict[int, str] = {}
+        self._logged: set[tuple[str, str, int]] = set()
+        self._open = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Initialise NVML and enumerate the GPUs; :class:`BackendError` if NVML cannot start."""
+        if self.nvml is None:
+            try:
+                import pynvml
+            except ImportError as exc:  # pragma: no cover - a dependency of the package
+                raise BackendError(f"cannot import pynvml (nvidia-ml-py): {exc}") from exc
+            self.nvml = pynvml
+        nvml = self.nvml
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as exc:
+            raise BackendError(f"NVML failed to initialise: {exc}") from exc
+        self._open = True
+        try:
+            count = nvml.nvmlDeviceGetCount()
+        except nvml.NVMLError as exc:
+            self.close()
+            raise BackendError(f"NVML cannot count the GPUs: {exc}") from exc
+        if count == 0:
+            self.close()
+            raise BackendError("NVML found no GPUs on this host")
+        self._gpus = [self._enumerate(index) for index in range(count)]
+        for gpu in self._gpus:
+            log.info(
+                "GPU %d %s (%s): MIG %s, GPM %s",
+                gpu.index,
+                gpu.uuid,
+                gpu.model,
+                "capable" if gpu.mig_capable else "no",
+                gpu.gpm_note,
+            )
+
+    def _enumerate(self, index: int) -> _Device:
+        nvml = self.nvml
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+            model = _text(nvml.nvmlDeviceGetName(handle))
+        except nvml.NVMLError as exc:
+            # Keep it, as lost, so that a dead GPU shows up as dead instead of vanishing.
+            log.error("GPU %d cannot be enumerated (%s); reporting it as lost", index, exc)
+            return _Device(
+                handle=None, uuid=f"GPU-unreadable-{index}", index=index, model="", lost_at_open=True
+            )
+        device = _Device(handle=handle, uuid=uuid, index=index, model=model)
+        try:
+            nvml.nvmlDeviceGetMigMode(handle)
+            device.mig_capable = True
+            device.max_mig_devices = int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))
+        except nvml.NVMLError:
+            device.mig_capable = False
+        device.gpm, device.gpm_note = self._probe_gpm(handle, None)
+        return device
+
+    def _probe_gpm(self, handle: Any, gpu_instance_id: int | None) -> tuple[_Gpm | None, str]:
+        """GPM buffers for a device if GPM works there, and a note saying why not otherwise."""
+        nvml = self.nvml
+        if not hasattr(nvml, "nvmlGpmQueryDeviceSupport"):
+            return None, "unavailable (nvidia-ml-py too old)"
+        try:
+            if not nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice:
+                return None, "not supported by this device (GPM needs Hopper or later)"
+        except nvml.NVMLError as exc:
+            return None, f"not supported ({exc})"
+        samples: list[Any] = []
+        try:
+            samples = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
+            gpm = _Gpm(samples=(samples[0], samples[1]), request=nvml.c_nvmlGpmMetricsGet_t())
+            # One trial read: a GPU that advertises GPM but refuses samples (a VM, a
+            # profiler holding the counters) would otherwise read as "unknown" forever.
+            self._gpm_sample_get(handle, gpu_instance_id, gpm.samples[0])
+        except nvml.NVMLError as exc:
+            for sample in samples:
+                self._free_gpm_sample(sample)
+            return None, f"supported but unreadable ({exc})"
+        return gpm, "yes"
+
+    def close(self) -> None:
+        """Free GPM buffers and shut NVML down; safe to call twice."""
+        if not self._open:
+            return
+        for gpu in self._gpus:
+            for device in (gpu, *gpu.migs.values()):
+                if device.gpm is not None:
+                    for sample in device.gpm.samples:
+                        self._free_gpm_sample(sample)
+                    device.gpm = None
+        self._gpus = []
+        self._open = False
+        try:
+            self.nvml.nvmlShutdown()
+        except self.nvml.NVMLError as exc:
+            log.warning("nvmlShutdown failed: %s", exc)
+
+    def _free_gpm_sample(self, sample: Any) -> None:
+        try:
+            self.nvml.nvmlGpmSampleFree(sample)
+        except self.nvml.NVMLError as exc:
+            log.warning("nvmlGpmSampleFree failed: %s", exc)
+
+    def devices(self) -> list[DeviceInfo]:
+        """What was enumerated at :meth:`open`."""
+        return [
+            DeviceInfo(
+                uuid=d.uuid,
+                index=d.index,
+                model=d.model,
+                mig_capable=d.mig_capable,
+                gpm=d.gpm is not None,
+                gpm_note=d.gpm_note,
+            )
+            for d in self._gpus
+        ]
+
+    def log_once(self, device: _Device, name: str, code: int) -> None:
+        """Log an unclassified NVML error once per device, field and code: it repeats every second."""
+        key = (device.mig_id or device.uuid, name, code)
+        if key in self._logged:
+            return
+        self._logged.add(key)
+        try:
+            text = _text(self.nvml.nvmlErrorString(code))
+        except Exception:
+            text = f"NVML error {code}"
+        log.warning("%s: reading %s failed: %s; state unknown", key[0], name, text)
+
+    # -- device samples --------------------------------------------------------------------------
+
+    def sample_devices(self, now: float) -> list[GpuSample]:
+        """Read every GPU (and MIG device) once. Never raises for a device's own failure."""
+        samples: list[GpuSample] = []
+        for gpu in self._gpus:
+            samples.extend(self._sample_gpu(gpu))
+        live = {p.pid for s in samples for p in s.processes}
+        for pid in self._commands.keys() - live:
+            del self._commands[pid]
+        return samples
+
+    def _lost(self, device: _Device) -> GpuSample:
+        if device.gpm is not None:
+            device.gpm.primed = False
+        return GpuSample(
+            uuid=device.uuid,
+            index=device.index,
+            model=device.model,
+            mig_id=device.mig_id,
+            state=DeviceState.LOST,
+        )
+
+    def _sample_gpu(self, gpu: _Device) -> list[GpuSample]:
+        if gpu.lost_at_open:
+            return [self._lost(gpu)]
+        read = _Reader(self, gpu)
+        try:
+            mig_enabled = False
+            if gpu.mig_capable:
+                mode = read("mig_mode", self.nvml.nvmlDeviceGetMigMode, gpu.handle)
+                mig_enabled = mode is not None and mode[0] == self.nvml.NVML_DEVICE_MIG_ENABLE
+            if mig_enabled:
+                parent = self._read_device(gpu, read, per_instance=False)
+                return [parent, *self._sample_migs(gpu)]
+            return [self._read_device(gpu, read, per_instance=True)]
+        except _GpuLost:
+            return [self._lost(gpu)]
+
+    def _sample_migs(self, gpu: _Device) -> list[GpuSample]:
+        nvml = self.nvml
+        out: list[GpuSample] = []
+        seen: set[str] = set()
+        for slot in range(gpu.max_mig_devices):
+            try:
+                handle = nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu.handle, slot)
+                mig_uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+            except nvml.NVMLError as exc:
+                if exc.value == nvml.NVML_ERROR_NOT_FOUND:
+                    continue  # an empty slot: no MIG device was created there
+                if exc.value == nvml.NVML_ERROR_GPU_IS_LOST:
+                    raise _GpuLost from None
+                self.log_once(gpu, f"mig[{slot}]", exc.value)
+                continue
+            seen.add(mig_uuid)
+            mig = gpu.migs.get(mig_uuid)
+            if mig is None:
+                mig = _Device(
+                    handle=handle,
+                    uuid=gpu.uuid,
+                    index=gpu.index,
+                    model=gpu.model,
+                    mig_id=mig_uuid,
+                    parent_handle=gpu.handle,
+                )
+                try:
+                    mig.gpu_instance_id = int(nvml.nvmlDeviceGetGpuInstanceId(handle))
+                except nvml.NVMLError:
+                    mig.gpu_instance_id = None
+                if gpu.gpm is not None and mig.gpu_instance_id is not None:
+                    mig.gpm, mig.gpm_note = self._probe_gpm(gpu.handle, mig.gpu_instance_id)
+                gpu.migs[mig_uuid] = mig
+            mig.handle = handle
+            read = _Reader(self, mig)
+            try:
+                out.append(self._read_device(mig, read, per_instance=True))
+            except _GpuLost:
+                out.append(self._lost(mig))
+        for gone in gpu.migs.keys() - seen:
+            # The MIG layout changed; drop its GPM buffers with it.
+            old = gpu.migs.pop(gone)
+            if old.gpm is not None:
+                for sample in old.gpm.samples:
+                    self._free_gpm_sample(sample)
+        return out
+
+    def _read_device(self, device: _Device, read: _Reader, *, per_instance: bool) -> GpuSample:
+        """Read one device. ``per_instance`` is False for a MIG-mode GPU's own entry."""
+        nvml = self.nvml
+        handle = device.handle
+        is_mig = device.mig_id is not None
+        fields: dict[str, Any] = {}
+
+        if not is_mig and per_instance:
+            # nvmlDeviceGetUtilizationRates is not supported on MIG devices nor in MIG mode
+            rates = read("utilization", nvml.nvmlDeviceGetUtilizationRates, handle)
+            fields["utilization_gpu"] = None if rates is None else float(rates.gpu)
+
+        memory = self._read_memory(device, read)
+        if memory is not None:
+            fields["memory_used_bytes"] = int(memory.used)
+            fields["memory_total_bytes"] = int(memory.total)
+
+        if not is_mig:
+            temperature = read(
+                "temperature", nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU
+            )
+            fields["temperature_c"] = None if temperature is None else float(temperature)
+            milliwatts = read("power", nvml.nvmlDeviceGetPowerUsage, handle)
+            fields["power_watts"] = None if milliwatts is None else milliwatts / 1000.0
+            fields["sm_clock_mhz"] = read("sm_clock", nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM)
+            fields["ecc_uncorrected"] = read(
+                "ecc_uncorrected",
+                nvml.nvmlDeviceGetTotalEccErrors,
+                handle,
+                nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                nvml.NVML_VOLATILE_ECC,
+            )
+
+        processes: list[ProcessSample] = []
+        if per_instance:
+            running = read("processes", nvml.nvmlDeviceGetComputeRunningProcesses, handle)
+            for proc in running or ():
+                used = getattr(proc, "usedGpuMemory", None)
+                processes.append(
+                    ProcessSample(
+                        pid=int(proc.pid),
+                        used_memory_bytes=None if used is None else int(used),
+                        command=self._command(int(proc.pid)),
+                    )
+                )
+            fields.update(self._read_gpm(device, read))
+
+        return GpuSample(
+            uuid=device.uuid,
+            index=device.index,
+            model=device.model,
+            mig_id=device.mig_id,
+            state=read.state,
+            processes=processes,
+            **fields,
+        )
+
+    def _read_memory(self, device: _Device, read: _Reader) -> Any:
+        nvml = self.nvml
+        if "memory" in device.unsupported:
+            return None
+        if device.memory_v2 and hasattr(nvml, "nvmlMemory_v2"):
+            try:
+                # v2 separates the driver's reserved memory from "used", as nvidia-smi shows it
+                return nvml.nvmlDeviceGetMemoryInfo(device.handle, version=nvml.nvmlMemory_v2)
+            except nvml.NVMLError as exc:
+                if exc.value not in (nvml.NVML_ERROR_FUNCTION_NOT_FOUND, nvml.NVML_ERROR_NOT_SUPPORTED):
+                    read.failed("memory", exc.value)
+                    return None
+            device.memory_v2 = False  # an older driver: fall back to v1 for good
+        return read("memory", nvml.nvmlDeviceGetMemoryInfo, device.handle)
+
+    def _gpm_sample_get(self, handle: Any, gpu_instance_id: int | None, sample: Any) -> None:
+        if gpu_instance_id is None:
+            self.nvml.nvmlGpmSampleGet(handle, sample)
+        else:
+            self.nvml.nvmlGpmMigSampleGet(handle, gpu_instance_id, sample)
+
+    def _read_gpm(self, device: _Device, read: _Reader) -> dict[str, float | None]:
+        gpm = device.gpm
+        if gpm is None or "gpm" in device.unsupported:
+            return {}
+        nvml = self.nvml
+        current = gpm.samples[gpm.next]
+        handle = device.handle if device.mig_id is None else device.parent_handle
+        try:
+            self._gpm_sample_get(handle, device.gpu_instance_id, current)
+        except nvml.NVMLError as exc:
+            gpm.primed = False
+            read.failed("gpm", exc.value)
+            return {}
+        if not gpm.primed:
+            # The first of two samples: nothing to compare with yet, so no values (not zeros).
+            gpm.primed = True
+            gpm.next ^= 1
+            return {}
+        previous = gpm.samples[gpm.next ^ 1]
+        gpm.next ^= 1
+        request = gpm.request
+        request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(_GPM_FIELDS)
+        request.sample1 = previous
+        request.sample2 = current
+        for i, (_, metric) in enumerate(_GPM_FIELDS):
+            request.metrics[i].metricId = getattr(nvml, metric)
+        try:
+            nvml.nvmlGpmMetricsGet(request)
+        except nvml.NVMLError as exc:
+            read.failed("gpm", exc.value)
+            return {}
+        out: dict[str, float | None] = {}
+        for i, (name, _) in enumerate(_GPM_FIELDS):
+            metric = request.metrics[i]
+            if metric.nvmlReturn != nvml.NVML_SUCCESS:
+                read.failed(f"gpm.{name}", metric.nvmlReturn)
+                out[name] = None
+            else:
+                out[name] = _percent(metric.value)
+        return out
+
+    def _command(self, pid: int) -> str:
+        command = self._commands.get(pid)
+        if command is None:
+            try:
+                raw = (self._proc_root / str(pid) / "cmdline").read_bytes()
+                command = raw.replace(b"\0", b" ").strip().decode(errors="replace")[:_MAX_COMMAND]
+            except OSError:
+                command = ""  # gone already, or a PID from another PID namespace (no hostPID)
+            self._commands[pid] = command
+        return command
+
+    # -- per-process utilization -----------------------------------------------------------------
+
+    def sample_process_utilization(self, now: float) -> ProcessUtilization:
+        """SM utilization per PID since the previous call, from nvmlDeviceGetProcessUtilization.
+
+        About 2 ms a GPU on an H200, hence its own, lower rate. NVML returns only samples
+        newer than the timestamp passed, so each GPU keeps the newest it has seen. MIG
+        devices do not support it; their processes keep ``sm_util`` at ``None``.
+        """
+        nvml = self.nvml
+        out: ProcessUtilization = {}
+        for gpu in self._gpus:
+            if gpu.lost_at_open or "process_utilization" in gpu.unsupported:
+                continue
+            since = gpu.last_process_timestamp_us or int((now - self._first_window) * 1e6)
+            try:
+                samples = nvml.nvmlDeviceGetProcessUtilization(gpu.handle, since)
+            except nvml.NVMLError as exc:
+                if exc.value == nvml.NVML_ERROR_NOT_FOUND:
+                    out[gpu.uuid] = {}  # no process ran a kernel since `since`
+                elif exc.value == nvml.NVML_ERROR_NOT_SUPPORTED:
+                    gpu.unsupported.add("process_utilization")
+                elif exc.value != nvml.NVML_ERROR_GPU_IS_LOST:  # the device sample reports that
+                    self.log_once(gpu, "process_utilization", exc.value)
+                continue
+            sums: dict[int, list[float]] = {}
+            newest = since
+            for sample in samples:
+                stamp = int(sample.timeStamp)
+                if stamp <= since:
+                    continue
+                newest = max(newest, stamp)
+                sums.setdefault(int(sample.pid), []).append(float(sample.smUtil))
+            gpu.last_process_timestamp_us = newest
+            # Several samples of one PID in the window: their mean is the window's utilization.
+            out[gpu.uuid] = {pid: min(100.0, sum(v) / len(v)) for pid, v in sums.items()}
+        return out

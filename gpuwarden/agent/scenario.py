@@ -1,0 +1,611 @@
+"""Scripted GPUs: a scenario file played behind the same :class:`DeviceBackend` as NVML.
+
+A scenario is a pure function of scenario time ``t`` (seconds since it started): the
+live agent plays it in real time (``--backend scripted --scenario FILE``), and the demo
+and tests call :meth:`Scenario.gpu_samples` / :meth:`Scenario.snapshot` at any ``t``
+without sleeping. Noise is drawn from a hash of (seed, GPU, signal, whole second), so the
+same file and ``t`` always give the same reading, in any order and in any process.
+
+The file format (YAML, camelCase; durations as in policies, ``10s``/``5m``; sizes as
+Kubernetes quantities, ``6Gi``; rates as ``200Mi/m``)::
+
+    name: demo
+    duration: 30m
+    seed: 7
+    gpus:
+      - uuid: GPU-…
+        model: NVIDIA H200
+        memoryTotal: 143771Mi
+        gpm: true                  # whether smActive & co. are reported (Hopper+)
+        utilization:               # percent; a list of pieces, each from its `at` on
+          - {kind: idle, level: 3, noise: 1, spikeEvery: 7m, spikeFor: 20s, spikeLevel: 30}
+        memory:                    # bytes used on the device
+          - {kind: staircase, start: 2Gi, step: 30Gi, every: 15s, steps: 4}
+          - {kind: leak, at: 1m, rate: 200Mi/m, noise: 4Mi, max: 139Gi}
+        health:                    # optional
+          - {kind: lost, at: 20m}
+          - {kind: recover, at: 22m}
+    pods:
+      - namespace: research
+        name: notebook-0
+        container: notebook
+        labels: {app: notebook}
+        gpus: [GPU-…]
+        processes:
+          - {pid: 4242, command: python train.py}
+        from: 0s                   # optional window in which the pod exists
+        until: 10m
+
+Pieces: ``idle`` (level, noise, optional spikes), ``leak`` (start, rate, noise, max),
+``staircase`` (start, step, every, steps: steps then a plateau), ``sawtooth`` (low, high,
+period), ``saturated`` (level, default 98). ``start`` may be left out to continue from
+where the previous piece was. Health events ``lost`` and ``recover`` take the GPU off the
+bus and back. See docs/agent.md for the derived readings (GPM, power, clocks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import struct
+import time
+from bisect import bisect_right
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+from gpuwarden.agent.backend import BackendError, ProcessUtilization, device_key
+from gpuwarden.nodereport import DeviceState, GpuSample, PodHostMemory, PodRef, ProcessSample, Snapshot
+from gpuwarden.policy.units import parse_duration, parse_quantity, parse_rate
+
+DEFAULT_ORIGIN = 1_800_000_000.0
+"""The epoch :meth:`Scenario.snapshot` places ``t = 0`` at unless told otherwise (January 2027)."""
+
+PACKAGED = ("demo", "e2e-fast")
+"""Scenarios shipped in ``gpuwarden/agent/scenarios/``, usable by name."""
+
+
+class ScenarioError(ValueError):
+    """A scenario file that cannot be read; the message names the file and the field."""
+
+
+# -- file format --------------------------------------------------------------------------------
+
+
+def _seconds(value: Any) -> Any:
+    return parse_duration(value) if isinstance(value, str) else value
+
+
+def _amount(value: Any) -> Any:
+    return parse_quantity(value) if isinstance(value, str) else value
+
+
+def _per_second(value: Any) -> Any:
+    # A plain number is "units per minute", the way people state leaks.
+    if isinstance(value, str):
+        return parse_rate(value)
+    return value / 60 if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+
+Seconds = Annotated[float, BeforeValidator(_seconds), Field(ge=0)]
+Amount = Annotated[float, BeforeValidator(_amount), Field(ge=0)]
+PerSecond = Annotated[float, BeforeValidator(_per_second)]
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+
+class _Piece(_Spec):
+    at: Seconds = 0.0
+    noise: Amount = 0.0
+    """Standard deviation of the noise added to the piece's value."""
+
+    def base(self, tau: float, start: float) -> float:
+        """The noise-free value ``tau`` seconds into the piece, given where the previous one ended."""
+        raise NotImplementedError
+
+
+class Idle(_Piece):
+    """A flat level with noise and, optionally, a brief spike every ``spike_every``."""
+
+    kind: Literal["idle"]
+    level: Amount
+    spike_every: Seconds | None = None
+    spike_for: Seconds = 10.0
+    spike_level: Amount | None = None
+
+    def base(self, tau: float, start: float) -> float:
+        """The level, or the spike level in the last ``spike_for`` seconds of each period."""
+        spiking = (
+            self.spike_every is not None
+            and self.spike_level is not None
+            and tau % self.spike_every >= self.spike_every - self.spike_for
+        )
+        return self.spike_level if spiking and self.spike_level is not None else self.level
+
+
+class Leak(_Piece):
+    """Steady growth at ``rate`` (a ``200Mi/m`` string, or a number per minute) up to ``max``."""
+
+    kind: Literal["leak"]
+    start: Amount | None = None
+    rate: PerSecond
+    max: Amount | None = None
+
+    def base(self, tau: float, start: float) -> float:
+        """Linear from the start, capped."""
+        value = (self.start if self.start is not None else start) + self.rate * tau
+        return value if self.max is None else min(value, self.max)
+
+
+class Staircase(_Piece):
+    """A caching allocator: ``steps`` jumps of ``step``, one every ``every``, then a plateau."""
+
+    kind: Literal["staircase"]
+    start: Amount | None = None
+    step: Amount
+    every: Annotated[float, BeforeValidator(_seconds), Field(gt=0)]
+    steps: int = Field(ge=1)
+
+    def base(self, tau: float, start: float) -> float:
+        """``start`` plus the steps taken so far (the first one at ``tau = 0``)."""
+        taken = min(self.steps, math.floor(tau / self.every) + 1)
+        return (self.start if self.start is not None else start) + self.step * taken
+
+
+class Sawtooth(_Piece):
+    """A ramp from ``low`` to ``high`` over ``period``, then back to ``low``."""
+
+    kind: Literal["sawtooth"]
+    low: Amount
+    high: Amount
+    period: Annotated[float, BeforeValidator(_seconds), Field(gt=0)]
+
+    def base(self, tau: float, start: float) -> float:
+        """Linear within each period."""
+        return self.low + (self.high - self.low) * ((tau % self.period) / self.period)
+
+
+class Saturated(_Piece):
+    """A busy device: a high level (98 by default) with a little noise."""
+
+    kind: Literal["saturated"]
+    level: Amount = 98.0
+    noise: Amount = 1.0
+
+    def base(self, tau: float, start: float) -> float:
+        """The level."""
+        return self.level
+
+
+Piece = Annotated[Idle | Leak | Staircase | Sawtooth | Saturated, Field(discriminator="kind")]
+
+
+class HealthEvent(_Spec):
+    """``lost``: the GPU falls off the bus at ``at``; ``recover``: it is back."""
+
+    kind: Literal["lost", "recover"]
+    at: Seconds
+
+
+class GpuSpec(_Spec):
+    """One scripted GPU."""
+
+    uuid: str = Field(min_length=1, max_length=128)
+    index: int | None = Field(default=None, ge=0)
+    model: str = "NVIDIA H200"
+    memory_total: Amount
+    gpm: bool = True
+    reserved_memory: Amount = float(512 * 2**20)
+    """Device memory used by the driver and CUDA contexts, not attributed to any process."""
+    idle_watts: float = Field(default=90.0, ge=0)
+    max_watts: float = Field(default=700.0, ge=0)
+    utilization: list[Piece] = Field(min_length=1)
+    memory: list[Piece] = Field(min_length=1)
+    sm_active: list[Piece] | None = None
+    """If left out, SM activity is derived from utilization (see docs/agent.md)."""
+    health: list[HealthEvent] = Field(default_factory=list)
+
+
+class ProcessSpec(_Spec):
+    """One process of a pod, holding a CUDA context on ``gpu`` (the pod's first GPU by default)."""
+
+    pid: int = Field(ge=1)
+    command: str = Field(default="", max_length=4096)
+    gpu: str | None = None
+    share: float = Field(default=1.0, gt=0)
+    """This process's share of the GPU's memory (above the reserved part) and utilization."""
+
+
+class PodSpec(_Spec):
+    """One pod: what the kubelet allocated it and which processes it runs."""
+
+    namespace: str = Field(min_length=1, max_length=253)
+    name: str = Field(min_length=1, max_length=253)
+    container: str = Field(default="", max_length=253)
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    gpus: list[str] = Field(default_factory=list)
+    processes: list[ProcessSpec] = Field(default_factory=list)
+    from_: Seconds = Field(default=0.0, alias="from")
+    until: Seconds | None = None
+    host_memory: list[Piece] | None = None
+    """The pod's host (CPU) memory over time, reported as ``podHostMemory``."""
+
+
+class ScenarioSpec(_Spec):
+    """A whole scenario file."""
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    duration: Seconds
+    seed: int = 0
+    gpus: list[GpuSpec] = Field(min_length=1, max_length=64)
+    pods: list[PodSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ScenarioSpec:
+        uuids = [g.uuid for g in self.gpus]
+        if len(set(uuids)) != len(uuids):
+            raise ValueError("gpus: two GPUs share a uuid")
+        pids: set[int] = set()
+        for pod in self.pods:
+            for uuid in pod.gpus:
+                if uuid not in uuids:
+                    raise ValueError(f"pods: {pod.namespace}/{pod.name} is allocated {uuid}, not a GPU here")
+            for proc in pod.processes:
+                if proc.pid in pids:
+                    raise ValueError(f"pods: pid {proc.pid} appears twice")
+                pids.add(proc.pid)
+                runs_on = proc.gpu or (pod.gpus[0] if pod.gpus else None)
+                if runs_on is None or runs_on not in pod.gpus:
+                    where = f"{pod.namespace}/{pod.name}"
+                    raise ValueError(f"pods: {where} pid {proc.pid} must run on one of the pod's gpus")
+        for spec in self.gpus:
+            for label, pieces in (("utilization", spec.utilization), ("memory", spec.memory)):
+                ats = [p.at for p in pieces]
+                if ats[0] != 0 or ats != sorted(ats):
+                    raise ValueError(f"gpus: {spec.uuid} {label}: pieces must start at 0 and go forward")
+        return self
+
+
+# -- evaluation ---------------------------------------------------------------------------------
+
+
+def _gauss(seed: int, key: str, bucket: int) -> float:
+    """A standard normal draw that depends only on its arguments (not on call order or process)."""
+    digest = hashlib.blake2b(f"{seed}/{key}/{bucket}".encode(), digest_size=16).digest()
+    a, b = struct.unpack("<QQ", digest)
+    u1 = (a + 1) / 2.0**64  # in (0, 1]: log() is safe
+    u2 = b / 2.0**64
+    draw = math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2)
+    return max(-3.0, min(3.0, draw))  # three sigma: noise, not outliers
+
+
+@dataclass(frozen=True, slots=True)
+class _Signal:
+    """A list of pieces resolved into (start time, piece, value carried in) and evaluated at ``t``."""
+
+    seed: int
+    key: str
+    ats: tuple[float, ...]
+    pieces: tuple[_Piece, ...]
+    carried: tuple[float, ...]
+    low: float
+    high: float
+
+    @classmethod
+    def build(cls, seed: int, key: str, pieces: list[Any], low: float, high: float) -> _Signal:
+        # What each piece continues from when it has no `start`: where the one before ended.
+        carried = [0.0]
+        for before, piece in itertools.pairwise(pieces):
+            carried.append(before.base(piece.at - before.at, carried[-1]))
+        return cls(seed, key, tuple(p.at for p in pieces), tuple(pieces), tuple(carried), low, high)
+
+    def __call__(self, t: float) -> float:
+        i = max(0, bisect_right(self.ats, t) - 1)
+        piece = self.pieces[i]
+        value = piece.base(t - piece.at, self.carried[i])
+        if piece.noise:
+            value += piece.noise * _gauss(self.seed, self.key, math.floor(t))
+        return min(self.high, max(self.low, value))
+
+
+@dataclass(frozen=True, slots=True)
+class ScenarioProcess:
+    """One scripted process, resolved: which GPU it runs on and which pod owns it."""
+
+    pid: int
+    command: str
+    gpu: str
+    share: float
+    pod: PodRef
+
+
+@dataclass(frozen=True, slots=True)
+class ScenarioPod:
+    """One scripted pod, with what the demo's selectors need (labels, annotations)."""
+
+    ref: PodRef
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    gpus: tuple[str, ...]
+    processes: tuple[ScenarioProcess, ...]
+    start: float
+    end: float | None
+    host_memory: _Signal | None
+
+    def active(self, t: float) -> bool:
+        """Whether the pod exists at scenario time ``t``."""
+        return self.start <= t and (self.end is None or t < self.end)
+
+
+@dataclass(frozen=True, slots=True)
+class _Gpu:
+    spec: GpuSpec
+    index: int
+    utilization: _Signal
+    memory: _Signal
+    sm_active: _Signal | None
+    health_ats: tuple[float, ...]
+    health: tuple[str, ...]
+
+    def lost(self, t: float) -> bool:
+        i = bisect_right(self.health_ats, t) - 1
+        return i >= 0 and self.health[i] == "lost"
+
+
+# Derived GPM readings as shares of utilization: "utilization" counts time with any kernel
+# running, SM activity is always lower, occupancy and tensor/DRAM activity lower still.
+_SM_ACTIVE_SHARE = 0.85
+_OCCUPANCY_SHARE = 0.45
+_TENSOR_SHARE = 0.6
+_DRAM_SHARE = 0.35
+_IDLE_CLOCK_MHZ = 345
+_BOOST_CLOCK_MHZ = 1980
+
+
+class Scenario:
+    """A loaded scenario: readings, processes and pods at any scenario time ``t``."""
+
+    def __init__(self, spec: ScenarioSpec, source: str = "<memory>") -> None:
+        self.spec = spec
+        self.source = source
+        self.name = spec.name
+        self.duration = spec.duration
+        seed = spec.seed
+        self._gpus: list[_Gpu] = []
+        for position, g in enumerate(spec.gpus):
+            events = sorted(g.health, key=lambda e: e.at)
+            self._gpus.append(
+                _Gpu(
+                    spec=g,
+                    index=g.index if g.index is not None else position,
+                    utilization=_Signal.build(seed, f"{g.uuid}/utilization", g.utilization, 0.0, 100.0),
+                    memory=_Signal.build(seed, f"{g.uuid}/memory", g.memory, 0.0, g.memory_total),
+                    sm_active=None
+                    if g.sm_active is None
+                    else _Signal.build(seed, f"{g.uuid}/smActive", g.sm_active, 0.0, 100.0),
+                    health_ats=tuple(e.at for e in events),
+                    health=tuple(e.kind for e in events),
+                )
+            )
+        self.pods: list[ScenarioPod] = []
+        for p in spec.pods:
+            ref = PodRef(namespace=p.namespace, name=p.name, container=p.container)
+            self.pods.append(
+                ScenarioPod(
+                    ref=ref,
+                    labels=dict(p.labels),
+                    annotations=dict(p.annotations),
+                    gpus=tuple(p.gpus),
+                    processes=tuple(
+                        ScenarioProcess(
+                            pid=proc.pid,
+                            command=proc.command,
+                            gpu=proc.gpu or p.gpus[0],
+                            share=proc.share,
+                            pod=ref,
+                        )
+                        for proc in p.processes
+                    ),
+                    start=p.from_,
+                    end=p.until,
+                    host_memory=None
+                    if p.host_memory is None
+                    else _Signal.build(seed, f"{p.namespace}/{p.name}/host", p.host_memory, 0.0, 2.0**62),
+                )
+            )
+
+    def pods_at(self, t: float) -> list[ScenarioPod]:
+        """The pods that exist at scenario time ``t``."""
+        return [p for p in self.pods if p.active(t)]
+
+    def _processes_on(self, uuid: str, t: float) -> list[ScenarioProcess]:
+        return [proc for pod in self.pods_at(t) for proc in pod.processes if proc.gpu == uuid]
+
+    def gpu_samples(self, t: float) -> list[GpuSample]:
+        """Every GPU at scenario time ``t``, as the NVML backend would read it (no pods, no sm_util)."""
+        return [self._gpu_sample(gpu, t) for gpu in self._gpus]
+
+    def _gpu_sample(self, gpu: _Gpu, t: float) -> GpuSample:
+        spec = gpu.spec
+        if gpu.lost(t):
+            return GpuSample(uuid=spec.uuid, index=gpu.index, model=spec.model, state=DeviceState.LOST)
+        util = gpu.utilization(t)
+        used = gpu.memory(t)
+        procs = self._processes_on(spec.uuid, t)
+        shares = sum(p.share for p in procs)
+        attributable = max(0.0, used - spec.reserved_memory)
+        sm = gpu.sm_active(t) if gpu.sm_active is not None else util * _SM_ACTIVE_SHARE
+        gpm = spec.gpm  # without GPM (pre-Hopper) these readings are absent, not zero
+        jitter = _gauss(self.spec.seed, f"{spec.uuid}/temperature", math.floor(t))
+        return GpuSample(
+            uuid=spec.uuid,
+            index=gpu.index,
+            model=spec.model,
+            utilization_gpu=util,
+            memory_used_bytes=round(used),
+            memory_total_bytes=round(spec.memory_total),
+            temperature_c=round(32.0 + 0.4 * util + 0.5 * jitter, 1),
+            power_watts=round(spec.idle_watts + (spec.max_watts - spec.idle_watts) * util / 100.0, 1),
+            sm_clock_mhz=round(_IDLE_CLOCK_MHZ + (_BOOST_CLOCK_MHZ - _IDLE_CLOCK_MHZ) * min(1.0, util / 20)),
+            ecc_uncorrected=0,
+            processes=[
+                ProcessSample(
+                    pid=p.pid,
+                    used_memory_bytes=round(attributable * p.share / shares),
+                    command=p.command,
+                )
+                for p in procs
+            ],
+            sm_active=sm if gpm else None,
+            sm_occupancy=util * _OCCUPANCY_SHARE if gpm else None,
+            tensor_active=util * _TENSOR_SHARE if gpm else None,
+            dram_active=util * _DRAM_SHARE if gpm else None,
+        )
+
+    def process_utilization(self, t: float) -> ProcessUtilization:
+        """Per-process SM utilization at ``t``: the GPU's utilization split by process shares."""
+        out: ProcessUtilization = {}
+        for gpu in self._gpus:
+            if gpu.lost(t):
+                continue
+            procs = self._processes_on(gpu.spec.uuid, t)
+            shares = sum(p.share for p in procs)
+            util = gpu.utilization(t)
+            out[gpu.spec.uuid] = {p.pid: util * p.share / shares for p in procs}
+        return out
+
+    def annotate(self, snapshot: Snapshot, t: float) -> Snapshot:
+        """Fill in pods, process owners and pod host memory as the kubelet and /proc would at ``t``."""
+        pods = self.pods_at(t)
+        owners = {proc.pid: pod.ref for pod in pods for proc in pod.processes}
+        gpus = []
+        for sample in snapshot.gpus:
+            key = device_key(sample)
+            allocated = [pod.ref for pod in pods if key in pod.gpus]
+            processes = [p.model_copy(update={"pod": owners.get(p.pid)}) for p in sample.processes]
+            gpus.append(sample.model_copy(update={"pods": allocated, "processes": processes}))
+        host = [
+            PodHostMemory(namespace=p.ref.namespace, name=p.ref.name, memory_bytes=round(p.host_memory(t)))
+            for p in pods
+            if p.host_memory is not None
+        ]
+        return snapshot.model_copy(update={"gpus": gpus, "pod_host_memory": host})
+
+    def snapshot(self, t: float, *, origin: float = DEFAULT_ORIGIN) -> Snapshot:
+        """The fully attributed snapshot at ``t``, per-process utilization included, stamped ``origin + t``.
+
+        What the demo plays through the engine, compressed: no sleeping, no agent.
+        """
+        utilization = self.process_utilization(t)
+        gpus = [
+            g.model_copy(
+                update={
+                    "processes": [
+                        p.model_copy(update={"sm_util": utilization.get(g.uuid, {}).get(p.pid)})
+                        for p in g.processes
+                    ]
+                }
+            )
+            for g in self.gpu_samples(t)
+        ]
+        return self.annotate(Snapshot(timestamp=origin + t, gpus=gpus), t)
+
+
+def packaged_scenario(name: str) -> Path:
+    """The path of a scenario shipped with gpuwarden (``demo``, ``e2e-fast``)."""
+    if name not in PACKAGED:
+        raise ScenarioError(f"no packaged scenario {name!r}; packaged: {', '.join(PACKAGED)}")
+    return Path(str(resources.files("gpuwarden.agent") / "scenarios" / f"{name}.yaml"))
+
+
+def load_scenario(source: str | Path) -> Scenario:
+    """Load a scenario from a file path, or by name if it is one of :data:`PACKAGED`."""
+    path = Path(source)
+    if not path.exists() and str(source) in PACKAGED:
+        path = packaged_scenario(str(source))
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ScenarioError(f"{source}: cannot read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"{source}: not valid YAML: {exc}") from None
+    return parse_scenario(data, source=str(path))
+
+
+def parse_scenario(data: Any, *, source: str = "<memory>") -> Scenario:
+    """Validate a scenario already read into Python objects; :class:`ScenarioError` names the field."""
+    try:
+        spec = ScenarioSpec.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise ScenarioError(f"{source}: {where}: {first['msg']}{more}") from None
+    return Scenario(spec, source)
+
+
+class ScriptedBackend:
+    """A :class:`DeviceBackend` that plays a scenario in real time from ``origin`` (epoch seconds).
+
+    ``origin`` defaults to the moment :meth:`open` is called, so ``t = now - origin``.
+    """
+
+    name = "scripted"
+
+    def __init__(
+        self, scenario: Scenario, *, origin: float | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.scenario = scenario
+        self.origin = origin
+        self._clock = clock
+
+    def open(self) -> None:
+        """Fix the origin if none was given."""
+        if self.origin is None:
+            self.origin = self._clock()
+
+    def scenario_time(self, now: float) -> float:
+        """Scenario time at epoch ``now``."""
+        if self.origin is None:
+            raise BackendError("ScriptedBackend used before open()")
+        return max(0.0, now - self.origin)
+
+    def sample_devices(self, now: float) -> list[GpuSample]:
+        """The scenario's GPUs at ``now - origin``."""
+        return self.scenario.gpu_samples(self.scenario_time(now))
+
+    def sample_process_utilization(self, now: float) -> ProcessUtilization:
+        """The scenario's per-process utilization at ``now - origin``."""
+        return self.scenario.process_utilization(self.scenario_time(now))
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class ScenarioAttributor:
+    """The pod attribution of a scenario, with the same ``refresh``/``annotate`` as the PodAttributor.
+
+    There is no kubelet behind a scripted backend, so the scenario's pods stand in for
+    the PodResources answer and its processes for /proc.
+    """
+
+    def __init__(self, backend: ScriptedBackend) -> None:
+        self._backend = backend
+
+    async def refresh(self) -> None:
+        """Nothing to fetch: the scenario already knows every pod."""
+
+    def annotate(self, snapshot: Snapshot) -> Snapshot:
+        """Attribute the snapshot's GPUs and processes to the scenario's pods at the snapshot's time."""
+        return self._backend.scenario.annotate(snapshot, self._backend.scenario_time(snapshot.timestamp))
