@@ -254,8 +254,8 @@ INVALID: list[tuple[str, Edit, str]] = [
     ),
     (
         "empty window",
-        put("rules[3].memoryGrowth.window", "0s"),
-        'spec.rules[3].memoryGrowth.window: "0s" is too short; must be at least 1s',
+        put("rules[3].memoryGrowth.window", "59s"),
+        'spec.rules[3].memoryGrowth.window: "59s" is too short; must be at least 1m',
     ),
     # rates
     (
