@@ -1,0 +1,250 @@
+"""ScaleDecider: how many replicas a policy's scale target should have, HPA-style.
+
+Pure: findings, the target's current replicas and ``now`` come in; a
+:class:`ScaleDecision` goes out. The operator's Scaler reads the replicas, asks,
+acts (or, in dryRun, announces) and then reports back through
+:meth:`ScaleDecider.record_scale` so that cooldowns start from real changes.
+
+One decision, in order:
+
+1. **Signal.** *Up* when at least ``scaleUpMinPods`` of the matched pods (a
+   count, or a percentage rounded up; at least one) have an active finding of a
+   ``scaleUpOn`` rule. *Down* when there is at least one matched pod and every
+   matched pod has an active finding of a ``scaleDownOn`` rule. Up wins when both
+   hold: a pod short of memory outweighs idle GPUs elsewhere (as the HPA takes
+   the largest recommendation of several metrics).
+2. **Zero.** A target at 0 replicas is left alone: as with the HPA, scaling a
+   workload to zero by hand pauses autoscaling.
+3. **Range.** A target outside ``[minReplicas, maxReplicas]`` is brought back to
+   the nearest bound at once, whatever the signal, window or cooldown.
+4. **Stabilization.** The HPA keeps the recommendations of the window and takes
+   the safest (for scale down the highest, for scale up the lowest). Our
+   recommendations are relative (one step up, hold, one step down), so the
+   safest in a window is *down* only if every recommendation in it was down, and
+   *up* only if every one was up. Keeping the start of the current run of equal
+   recommendations is the same thing in O(1): act once the run is as old as the
+   window. A fresh decider (after a restart) has seen nothing, so it waits a
+   full window again; that is the safe side.
+5. **Cooldown.** No two changes in one direction closer than its cooldown.
+6. **Step.** ``step`` replicas, or ``step%`` of the current replicas rounded up
+   (at least 1), clamped to the range.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Protocol
+
+from gpuwarden.policy.humanize import approx_duration
+from gpuwarden.policy.model import ScaleAction, ScaleDirection
+from gpuwarden.policy.units import format_duration
+
+
+class Direction(enum.StrEnum):
+    """Which way a decision moves (or wants to move) the replicas."""
+
+    UP = "Up"
+    DOWN = "Down"
+    NONE = "None"
+
+
+class Blocker(enum.StrEnum):
+    """Why a wish to scale did not become a change (a CamelCase reason)."""
+
+    AT_MAX_REPLICAS = "AtMaxReplicas"
+    AT_MIN_REPLICAS = "AtMinReplicas"
+    STABILIZATION_WINDOW = "StabilizationWindow"
+    COOLDOWN = "Cooldown"
+    SCALED_TO_ZERO = "ScaledToZero"
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleDecision:
+    """What the target's replicas should be, and why.
+
+    ``direction`` is the direction of the change, or of the wish when
+    ``blocked_by`` says why it did not become one; ``desired == current`` then.
+    """
+
+    current: int
+    desired: int
+    direction: Direction
+    reason: str
+    blocked_by: Blocker | None = None
+
+    @property
+    def changes(self) -> bool:
+        """Whether acting on this decision changes the target's replicas."""
+        return self.desired != self.current
+
+
+class ActiveFinding(Protocol):
+    """The two fields of a :class:`~gpuwarden.policy.findings.Finding` that scaling reads."""
+
+    @property
+    def rule(self) -> str: ...
+
+    @property
+    def pod(self) -> str: ...
+
+
+def findings_by_pod(findings: Iterable[ActiveFinding]) -> dict[str, frozenset[str]]:
+    """Active findings grouped as pod name -> names of the rules it violates (an Evaluation's ``active``)."""
+    grouped: dict[str, set[str]] = {}
+    for f in findings:
+        grouped.setdefault(f.pod, set()).add(f.rule)
+    return {pod: frozenset(rules) for pod, rules in grouped.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class _Signal:
+    direction: Direction
+    text: str
+    """E.g. ``saturated on 2/3 pods``; for NONE, what was seen and what would be needed."""
+
+
+def step_size(direction: ScaleDirection, current: int) -> int:
+    """Replicas one step moves from ``current``: the count, or the percentage of it rounded up, at least 1."""
+    if direction.step_percent is not None:
+        # Fraction: 3 x 33% must round up to 1 and 10 x 10% stay exactly 1, which floats do not promise.
+        return max(1, math.ceil(Fraction(current) * Fraction(direction.step_percent) / 100))
+    return max(1, direction.step_replicas or 1)
+
+
+def min_pods_needed(action: ScaleAction, matched_pods: int) -> int:
+    """How many matched pods must violate a scaleUpOn rule: the count, or the percentage rounded up; >= 1."""
+    if action.scale_up_min_pods_percent is not None:
+        return max(1, math.ceil(Fraction(matched_pods) * Fraction(action.scale_up_min_pods_percent) / 100))
+    return max(1, action.scale_up_min_pods or 1)
+
+
+def _signal(action: ScaleAction, by_pod: Mapping[str, Collection[str]], matched_pods: int) -> _Signal:
+    up_rules = _violated(action.scale_up_on, by_pod)
+    down_rules = _violated(action.scale_down_on, by_pod)
+    up_pods = sum(1 for rules in by_pod.values() if any(r in rules for r in action.scale_up_on))
+    down_pods = sum(1 for rules in by_pod.values() if any(r in rules for r in action.scale_down_on))
+    # The engine only reports matched pods; never let a stale extra count past the denominator.
+    up_pods, down_pods = min(up_pods, matched_pods), min(down_pods, matched_pods)
+    needed = min_pods_needed(action, matched_pods)
+    if action.scale_up_on and matched_pods > 0 and up_pods >= needed:
+        return _Signal(Direction.UP, f"{up_rules} on {up_pods}/{matched_pods} pods")
+    if action.scale_down_on and matched_pods > 0 and down_pods == matched_pods:
+        return _Signal(Direction.DOWN, f"{down_rules} on {down_pods}/{matched_pods} pods")
+    if matched_pods == 0:
+        return _Signal(Direction.NONE, "no matched pods")
+    seen = []
+    if action.scale_up_on:
+        seen.append(f"{_names(action.scale_up_on)} on {up_pods}/{matched_pods} pods (up needs {needed})")
+    if action.scale_down_on:
+        seen.append(f"{_names(action.scale_down_on)} on {down_pods}/{matched_pods} pods (down needs all)")
+    return _Signal(Direction.NONE, "no scaling signal: " + "; ".join(seen))
+
+
+def _violated(rules: Iterable[str], by_pod: Mapping[str, Collection[str]]) -> str:
+    """The named rules that some pod violates, in spec order, joined for a message."""
+    return _names([r for r in rules if any(r in pod_rules for pod_rules in by_pod.values())])
+
+
+def _names(rules: Iterable[str]) -> str:
+    return ", ".join(rules)
+
+
+class ScaleDecider:
+    """The scaling state of one policy: the current run of equal wishes and the last change each way.
+
+    Pure: every method is told ``now`` (seconds, any monotonic origin shared by the calls).
+    """
+
+    def __init__(self) -> None:
+        self._run_direction = Direction.NONE
+        self._run_since: float | None = None
+        self._last_scale: dict[Direction, float] = {}
+
+    def restore(self, last_scale_at: float) -> None:
+        """Seed both cooldowns from a change made before a restart (``status.scale.lastScaleTime``).
+
+        The status does not say which way that change went; starting both
+        cooldowns is the safe reading.
+        """
+        for direction in (Direction.UP, Direction.DOWN):
+            self._last_scale[direction] = max(self._last_scale.get(direction, last_scale_at), last_scale_at)
+
+    def record_scale(self, decision: ScaleDecision, now: float) -> None:
+        """The target changed as ``decision`` says (or, in dryRun, would have): start its cooldown."""
+        if decision.changes:
+            self._last_scale[Direction.UP if decision.desired > decision.current else Direction.DOWN] = now
+
+    def decide(
+        self,
+        action: ScaleAction,
+        current_replicas: int,
+        findings_by_pod: Mapping[str, Collection[str]],
+        matched_pods: int,
+        now: float,
+    ) -> ScaleDecision:
+        """Decide the target's replicas from the active findings of the ``matched_pods`` selected pods.
+
+        ``findings_by_pod`` maps a pod's name to the names of the rules it
+        currently violates (see :func:`findings_by_pod`). Records this
+        evaluation's wish for the stabilization windows; does not start a
+        cooldown (:meth:`record_scale` does, once the change is made).
+        """
+        signal = _signal(action, findings_by_pod, matched_pods)
+        held = self._observe(signal.direction, now)
+        current = current_replicas
+        lo, hi = action.min_replicas, action.max_replicas
+
+        if current <= 0:
+            return ScaleDecision(
+                current,
+                current,
+                Direction.NONE,
+                "target at 0 replicas: scaling paused",
+                Blocker.SCALED_TO_ZERO,
+            )
+        if current > hi:
+            return ScaleDecision(current, hi, Direction.DOWN, f"{current} replicas exceed maxReplicas {hi}")
+        if current < lo:
+            return ScaleDecision(current, lo, Direction.UP, f"{current} replicas are below minReplicas {lo}")
+        if signal.direction is Direction.NONE:
+            return ScaleDecision(current, current, Direction.NONE, signal.text)
+
+        up = signal.direction is Direction.UP
+        behavior = action.scale_up if up else action.scale_down
+        text = signal.text if held < 1 else f"{signal.text} for {approx_duration(held)}"
+        if current == (hi if up else lo):
+            bound = f"maxReplicas {hi}" if up else f"minReplicas {lo}"
+            blocker = Blocker.AT_MAX_REPLICAS if up else Blocker.AT_MIN_REPLICAS
+            return ScaleDecision(current, current, signal.direction, f"{text}; already at {bound}", blocker)
+        if held < behavior.stabilization_seconds:
+            window = format_duration(behavior.stabilization_seconds)
+            return ScaleDecision(
+                current,
+                current,
+                signal.direction,
+                f"{text}; waiting out the {window} scale-{'up' if up else 'down'} stabilization window",
+                Blocker.STABILIZATION_WINDOW,
+            )
+        last = self._last_scale.get(signal.direction)
+        if last is not None and now - last < behavior.cooldown_seconds:
+            return ScaleDecision(
+                current,
+                current,
+                signal.direction,
+                f"{text}; cooling down: last scale {'up' if up else 'down'} {approx_duration(now - last)} "
+                f"ago, cooldown {format_duration(behavior.cooldown_seconds)}",
+                Blocker.COOLDOWN,
+            )
+        step = step_size(behavior, current)
+        desired = min(hi, current + step) if up else max(lo, current - step)
+        return ScaleDecision(current, desired, signal.direction, text)
+
+    def _observe(self, direction: Direction, now: float) -> float:
+        """Extend or restart the run of equal wishes; return how long the current one has held."""
+        if direction is not self._run_direction or self._run_since is None:
+            self._run_direction, self._run_since = direction, now
+        return max(0.0, now - self._run_since)
