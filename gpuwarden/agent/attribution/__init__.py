@@ -1,0 +1,46 @@
+"""Which pod owns which GPU and which process: PodResources, cgroups, and the node's pod list.
+
+:class:`PodAttributor` is the entry point; the rest is what it is built from.
+"""
+
+from gpuwarden.agent.attribution.attributor import AllocationSource, PodAttributor, PodDirectory, PodLookup
+from gpuwarden.agent.attribution.cgroups import (
+    HOST,
+    CgroupIdentity,
+    CgroupReader,
+    parse_cgroup_path,
+    parse_proc_cgroup,
+)
+from gpuwarden.agent.attribution.kubelet import (
+    DEFAULT_SOCKET_PATH,
+    Allocations,
+    PodResourcesClient,
+    PodResourcesError,
+    PodResourcesState,
+    allocations_from_response,
+    device_key,
+    is_nvidia_gpu_resource,
+)
+from gpuwarden.agent.attribution.nodepods import NodePods, NodePodsError
+
+__all__ = [
+    "DEFAULT_SOCKET_PATH",
+    "HOST",
+    "AllocationSource",
+    "Allocations",
+    "CgroupIdentity",
+    "CgroupReader",
+    "NodePods",
+    "NodePodsError",
+    "PodAttributor",
+    "PodDirectory",
+    "PodLookup",
+    "PodResourcesClient",
+    "PodResourcesError",
+    "PodResourcesState",
+    "allocations_from_response",
+    "device_key",
+    "is_nvidia_gpu_resource",
+    "parse_cgroup_path",
+    "parse_proc_cgroup",
+]

@@ -1,0 +1,167 @@
+"""The pods of one node by UID, listed from the API server: cgroups name pods by UID only.
+
+Optional: without it, a process is attributed through the PodResources answer
+alone (see :class:`~gpuwarden.agent.attribution.attributor.PodAttributor`). With it,
+the agent's ServiceAccount needs ``list`` on ``pods`` (cluster-wide: the field
+selector ``spec.nodeName`` narrows the answer, not the permission).
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from collections.abc import Callable
+from pathlib import Path
+
+import aiohttp
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gpuwarden.nodereport import PodRef
+
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+class NodePodsError(RuntimeError):
+    """The pod list could not be fetched or read; the previous list stays in use."""
+
+
+class _Api(BaseModel):
+    # Only the fields we read; the API server sends far more.
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class _Metadata(_Api):
+    uid: str
+    name: str
+    namespace: str
+
+
+class _ContainerStatus(_Api):
+    name: str
+    container_id: str = Field(default="", alias="containerID")
+    """``<runtime>://<id>``; empty until the container has been created."""
+
+
+class _PodStatus(_Api):
+    container_statuses: list[_ContainerStatus] = Field(default_factory=list, alias="containerStatuses")
+    init_container_statuses: list[_ContainerStatus] = Field(
+        default_factory=list, alias="initContainerStatuses"
+    )
+    ephemeral_container_statuses: list[_ContainerStatus] = Field(
+        default_factory=list, alias="ephemeralContainerStatuses"
+    )
+
+
+class _Pod(_Api):
+    metadata: _Metadata
+    status: _PodStatus = Field(default_factory=_PodStatus)
+
+
+class _PodList(_Api):
+    items: list[_Pod]
+
+
+class NodePods:
+    """Pod UID → :class:`PodRef` and container ID → container name, for the pods of one node.
+
+    Call it as a lookup (``node_pods(uid)``); :meth:`refresh` re-lists. The token is
+    re-read on every list because the kubelet rotates projected tokens.
+    """
+
+    def __init__(
+        self,
+        node: str,
+        api_server: str,
+        *,
+        token_path: str | os.PathLike[str] | None = SERVICE_ACCOUNT_DIR / "token",
+        ca_path: str | os.PathLike[str] | None = SERVICE_ACCOUNT_DIR / "ca.crt",
+        timeout: float = 10.0,
+        session_factory: Callable[[], aiohttp.ClientSession] | None = None,
+    ) -> None:
+        self._node = node
+        self._url = api_server.rstrip("/") + "/api/v1/pods"
+        self._token_path = Path(token_path) if token_path is not None else None
+        self._ca_path = Path(ca_path) if ca_path is not None else None
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._session_factory = session_factory or self._default_session
+        self._session: aiohttp.ClientSession | None = None
+        self._pods: dict[str, PodRef] = {}
+        self._containers: dict[str, str] = {}
+
+    @classmethod
+    def in_cluster(cls, node: str, *, timeout: float = 10.0) -> NodePods:
+        """Talk to the API server the pod runs under, as its ServiceAccount (the mounted token and CA)."""
+        try:
+            host = os.environ["KUBERNETES_SERVICE_HOST"]
+            port = os.environ["KUBERNETES_SERVICE_PORT"]
+        except KeyError as exc:
+            raise NodePodsError(f"not running in a cluster: {exc.args[0]} is not set") from None
+        if ":" in host:  # an IPv6 address
+            host = f"[{host}]"
+        return cls(node, f"https://{host}:{port}", timeout=timeout)
+
+    @property
+    def url(self) -> str:
+        """The pod list's URL, without the query."""
+        return self._url
+
+    def __call__(self, pod_uid: str) -> PodRef | None:
+        """The pod with this UID on the node, as of the last successful :meth:`refresh`."""
+        return self._pods.get(pod_uid)
+
+    def container_name(self, container_id: str) -> str | None:
+        """The name of the container with this runtime ID (the 64 hex digits, no ``runtime://``)."""
+        return self._containers.get(container_id)
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    async def refresh(self) -> None:
+        """List the node's pods; raise :class:`NodePodsError` and keep the last list if that fails."""
+        if self._session is None:
+            self._session = self._session_factory()
+        headers = {"Accept": "application/json"}
+        if self._token_path is not None:
+            try:
+                headers["Authorization"] = f"Bearer {self._token_path.read_text().strip()}"
+            except OSError as exc:
+                raise NodePodsError(f"cannot read the ServiceAccount token: {exc}") from None
+        # resourceVersion=0: any recent state will do, so the API server answers from its
+        # watch cache instead of etcd; this runs on every GPU node.
+        params = {"fieldSelector": f"spec.nodeName={self._node}", "resourceVersion": "0"}
+        try:
+            async with self._session.get(
+                self._url, params=params, headers=headers, timeout=self._timeout
+            ) as response:
+                body = await response.read()
+                if response.status != 200:
+                    raise NodePodsError(f"listing pods: HTTP {response.status}: {body[:200]!r}")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise NodePodsError(f"listing pods: {type(exc).__name__}: {exc}") from None
+        try:
+            pods = _PodList.model_validate_json(body).items
+        except ValidationError as exc:
+            raise NodePodsError(f"listing pods: unexpected answer: {exc.error_count()} errors") from None
+        self._pods = {
+            p.metadata.uid: PodRef(namespace=p.metadata.namespace, name=p.metadata.name) for p in pods
+        }
+        self._containers = {
+            s.container_id.partition("://")[2]: s.name
+            for p in pods
+            for s in (
+                *p.status.container_statuses,
+                *p.status.init_container_statuses,
+                *p.status.ephemeral_container_statuses,
+            )
+            if "://" in s.container_id
+        }
+
+    def _default_session(self) -> aiohttp.ClientSession:
+        context = ssl.create_default_context(cafile=self._ca_path) if self._ca_path is not None else None
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context or True))
+
+    async def close(self) -> None:
+        """Close the HTTP session."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

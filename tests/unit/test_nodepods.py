@@ -1,0 +1,163 @@
+"""NodePods against a real HTTP server standing in for the API server."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from gpuwarden.agent.attribution import NodePods, NodePodsError
+from gpuwarden.nodereport import PodRef
+
+UID_A = "0b0b0b0b-0000-4000-8000-00000000000a"
+UID_B = "0b0b0b0b-0000-4000-8000-00000000000b"
+
+
+def _pod(uid: str, namespace: str, name: str, **status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"uid": uid, "name": name, "namespace": namespace, "labels": {"app": name}},
+        "spec": {"nodeName": "gpu-node-1", "containers": []},
+        "status": {"phase": "Running", **status},
+    }
+
+
+PODS = {
+    "kind": "PodList",
+    "apiVersion": "v1",
+    "metadata": {"resourceVersion": "123"},
+    "items": [
+        _pod(
+            UID_A,
+            "ml",
+            "trainer-0",
+            containerStatuses=[
+                {"name": "train", "containerID": f"containerd://{'a' * 64}", "ready": True},
+                {"name": "logger", "containerID": f"cri-o://{'b' * 64}"},
+                {"name": "waiting", "containerID": ""},  # not created yet
+                {"name": "pending"},
+            ],
+            initContainerStatuses=[{"name": "fetch", "containerID": f"docker://{'c' * 64}"}],
+        ),
+        _pod(UID_B, "infer", "llm-0"),  # no status yet
+    ],
+}
+
+
+class FakeApiServer:
+    def __init__(self) -> None:
+        self.status = 200
+        self.body: bytes | None = None
+        self.requests: list[web.Request] = []
+
+    async def pods(self, request: web.Request) -> web.Response:
+        self.requests.append(request)
+        if self.body is not None:
+            return web.Response(status=self.status, body=self.body, content_type="application/json")
+        return web.json_response(PODS, status=self.status)
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[tuple[FakeApiServer, str]]:
+    fake = FakeApiServer()
+    app = web.Application()
+    app.router.add_get("/api/v1/pods", fake.pods)
+    async with TestServer(app, host="127.0.0.1") as server:
+        yield fake, str(server.make_url(""))
+
+
+@pytest.fixture
+def token(tmp_path: Path) -> Path:
+    path = tmp_path / "token"
+    path.write_text("first-token\n")
+    return path
+
+
+@pytest.fixture
+async def node_pods(api: tuple[FakeApiServer, str], token: Path) -> AsyncIterator[NodePods]:
+    pods = NodePods("gpu-node-1", api[1], token_path=token, ca_path=None)
+    yield pods
+    await pods.close()
+
+
+async def test_lists_the_nodes_pods(api: tuple[FakeApiServer, str], node_pods: NodePods) -> None:
+    await node_pods.refresh()
+
+    request = api[0].requests[0]
+    assert request.query["fieldSelector"] == "spec.nodeName=gpu-node-1"
+    assert request.query["resourceVersion"] == "0"
+    assert request.headers["Authorization"] == "Bearer first-token"
+    assert len(node_pods) == 2
+    assert node_pods(UID_A) == PodRef(namespace="ml", name="trainer-0")
+    assert node_pods(UID_B) == PodRef(namespace="infer", name="llm-0")
+    assert node_pods("unknown") is None
+    assert node_pods.container_name("a" * 64) == "train"
+    assert node_pods.container_name("b" * 64) == "logger"
+    assert node_pods.container_name("c" * 64) == "fetch"
+    assert node_pods.container_name("") is None
+
+
+async def test_token_is_reread_on_every_list(
+    api: tuple[FakeApiServer, str], node_pods: NodePods, token: Path
+) -> None:
+    await node_pods.refresh()
+    await asyncio.to_thread(token.write_text, "rotated-token")  # the kubelet rotates it
+    await node_pods.refresh()
+
+    assert [r.headers["Authorization"] for r in api[0].requests] == [
+        "Bearer first-token",
+        "Bearer rotated-token",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "message"),
+    [(403, b'{"kind":"Status","reason":"Forbidden"}', "HTTP 403"), (200, b"{not json", "unexpected answer")],
+)
+async def test_a_failed_list_keeps_the_last_one(
+    api: tuple[FakeApiServer, str], node_pods: NodePods, status: int, body: bytes, message: str
+) -> None:
+    await node_pods.refresh()
+    api[0].status, api[0].body = status, body
+
+    with pytest.raises(NodePodsError, match=message):
+        await node_pods.refresh()
+
+    assert node_pods(UID_A) == PodRef(namespace="ml", name="trainer-0")
+
+
+async def test_api_server_unreachable(token: Path) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pods = NodePods("n", f"http://127.0.0.1:{port}", token_path=token, ca_path=None, timeout=5)
+    try:
+        with pytest.raises(NodePodsError, match="ClientConnectorError"):
+            await pods.refresh()
+    finally:
+        await pods.close()
+
+
+async def test_token_missing(api: tuple[FakeApiServer, str], tmp_path: Path) -> None:
+    pods = NodePods("n", api[1], token_path=tmp_path / "absent", ca_path=None)
+    with pytest.raises(NodePodsError, match="token"):
+        await pods.refresh()
+    assert api[0].requests == []
+
+
+def test_in_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(NodePodsError, match="KUBERNETES_SERVICE_HOST"):
+        NodePods.in_cluster("n")
+
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    assert NodePods.in_cluster("n").url == "https://10.96.0.1:443/api/v1/pods"
+
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "fd00::1")
+    assert NodePods.in_cluster("n").url == "https://[fd00::1]:443/api/v1/pods"
