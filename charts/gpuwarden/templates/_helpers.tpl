@@ -1,0 +1,161 @@
+{{/*
+Expand the name of the chart.
+*/}}
+{{- define "gpuwarden.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Create a default fully qualified app name (63 characters at most: some Kubernetes name fields are
+limited to that by the DNS naming spec). If the release name contains the chart name it is used as is.
+The component suffixes ("-operator", "-operator-ingest", "-agent") are appended to this name, so keep
+it at most 47 characters (fullnameOverride / release name) to keep every object name whole.
+*/}}
+{{- define "gpuwarden.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Name of one component's objects: "<fullname>-<component>". Call with (dict "ctx" $ "component" "operator").
+*/}}
+{{- define "gpuwarden.componentName" -}}
+{{- printf "%s-%s" (include "gpuwarden.fullname" .ctx) .component | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Create chart name and version as used by the chart label.
+*/}}
+{{- define "gpuwarden.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The namespace objects are installed into (overridable for `helm template` pipelines).
+*/}}
+{{- define "gpuwarden.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Common labels (no component). Call with the root context.
+*/}}
+{{- define "gpuwarden.commonLabels" -}}
+helm.sh/chart: {{ include "gpuwarden.chart" . }}
+app.kubernetes.io/name: {{ include "gpuwarden.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- if .Chart.AppVersion }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gpuwarden
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Labels of one component's objects. Call with (dict "ctx" $ "component" "operator").
+*/}}
+{{- define "gpuwarden.labels" -}}
+{{ include "gpuwarden.commonLabels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/*
+Selector labels of one component: immutable once installed (Deployment/DaemonSet selectors), so only
+name, instance and component. Call with (dict "ctx" $ "component" "operator").
+*/}}
+{{- define "gpuwarden.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpuwarden.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/*
+ServiceAccount name of one component. Call with (dict "ctx" $ "component" "operator").
+*/}}
+{{- define "gpuwarden.serviceAccountName" -}}
+{{- $sa := (index .ctx.Values .component).serviceAccount }}
+{{- if $sa.create }}
+{{- default (include "gpuwarden.componentName" .) $sa.name }}
+{{- else }}
+{{- default "default" $sa.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+Container image reference. Call with (dict "ctx" $ "image" .Values.operator.image); the tag defaults to
+the chart's appVersion, and a digest, when set, wins over the tag.
+*/}}
+{{- define "gpuwarden.image" -}}
+{{- $registry := default .ctx.Values.global.imageRegistry .image.registry }}
+{{- $repository := .image.repository }}
+{{- if $registry }}
+{{- $repository = printf "%s/%s" $registry .image.repository }}
+{{- end }}
+{{- if .image.digest }}
+{{- printf "%s@%s" $repository .image.digest }}
+{{- else }}
+{{- printf "%s:%s" $repository (default .ctx.Chart.AppVersion .image.tag | toString) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Names and ports shared between the operator, its Services and the agent (docs/deployment-contract.md).
+*/}}
+{{- define "gpuwarden.operator.serviceName" -}}
+{{- include "gpuwarden.componentName" (dict "ctx" . "component" "operator") }}
+{{- end }}
+
+{{- define "gpuwarden.operator.ingestServiceName" -}}
+{{- include "gpuwarden.componentName" (dict "ctx" . "component" "operator-ingest") }}
+{{- end }}
+
+{{/*
+URL the agents POST their reports to: the ingest Service, which selects only the active replica.
+*/}}
+{{- define "gpuwarden.agent.operatorURL" -}}
+{{- if .Values.agent.operatorURL }}
+{{- .Values.agent.operatorURL }}
+{{- else }}
+{{- printf "http://%s.%s.svc:%d/v1/reports" (include "gpuwarden.operator.ingestServiceName" .) (include "gpuwarden.namespace" .) (int .Values.operator.ingest.port) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Kopf peering object name (--peering): operator.peering.name, or the release's full name, so two
+releases in one cluster never share a ClusterKopfPeering (a release named "gpuwarden" gets "gpuwarden",
+the operator's default).
+*/}}
+{{- define "gpuwarden.operator.peeringName" -}}
+{{- default (include "gpuwarden.fullname" .) .Values.operator.peering.name }}
+{{- end }}
+
+{{/*
+Whether the operator watches all namespaces (no operator.watchNamespaces given).
+*/}}
+{{- define "gpuwarden.operator.clusterWide" -}}
+{{- if not .Values.operator.watchNamespaces }}true{{- end }}
+{{- end }}
+
+{{/*
+`job` label Prometheus gives the scrape of one component: the Service name with a ServiceMonitor,
+"<namespace>/<PodMonitor name>" with a PodMonitor. Call with (dict "ctx" $ "component" "agent").
+*/}}
+{{- define "gpuwarden.monitoring.job" -}}
+{{- $name := include "gpuwarden.componentName" . }}
+{{- if .ctx.Values.monitoring.podMonitor.enabled }}
+{{- printf "%s/%s" (include "gpuwarden.namespace" .ctx) $name }}
+{{- else }}
+{{- $name }}
+{{- end }}
+{{- end }}
