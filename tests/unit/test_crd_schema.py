@@ -22,7 +22,7 @@ from gpuwarden.policy.units import DURATION_PATTERN, QUANTITY_PATTERN, RATE_PATT
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "gpuwarden.dev_gpumonitorpolicies.yaml"
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+EXAMPLES = sorted((ROOT / "examples").glob("gpumonitorpolicy*.yaml"))
 
 Schema = dict[str, Any]
 
@@ -274,9 +274,12 @@ def test_conditions_are_standard() -> None:
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_examples_are_accepted(path: Path) -> None:
-    for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
-        if doc is None:
-            continue
+    policies = [
+        doc
+        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8"))
+        if isinstance(doc, dict) and doc.get("kind") == "GPUMonitorPolicy"
+    ]
+    for doc in policies:
         VALIDATOR.validate(doc)
         parse_spec(doc["spec"])
 
