@@ -77,7 +77,7 @@ class MemoryCeiling:
 
 @dataclass(frozen=True, slots=True)
 class MemoryGrowth:
-    """Fires when GPU memory grows steadily (a leak): robust slope above ``rate``, fit at least ``min_fit``."""
+    """Fires when GPU memory grows steadily (a leak): robust slope above ``rate``, fit >= ``min_fit``."""
 
     name: str
     rate_bytes_per_second: float
