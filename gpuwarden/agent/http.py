@@ -1,0 +1,100 @@
+"""The agent's HTTP server: ``/metrics``, ``/healthz`` and ``/readyz``.
+
+:func:`build_app` returns the aiohttp application; the agent's long-running work
+(sampling, attribution refresh, report sending) rides on it as background tasks in
+``app.cleanup_ctx`` (:func:`background_task`), so that starting and stopping the app
+starts and stops everything, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from gpuwarden.agent.snapshots import SnapshotRing
+
+log = logging.getLogger(__name__)
+
+REGISTRY = web.AppKey("registry", CollectorRegistry)
+RING = web.AppKey("ring", SnapshotRing)
+
+CleanupContext = Callable[[web.Application], AsyncIterator[None]]
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    # The collectors only read the latest snapshot: cheap enough for the event loop.
+    body = generate_latest(request.app[REGISTRY])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    if request.app[RING].ready:
+        return web.Response(text="ok\n")
+    return web.Response(status=503, text="no sample taken yet\n")
+
+
+def build_app(
+    registry: CollectorRegistry,
+    ring: SnapshotRing,
+    *,
+    background: Iterable[CleanupContext] = (),
+) -> web.Application:
+    """The agent's app: /metrics from ``registry``, /readyz once ``ring`` holds a snapshot.
+
+    ``background`` contexts start (in order) when the app starts and stop (in reverse)
+    when it is cleaned up.
+    """
+    app = web.Application()
+    app[REGISTRY] = registry
+    app[RING] = ring
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    app.cleanup_ctx.extend(background)
+    return app
+
+
+def background_task(
+    name: str,
+    work: Callable[[], Coroutine[Any, Any, None]],
+    *,
+    on_exit: Callable[[str, BaseException | None], None] | None = None,
+) -> CleanupContext:
+    """A cleanup context that runs ``work()`` as a task for the app's lifetime.
+
+    ``on_exit(name, error)`` is called if the task ends on its own (it should run until
+    cancelled), with its exception or ``None``; the agent uses it to shut down rather than
+    run on without, say, its sampling loop.
+    """
+
+    async def context(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(work(), name=name)
+
+        def finished(done: asyncio.Task[None]) -> None:
+            if done.cancelled():
+                return
+            error = done.exception()  # retrieved here, so asyncio does not warn about it later
+            if error is not None:
+                log.error("background task %s failed", name, exc_info=error)
+            else:
+                log.error("background task %s ended on its own", name)
+            if on_exit is not None:
+                on_exit(name, error)
+
+        task.add_done_callback(finished)
+        yield
+        task.remove_done_callback(finished)
+        task.cancel()
+        # A task that already failed was reported by `finished`; only wait for the rest to stop.
+        await asyncio.gather(task, return_exceptions=True)
+
+    return context

@@ -1,0 +1,254 @@
+"""Prometheus metrics of the agent, built from the latest snapshot at each scrape.
+
+One collector per concern on a dedicated registry: :class:`DeviceCollector` (per GPU),
+:class:`ProcessCollector` (per process and per pod's host memory) and the agent's own
+(:class:`AgentMetrics`, :class:`AgentCollector`). A scrape reads
+:meth:`SnapshotRing.latest` and never calls NVML; every series is rebuilt from that
+snapshot, so a pod's series vanish with the first snapshot it is no longer in.
+
+Conventions: utilizations are ratios 0..1 (``_ratio``), sizes in bytes, power in watts,
+temperature in celsius, clocks in hertz, counters end in ``_total``. A reading the
+device did not give (not supported, GPU lost) has no series at all, never a zero;
+``gpuwarden_gpu_up`` says why, with its ``state`` label.
+
+Device series carry the GPU's labels (``uuid``, ``index``, ``model``, ``mig_id``) and
+the pod's (``namespace``, ``pod``, ``container``), empty when the kubelet allocated
+the device to no pod. A GPU shared by several pods (time-slicing) has one series per
+pod, each with the whole device's reading: don't ``sum`` them across pods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpuwarden import __version__
+from gpuwarden.agent.backend import device_key
+from gpuwarden.agent.snapshots import ERROR_KINDS, SnapshotRing
+from gpuwarden.nodereport import DeviceState, GpuSample, PodRef
+
+GPU_LABELS = ("uuid", "index", "model", "mig_id")
+POD_LABELS = ("namespace", "pod", "container")
+
+SAMPLE_DURATION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+"""From 100 µs (one GPU without per-process utilization) to 1 s (something is wrong)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Gauge:
+    """A GpuSample field exported as a gauge, with the factor that brings it to base units."""
+
+    name: str
+    help: str
+    field: str
+    scale: float = 1.0
+
+
+_DEVICE_GAUGES = (
+    _Gauge(
+        "gpuwarden_gpu_utilization_ratio",
+        "Share of time a kernel ran (NVML utilization.gpu).",
+        "utilization_gpu",
+        0.01,
+    ),
+    _Gauge(
+        "gpuwarden_gpu_sm_active_ratio",
+        "Share of SM cycles doing work (GPM, Hopper and later).",
+        "sm_active",
+        0.01,
+    ),
+    _Gauge("gpuwarden_gpu_sm_occupancy_ratio", "Active warps over the SMs' maximum.", "sm_occupancy", 0.01),
+    _Gauge(
+        "gpuwarden_gpu_tensor_active_ratio",
+        "Share of time tensor cores were busy (GPM).",
+        "tensor_active",
+        0.01,
+    ),
+    _Gauge(
+        "gpuwarden_gpu_dram_active_ratio", "DRAM bandwidth used over its maximum (GPM).", "dram_active", 0.01
+    ),
+    _Gauge("gpuwarden_gpu_memory_used_bytes", "Device memory in use.", "memory_used_bytes"),
+    _Gauge("gpuwarden_gpu_memory_total_bytes", "Device memory in all.", "memory_total_bytes"),
+    _Gauge("gpuwarden_gpu_temperature_celsius", "GPU die temperature.", "temperature_c"),
+    _Gauge("gpuwarden_gpu_power_watts", "Power draw.", "power_watts"),
+    _Gauge("gpuwarden_gpu_sm_clock_hertz", "SM clock.", "sm_clock_mhz", 1e6),
+)
+
+
+def _gpu_labels(gpu: GpuSample) -> list[str]:
+    return [gpu.uuid, str(gpu.index), gpu.model, gpu.mig_id or ""]
+
+
+def _pod_labels(pod: PodRef | None) -> list[str]:
+    return ["", "", ""] if pod is None else [pod.namespace, pod.name, pod.container]
+
+
+class DeviceCollector(Collector):
+    """Per-GPU (and per-MIG-device) gauges from the latest snapshot."""
+
+    def __init__(self, ring: SnapshotRing) -> None:
+        self._ring = ring
+
+    def _families(self) -> tuple[GaugeMetricFamily, list[GaugeMetricFamily], CounterMetricFamily]:
+        labels = [*GPU_LABELS, *POD_LABELS]
+        up = GaugeMetricFamily(
+            "gpuwarden_gpu_up",
+            "1 if the GPU's readings can be trusted; 0 if it is lost or unreadable, as the state label says.",
+            labels=[*labels, "state"],
+        )
+        gauges = [GaugeMetricFamily(g.name, g.help, labels=labels) for g in _DEVICE_GAUGES]
+        ecc = CounterMetricFamily(
+            "gpuwarden_gpu_ecc_uncorrected_errors",
+            "Uncorrected ECC errors since the driver loaded (volatile).",
+            labels=labels,
+        )
+        return up, gauges, ecc
+
+    def describe(self) -> Iterable[Metric]:
+        """The families this collector yields (so registering it does not collect)."""
+        up, gauges, ecc = self._families()
+        return [up, *gauges, ecc]
+
+    def collect(self) -> Iterable[Metric]:
+        """Build every device series from the latest snapshot."""
+        up, gauges, ecc = self._families()
+        snapshot = self._ring.latest()
+        for gpu in snapshot.gpus if snapshot is not None else ():
+            base = _gpu_labels(gpu)
+            pods: list[PodRef | None] = [*gpu.pods] or [None]
+            for pod in pods:
+                labels = base + _pod_labels(pod)
+                up.add_metric([*labels, gpu.state.value], 1.0 if gpu.state is DeviceState.OK else 0.0)
+                for family, gauge in zip(gauges, _DEVICE_GAUGES, strict=True):
+                    value = getattr(gpu, gauge.field)
+                    if value is not None:
+                        family.add_metric(labels, value * gauge.scale)
+                if gpu.ecc_uncorrected is not None:
+                    ecc.add_metric(labels, gpu.ecc_uncorrected)
+        return [up, *gauges, ecc]
+
+
+class ProcessCollector(Collector):
+    """Per-process GPU memory and SM utilization, and per-pod host memory, from the latest snapshot.
+
+    Per-process SM utilization is read at a lower rate than devices; between two reads
+    the last one is shown, for processes still present.
+    """
+
+    def __init__(self, ring: SnapshotRing) -> None:
+        self._ring = ring
+
+    def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+        labels = [*GPU_LABELS, "pid", *POD_LABELS]
+        memory = GaugeMetricFamily(
+            "gpuwarden_process_gpu_memory_used_bytes", "GPU memory used by one process.", labels=labels
+        )
+        sm = GaugeMetricFamily(
+            "gpuwarden_process_sm_utilization_ratio",
+            "Share of SM time one process used (NVML process utilization, read at a lower rate).",
+            labels=labels,
+        )
+        host = GaugeMetricFamily(
+            "gpuwarden_pod_host_memory_bytes",
+            "Host (CPU) memory of a pod, from its cgroup's memory.current.",
+            labels=["namespace", "pod"],
+        )
+        return memory, sm, host
+
+    def describe(self) -> Iterable[Metric]:
+        """The families this collector yields."""
+        return list(self._families())
+
+    def collect(self) -> Iterable[Metric]:
+        """Build every process and pod series from the latest snapshot."""
+        memory, sm, host = self._families()
+        snapshot = self._ring.latest()
+        if snapshot is None:
+            return [memory, sm, host]
+        last = self._ring.process_utilization
+        for gpu in snapshot.gpus:
+            base = _gpu_labels(gpu)
+            earlier = last.get(device_key(gpu), {})
+            for proc in gpu.processes:
+                labels = [*base, str(proc.pid), *_pod_labels(proc.pod)]
+                if proc.used_memory_bytes is not None:
+                    memory.add_metric(labels, proc.used_memory_bytes)
+                util = proc.sm_util if proc.sm_util is not None else earlier.get(proc.pid)
+                if util is not None:
+                    sm.add_metric(labels, util / 100.0)
+        for pod in snapshot.pod_host_memory:
+            host.add_metric([pod.namespace, pod.name], pod.memory_bytes)
+        return [memory, sm, host]
+
+
+class AgentMetrics:
+    """The agent's own counters and histogram; implements :class:`gpuwarden.agent.snapshots.SamplerEvents`.
+
+    Every error kind is created at 0, so a rate() over it works before the first error.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.errors = Counter(
+            "gpuwarden_agent_errors",
+            "Errors of the agent's sampling loop, by kind (see docs/agent.md).",
+            ["kind"],
+            registry=registry,
+        )
+        for kind in ERROR_KINDS:
+            self.errors.labels(kind=kind)
+        self.samples = Counter("gpuwarden_agent_samples", "Device samples taken.", registry=registry)
+        self.sample_duration = Histogram(
+            "gpuwarden_agent_sample_duration_seconds",
+            "Time to read every device once (per-process utilization included when read).",
+            buckets=SAMPLE_DURATION_BUCKETS,
+            registry=registry,
+        )
+
+    def sampled(self, seconds: float) -> None:
+        """Record one device sample's duration."""
+        self.samples.inc()
+        self.sample_duration.observe(seconds)
+
+    def error(self, kind: str) -> None:
+        """Count one error of ``kind``."""
+        self.errors.labels(kind=kind).inc()
+
+
+class AgentCollector(Collector):
+    """What the agent is and when it last sampled."""
+
+    def __init__(self, ring: SnapshotRing, *, backend: str, node: str) -> None:
+        self._ring = ring
+        self._backend = backend
+        self._node = node
+
+    def collect(self) -> Iterator[Metric]:
+        """The info series and the last sample's time."""
+        info = GaugeMetricFamily(
+            "gpuwarden_agent_info",
+            "The agent's version, backend and node.",
+            labels=["version", "backend", "node"],
+        )
+        info.add_metric([__version__, self._backend, self._node], 1.0)
+        yield info
+        last = GaugeMetricFamily(
+            "gpuwarden_agent_last_sample_timestamp_seconds",
+            "When the latest snapshot was taken (seconds since the epoch); absent before the first.",
+        )
+        snapshot = self._ring.latest()
+        if snapshot is not None:
+            last.add_metric([], snapshot.timestamp)
+        yield last
+
+
+def build_registry(ring: SnapshotRing, *, backend: str, node: str) -> tuple[CollectorRegistry, AgentMetrics]:
+    """A fresh registry with every agent collector on it, and the agent's own instruments."""
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(DeviceCollector(ring))
+    registry.register(ProcessCollector(ring))
+    registry.register(AgentCollector(ring, backend=backend, node=node))
+    return registry, AgentMetrics(registry)

@@ -1,0 +1,313 @@
+"""Scripted scenarios: the file format, the pieces, determinism, and the packaged demo files."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuwarden.agent.backend import DeviceBackend
+from gpuwarden.agent.scenario import (
+    PACKAGED,
+    ScenarioAttributor,
+    ScenarioError,
+    ScriptedBackend,
+    load_scenario,
+    packaged_scenario,
+    parse_scenario,
+)
+from gpuwarden.nodereport import DeviceState, PodRef, Snapshot
+
+MI = 2**20
+GI = 2**30
+UUID = "GPU-00000000-0000-4000-8000-000000000000"
+
+
+def one_gpu(**gpu: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "uuid": UUID,
+        "memoryTotal": "80Gi",
+        "utilization": [{"kind": "idle", "level": 10}],
+        "memory": [{"kind": "idle", "level": "1Gi"}],
+    }
+    spec.update(gpu)
+    return {"name": "t", "duration": "10m", "seed": 1, "gpus": [spec]}
+
+
+def memory_at(scenario_spec: dict[str, Any], t: float) -> int:
+    (sample,) = parse_scenario(scenario_spec).gpu_samples(t)
+    assert sample.memory_used_bytes is not None
+    return sample.memory_used_bytes
+
+
+def util_at(scenario_spec: dict[str, Any], t: float) -> float:
+    (sample,) = parse_scenario(scenario_spec).gpu_samples(t)
+    assert sample.utilization_gpu is not None
+    return sample.utilization_gpu
+
+
+# -- pieces -------------------------------------------------------------------------------------
+
+
+def test_idle_is_a_level_with_bounded_noise_and_periodic_spikes() -> None:
+    spec = one_gpu(
+        utilization=[
+            {"kind": "idle", "level": 3, "noise": 1, "spikeEvery": "5m", "spikeFor": "10s", "spikeLevel": 40}
+        ]
+    )
+    scenario = parse_scenario(spec)
+    values = [scenario.gpu_samples(t)[0].utilization_gpu or 0.0 for t in range(0, 600)]
+    spikes = [t for t, v in enumerate(values) if v > 30]
+    assert spikes == [*range(290, 300), *range(590, 600)]
+    quiet = [v for t, v in enumerate(values) if t not in spikes]
+    assert all(0 <= v <= 6 for v in quiet)  # three sigma at most
+    assert statistics.mean(quiet) == pytest.approx(3, abs=0.2)
+    assert statistics.stdev(quiet) == pytest.approx(1, abs=0.2)
+
+
+def test_leak_grows_at_its_rate_from_where_the_previous_piece_ended_and_stops_at_max() -> None:
+    spec = one_gpu(
+        memory=[
+            {"kind": "idle", "level": "2Gi"},
+            {"kind": "leak", "at": "1m", "rate": "200Mi/m", "max": "3Gi"},
+        ]
+    )
+    assert memory_at(spec, 30) == 2 * GI
+    assert memory_at(spec, 60) == 2 * GI
+    assert memory_at(spec, 60 + 120) == 2 * GI + 400 * MI
+    assert memory_at(spec, 3600) == 3 * GI
+
+
+def test_leak_rate_as_a_plain_number_is_per_minute() -> None:
+    spec = one_gpu(memory=[{"kind": "leak", "start": 0, "rate": 60 * MI}])
+    assert memory_at(spec, 10) == 10 * MI
+
+
+def test_staircase_steps_then_plateaus() -> None:
+    spec = one_gpu(memory=[{"kind": "staircase", "start": "4Gi", "step": "16Gi", "every": "90s", "steps": 4}])
+    assert [memory_at(spec, t) // GI for t in (0, 89, 90, 180, 270, 271, 3000)] == [20, 20, 36, 52, 68, 68, 68]
+
+
+def test_sawtooth_ramps_and_drops_back() -> None:
+    spec = one_gpu(utilization=[{"kind": "sawtooth", "low": 20, "high": 80, "period": "60s"}])
+    assert [util_at(spec, t) for t in (0, 30, 59, 60, 90)] == [20, 50, 79, 20, 50]
+
+
+def test_saturated_defaults_to_98() -> None:
+    spec = one_gpu(utilization=[{"kind": "saturated", "noise": 0}])
+    assert util_at(spec, 100) == 98
+
+
+def test_values_are_clamped_to_what_a_device_can_read() -> None:
+    spec = one_gpu(
+        utilization=[{"kind": "saturated", "level": 100, "noise": 5}],
+        memory=[{"kind": "leak", "start": "79Gi", "rate": "10Gi/m"}],
+    )
+    scenario = parse_scenario(spec)
+    for t in range(0, 300, 7):
+        (sample,) = scenario.gpu_samples(t)
+        assert sample.utilization_gpu is not None and sample.utilization_gpu <= 100
+        assert sample.memory_used_bytes is not None and sample.memory_used_bytes <= 80 * GI
+
+
+def test_lost_then_recover() -> None:
+    spec = one_gpu(health=[{"kind": "lost", "at": "2m"}, {"kind": "recover", "at": "3m"}])
+    scenario = parse_scenario(spec)
+    states = {t: scenario.gpu_samples(t)[0] for t in (119, 120, 179, 180)}
+    assert states[119].state is DeviceState.OK
+    lost = states[120]
+    assert lost.state is DeviceState.LOST
+    assert (lost.utilization_gpu, lost.memory_used_bytes, lost.sm_active, lost.power_watts) == (None,) * 4
+    assert states[179].state is DeviceState.LOST
+    assert states[180].state is DeviceState.OK
+    assert scenario.process_utilization(150) == {}
+
+
+def test_no_gpm_means_no_sm_active() -> None:
+    (sample,) = parse_scenario(one_gpu(gpm=False)).gpu_samples(5)
+    assert sample.utilization_gpu == 10
+    assert (sample.sm_active, sample.sm_occupancy, sample.tensor_active, sample.dram_active) == (None,) * 4
+
+
+# -- determinism --------------------------------------------------------------------------------
+
+
+def test_the_same_time_gives_the_same_reading_in_any_order() -> None:
+    forwards = load_scenario("demo")
+    backwards = load_scenario("demo")
+    times = [0, 1, 2.5, 61, 599, 1799]
+    ahead = [forwards.snapshot(t) for t in times]
+    behind = [backwards.snapshot(t) for t in reversed(times)][::-1]
+    assert ahead == behind
+
+
+def test_a_different_seed_gives_different_noise() -> None:
+    spec = one_gpu(utilization=[{"kind": "idle", "level": 50, "noise": 5}])
+    other = {**spec, "seed": 2}
+    assert [util_at(spec, t) for t in range(5)] != [util_at(other, t) for t in range(5)]
+
+
+# -- pods, processes, attribution ---------------------------------------------------------------
+
+
+def two_pods() -> dict[str, Any]:
+    spec = one_gpu(
+        utilization=[{"kind": "idle", "level": 60}],
+        memory=[{"kind": "idle", "level": "10Gi"}],
+        reservedMemory="1Gi",
+    )
+    spec["pods"] = [
+        {
+            "namespace": "ml",
+            "name": "a",
+            "container": "main",
+            "labels": {"app": "a"},
+            "gpus": [UUID],
+            "processes": [{"pid": 10, "command": "python a.py", "share": 2}],
+            "hostMemory": [{"kind": "idle", "level": "2Gi"}],
+        },
+        {
+            "namespace": "ml",
+            "name": "b",
+            "gpus": [UUID],
+            "processes": [{"pid": 20}],
+            "until": "1m",
+        },
+    ]
+    return spec
+
+
+def test_processes_share_memory_above_the_reserved_part_and_utilization() -> None:
+    scenario = parse_scenario(two_pods())
+    (sample,) = scenario.gpu_samples(30)
+    assert {p.pid: p.used_memory_bytes for p in sample.processes} == {10: 6 * GI, 20: 3 * GI}
+    assert sample.pods == []  # the backend reads devices; pods are the attributor's
+    assert scenario.process_utilization(30) == {UUID: {10: 40.0, 20: 20.0}}
+
+
+def test_scenario_attributor_names_pods_processes_and_host_memory_and_pods_leave() -> None:
+    backend = ScriptedBackend(parse_scenario(two_pods()), origin=1_000_000.0)
+    backend.open()
+    attributor = ScenarioAttributor(backend)
+
+    def at(t: float) -> Snapshot:
+        now = 1_000_000.0 + t
+        return attributor.annotate(Snapshot(timestamp=now, gpus=backend.sample_devices(now)))
+
+    early = at(30)
+    (gpu,) = early.gpus
+    assert gpu.pods == [PodRef(namespace="ml", name="a", container="main"), PodRef(namespace="ml", name="b")]
+    assert {p.pid: p.pod and p.pod.name for p in gpu.processes} == {10: "a", 20: "b"}
+    assert [(m.name, m.memory_bytes) for m in early.pod_host_memory] == [("a", 2 * GI)]
+
+    late = at(90)
+    (gpu,) = late.gpus
+    assert [p.name for p in gpu.pods] == ["a"]
+    assert [(p.pid, p.used_memory_bytes) for p in gpu.processes] == [(10, 9 * GI)]
+
+
+async def test_scenario_attributor_refresh_is_a_no_op() -> None:
+    backend = ScriptedBackend(parse_scenario(two_pods()))
+    backend.open()
+    await ScenarioAttributor(backend).refresh()
+
+
+def test_scripted_backend_is_a_device_backend_playing_from_its_origin() -> None:
+    clock = iter([5000.0]).__next__
+    backend: DeviceBackend = ScriptedBackend(parse_scenario(two_pods()), clock=clock)
+    backend.open()
+    assert backend.name == "scripted"
+    assert backend.sample_devices(5030.0) == parse_scenario(two_pods()).gpu_samples(30)
+    assert backend.sample_process_utilization(5030.0) == {UUID: {10: 40.0, 20: 20.0}}
+    backend.close()
+
+
+# -- validation ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda s: s["gpus"][0].update(memoryTotal="lots"), r"gpus\.0\.memoryTotal"),
+        (lambda s: s["gpus"][0]["memory"].append({"kind": "drizzle"}), r"gpus\.0\.memory\.1"),
+        (lambda s: s["gpus"][0]["memory"][0].update(at="5m"), "must start at 0"),
+        (lambda s: s["gpus"].append(dict(s["gpus"][0])), "share a uuid"),
+        (lambda s: s["pods"][0].update(gpus=["GPU-nope"]), "not a GPU here"),
+        (lambda s: s["pods"][1]["processes"][0].update(pid=10), "pid 10 appears twice"),
+        (lambda s: s.update(duration="forever"), "duration"),
+        (lambda s: s["gpus"][0].update(colour="green"), "colour"),
+    ],
+)
+def test_invalid_scenarios_name_the_field(mutate: Any, message: str) -> None:
+    spec = two_pods()
+    mutate(spec)
+    with pytest.raises(ScenarioError, match=message):
+        parse_scenario(spec)
+
+
+def test_unreadable_files_are_scenario_errors(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match="cannot read"):
+        load_scenario(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("gpus: [")
+    with pytest.raises(ScenarioError, match="not valid YAML"):
+        load_scenario(bad)
+
+
+# -- the packaged scenarios ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", PACKAGED)
+def test_packaged_scenarios_load_by_name_and_by_path(name: str) -> None:
+    by_name = load_scenario(name)
+    by_path = load_scenario(packaged_scenario(name))
+    assert by_name.snapshot(42) == by_path.snapshot(42)
+    assert len(by_name.snapshot(0).gpus) == 4
+
+
+def pod_gpu(snapshot: Snapshot, pod: str) -> Any:
+    (gpu,) = [g for g in snapshot.gpus if any(p.name == pod for p in g.pods)]
+    return gpu
+
+
+def slope_mib_per_min(scenario: Any, pod: str, t0: float, t1: float) -> float:
+    used0 = pod_gpu(scenario.snapshot(t0), pod).memory_used_bytes
+    used1 = pod_gpu(scenario.snapshot(t1), pod).memory_used_bytes
+    return float((used1 - used0) / MI / ((t1 - t0) / 60))
+
+
+def test_demo_tells_its_four_stories() -> None:
+    demo = load_scenario("demo")
+    assert demo.duration == 30 * 60
+    snapshots = [demo.snapshot(t) for t in range(0, 1800, 10)]
+    assert all(len(s.gpus) == 4 for s in snapshots)
+    assert all(g.state is DeviceState.OK and len(g.pods) == 1 for s in snapshots for g in s.gpus)
+
+    def series(pod: str, field: str) -> list[float]:
+        return [getattr(pod_gpu(s, pod), field) for s in snapshots]
+
+    # an idle pod: ~3% for the whole run
+    assert statistics.mean(series("notebook-idle-0", "utilization_gpu")) == pytest.approx(3, abs=1)
+    # a leak: ~200Mi/m, steady, below the card's size at the end
+    assert slope_mib_per_min(demo, "llm-finetune-0", 120, 1790) == pytest.approx(200, rel=0.02)
+    leak_gpu = pod_gpu(demo.snapshot(1799), "llm-finetune-0")
+    assert 0.9 < leak_gpu.memory_used_bytes / leak_gpu.memory_total_bytes < 0.99
+    # a caching allocator: steps early, then flat for the rest of the run
+    cache = series("vision-train-0", "memory_used_bytes")
+    assert cache[0] < cache[30] and max(cache[30:]) - min(cache[30:]) < 64 * MI
+    # a saturated server: ~98% busy and SM activity above 95%
+    assert statistics.mean(series("llm-server-7d9f8b6c4-x2x7q", "utilization_gpu")) == pytest.approx(98, abs=1)
+    assert min(series("llm-server-7d9f8b6c4-x2x7q", "sm_active")) > 93
+
+
+def test_e2e_fast_has_the_demos_cases_within_seconds() -> None:
+    fast = load_scenario("e2e-fast")
+    demo = load_scenario("demo")
+    assert [g.uuid for g in fast.snapshot(0).gpus] == [g.uuid for g in demo.snapshot(0).gpus]
+    assert [p.ref for p in fast.pods] == [p.ref for p in demo.pods]
+    assert slope_mib_per_min(fast, "llm-finetune-0", 0, 60) == pytest.approx(3 * 1024, rel=0.02)
+    cache = [pod_gpu(fast.snapshot(t), "vision-train-0").memory_used_bytes for t in range(0, 60)]
+    assert cache[0] < cache[10]
+    assert max(cache[10:]) - min(cache[10:]) < 64 * MI
