@@ -35,7 +35,8 @@ from gpuwarden.policy.findings import (
     Resolution,
     Transition,
 )
-from gpuwarden.policy.growth import evaluate_growth
+from gpuwarden.policy.growth import BUCKETS as GROWTH_BUCKETS
+from gpuwarden.policy.growth import GrowthCache, evaluate_growth
 from gpuwarden.policy.memory import evaluate_memory_ceiling
 from gpuwarden.policy.model import (
     MemoryCeiling,
@@ -52,6 +53,9 @@ from gpuwarden.policy.utilization import evaluate_ceiling, evaluate_floor
 
 SNOOZE_PREFIX = "snooze.gpuwarden.dev/"
 """Annotation prefix; the rule's name follows it."""
+
+HORIZON_SLACK_SECONDS = 30.0
+"""Retention beyond what the rules read: covers a window's leading gap allowance and clock jitter."""
 
 DEFAULT_NO_DATA_SECONDS = 600.0
 """An active finding whose pod sent nothing usable this long resolves with ``NoData``."""
@@ -106,19 +110,24 @@ def rule_kind(rule: Rule) -> RuleKind:
             return RuleKind.MEMORY_GROWTH
 
 
-def rule_window_seconds(rule: Rule) -> float:
-    """How far back a rule reads: its ``for`` window, or ``window`` for memoryGrowth."""
-    return rule.window_seconds if isinstance(rule, MemoryGrowth) else rule.for_seconds
-
-
 def horizon_seconds(spec: PolicySpec, params: WindowParams | None = None) -> float:
-    """The store retention this policy needs: its longest window, plus staleness and slack.
+    """The store retention this policy needs: its longest reach back, plus staleness and slack.
 
-    Size the store's ``retention_seconds`` as the largest horizon over all policies.
+    A rule reaches back its window (memoryGrowth: its window plus one bucket,
+    see :func:`gpuwarden.policy.growth.growth_window`) from the pod's newest
+    sample, which may be up to ``stale_after_seconds`` old. Size the store's
+    ``retention_seconds`` as the largest horizon over all policies.
     """
     params = params or WindowParams()
-    longest = max((rule_window_seconds(r) for r in spec.rules), default=0.0)
-    return longest + params.stale_after_seconds + 60.0
+    longest = max((rule_reach_seconds(r) for r in spec.rules), default=0.0)
+    return longest + params.stale_after_seconds + HORIZON_SLACK_SECONDS
+
+
+def rule_reach_seconds(rule: Rule) -> float:
+    """How far back before the pod's newest sample a rule reads."""
+    if isinstance(rule, MemoryGrowth):
+        return rule.window_seconds * (1 + 1 / GROWTH_BUCKETS)
+    return rule.for_seconds
 
 
 def evaluate_rule(
@@ -127,8 +136,9 @@ def evaluate_rule(
     series: Sequence[tuple[SeriesKey, Window]],
     now: float,
     params: WindowParams,
+    growth_cache: GrowthCache | None = None,
 ) -> Outcome:
-    """Judge one rule for one pod (dispatches on the rule's kind)."""
+    """Judge one rule for one pod (dispatches on its kind); ``growth_cache`` memoizes memoryGrowth fits."""
     match rule:
         case UtilizationFloor():
             return evaluate_floor(rule, pod, series, now, params)
@@ -137,7 +147,7 @@ def evaluate_rule(
         case MemoryCeiling():
             return evaluate_memory_ceiling(rule, pod, series, now, params)
         case MemoryGrowth():
-            return evaluate_growth(rule, pod, series, now, params)
+            return evaluate_growth(rule, pod, series, now, params, growth_cache)
 
 
 def snoozed_until(annotations: Mapping[str, str], rule_name: str) -> float | None:
@@ -181,6 +191,7 @@ class PolicyEvaluator:
         self.namespace = namespace
         self.params = params or WindowParams()
         self.spec = spec
+        self._growth_cache = GrowthCache()
         self._tracker = FindingTracker(
             policy_key, renotify_seconds=spec.actions.renotify_seconds, no_data_seconds=no_data_seconds
         )
@@ -236,7 +247,7 @@ class PolicyEvaluator:
                 if until is not None and now < until:
                     _append(transitions, tracker.resolve(key, Resolution.SNOOZED, now))
                     continue
-                outcome = evaluate_rule(rule, pod_id, series, now, self.params)
+                outcome = evaluate_rule(rule, pod_id, series, now, self.params, self._growth_cache)
                 outcomes.append(outcome)
                 for_seconds = rule.for_seconds if isinstance(rule, MemoryGrowth) else 0.0
                 _append(transitions, tracker.observe(outcome, now, for_seconds))
@@ -254,6 +265,7 @@ class PolicyEvaluator:
             if key.rule not in rules or PodId(key.namespace, key.pod) not in selected:
                 tracker.forget_pending(key)
 
+        self._growth_cache.sweep()
         active = tracker.active()
         violating = sorted({PodId(f.namespace, f.pod) for f in active})
         return Evaluation(

@@ -2,20 +2,27 @@
 
 Semantics (the window, coverage and as-of time are in :mod:`gpuwarden.policy.rules`):
 
-- **Per GPU**, over ``[end - window, end]``: the window is cut into
-  :data:`BUCKETS` equal spans and each span reduced to the median of its
-  memory readings (so transient allocations do not count, and the cost is
-  bounded whatever the sampling rate). Through those points:
+- **The window** is bucket-aligned: time is cut into buckets of
+  ``window / 20`` (90 s for a 30m window), aligned to multiples of that length
+  since the epoch, and the rule reads the 20 latest *complete* buckets before
+  the pod's as-of time. A verdict therefore depends only on the samples, never
+  on when evaluations run; it changes once per bucket, and costs a refit only
+  then (the evaluator memoizes trends; see :class:`GrowthCache`). A leak is
+  seen at most one bucket later than with a window ending at the newest sample.
+- **Per GPU**, each bucket is reduced to the median of its memory readings (of
+  at most :data:`MAX_POINTS` evenly strided readings per window): transient
+  allocations do not count, and the cost is bounded whatever the sampling
+  rate. Through those points:
 
   - ``slope``: the Theil-Sen slope, bytes per second;
   - ``fit``: R² of that line, 0..1 (see :func:`gpuwarden.policy.slope.r_squared`):
     near 1 for a steady ramp even when noisy, low for a sawtooth
     (allocate/free) or a staircase that stopped climbing;
-  - ``recent slope``: the Theil-Sen slope of the last third of the buckets, so
+  - ``recent slope``: the Theil-Sen slope of the last 7 buckets (a third), so
     that growth that has stopped (a caching allocator warming up, then
     plateauing) does not count however straight it was before;
   - ``seconds to full``: ``(total - used now) / slope``, with ``used now`` the
-    newest reading and ``total`` the card's memory.
+    newest reading (as of the pod's newest sample) and ``total`` the card's memory.
 
 - **Holds** for a GPU when it covers the window, ``slope >= rate``,
   ``fit >= minFit`` and ``recent slope >= rate / 2``; for the pod when some GPU
@@ -30,6 +37,8 @@ Semantics (the window, coverage and as-of time are in :mod:`gpuwarden.policy.rul
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,11 +48,14 @@ from gpuwarden.policy.rules import Outcome, RuleKind, WindowParams, covered, pod
 from gpuwarden.policy.series import Column, PodId, SeriesKey, Window
 from gpuwarden.policy.slope import bucket_medians, fit_line, theil_sen
 
-BUCKETS = 30
-"""Bucket medians per window: 435 pairwise slopes, whatever the sampling rate."""
+BUCKETS = 20
+"""Bucket medians per window: 190 pairwise slopes, whatever the sampling rate."""
 MIN_BUCKETS = 6
 """Fewer non-empty buckets than this: too little to judge (nothing holds or clears)."""
-RECENT_BUCKETS = BUCKETS // 3
+MAX_POINTS = 240
+"""Readings per window the bucket medians look at (evenly strided): 12 per bucket."""
+RECENT_BUCKETS = 7
+"""The last third of the window (7 of 20 buckets) is its recent part."""
 HOLD_RECENT = 0.5
 """The recent slope must be at least this share of ``rate`` for the rule to hold."""
 CLEAR_RATE = 0.8
@@ -62,7 +74,7 @@ class GpuGrowth:
     fit: float
     recent_slope: float
     used_bytes: float
-    """The newest reading."""
+    """The newest reading (in the outcome: as of the pod's newest sample, not the window's end)."""
     total_bytes: float | None
     covered: bool
 
@@ -74,14 +86,32 @@ class GpuGrowth:
         return max(0.0, (self.total_bytes - self.used_bytes) / self.slope)
 
 
+def growth_window(window_seconds: float, end: float) -> tuple[float, float]:
+    """The bucket-aligned window judged as of ``end``: the :data:`BUCKETS` latest complete buckets.
+
+    Buckets are ``window_seconds / BUCKETS`` long and aligned to multiples of
+    that length since the epoch, so a verdict depends only on the samples, never
+    on when evaluations happen, and changes once per bucket.
+    """
+    width = window_seconds / BUCKETS
+    boundary = math.floor(end / width) * width
+    return boundary - window_seconds, boundary
+
+
 def gpu_growth(
     gpu: str, window: Window, start: float, end: float, max_gap: float | None = None
 ) -> GpuGrowth | None:
-    """One GPU's memory trend over ``[start, end]``, or None when there are too few readings to judge."""
-    times, used = readings(window, Column.MEM_USED, start, end)
+    """One GPU's memory trend over ``[start, end]``, or None when there are too few readings to judge.
+
+    ``used_bytes`` is the last reading in the window; see :func:`evaluate_growth` for the newest.
+    """
+    r = readings(window, Column.MEM_USED, start, end)
+    times, used = r.times, r.values
     if not used:
         return None
-    xs, ys = bucket_medians(times, used, start, end, BUCKETS)
+    # Bound the cost whatever the sampling rate: every step-th reading, a dozen per bucket.
+    step = -(-len(used) // MAX_POINTS)
+    xs, ys = bucket_medians(times[::step], used[::step], start, end, BUCKETS)
     if len(xs) < MIN_BUCKETS:
         return None
     line = fit_line(xs, ys)
@@ -96,8 +126,64 @@ def gpu_growth(
         recent_slope=recent,
         used_bytes=used[-1],
         total_bytes=window.mem_total,
-        covered=covered(times, start, end, max_gap),
+        covered=covered(r, start, end, max_gap),
     )
+
+
+class GrowthCache:
+    """Memo of per-GPU trends by (series, window, the window's points).
+
+    A bucket-aligned window only changes when a bucket completes (every 90 s for
+    a 30m window), so most evaluations reuse the last trend instead of refitting.
+    Entries not used during one :meth:`sweep` period are dropped, so the memo
+    never outlives its series by more than one evaluation.
+    """
+
+    def __init__(self) -> None:
+        self._current: dict[tuple[SeriesKey, float, float], tuple[tuple[int, float, float], GpuGrowth | None]]
+        self._current = {}
+        self._previous: dict[
+            tuple[SeriesKey, float, float], tuple[tuple[int, float, float], GpuGrowth | None]
+        ]
+        self._previous = {}
+        self.hits = 0
+        self.misses = 0
+
+    def trend(
+        self, key: SeriesKey, window: Window, start: float, end: float, max_gap: float | None
+    ) -> GpuGrowth | None:
+        """The GPU's trend over ``[start, end]``, computed once per distinct set of points."""
+        i0, i1 = window.span(start, end)
+        if i0 == i1:
+            return None
+        times = window.times(i0, i0 + 1)
+        signature = (i1 - i0, times[0], window.times(i1 - 1, i1)[0])
+        slot = (key, start, end)
+        entry = self._current.get(slot) or self._previous.get(slot)
+        if entry is not None and entry[0] == signature:
+            self.hits += 1
+            self._current[slot] = entry
+            return entry[1]
+        self.misses += 1
+        trend = gpu_growth(key.gpu, window, start, end, max_gap)
+        self._current[slot] = (signature, trend)
+        return trend
+
+    def sweep(self) -> None:
+        """End a period: forget what was not used since the previous sweep."""
+        self._previous = self._current
+        self._current = {}
+
+    def __len__(self) -> int:
+        return len(self._current.keys() | self._previous.keys())
+
+
+def _newest_used(window: Window, end: float) -> float | None:
+    i1 = window.span(-math.inf, end)[1]
+    if not i1:
+        return None
+    value = window.values(Column.MEM_USED, i1 - 1, i1)[0]
+    return value if value == value else None
 
 
 def _holds(g: GpuGrowth, rule: MemoryGrowth) -> bool:
@@ -132,19 +218,33 @@ def evaluate_growth(
     series: Sequence[tuple[SeriesKey, Window]],
     now: float,
     params: WindowParams,
+    cache: GrowthCache | None = None,
 ) -> Outcome:
-    """Judge a memoryGrowth rule for one pod (see the module doc); the finding tracker applies ``for``."""
+    """Judge a memoryGrowth rule for one pod (see the module doc); the finding tracker applies ``for``.
+
+    Pass the evaluator's :class:`GrowthCache` to reuse trends between evaluations.
+    """
     kind = RuleKind.MEMORY_GROWTH
     rate = rule.rate_bytes_per_second
     end = pod_end(series, now)
     if end is None or now - end > params.stale_after_seconds:
         return unknown(rule.name, kind, pod, rate, UNIT)
-    start = end - rule.window_seconds
-    trends = [
-        g
-        for key, window in series
-        if (g := gpu_growth(key.gpu, window, start, end, params.max_gap_seconds)) is not None
-    ]
+    start, boundary = growth_window(rule.window_seconds, end)
+    trends: list[GpuGrowth] = []
+    for key, window in series:
+        if cache is not None:
+            trend = cache.trend(key, window, start, boundary, params.max_gap_seconds)
+        else:
+            trend = gpu_growth(key.gpu, window, start, boundary, params.max_gap_seconds)
+        if trend is not None:
+            newest = _newest_used(window, end)
+            trends.append(
+                dataclasses.replace(
+                    trend,
+                    used_bytes=trend.used_bytes if newest is None else newest,
+                    total_bytes=window.mem_total,
+                )
+            )
     if not trends:
         return unknown(rule.name, kind, pod, rate, UNIT)
     holding = [g for g in trends if _holds(g, rule)]

@@ -73,11 +73,11 @@ def evaluate_memory_ceiling(
     start = end - rule.for_seconds
     levels: list[GpuMemoryLevel] = []
     for key, window in series:
-        times, used = readings(window, Column.MEM_USED, start, end)
-        if not used:
+        r = readings(window, Column.MEM_USED, start, end)
+        if not r.values:
             continue
         total = window.mem_total
-        low = min(used)
+        low = min(r.values)
         if unit == "percent":
             if not total:
                 continue
@@ -85,7 +85,7 @@ def evaluate_memory_ceiling(
         else:
             value = low
         levels.append(
-            GpuMemoryLevel(key.gpu, low, total, value, covered(times, start, end, params.max_gap_seconds))
+            GpuMemoryLevel(key.gpu, low, total, value, covered(r, start, end, params.max_gap_seconds))
         )
     if not levels:
         return unknown(rule.name, kind, pod, threshold, unit)

@@ -35,6 +35,9 @@ from typing import NamedTuple
 BYTES_PER_POINT = 24
 """float64 timestamp + four float32 readings."""
 
+GAP_RECORD_SECONDS = 5.0
+"""Intervals between consecutive points longer than this are indexed (see :meth:`Window.longest_gap`)."""
+
 
 class SeriesKey(NamedTuple):
     """Identifies one series: a pod's view of one GPU (or MIG device)."""
@@ -97,9 +100,23 @@ class Window:
     logical indexes (0 is the oldest retained point); write to it only through
     :class:`SeriesStore`. Slices come back as fresh ``array`` copies, so callers
     can run C-speed builtins (``sum``, ``min``, ``map``) over them.
+
+    Two small indexes, kept as points arrive, spare the rules a scan per
+    evaluation: where each column last had a missing reading, and every gap
+    between consecutive points longer than :data:`GAP_RECORD_SECONDS`.
     """
 
-    __slots__ = ("_cols", "_head", "_slack", "_t", "max_points", "mem_total")
+    __slots__ = (
+        "_cols",
+        "_gap_end",
+        "_gap_len",
+        "_head",
+        "_last_nan",
+        "_slack",
+        "_t",
+        "max_points",
+        "mem_total",
+    )
 
     def __init__(self, max_points: int) -> None:
         self.max_points = max_points
@@ -107,6 +124,11 @@ class Window:
         self._t: array[float] = array("d")
         self._cols: tuple[array[float], ...] = tuple(array("f") for _ in Column)
         self._head = 0  # points before this physical index are dropped, awaiting compaction
+        # Physical index of each column's newest NaN; below the head (e.g. -1) means none retained.
+        self._last_nan = [-1] * len(Column)
+        # Gaps longer than GAP_RECORD_SECONDS: the timestamp that ended each, and its length.
+        self._gap_end: array[float] = array("d")
+        self._gap_len: array[float] = array("d")
         self.mem_total: float | None = None
         """The card's total memory from the latest point that reported it."""
 
@@ -148,6 +170,20 @@ class Window:
         """Readings of one column for logical points ``[i0, i1)``; NaN where not available."""
         return self._cols[column][self._head + i0 : self._head + i1]
 
+    def has_missing(self, column: Column, i0: int) -> bool:
+        """Whether ``column`` lacks a reading at some logical point from ``i0`` on (O(1))."""
+        return self._last_nan[column] >= self._head + i0
+
+    def longest_gap(self, after: float, until: float) -> float:
+        """The longest interval between consecutive points that ends in ``(after, until]``, if indexed.
+
+        Only intervals over :data:`GAP_RECORD_SECONDS` are indexed: 0.0 means
+        every such interval is at most that long.
+        """
+        j0 = bisect_right(self._gap_end, after)
+        j1 = bisect_right(self._gap_end, until, j0)
+        return max(self._gap_len[j0:j1], default=0.0)
+
     def points(self) -> list[Point]:
         """Every retained point, oldest first (slow; for tests, debugging and snapshots)."""
         out = []
@@ -167,22 +203,37 @@ class Window:
 
     def nbytes(self) -> int:
         """Bytes this series holds, allocation slack and object headers included."""
-        return sys.getsizeof(self) + sys.getsizeof(self._t) + sum(sys.getsizeof(c) for c in self._cols)
+        arrays = (self._t, self._gap_end, self._gap_len, *self._cols)
+        return sys.getsizeof(self) + sys.getsizeof(self._last_nan) + sum(sys.getsizeof(a) for a in arrays)
 
     # -- writing, through SeriesStore only --
 
     def _append(self, point: Point) -> None:
-        self._t.append(point.t)
+        t = point.t
+        times = self._t
+        if times and t - times[-1] > GAP_RECORD_SECONDS:
+            self._gap_end.append(t)
+            self._gap_len.append(t - times[-1])
+        index = len(times)
+        times.append(t)
         cols = self._cols
-        cols[Column.GPU_UTIL].append(_nan_if_none(point.gpu_util))
-        cols[Column.SM_ACTIVE].append(_nan_if_none(point.sm_active))
-        cols[Column.MEM_USED].append(_nan_if_none(point.mem_used))
-        cols[Column.POWER_W].append(_nan_if_none(point.power_w))
+        last_nan = self._last_nan
+        for column, value in (
+            (Column.GPU_UTIL, point.gpu_util),
+            (Column.SM_ACTIVE, point.sm_active),
+            (Column.MEM_USED, point.mem_used),
+            (Column.POWER_W, point.power_w),
+        ):
+            if value is None or value != value:
+                cols[column].append(math.nan)
+                last_nan[column] = index
+            else:
+                cols[column].append(value)
         if point.mem_total is not None:
             self.mem_total = point.mem_total
-        if len(self._t) - self._head > self.max_points:
-            self._head = len(self._t) - self.max_points
-        self._compact_if_due()
+        if index + 1 - self._head > self.max_points:
+            self._head = index + 1 - self.max_points
+            self._compact_if_due()
 
     def _drop_before(self, cutoff: float) -> int:
         """Drop points older than ``cutoff``; return how many."""
@@ -195,11 +246,19 @@ class Window:
     def _compact_if_due(self) -> None:
         # Dropping in batches keeps appends amortised O(1) (one memmove per `slack` drops).
         head = self._head
-        if head >= self._slack or (head and head == len(self._t)):
-            del self._t[:head]
-            for c in self._cols:
-                del c[:head]
-            self._head = 0
+        if head < self._slack and not (head and head == len(self._t)):
+            return
+        del self._t[:head]
+        for c in self._cols:
+            del c[:head]
+        self._head = 0
+        self._last_nan = [i - head for i in self._last_nan]
+        # A gap matters only while the point that ended it is retained.
+        first = self._t[0] if self._t else math.inf
+        stale = bisect_left(self._gap_end, first)
+        if stale:
+            del self._gap_end[:stale]
+            del self._gap_len[:stale]
 
 
 @dataclass(frozen=True, slots=True)

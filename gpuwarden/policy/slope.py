@@ -10,10 +10,11 @@ bucket's median shrugs off transient allocations.
 
 from __future__ import annotations
 
-import statistics
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
+from operator import sub, truediv
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,17 +29,27 @@ class LineFit:
 def theil_sen(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     """Theil-Sen slope (median of pairwise slopes) and intercept (median of ``y - slope * x``).
 
-    Needs at least two distinct ``xs``; pairs with equal ``x`` are skipped.
-    Center ``xs`` near zero (e.g. seconds before the window's end) to keep the
-    intercept precise.
+    ``xs`` must be strictly ascending, at least two of them. Center them near
+    zero (e.g. seconds before the window's end) to keep the intercept precise.
     """
     n = len(xs)
-    slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i]) for i in range(n) for j in range(i + 1, n) if xs[j] != xs[i]]
-    if not slopes:
-        raise ValueError("theil_sen needs at least two distinct x values")
-    slope = statistics.median(slopes)
-    intercept = statistics.median([y - slope * x for x, y in zip(xs, ys, strict=True)])
+    if n < 2 or any(b <= a for a, b in pairwise(xs)):
+        raise ValueError("theil_sen needs at least two strictly ascending x values")
+    xl, yl = list(xs), list(ys)
+    slopes: list[float] = []
+    # One lag at a time, with C-level maps: ~20 ns a pair instead of ~100 in a comprehension.
+    for lag in range(1, n):
+        slopes.extend(map(truediv, map(sub, yl[lag:], yl[:-lag]), map(sub, xl[lag:], xl[:-lag])))
+    slope = median(slopes)
+    intercept = median([y - slope * x for x, y in zip(xl, yl, strict=True)])
     return slope, intercept
+
+
+def median(values: Sequence[float]) -> float:
+    """The median of a non-empty sequence (the mean of the two middle values for an even count)."""
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def r_squared(xs: Sequence[float], ys: Sequence[float], slope: float, intercept: float) -> float:
@@ -79,6 +90,6 @@ def bucket_medians(
         hi = len(times) if k == buckets - 1 else bisect_left(times, start + (k + 1) * width, lo)
         if hi > lo:
             xs.append(start + (k + 0.5) * width - end)
-            ys.append(statistics.median(values[lo:hi]))
+            ys.append(median(values[lo:hi]))
         lo = hi
     return xs, ys

@@ -72,22 +72,22 @@ def gpu_activity(
 ) -> GpuActivity:
     """One GPU's mean activity over ``[start, end]`` per ``signal``, readings <= ``noise_floor`` as 0."""
     column = Column.GPU_UTIL if signal is Signal.GPU_UTIL else Column.SM_ACTIVE
-    times, values = readings(window, column, start, end)
-    if not values and signal is Signal.AUTO:
+    r = readings(window, column, start, end)
+    if not r.values and signal is Signal.AUTO:
         column = Column.GPU_UTIL
-        times, values = readings(window, column, start, end)
+        r = readings(window, column, start, end)
     power: float | None = None
     if with_power:
-        _, watts = readings(window, Column.POWER_W, start, end)
+        watts = readings(window, Column.POWER_W, start, end).values
         power = sum(watts) / len(watts) if watts else None
-    if not values:
+    if not r.values:
         return GpuActivity(gpu, column, None, covered=False, power_w=power)
-    total = sum(filter(noise_floor.__lt__, values)) if noise_floor > 0 else sum(values)
+    total = sum(filter(noise_floor.__lt__, r.values)) if noise_floor > 0 else sum(r.values)
     return GpuActivity(
         gpu,
         column,
-        total / len(values),
-        covered=covered(times, start, end, max_gap),
+        total / len(r.values),
+        covered=covered(r, start, end, max_gap),
         power_w=power,
     )
 

@@ -1,0 +1,227 @@
+"""utilizationFloor and utilizationCeiling: window means, spikes, coverage, signal choice, power, GPUs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuwarden.policy.model import Signal, UtilizationCeiling, UtilizationFloor
+from gpuwarden.policy.rules import WindowParams, covered, readings
+from gpuwarden.policy.series import Column, PodId, Point, SeriesKey, SeriesStore
+from gpuwarden.policy.utilization import evaluate_ceiling, evaluate_floor
+
+T0 = 1_750_000_000.0
+POD = PodId("ns", "pod")
+PARAMS = WindowParams()
+FLOOR = UtilizationFloor(name="idle", percent=20, for_seconds=300)
+CEILING = UtilizationCeiling(name="hot", percent=90, for_seconds=120)
+
+
+def feed(
+    store: SeriesStore,
+    gpu: str,
+    seconds: int,
+    *,
+    sm: Callable[[int], float | None] = lambda i: None,
+    util: Callable[[int], float | None] = lambda i: None,
+    power: Callable[[int], float | None] = lambda i: None,
+    skip: Callable[[int], bool] = lambda i: False,
+) -> float:
+    """One point a second for ``seconds``; returns the last timestamp."""
+    key = SeriesKey(POD.namespace, POD.name, gpu)
+    for i in range(seconds):
+        if not skip(i):
+            store.add(key, Point(T0 + i, gpu_util=util(i), sm_active=sm(i), power_w=power(i)))
+    return T0 + seconds - 1
+
+
+def new_store() -> SeriesStore:
+    return SeriesStore(retention_seconds=3600, max_points=3600)
+
+
+def test_idle_gpu_trips_the_floor_with_a_readable_message() -> None:
+    store = new_store()
+    now = feed(store, "GPU-1", 400, sm=lambda i: 3.0, util=lambda i: 100.0)
+    out = evaluate_floor(FLOOR, POD, store.series_of("ns", "pod"), now, PARAMS)
+    assert out.holds and not out.clears
+    assert out.value is not None and abs(out.value - 3.0) < 1e-6
+    # auto prefers SM activity: gpuUtil reads 100 under a trickle of tiny kernels.
+    assert out.message == "mean SM activity 3% over 5m, floor 20%"
+    assert out.gpus == ("GPU-1",)
+
+
+def test_auto_falls_back_to_gpu_util_and_explicit_signal_is_obeyed() -> None:
+    store = new_store()
+    now = feed(store, "GPU-1", 400, util=lambda i: 5.0)
+    out = evaluate_floor(FLOOR, POD, store.series_of("ns", "pod"), now, PARAMS)
+    assert out.holds and out.message.startswith("mean GPU utilization 5%")
+    store2 = new_store()
+    now = feed(store2, "GPU-1", 400, sm=lambda i: 5.0, util=lambda i: 60.0)
+    rule = UtilizationFloor(name="idle", percent=20, for_seconds=300, signal=Signal.GPU_UTIL)
+    out = evaluate_floor(rule, POD, store2.series_of("ns", "pod"), now, PARAMS)
+    assert not out.holds and out.value == 60.0
+
+
+def test_noise_floor_counts_chatter_as_zero() -> None:
+    store = new_store()
+    now = feed(store, "GPU-1", 400, sm=lambda i: 4.0 if i % 2 else 14.0)  # mean 9
+    plain = evaluate_floor(UtilizationFloor("idle", 8, 300), POD, store.series_of("ns", "pod"), now, PARAMS)
+    assert not plain.holds
+    quiet = UtilizationFloor("idle", 8, 300, noise_floor=4.0)  # "at or below" counts as 0
+    out = evaluate_floor(quiet, POD, store.series_of("ns", "pod"), now, PARAMS)
+    assert out.holds and out.value is not None and abs(out.value - 7.0) < 0.05
+
+
+def test_power_threshold_marks_a_gpu_busy() -> None:
+    store = new_store()
+    now = feed(store, "GPU-1", 400, sm=lambda i: 2.0, power=lambda i: 310.0)
+    rule = UtilizationFloor("idle", 20, 300, power_threshold_watts=300)
+    out = evaluate_floor(rule, POD, store.series_of("ns", "pod"), now, PARAMS)
+    assert not out.holds and out.clears
+    assert "busy by power (310 W)" in out.message
+    lower = UtilizationFloor("idle", 20, 300, power_threshold_watts=400)
+    assert evaluate_floor(lower, POD, store.series_of("ns", "pod"), now, PARAMS).holds
+
+
+def test_multi_gpu_pod_value_is_the_mean_of_its_gpus() -> None:
+    store = new_store()
+    feed(store, "GPU-1", 400, sm=lambda i: 100.0)
+    now = feed(store, "GPU-2", 400, sm=lambda i: 0.0)
+    out = evaluate_floor(FLOOR, POD, store.series_of("ns", "pod"), now, PARAMS)
+    assert out.value == 50.0 and not out.holds
+    assert out.gpus == ("GPU-1", "GPU-2")
+    assert "across 2 GPUs" in out.message
+
+    store8 = new_store()
+    for g in range(8):
+        now = feed(store8, f"GPU-{g}", 400, sm=lambda i, g=g: 100.0 if g == 0 else 0.0)
+    out = evaluate_floor(FLOOR, POD, store8.series_of("ns", "pod"), now, PARAMS)
+    assert out.value == 12.5 and out.holds  # eight GPUs held, one used: waste
+
+
+def test_one_gpu_with_a_gap_keeps_the_pod_from_starting() -> None:
+    store = new_store()
+    feed(store, "GPU-1", 400, sm=lambda i: 0.0)
+    now = feed(store, "GPU-2", 400, sm=lambda i: 0.0, skip=lambda i: 200 <= i < 230)
+    assert not evaluate_floor(FLOOR, POD, store.series_of("ns", "pod"), now, PARAMS).holds
+
+
+def test_a_gpu_silent_for_the_whole_window_leaves_the_pods_view() -> None:
+    store = new_store()
+    feed(store, "GPU-lost", 60, sm=lambda i: 90.0)
+    now = feed(store, "GPU-1", 400, sm=lambda i: 0.0)
+    out = evaluate_floor(FLOOR, POD, store.series_of("ns", "pod"), now, PARAMS)
+    assert out.holds and out.gpus == ("GPU-1",)
+
+
+def test_stale_pod_and_empty_pod_are_unknown() -> None:
+    store = new_store()
+    last = feed(store, "GPU-1", 400, sm=lambda i: 0.0)
+    stale = evaluate_floor(FLOOR, POD, store.series_of("ns", "pod"), last + 61, PARAMS)
+    assert stale.value is None and not stale.holds and not stale.clears
+    assert evaluate_floor(FLOOR, POD, [], last, PARAMS).value is None
+
+
+def test_window_ends_at_the_newest_sample_not_now() -> None:
+    store = new_store()
+    last = feed(store, "GPU-1", 400, sm=lambda i: 0.0)
+    # Reports arrive late: judging 30 s after the newest sample still sees a covered window.
+    assert evaluate_floor(FLOOR, POD, store.series_of("ns", "pod"), last + 30, PARAMS).holds
+
+
+def test_ceiling_holds_above_and_clears_below_the_margin() -> None:
+    store = new_store()
+    now = feed(store, "GPU-1", 200, sm=lambda i: 97.0)
+    out = evaluate_ceiling(CEILING, POD, store.series_of("ns", "pod"), now, PARAMS)
+    assert out.holds and out.message == "mean SM activity 97% over 2m, ceiling 90%"
+    store2 = new_store()
+    now = feed(store2, "GPU-1", 200, sm=lambda i: 87.0)
+    out = evaluate_ceiling(CEILING, POD, store2.series_of("ns", "pod"), now, PARAMS)
+    assert not out.holds and not out.clears  # inside the hysteresis band
+    store3 = new_store()
+    now = feed(store3, "GPU-1", 200, sm=lambda i: 85.0)
+    assert evaluate_ceiling(CEILING, POD, store3.series_of("ns", "pod"), now, PARAMS).clears
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    base=st.floats(0, 5),
+    spikes=st.lists(st.tuples(st.integers(0, 290), st.integers(1, 20)), max_size=12),
+)
+def test_idle_gpu_with_brief_spikes_trips_the_floor_unless_they_lift_the_mean(
+    base: float, spikes: list[tuple[int, int]]
+) -> None:
+    """Spikes to 100% count for what they add to the window's mean: no more, no less."""
+    seconds = 400
+    window_start = seconds - 1 - FLOOR.for_seconds
+    busy = set()
+    for at, length in spikes:
+        busy.update(range(window_start + at, window_start + at + length))
+    store = new_store()
+    now = feed(store, "GPU-1", seconds, sm=lambda i: 100.0 if i in busy else base)
+    in_window = [100.0 if i in busy else base for i in range(window_start, seconds)]
+    mean = sum(in_window) / len(in_window)
+    out = evaluate_floor(FLOOR, POD, store.series_of("ns", "pod"), now, PARAMS)
+    assert out.value is not None and abs(out.value - mean) < 1e-3
+    if mean < FLOOR.percent - 1e-3:
+        assert out.holds  # brief spikes do not spare an idle GPU
+    if mean >= FLOOR.percent:
+        assert not out.holds  # spikes that lift the mean over the window do
+    # A ceiling never holds on spikes over an idle base.
+    if mean <= CEILING.percent:
+        assert not evaluate_ceiling(CEILING, POD, store.series_of("ns", "pod"), now, PARAMS).holds
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    gap_start=st.integers(80, 398),
+    gap_length=st.integers(1, 120),
+    as_missing=st.booleans(),
+    explicit=st.sampled_from([None, 3.0, 5.0, 10.0]),
+)
+def test_missing_samples_never_satisfy_for(
+    gap_start: int, gap_length: int, as_missing: bool, explicit: float | None
+) -> None:
+    """An idle GPU holds the floor exactly when its readings leave no gap over max_gap in the window.
+
+    The gap is absent points, or points without a utilization reading (the
+    agent read the GPU but not that metric); only the latter can sit at the
+    window's tail, since the window ends at the newest point.
+    """
+    seconds = 400
+    gap_length = min(gap_length, seconds - 1 - gap_start) if not as_missing else gap_length
+    hole = set(range(gap_start, gap_start + gap_length))
+    store = new_store()
+    if as_missing:
+        now = feed(store, "GPU-1", seconds, sm=lambda i: None if i in hole else 0.0, power=lambda i: 50.0)
+    else:
+        now = feed(store, "GPU-1", seconds, sm=lambda i: 0.0, skip=lambda i: i in hole)
+    out = evaluate_floor(FLOOR, POD, store.series_of("ns", "pod"), now, WindowParams(max_gap_seconds=explicit))
+
+    # A plain reference: readings are at every second outside the hole.
+    end = now
+    start = end - FLOOR.for_seconds
+    times = [T0 + i for i in range(seconds) if i not in hole and start <= T0 + i <= end]
+    if not times:
+        assert not out.holds
+        return
+    intervals = [b - a for a, b in zip(times, times[1:], strict=False)]
+    longest = max([times[0] - start, end - times[-1], *intervals])
+    allowed = explicit if explicit is not None else 5.0  # 1 s sampling: 3 x 1 s is below the 5 s minimum
+    assert out.holds == (longest <= allowed)
+    r = readings(store.series_of("ns", "pod")[0][1], Column.SM_ACTIVE, start, end)
+    assert covered(r, start, end, explicit) == (longest <= allowed)
+
+
+def test_adaptive_max_gap_follows_a_slow_sampling_rate() -> None:
+    store = new_store()
+    now = feed(store, "GPU-1", 600, sm=lambda i: 0.0, skip=lambda i: i % 10 != 0)  # 0.1 Hz
+    assert evaluate_floor(FLOOR, POD, store.series_of("ns", "pod"), now, PARAMS).holds
+    tight = WindowParams(max_gap_seconds=5.0)
+    assert not evaluate_floor(FLOOR, POD, store.series_of("ns", "pod"), now, tight).holds
+    # ...but a 40 s hole is more than 3 intervals of 10 s.
+    store2 = new_store()
+    now = feed(store2, "GPU-1", 600, sm=lambda i: 0.0, skip=lambda i: i % 10 != 0 or 400 < i < 440)
+    assert not evaluate_floor(FLOOR, POD, store2.series_of("ns", "pod"), now, PARAMS).holds
