@@ -1,0 +1,246 @@
+"""The operator's configuration: one typed, frozen object built from the command line and the pod's env.
+
+Every field says what it is for; the flags and their defaults are those of
+``docs/deployment-contract.md``. Errors are :class:`ConfigError` naming the flag or
+the environment variable at fault.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpuwarden.policy.units import parse_quantity
+
+__all__ = [
+    "Address",
+    "ConfigError",
+    "OperatorConfig",
+    "ServiceAccountRef",
+    "build_config",
+    "default_config",
+    "derive_priority",
+    "parse_address",
+    "parse_service_account",
+]
+
+INGEST_ACTIVE_LABEL = "gpuwarden.dev/ingest-active"
+"""The label the acting replica puts on its own pod; the ingest Service selects on it."""
+
+
+class ConfigError(ValueError):
+    """A flag or environment variable that cannot be used; the message names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    """A TCP listen address."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceAccountRef:
+    """A ServiceAccount by namespace and name."""
+
+    namespace: str
+    name: str
+
+    @property
+    def username(self) -> str:
+        """The user name the API server gives this ServiceAccount's tokens."""
+        return f"system:serviceaccount:{self.namespace}:{self.name}"
+
+    def __str__(self) -> str:
+        return f"{self.namespace}:{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorConfig:
+    """Everything the operator is told at start; never changes while it runs."""
+
+    namespaces: tuple[str, ...] = ()
+    """Namespaces whose policies and pods are watched; empty means all (cluster-wide peering)."""
+    ingest: Address = field(default_factory=lambda: Address("0.0.0.0", 8443))
+    """Where agents POST their reports (/v1/reports)."""
+    tls_cert_file: str | None = None
+    """Serve the ingest endpoint over TLS with this certificate (and ``tls_key_file``)."""
+    tls_key_file: str | None = None
+    metrics: Address = field(default_factory=lambda: Address("0.0.0.0", 8080))
+    """Where /metrics, /healthz and /readyz are served."""
+    token_audience: str = "gpuwarden-operator"
+    """The audience agents' projected tokens must carry; TokenReview is asked for exactly this one."""
+    agent_service_account: ServiceAccountRef = field(
+        default_factory=lambda: ServiceAccountRef("gpuwarden-system", "gpuwarden-agent")
+    )
+    """The only ServiceAccount whose tokens may post reports."""
+    peering: str = "gpuwarden"
+    """Kopf peering object name (ClusterKopfPeering cluster-wide, KopfPeering per namespace)."""
+    priority: int = 0
+    """Kopf peering priority: the live replica with the highest one acts."""
+    identity: str = ""
+    """This replica's Kopf peering identity (the pod name in a cluster)."""
+    max_body_bytes: int = 8 * 2**20
+    """Report bodies above this get 413 (8Mi holds many minutes of 1 s snapshots of 8 GPUs)."""
+    node_rate: float = 20.0
+    """Reports per second a node may send before 429; agents report once a second and replay in batches."""
+    pod_name: str | None = None
+    """This replica's pod (downward API ``POD_NAME``); labelled while it acts. None outside a cluster."""
+    pod_namespace: str | None = None
+    """This replica's namespace (downward API ``POD_NAMESPACE``)."""
+    verbose: bool = False
+    debug: bool = False
+
+    @property
+    def clusterwide(self) -> bool:
+        """Whether every namespace is watched."""
+        return not self.namespaces
+
+    @property
+    def node_burst(self) -> float:
+        """Bucket size per node: a second's worth of reports, at least a few, so a retry is never refused."""
+        return max(self.node_rate, 5.0)
+
+
+def parse_address(text: str, *, flag: str) -> Address:
+    """Parse ``HOST:PORT`` (``[v6]:PORT``, ``:PORT`` for every interface); ConfigError names ``flag``."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep:
+        raise ConfigError(f"{flag}: {text!r} is not HOST:PORT (e.g. 0.0.0.0:8443)")
+    host = host.strip("[]") or "0.0.0.0"
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ConfigError(f"{flag}: {text!r} has no numeric port") from None
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"{flag}: port {port} is out of range")
+    return Address(host, port)
+
+
+def parse_service_account(text: str, *, flag: str) -> ServiceAccountRef:
+    """Parse ``NAMESPACE:NAME``."""
+    namespace, sep, name = text.partition(":")
+    if not sep or not namespace or not name or ":" in name:
+        raise ConfigError(f"{flag}: {text!r} is not NAMESPACE:NAME (e.g. gpuwarden-system:gpuwarden-agent)")
+    return ServiceAccountRef(namespace, name)
+
+
+def parse_size(text: str, *, flag: str) -> int:
+    """Parse a byte size given as a Kubernetes quantity (``8Mi``)."""
+    try:
+        size = parse_quantity(text)
+    except ValueError as exc:
+        raise ConfigError(f"{flag}: {exc}") from None
+    if size < 1:
+        raise ConfigError(f"{flag}: must be at least 1 byte")
+    return size
+
+
+def derive_priority(name: str) -> int:
+    """A stable peering priority from a replica's name, in ``[1, 2**31 - 1]``.
+
+    Kopf pauses every replica when two live ones share a priority, so replicas
+    must differ; hashing the pod name makes them differ without coordination and
+    keeps a replica's priority across its own restarts.
+    """
+    digest = hashlib.sha256(name.encode()).digest()
+    return 1 + int.from_bytes(digest[:8], "big") % (2**31 - 2)
+
+
+def default_identity(env: Mapping[str, str]) -> str:
+    """The peering identity: the pod name in a cluster, else host and pid (two local runs differ)."""
+    pod = env.get("POD_NAME", "").strip()
+    return pod or f"{socket.gethostname()}/{os.getpid()}"
+
+
+def build_config(
+    *,
+    namespaces: Sequence[str],
+    all_namespaces: bool,
+    ingest_address: str,
+    tls_cert_file: str | None,
+    tls_key_file: str | None,
+    metrics_address: str,
+    token_audience: str,
+    agent_service_account: str,
+    peering: str,
+    priority: int | None,
+    max_body_bytes: str,
+    node_rate: float,
+    verbose: bool = False,
+    debug: bool = False,
+    env: Mapping[str, str] | None = None,
+) -> OperatorConfig:
+    """Validate the command line (and ``POD_NAME``/``POD_NAMESPACE``) into an :class:`OperatorConfig`."""
+    env = os.environ if env is None else env
+    if all_namespaces and namespaces:
+        raise ConfigError("--namespace and --all-namespaces exclude each other")
+    if bool(tls_cert_file) != bool(tls_key_file):
+        raise ConfigError("--tls-cert-file and --tls-key-file go together")
+    if not token_audience:
+        raise ConfigError("--token-audience must not be empty")
+    if not peering:
+        raise ConfigError("--peering must not be empty")
+    if not node_rate > 0:
+        raise ConfigError(f"--node-rate: {node_rate} must be greater than 0")
+    pod_name = env.get("POD_NAME", "").strip() or None
+    pod_namespace = env.get("POD_NAMESPACE", "").strip() or None
+    if pod_name and not pod_namespace:
+        raise ConfigError("POD_NAME is set but POD_NAMESPACE is not (set both from the downward API)")
+    identity = default_identity(env)
+    return OperatorConfig(
+        namespaces=tuple(dict.fromkeys(namespaces)),
+        ingest=parse_address(ingest_address, flag="--ingest-address"),
+        tls_cert_file=tls_cert_file or None,
+        tls_key_file=tls_key_file or None,
+        metrics=parse_address(metrics_address, flag="--metrics-address"),
+        token_audience=token_audience,
+        agent_service_account=parse_service_account(agent_service_account, flag="--agent-service-account"),
+        peering=peering,
+        priority=derive_priority(pod_name or socket.gethostname()) if priority is None else priority,
+        identity=identity,
+        max_body_bytes=parse_size(max_body_bytes, flag="--max-body-bytes"),
+        node_rate=node_rate,
+        pod_name=pod_name,
+        pod_namespace=pod_namespace,
+        verbose=verbose,
+        debug=debug,
+    )
+
+
+DEFAULTS: dict[str, str] = {
+    "ingest_address": "0.0.0.0:8443",
+    "metrics_address": "0.0.0.0:8080",
+    "token_audience": "gpuwarden-operator",
+    "agent_service_account": "gpuwarden-system:gpuwarden-agent",
+    "peering": "gpuwarden",
+    "max_body_bytes": "8Mi",
+    "node_rate": "20",
+}
+"""The contract's defaults (docs/deployment-contract.md), shared by the flags and :func:`default_config`."""
+
+
+def default_config(env: Mapping[str, str] | None = None) -> OperatorConfig:
+    """The configuration with every default, all namespaces (for ``kopf run -m gpuwarden.operator``)."""
+    return build_config(
+        namespaces=(),
+        all_namespaces=True,
+        ingest_address=DEFAULTS["ingest_address"],
+        tls_cert_file=None,
+        tls_key_file=None,
+        metrics_address=DEFAULTS["metrics_address"],
+        token_audience=DEFAULTS["token_audience"],
+        agent_service_account=DEFAULTS["agent_service_account"],
+        peering=DEFAULTS["peering"],
+        priority=None,
+        max_body_bytes=DEFAULTS["max_body_bytes"],
+        node_rate=float(DEFAULTS["node_rate"]),
+        env=env,
+    )

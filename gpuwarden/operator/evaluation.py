@@ -1,0 +1,212 @@
+"""One policy's evaluation loop, run by its Kopf daemon: spec → rules → Events, scaling, status.
+
+Every round:
+
+1. **Spec.** When ``metadata.generation`` moved (or at the first round), parse
+   the spec. An invalid one makes ``Ready=False`` (``InvalidSpec``) and nothing
+   is evaluated until it is fixed; the findings so far are kept. At the first
+   valid parse the findings in ``status.violations`` (a previous run's, or the
+   other replica's) are restored, so ongoing violations are not announced again.
+2. **Evaluate** the selected pods against the series store (the engine).
+3. **Announce** starts, re-notifications and ends as Events (:mod:`.events`).
+4. **Scale**, through the :class:`Scaler` seam, when ``actions.scale`` is set.
+5. **Status**: built (:mod:`.status`) and patched only when it differs from
+   what was last written, so a quiet policy writes nothing.
+
+Then wait (:class:`~gpuwarden.operator.state.Pacing`): an interval after the
+previous round started, as soon as readings arrived.
+
+Status is patched here through the API rather than through Kopf's ``patch``
+kwarg: a daemon's ``patch`` is applied only when the daemon function returns,
+and this one runs for as long as the policy exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gpuwarden.operator.events import Announcer, post
+from gpuwarden.operator.kubeapi import ApiError
+from gpuwarden.operator.state import OperatorState, Pacing, PodRecord, PolicyKey
+from gpuwarden.operator.status import PolicyVerdict, build_status, findings_from_status, owned_part
+from gpuwarden.policy.engine import Evaluation, PolicyEvaluator
+from gpuwarden.policy.model import PolicySpec
+from gpuwarden.policy.parse import SpecError, parse_spec
+
+__all__ = ["GROUP", "PLURAL", "VERSION", "PolicyRunner", "ScaleResult", "Scaler"]
+
+GROUP = "gpuwarden.dev"
+VERSION = "v1alpha1"
+PLURAL = "gpumonitorpolicies"
+
+FIELD_MANAGER = "gpuwarden-operator"
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleResult:
+    """What a scaler reports back into the policy's status."""
+
+    status: Mapping[str, Any] | None = None
+    """``status.scale`` (currentReplicas, desiredReplicas, lastScaleTime, lastScaleReason)."""
+    problem: tuple[str, str] | None = None
+    """``(reason, message)`` making the policy not Ready, e.g. ``ScaleTargetNotFound``."""
+
+
+class Scaler(Protocol):
+    """Acts on ``spec.actions.scale`` after each evaluation (a separate component plugs in here)."""
+
+    async def scale(
+        self, policy: PolicyKey, spec: PolicySpec, evaluation: Evaluation, now: float
+    ) -> ScaleResult | None: ...
+
+
+class PolicyRunner:
+    """The evaluation loop of one policy (one per running daemon)."""
+
+    def __init__(self, state: OperatorState, key: PolicyKey, *, scaler: Scaler | None = None) -> None:
+        self.state = state
+        self.key = key
+        self.scaler = scaler
+        self.log = logging.getLogger(f"{__name__}.{key}")
+        self.generation: int | None = None
+        self.parsed = False
+        self.spec: PolicySpec | None = None
+        self.spec_error: str | None = None
+        self.evaluator: PolicyEvaluator | None = None
+        self.announcer: Announcer | None = None
+        self.evaluation: Evaluation | None = None
+        self.scale_result: ScaleResult | None = None
+        self.written: dict[str, Any] | None = None
+        """The status fields last written (or found, at start)."""
+        self._rules_counted: set[str] = set()
+
+    async def run(
+        self,
+        *,
+        body: Mapping[str, Any],
+        pods: Mapping[str, Iterable[PodRecord]],
+    ) -> None:
+        """Evaluate until cancelled (Kopf cancels the daemon on deletion, pause or exit)."""
+        pacing = self.state.open_policy(self.key)
+        loop = asyncio.get_running_loop()
+        try:
+            due = loop.time()
+            while True:
+                started = loop.time()
+                try:
+                    with self.state.metrics.evaluation_seconds.time():
+                        await self.round(body=body, pods=pods.get(self.key.namespace, ()), pacing=pacing)
+                except Exception:
+                    # One failed round (a bug in a rule) must not stop the policy for Kopf's retry backoff.
+                    self.log.exception("Evaluation failed; it is retried at the next interval.")
+                self.state.metrics.evaluation_delay.observe(max(0.0, loop.time() - due))
+                due = await pacing.wait_next(started)
+        finally:
+            self.state.close_policy(self.key)
+            self.state.metrics.set_findings(self.key.namespace, self.key.name, {}, self._rules_counted)
+
+    async def round(self, *, body: Mapping[str, Any], pods: Iterable[PodRecord], pacing: Pacing) -> None:
+        """One evaluation round; a bad spec or a failed write is logged and retried next round."""
+        now = time.time()
+        meta = body.get("metadata") or {}
+        status = body.get("status") or {}
+        self.sync_spec(meta.get("generation"), body.get("spec") or {}, status, now)
+        pacing.interval = self.spec.evaluation_interval_seconds if self.spec else pacing.interval
+        if self.spec_error is None and self.evaluator is not None and self.announcer is not None:
+            records = list(pods)
+            evaluation = self.evaluator.evaluate((r.view for r in records), self.state.store, now)
+            self.evaluation = evaluation
+            assert self.spec is not None
+            specs = self.announcer.plan(evaluation, events=self.spec.actions.events)
+            if specs:
+                for spec in post(specs, policy=body, pods={r.view.name: r.ref() for r in records}):
+                    self.state.metrics.events.labels(spec.type, spec.reason).inc()
+            self._count_findings(evaluation)
+            if self.scaler is not None and self.spec.actions.scale is not None:
+                self.scale_result = await self._scale(evaluation, now)
+        await self.write_status(status, now)
+
+    def sync_spec(
+        self, generation: int | None, spec: Mapping[str, Any], status: Mapping[str, Any], now: float
+    ) -> None:
+        """Re-read the spec when its generation moved; restore findings at the first valid parse."""
+        if self.parsed and generation == self.generation:
+            return
+        self.parsed = True
+        self.generation = generation
+        try:
+            parsed = parse_spec(spec)
+        except SpecError as exc:
+            if self.spec_error != str(exc):
+                self.log.warning("Invalid spec (generation %s): %s", generation, exc)
+            self.spec_error = str(exc)
+            return
+        self.spec_error = None
+        self.spec = parsed
+        renotify = parsed.actions.renotify_seconds
+        if self.evaluator is None or self.announcer is None:
+            self.evaluator = PolicyEvaluator(str(self.key), parsed, namespace=self.key.namespace)
+            self.announcer = Announcer(self.key.name, renotify_seconds=renotify)
+            restored = findings_from_status(
+                status, parsed, policy=str(self.key), namespace=self.key.namespace
+            )
+            if restored:
+                self.evaluator.restore(restored, now)
+                self.announcer.restore(restored, now)
+                self.log.info("Resumed %d ongoing violation(s) from status.", len(restored))
+        else:
+            self.evaluator.update_spec(parsed)
+            self.announcer.renotify_seconds = renotify
+        self.state.set_horizon(self.key, self.evaluator.horizon_seconds())
+
+    async def _scale(self, evaluation: Evaluation, now: float) -> ScaleResult | None:
+        assert self.scaler is not None
+        assert self.spec is not None
+        try:
+            return await self.scaler.scale(self.key, self.spec, evaluation, now)
+        except Exception:
+            self.log.exception("The scaler failed; scaling is retried at the next evaluation.")
+            return self.scale_result
+
+    def _count_findings(self, evaluation: Evaluation) -> None:
+        counts: dict[str, int] = {}
+        for f in evaluation.active:
+            counts[f.rule] = counts.get(f.rule, 0) + 1
+        self.state.metrics.set_findings(self.key.namespace, self.key.name, counts, self._rules_counted)
+        self._rules_counted = set(counts)
+
+    def verdict(self) -> PolicyVerdict:
+        """What this round concluded, for the status."""
+        return PolicyVerdict(
+            generation=self.generation,
+            interval_seconds=self.spec.evaluation_interval_seconds if self.spec else 0.0,
+            spec_error=self.spec_error,
+            evaluation=self.evaluation,
+            messages=self.announcer.messages() if self.announcer else {},
+            problem=self.scale_result.problem if self.scale_result else None,
+            scale=self.scale_result.status if self.scale_result else None,
+        )
+
+    async def write_status(self, live: Mapping[str, Any], now: float) -> None:
+        """Patch the status subresource if what this round concluded differs from what was written."""
+        if self.written is None:
+            self.written = owned_part(live)
+        new = build_status(self.verdict(), self.written, now)
+        if new == self.written:
+            return
+        try:
+            await self.state.api.patch_status(
+                GROUP, VERSION, PLURAL, self.key.namespace, self.key.name, new, manager=FIELD_MANAGER
+            )
+        except ApiError as exc:
+            if exc.status == 404:
+                return  # the policy is being deleted; the daemon is about to stop
+            self.log.warning("Cannot write the status (retried at the next evaluation): %s", exc)
+            return
+        self.state.metrics.status_writes.inc()
+        self.written = new

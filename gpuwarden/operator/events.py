@@ -1,0 +1,173 @@
+"""Kubernetes Events for findings: what to say, on which object, and when not to say it again.
+
+A violation that starts is announced with a ``Warning`` on the pod and on the
+policy, reason the rule kind's CamelCase word (``GPUUnderutilized``,
+``GPUSaturated``, ``GPUMemoryNearLimit``, ``GPUMemoryLeakSuspected``), the
+figure, and what it means. While it lasts it is announced again (same reason,
+"still ...") once every ``actions.renotifyInterval``, never more often. When it
+ends, a ``Normal`` Event with reason ``<Reason>Resolved`` (``GPUSaturatedResolved``)
+says why; on the policy only when the pod is gone.
+
+:class:`Announcer` plans Events from an evaluation (pure); :func:`post` hands them
+to Kopf, which queues them and posts them in the background (per-object order,
+retries), so an evaluation never waits for the API server.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+import kopf
+
+from gpuwarden.policy.engine import Evaluation
+from gpuwarden.policy.findings import Finding, FindingKey, FindingTransition, Resolution, Transition
+from gpuwarden.policy.humanize import approx_duration
+from gpuwarden.policy.rules import RuleKind
+
+__all__ = ["Announcer", "EventSpec", "Target", "post", "resolved_reason"]
+
+MEANING: Mapping[RuleKind, str] = {
+    RuleKind.UTILIZATION_FLOOR: "its GPUs sit mostly idle: release them, share them or scale in",
+    RuleKind.UTILIZATION_CEILING: "its GPUs are fully busy: it may need more replicas",
+    RuleKind.MEMORY_CEILING: "it is close to running out of GPU memory",
+    RuleKind.MEMORY_GROWTH: "steady growth like this usually means a leak, heading for out-of-memory",
+}
+
+WHY_RESOLVED: Mapping[Resolution, str] = {
+    Resolution.RECOVERED: "back within the rule",
+    Resolution.POD_GONE: "the pod is gone",
+    Resolution.NOT_SELECTED: "the pod no longer matches the policy's selector",
+    Resolution.RULE_REMOVED: "the rule was removed from the policy",
+    Resolution.SNOOZED: "the rule is snoozed on the pod",
+    Resolution.NO_DATA: "no readings came from its GPUs for too long",
+}
+
+
+class Target(enum.Enum):
+    """Which object an Event is about."""
+
+    POD = "pod"
+    POLICY = "policy"
+
+
+@dataclass(frozen=True, slots=True)
+class EventSpec:
+    """One Event to post."""
+
+    target: Target
+    pod: str
+    type: str
+    reason: str
+    message: str
+
+
+@dataclass(slots=True)
+class _Announcement:
+    at: float
+    message: str
+
+
+def resolved_reason(reason: str) -> str:
+    """The Normal Event's reason when a violation of ``reason`` ends."""
+    return f"{reason}Resolved"
+
+
+class Announcer:
+    """One policy's announcements: which findings were announced, when, and with what message.
+
+    The engine decides when a finding starts, re-notifies or resolves; this book
+    is the last line against repeating it: a ``STARTED`` for a finding announced
+    less than ``renotify_seconds`` ago (an engine rebuilt from a partial status,
+    a spec toggled invalid and back) is not announced again.
+    """
+
+    def __init__(self, policy: str, *, renotify_seconds: float) -> None:
+        self.policy = policy
+        self.renotify_seconds = renotify_seconds
+        self._announced: dict[FindingKey, _Announcement] = {}
+
+    def restore(self, findings: Iterable[Finding], now: float) -> None:
+        """Findings announced before (by a previous run), with the messages they were announced with."""
+        for f in findings:
+            self._announced[f.key] = _Announcement(now, f.message)
+
+    def messages(self) -> dict[FindingKey, str]:
+        """The announced message of every active finding."""
+        return {k: a.message for k, a in self._announced.items()}
+
+    def plan(self, evaluation: Evaluation, *, events: bool = True) -> list[EventSpec]:
+        """The Events an evaluation calls for (none when ``events`` is off; the book is kept either way)."""
+        out: list[EventSpec] = []
+        for step in evaluation.transitions:
+            out.extend(self._step(step))
+        return out if events else []
+
+    def _step(self, step: FindingTransition) -> list[EventSpec]:
+        f = step.finding
+        known = self._announced.get(f.key)
+        match step.transition:
+            case Transition.STARTED if known is not None and step.at - known.at < self.renotify_seconds:
+                return []
+            case Transition.STARTED:
+                self._announced[f.key] = _Announcement(step.at, f.message)
+                return self._warning(f, f"{f.message}; {MEANING[f.kind]}")
+            case Transition.RENOTIFY if known is not None and step.at - known.at < self.renotify_seconds:
+                return []
+            case Transition.RENOTIFY:
+                self._announced[f.key] = _Announcement(step.at, f.message)
+                lasted = approx_duration(step.at - f.started_at)
+                return self._warning(f, f"still, for {lasted}: {f.message}; {MEANING[f.kind]}")
+            case Transition.ONGOING:
+                if known is None:  # restored without a book entry: remember it as announced now
+                    self._announced[f.key] = _Announcement(step.at, f.message)
+                return []
+            case Transition.RESOLVED:
+                self._announced.pop(f.key, None)
+                return self._resolved(f, step)
+        return []
+
+    def _warning(self, f: Finding, text: str) -> list[EventSpec]:
+        return [
+            EventSpec(
+                Target.POD, f.pod, "Warning", f.reason, f"{text} (policy {self.policy}, rule {f.rule})"
+            ),
+            EventSpec(Target.POLICY, f.pod, "Warning", f.reason, f"pod {f.pod}: {text} (rule {f.rule})"),
+        ]
+
+    def _resolved(self, f: Finding, step: FindingTransition) -> list[EventSpec]:
+        resolution = step.resolution or Resolution.RECOVERED
+        lasted = approx_duration(step.at - f.started_at)
+        text = f"resolved after {lasted}, {WHY_RESOLVED[resolution]}"
+        if resolution is Resolution.RECOVERED and f.message:
+            text += f": {f.message}"
+        reason = resolved_reason(f.reason)
+        policy_event = EventSpec(
+            Target.POLICY, f.pod, "Normal", reason, f"pod {f.pod}: {text} (rule {f.rule})"
+        )
+        if resolution is Resolution.POD_GONE:
+            return [policy_event]
+        return [
+            EventSpec(Target.POD, f.pod, "Normal", reason, f"{text} (policy {self.policy}, rule {f.rule})"),
+            policy_event,
+        ]
+
+
+def post(
+    specs: Iterable[EventSpec], *, policy: Mapping[str, Any], pods: Mapping[str, Mapping[str, Any]]
+) -> list[EventSpec]:
+    """Queue Events through Kopf (posted in the background); return those queued.
+
+    ``pods`` maps a pod name to a body with apiVersion, kind and metadata (name,
+    namespace, uid); an Event for a pod not in it (already gone) is skipped.
+    """
+    queued = []
+    for spec in specs:
+        target = policy if spec.target is Target.POLICY else pods.get(spec.pod)
+        if target is None:
+            continue
+        kopf.event(cast(Any, target), type=spec.type, reason=spec.reason, message=spec.message)
+        queued.append(spec)
+    return queued

@@ -1,0 +1,103 @@
+"""Kopf handlers: declarations only; the work is done by the modules they call.
+
+- startup: tune Kopf (one place, a reason per value), start the ingest and metrics servers;
+- ``gpu_pods`` index: GPU pods by namespace, for the policies' selectors;
+- pod deletion: forget the pod's series;
+- one daemon per GPUMonitorPolicy: its evaluation loop (Kopf stops it on deletion and
+  while this replica is paused by peering);
+- spec changes: wake that daemon.
+
+Importing this module registers the handlers (``kopf run -m gpuwarden.operator`` does).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from gpuwarden.operator.config import default_config
+from gpuwarden.operator.evaluation import GROUP, PLURAL, VERSION, PolicyRunner
+from gpuwarden.operator.pods import pod_record, requests_gpu
+from gpuwarden.operator.services import Services
+from gpuwarden.operator.state import OperatorState, PodRecord, PolicyKey
+
+logger = logging.getLogger(__name__)
+
+
+def _state(memo: kopf.Memo) -> OperatorState:
+    state: OperatorState = memo.state
+    return state
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    if "state" not in memo:  # run as `kopf run -m gpuwarden.operator`: the contract's defaults
+        memo.state = OperatorState(default_config())
+    config = _state(memo).config
+    # Our Events say who wrote them: the component, and which replica (two replicas, one writer).
+    settings.posting.reporting_component = "gpuwarden-operator"
+    settings.posting.reporting_instance = config.identity
+    # Events are what users read; Kopf's own handler logs stay in the log, not in `kubectl describe`.
+    settings.posting.loggers = False
+    # The daemons' finalizer and Kopf's bookkeeping annotations carry our domain, not Kopf's.
+    settings.persistence.finalizer = "gpuwarden.dev/finalizer"
+    # Our CRD's status schema prunes unknown fields, so Kopf must keep its progress in annotations.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="gpuwarden.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="gpuwarden.dev", key="last-handled-configuration"
+    )
+    # Keep-alives every ~50 s would fill the log; pauses and resumes are still logged.
+    settings.peering.stealth = True
+    # Re-open watches every 10 min so a connection silently dropped by a load balancer is noticed.
+    settings.watching.server_timeout = 600
+    settings.watching.client_timeout = 660
+    # A hung API call must not hold a handler forever; Kopf retries with its backoffs.
+    settings.networking.request_timeout = 30
+
+
+@kopf.on.startup()
+async def start_services(memo: kopf.Memo, **_: Any) -> None:
+    memo.services = Services(_state(memo))
+    await memo.services.start()
+
+
+@kopf.on.cleanup()
+async def stop_services(memo: kopf.Memo, **_: Any) -> None:
+    if "services" in memo:
+        await memo.services.stop()
+
+
+def _has_gpu(spec: kopf.Spec, **_: Any) -> bool:
+    return requests_gpu(spec)
+
+
+@kopf.index("pods", when=_has_gpu)
+def gpu_pods(
+    namespace: str | None, name: str, uid: str, labels: kopf.Labels, annotations: kopf.Annotations, **_: Any
+) -> dict[str, PodRecord]:
+    assert namespace is not None  # pods are namespaced
+    record = pod_record(namespace=namespace, name=name, uid=uid, labels=labels, annotations=annotations)
+    return {namespace: record}
+
+
+@kopf.on.event("pods", when=_has_gpu)
+def pod_deleted(type: str, namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    if type == "DELETED" and namespace is not None:
+        _state(memo).forget_pod(namespace, name)
+
+
+# Cancelled at once when stopped (deletion, peering pause, exit): a round holds nothing worth finishing.
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5.0)
+async def evaluate(namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    assert namespace is not None  # policies are namespaced
+    state = _state(memo)
+    pods: kopf.Index[str, PodRecord] = kwargs["gpu_pods"]  # the index below, passed by its name
+    await PolicyRunner(state, PolicyKey(namespace, name), scaler=state.scaler).run(body=body, pods=pods)
+
+
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+def spec_changed(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    if namespace is not None:
+        _state(memo).nudge_policy(PolicyKey(namespace, name))

@@ -1,0 +1,250 @@
+"""The operator's own metrics, the per-pod GPU series, and the aiohttp app serving them.
+
+Everything lives in one dedicated :class:`CollectorRegistry` per operator (tests
+never depend on import order). Counters with labels are pre-created, so they
+read 0 before the first rejection. Per-pod GPU series come from the newest
+point of each (namespace, pod, GPU) the agents reported; a series older than
+``stale_after`` seconds, or of a deleted pod, is not exported, so it disappears
+with its pod. These are what prometheus-adapter or KEDA scale on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
+
+from gpuwarden.policy.series import Point, SeriesKey, SeriesStore
+
+__all__ = [
+    "REJECT_REASONS",
+    "LatestReadings",
+    "OperatorMetrics",
+    "make_metrics_app",
+]
+
+REJECT_REASONS = (
+    "unauthenticated",  # 401: no token, or not a valid token for our audience
+    "forbidden",  # 403: another ServiceAccount, or a token bound to another node
+    "too_large",  # 413
+    "invalid",  # 400: bad JSON, schema or version
+    "rate_limited",  # 429
+    "standby",  # 503: this replica does not act (peering)
+    "unavailable",  # 503: TokenReview could not be made
+    "internal",  # 500: a bug; the report is dropped, the server goes on
+)
+
+
+@dataclass(slots=True)
+class _Reading:
+    t: float
+    gpu_util: float | None
+    sm_active: float | None
+    mem_used: float | None
+    mem_total: float | None
+
+
+class LatestReadings:
+    """The newest reading of every (namespace, pod, GPU), for the per-pod GPU gauges."""
+
+    def __init__(self) -> None:
+        self._by_pod: dict[tuple[str, str], dict[str, _Reading]] = {}
+
+    def update(self, key: SeriesKey, point: Point) -> None:
+        """Remember ``point`` if it is newer than what is known for ``key``."""
+        gpus = self._by_pod.get((key.namespace, key.pod))
+        if gpus is None:
+            gpus = self._by_pod[(key.namespace, key.pod)] = {}
+        known = gpus.get(key.gpu)
+        if known is None or point.t > known.t:
+            gpus[key.gpu] = _Reading(
+                point.t, point.gpu_util, point.sm_active, point.mem_used, point.mem_total
+            )
+
+    def forget_pod(self, namespace: str, pod: str) -> None:
+        """Drop a deleted pod's readings."""
+        self._by_pod.pop((namespace, pod), None)
+
+    def fresh(self, since: float) -> Iterator[tuple[SeriesKey, _Reading]]:
+        """Readings taken at or after ``since``; older pods' entries are dropped on the way."""
+        for (namespace, pod), gpus in list(self._by_pod.items()):
+            kept = False
+            for gpu, reading in gpus.items():
+                if reading.t >= since:
+                    kept = True
+                    yield SeriesKey(namespace, pod, gpu), reading
+            if not kept:
+                del self._by_pod[(namespace, pod)]
+
+    def __len__(self) -> int:
+        return sum(len(g) for g in self._by_pod.values())
+
+
+class _PodGpuCollector(Collector):
+    """``gpuwarden_pod_gpu_*{namespace,pod,gpu}`` from the newest readings."""
+
+    def __init__(self, latest: LatestReadings, stale_after: float, clock: Callable[[], float]) -> None:
+        self._latest = latest
+        self._stale_after = stale_after
+        self._clock = clock
+
+    def collect(self) -> Iterable[Metric]:
+        labels = ["namespace", "pod", "gpu"]
+        util = GaugeMetricFamily(
+            "gpuwarden_pod_gpu_utilization_percent",
+            "NVML utilization.gpu of a GPU allocated to the pod (its share on a shared GPU), percent.",
+            labels=labels,
+        )
+        sm = GaugeMetricFamily(
+            "gpuwarden_pod_gpu_sm_active_percent",
+            "SM activity (GPM, Hopper and newer) of a GPU allocated to the pod, percent.",
+            labels=labels,
+        )
+        used = GaugeMetricFamily(
+            "gpuwarden_pod_gpu_memory_used_bytes", "GPU memory the pod uses on the GPU, bytes.", labels=labels
+        )
+        total = GaugeMetricFamily(
+            "gpuwarden_pod_gpu_memory_total_bytes",
+            "Total memory of the GPU (or MIG instance), bytes.",
+            labels=labels,
+        )
+        for key, r in self._latest.fresh(self._clock() - self._stale_after):
+            values = [key.namespace, key.pod, key.gpu]
+            for family, value in (
+                (util, r.gpu_util),
+                (sm, r.sm_active),
+                (used, r.mem_used),
+                (total, r.mem_total),
+            ):
+                if value is not None:  # absent means not read, never zero
+                    family.add_metric(values, value, timestamp=r.t)
+        return [util, sm, used, total]
+
+
+class _StateCollector(Collector):
+    """Gauges read from the operator's state at scrape time (no bookkeeping on the hot path)."""
+
+    def __init__(self, read: Callable[[], dict[str, tuple[str, float]]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterable[Metric]:
+        return [GaugeMetricFamily(name, doc, value=value) for name, (doc, value) in self._read().items()]
+
+
+class OperatorMetrics:
+    """The operator's metrics in their own registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.reports = Counter(
+            "gpuwarden_operator_reports",
+            "Node reports received (accepted = received - rejected).",
+            registry=r,
+        )
+        self.rejected = Counter(
+            "gpuwarden_operator_reports_rejected", "Node reports refused, by reason.", ["reason"], registry=r
+        )
+        for reason in REJECT_REASONS:
+            self.rejected.labels(reason)
+        self.duplicates = Counter(
+            "gpuwarden_operator_reports_duplicate",
+            "Node reports received again (same agent and sequence number) and ignored.",
+            registry=r,
+        )
+        self.points = Counter(
+            "gpuwarden_operator_points", "GPU readings stored from accepted reports.", registry=r
+        )
+        self.evaluation_seconds = Histogram(
+            "gpuwarden_operator_evaluation_duration_seconds",
+            "Time one evaluation of one policy takes (rules, events, status).",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=r,
+        )
+        self.evaluation_delay = Histogram(
+            "gpuwarden_operator_evaluation_delay_seconds",
+            "How late an evaluation finished after it was due (a busy event loop shows here).",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+            registry=r,
+        )
+        self.findings = Gauge(
+            "gpuwarden_operator_findings",
+            "Active violations by policy and rule.",
+            ["namespace", "policy", "rule"],
+            registry=r,
+        )
+        self.events = Counter(
+            "gpuwarden_operator_events",
+            "Kubernetes Events emitted, by type and reason.",
+            ["type", "reason"],
+            registry=r,
+        )
+        self.status_writes = Counter(
+            "gpuwarden_operator_status_writes",
+            "Policy status patches sent (unchanged status is not written).",
+            registry=r,
+        )
+        self.latest = LatestReadings()
+
+    def watch_pods(self, *, stale_after: float = 60.0, clock: Callable[[], float] = time.time) -> None:
+        """Export the per-pod GPU series from :attr:`latest`."""
+        self.registry.register(_PodGpuCollector(self.latest, stale_after, clock))
+
+    def watch_state(self, read: Callable[[], dict[str, tuple[str, float]]]) -> None:
+        """Export gauges computed at scrape time by ``read`` (name -> (help, value))."""
+        self.registry.register(_StateCollector(read))
+
+    def set_findings(
+        self, namespace: str, policy: str, counts: dict[str, int], previous: Iterable[str]
+    ) -> None:
+        """Set the active-findings gauge of a policy's rules; rules no longer counted go away."""
+        for rule in set(previous) - set(counts):
+            self.findings.remove(namespace, policy, rule)
+        for rule, count in counts.items():
+            self.findings.labels(namespace, policy, rule).set(count)
+
+    def exposition(self) -> bytes:
+        """The registry in the Prometheus text format."""
+        return generate_latest(self.registry)
+
+
+def store_gauges(store: SeriesStore) -> dict[str, tuple[str, float]]:
+    """The series store's size, for :meth:`OperatorMetrics.watch_state`."""
+    stats = store.stats()
+    return {
+        "gpuwarden_operator_series": ("Pod-GPU series held in memory.", stats.series),
+        "gpuwarden_operator_series_points": ("Readings held in memory, over all series.", stats.points),
+        "gpuwarden_operator_series_bytes": ("Bytes the series windows hold.", stats.nbytes),
+        "gpuwarden_operator_points_ignored": (
+            "Readings not stored: not newer than their series' latest (retries, overlaps), since start.",
+            stats.ignored,
+        ),
+    }
+
+
+def make_metrics_app(metrics: OperatorMetrics, ready: Callable[[], bool]) -> web.Application:
+    """``/metrics``, ``/healthz`` (the event loop answers) and ``/readyz`` (``ready()``)."""
+
+    async def serve_metrics(_: web.Request) -> web.Response:
+        body = metrics.exposition()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(_: web.Request) -> web.Response:
+        if ready():
+            return web.Response(text="ok\n")
+        return web.Response(status=503, text="starting\n")
+
+    app = web.Application()
+    app.router.add_get("/metrics", serve_metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app

@@ -1,0 +1,248 @@
+"""The operator's single state object, kept in ``kopf.Memo``: series, running policies, ingestion.
+
+Kopf owns what it watches (pods and policies, in its indexes and in the bodies
+it hands to handlers); everything the operator adds lives here, created once at
+startup: the series store the agents' reports fill, the per-policy runtimes of
+the running evaluation daemons, and the collaborators of the ingest endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gpuwarden.nodereport import NodeReport
+from gpuwarden.operator.config import OperatorConfig
+from gpuwarden.operator.ingest import ReportBook, ReportIngest
+from gpuwarden.operator.kubeapi import KubeApi
+from gpuwarden.operator.leadership import Leadership
+from gpuwarden.operator.metrics import OperatorMetrics, store_gauges
+from gpuwarden.operator.ratelimit import NodeRateLimiter
+from gpuwarden.operator.tokenreview import TokenAuthenticator
+from gpuwarden.policy.engine import PodView
+from gpuwarden.policy.intake import points_from_report
+from gpuwarden.policy.series import SeriesStore
+
+if TYPE_CHECKING:
+    from gpuwarden.operator.evaluation import Scaler
+
+__all__ = ["MAX_RETENTION", "MIN_RETENTION", "OperatorState", "PodRecord", "PolicyKey"]
+
+MIN_RETENTION = 600.0
+"""Seconds of readings kept even when no policy needs them (a replay may land before the policies load)."""
+MAX_RETENTION = 6 * 3600.0
+"""Seconds of readings kept at most, whatever a policy asks for (memory: 24 B a reading)."""
+MAX_POINTS = int(MAX_RETENTION)
+"""Readings kept per series at most: 6 h at the agents' 1 s sampling."""
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyKey:
+    """A policy by namespace and name."""
+
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    """What the pod index keeps of a GPU pod: the engine's view and what an Event needs to refer to it."""
+
+    view: PodView
+    uid: str
+
+    def ref(self) -> dict[str, Any]:
+        """A body Kopf can build an Event's involvedObject from."""
+        meta = {"name": self.view.name, "namespace": self.view.namespace, "uid": self.uid}
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta}
+
+
+@dataclass(slots=True)
+class Pacing:
+    """When a policy's daemon evaluates next: every interval, as soon as fresh data came after it."""
+
+    interval: float = 10.0
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    spec_changed: bool = False
+    data_pending: bool = False
+    due_at: float | None = None
+    """Loop time at which a spec change made the next evaluation due (for the delay histogram)."""
+    data_at: float = 0.0
+    """Loop time the latest readings arrived."""
+
+    def nudge_spec(self) -> None:
+        """The spec changed: evaluate now."""
+        self.spec_changed = True
+        if self.due_at is None:
+            self.due_at = asyncio.get_running_loop().time()
+        self.wakeup.set()
+
+    def nudge_data(self, now: float) -> None:
+        """Readings for the policy's namespace arrived at loop time ``now``."""
+        if not self.data_pending:
+            self.data_pending = True
+            self.wakeup.set()
+        self.data_at = now
+
+    async def wait_next(self, started: float) -> float:
+        """Sleep until the next evaluation is due (the previous one started at loop time ``started``).
+
+        Due ``interval`` after the previous start, once readings arrived since it
+        (so a condition is judged as soon as its data lands, not up to an interval
+        later); without readings, one interval later still (to notice silence).
+        Returns the loop time it became due.
+        """
+        loop = asyncio.get_running_loop()
+        due = started + self.interval
+        while not self.spec_changed and loop.time() < due:
+            await _sleep_on(self.wakeup, due - loop.time())
+        if not self.spec_changed:
+            fallback = due + self.interval
+            while not (self.data_pending or self.spec_changed) and loop.time() < fallback:
+                await _sleep_on(self.wakeup, fallback - loop.time())
+            if self.data_pending:
+                due = max(due, self.data_at)
+            elif not self.spec_changed:
+                due = fallback
+        at = self.due_at if self.spec_changed and self.due_at is not None else due
+        self.spec_changed = self.data_pending = False
+        self.due_at = None
+        self.wakeup.clear()
+        return at
+
+
+async def _sleep_on(event: asyncio.Event, seconds: float) -> None:
+    try:
+        async with asyncio.timeout(max(0.0, seconds)):
+            await event.wait()
+    except TimeoutError:
+        pass
+    event.clear()
+
+
+class OperatorState:
+    """Everything the operator keeps between handler calls; one per process, in ``memo.state``."""
+
+    def __init__(self, config: OperatorConfig, *, api: KubeApi | None = None) -> None:
+        self.config = config
+        self.api = api or KubeApi()
+        self.metrics = OperatorMetrics()
+        self.store = SeriesStore(retention_seconds=MIN_RETENTION, max_points=MAX_POINTS)
+        self.book = ReportBook()
+        self.pacing: dict[str, dict[str, Pacing]] = {}
+        """Running evaluation daemons: namespace -> policy name -> pacing."""
+        self.horizons: dict[PolicyKey, float] = {}
+        """The store retention each running policy needs."""
+        self.leadership = Leadership(config, self.api)
+        self.authenticator = TokenAuthenticator(
+            self._review,
+            audience=config.token_audience,
+            username=config.agent_service_account.username,
+        )
+        self.limiter = NodeRateLimiter(config.node_rate, config.node_burst, clock=time.monotonic)
+        self.ingest = ReportIngest(
+            authenticator=self.authenticator,
+            limiter=self.limiter,
+            book=self.book,
+            metrics=self.metrics,
+            accept=self.accept,
+            acting=lambda: self.leadership.active,
+            max_body_bytes=config.max_body_bytes,
+        )
+        self.started = False
+        """True once the servers listen (``/readyz``)."""
+        self.scaler: Scaler | None = None
+        """Acts on ``actions.scale`` after each evaluation; plugged in by the scaling component."""
+        self.metrics.watch_pods()
+        self.metrics.watch_state(self._gauges)
+
+    async def _review(self, token: str) -> dict[str, Any]:
+        return await self.api.create_token_review(token, [self.config.token_audience])
+
+    def _gauges(self) -> dict[str, tuple[str, float]]:
+        gauges = store_gauges(self.store)
+        gauges["gpuwarden_operator_active"] = (
+            "1 while this replica acts (peering), else 0.",
+            self.leadership.active,
+        )
+        gauges["gpuwarden_operator_tokenreviews"] = (
+            "TokenReviews sent since start (the rest were answered from the cache).",
+            self.authenticator.reviews,
+        )
+        running = sum(len(p) for p in self.pacing.values())
+        gauges["gpuwarden_operator_policies"] = ("Policies this replica evaluates.", running)
+        gauges["gpuwarden_operator_retention_seconds"] = (
+            "Seconds of readings kept.",
+            self.store.retention_seconds,
+        )
+        return gauges
+
+    # -- ingestion --
+
+    def in_scope(self, namespace: str) -> bool:
+        """Whether pods of ``namespace`` are watched (their readings are worth keeping)."""
+        return self.config.clusterwide or namespace in self.config.namespaces
+
+    def accept(self, report: NodeReport) -> int:
+        """Store a report's readings and wake the policies of their namespaces; return how many were kept."""
+        store, latest = self.store, self.metrics.latest
+        kept = 0
+        namespaces: set[str] = set()
+        for key, point in points_from_report(report):
+            if not self.in_scope(key.namespace):
+                continue
+            latest.update(key, point)
+            if store.add(key, point):
+                kept += 1
+                namespaces.add(key.namespace)
+        if namespaces and self.pacing:
+            now = asyncio.get_running_loop().time()
+            for namespace in namespaces:
+                for pacing in self.pacing.get(namespace, {}).values():
+                    pacing.nudge_data(now)
+        return kept
+
+    def forget_pod(self, namespace: str, name: str) -> None:
+        """A pod was deleted: drop its series and its per-pod metrics."""
+        self.store.forget_pod(namespace, name)
+        self.metrics.latest.forget_pod(namespace, name)
+
+    # -- policies --
+
+    def open_policy(self, key: PolicyKey) -> Pacing:
+        """A policy's daemon starts."""
+        pacing = self.pacing.setdefault(key.namespace, {})[key.name] = Pacing()
+        return pacing
+
+    def close_policy(self, key: PolicyKey) -> None:
+        """A policy's daemon ends (policy deleted, operator paused or exiting)."""
+        policies = self.pacing.get(key.namespace, {})
+        policies.pop(key.name, None)
+        if not policies:
+            self.pacing.pop(key.namespace, None)
+        self.set_horizon(key, None)
+
+    def nudge_policy(self, key: PolicyKey) -> None:
+        """A policy's spec changed: its daemon re-reads it now."""
+        pacing = self.pacing.get(key.namespace, {}).get(key.name)
+        if pacing is not None:
+            pacing.nudge_spec()
+
+    def set_horizon(self, key: PolicyKey, seconds: float | None) -> None:
+        """Record how much history a policy needs; the store keeps the most any policy needs."""
+        if seconds is None:
+            self.horizons.pop(key, None)
+        else:
+            self.horizons[key] = seconds
+        wanted = max(self.horizons.values(), default=MIN_RETENTION)
+        self.store.retention_seconds = min(MAX_RETENTION, max(MIN_RETENTION, wanted))
+
+    def running_policies(self) -> Iterable[PolicyKey]:
+        """Policies whose daemons run here."""
+        return [PolicyKey(ns, name) for ns, names in self.pacing.items() for name in names]

@@ -1,0 +1,141 @@
+"""Agent authentication: a bearer token checked with a TokenReview, verdicts cached by the token's hash.
+
+At 2,000 reports a second the API server must not see 2,000 TokenReviews a
+second: a verdict is kept for ``ttl`` seconds (a projected token lives at least
+10 minutes, and a revoked ServiceAccount is noticed within ``ttl``), refusals
+for ``negative_ttl`` (so a flood of bad tokens costs one review per token per
+few seconds), and concurrent requests carrying the same unknown token share a
+single review. Tokens are never stored, only their SHA-256.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import hashlib
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Review", "ReviewAbandoned", "TokenAuthenticator", "Verdict", "judge"]
+
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+"""TokenReview ``user.extra`` key naming the node a pod-bound token's pod runs on (Kubernetes >= 1.30)."""
+
+ReviewFn = Callable[[str], Awaitable[Mapping[str, Any]]]
+"""Sends a TokenReview for a token and returns its ``status``; raises when the API cannot answer."""
+
+
+class ReviewAbandoned(RuntimeError):
+    """The request running a shared TokenReview was cancelled before the answer came."""
+
+
+class Verdict(enum.Enum):
+    """What the review says about a token."""
+
+    ACCEPTED = "accepted"
+    UNAUTHENTICATED = "unauthenticated"
+    """Not a valid token, or not one for our audience: 401."""
+    FORBIDDEN = "forbidden"
+    """A valid token of some other identity: 403."""
+
+
+@dataclass(frozen=True, slots=True)
+class Review:
+    """A verdict, the user it is about, and, for pod-bound tokens, the node the agent's pod runs on."""
+
+    verdict: Verdict
+    message: str
+    username: str = ""
+    node: str | None = None
+
+
+def judge(status: Mapping[str, Any], *, audience: str, username: str) -> Review:
+    """Read a TokenReview ``status``: authenticated, for ``audience``, as exactly ``username``."""
+    if status.get("authenticated") is not True:
+        error = status.get("error") or "the API server did not authenticate it"
+        return Review(Verdict.UNAUTHENTICATED, f"invalid token: {error}")
+    audiences = status.get("audiences") or []
+    if audience not in audiences:
+        return Review(Verdict.UNAUTHENTICATED, f"the token is not meant for audience {audience!r}")
+    user = status.get("user") or {}
+    name = str(user.get("username", ""))
+    if name != username:
+        return Review(Verdict.FORBIDDEN, f"{name or 'this user'} may not post reports; only {username} may")
+    nodes = (user.get("extra") or {}).get(NODE_NAME_EXTRA) or []
+    node = str(nodes[0]) if nodes else None
+    return Review(Verdict.ACCEPTED, "ok", username=name, node=node)
+
+
+class TokenAuthenticator:
+    """Authenticates bearer tokens through ``review``, with a bounded verdict cache and single flight."""
+
+    def __init__(
+        self,
+        review: ReviewFn,
+        *,
+        audience: str,
+        username: str,
+        ttl: float = 60.0,
+        negative_ttl: float = 5.0,
+        max_entries: int = 20_000,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self._review = review
+        self.audience = audience
+        self.username = username
+        self.ttl = ttl
+        self.negative_ttl = negative_ttl
+        self.max_entries = max_entries
+        self._clock = clock
+        self._cache: OrderedDict[bytes, tuple[float, Review]] = OrderedDict()
+        self._inflight: dict[bytes, asyncio.Future[Review]] = {}
+        self.reviews = 0
+        """TokenReviews sent (the rest were answered from the cache or a shared review)."""
+
+    def _now(self) -> float:
+        return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
+
+    async def authenticate(self, token: str) -> Review:
+        """The verdict for ``token``; raises whatever ``review`` raises when the API cannot answer."""
+        key = hashlib.sha256(token.encode()).digest()
+        now = self._now()
+        hit = self._cache.get(key)
+        if hit is not None:
+            if hit[0] > now:
+                return hit[1]
+            del self._cache[key]
+        shared = self._inflight.get(key)
+        if shared is not None:
+            return await asyncio.shield(shared)
+        future: asyncio.Future[Review] = asyncio.get_running_loop().create_future()
+        self._inflight[key] = future
+        try:
+            self.reviews += 1
+            status = await self._review(token)
+            review = judge(status, audience=self.audience, username=self.username)
+        except asyncio.CancelledError:
+            # The request that ran the review went away; those sharing it get an error, not a cancel.
+            future.set_exception(ReviewAbandoned("the shared TokenReview was abandoned; retry"))
+            future.exception()  # retrieved, so a review nobody shared does not warn when collected
+            raise
+        except Exception as exc:
+            future.set_exception(exc)
+            future.exception()
+            raise
+        finally:
+            del self._inflight[key]
+        ttl = self.ttl if review.verdict is Verdict.ACCEPTED else self.negative_ttl
+        self._remember(key, review, self._now() + ttl)
+        future.set_result(review)
+        return review
+
+    def _remember(self, key: bytes, review: Review, expires: float) -> None:
+        self._cache[key] = (expires, review)
+        self._cache.move_to_end(key)
+        while len(self._cache) > self.max_entries:
+            self._cache.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._cache)
