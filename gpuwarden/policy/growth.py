@@ -201,8 +201,14 @@ def _clears(g: GpuGrowth, rule: MemoryGrowth) -> bool:
 
 
 def describe(g: GpuGrowth) -> str:
-    """``GPU memory grows 212Mi/m, fit 0.97; the card is full in 14m``."""
-    text = f"GPU memory grows {format_bytes(g.slope * 60)}/m, fit {g.fit:.2f}"
+    """``GPU memory grows 212Mi/m, fit 0.97; the card (80Gi) is full in 14m``."""
+    per_minute = g.slope * 60
+    if per_minute >= 2**10:
+        text = f"GPU memory grows {format_bytes(per_minute)}/m, fit {g.fit:.2f}"
+    elif per_minute <= -(2**10):
+        text = f"GPU memory shrinks {format_bytes(-per_minute)}/m, fit {g.fit:.2f}"
+    else:
+        return f"GPU memory is flat (fit {g.fit:.2f})"
     eta = g.seconds_to_full
     if eta is not None and g.total_bytes is not None:
         if eta <= 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from hypothesis import given, settings
@@ -152,7 +153,7 @@ def test_store_matches_a_plain_list_model(
     for i0 in range(n):
         expected_missing = any(mv is None for _, mv in model[i0:])
         assert window.has_missing(Column.GPU_UTIL, i0) == expected_missing
-    gaps = [b[0] - a[0] for a, b in zip(model, model[1:], strict=False)]
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(model)]
     longest = max((g for g in gaps if g > GAP_RECORD_SECONDS), default=0.0)
     assert window.longest_gap(model[0][0], model[-1][0]) == longest
 
