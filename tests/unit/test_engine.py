@@ -1,4 +1,4 @@
-"""PolicyEvaluator: selection, lifecycle, hysteresis, re-notification, snooze, spec updates, restore, replay."""
+"""PolicyEvaluator: selection, lifecycle, hysteresis, re-notification, snooze, spec edits, restore, replay."""
 
 from __future__ import annotations
 
@@ -80,9 +80,13 @@ class Scenario:
         self.evaluations: list[Evaluation] = []
 
     def pod(
-        self, name: str, reading: Reading, labels: dict[str, str] | None = None, **annotations: str
+        self,
+        name: str,
+        reading: Reading,
+        labels: dict[str, str] | None = None,
+        annotations: dict[str, str] | None = None,
     ) -> None:
-        view = PodView("ns", name, LLM if labels is None else labels, dict(annotations))
+        view = PodView("ns", name, LLM if labels is None else labels, annotations or {})
         self.pods[view.id] = (view, reading)
 
     def remove(self, name: str) -> None:
@@ -196,7 +200,7 @@ def test_snooze_silences_a_rule_until_the_time_given() -> None:
     sc = Scenario(PolicyEvaluator("ns/p", spec(IDLE, HOT)))
     sc.pod("a", sm(0.0))
     assert announced(sc.run(310)) == [(Transition.STARTED, "idle-gpu", "a")]
-    sc.pod("a", sm(0.0), **{"snooze.gpuwarden.dev/idle-gpu": until})
+    sc.pod("a", sm(0.0), annotations={"snooze.gpuwarden.dev/idle-gpu": until})
     snoozed = sc.run(10)
     assert announced(snoozed) == [(Transition.RESOLVED, "idle-gpu", "a")]
     assert snoozed[0].resolution is Resolution.SNOOZED
