@@ -1,0 +1,140 @@
+"""Which Events an evaluation calls for, and the book that keeps them from repeating."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpuwarden.operator import events
+from gpuwarden.operator.events import Announcer, EventSpec, Target, post
+from gpuwarden.policy.engine import Evaluation
+from gpuwarden.policy.findings import Finding, FindingTransition, Resolution, Transition
+from gpuwarden.policy.rules import RuleKind
+
+T0 = 1_800_000_000.0
+
+
+def finding(
+    pod: str = "p", kind: RuleKind = RuleKind.UTILIZATION_FLOOR, message: str = "3% over 5m"
+) -> Finding:
+    return Finding(
+        policy="ns/pol",
+        rule="idle",
+        kind=kind,
+        reason=kind.reason,
+        namespace="ns",
+        pod=pod,
+        gpus=("GPU-1",),
+        value=3.0,
+        threshold=20.0,
+        unit="percent",
+        started_at=T0,
+        message=message,
+    )
+
+
+def ev(*steps: FindingTransition) -> Evaluation:
+    return Evaluation(
+        at=steps[0].at if steps else T0, transitions=steps, active=(), matched_pods=(), violating_pods=()
+    )
+
+
+def step(
+    t: Transition, at: float, f: Finding | None = None, why: Resolution | None = None
+) -> FindingTransition:
+    return FindingTransition(t, f or finding(), at, why)
+
+
+def test_a_start_warns_on_the_pod_and_the_policy_with_the_figure_and_its_meaning() -> None:
+    book = Announcer("pol", renotify_seconds=3600)
+    planned = book.plan(ev(step(Transition.STARTED, T0)))
+    assert [(e.target, e.type, e.reason) for e in planned] == [
+        (Target.POD, "Warning", "GPUUnderutilized"),
+        (Target.POLICY, "Warning", "GPUUnderutilized"),
+    ]
+    assert "3% over 5m" in planned[0].message
+    assert "idle" in planned[0].message
+    assert "pol" in planned[0].message
+    assert "sit mostly idle" in planned[0].message
+    assert planned[1].message.startswith("pod p: ")
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        (RuleKind.UTILIZATION_FLOOR, "GPUUnderutilized"),
+        (RuleKind.UTILIZATION_CEILING, "GPUSaturated"),
+        (RuleKind.MEMORY_CEILING, "GPUMemoryNearLimit"),
+        (RuleKind.MEMORY_GROWTH, "GPUMemoryLeakSuspected"),
+    ],
+)
+def test_reasons_are_camel_case_per_kind(kind: RuleKind, reason: str) -> None:
+    book = Announcer("pol", renotify_seconds=3600)
+    f = finding(kind=kind)
+    started = book.plan(ev(step(Transition.STARTED, T0, f)))
+    resolved = book.plan(ev(step(Transition.RESOLVED, T0 + 60, f, Resolution.RECOVERED)))
+    assert {e.reason for e in started} == {reason}
+    assert {(e.type, e.reason) for e in resolved} == {("Normal", reason + "Resolved")}
+
+
+def test_ongoing_is_silent_and_renotify_says_still() -> None:
+    book = Announcer("pol", renotify_seconds=60)
+    book.plan(ev(step(Transition.STARTED, T0)))
+    assert book.plan(ev(step(Transition.ONGOING, T0 + 30))) == []
+    again = book.plan(ev(step(Transition.RENOTIFY, T0 + 60)))
+    assert [e.type for e in again] == ["Warning", "Warning"]
+    assert "still, for 1m" in again[0].message
+
+
+def test_a_repeated_start_or_an_early_renotify_is_not_announced() -> None:
+    book = Announcer("pol", renotify_seconds=60)
+    assert len(book.plan(ev(step(Transition.STARTED, T0)))) == 2
+    assert book.plan(ev(step(Transition.STARTED, T0 + 10))) == []
+    assert book.plan(ev(step(Transition.RENOTIFY, T0 + 59))) == []
+    assert len(book.plan(ev(step(Transition.RENOTIFY, T0 + 60)))) == 2
+
+
+def test_a_restart_restores_the_book_so_nothing_is_announced_again() -> None:
+    book = Announcer("pol", renotify_seconds=3600)
+    book.restore([finding(message="as announced before")], T0)
+    assert book.plan(ev(step(Transition.STARTED, T0 + 5))) == []
+    assert book.messages()[finding().key] == "as announced before"
+
+
+def test_resolution_says_why_and_a_gone_pod_gets_no_event() -> None:
+    book = Announcer("pol", renotify_seconds=3600)
+    book.plan(ev(step(Transition.STARTED, T0)))
+    recovered = book.plan(
+        ev(step(Transition.RESOLVED, T0 + 125, finding(message="63% over 5m"), Resolution.RECOVERED))
+    )
+    assert [e.target for e in recovered] == [Target.POD, Target.POLICY]
+    assert "resolved after 2m5s, back within the rule: 63% over 5m" in recovered[0].message
+    assert book.messages() == {}
+    book.plan(ev(step(Transition.STARTED, T0 + 200)))  # a new violation after the end is announced
+    gone = book.plan(ev(step(Transition.RESOLVED, T0 + 300, why=Resolution.POD_GONE)))
+    assert [e.target for e in gone] == [Target.POLICY]
+    assert "the pod is gone" in gone[0].message
+
+
+def test_events_off_plans_nothing_but_keeps_the_book() -> None:
+    book = Announcer("pol", renotify_seconds=3600)
+    assert book.plan(ev(step(Transition.STARTED, T0)), events=False) == []
+    assert finding().key in book.messages()
+
+
+def test_post_hands_events_to_kopf_and_skips_pods_that_are_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    posted: list[tuple[Any, str, str]] = []
+    monkeypatch.setattr(
+        events.kopf, "event", lambda obj, *, type, reason, message: posted.append((obj, type, reason))
+    )
+    policy = {"apiVersion": "gpuwarden.dev/v1alpha1", "kind": "GPUMonitorPolicy", "metadata": {"name": "pol"}}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns", "uid": "u"}}
+    specs = [
+        EventSpec(Target.POD, "p", "Warning", "GPUSaturated", "m"),
+        EventSpec(Target.POD, "gone", "Warning", "GPUSaturated", "m"),
+        EventSpec(Target.POLICY, "gone", "Warning", "GPUSaturated", "m"),
+    ]
+    queued = post(specs, policy=policy, pods={"p": pod})
+    assert queued == [specs[0], specs[2]]
+    assert [o for o, _, _ in posted] == [pod, policy]
