@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuwarden.agent.snapshots import SnapshotRing
 
@@ -25,11 +25,14 @@ RING = web.AppKey("ring", SnapshotRing)
 
 CleanupContext = Callable[[web.Application], AsyncIterator[None]]
 
+# What generate_latest writes when no format is negotiated; every Prometheus version reads it.
+TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"
+
 
 async def _metrics(request: web.Request) -> web.Response:
     # The collectors only read the latest snapshot: cheap enough for the event loop.
     body = generate_latest(request.app[REGISTRY])
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    return web.Response(body=body, headers={"Content-Type": TEXT_FORMAT})
 
 
 async def _healthz(request: web.Request) -> web.Response:

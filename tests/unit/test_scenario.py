@@ -87,7 +87,8 @@ def test_leak_rate_as_a_plain_number_is_per_minute() -> None:
 
 def test_staircase_steps_then_plateaus() -> None:
     spec = one_gpu(memory=[{"kind": "staircase", "start": "4Gi", "step": "16Gi", "every": "90s", "steps": 4}])
-    assert [memory_at(spec, t) // GI for t in (0, 89, 90, 180, 270, 271, 3000)] == [20, 20, 36, 52, 68, 68, 68]
+    steps = [memory_at(spec, t) // GI for t in (0, 89, 90, 180, 270, 271, 3000)]
+    assert steps == [20, 20, 36, 52, 68, 68, 68]
 
 
 def test_sawtooth_ramps_and_drops_back() -> None:
@@ -108,8 +109,10 @@ def test_values_are_clamped_to_what_a_device_can_read() -> None:
     scenario = parse_scenario(spec)
     for t in range(0, 300, 7):
         (sample,) = scenario.gpu_samples(t)
-        assert sample.utilization_gpu is not None and sample.utilization_gpu <= 100
-        assert sample.memory_used_bytes is not None and sample.memory_used_bytes <= 80 * GI
+        assert sample.utilization_gpu is not None
+        assert sample.utilization_gpu <= 100
+        assert sample.memory_used_bytes is not None
+        assert sample.memory_used_bytes <= 80 * GI
 
 
 def test_lost_then_recover() -> None:
@@ -296,9 +299,11 @@ def test_demo_tells_its_four_stories() -> None:
     assert 0.9 < leak_gpu.memory_used_bytes / leak_gpu.memory_total_bytes < 0.99
     # a caching allocator: steps early, then flat for the rest of the run
     cache = series("vision-train-0", "memory_used_bytes")
-    assert cache[0] < cache[30] and max(cache[30:]) - min(cache[30:]) < 64 * MI
+    assert cache[0] < cache[30]
+    assert max(cache[30:]) - min(cache[30:]) < 64 * MI
     # a saturated server: ~98% busy and SM activity above 95%
-    assert statistics.mean(series("llm-server-7d9f8b6c4-x2x7q", "utilization_gpu")) == pytest.approx(98, abs=1)
+    server = "llm-server-7d9f8b6c4-x2x7q"
+    assert statistics.mean(series(server, "utilization_gpu")) == pytest.approx(98, abs=1)
     assert min(series("llm-server-7d9f8b6c4-x2x7q", "sm_active")) > 93
 
 
