@@ -1,0 +1,343 @@
+"""Deliver snapshots to the operator as NodeReports, surviving the operator's absences.
+
+:meth:`ReportSender.submit` never blocks: it files the snapshot in a bounded buffer
+(oldest dropped first, and counted). :meth:`ReportSender.run` posts everything
+buffered once per interval, oldest first, split into reports of at most
+:data:`~gpuwarden.nodereport.MAX_SNAPSHOTS_PER_REPORT`. A snapshot leaves the buffer
+only when the operator answered 2xx for it, or refused it as malformed (4xx).
+
+What happens on each answer:
+
+- 2xx: delivered;
+- 401, 403: retried; the token is re-read for every attempt (the kubelet rotates it);
+- 408, 429, 5xx, connection errors, timeouts: retried with capped exponential backoff
+  and full jitter, honouring ``Retry-After``;
+- 413: the report is halved and the halves sent in order; later reports stay that small;
+- any other 4xx: the report itself is bad and retrying cannot help: dropped, counted, logged.
+
+A retry resends the same ``seq`` with the same snapshots (or, if the buffer overflowed
+meanwhile, a suffix of them), so the operator can drop duplicates after a lost answer.
+Snapshots are buffered as JSON: about 5 kB each for 8 GPUs, a seventh of the models.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from gpuwarden.nodereport import MAX_SNAPSHOTS_PER_REPORT, SCHEMA_VERSION, Snapshot
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BUFFER_LIMIT = 900
+"""15 minutes at 1 Hz: about 4.5 MB of JSON for 8 GPUs, inside the agent's memory budget."""
+
+DROP_REASONS = ("buffer_full", "rejected")
+"""``buffer_full``: pushed out by newer snapshots; ``rejected``: in a report the operator refused (4xx)."""
+
+ERROR_REASONS = (
+    "connection",  # refused, reset, DNS: the operator is away
+    "timeout",
+    "token",  # the ServiceAccount token file could not be read
+    "unauthorized",  # 401/403
+    "throttled",  # 429
+    "server_error",  # 5xx, 408
+    "too_large",  # 413: the report was split
+    "rejected",  # another 4xx: the report was dropped
+    "unexpected_status",  # 1xx/3xx: a misrouted URL
+)
+"""Why a POST did not deliver its report (``gpuwarden_agent_report_errors_total{reason}``)."""
+
+
+@dataclass
+class _Report:
+    """A report being delivered: its ``seq`` is fixed at creation, so retries are recognisable."""
+
+    seq: int
+    parts: deque[bytes] = field(default_factory=deque)
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    delivered: bool = False
+    retry: bool = False
+    retry_after: float | None = None
+    split: bool = False
+
+
+class ReportSender:
+    """Buffers snapshots and posts them to the operator's ingestion endpoint.
+
+    ``url``: the endpoint (e.g. ``https://gpuwarden-operator.gpuwarden.svc:8443/v1/reports``).
+    ``node``: this node's name, as the report's ``node``.
+    ``token_path``: the projected ServiceAccount token, re-read for every POST; None sends none.
+    ``registry``: where the ``gpuwarden_agent_report*`` metrics go.
+    ``session_factory``: builds the HTTP session when :meth:`run` starts (TLS settings live there).
+    ``rng``: the jitter's random source, for tests.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        node: str,
+        token_path: str | os.PathLike[str] | None,
+        *,
+        registry: CollectorRegistry,
+        interval: float = 1.0,
+        buffer_limit: int = DEFAULT_BUFFER_LIMIT,
+        timeout: float = 10.0,
+        backoff_base: float = 0.5,
+        backoff_cap: float = 30.0,
+        session_factory: Callable[[], aiohttp.ClientSession] | None = None,
+        agent_id: str | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if interval <= 0 or buffer_limit < 1 or backoff_base <= 0 or backoff_cap < backoff_base:
+            raise ValueError(
+                "interval, buffer_limit and backoff must be positive, backoff_cap >= backoff_base"
+            )
+        self.url = url
+        self.node = node
+        self.agent_id = agent_id or uuid.uuid4().hex
+        self.buffer_limit = buffer_limit
+        self._token_path = Path(token_path) if token_path is not None else None
+        self._interval = interval
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._backoff_base = backoff_base
+        self._backoff_cap = backoff_cap
+        self._session_factory = session_factory or aiohttp.ClientSession
+        self._rng = rng or random.Random()
+        self._pending: deque[bytes] = deque()
+        self._inflight: _Report | None = None
+        self._next_seq = 0
+        self._max_batch = MAX_SNAPSHOTS_PER_REPORT
+        self._failures = 0  # consecutive failed POSTs: drives the backoff and the logging
+        self._session: aiohttp.ClientSession | None = None
+        self._lock = (
+            asyncio.Lock()
+        )  # one delivery at a time: run's rounds and flush share the in-flight report
+        self._running = False
+
+        self._buffer_gauge = Gauge(
+            "gpuwarden_agent_report_buffer_snapshots",
+            "Snapshots waiting to be delivered to the operator.",
+            registry=registry,
+        )
+        limit_gauge = Gauge(
+            "gpuwarden_agent_report_buffer_limit",
+            "Snapshots the report buffer holds before dropping the oldest.",
+            registry=registry,
+        )
+        limit_gauge.set(buffer_limit)
+        self._dropped = Counter(
+            "gpuwarden_agent_report_dropped_snapshots_total",
+            "Snapshots never delivered, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self._sent = Counter(
+            "gpuwarden_agent_reports_sent_total",
+            "Reports the operator accepted.",
+            registry=registry,
+        )
+        self._errors = Counter(
+            "gpuwarden_agent_report_errors_total",
+            "Report POSTs that did not deliver, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        # Pre-created so that every series reads 0 before the first event.
+        for reason in DROP_REASONS:
+            self._dropped.labels(reason)
+        for reason in ERROR_REASONS:
+            self._errors.labels(reason)
+
+    @property
+    def buffered(self) -> int:
+        """Snapshots not yet delivered, including those of the report in flight."""
+        return len(self._pending) + (len(self._inflight.parts) if self._inflight else 0)
+
+    def submit(self, snapshot: Snapshot) -> None:
+        """Queue a snapshot for the next report; never blocks. Over the limit, the oldest goes."""
+        self._pending.append(snapshot.model_dump_json(by_alias=True, exclude_none=True).encode())
+        excess = self.buffered - self.buffer_limit
+        for _ in range(max(0, excess)):
+            # The report in flight holds the oldest snapshots; a retry sends what is left of it.
+            if self._inflight is not None and self._inflight.parts:
+                self._inflight.parts.popleft()
+            else:
+                self._pending.popleft()
+        if excess > 0:
+            self._dropped.labels("buffer_full").inc(excess)
+        self._buffer_gauge.set(self.buffered)
+
+    async def run(self) -> None:
+        """Deliver every ``interval`` until cancelled; a backlog goes out in full reports back to back."""
+        loop = asyncio.get_running_loop()
+        self._running = True
+        try:
+            next_tick = loop.time() + self._interval
+            while True:
+                await asyncio.sleep(max(0.0, next_tick - loop.time()))
+                async with self._lock:
+                    await self._deliver(drain=False)
+                # a long outage does not bunch up missed ticks: resume on the interval's grid
+                next_tick += self._interval * max(1, int((loop.time() - next_tick) // self._interval) + 1)
+        finally:
+            self._running = False
+            await self._close_session()
+
+    async def flush(self) -> None:
+        """Return once everything submitted so far is delivered (or dropped), retrying as :meth:`run` does.
+
+        Alongside :meth:`run`, it waits for the round in progress and then sends what is
+        left; at shutdown, after cancelling :meth:`run`, bound it with a timeout.
+        """
+        async with self._lock:
+            try:
+                await self._deliver(drain=True)
+            finally:
+                if not self._running:
+                    await self._close_session()
+
+    async def _deliver(self, *, drain: bool) -> None:
+        """Send reports until the buffer is empty or, unless draining, only this round's arrivals are left."""
+        if self._session is None:
+            self._session = self._session_factory()
+        while (report := self._next_report()) is not None:
+            size = len(report.parts)
+            outcome = await self._post(self._session, report)
+            if outcome.retry:
+                await asyncio.sleep(self._backoff(outcome.retry_after))
+                continue
+            if outcome.split:
+                continue
+            self._inflight = None
+            self._buffer_gauge.set(self.buffered)
+            if outcome.delivered and size < self._max_batch and not drain:
+                return
+
+    async def _close_session(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _next_report(self) -> _Report | None:
+        if self._inflight is not None and not self._inflight.parts:
+            self._inflight = None  # all of it was pushed out of the buffer while it waited
+        if self._inflight is None and self._pending:
+            batch = deque(self._pending.popleft() for _ in range(min(self._max_batch, len(self._pending))))
+            self._inflight = _Report(self._next_seq, batch)
+            self._next_seq += 1
+        return self._inflight
+
+    def _body(self, report: _Report) -> bytes:
+        # The envelope is written around the buffered snapshot JSON rather than re-serialising
+        # every snapshot through NodeReport; the tests check it against parse_report.
+        envelope = json.dumps(
+            {"schemaVersion": SCHEMA_VERSION, "node": self.node, "agentId": self.agent_id, "seq": report.seq},
+            separators=(",", ":"),
+        )
+        return b"".join((envelope[:-1].encode(), b',"snapshots":[', b",".join(report.parts), b"]}"))
+
+    async def _post(self, session: aiohttp.ClientSession, report: _Report) -> _Outcome:
+        headers = {"Content-Type": "application/json"}
+        if self._token_path is not None:
+            try:
+                headers["Authorization"] = f"Bearer {_read_token(self._token_path)}"
+            except OSError as exc:
+                return self._failed("token", f"cannot read the token {self._token_path}: {exc}")
+        body = self._body(report)
+        try:
+            async with session.post(
+                self.url, data=body, headers=headers, timeout=self._timeout, allow_redirects=False
+            ) as response:
+                status = response.status
+                text = (await response.text(errors="replace"))[:500] if status >= 300 else ""
+                retry_after = _retry_after(response.headers.get("Retry-After"))
+        except TimeoutError:
+            return self._failed("timeout", f"no answer from {self.url} within {self._timeout.total} s")
+        except aiohttp.ClientError as exc:
+            return self._failed("connection", f"{self.url}: {type(exc).__name__}: {exc}")
+        return self._answer(report, status, text, retry_after)
+
+    def _answer(self, report: _Report, status: int, text: str, retry_after: float | None) -> _Outcome:
+        size = len(report.parts)
+        if 200 <= status < 300:
+            if self._failures:
+                log.info("operator reachable again after %d failed attempts", self._failures)
+            self._failures = 0
+            self._sent.inc()
+            return _Outcome(delivered=True)
+        if status in (401, 403):
+            return self._failed("unauthorized", f"HTTP {status}: {text}")
+        if status == 429:
+            return self._failed("throttled", f"HTTP 429: {text}", retry_after)
+        if status == 408 or status >= 500:
+            return self._failed("server_error", f"HTTP {status}: {text}", retry_after)
+        if status == 413 and size > 1:
+            self._errors.labels("too_large").inc()
+            self._max_batch = max(1, size // 2)
+            log.warning(
+                "operator refused a report of %d snapshots as too large; sending at most %d from now on",
+                size,
+                self._max_batch,
+            )
+            # the second half goes back to the front of the queue, in order, for a report of its own
+            while len(report.parts) > self._max_batch:
+                self._pending.appendleft(report.parts.pop())
+            return _Outcome(split=True)
+        if 400 <= status < 500:
+            self._errors.labels("rejected").inc()
+            self._dropped.labels("rejected").inc(size)
+            log.error(
+                "operator rejected report seq=%d (%d snapshots) with HTTP %d, dropping it: %s",
+                report.seq,
+                size,
+                status,
+                text,
+            )
+            return _Outcome()
+        return self._failed("unexpected_status", f"HTTP {status} from {self.url}: {text}")
+
+    def _failed(self, reason: str, message: str, retry_after: float | None = None) -> _Outcome:
+        self._errors.labels(reason).inc()
+        self._failures += 1
+        # The first failure of a streak is news; the next ones are the same news.
+        level = logging.WARNING if self._failures == 1 else logging.DEBUG
+        log.log(level, "report not delivered (%s), %d snapshots buffered: %s", reason, self.buffered, message)
+        return _Outcome(retry=True, retry_after=retry_after)
+
+    def _backoff(self, retry_after: float | None) -> float:
+        """Full jitter over a capped exponential; the server's Retry-After wins, within the cap."""
+        if retry_after is not None:
+            return min(retry_after, self._backoff_cap)
+        ceiling = min(self._backoff_cap, self._backoff_base * 2 ** min(self._failures - 1, 30))
+        return self._rng.uniform(0, ceiling)
+
+
+def _read_token(path: Path) -> str:
+    # A small file on a tmpfs the kubelet rewrites in place: read it whole, every time.
+    return path.read_text().strip()
+
+
+def _retry_after(value: str | None) -> float | None:
+    """``Retry-After`` in seconds; the HTTP-date form is not used by our operator and is ignored."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if seconds >= 0 else None
