@@ -97,7 +97,7 @@ Container image reference. Call with (dict "ctx" $ "image" .Values.operator.imag
 the chart's appVersion, and a digest, when set, wins over the tag.
 */}}
 {{- define "gpuwarden.image" -}}
-{{- $registry := default .ctx.Values.global.imageRegistry .image.registry }}
+{{- $registry := default .image.registry .ctx.Values.global.imageRegistry }}
 {{- $repository := .image.repository }}
 {{- if $registry }}
 {{- $repository = printf "%s/%s" $registry .image.repository }}
