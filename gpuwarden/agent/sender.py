@@ -43,6 +43,11 @@ log = logging.getLogger(__name__)
 DEFAULT_BUFFER_LIMIT = 900
 """15 minutes at 1 Hz: about 4.5 MB of JSON for 8 GPUs, inside the agent's memory budget."""
 
+DEFAULT_MAX_REPORT_BYTES = 8 * 1024 * 1024
+"""The operator's default ``--max-body-bytes`` (8Mi): larger bodies would only earn a 413."""
+
+_ENVELOPE_BYTES = 1024  # room for everything in a body but the snapshots
+
 DROP_REASONS = ("buffer_full", "rejected")
 """``buffer_full``: pushed out by newer snapshots; ``rejected``: in a report the operator refused (4xx)."""
 
@@ -66,6 +71,8 @@ class _Report:
 
     seq: int
     parts: deque[bytes] = field(default_factory=deque)
+    more: bool = False
+    """Whether snapshots were left behind when it was built: a backlog, to send right after."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,7 @@ class ReportSender:
         registry: CollectorRegistry,
         interval: float = 1.0,
         buffer_limit: int = DEFAULT_BUFFER_LIMIT,
+        max_report_bytes: int = DEFAULT_MAX_REPORT_BYTES,
         timeout: float = 10.0,
         backoff_base: float = 0.5,
         backoff_cap: float = 30.0,
@@ -107,6 +115,8 @@ class ReportSender:
             raise ValueError(
                 "interval, buffer_limit and backoff must be positive, backoff_cap >= backoff_base"
             )
+        if max_report_bytes <= _ENVELOPE_BYTES:
+            raise ValueError(f"max_report_bytes must be more than {_ENVELOPE_BYTES}")
         self.url = url
         self.node = node
         self.agent_id = agent_id or uuid.uuid4().hex
@@ -122,6 +132,7 @@ class ReportSender:
         self._inflight: _Report | None = None
         self._next_seq = 0
         self._max_batch = MAX_SNAPSHOTS_PER_REPORT
+        self._max_bytes = max_report_bytes - _ENVELOPE_BYTES
         self._failures = 0  # consecutive failed POSTs: drives the backoff and the logging
         self._session: aiohttp.ClientSession | None = None
         self._lock = (
@@ -216,7 +227,6 @@ class ReportSender:
         if self._session is None:
             self._session = self._session_factory()
         while (report := self._next_report()) is not None:
-            size = len(report.parts)
             outcome = await self._post(self._session, report)
             if outcome.retry:
                 await asyncio.sleep(self._backoff(outcome.retry_after))
@@ -225,7 +235,7 @@ class ReportSender:
                 continue
             self._inflight = None
             self._buffer_gauge.set(self.buffered)
-            if outcome.delivered and size < self._max_batch and not drain:
+            if outcome.delivered and not report.more and not drain:
                 return
 
     async def _close_session(self) -> None:
@@ -237,10 +247,21 @@ class ReportSender:
         if self._inflight is not None and not self._inflight.parts:
             self._inflight = None  # all of it was pushed out of the buffer while it waited
         if self._inflight is None and self._pending:
-            batch = deque(self._pending.popleft() for _ in range(min(self._max_batch, len(self._pending))))
-            self._inflight = _Report(self._next_seq, batch)
-            self._next_seq += 1
+            self._inflight = self._take_report()
         return self._inflight
+
+    def _take_report(self) -> _Report:
+        """The oldest pending snapshots, as many as fit the count and byte limits (at least one)."""
+        report = _Report(self._next_seq)
+        self._next_seq += 1
+        size = 0
+        while self._pending and len(report.parts) < self._max_batch:
+            size += len(self._pending[0]) + 1  # and its comma
+            if report.parts and size > self._max_bytes:
+                break
+            report.parts.append(self._pending.popleft())
+        report.more = bool(self._pending)
+        return report
 
     def _body(self, report: _Report) -> bytes:
         # The envelope is written around the buffered snapshot JSON rather than re-serialising
@@ -297,6 +318,7 @@ class ReportSender:
             # the second half goes back to the front of the queue, in order, for a report of its own
             while len(report.parts) > self._max_batch:
                 self._pending.appendleft(report.parts.pop())
+            report.more = True
             return _Outcome(split=True)
         if 400 <= status < 500:
             self._errors.labels("rejected").inc()

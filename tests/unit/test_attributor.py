@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -325,6 +326,41 @@ async def test_kubelet_away_keeps_the_last_allocations(node: CgroupReader) -> No
 
     assert attributor.pod_resources_state is PodResourcesState.SOCKET_MISSING
     assert attributor.annotate(snapshot(gpu(GPU2, 2))).gpus[0].pods == [ref("idle-0", "main")]
+
+
+class FailingDirectory(Directory):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail = True
+
+    async def refresh(self) -> None:
+        await super().refresh()
+        if self.fail:
+            raise RuntimeError("HTTP 403: pods is forbidden")
+
+
+async def test_outages_are_logged_once_not_every_refresh(
+    node: CgroupReader, caplog: pytest.LogCaptureFixture
+) -> None:
+    source = StaticAllocations()
+    source.fail = PodResourcesState.UNAVAILABLE
+    directory = FailingDirectory()
+    attributor = PodAttributor(source, cgroups=node, pod_lookup=directory)
+
+    with caplog.at_level(logging.INFO, logger="gpuwarden.agent.attribution"):
+        for _ in range(3):
+            await attributor.refresh()
+        source.fail = None
+        directory.fail = False
+        await attributor.refresh()
+
+    assert directory.refreshes == 4
+    assert [(r.levelname, r.getMessage().split(":")[0]) for r in caplog.records] == [
+        ("WARNING", "PodResources"),
+        ("WARNING", "pod list"),
+        ("INFO", "PodResources"),
+        ("INFO", "pod list"),
+    ]
 
 
 async def test_no_kubelet_at_all(node: CgroupReader) -> None:

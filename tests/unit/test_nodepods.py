@@ -150,14 +150,26 @@ async def test_token_missing(api: tuple[FakeApiServer, str], tmp_path: Path) -> 
     assert api[0].requests == []
 
 
-def test_in_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    with pytest.raises(NodePodsError, match="KUBERNETES_SERVICE_HOST"):
-        NodePods.in_cluster("n")
-
+def test_in_cluster(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("t")
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
-    assert NodePods.in_cluster("n").url == "https://10.96.0.1:443/api/v1/pods"
+    pods = NodePods.in_cluster("n", service_account_dir=tmp_path)
+    assert pods is not None
+    assert pods.url == "https://10.96.0.1:443/api/v1/pods"
 
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "fd00::1")
-    assert NodePods.in_cluster("n").url == "https://[fd00::1]:443/api/v1/pods"
+    pods = NodePods.in_cluster("n", service_account_dir=tmp_path)
+    assert pods is not None
+    assert pods.url == "https://[fd00::1]:443/api/v1/pods"
+
+
+def test_no_pod_list_without_a_token_or_a_cluster(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # The chart mounts the API token only with agent.podList.enabled; the env is there regardless.
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    assert NodePods.in_cluster("n", service_account_dir=tmp_path) is None
+
+    (tmp_path / "token").write_text("t")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
+    assert NodePods.in_cluster("n", service_account_dir=tmp_path) is None

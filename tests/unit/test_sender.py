@@ -434,6 +434,27 @@ async def test_too_large_reports_are_split_and_stay_small(
 
 
 @pytest.mark.looptime
+async def test_reports_stay_under_the_body_limit(
+    operator: Operator, make_sender: Callable[..., ReportSender], registry: CollectorRegistry
+) -> None:
+    part = len(snap(0).model_dump_json(by_alias=True, exclude_none=True)) + 1  # and a comma
+    limit = 1024 + 3 * part  # the envelope's allowance and three snapshots
+    sender = make_sender(start=False, max_report_bytes=limit)
+    for i in range(8):
+        sender.submit(snap(i))
+    task = asyncio.create_task(sender.run())
+    try:
+        await operator.wait_for(lambda: sum(len(r.snapshots) for r in operator.delivered) == 8)
+    finally:
+        task.cancel()
+
+    assert [(r.status, len(r.report.snapshots)) for r in operator.requests] == [(200, 3), (200, 3), (200, 2)]
+    assert all(len(r.body) <= limit for r in operator.requests)
+    assert len({r.at for r in operator.requests}) == 1  # one round, back to back
+    assert numbers(operator.delivered) == list(range(8))
+
+
+@pytest.mark.looptime
 async def test_a_backlog_goes_out_in_full_reports_back_to_back(
     operator: Operator, make_sender: Callable[..., ReportSender]
 ) -> None:
@@ -507,8 +528,14 @@ def test_submit_needs_no_loop_and_never_blocks(registry: CollectorRegistry) -> N
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"interval": 0}, {"buffer_limit": 0}, {"backoff_base": 0}, {"backoff_base": 2.0, "backoff_cap": 1.0}],
+    [
+        {"interval": 0},
+        {"buffer_limit": 0},
+        {"backoff_base": 0},
+        {"backoff_base": 2.0, "backoff_cap": 1.0},
+        {"max_report_bytes": 1000},
+    ],
 )
 def test_rejects_nonsense_settings(registry: CollectorRegistry, kwargs: dict[str, Any]) -> None:
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(ValueError, match="must be"):
         ReportSender("http://operator/v1/reports", "n", None, registry=registry, **kwargs)

@@ -92,6 +92,7 @@ class PodAttributor:
         self._pids_seen: set[int] = set()
         # UIDs attributed through the sole-holder rule, so that their host memory can be named.
         self._learned: dict[str, PodRef] = {}
+        self._lookup_failing = False  # so that an outage is logged once, not every refresh
 
     @property
     def pod_resources_state(self) -> PodResourcesState:
@@ -110,7 +111,13 @@ class PodAttributor:
             try:
                 await self._lookup.refresh()
             except Exception as exc:  # any failure of an optional source: keep what it knew
-                log.warning("pod list: %s; keeping the pods last seen", exc)
+                if not self._lookup_failing:
+                    log.warning("pod list: %s; keeping the pods last seen", exc)
+                self._lookup_failing = True
+            else:
+                if self._lookup_failing:
+                    log.info("pod list: listing works again")
+                self._lookup_failing = False
         # a UID learned through the sole-holder rule stays valid while its pod is on the node
         self._learned = {
             uid: ref

@@ -8,6 +8,7 @@ selector ``spec.nodeName`` narrows the answer, not the permission).
 
 from __future__ import annotations
 
+import logging
 import os
 import ssl
 from collections.abc import Callable
@@ -17,6 +18,8 @@ import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpuwarden.nodereport import PodRef
+
+log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -89,16 +92,37 @@ class NodePods:
         self._containers: dict[str, str] = {}
 
     @classmethod
-    def in_cluster(cls, node: str, *, timeout: float = 10.0) -> NodePods:
-        """Talk to the API server the pod runs under, as its ServiceAccount (the mounted token and CA)."""
-        try:
-            host = os.environ["KUBERNETES_SERVICE_HOST"]
-            port = os.environ["KUBERNETES_SERVICE_PORT"]
-        except KeyError as exc:
-            raise NodePodsError(f"not running in a cluster: {exc.args[0]} is not set") from None
+    def in_cluster(
+        cls,
+        node: str,
+        *,
+        timeout: float = 10.0,
+        service_account_dir: str | os.PathLike[str] = SERVICE_ACCOUNT_DIR,
+    ) -> NodePods | None:
+        """Talk to the API server the pod runs under, as its ServiceAccount (the mounted token and CA).
+
+        None, logged once, when there is no API server or no token to reach it with (the
+        chart mounts one only with ``agent.podList.enabled``): attribution then relies on
+        PodResources alone, which is a configuration, not an error.
+        """
+        host = os.environ.get("KUBERNETES_SERVICE_HOST")
+        port = os.environ.get("KUBERNETES_SERVICE_PORT")
+        account = Path(service_account_dir)
+        if not host or not port:
+            log.info("not in a cluster (no KUBERNETES_SERVICE_HOST/PORT): no pod list")
+            return None
+        if not (account / "token").exists():
+            log.info("no API token at %s: no pod list; pods are attributed through PodResources", account)
+            return None
         if ":" in host:  # an IPv6 address
             host = f"[{host}]"
-        return cls(node, f"https://{host}:{port}", timeout=timeout)
+        return cls(
+            node,
+            f"https://{host}:{port}",
+            token_path=account / "token",
+            ca_path=account / "ca.crt",
+            timeout=timeout,
+        )
 
     @property
     def url(self) -> str:
