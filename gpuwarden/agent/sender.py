@@ -3,8 +3,10 @@
 :meth:`ReportSender.submit` never blocks: it files the snapshot in a bounded buffer
 (oldest dropped first, and counted). :meth:`ReportSender.run` posts everything
 buffered once per interval, oldest first, split into reports of at most
-:data:`~gpuwarden.nodereport.MAX_SNAPSHOTS_PER_REPORT`. A snapshot leaves the buffer
-only when the operator answered 2xx for it, or refused it as malformed (4xx).
+:data:`~gpuwarden.nodereport.MAX_SNAPSHOTS_PER_REPORT` snapshots and of at most the
+operator's body limit. A snapshot leaves the buffer only when the operator answered
+2xx for it, or refused it as malformed (4xx). :meth:`ReportSender.flush` delivers
+what is left at shutdown.
 
 What happens on each answer:
 
@@ -90,7 +92,9 @@ class ReportSender:
     ``node``: this node's name, as the report's ``node``.
     ``token_path``: the projected ServiceAccount token, re-read for every POST; None sends none.
     ``registry``: where the ``gpuwarden_agent_report*`` metrics go.
-    ``session_factory``: builds the HTTP session when :meth:`run` starts (TLS settings live there).
+    ``buffer_limit``: snapshots kept while the operator is away; ``max_report_bytes``: the
+    operator's ``--max-body-bytes``.
+    ``session_factory``: builds the HTTP session on first delivery (TLS settings live there).
     ``rng``: the jitter's random source, for tests.
     """
 
@@ -135,9 +139,8 @@ class ReportSender:
         self._max_bytes = max_report_bytes - _ENVELOPE_BYTES
         self._failures = 0  # consecutive failed POSTs: drives the backoff and the logging
         self._session: aiohttp.ClientSession | None = None
-        self._lock = (
-            asyncio.Lock()
-        )  # one delivery at a time: run's rounds and flush share the in-flight report
+        # One delivery at a time: run's rounds and flush share the report in flight.
+        self._lock = asyncio.Lock()
         self._running = False
 
         self._buffer_gauge = Gauge(
