@@ -208,32 +208,61 @@ class Window:
 
     # -- writing, through SeriesStore only --
 
-    def _append(self, point: Point) -> None:
+    def _append(self, point: Point, cutoff: float) -> int:
+        """Append if newer than the last point; drop points older than ``cutoff``.
+
+        Returns -1 when the point was refused (not newer, or not finite), else
+        how many points reaching ``max_points`` pushed out (0 or 1). Unrolled and
+        local-heavy: it runs once per sample per GPU.
+        """
         t = point.t
         times = self._t
-        if times and t - times[-1] > GAP_RECORD_SECONDS:
+        last = times[-1] if times else -math.inf
+        if not last < t < math.inf:
+            return -1
+        if t - last > GAP_RECORD_SECONDS and times:
             self._gap_end.append(t)
-            self._gap_len.append(t - times[-1])
+            self._gap_len.append(t - last)
         index = len(times)
         times.append(t)
-        cols = self._cols
+        gpu_util, sm_active, mem_used, power_w = self._cols
         last_nan = self._last_nan
-        for column, value in (
-            (Column.GPU_UTIL, point.gpu_util),
-            (Column.SM_ACTIVE, point.sm_active),
-            (Column.MEM_USED, point.mem_used),
-            (Column.POWER_W, point.power_w),
-        ):
-            if value is None or value != value:
-                cols[column].append(math.nan)
-                last_nan[column] = index
-            else:
-                cols[column].append(value)
+        v = point.gpu_util
+        if v is None or v != v:
+            gpu_util.append(math.nan)
+            last_nan[0] = index
+        else:
+            gpu_util.append(v)
+        v = point.sm_active
+        if v is None or v != v:
+            sm_active.append(math.nan)
+            last_nan[1] = index
+        else:
+            sm_active.append(v)
+        v = point.mem_used
+        if v is None or v != v:
+            mem_used.append(math.nan)
+            last_nan[2] = index
+        else:
+            mem_used.append(v)
+        v = point.power_w
+        if v is None or v != v:
+            power_w.append(math.nan)
+            last_nan[3] = index
+        else:
+            power_w.append(v)
         if point.mem_total is not None:
             self.mem_total = point.mem_total
-        if index + 1 - self._head > self.max_points:
-            self._head = index + 1 - self.max_points
+        evicted = 0
+        head = self._head
+        if index + 1 - head > self.max_points:
+            head = self._head = index + 1 - self.max_points
+            evicted = 1
+        if times[head] < cutoff:
+            self._head = bisect_left(times, cutoff, head)
+        if self._head >= self._slack:
             self._compact_if_due()
+        return evicted
 
     def _drop_before(self, cutoff: float) -> int:
         """Drop points older than ``cutoff``; return how many."""
@@ -290,35 +319,34 @@ class SeriesStore:
             raise ValueError("retention_seconds must be > 0 and max_points >= 1")
         self.retention_seconds = retention_seconds
         self.max_points = max_points
-        self._pods: dict[PodId, dict[str, Window]] = {}
+        self._pods: dict[tuple[str, str], dict[str, Window]] = {}
         self._ignored = 0
         self._evicted = 0
 
     def add(self, key: SeriesKey, point: Point) -> bool:
         """Append ``point`` to ``key``'s series; False (and counted) when it is not newer than the last."""
-        if not math.isfinite(point.t):
-            self._ignored += 1
-            return False
-        pod = PodId(key.namespace, key.pod)
-        gpus = self._pods.get(pod)
+        namespace, pod, gpu = key
+        # Plain tuples as keys: no PodId to build per point.
+        gpus = self._pods.get((namespace, pod))
         if gpus is None:
-            gpus = self._pods[pod] = {}
-        window = gpus.get(key.gpu)
+            gpus = self._pods[namespace, pod] = {}
+        window = gpus.get(gpu)
         if window is None:
-            window = gpus[key.gpu] = Window(self.max_points)
-        last = window.last_time
-        if last is not None and point.t <= last:
+            window = gpus[gpu] = Window(self.max_points)
+        outcome = window._append(point, point.t - self.retention_seconds)
+        if outcome < 0:
             self._ignored += 1
+            if not window:
+                self._drop_empty((namespace, pod), gpu)
             return False
-        before = len(window)
-        window._append(point)
-        if len(window) == before:
-            self._evicted += 1
-        first = window.first_time
-        cutoff = point.t - self.retention_seconds
-        if first is not None and first < cutoff:
-            window._drop_before(cutoff)
+        self._evicted += outcome
         return True
+
+    def _drop_empty(self, pod: tuple[str, str], gpu: str) -> None:
+        gpus = self._pods[pod]
+        del gpus[gpu]
+        if not gpus:
+            del self._pods[pod]
 
     def extend(self, items: Iterable[tuple[SeriesKey, Point]]) -> int:
         """Add ``(key, point)`` pairs, as :mod:`gpuwarden.policy.intake` yields them; return how many."""
@@ -326,29 +354,29 @@ class SeriesStore:
 
     def pods(self) -> list[PodId]:
         """Pods with at least one series, in no particular order."""
-        return list(self._pods)
+        return [PodId(*pod) for pod in self._pods]
 
     def series_of(self, namespace: str, pod: str) -> list[tuple[SeriesKey, Window]]:
         """The pod's series, ordered by GPU id (empty when the pod has none)."""
-        gpus = self._pods.get(PodId(namespace, pod))
+        gpus = self._pods.get((namespace, pod))
         if not gpus:
             return []
         return [(SeriesKey(namespace, pod, gpu), gpus[gpu]) for gpu in sorted(gpus)]
 
     def window(self, key: SeriesKey) -> Window | None:
         """One series, or None."""
-        gpus = self._pods.get(PodId(key.namespace, key.pod))
+        gpus = self._pods.get((key.namespace, key.pod))
         return gpus.get(key.gpu) if gpus else None
 
     def keys(self) -> Iterator[SeriesKey]:
         """Every series key."""
-        for pod, gpus in self._pods.items():
+        for (namespace, pod), gpus in self._pods.items():
             for gpu in gpus:
-                yield SeriesKey(pod.namespace, pod.name, gpu)
+                yield SeriesKey(namespace, pod, gpu)
 
     def forget_pod(self, namespace: str, pod: str) -> int:
         """Drop every series of a pod (it was deleted); return how many series went."""
-        gpus = self._pods.pop(PodId(namespace, pod), None)
+        gpus = self._pods.pop((namespace, pod), None)
         return len(gpus) if gpus else 0
 
     def prune(self, now: float) -> int:
