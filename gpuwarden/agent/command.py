@@ -1,13 +1,388 @@
-"""Placeholder: filled in by its issue."""
+"""``gpuwarden agent``: the node agent (one per GPU node, a DaemonSet).
+
+It samples the GPUs (NVML, or a scripted scenario when asked for explicitly), puts pod
+names on the samples (kubelet PodResources + /proc cgroups), serves ``/metrics``,
+``/healthz`` and ``/readyz``, and sends the snapshots to the operator. SIGTERM or
+SIGINT stops it cleanly; exit code 0 then, 1 if the backend cannot start or a
+background task dies, 2 for bad flags.
+"""
+
+from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from gpuwarden.agent.attribution import (
+    CgroupReader,
+    NodePods,
+    NodePodsError,
+    PodAttributor,
+    PodResourcesClient,
+)
+from gpuwarden.agent.backend import BackendError, DeviceBackend
+from gpuwarden.agent.http import CleanupContext, background_task, build_app
+from gpuwarden.agent.metrics import build_registry
+from gpuwarden.agent.nvml import NvmlBackend
+from gpuwarden.agent.scenario import (
+    PACKAGED,
+    ScenarioAttributor,
+    ScenarioError,
+    ScriptedBackend,
+    load_scenario,
+)
+from gpuwarden.agent.sender import DEFAULT_BUFFER_LIMIT, ReportSender
+from gpuwarden.agent.snapshots import Attributor, Sampler, SnapshotRing
+from gpuwarden.policy.units import parse_duration
+
+log = logging.getLogger("gpuwarden.agent")
+
+DEFAULT_TOKEN_FILE = Path("/var/run/secrets/gpuwarden/token")
+DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+RING_SECONDS = 300.0
+"""How much recent history the agent keeps in memory, whatever the sampling interval."""
+
+
+class UsageError(ValueError):
+    """A flag that makes no sense; the message says which and why."""
+
+
+def _duration(text: str) -> float:
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be longer than zero")
+    return seconds
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def parse_listen(text: str) -> tuple[str | None, int]:
+    """``:9400`` (every interface), ``127.0.0.1:9400`` or ``[::1]:9400`` → (host or None, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise UsageError(f"--listen {text!r}: expected [HOST]:PORT, e.g. :9400 or 127.0.0.1:9400")
+    host = host.removeprefix("[").removesuffix("]")
+    return (host or None), int(port)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add this subcommand's flags."""
+    """Add the agent's flags."""
+    parser.description = "The node agent: samples the GPUs, serves /metrics, reports to the operator."
+    add = parser.add_argument
+    add(
+        "--backend",
+        choices=("nvml", "scripted"),
+        default="nvml",
+        help="where readings come from: the GPUs through NVML (default), or a scripted scenario "
+        "(demos and end-to-end tests only; never chosen automatically)",
+    )
+    add(
+        "--scenario",
+        metavar="FILE",
+        help=f"scenario file for --backend scripted, or a packaged one by name ({', '.join(PACKAGED)})",
+    )
+    add(
+        "--node-name",
+        default=os.environ.get("NODE_NAME", ""),
+        help="this node's name (default: $NODE_NAME)",
+    )
+    add(
+        "--operator-url",
+        default="",
+        metavar="URL",
+        help="the operator's report endpoint, e.g. http://gpuwarden-operator:8443/v1/reports; "
+        "empty: don't report",
+    )
+    add(
+        "--token-file",
+        type=Path,
+        default=DEFAULT_TOKEN_FILE,
+        metavar="PATH",
+        help=f"ServiceAccount token sent with reports ({DEFAULT_TOKEN_FILE})",
+    )
+    intervals = (
+        ("--sample-interval", 1.0, "device sampling period (1s)"),
+        ("--process-interval", 10.0, "per-process SM utilization period (10s; it costs ~2 ms a GPU)"),
+        ("--report-interval", 1.0, "report sending period (1s)"),
+        ("--attribution-interval", 5.0, "how often pod allocations and cgroups are re-read (5s)"),
+    )
+    for flag, default, text in intervals:
+        add(flag, type=_duration, default=default, metavar="DURATION", help=text)
+    add(
+        "--buffer-limit",
+        type=_positive_int,
+        default=DEFAULT_BUFFER_LIMIT,
+        metavar="N",
+        help="snapshots kept while the operator is unreachable; the oldest are dropped first "
+        f"({DEFAULT_BUFFER_LIMIT})",
+    )
+    add(
+        "--listen",
+        default=":9400",
+        metavar="[HOST]:PORT",
+        help="address of /metrics, /healthz and /readyz (:9400)",
+    )
+    paths = (
+        ("--pod-resources-socket", DEFAULT_POD_RESOURCES_SOCKET, "the kubelet's PodResources socket"),
+        ("--proc-root", Path("/proc"), "the host's /proc (the pod needs hostPID)"),
+        ("--cgroup-root", Path("/sys/fs/cgroup"), "the host's cgroup tree"),
+    )
+    for flag, path, text in paths:
+        add(flag, type=Path, default=path, metavar="PATH", help=f"{text} ({path})")
+    add("--log-level", default="info", choices=("debug", "info", "warning", "error"), help="log verbosity")
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """The agent's settings, checked; built from the flags by :meth:`from_args`."""
+
+    backend: str
+    scenario: str | None
+    node: str
+    operator_url: str
+    token_file: Path
+    sample_interval: float
+    process_interval: float
+    report_interval: float
+    attribution_interval: float
+    buffer_limit: int
+    host: str | None
+    port: int
+    pod_resources_socket: Path
+    proc_root: Path
+    cgroup_root: Path
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> AgentConfig:
+        """Check the flags together; :class:`UsageError` says what is wrong."""
+        if args.backend == "scripted" and not args.scenario:
+            raise UsageError("--backend scripted needs --scenario FILE (or a packaged name: demo, e2e-fast)")
+        if args.backend == "nvml" and args.scenario:
+            raise UsageError("--scenario only applies to --backend scripted")
+        node = args.node_name
+        if not node:
+            if args.operator_url:
+                raise UsageError("reporting to --operator-url needs --node-name (or $NODE_NAME)")
+            node = socket.gethostname()  # only labels /metrics then
+        host, port = parse_listen(args.listen)
+        return cls(
+            backend=args.backend,
+            scenario=args.scenario,
+            node=node,
+            operator_url=args.operator_url,
+            token_file=args.token_file,
+            sample_interval=args.sample_interval,
+            process_interval=args.process_interval,
+            report_interval=args.report_interval,
+            attribution_interval=args.attribution_interval,
+            buffer_limit=args.buffer_limit,
+            host=host,
+            port=port,
+            pod_resources_socket=args.pod_resources_socket,
+            proc_root=args.proc_root,
+            cgroup_root=args.cgroup_root,
+        )
+
+
+def open_backend(config: AgentConfig) -> DeviceBackend:
+    """The backend the flags ask for, opened; :class:`BackendError` if it cannot start."""
+    backend: DeviceBackend
+    if config.backend == "scripted":
+        assert config.scenario is not None  # from_args checked it
+        try:
+            backend = ScriptedBackend(load_scenario(config.scenario))
+        except ScenarioError as exc:
+            raise BackendError(str(exc)) from None
+    else:
+        backend = NvmlBackend(proc_root=config.proc_root, first_process_window=config.process_interval)
+    backend.open()
+    return backend
 
 
 def run(args: argparse.Namespace) -> int:
-    """Not built yet."""
-    print("not implemented yet")
-    return 2
+    """Run the agent until SIGTERM/SIGINT; the process's exit code."""
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        config = AgentConfig.from_args(args)
+    except UsageError as exc:
+        print(f"gpuwarden agent: {exc}", file=sys.stderr)
+        return 2
+    try:
+        backend = open_backend(config)
+    except BackendError as exc:
+        hint = (
+            "\n  The nvml backend (the default) reads the GPUs through the NVIDIA driver and does not fall"
+            "\n  back to anything else. To play a scripted scenario instead (demos, tests), run with"
+            "\n  --backend scripted --scenario FILE (e.g. --scenario demo)."
+            if config.backend == "nvml"
+            else ""
+        )
+        print(f"gpuwarden agent: {config.backend} backend cannot start: {exc}{hint}", file=sys.stderr)
+        return 1
+    try:
+        return asyncio.run(serve(config, backend))
+    finally:
+        backend.close()
+
+
+class _Closer:
+    """What the attributor opened (kubelet channel, API session), closed on the way out."""
+
+    def __init__(self) -> None:
+        self.client: PodResourcesClient | None = None
+        self.pods: NodePods | None = None
+
+    async def close(self) -> None:
+        for closeable in (self.client, self.pods):
+            if closeable is not None:
+                try:
+                    await closeable.close()
+                except Exception as exc:
+                    log.warning("closing %s: %s", type(closeable).__name__, exc)
+
+
+def _attributor(config: AgentConfig, backend: DeviceBackend, closer: _Closer) -> Attributor:
+    if isinstance(backend, ScriptedBackend):
+        return ScenarioAttributor(backend)
+    closer.client = PodResourcesClient(config.pod_resources_socket)
+    try:
+        closer.pods = NodePods.in_cluster(config.node)
+    except NodePodsError as exc:
+        # Outside a cluster (a bare host): GPUs still map to pods through PodResources alone.
+        log.info("no pod list (%s); attributing processes through PodResources only", exc)
+    return PodAttributor(
+        closer.client,
+        cgroups=CgroupReader(config.proc_root, config.cgroup_root),
+        pod_lookup=closer.pods,
+    )
+
+
+async def serve(
+    config: AgentConfig,
+    backend: DeviceBackend,
+    *,
+    listening: Callable[[list[str]], None] | None = None,
+) -> int:
+    """Run the agent on an opened backend until SIGTERM/SIGINT or a background task dies.
+
+    ``listening`` is called with the bound addresses once the HTTP server is up.
+    """
+    loop = asyncio.get_running_loop()
+    ring = SnapshotRing(capacity=max(1, int(RING_SECONDS / config.sample_interval)))
+    registry, metrics = build_registry(ring, backend=backend.name, node=config.node)
+    closer = _Closer()
+    attributor = _attributor(config, backend, closer)
+    sender = (
+        ReportSender(
+            url=config.operator_url,
+            node=config.node,
+            token_path=config.token_file,
+            interval=config.report_interval,
+            buffer_limit=config.buffer_limit,
+            registry=registry,
+        )
+        if config.operator_url
+        else None
+    )
+    sampler = Sampler(
+        backend,
+        ring,
+        interval=config.sample_interval,
+        process_interval=config.process_interval,
+        annotate=attributor.annotate,
+        deliver=sender.submit if sender is not None else None,
+        events=metrics,
+    )
+
+    stop = asyncio.Event()
+    failed: list[str] = []
+
+    def on_exit(name: str, error: BaseException | None) -> None:
+        failed.append(name)
+        stop.set()
+
+    async def refresh_attribution() -> None:
+        while True:
+            await asyncio.sleep(config.attribution_interval)
+            try:
+                await attributor.refresh()
+            except Exception:
+                log.exception("refreshing pod attribution failed")
+                metrics.error("attribution")
+
+    # Started in this order and stopped in reverse: sampling stops first, the sender last,
+    # so that what was sampled before SIGTERM still has its chance to go out.
+    background: list[CleanupContext] = []
+    if sender is not None:
+        background.append(background_task("sender", sender.run, on_exit=on_exit))
+    background.append(background_task("attribution", refresh_attribution, on_exit=on_exit))
+    background.append(background_task("sampler", sampler.run, on_exit=on_exit))
+
+    try:
+        # Allocations first, so that the first snapshot already carries pod names.
+        await asyncio.wait_for(attributor.refresh(), timeout=max(5.0, config.attribution_interval))
+    except Exception as exc:
+        log.warning(
+            "first attribution refresh failed (%s); retrying every %ss", exc, config.attribution_interval
+        )
+        metrics.error("attribution")
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    runner = web.AppRunner(build_app(registry, ring, background=background), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, config.host, config.port)
+        await site.start()
+        addresses = [_address(a) for a in runner.addresses]
+        log.info(
+            "agent on node %s, backend %s, listening on %s; reporting to %s",
+            config.node,
+            backend.name,
+            ", ".join(addresses),
+            config.operator_url or "nobody",
+        )
+        if listening is not None:
+            listening(addresses)
+        await stop.wait()
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        await runner.cleanup()
+        await closer.close()
+    if failed:
+        log.error("stopped because %s ended", ", ".join(failed))
+        return 1
+    log.info("stopped")
+    return 0
+
+
+def _address(address: object) -> str:
+    if isinstance(address, tuple) and len(address) >= 2:
+        host = str(address[0])
+        return f"[{host}]:{address[1]}" if ":" in host else f"{host}:{address[1]}"
+    return str(address)

@@ -1,0 +1,156 @@
+"""`gpuwarden agent`: flags, the refusal to fall back from NVML, and a whole agent run on a scenario."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from gpuwarden import cli
+from gpuwarden.agent import command
+from gpuwarden.agent.backend import BackendError
+from gpuwarden.nodereport import parse_report
+
+
+class BrokenNvml:
+    name = "nvml"
+
+    def __init__(self, **kwargs: Any) -> None:
+        pass
+
+    def open(self) -> None:
+        raise BackendError("NVML failed to initialise: NVML Shared Library Not Found")
+
+
+def test_nvml_failing_exits_non_zero_and_names_the_scripted_backend(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(command, "NvmlBackend", BrokenNvml)
+    assert cli.main(["agent", "--listen", "127.0.0.1:0", "--node-name", "n"]) == 1
+    err = capsys.readouterr().err
+    assert "NVML failed to initialise" in err
+    assert "--backend scripted --scenario FILE" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--backend", "scripted"], "--backend scripted needs --scenario"),
+        (["--scenario", "demo"], "--scenario only applies to --backend scripted"),
+        (["--operator-url", "http://op/v1/reports"], "needs --node-name"),
+        (["--backend", "scripted", "--scenario", "demo", "--listen", "9400"], "expected \\[HOST\\]:PORT"),
+    ],
+)
+def test_bad_flag_combinations_exit_2(
+    argv: list[str], message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    assert cli.main(["agent", *argv]) == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_a_missing_scenario_file_is_a_backend_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    argv = ["agent", "--backend", "scripted", "--scenario", str(tmp_path / "nope.yaml"), "--node-name", "n"]
+    assert cli.main(argv) == 1
+    assert "cannot read" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [(":9400", (None, 9400)), ("127.0.0.1:0", ("127.0.0.1", 0)), ("[::1]:9400", ("::1", 9400))],
+)
+def test_parse_listen(text: str, expected: tuple[str | None, int]) -> None:
+    assert command.parse_listen(text) == expected
+
+
+@pytest.mark.parametrize("text", ["9400", "host:", ":99999", ":http"])
+def test_parse_listen_rejects(text: str) -> None:
+    with pytest.raises(command.UsageError):
+        command.parse_listen(text)
+
+
+def test_durations_are_policy_style() -> None:
+    parser = cli.build_parser(["agent"])
+    args = parser.parse_args(["agent", "--sample-interval", "100ms", "--process-interval", "1m"])
+    assert (args.sample_interval, args.process_interval) == (0.1, 60.0)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["agent", "--sample-interval", "0s"])
+
+
+async def test_the_agent_runs_a_scenario_reports_serves_metrics_and_stops_on_sigterm(tmp_path: Path) -> None:
+    """A real agent process: scripted GPUs in, reports and /metrics out, SIGTERM → exit 0."""
+    token = tmp_path / "token"
+    token.write_text("test-token\n")
+    reports: list[dict[str, Any]] = []
+    reported = asyncio.Event()
+
+    async def ingest(request: web.Request) -> web.Response:
+        body = await request.read()
+        parse_report(body)  # the operator's own validation
+        assert request.headers["Authorization"] == "Bearer test-token"
+        reports.append(json.loads(body))
+        reported.set()
+        return web.json_response({"accepted": True})
+
+    operator = web.Application()
+    operator.router.add_post("/v1/reports", ingest)
+    async with TestServer(operator) as server, asyncio.timeout(60):
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "gpuwarden",
+            "agent",
+            "--backend=scripted",
+            "--scenario=e2e-fast",
+            "--node-name=gpu-node-1",
+            f"--operator-url={server.make_url('/v1/reports')}",
+            f"--token-file={token}",
+            "--listen=127.0.0.1:0",
+            "--report-interval=200ms",
+            stderr=asyncio.subprocess.PIPE,
+        )
+        assert process.stderr is not None
+        log: list[str] = []
+        try:
+            while not (match := re.search(r"listening on (\S+);", log[-1] if log else "")):
+                line = await process.stderr.readline()
+                assert line, "agent exited early:\n" + "".join(log)
+                log.append(line.decode())
+            address = match.group(1)
+            await reported.wait()
+
+            first = reports[0]
+            assert first["node"] == "gpu-node-1"
+            gpus = first["snapshots"][0]["gpus"]
+            assert [g["pods"][0]["name"] for g in gpus] == [
+                "notebook-idle-0",
+                "llm-finetune-0",
+                "vision-train-0",
+                "llm-server-7d9f8b6c4-x2x7q",
+            ]
+            async with aiohttp.ClientSession() as http:
+                async with http.get(f"http://{address}/readyz") as response:
+                    assert response.status == 200
+                async with http.get(f"http://{address}/metrics") as response:
+                    body = await response.text()
+            assert 'gpuwarden_gpu_up{container="server"' in body
+            assert "gpuwarden_agent_reports_sent_total" in body
+        finally:
+            if process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+            rest = await process.stderr.read()
+            code = await process.wait()
+        log.append(rest.decode())
+    assert code == 0, "".join(log)
+    assert "stopped" in log[-1]
