@@ -1,0 +1,258 @@
+"""End to end: the operator and a scripted agent as their own processes, against a real API server.
+
+One scenario, one node, four GPU pods, each breaking one rule kind from the start and recovering at
+``RECOVER_AT`` seconds: idle (utilizationFloor), saturated (utilizationCeiling), near out-of-memory
+(memoryCeiling), leaking (memoryGrowth). The agent authenticates with a TokenRequest token of its
+ServiceAccount (audience gpuwarden-operator); the policy is applied with kubectl; the pods are Pod
+objects bound to a node by name (no scheduler, no kubelet: they stay Pending).
+
+For each kind: the Warning Event with the right reason and message on the right pod and on the policy,
+the violation in the policy's status, then the Normal Event when it recovers and the violation gone
+from status. And no storm: while a violation holds, one Warning and one more per renotifyInterval.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from controlplane import ControlPlane
+from operator_support import (
+    AGENT_SA,
+    Agent,
+    Operator,
+    apply,
+    apply_crds,
+    create_gpu_pod,
+    create_peering,
+    events,
+    get,
+    gpu,
+    pod,
+    service_account_token,
+    wait_until,
+    write_scenario,
+    write_token,
+)
+
+pytestmark = pytest.mark.integration
+
+RECOVER_AT = 100.0
+"""Scenario second at which every GPU recovers (idle, saturated, near-OOM fire at ~10 s, leak at ~60 s)."""
+RENOTIFY = 60.0
+LABELS = {"team": "e2e", "app": "trainer"}
+
+# pod -> (rule, Event reason, a phrase the Warning must carry)
+CASES = {
+    "idle-0": ("idle", "GPUUnderutilized", "floor 20%"),
+    "busy-0": ("saturated", "GPUSaturated", "ceiling 90%"),
+    "full-0": ("near-oom", "GPUMemoryNearLimit", "limit 90%"),
+    "leak-0": ("leak", "GPUMemoryLeakSuspected", "GPU memory grows"),
+}
+
+
+def scenario(namespace: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    at = f"{int(RECOVER_AT)}s"
+    uuids = [f"GPU-e2e0000{i}-0000-4000-8000-00000000000{i}" for i in range(4)]
+    gpus = [
+        gpu(uuids[0], 0, [{"kind": "idle", "level": 3, "noise": 1}, {"kind": "idle", "at": at, "level": 60}],
+            [{"kind": "idle", "level": "9Gi"}]),
+        gpu(uuids[1], 1, [{"kind": "saturated", "level": 98}, {"kind": "idle", "at": at, "level": 50}],
+            [{"kind": "idle", "level": "40Gi"}]),
+        gpu(uuids[2], 2, [{"kind": "idle", "level": 50, "noise": 2}],
+            [{"kind": "idle", "level": "135Gi", "noise": "64Mi"},
+             {"kind": "idle", "at": at, "level": "20Gi"}]),
+        gpu(uuids[3], 3, [{"kind": "idle", "level": 50, "noise": 2}],
+            [{"kind": "leak", "start": "20Gi", "rate": "3Gi/m", "noise": "2Mi"},
+             {"kind": "idle", "at": at, "level": "26Gi"}]),
+    ]  # fmt: skip
+    pods = [pod(namespace, name, uuids[i], LABELS, 4000 + i) for i, name in enumerate(CASES)]
+    return gpus, pods
+
+
+def policy(namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "gpuwarden.dev/v1alpha1",
+        "kind": "GPUMonitorPolicy",
+        "metadata": {"name": "gpus", "namespace": namespace},
+        "spec": {
+            "selector": {"matchLabels": {"team": "e2e"}},
+            "evaluationInterval": "1s",
+            "rules": [
+                {"name": "idle", "utilizationFloor": {"percent": 20, "for": "10s", "signal": "gpuUtil"}},
+                {
+                    "name": "saturated",
+                    "utilizationCeiling": {"percent": 90, "for": "10s", "signal": "gpuUtil"},
+                },
+                {"name": "near-oom", "memoryCeiling": {"percent": 90, "for": "10s"}},
+                {"name": "leak", "memoryGrowth": {"rate": "1Gi/m", "window": "1m", "minFit": 0.8}},
+            ],
+            "actions": {"events": True, "renotifyInterval": "1m"},
+        },
+    }
+
+
+@dataclass
+class World:
+    cp: ControlPlane
+    namespace: str
+    operator: Operator
+    agent: Agent
+
+    def warnings(self, pod_name: str, reason: str) -> list[Any]:
+        return [
+            e for e in events(self.cp, self.namespace, kind="Pod", name=pod_name) if e["reason"] == reason
+        ]
+
+    def policy_events(self) -> list[Any]:
+        return events(self.cp, self.namespace, kind="GPUMonitorPolicy", name="gpus")
+
+    def status(self) -> dict[str, Any]:
+        return dict(
+            (get(self.cp, "gpumonitorpolicy", "gpus", "-n", self.namespace) or {}).get("status") or {}
+        )
+
+    def alive(self) -> str | None:
+        return self.operator.alive() or self.agent.alive()
+
+
+@pytest.fixture(scope="module")
+def world(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    cp = control_plane
+    workdir = tmp_path_factory.mktemp("operator-rules")
+    namespace = cp.create_namespace(f"gw-rules-{secrets.token_hex(3)}")
+    apply_crds(cp)
+    for name in CASES:
+        create_gpu_pod(cp, namespace, name, LABELS)
+    apply(cp, policy(namespace))
+    create_peering(cp, namespace, "gpuwarden")
+    token = write_token(workdir / "token", service_account_token(cp, namespace, AGENT_SA))
+    gpus, pods = scenario(namespace)
+    scenario_file = write_scenario(workdir / "scenario.yaml", "rules", gpus, pods)
+
+    operator = Operator(cp, workdir, namespace, peering="gpuwarden", pod_name="gpuwarden-operator-0")
+    try:
+        operator.wait_ready()
+        agent = Agent(cp, workdir, scenario_file, operator.url, token, "gpu-node-1")
+        try:
+            yield World(cp, namespace, operator, agent)
+        finally:
+            agent.stop()
+    finally:
+        operator.stop()
+
+
+def _time(event: dict[str, Any]) -> float:
+    return datetime.fromisoformat(event.get("eventTime") or event["lastTimestamp"]).timestamp()
+
+
+@pytest.mark.parametrize("pod_name", list(CASES))
+def test_a_violation_warns_on_the_pod_and_the_policy(world: World, pod_name: str) -> None:
+    rule, reason, phrase = CASES[pod_name]
+    timeout = 120 if rule == "leak" else 60
+    (first, *_) = wait_until(
+        lambda: world.warnings(pod_name, reason),
+        timeout=timeout,
+        what=f"{reason} on {pod_name}",
+        alive=world.alive,
+    )
+    assert first["type"] == "Warning"
+    assert phrase in first["message"]
+    assert f"policy gpus, rule {rule}" in first["message"]
+    assert first["involvedObject"]["namespace"] == world.namespace
+    assert first["reportingComponent"] == "gpuwarden-operator"
+    on_policy = [e for e in world.policy_events() if e["reason"] == reason]
+    assert on_policy, f"no {reason} on the policy"
+    assert on_policy[0]["message"].startswith(f"pod {pod_name}: ")
+    assert on_policy[0]["type"] == "Warning"
+
+
+def test_status_lists_every_violation(world: World) -> None:
+    def all_four() -> dict[str, Any] | None:
+        status = world.status()
+        return status if len(status.get("violations") or []) == 4 else None
+
+    status = wait_until(all_four, timeout=120, what="four violations in status", alive=world.alive)
+    assert status["matchedPods"] == 4
+    assert status["violatingPods"] == 4
+    assert status["observedGeneration"] == 1
+    by_pod = {v["pod"]: v for v in status["violations"]}
+    for pod_name, (rule, reason, _) in CASES.items():
+        assert (by_pod[pod_name]["rule"], by_pod[pod_name]["reason"]) == (rule, reason)
+        assert by_pod[pod_name]["since"].endswith("Z")
+    assert by_pod["leak-0"]["gpu"].startswith("GPU-")
+    assert by_pod["full-0"]["gpu"].startswith("GPU-")
+    # Newest first: the leak needed a full minute of data, so it started last.
+    assert status["violations"][0]["pod"] == "leak-0"
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert (conditions["Ready"]["status"], conditions["Ready"]["reason"]) == ("True", "Evaluating")
+    assert (conditions["Violating"]["status"], conditions["Violating"]["reason"]) == (
+        "True",
+        "ViolationsActive",
+    )
+
+
+@pytest.mark.parametrize("pod_name", list(CASES))
+def test_recovery_is_a_normal_event_and_leaves_status(world: World, pod_name: str) -> None:
+    _, reason, _ = CASES[pod_name]
+    resolved = f"{reason}Resolved"
+    (event, *_) = wait_until(
+        lambda: world.warnings(pod_name, resolved), timeout=RECOVER_AT + 90, what=resolved, alive=world.alive
+    )
+    assert event["type"] == "Normal"
+    assert "back within the rule" in event["message"]
+    assert any(e["reason"] == resolved for e in world.policy_events())
+    wait_until(
+        lambda: all(v["pod"] != pod_name for v in world.status().get("violations") or []),
+        timeout=30,
+        what=f"{pod_name} gone from status.violations",
+    )
+
+
+def test_no_event_storm(world: World) -> None:
+    """One Warning when a violation starts, then one per renotifyInterval while it holds, never more."""
+    wait_until(
+        lambda: not world.status().get("violations"),
+        timeout=RECOVER_AT + 120,
+        what="every violation resolved",
+    )
+    for pod_name, (_, reason, _) in CASES.items():
+        warnings = world.warnings(pod_name, reason)
+        (resolved,) = world.warnings(pod_name, f"{reason}Resolved")
+        held = _time(resolved) - _time(warnings[0])
+        assert len(warnings) == 1 + int(held // RENOTIFY), (pod_name, held, [e["message"] for e in warnings])
+        gaps = [_time(b) - _time(a) for a, b in itertools.pairwise(warnings)]
+        assert all(gap >= RENOTIFY - 1 for gap in gaps), gaps
+        if len(warnings) > 1:
+            assert warnings[1]["message"].startswith("still, for ")
+    # Status is written when something happens, not at every one-second evaluation.
+    writes = world.operator.metric("gpuwarden_operator_status_writes_total")
+    evaluations = world.operator.metric("gpuwarden_operator_evaluation_duration_seconds_count")
+    assert evaluations > RECOVER_AT * 0.8
+    assert 0 < writes < 25, (writes, evaluations)
+    conditions = {c["type"]: c for c in world.status()["conditions"]}
+    assert conditions["Violating"]["status"] == "False"
+
+
+def test_per_pod_gpu_series_and_operator_metrics(world: World) -> None:
+    metrics = world.operator.metrics()
+    for pod_name in CASES:
+        series = [
+            k for k in metrics if k.startswith("gpuwarden_pod_gpu_utilization_percent{") and pod_name in k
+        ]
+        assert len(series) == 1, pod_name
+    assert metrics["gpuwarden_operator_reports_total"] > RECOVER_AT * 0.8
+    assert metrics['gpuwarden_operator_reports_rejected_total{reason="invalid"}'] == 0
+    assert metrics["gpuwarden_operator_tokenreviews"] <= 3  # cached: not one per report
+    assert metrics["gpuwarden_operator_active"] == 1
+
+
+def test_the_agent_ran_the_whole_time(world: World) -> None:
+    assert world.alive() is None
+    assert Path(world.agent.log_path).exists()
