@@ -111,17 +111,20 @@ class Leadership:
 
     async def run(self) -> None:
         """Poll forever (cancel to stop); reconcile the label after every verdict."""
+        failing = False
         while True:
             try:
-                active = await self.decide()
-            except ApiError as exc:
-                logger.warning("Cannot read the peering object %r: %s", self.config.peering, exc)
-            else:
-                await self._set_active(active)
-            try:
+                await self._set_active(await self.decide())
                 await self._reconcile_label()
             except ApiError as exc:
-                logger.warning("Cannot update this pod's %s label: %s", INGEST_ACTIVE_LABEL, exc)
+                # Said once per outage, not every poll; the verdict stays as it was meanwhile.
+                if not failing:
+                    logger.warning("Cannot follow the peering %r (retrying): %s", self.config.peering, exc)
+                failing = True
+            else:
+                if failing:
+                    logger.info("Following the peering %r again.", self.config.peering)
+                failing = False
             await asyncio.sleep(self.poll_seconds)
 
     async def _set_active(self, active: bool) -> None:
