@@ -4,11 +4,12 @@ Semantics (the window, coverage and as-of time are in :mod:`gpuwarden.policy.rul
 
 - **The window** is bucket-aligned: time is cut into buckets of
   ``window / 20`` (90 s for a 30m window), aligned to multiples of that length
-  since the epoch, and the rule reads the 20 latest *complete* buckets before
-  the pod's as-of time. A verdict therefore depends only on the samples, never
-  on when evaluations run; it changes once per bucket, and costs a refit only
-  then (the evaluator memoizes trends; see :class:`GrowthCache`). A leak is
-  seen at most one bucket later than with a window ending at the newest sample.
+  since the epoch plus a fixed per-GPU phase, and the rule reads the GPU's 20
+  latest *complete* buckets before the pod's as-of time. A verdict therefore
+  depends only on the samples, never on when evaluations run; it changes once
+  per bucket, and costs a refit only then (the evaluator memoizes trends; see
+  :class:`GrowthCache`). A leak is seen at most one bucket later than with a
+  window ending at the newest sample.
 - **Per GPU**, each bucket is reduced to the median of its memory readings (of
   at most :data:`MAX_POINTS` evenly strided readings per window): transient
   allocations do not count, and the cost is bounded whatever the sampling
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -64,7 +66,7 @@ CLEAR_RECENT = 0.25
 UNIT = "bytes/s"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GpuGrowth:
     """One GPU's memory trend over a window."""
 
@@ -86,16 +88,29 @@ class GpuGrowth:
         return max(0.0, (self.total_bytes - self.used_bytes) / self.slope)
 
 
-def growth_window(window_seconds: float, end: float) -> tuple[float, float]:
-    """The bucket-aligned window judged as of ``end``: the :data:`BUCKETS` latest complete buckets.
+def growth_window(window_seconds: float, end: float, gpu: str = "") -> tuple[float, float]:
+    """The bucket-aligned window of a GPU's series judged as of ``end``: its latest complete buckets.
 
-    Buckets are ``window_seconds / BUCKETS`` long and aligned to multiples of
-    that length since the epoch, so a verdict depends only on the samples, never
-    on when evaluations happen, and changes once per bucket.
+    Buckets are ``window_seconds / BUCKETS`` long, aligned to multiples of that
+    length since the epoch plus a per-GPU phase (see :func:`bucket_phase`), so
+    a verdict depends only on the samples, never on when evaluations happen,
+    and changes once per bucket.
     """
     width = window_seconds / BUCKETS
-    boundary = math.floor(end / width) * width
+    phase = bucket_phase(gpu) * width
+    boundary = math.floor((end - phase) / width) * width + phase
     return boundary - window_seconds, boundary
+
+
+def bucket_phase(gpu: str) -> float:
+    """A GPU's fixed offset into a bucket, 0..1 of its length (0 for ``""``).
+
+    Spreads refits over time: with one alignment for all, every series would
+    complete a bucket at the same instant, and one evaluation in nine (at 10 s
+    intervals, 90 s buckets) would refit them all. CRC-32 is stable across
+    processes, unlike ``hash()``, so replays see the same buckets.
+    """
+    return zlib.crc32(gpu.encode()) / 2**32 if gpu else 0.0
 
 
 def gpu_growth(
@@ -235,9 +250,9 @@ def evaluate_growth(
     end = pod_end(series, now)
     if end is None or now - end > params.stale_after_seconds:
         return unknown(rule.name, kind, pod, rate, UNIT)
-    start, boundary = growth_window(rule.window_seconds, end)
     trends: list[GpuGrowth] = []
     for key, window in series:
+        start, boundary = growth_window(rule.window_seconds, end, key.gpu)
         if cache is not None:
             trend = cache.trend(key, window, start, boundary, params.max_gap_seconds)
         else:
@@ -256,9 +271,13 @@ def evaluate_growth(
     holding = [g for g in trends if _holds(g, rule)]
     named = holding or [g for g in trends if not _clears(g, rule)]
     worst = max(holding or trends, key=lambda g: g.slope)
-    message = describe(worst)
-    if len(trends) > 1 and named:
-        message += f" (on {len(named)} of {len(trends)} GPUs)"
+
+    def message() -> str:
+        text = describe(worst)
+        if len(trends) > 1 and named:
+            text += f" (on {len(named)} of {len(trends)} GPUs)"
+        return text
+
     return Outcome(
         rule.name,
         kind,
@@ -269,7 +288,7 @@ def evaluate_growth(
         holds=bool(holding),
         clears=not holding and all(_clears(g, rule) for g in trends),
         gpus=tuple(g.gpu for g in named),
-        message=message,
+        describe=message,
         fit=worst.fit,
         seconds_to_full=worst.seconds_to_full,
     )

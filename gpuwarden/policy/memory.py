@@ -36,7 +36,7 @@ from gpuwarden.policy.series import Column, PodId, SeriesKey, Window
 from gpuwarden.policy.units import format_duration
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GpuMemoryLevel:
     """The memory a GPU stayed above over a window."""
 
@@ -95,18 +95,18 @@ def evaluate_memory_ceiling(
     clears = all(g.value <= clear_line for g in levels)
     named = over if holds else [g for g in levels if g.value > clear_line]
     worst = max(over or levels, key=lambda g: g.value)
-    if unit == "percent":
-        assert worst.total_bytes is not None
-        level = (
-            f"{percent(worst.value)} of the card ({format_bytes(worst.low_bytes)}"
-            f" of {format_bytes(worst.total_bytes)})"
-        )
-        limit = percent(threshold)
-    else:
-        level = format_bytes(worst.low_bytes)
-        limit = format_bytes(threshold)
-    on = f" on {len(named)} of {len(levels)} GPUs" if len(levels) > 1 and named else ""
-    message = f"GPU memory stayed above {level} for {format_duration(rule.for_seconds)}{on}, limit {limit}"
+
+    def describe() -> str:
+        if unit == "percent":
+            used, total = format_bytes(worst.low_bytes), format_bytes(worst.total_bytes or 0.0)
+            level = f"{percent(worst.value)} of the card ({used} of {total})"
+            limit = percent(threshold)
+        else:
+            level = format_bytes(worst.low_bytes)
+            limit = format_bytes(threshold)
+        on = f" on {len(named)} of {len(levels)} GPUs" if len(levels) > 1 and named else ""
+        return f"GPU memory stayed above {level} for {format_duration(rule.for_seconds)}{on}, limit {limit}"
+
     return Outcome(
         rule.name,
         kind,
@@ -117,5 +117,5 @@ def evaluate_memory_ceiling(
         holds=holds,
         clears=clears,
         gpus=tuple(g.gpu for g in named),
-        message=message,
+        describe=describe,
     )

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import enum
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from operator import sub
 
 from gpuwarden.policy.series import GAP_RECORD_SECONDS, Column, PodId, SeriesKey, Window
@@ -75,13 +75,17 @@ class WindowParams:
     """A pod whose newest sample is older than this is not judged (its node went quiet)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Outcome:
     """What one rule concluded about one pod at one evaluation.
 
     ``value`` is None when there was nothing to judge (no readings, stale pod,
     rule snoozed); then both ``holds`` and ``clears`` are False. ``holds``
     implies not ``clears``.
+
+    Read-only by convention. Not frozen: one is built per pod, rule and
+    evaluation, and a frozen dataclass takes five times as long to build (the
+    same goes for the per-GPU records of each rule).
     """
 
     rule: str
@@ -94,9 +98,15 @@ class Outcome:
     clears: bool
     gpus: tuple[str, ...] = ()
     """The GPUs the value speaks for: all the pod's GPUs for utilization, the offending ones for memory."""
-    message: str = ""
     fit: float | None = None
     seconds_to_full: float | None = None
+    describe: Callable[[], str] = field(default=lambda: "", compare=False, repr=False)
+    """Builds :attr:`message`; deferred because most outcomes are never shown."""
+
+    @property
+    def message(self) -> str:
+        """The verdict in words, e.g. ``mean SM activity 3% over 5m, floor 20%``."""
+        return self.describe()
 
 
 def unknown(rule: str, kind: RuleKind, pod: PodId, threshold: float, unit: str) -> Outcome:
@@ -114,7 +124,7 @@ def pod_end(series: Sequence[tuple[SeriesKey, Window]], now: float) -> float | N
     return end
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Readings:
     """The non-missing readings of one column over a window, oldest first."""
 

@@ -17,7 +17,7 @@ from itertools import pairwise
 from operator import sub, truediv
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LineFit:
     """``y ≈ intercept + slope * x``, with ``fit`` the R² of that line, clipped to 0..1."""
 

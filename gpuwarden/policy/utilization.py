@@ -45,7 +45,7 @@ from gpuwarden.policy.units import format_duration
 UNIT = "percent"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GpuActivity:
     """One GPU's activity over a window."""
 
@@ -173,9 +173,13 @@ def evaluate_floor(
     complete = all(g.covered for g in gpus)
     holds = complete and value < rule.percent and not busy
     clears = not holds and (value >= rule.percent + rule.hysteresis or bool(busy))
-    message = f"{_describe(gpus, value, rule.for_seconds)}, floor {percent(rule.percent)}"
-    if busy:
-        message += f"; busy by power ({max(g.power_w or 0.0 for g in busy):.0f} W)"
+
+    def describe() -> str:
+        text = f"{_describe(gpus, value, rule.for_seconds)}, floor {percent(rule.percent)}"
+        if busy:
+            text += f"; busy by power ({max(g.power_w or 0.0 for g in busy):.0f} W)"
+        return text
+
     return Outcome(
         rule.name,
         kind,
@@ -186,7 +190,7 @@ def evaluate_floor(
         holds=holds,
         clears=clears,
         gpus=tuple(g.gpu for g in gpus),
-        message=message,
+        describe=describe,
     )
 
 
@@ -219,5 +223,5 @@ def evaluate_ceiling(
         holds=holds,
         clears=clears,
         gpus=tuple(g.gpu for g in gpus),
-        message=f"{_describe(gpus, value, rule.for_seconds)}, ceiling {percent(rule.percent)}",
+        describe=lambda: f"{_describe(gpus, value, rule.for_seconds)}, ceiling {percent(rule.percent)}",
     )

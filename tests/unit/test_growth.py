@@ -210,6 +210,16 @@ def test_window_is_bucket_aligned_and_the_cache_agrees_with_a_fresh_fit() -> Non
     assert len(cache) == 0
 
 
+def test_gpus_get_their_own_bucket_phase() -> None:
+    ends = {growth_window(WINDOW, T0 + 1000, f"GPU-{g}")[1] for g in range(50)}
+    assert len(ends) > 40  # refits spread over the bucket, not all at one instant
+    for g in range(50):
+        start, end = growth_window(WINDOW, T0 + 1000, f"GPU-{g}")
+        assert end - start == pytest.approx(WINDOW)
+        assert T0 + 1000 - WINDOW / BUCKETS < end <= T0 + 1000
+    assert growth_window(WINDOW, T0 + 1000, "GPU-7") == growth_window(WINDOW, T0 + 1000, "GPU-7")
+
+
 def test_theil_sen_shrugs_off_outliers() -> None:
     xs = [float(i) for i in range(20)]
     ys = [3.0 * x + 1 for x in xs]
