@@ -57,7 +57,7 @@ class PodDirectory(PodLookup, Protocol):
     """A lookup that re-lists on :meth:`refresh` and also knows container names (``NodePods``)."""
 
     async def refresh(self) -> None:
-        """Re-list; raise on failure and keep the previous list."""
+        """Re-list if that is due (it decides); raise on failure and keep the previous list."""
         ...
 
     def container_name(self, container_id: str) -> str | None:

@@ -4,6 +4,11 @@ Optional: without it, a process is attributed through the PodResources answer
 alone (see :class:`~gpuwarden.agent.attribution.attributor.PodAttributor`). With it,
 the agent's ServiceAccount needs ``list`` on ``pods`` (cluster-wide: the field
 selector ``spec.nodeName`` narrows the answer, not the permission).
+
+Every GPU node runs an agent, so the list is cheap for the API server by design: it
+is answered from the watch cache (``resourceVersion=0``) and made only when someone
+asked for a pod or container the last list did not know (a new pod, a restarted
+container), or when it is ``max_age`` old, and never twice within ``min_interval``.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import ssl
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,6 +43,12 @@ class _Metadata(_Api):
     uid: str
     name: str
     namespace: str
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+# A static pod's cgroups carry its own UID; the API server shows a mirror pod with another,
+# and the static one in this annotation.
+_MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 
 
 class _ContainerStatus(_Api):
@@ -67,8 +79,9 @@ class _PodList(_Api):
 class NodePods:
     """Pod UID → :class:`PodRef` and container ID → container name, for the pods of one node.
 
-    Call it as a lookup (``node_pods(uid)``); :meth:`refresh` re-lists. The token is
-    re-read on every list because the kubelet rotates projected tokens.
+    Call it as a lookup (``node_pods(uid)``); :meth:`refresh` re-lists when that is
+    due (see the module's docstring). The token is re-read on every list because the
+    kubelet rotates projected tokens.
     """
 
     def __init__(
@@ -79,7 +92,10 @@ class NodePods:
         token_path: str | os.PathLike[str] | None = SERVICE_ACCOUNT_DIR / "token",
         ca_path: str | os.PathLike[str] | None = SERVICE_ACCOUNT_DIR / "ca.crt",
         timeout: float = 10.0,
+        max_age: float = 300.0,
+        min_interval: float = 10.0,
         session_factory: Callable[[], aiohttp.ClientSession] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._node = node
         self._url = api_server.rstrip("/") + "/api/v1/pods"
@@ -88,8 +104,21 @@ class NodePods:
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session_factory = session_factory or self._default_session
         self._session: aiohttp.ClientSession | None = None
+        self._max_age = max_age
+        self._min_interval = min_interval
+        self._clock = clock
         self._pods: dict[str, PodRef] = {}
         self._containers: dict[str, str] = {}
+        self._listed_at: float | None = None
+        self._tried_at: float | None = None
+        # Keys (pod UIDs, container IDs) asked for that the last list did not know: a reason
+        # to list again. One that two lists in a row did not know either (a container already
+        # gone, a pod of another node) is settled: asking for it no longer triggers lists.
+        # Two, because a container started a moment ago may not be in its pod's status yet.
+        self._missed: set[str] = set()
+        self._unknown_once: set[str] = set()
+        self._settled: set[str] = set()
+        self._settled_asked: set[str] = set()
 
     @classmethod
     def in_cluster(
@@ -130,18 +159,75 @@ class NodePods:
         return self._url
 
     def __call__(self, pod_uid: str) -> PodRef | None:
-        """The pod with this UID on the node, as of the last successful :meth:`refresh`."""
-        return self._pods.get(pod_uid)
+        """The pod with this UID on the node, as of the last successful list."""
+        pod = self._pods.get(pod_uid)
+        if pod is None:
+            self._miss(pod_uid)
+        return pod
 
     def container_name(self, container_id: str) -> str | None:
         """The name of the container with this runtime ID (the 64 hex digits, no ``runtime://``)."""
-        return self._containers.get(container_id)
+        name = self._containers.get(container_id)
+        if name is None:
+            self._miss(container_id)
+        return name
+
+    def _miss(self, key: str) -> None:
+        if key in self._settled:
+            self._settled_asked.add(key)
+        else:
+            self._missed.add(key)
+
+    @property
+    def due(self) -> bool:
+        """Whether :meth:`refresh` would list now."""
+        now = self._clock()
+        if self._listed_at is None or self._tried_at is None:
+            return self._tried_at is None or now - self._tried_at >= self._min_interval
+        if now - self._tried_at < self._min_interval:
+            return False
+        return bool(self._missed) or now - self._listed_at >= self._max_age
 
     def __len__(self) -> int:
         return len(self._pods)
 
-    async def refresh(self) -> None:
-        """List the node's pods; raise :class:`NodePodsError` and keep the last list if that fails."""
+    async def refresh(self, *, force: bool = False) -> None:
+        """List the node's pods if that is :attr:`due` (or ``force``d).
+
+        Raises :class:`NodePodsError` when the list fails; the previous one stays in use.
+        """
+        if not (force or self.due):
+            return
+        self._tried_at = self._clock()
+        pods = await self._list()
+        known = {p.metadata.uid: p for p in pods}
+        for p in pods:
+            mirror_of = p.metadata.annotations.get(_MIRROR_ANNOTATION)
+            if mirror_of:
+                known.setdefault(mirror_of, p)
+        self._pods = {
+            uid: PodRef(namespace=p.metadata.namespace, name=p.metadata.name) for uid, p in known.items()
+        }
+        self._containers = {
+            s.container_id.partition("://")[2]: s.name
+            for p in pods
+            for s in (
+                *p.status.container_statuses,
+                *p.status.init_container_statuses,
+                *p.status.ephemeral_container_statuses,
+            )
+            if "://" in s.container_id
+        }
+        still_unknown = {
+            k for k in self._missed | self._settled_asked if k not in self._pods and k not in self._containers
+        }
+        self._settled = {k for k in still_unknown if k in self._unknown_once or k in self._settled}
+        self._unknown_once = still_unknown - self._settled
+        self._missed = set(self._unknown_once)  # asked once more, at the next due time
+        self._settled_asked = set()
+        self._listed_at = self._tried_at
+
+    async def _list(self) -> list[_Pod]:
         if self._session is None:
             self._session = self._session_factory()
         headers = {"Accept": "application/json"}
@@ -163,22 +249,9 @@ class NodePods:
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise NodePodsError(f"listing pods: {type(exc).__name__}: {exc}") from None
         try:
-            pods = _PodList.model_validate_json(body).items
+            return _PodList.model_validate_json(body).items
         except ValidationError as exc:
             raise NodePodsError(f"listing pods: unexpected answer: {exc.error_count()} errors") from None
-        self._pods = {
-            p.metadata.uid: PodRef(namespace=p.metadata.namespace, name=p.metadata.name) for p in pods
-        }
-        self._containers = {
-            s.container_id.partition("://")[2]: s.name
-            for p in pods
-            for s in (
-                *p.status.container_statuses,
-                *p.status.init_container_statuses,
-                *p.status.ephemeral_container_statuses,
-            )
-            if "://" in s.container_id
-        }
 
     def _default_session(self) -> aiohttp.ClientSession:
         context = ssl.create_default_context(cafile=self._ca_path) if self._ca_path is not None else None
