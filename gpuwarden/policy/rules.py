@@ -9,17 +9,19 @@ whatever the evaluation cadence (a replay re-derives the same findings):
   newest sample is older than ``stale_after_seconds`` is not judged at all
   (value unknown: nothing starts, nothing clears).
 - **The window** of a rule of length ``L`` is ``[end - L, end]``, both ends
-  included. The pod's GPUs are its series with at least one point in it; a GPU
-  silent for a whole window has left the pod's view.
+  included (memoryGrowth aligns its window to buckets; see
+  :mod:`gpuwarden.policy.growth`). The pod's GPUs are its series with at least
+  one point in it; a GPU silent for a whole window has left the pod's view.
 - **Coverage.** A series covers the window when the readings the rule uses
   (non-missing values of its column) leave no gap longer than ``max_gap``: from
-  the window's start to the first reading, between consecutive readings, and from
-  the last reading to ``end``. ``max_gap`` is the evaluator's ``max_gap_seconds``
-  when set; by default it adapts to the series: a gap is too long when it
-  exceeds both 5 s and 3 x the median interval between the window's readings
-  (estimated from at most 64 of them, evenly strided). A
-  rule starts only when every GPU of the pod covers its window: missing samples
-  never satisfy a duration.
+  the window's start to the first reading, between consecutive readings, and
+  from the last reading to ``end``. ``max_gap`` is the evaluator's
+  ``max_gap_seconds`` when set; by default it adapts to the series: a gap is
+  too long when it exceeds both 5 s and 3 x the median interval between the
+  window's readings (estimated from at most 64 of them, evenly strided).
+  Missing samples never satisfy a duration: a utilization rule starts only
+  when every GPU of the pod covers its window; a memory rule judges each GPU
+  on its own readings, and only a covered GPU can make it start.
 - **Hysteresis.** Each rule states two conditions: *holds* (start a finding)
   and *clears* (resolve it), separated by a margin, so a value hovering at the
   threshold does not flap. A clear is judged on whatever readings the window
