@@ -61,7 +61,7 @@ class ProcessSample(_Wire):
     pid: int = Field(ge=0)
     used_memory_bytes: Bytes | None = None
     sm_util: Percent | None = None
-    """Per-process SM utilization from nvmlDeviceGetProcessUtilization; sampled at a lower rate, so often None."""
+    """Per-process SM utilization (nvmlDeviceGetProcessUtilization); sampled less often, so often None."""
     command: str = Field(default="", max_length=4096)
     pod: PodRef | None = None
     """The container this process runs in, from /proc/<pid>/cgroup; None for host processes."""
