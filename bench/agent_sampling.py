@@ -10,9 +10,9 @@ Phases:
 
 1. **One device sample** per GPU: ``NvmlBackend.sample_devices`` (what the agent pays:
    NVML plus mapping, error handling, pydantic models) against the raw NVML calls it
-   makes (the floor: the same calls on the same handles, results discarded), timed
+   makes per sample (the floor: the same calls on the same handles, results discarded), timed
    side by side in alternating blocks in the same process. Also the whole
-   ``Sampler.sample_once`` (the Snapshot too), and one
+   ``Sampler.sample_once`` (the Snapshot too), each raw call on its own, and one
    ``nvmlDeviceGetProcessUtilization`` round (the agent's lower-rate read).
 2. **nvidia-smi**: one ``nvidia-smi --query-gpu=... --format=csv`` call for the same
    fields, as a scraper that shells out would pay.
@@ -20,6 +20,11 @@ Phases:
    sampling (per-process utilization every 10 s, no operator), its CPU time over wall
    time and its resident memory after a warm-up; one /metrics scrape is kept
    (``--metrics-out``) so that it can be linted with promtool.
+4. **Resident memory by stage**: a fresh process importing what the agent imports,
+   then initialising NVML, opening the backend (GPM buffers) and sampling.
+
+``--phases`` picks some (``device,smi,agent,rss``); ``--agent-env`` runs the agent
+with extra environment (e.g. ``MALLOC_ARENA_MAX=2``).
 """
 
 from __future__ import annotations
@@ -66,54 +71,115 @@ class _GpmFloor:
         self.next = 0
         nvml.nvmlGpmSampleGet(handle, self.samples[1])
 
-    def __call__(self) -> None:
+    def sample_get(self) -> None:
+        """nvmlGpmSampleGet into the buffer not holding the previous sample."""
+        self.nvml.nvmlGpmSampleGet(self.handle, self.samples[self.next])
+
+    def metrics_get(self) -> None:
+        """nvmlGpmMetricsGet between the previous sample and the one just taken."""
         nvml, request = self.nvml, self.request
-        current, previous = self.samples[self.next], self.samples[self.next ^ 1]
-        nvml.nvmlGpmSampleGet(self.handle, current)
         request.version = nvml.NVML_GPM_METRICS_GET_VERSION
         request.numMetrics = len(self.ids)
-        request.sample1, request.sample2 = previous, current
+        request.sample1, request.sample2 = self.samples[self.next ^ 1], self.samples[self.next]
         for i, metric in enumerate(self.ids):
             request.metrics[i].metricId = metric
         nvml.nvmlGpmMetricsGet(request)
         self.next ^= 1
 
 
-def raw_calls(backend: NvmlBackend) -> list[Callable[[], object]]:
-    """The NVML calls one ``sample_devices`` makes, per GPU, as bare closures (the floor).
+PER_MINUTE = ("mig_mode",)
+"""Raw calls the backend makes once a minute, not per sample: timed, but not part of the floor."""
+
+
+def raw_calls(backend: NvmlBackend) -> list[tuple[str, Callable[[], object]]]:
+    """The NVML calls ``sample_devices`` makes, per GPU, named, as bare closures.
 
     Calls NVML refuses as not supported are left out, as the backend leaves them out
-    after its first sample.
+    after its first sample. The floor is these minus :data:`PER_MINUTE`.
     """
     nvml: Any = backend.nvml
-    calls: list[Callable[[], object]] = []
+    calls: list[tuple[str, Callable[[], object]]] = []
     for device in backend._gpus:  # the backend's own handles, so both sides read the same devices
         h = device.handle
-        candidates: list[Callable[[], object]] = [
-            partial(nvml.nvmlDeviceGetMigMode, h),
-            partial(nvml.nvmlDeviceGetUtilizationRates, h),
-            partial(nvml.nvmlDeviceGetMemoryInfo, h, version=nvml.nvmlMemory_v2),
-            partial(nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU),
-            partial(nvml.nvmlDeviceGetPowerUsage, h),
-            partial(nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM),
-            partial(
-                nvml.nvmlDeviceGetTotalEccErrors,
-                h,
-                nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                nvml.NVML_VOLATILE_ECC,
+        candidates: list[tuple[str, Callable[[], object]]] = [
+            ("mig_mode", partial(nvml.nvmlDeviceGetMigMode, h)),
+            ("utilization", partial(nvml.nvmlDeviceGetUtilizationRates, h)),
+            ("memory_v2", partial(nvml.nvmlDeviceGetMemoryInfo, h, version=nvml.nvmlMemory_v2)),
+            ("temperature", partial(nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU)),
+            ("power", partial(nvml.nvmlDeviceGetPowerUsage, h)),
+            ("clock_sm", partial(nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM)),
+            (
+                "ecc_uncorrected",
+                partial(
+                    nvml.nvmlDeviceGetTotalEccErrors,
+                    h,
+                    nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                    nvml.NVML_VOLATILE_ECC,
+                ),
             ),
-            partial(nvml.nvmlDeviceGetComputeRunningProcesses, h),
+            ("compute_procs", partial(nvml.nvmlDeviceGetComputeRunningProcesses, h)),
         ]
         if device.gpm is not None:
-            candidates.append(_GpmFloor(nvml, h))
-        for call in candidates:
+            gpm = _GpmFloor(nvml, h)
+            candidates += [("gpm_sample_get", gpm.sample_get), ("gpm_metrics_get", gpm.metrics_get)]
+        for name, call in candidates:
             try:
                 call()
             except nvml.NVMLError as exc:
                 if exc.value == nvml.NVML_ERROR_NOT_SUPPORTED:
                     continue
-            calls.append(call)
+            calls.append((f"{name}[{device.index}]", call))
     return calls
+
+
+def per_call(calls: list[tuple[str, Callable[[], object]]], repeats: int) -> dict[str, dict[str, float]]:
+    """Median and p99 (µs) of each raw call on its own; GPM's two calls are timed as a pair's halves."""
+    out: dict[str, dict[str, float]] = {}
+    times: dict[str, list[float]] = {name: [] for name, _ in calls}
+    for _ in range(repeats):
+        for name, call in calls:  # in order, so each GPM metrics call follows its sample
+            t0 = time.perf_counter_ns()
+            call()
+            times[name].append((time.perf_counter_ns() - t0) / 1e3)
+    for name, values in times.items():
+        values.sort()
+        out[name] = {
+            "median_us": round(statistics.median(values), 2),
+            "p99_us": round(values[int(len(values) * 0.99)], 2),
+        }
+    return out
+
+
+RSS_CHILD = r"""
+import json, time
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+out = {"python": rss()}
+import gpuwarden.agent.command  # everything the agent imports
+out["agent_imports"] = rss()
+import pynvml
+pynvml.nvmlInit()
+out["nvml_init"] = rss()
+from gpuwarden.agent.nvml import NvmlBackend
+backend = NvmlBackend()
+backend.open()
+out["backend_open_gpm_buffers"] = rss()
+for _ in range(60):
+    backend.sample_devices(time.time())
+out["after_60_device_samples"] = rss()
+backend.sample_process_utilization(time.time())
+out["after_process_utilization"] = rss()
+print(json.dumps(out))
+"""
+
+
+def rss_stages() -> dict[str, float]:
+    """Resident memory (MiB) of a fresh process after each stage of what the agent loads."""
+    done = subprocess.run([sys.executable, "-c", RSS_CHILD], check=True, capture_output=True, text=True)
+    figures: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return figures
 
 
 def interleaved(
@@ -177,7 +243,12 @@ def _proc_status_kib(pid: int, key: str) -> int:
 
 
 def agent_loop(
-    interval: str, seconds: float, warmup: float, metrics_out: Path | None, extra: tuple[str, ...] = ()
+    interval: str,
+    seconds: float,
+    warmup: float,
+    metrics_out: Path | None,
+    extra: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run ``gpuwarden agent`` (plus ``extra`` flags); measure its CPU share and memory over ``seconds``."""
     port = _free_port()
@@ -193,7 +264,7 @@ def agent_loop(
         "--log-level=warning",
         *extra,
     ]
-    child = subprocess.Popen(argv)
+    child = subprocess.Popen(argv, env={**os.environ, **(env or {})})
     base = f"http://127.0.0.1:{port}"
     try:
         started = time.monotonic()
@@ -228,6 +299,7 @@ def agent_loop(
         ]
         return {
             "interval": interval,
+            "env": env or {},
             "seconds": round(wall1 - wall0, 2),
             "cpu_share_of_one_core": round((cpu1 - cpu0) / (wall1 - wall0), 5),
             "rss_mib": round(rss_kib / 1024, 1),
@@ -243,35 +315,22 @@ def agent_loop(
             child.wait()
 
 
-def main() -> int:
-    """Run every phase and print a summary; ``--out`` keeps the figures as JSON."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--blocks", type=int, default=40)
-    parser.add_argument("--per-block", type=int, default=250)
-    parser.add_argument("--smi-runs", type=int, default=20)
-    parser.add_argument("--loop-seconds", type=float, default=30.0)
-    parser.add_argument("--warmup-seconds", type=float, default=5.0)
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--metrics-out", type=Path)
-    args = parser.parse_args()
-
+def device_phase(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """Phase 1: one device sample against the NVML floor, each raw call, per-process utilization."""
     backend = NvmlBackend()
     backend.open()
     gpus = len(backend.devices())
     nvml: Any = backend.nvml
-    result: dict[str, Any] = {
-        "driver": nvml.nvmlSystemGetDriverVersion(),
-        "nvml_version": nvml.nvmlSystemGetNVMLVersion(),
-        "gpus": [dataclasses.asdict(d) for d in backend.devices()],
-        "python": sys.version.split()[0],
-    }
-    ring = SnapshotRing()
-    sampler = Sampler(backend, ring)
-    floor = raw_calls(backend)
-    result["raw_calls_per_sample"] = len(floor)
+    result["driver"] = nvml.nvmlSystemGetDriverVersion()
+    result["nvml_version"] = nvml.nvmlSystemGetNVMLVersion()
+    result["gpus"] = [dataclasses.asdict(d) for d in backend.devices()]
+    sampler = Sampler(backend, SnapshotRing())
+    every = raw_calls(backend)
+    floor = [(name, call) for name, call in every if name.split("[")[0] not in PER_MINUTE]
+    result["raw_calls_per_sample"] = [name for name, _ in floor]
 
     def raw() -> None:
-        for call in floor:
+        for _, call in floor:
             call()
 
     backend.sample_devices(time.time())  # warm: not-supported calls found, GPM primed
@@ -288,6 +347,7 @@ def main() -> int:
         figures["per_gpu_median_us"] = round(figures["median_us"] / gpus, 2)
     result["device_sample"] = timed
     result["overhead_x"] = round(timed["sample_devices"]["median_us"] / timed["nvml_floor"]["median_us"], 2)
+    result["raw_call"] = per_call(every, args.blocks * args.per_block // 4)
 
     process_times = []
     for _ in range(20):
@@ -300,22 +360,56 @@ def main() -> int:
     }
     backend.close()
 
-    result["nvidia_smi_query"] = nvidia_smi(args.smi_runs)
-    result["agent"] = [
-        agent_loop("1s", args.loop_seconds, args.warmup_seconds, args.metrics_out),
-        agent_loop("100ms", args.loop_seconds, args.warmup_seconds, None),
-    ]
+
+def main() -> int:
+    """Run the chosen phases and print a summary; ``--out`` keeps the figures as JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument(
+        "--phases", default="device,smi,agent,rss", help="comma-separated: device,smi,agent,rss"
+    )
+    parser.add_argument("--blocks", type=int, default=40)
+    parser.add_argument("--per-block", type=int, default=250)
+    parser.add_argument("--smi-runs", type=int, default=20)
+    parser.add_argument("--agent-intervals", default="1s,100ms", help="device sampling intervals to run at")
+    parser.add_argument("--loop-seconds", type=float, default=30.0)
+    parser.add_argument("--warmup-seconds", type=float, default=5.0)
+    parser.add_argument("--agent-env", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--metrics-out", type=Path, help="keep the first agent run's /metrics here")
+    args = parser.parse_args()
+    phases = set(args.phases.split(","))
+
+    result: dict[str, Any] = {"python": sys.version.split()[0], "argv": sys.argv[1:]}
+    if "device" in phases:
+        device_phase(args, result)
+    if "smi" in phases:
+        result["nvidia_smi_query"] = nvidia_smi(args.smi_runs)
+    if "rss" in phases:
+        result["rss_mib_by_stage"] = rss_stages()
+    if "agent" in phases:
+        env = dict(item.split("=", 1) for item in args.agent_env)
+        result["agent"] = [
+            agent_loop(
+                interval,
+                args.loop_seconds,
+                args.warmup_seconds,
+                args.metrics_out if i == 0 else None,
+                env=env,
+            )
+            for i, interval in enumerate(args.agent_intervals.split(","))
+        ]
 
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:
         args.out.write_text(text)
-    d = result["device_sample"]
-    print("\n| what | median µs | p99 µs |\n| --- | --- | --- |")
-    for name in ("nvml_floor", "sample_devices", "sample_once"):
-        print(f"| {name} ({gpus} GPU) | {d[name]['median_us']} | {d[name]['p99_us']} |")
-    print(f"overhead over the NVML floor: {result['overhead_x']}x")
-    for run in result["agent"]:
+    if "device_sample" in result:
+        d = result["device_sample"]
+        print("\n| what | median µs | p99 µs |\n| --- | --- | --- |")
+        for name in ("nvml_floor", "sample_devices", "sample_once"):
+            print(f"| {name} | {d[name]['median_us']} | {d[name]['p99_us']} |")
+        print(f"overhead over the NVML floor: {result['overhead_x']}x")
+    for run in result.get("agent", []):
         print(
             f"agent at {run['interval']}: {run['cpu_share_of_one_core'] * 100:.2f}% of a core, "
             f"RSS {run['rss_mib']} MiB (peak {run['peak_rss_mib']})"

@@ -449,8 +449,22 @@ def test_a_disappearing_mig_device_is_dropped_with_its_gpm_buffers() -> None:
     assert len(backend.sample_devices(NOW)) == 2
     alive = fake.samples_alive
     parent.migs.clear()
-    assert [s.mig_id for s in backend.sample_devices(NOW + 1)] == [None]
+    # the layout is re-read once a minute, with the mode
+    assert [s.mig_id for s in backend.sample_devices(NOW + 61)] == [None]
     assert fake.samples_alive == alive - 2
+
+
+def test_mig_mode_is_read_once_a_minute_not_every_sample() -> None:
+    parent = gpu(0, mig_mode=0)
+    backend, fake = opened([parent])
+    fake.calls.clear()
+    for t in range(0, 121):
+        mig_ids = [s.mig_id for s in backend.sample_devices(NOW + t)]
+        assert mig_ids == ([None] if t < 120 else [None, "MIG-aaaa"])
+        if t == 90:
+            parent.mig_mode = 1  # MIG turned on (it takes a GPU reset); seen at the next check
+            parent.migs[0] = FakeDevice(uuid="MIG-aaaa", gpu_instance_id=1)
+    assert fake.count("nvmlDeviceGetMigMode") == 3  # at 0 s, 60 s and 120 s
 
 
 def test_process_utilization_continues_from_the_newest_timestamp() -> None:
