@@ -55,6 +55,8 @@ class ScaleResult:
     """``status.scale`` (currentReplicas, desiredReplicas, lastScaleTime, lastScaleReason)."""
     problem: tuple[str, str] | None = None
     """``(reason, message)`` making the policy not Ready, e.g. ``ScaleTargetNotFound``."""
+    condition: tuple[str, str, str] | None = None
+    """``(status, reason, message)`` of the ``ScalingActive`` condition."""
 
 
 class Scaler(Protocol):
@@ -190,6 +192,7 @@ class PolicyRunner:
             messages=self.announcer.messages() if self.announcer else {},
             problem=self.scale_result.problem if self.scale_result else None,
             scale=self.scale_result.status if self.scale_result else None,
+            scale_condition=self.scale_result.condition if self.scale_result else None,
         )
 
     async def write_status(self, live: Mapping[str, Any], now: float) -> None:

@@ -20,6 +20,7 @@ import kopf
 from gpuwarden.operator.config import default_config
 from gpuwarden.operator.evaluation import GROUP, PLURAL, VERSION, PolicyRunner
 from gpuwarden.operator.pods import pod_record, requests_gpu
+from gpuwarden.operator.scaler import attach_scaler
 from gpuwarden.operator.services import Services
 from gpuwarden.operator.state import OperatorState, PodRecord, PolicyKey
 
@@ -35,6 +36,8 @@ def _state(memo: kopf.Memo) -> OperatorState:
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     if "state" not in memo:  # run as `kopf run -m gpuwarden.operator`: the contract's defaults
         memo.state = OperatorState(default_config())
+    if _state(memo).scaler is None:  # actions.scale: the Scaler acts after each evaluation
+        attach_scaler(_state(memo))
     config = _state(memo).config
     # Our Events say who wrote them: the component, and which replica (two replicas, one writer).
     settings.posting.reporting_component = "gpuwarden-operator"

@@ -1,4 +1,4 @@
-"""The API calls that scaling makes: a target's /scale subresource, the namespace's HPAs, Events.
+"""The API calls that scaling makes: a target's /scale, the namespace's HPAs and policies, Events.
 
 :class:`ScaleApi` and :class:`EventSink` are what :class:`~gpuwarden.operator.scaler.Scaler`
 needs; :class:`KubeScaleApi` provides both over the operator's
@@ -113,6 +113,10 @@ class ScaleApi(Protocol):
         """The namespace's HorizontalPodAutoscalers; raises ScaleApiError."""
         ...
 
+    async def list_policies(self, namespace: str) -> list[JsonObject]:
+        """The namespace's GPUMonitorPolicies as the API returns them; raises ScaleApiError."""
+        ...
+
 
 class EventSink(Protocol):
     """Posts Kubernetes Events."""
@@ -224,6 +228,17 @@ class KubeScaleApi:
                 )
             )
         return hpas
+
+    # --- policies ---------------------------------------------------------------------------------
+
+    async def list_policies(self, namespace: str) -> list[JsonObject]:
+        """The namespace's GPUMonitorPolicies (metadata, spec and status of each)."""
+        listing = await self._request(
+            f"GPUMonitorPolicies in {namespace}",
+            "GET",
+            f"/apis/gpuwarden.dev/v1alpha1/namespaces/{namespace}/gpumonitorpolicies",
+        )
+        return [item for item in listing.get("items") or [] if isinstance(item, dict)]
 
     # --- Events -----------------------------------------------------------------------------------
 

@@ -1,33 +1,41 @@
 """Scaler: acts on a policy's scale decisions, after each evaluation of the policy.
 
-Per call of :meth:`Scaler.reconcile`, in order:
+Plugged into the operator as ``OperatorState.scaler`` (the evaluation loop calls
+:meth:`Scaler.scale`). Per call, in order:
 
-1. read the target's ``/scale`` (current replicas);
-2. ask the policy's :class:`~gpuwarden.policy.scaling.ScaleDecider` (pure) for the desired replicas
-   and publish them as ``gpuwarden_policy_desired_replicas{namespace,policy}``;
-3. unless ``dryRun``, refuse to act when another policy (not in dryRun) scales the same workload
-   (``PolicyConflict``, for every such policy alike) or an HPA does (``HPAConflict``; KEDA's
-   ScaledObjects are HPAs too): the condition says so and an Event is posted once per conflict;
-4. act: ``PATCH`` the ``/scale`` subresource (guarded by its resourceVersion) and post an Event on
-   the target and on the policy; in dryRun, post "would scale" Events instead and change nothing.
+1. list the namespace's policies: this one's uid (for its Events) and, after a restart,
+   its ``status.scale.lastScaleTime`` (so cooldowns run on); and the others that scale
+   the same workload;
+2. read the target's ``/scale`` (current replicas);
+3. ask the policy's :class:`~gpuwarden.policy.scaling.ScaleDecider` (pure) for the desired
+   replicas, published as ``gpuwarden_policy_desired_replicas{namespace,policy}``;
+4. unless ``dryRun``, refuse to act when another policy (not in dryRun) scales the same
+   workload (``PolicyConflict``: every such policy stops, whichever evaluates first,
+   because each sees the others in the API, not in this process's memory) or an HPA does
+   (``HPAConflict``; KEDA's ScaledObjects are HPAs too); the condition says so and an
+   Event is posted once per conflict;
+5. act: ``PATCH`` the ``/scale`` subresource (guarded by its resourceVersion) and post an
+   Event on the target and on the policy; in dryRun, post "would scale" Events instead.
 
 What the status writer needs comes back as a :class:`ScaleOutcome`: ``status.scale``
-and the ``ScalingActive`` condition (type, status, reason, message; the writer stamps
-``lastTransitionTime`` and ``observedGeneration``). The Scaler holds no clock: ``now``
+and the ``ScalingActive`` condition. The Scaler holds no clock of its own: ``now``
 (epoch seconds) is passed in, and cooldowns and windows are measured on it.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
+from gpuwarden.operator.evaluation import ScaleResult
 from gpuwarden.operator.scaleapi import (
     EventSink,
+    KubeScaleApi,
     NotFound,
     NotScalable,
     ObjectRef,
@@ -37,8 +45,11 @@ from gpuwarden.operator.scaleapi import (
     ScaleConflict,
     group_of,
 )
-from gpuwarden.operator.status import parse_rfc3339, rfc3339
-from gpuwarden.policy.model import ScaleAction, ScaleTargetRef
+from gpuwarden.operator.state import OperatorState, PolicyKey
+from gpuwarden.operator.status import SCALING_ACTIVE, parse_rfc3339, rfc3339
+from gpuwarden.policy.engine import Evaluation
+from gpuwarden.policy.model import PolicySpec, ScaleAction, ScaleTargetRef
+from gpuwarden.policy.parse import SpecError, parse_spec
 from gpuwarden.policy.scaling import (
     ActiveFinding,
     Blocker,
@@ -48,28 +59,18 @@ from gpuwarden.policy.scaling import (
     findings_by_pod,
 )
 
-CONDITION_TYPE = "ScalingActive"
+__all__ = ["Condition", "DesiredReplicasCollector", "ScaleOutcome", "ScaleStatus", "Scaler", "attach_scaler"]
 
-DESIRED_REPLICAS_METRIC = "gpuwarden_policy_desired_replicas"
+POLICY_API_VERSION = "gpuwarden.dev/v1alpha1"
+POLICY_KIND = "GPUMonitorPolicy"
 
+STALE_INTERVALS = 3
+STALE_MIN_SECONDS = 60.0
+"""A policy not reconciled for this many of its evaluation intervals (and at least this long) is gone
+(deleted, no longer scaling, or evaluated by the other replica now): its state and metric series go."""
 
-class PolicyKey(NamedTuple):
-    """A policy's namespace and name."""
-
-    namespace: str
-    name: str
-
-
-class _TargetKey(NamedTuple):
-    namespace: str
-    group: str
-    kind: str
-    name: str
-
-
-def _target_key(namespace: str, ref: ScaleTargetRef) -> _TargetKey:
-    # Versions of one group serve the same object: apps/v1 and apps/v1beta2 Deployments collide.
-    return _TargetKey(namespace, group_of(ref.api_version), ref.kind, ref.name)
+NOT_READY_REASONS = frozenset({"ScaleTargetNotFound", "ScaleTargetNotScalable"})
+"""Problems in the policy itself (its targetRef), which make it ``Ready=False``; the rest are passing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,10 +81,6 @@ class Condition:
     status: str
     reason: str
     message: str
-
-    def as_dict(self) -> dict[str, str]:
-        """The condition as the CRD stores it (without lastTransitionTime/observedGeneration)."""
-        return {"type": self.type, "status": self.status, "reason": self.reason, "message": self.message}
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,66 +114,194 @@ class ScaleOutcome:
     applied: bool = False
     """The target's replicas were changed by this call."""
 
+    def result(self) -> ScaleResult:
+        """The outcome in the operator's terms: ``status.scale``, the condition, and whether Ready suffers."""
+        c = self.condition
+        problem = (c.reason, c.message) if c.reason in NOT_READY_REASONS else None
+        return ScaleResult(
+            status=self.status.as_dict(), problem=problem, condition=(c.status, c.reason, c.message)
+        )
+
 
 @dataclass(slots=True)
 class _PolicyScaling:
     """What the Scaler keeps per policy."""
 
-    ref: ObjectRef
-    action: ScaleAction
+    target: ScaleTargetRef
     decider: ScaleDecider = field(default_factory=ScaleDecider)
+    restored: bool = False
+    """Whether ``status.scale`` was read back (once, at the first reconcile)."""
     last_scale_time: float | None = None
     last_scale_reason: str | None = None
     problem: str | None = None
     """The reason of the problem of the last reconcile, so that a lasting problem is announced once."""
+    desired: int | None = None
+    seen_at: float = 0.0
+    """``now`` of the last reconcile."""
+    expires_after: float = 0.0
+    """Seconds after ``seen_at`` when this policy counts as gone."""
 
 
-def desired_replicas_gauge(registry: CollectorRegistry) -> Gauge:
-    """``gpuwarden_policy_desired_replicas{namespace,policy}`` on ``registry`` (for HPA/KEDA users)."""
-    return Gauge(
-        DESIRED_REPLICAS_METRIC,
-        "Replicas the policy wants its scale target to have (also in dryRun): feed it to an HPA or KEDA.",
-        ["namespace", "policy"],
-        registry=registry,
-    )
+@dataclass(frozen=True, slots=True)
+class _Claim:
+    """Another policy of the namespace, as listed."""
+
+    name: str
+    uid: str
+    action: ScaleAction | None
+    scale_status: Mapping[str, Any]
 
 
 class Scaler:
-    """Scales the targets of every policy with ``spec.actions.scale``; one per operator.
+    """Scales the targets of every policy with ``spec.actions.scale``; one per operator."""
 
-    Call :meth:`claim` for each policy as soon as it is known (before any evaluation, e.g.
-    from an index or the resume handler): conflicts between policies are then found
-    whichever evaluates first. :meth:`forget` when a policy goes away or drops its
-    scale action; :meth:`restore` after a restart, from the policy's ``status.scale``.
-    """
-
-    def __init__(self, api: ScaleApi, events: EventSink, *, desired_replicas: Gauge | None = None) -> None:
+    def __init__(self, api: ScaleApi, events: EventSink) -> None:
         self._api = api
         self._events = events
-        self._gauge = desired_replicas
         self._policies: dict[PolicyKey, _PolicyScaling] = {}
 
-    # --- bookkeeping ------------------------------------------------------------------------------
+    # --- the operator's seam ----------------------------------------------------------------------
 
-    def claim(self, policy: ObjectRef, action: ScaleAction) -> None:
-        """Record (or update) that ``policy`` scales ``action.target_ref``; a new target starts afresh."""
-        key = PolicyKey(policy.namespace, policy.name)
-        known = self._policies.get(key)
-        if known is None or known.action.target_ref != action.target_ref:
-            self._policies[key] = _PolicyScaling(policy, action)
-        else:
-            known.ref, known.action = policy, action
+    async def scale(
+        self, policy: PolicyKey, spec: PolicySpec, evaluation: Evaluation, now: float
+    ) -> ScaleResult | None:
+        """After an evaluation of ``policy``: decide and act on ``spec.actions.scale`` (None: none set)."""
+        action = spec.actions.scale
+        if action is None:
+            self._policies.pop(policy, None)
+            return None
+        outcome = await self.reconcile(
+            policy,
+            action,
+            evaluation.active,
+            len(evaluation.matched_pods),
+            now,
+            expires_after=max(STALE_MIN_SECONDS, STALE_INTERVALS * spec.evaluation_interval_seconds),
+        )
+        return outcome.result()
 
-    def forget(self, policy: PolicyKey) -> None:
-        """The policy is gone or no longer scales: drop its state and its metric series."""
-        if self._policies.pop(policy, None) is not None and self._gauge is not None:
-            with contextlib.suppress(KeyError):  # never published: nothing to remove
-                self._gauge.remove(policy.namespace, policy.name)
+    def desired_replicas(self, now: float) -> dict[PolicyKey, int]:
+        """The desired replicas of every policy reconciled recently (for the metric)."""
+        return {
+            key: s.desired
+            for key, s in self._policies.items()
+            if s.desired is not None and now - s.seen_at <= s.expires_after
+        }
 
-    def restore(self, policy: ObjectRef, action: ScaleAction, scale_status: Mapping[str, Any]) -> None:
-        """Seed a policy's state from its ``status.scale`` after a restart: its cooldowns run on."""
-        self.claim(policy, action)
-        state = self._policies[PolicyKey(policy.namespace, policy.name)]
+    # --- the reconcile ----------------------------------------------------------------------------
+
+    async def reconcile(
+        self,
+        policy: PolicyKey,
+        action: ScaleAction,
+        findings: Iterable[ActiveFinding],
+        matched_pods: int,
+        now: float,
+        *,
+        expires_after: float = 600.0,
+    ) -> ScaleOutcome:
+        """Decide and act for ``policy`` after an evaluation whose active findings are ``findings``."""
+        self._expire(now)
+        state = self._policies.get(policy)
+        if state is None or state.target != action.target_ref:
+            # A new target starts afresh: the old one's wishes and cooldowns say nothing about it.
+            state = self._policies[policy] = _PolicyScaling(action.target_ref)
+        state.seen_at, state.expires_after = now, expires_after
+        me = ObjectRef(POLICY_API_VERSION, POLICY_KIND, policy.namespace, policy.name)
+        target = action.target_ref
+        what = f"{target.kind} {target.name}"
+
+        try:
+            claims = await self._claims(policy.namespace)
+        except ScaleApiError as exc:
+            return await self._problem(
+                state, me, None, None, "FailedListPolicies", f"listing policies: {exc}"
+            )
+        mine = next((c for c in claims if c.name == policy.name), None)
+        if mine is not None:
+            me = ObjectRef(POLICY_API_VERSION, POLICY_KIND, policy.namespace, policy.name, mine.uid)
+            if not state.restored:
+                self._restore(state, mine.scale_status)
+        state.restored = True
+
+        try:
+            scale = await self._api.get_scale(policy.namespace, target)
+        except NotFound:
+            return await self._problem(state, me, None, None, "ScaleTargetNotFound", f"{what} not found")
+        except NotScalable as exc:
+            return await self._problem(state, me, None, None, "ScaleTargetNotScalable", f"{what}: {exc}")
+        except ScaleApiError as exc:
+            return await self._problem(
+                state, me, None, None, "FailedGetScale", f"reading {what}/scale: {exc}"
+            )
+
+        decision = state.decider.decide(action, scale.replicas, findings_by_pod(findings), matched_pods, now)
+        state.desired = decision.desired
+
+        if not action.dry_run:
+            if rivals := _rivals(policy, action, claims):
+                names = ", ".join(sorted([policy.name, *rivals]))
+                message = (
+                    f"not scaling {what}: policies {names} all target it; one policy may scale a workload"
+                )
+                return await self._problem(state, me, scale, decision, "PolicyConflict", message)
+            try:
+                hpas = [h.name for h in await self._api.list_hpas(policy.namespace) if h.targets(target)]
+            except ScaleApiError as exc:
+                # Unable to rule out an HPA: not acting is the side that never fights one.
+                message = f"not scaling {what}: cannot list HPAs: {exc}"
+                return await self._problem(state, me, scale, decision, "FailedListHPAs", message)
+            if hpas:
+                message = (
+                    f"not scaling {what}: HorizontalPodAutoscaler {', '.join(sorted(hpas))} also scales it "
+                    "(to feed this policy's decisions to it, set dryRun: true; see docs/scaling.md)"
+                )
+                return await self._problem(state, me, scale, decision, "HPAConflict", message)
+
+        if decision.blocked_by is Blocker.SCALED_TO_ZERO:
+            return _outcome(state, scale, decision, "False", "ScaledToZero", decision.reason)
+        if not decision.changes:
+            return _outcome(state, scale, decision, *_quiet(action), decision.reason)
+        if action.dry_run:
+            return await self._announce(state, me, scale, decision, action, now, applied=False)
+        try:
+            await self._api.patch_scale(scale, decision.desired)
+        except ScaleConflict:
+            # Replicas moved under us (a person, a rollout): decide again from the new value next time.
+            return _outcome(
+                state, scale, decision, "True", "Active", f"{what} changed while scaling; deciding again"
+            )
+        except ScaleApiError as exc:
+            message = f"failed to scale {what} {decision.current}→{decision.desired}: {exc}"
+            return await self._problem(state, me, scale, decision, "FailedUpdateScale", message)
+        return await self._announce(state, me, scale, decision, action, now, applied=True)
+
+    # --- helpers ----------------------------------------------------------------------------------
+
+    async def _claims(self, namespace: str) -> list[_Claim]:
+        """The namespace's policies, with the scale action each would act on (None: none, or invalid)."""
+        claims = []
+        for item in await self._api.list_policies(namespace):
+            meta = item.get("metadata") or {}
+            if meta.get("deletionTimestamp"):
+                continue  # its daemon is stopping: it acts no more
+            try:
+                action = parse_spec(item.get("spec") or {}).actions.scale
+            except SpecError:
+                action = None  # an invalid policy is not evaluated, so it does not act
+            claims.append(
+                _Claim(
+                    name=str(meta.get("name", "")),
+                    uid=str(meta.get("uid", "")),
+                    action=action,
+                    scale_status=(item.get("status") or {}).get("scale") or {},
+                )
+            )
+        return claims
+
+    @staticmethod
+    def _restore(state: _PolicyScaling, scale_status: Mapping[str, Any]) -> None:
+        """Carry on from ``status.scale`` after a restart or a failover: cooldowns run on."""
         when = parse_rfc3339(str(scale_status.get("lastScaleTime") or ""))
         if when is None:
             return  # never scaled, or unreadable: nothing to carry on
@@ -185,125 +310,38 @@ class Scaler:
         reason = scale_status.get("lastScaleReason")
         state.last_scale_reason = reason if isinstance(reason, str) else None
 
-    # --- the reconcile ----------------------------------------------------------------------------
-
-    async def reconcile(
-        self,
-        policy: ObjectRef,
-        action: ScaleAction,
-        findings: Iterable[ActiveFinding],
-        matched_pods: int,
-        now: float,
-    ) -> ScaleOutcome:
-        """Decide and act for ``policy`` after an evaluation whose active findings are ``findings``."""
-        self.claim(policy, action)
-        key = PolicyKey(policy.namespace, policy.name)
-        state = self._policies[key]
-        target = action.target_ref
-        what = f"{target.kind} {target.name}"
-        try:
-            scale = await self._api.get_scale(policy.namespace, target)
-        except NotFound:
-            return await self._problem(state, None, None, "ScaleTargetNotFound", f"{what} not found")
-        except NotScalable as exc:
-            return await self._problem(state, None, None, "ScaleTargetNotScalable", f"{what}: {exc}")
-        except ScaleApiError as exc:
-            return await self._problem(state, None, None, "FailedGetScale", f"reading {what}/scale: {exc}")
-
-        decision = state.decider.decide(action, scale.replicas, findings_by_pod(findings), matched_pods, now)
-        if self._gauge is not None:
-            self._gauge.labels(policy.namespace, policy.name).set(decision.desired)
-
-        if not action.dry_run:
-            if rivals := self._rivals(key):
-                names = ", ".join(sorted([policy.name, *rivals]))
-                return await self._problem(
-                    state,
-                    scale,
-                    decision,
-                    "PolicyConflict",
-                    f"not scaling {what}: policies {names} all target it; one policy may scale a workload",
-                )
-            try:
-                hpas = [h.name for h in await self._api.list_hpas(policy.namespace) if h.targets(target)]
-            except ScaleApiError as exc:
-                # Unable to rule out an HPA: not acting is the side that never fights one.
-                return await self._problem(
-                    state, scale, decision, "FailedListHPAs", f"not scaling {what}: cannot list HPAs: {exc}"
-                )
-            if hpas:
-                return await self._problem(
-                    state,
-                    scale,
-                    decision,
-                    "HPAConflict",
-                    f"not scaling {what}: HorizontalPodAutoscaler {', '.join(sorted(hpas))} also scales it "
-                    "(to feed this policy's decisions to it, set dryRun: true; see docs/scaling.md)",
-                )
-
-        if decision.blocked_by is Blocker.SCALED_TO_ZERO:
-            return self._outcome(state, scale, decision, "False", "ScaledToZero", decision.reason)
-        if not decision.changes:
-            return self._outcome(state, scale, decision, *self._quiet(action), decision.reason)
-        if action.dry_run:
-            return await self._announce(state, scale, decision, now, applied=False)
-        try:
-            await self._api.patch_scale(scale, decision.desired)
-        except ScaleConflict:
-            # Replicas moved under us (a person, a rollout): decide again from the new value next time.
-            return self._outcome(
-                state, scale, decision, "True", "Active", f"{what} changed while scaling; deciding again"
-            )
-        except ScaleApiError as exc:
-            return await self._problem(
-                state,
-                scale,
-                decision,
-                "FailedUpdateScale",
-                f"failed to scale {what} {decision.current}→{decision.desired}: {exc}",
-            )
-        return await self._announce(state, scale, decision, now, applied=True)
-
-    # --- helpers ----------------------------------------------------------------------------------
-
-    def _rivals(self, key: PolicyKey) -> list[str]:
-        """Other acting (not dryRun) policies with the same target as ``key`` (when it acts too)."""
-        mine = self._policies[key]
-        target = _target_key(key.namespace, mine.action.target_ref)
-        return [
-            other.name
-            for other, state in self._policies.items()
-            if other != key
-            and not state.action.dry_run
-            and _target_key(other.namespace, state.action.target_ref) == target
-        ]
-
-    @staticmethod
-    def _quiet(action: ScaleAction) -> tuple[str, str]:
-        """Condition status and reason when nothing stops the policy (and nothing changes now)."""
-        return ("False", "DryRun") if action.dry_run else ("True", "Active")
+    def _expire(self, now: float) -> None:
+        for key in [k for k, s in self._policies.items() if now - s.seen_at > s.expires_after]:
+            del self._policies[key]
 
     async def _announce(
-        self, state: _PolicyScaling, scale: Scale, decision: ScaleDecision, now: float, *, applied: bool
+        self,
+        state: _PolicyScaling,
+        me: ObjectRef,
+        scale: Scale,
+        decision: ScaleDecision,
+        action: ScaleAction,
+        now: float,
+        *,
+        applied: bool,
     ) -> ScaleOutcome:
         """Record a change (made, or in dryRun only announced) and post its Events."""
         state.decider.record_scale(decision, now)
-        name = scale.target.name
-        change = f"{name} {decision.current}→{decision.desired}: {decision.reason}"
+        change = f"{scale.target.name} {decision.current}→{decision.desired}: {decision.reason}"
         up = decision.direction is Direction.UP
         if applied:
             message, reason = f"scaled {change}", "ScaledUp" if up else "ScaledDown"
         else:
             message, reason = f"would scale {change} (dryRun)", "WouldScaleUp" if up else "WouldScaleDown"
         state.last_scale_time, state.last_scale_reason = now, message
-        await self._events.post(state.ref, "Normal", reason, message)
-        await self._events.post(scale.target, "Normal", reason, f"policy {state.ref.name}: {message}")
-        status, condition_reason = self._quiet(state.action)
-        return self._outcome(state, scale, decision, status, condition_reason, message, applied=applied)
+        await self._events.post(me, "Normal", reason, message)
+        await self._events.post(scale.target, "Normal", reason, f"policy {me.name}: {message}")
+        return _outcome(state, scale, decision, *_quiet(action), message, applied=applied)
 
     async def _problem(
         self,
         state: _PolicyScaling,
+        me: ObjectRef,
         scale: Scale | None,
         decision: ScaleDecision | None,
         reason: str,
@@ -311,39 +349,93 @@ class Scaler:
     ) -> ScaleOutcome:
         """ScalingActive=False for ``reason``; a Warning Event on the policy (and target) when it is new."""
         if state.problem != reason:
-            await self._events.post(state.ref, "Warning", reason, message)
+            await self._events.post(me, "Warning", reason, message)
             if scale is not None:
-                on_target = f"policy {state.ref.name}: {message}"
-                await self._events.post(scale.target, "Warning", reason, on_target)
-        if scale is None and self._gauge is not None:
-            # Without a target there is no decision; a stale value must not keep driving an HPA.
-            with contextlib.suppress(KeyError):
-                self._gauge.remove(state.ref.namespace, state.ref.name)
-        return self._outcome(state, scale, decision, "False", reason, message, problem=True)
+                await self._events.post(scale.target, "Warning", reason, f"policy {me.name}: {message}")
+        if scale is None:
+            state.desired = None  # without a target there is no decision; no stale value may drive an HPA
+        return _outcome(state, scale, decision, "False", reason, message, problem=True)
 
-    @staticmethod
-    def _outcome(
-        state: _PolicyScaling,
-        scale: Scale | None,
-        decision: ScaleDecision | None,
-        status: str,
-        reason: str,
-        message: str,
-        *,
-        applied: bool = False,
-        problem: bool = False,
-    ) -> ScaleOutcome:
-        """The outcome to report; remembers whether it is a problem (announced once until it clears)."""
-        state.problem = reason if problem else None
-        replicas = decision.desired if applied and decision is not None else None
-        return ScaleOutcome(
-            status=ScaleStatus(
-                current_replicas=replicas if replicas is not None else (scale.replicas if scale else None),
-                desired_replicas=decision.desired if decision is not None else None,
-                last_scale_time=None if state.last_scale_time is None else rfc3339(state.last_scale_time),
-                last_scale_reason=state.last_scale_reason,
-            ),
-            condition=Condition(CONDITION_TYPE, status, reason, message),
-            decision=decision,
-            applied=applied,
+
+def _rivals(policy: PolicyKey, action: ScaleAction, claims: Iterable[_Claim]) -> list[str]:
+    """Other acting (not dryRun) policies with the same target (versions of one group are one object)."""
+
+    def key(ref: ScaleTargetRef) -> tuple[str, str, str]:
+        return group_of(ref.api_version), ref.kind, ref.name
+
+    return [
+        c.name
+        for c in claims
+        if c.name != policy.name
+        and c.action is not None
+        and not c.action.dry_run
+        and key(c.action.target_ref) == key(action.target_ref)
+    ]
+
+
+def _quiet(action: ScaleAction) -> tuple[str, str]:
+    """Condition status and reason when nothing stops the policy."""
+    return ("False", "DryRun") if action.dry_run else ("True", "Active")
+
+
+def _outcome(
+    state: _PolicyScaling,
+    scale: Scale | None,
+    decision: ScaleDecision | None,
+    status: str,
+    reason: str,
+    message: str,
+    *,
+    applied: bool = False,
+    problem: bool = False,
+) -> ScaleOutcome:
+    """The outcome to report; remembers whether it is a problem (announced once until it clears)."""
+    state.problem = reason if problem else None
+    current = scale.replicas if scale is not None else None
+    if applied and decision is not None:
+        current = decision.desired
+    return ScaleOutcome(
+        status=ScaleStatus(
+            current_replicas=current,
+            desired_replicas=decision.desired if decision is not None else None,
+            last_scale_time=None if state.last_scale_time is None else rfc3339(state.last_scale_time),
+            last_scale_reason=state.last_scale_reason,
+        ),
+        condition=Condition(SCALING_ACTIVE, status, reason, message),
+        decision=decision,
+        applied=applied,
+    )
+
+
+def attach_scaler(state: OperatorState) -> Scaler:
+    """Give the operator its Scaler (over its API client) and export the desired replicas on its registry."""
+    api = KubeScaleApi(state.api, reporting_instance=state.config.identity)
+    state.scaler = scaler = Scaler(api, api)
+    state.metrics.registry.register(DesiredReplicasCollector(scaler))
+    return scaler
+
+
+class DesiredReplicasCollector(Collector):
+    """``gpuwarden_policy_desired_replicas{namespace,policy}``, read from the Scaler at scrape time.
+
+    A policy that stops being reconciled (deleted, no longer scaling, or now
+    evaluated by the other replica) drops out after :data:`STALE_INTERVALS` of its
+    intervals, so a stale value never keeps driving an HPA.
+    """
+
+    def __init__(self, scaler: Scaler, clock: Callable[[], float] = time.time) -> None:
+        self._scaler = scaler
+        self._clock = clock
+
+    def collect(self) -> Iterable[Metric]:
+        """One sample per recently reconciled policy."""
+        family = GaugeMetricFamily(
+            "gpuwarden_policy_desired_replicas",
+            "Replicas the policy wants its scale target to have (also in dryRun): feed it to an HPA or KEDA.",
+            labels=["namespace", "policy"],
         )
+        for key, desired in sorted(
+            self._scaler.desired_replicas(self._clock()).items(), key=lambda kv: str(kv[0])
+        ):
+            family.add_metric([key.namespace, key.name], desired)
+        return [family]

@@ -42,6 +42,7 @@ MAX_MESSAGE = 1024
 
 READY = "Ready"
 VIOLATING = "Violating"
+SCALING_ACTIVE = "ScalingActive"
 OWNED_CONDITIONS = (READY, VIOLATING)
 
 _PER_GPU_KINDS = (RuleKind.MEMORY_CEILING, RuleKind.MEMORY_GROWTH)
@@ -63,6 +64,8 @@ class PolicyVerdict:
     (e.g. the scaler's ``ScaleTargetNotFound``)."""
     scale: Mapping[str, Any] | None = None
     """``status.scale`` from the scaler; None keeps what the status has."""
+    scale_condition: tuple[str, str, str] | None = None
+    """``(status, reason, message)`` of the scaler's ``ScalingActive`` condition; None keeps what is there."""
 
 
 def rfc3339(epoch: float) -> str:
@@ -108,9 +111,12 @@ def build_status(verdict: PolicyVerdict, previous: Mapping[str, Any] | None, now
             )
         else:
             violating = ("False", "NoViolations", f"None of the {matched} selected pods violates a rule.")
+    wanted = {READY: ready, VIOLATING: violating}
+    if verdict.scale_condition is not None:
+        wanted[SCALING_ACTIVE] = verdict.scale_condition
     conditions = _conditions(
         previous.get("conditions"),
-        {READY: ready, VIOLATING: violating},
+        wanted,
         generation=verdict.generation,
         now=now,
     )

@@ -1,0 +1,380 @@
+"""Scaler against an in-memory API: what it patches, which Events and conditions come out, conflicts.
+
+The same paths run against a real kube-apiserver in tests/integration/test_scaling.py;
+here are the ones a real API server cannot easily be made to take (409s, failed
+patches, unlistable HPAs) and the bookkeeping (restore, the metric), fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gpuwarden.operator.evaluation import ScaleResult
+from gpuwarden.operator.kubeapi import JsonObject
+from gpuwarden.operator.scaleapi import (
+    HpaRef,
+    NotFound,
+    ObjectRef,
+    Scale,
+    ScaleApiError,
+    ScaleConflict,
+)
+from gpuwarden.operator.scaler import DesiredReplicasCollector, Scaler
+from gpuwarden.operator.state import PolicyKey
+from gpuwarden.policy.model import ScaleAction, ScaleDirection, ScaleTargetRef
+
+NS = "inference"
+TARGET = ScaleTargetRef("apps/v1", "Deployment", "llm-server")
+T0 = 1_800_000_000.0
+
+
+@dataclass(frozen=True)
+class F:
+    rule: str
+    pod: str
+
+
+SATURATED = [F("saturated", "a"), F("saturated", "b")]
+IDLE = [F("idle-gpu", "a"), F("idle-gpu", "b")]
+
+
+def policy(name: str = "llm-serving") -> PolicyKey:
+    return PolicyKey(NS, name)
+
+
+def policy_object(
+    name: str, *, dry_run: bool = False, target: str = "llm-server", **status: Any
+) -> JsonObject:
+    """A policy as the API lists it."""
+    return {
+        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}"},
+        "spec": {
+            "selector": {},
+            "rules": [
+                {"name": "idle-gpu", "utilizationFloor": {"percent": 20, "for": "5m"}},
+                {"name": "saturated", "utilizationCeiling": {"percent": 95, "for": "2m"}},
+            ],
+            "actions": {
+                "scale": {
+                    "targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": target},
+                    "maxReplicas": 4,
+                    "scaleUpOn": ["saturated"],
+                    "scaleDownOn": ["idle-gpu"],
+                    "dryRun": dry_run,
+                }
+            },
+        },
+        "status": status,
+    }
+
+
+def action(*, dry_run: bool = False, target: ScaleTargetRef = TARGET, hi: int = 4) -> ScaleAction:
+    return ScaleAction(
+        target_ref=target,
+        min_replicas=1,
+        max_replicas=hi,
+        scale_up_on=("saturated",),
+        scale_down_on=("idle-gpu",),
+        scale_up=ScaleDirection(stabilization_seconds=0, step_replicas=1, cooldown_seconds=60),
+        scale_down=ScaleDirection(stabilization_seconds=0, step_replicas=1, cooldown_seconds=60),
+        dry_run=dry_run,
+    )
+
+
+@dataclass
+class FakeCluster:
+    """ScaleApi and EventSink in memory."""
+
+    replicas: dict[str, int] = field(default_factory=lambda: {"llm-server": 2})
+    hpas: list[HpaRef] = field(default_factory=list)
+    events: list[tuple[str, str, str, str]] = field(default_factory=list)
+    """(kind/name, type, reason, message)."""
+    patches: list[tuple[str, int]] = field(default_factory=list)
+    policies: list[JsonObject] = field(default_factory=lambda: [policy_object("llm-serving")])
+    patch_error: ScaleApiError | None = None
+    list_error: ScaleApiError | None = None
+
+    async def get_scale(self, namespace: str, ref: ScaleTargetRef) -> Scale:
+        if ref.name not in self.replicas:
+            raise NotFound(f"{ref.kind} {ref.name} not found", 404)
+        return Scale(
+            target=ObjectRef(ref.api_version, ref.kind, namespace, ref.name, uid="uid-target"),
+            replicas=self.replicas[ref.name],
+            resource_version="1",
+            path=f"/apis/apps/v1/namespaces/{namespace}/deployments/{ref.name}/scale",
+        )
+
+    async def patch_scale(self, scale: Scale, replicas: int) -> int:
+        if self.patch_error is not None:
+            raise self.patch_error
+        self.patches.append((scale.target.name, replicas))
+        self.replicas[scale.target.name] = replicas
+        return replicas
+
+    async def list_hpas(self, namespace: str) -> list[HpaRef]:
+        if self.list_error is not None:
+            raise self.list_error
+        return list(self.hpas)
+
+    async def list_policies(self, namespace: str) -> list[JsonObject]:
+        return list(self.policies)
+
+    async def post(self, regarding: ObjectRef, type_: str, reason: str, message: str) -> None:
+        self.events.append((f"{regarding.kind}/{regarding.name}", type_, reason, message))
+
+    def reasons(self) -> list[tuple[str, str]]:
+        return [(on, reason) for on, _, reason, _ in self.events]
+
+
+@pytest.fixture
+def cluster() -> FakeCluster:
+    return FakeCluster()
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+@dataclass
+class Clock:
+    now: float = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def scaler(cluster: FakeCluster, registry: CollectorRegistry, clock: Clock) -> Scaler:
+    scaler = Scaler(cluster, cluster)
+    registry.register(DesiredReplicasCollector(scaler, clock))
+    return scaler
+
+
+def desired(registry: CollectorRegistry, name: str = "llm-serving") -> float | None:
+    return registry.get_sample_value("gpuwarden_policy_desired_replicas", {"namespace": NS, "policy": name})
+
+
+async def test_scales_up_and_announces_on_both_objects(
+    scaler: Scaler, cluster: FakeCluster, registry: CollectorRegistry
+) -> None:
+    out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0)
+    assert out.applied
+    assert cluster.patches == [("llm-server", 3)]
+    assert cluster.events == [
+        (
+            "GPUMonitorPolicy/llm-serving",
+            "Normal",
+            "ScaledUp",
+            "scaled llm-server 2→3: saturated on 2/2 pods",
+        ),
+        (
+            "Deployment/llm-server",
+            "Normal",
+            "ScaledUp",
+            "policy llm-serving: scaled llm-server 2→3: saturated on 2/2 pods",
+        ),
+    ]
+    assert out.status.as_dict() == {
+        "currentReplicas": 3,
+        "desiredReplicas": 3,
+        "lastScaleTime": "2027-01-15T08:00:00Z",
+        "lastScaleReason": "scaled llm-server 2→3: saturated on 2/2 pods",
+    }
+    assert out.result() == ScaleResult(
+        status=out.status.as_dict(),
+        problem=None,
+        condition=("True", "Active", "scaled llm-server 2→3: saturated on 2/2 pods"),
+    )
+    assert desired(registry) == 3
+
+
+async def test_cooldown_then_next_step(scaler: Scaler, cluster: FakeCluster) -> None:
+    await scaler.reconcile(policy(), action(), SATURATED, 2, T0)
+    held = await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + 30)
+    assert not held.applied
+    assert "cooling down" in held.condition.message
+    assert held.status.last_scale_time == "2027-01-15T08:00:00Z"  # the last change, kept
+    await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + 60)
+    assert cluster.patches == [("llm-server", 3), ("llm-server", 4)]
+
+
+async def test_dry_run_announces_and_changes_nothing(
+    scaler: Scaler, cluster: FakeCluster, registry: CollectorRegistry
+) -> None:
+    out = await scaler.reconcile(policy(), action(dry_run=True), SATURATED, 2, T0)
+    assert not out.applied
+    assert cluster.patches == []
+    assert cluster.reasons() == [
+        ("GPUMonitorPolicy/llm-serving", "WouldScaleUp"),
+        ("Deployment/llm-server", "WouldScaleUp"),
+    ]
+    assert cluster.events[0][3] == "would scale llm-server 2→3: saturated on 2/2 pods (dryRun)"
+    assert (out.status.current_replicas, out.status.desired_replicas) == (2, 3)
+    assert (out.condition.status, out.condition.reason) == ("False", "DryRun")
+    assert desired(registry) == 3
+    # The cooldown applies to announcements too: no Event every evaluation.
+    await scaler.reconcile(policy(), action(dry_run=True), SATURATED, 2, T0 + 10)
+    assert len(cluster.events) == 2
+
+
+async def test_hpa_conflict_blocks_and_warns_once(scaler: Scaler, cluster: FakeCluster) -> None:
+    cluster.hpas = [
+        HpaRef("other-hpa", "apps/v1", "Deployment", "unrelated"),
+        HpaRef("llm-hpa", "apps/v1", "Deployment", "llm-server"),
+    ]
+    for t in (0, 10, 20):
+        out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + t)
+        assert (out.condition.status, out.condition.reason) == ("False", "HPAConflict")
+        assert out.status.desired_replicas == 3  # still computed and published
+    assert cluster.patches == []
+    assert cluster.reasons() == [
+        ("GPUMonitorPolicy/llm-serving", "HPAConflict"),
+        ("Deployment/llm-server", "HPAConflict"),
+    ]
+    assert "HorizontalPodAutoscaler llm-hpa also scales it" in cluster.events[0][3]
+    cluster.hpas = []
+    assert (await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + 30)).applied
+
+
+@pytest.mark.parametrize(
+    ("hpa_api_version", "conflicts"),
+    [("apps/v1", True), ("apps/v1beta2", True), ("", True), ("example.com/v1", False)],
+)
+def test_hpa_target_matching(hpa_api_version: str, conflicts: bool) -> None:
+    assert HpaRef("h", hpa_api_version, "Deployment", "llm-server").targets(TARGET) is conflicts
+
+
+async def test_hpa_feeding_on_a_dry_run_policy_is_no_conflict(scaler: Scaler, cluster: FakeCluster) -> None:
+    cluster.hpas = [HpaRef("llm-hpa", "apps/v1", "Deployment", "llm-server")]
+    out = await scaler.reconcile(policy(), action(dry_run=True), SATURATED, 2, T0)
+    assert out.condition.reason == "DryRun"
+
+
+async def test_unknown_hpas_mean_no_action(scaler: Scaler, cluster: FakeCluster) -> None:
+    cluster.list_error = ScaleApiError("HPAs in inference: 403: forbidden", 403)
+    out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0)
+    assert (out.condition.reason, cluster.patches) == ("FailedListHPAs", [])
+
+
+async def test_two_policies_on_one_target_both_stop(scaler: Scaler, cluster: FakeCluster) -> None:
+    cluster.policies = [policy_object("a"), policy_object("b")]
+    for name in ("b", "a", "b"):
+        out = await scaler.reconcile(policy(name), action(), SATURATED, 2, T0)
+        assert (out.condition.status, out.condition.reason) == ("False", "PolicyConflict")
+        assert "policies a, b all target it" in out.condition.message
+    assert cluster.patches == []
+    assert [r for r in cluster.reasons() if r[0].startswith("GPUMonitorPolicy")] == [
+        ("GPUMonitorPolicy/b", "PolicyConflict"),
+        ("GPUMonitorPolicy/a", "PolicyConflict"),
+    ]
+    cluster.policies = [policy_object("a")]  # b deleted
+    assert (await scaler.reconcile(policy("a"), action(), SATURATED, 2, T0 + 1)).applied
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        policy_object("watcher", dry_run=True),  # announces only
+        policy_object("elsewhere", target="other"),
+        {**policy_object("broken"), "spec": {"rules": []}},  # invalid: never evaluated
+        {
+            **policy_object("leaving"),
+            "metadata": {"name": "leaving", "deletionTimestamp": "2027-01-15T08:00:00Z"},
+        },
+    ],
+)
+async def test_policies_that_do_not_act_on_the_target_are_no_rivals(
+    scaler: Scaler, cluster: FakeCluster, other: JsonObject
+) -> None:
+    cluster.policies = [policy_object("a"), other]
+    assert (await scaler.reconcile(policy("a"), action(), SATURATED, 2, T0)).applied
+
+
+async def test_events_name_the_policy_by_uid(scaler: Scaler, cluster: FakeCluster) -> None:
+    uids: list[str] = []
+
+    async def post(regarding: ObjectRef, type_: str, reason: str, message: str) -> None:
+        uids.append(regarding.uid)
+
+    cluster.post = post  # type: ignore[method-assign]
+    await scaler.reconcile(policy(), action(), SATURATED, 2, T0)
+    assert uids == ["uid-llm-serving", "uid-target"]
+
+
+async def test_missing_target_makes_the_policy_not_ready(
+    scaler: Scaler, cluster: FakeCluster, registry: CollectorRegistry
+) -> None:
+    await scaler.reconcile(policy(), action(), SATURATED, 2, T0)
+    assert desired(registry) == 3
+    del cluster.replicas["llm-server"]
+    out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + 60)
+    assert (out.condition.reason, out.decision) == ("ScaleTargetNotFound", None)
+    assert out.status.current_replicas is None
+    assert out.status.desired_replicas is None
+    assert desired(registry) is None  # no stale value left to drive an HPA
+    assert cluster.reasons()[-1] == ("GPUMonitorPolicy/llm-serving", "ScaleTargetNotFound")
+    assert out.result().problem == ("ScaleTargetNotFound", "Deployment llm-server not found")
+
+
+async def test_conflicting_write_is_retried(scaler: Scaler, cluster: FakeCluster) -> None:
+    cluster.patch_error = ScaleConflict("changed meanwhile", 409)
+    out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0)
+    assert not out.applied
+    assert out.status.last_scale_time is None
+    cluster.patch_error = None
+    # No cooldown started by the change that did not happen.
+    assert (await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + 1)).applied
+
+
+async def test_failed_write_warns_once(scaler: Scaler, cluster: FakeCluster) -> None:
+    cluster.patch_error = ScaleApiError("Deployment inference/llm-server: 403: forbidden", 403)
+    for t in (0, 10):
+        out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + t)
+        assert (out.condition.status, out.condition.reason) == ("False", "FailedUpdateScale")
+    assert [r for _, _, r, _ in cluster.events] == [
+        "FailedUpdateScale",
+        "FailedUpdateScale",
+    ]  # policy + target
+
+
+async def test_scaled_to_zero_is_left_alone(scaler: Scaler, cluster: FakeCluster) -> None:
+    cluster.replicas["llm-server"] = 0
+    out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0)
+    assert (out.condition.reason, cluster.patches) == ("ScaledToZero", [])
+
+
+async def test_status_carries_the_cooldown_over_a_restart(scaler: Scaler, cluster: FakeCluster) -> None:
+    cluster.policies = [
+        policy_object(
+            "llm-serving",
+            scale={
+                "lastScaleTime": "2027-01-15T08:00:00Z",
+                "lastScaleReason": "scaled llm-server 1→2: saturated",
+            },
+        )
+    ]
+    out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + 30)
+    assert not out.applied
+    assert out.status.last_scale_reason == "scaled llm-server 1→2: saturated"
+    assert (await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + 60)).applied
+
+
+async def test_series_of_a_policy_no_longer_reconciled_goes(
+    scaler: Scaler, registry: CollectorRegistry, clock: Clock
+) -> None:
+    await scaler.reconcile(policy(), action(), IDLE, 2, T0, expires_after=30)
+    assert desired(registry) == 1
+    clock.now = T0 + 30
+    assert desired(registry) == 1
+    clock.now = T0 + 31  # deleted, no longer scaling, or evaluated by the other replica
+    assert desired(registry) is None
