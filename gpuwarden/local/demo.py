@@ -1,13 +1,267 @@
-"""Placeholder: filled in by its issue."""
+"""``gpuwarden demo``: a scripted four-GPU node played through the policy engine, in under a minute.
+
+The scripted backend (the agent's, :class:`~gpuwarden.agent.scenario.ScriptedBackend`)
+is read at scenario time ``t`` directly, one sample per ``--interval`` of scenario time,
+attributed to the scenario's pods and fed to a :class:`~gpuwarden.local.session.Session`
+with the demo's policies. Nothing waits for scenario time to pass: at ``--speed`` 60 the
+loop only sleeps to keep the display at 60 scenario seconds per wall second (a few
+sleeps per frame, never one per sample), and ``--no-pace`` does not sleep at all.
+
+Exit codes: 0 when the scenario played to its end; 2 for bad flags or an unreadable
+scenario or policy file; 130 when interrupted (Ctrl-C), after the summary.
+"""
+
+from __future__ import annotations
 
 import argparse
+import asyncio
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuwarden.agent.metrics import AgentMetrics
+from gpuwarden.agent.scenario import (
+    DEFAULT_ORIGIN,
+    PACKAGED,
+    Scenario,
+    ScenarioAttributor,
+    ScenarioError,
+    ScriptedBackend,
+    load_scenario,
+)
+from gpuwarden.agent.snapshots import SnapshotRing, merge_process_utilization
+from gpuwarden.local.display import LiveDisplay, PlainDisplay, elapsed_clock, summary_lines
+from gpuwarden.local.history import History
+from gpuwarden.local.metrics import local_registry, start_server
+from gpuwarden.local.options import (
+    Display,
+    UsageError,
+    duration,
+    positive_float,
+    wants_live_display,
+)
+from gpuwarden.local.plot import PlotUnavailable, require_matplotlib, save_plot
+from gpuwarden.local.policies import LocalPolicy, demo_policy_path, load_policies
+from gpuwarden.local.session import ScaleNote, Session, SubjectKind
+from gpuwarden.nodereport import Snapshot
+from gpuwarden.policy import PodView
+from gpuwarden.policy.parse import SpecError
+from gpuwarden.policy.units import format_duration
+
+DEFAULT_SPEED = 60.0
+"""Scenario seconds per wall second: the 30-minute demo plays in about 30 s."""
+PACE_AHEAD = 0.05
+"""The loop runs at most this far (wall seconds) ahead of the paced schedule before it sleeps."""
+PROCESS_INTERVAL = 10.0
+"""Scenario seconds between per-process utilization reads, the agent's default."""
+YIELD_EVERY = 50
+"""Unpaced, the loop still yields to the event loop this often, so /metrics answers."""
+EXIT_INTERRUPTED = 130
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add this subcommand's flags."""
+    """Add the demo's flags."""
+    parser.description = (
+        "Play a scripted four-GPU node (an idle pod, a leaking training job, a caching allocator "
+        "that plateaus, a saturated inference server) through the policy engine, in under a minute."
+    )
+    add = parser.add_argument
+    add(
+        "--scenario",
+        default="demo",
+        metavar="FILE",
+        help=f"scenario file, or a packaged one by name ({', '.join(PACKAGED)}); default: demo",
+    )
+    add(
+        "--policy",
+        type=Path,
+        metavar="FILE",
+        help="GPUMonitorPolicy YAML (one or more documents); default: the packaged demo policy",
+    )
+    add(
+        "--speed",
+        type=positive_float,
+        default=DEFAULT_SPEED,
+        metavar="X",
+        help=f"scenario seconds per wall second ({DEFAULT_SPEED:g})",
+    )
+    add("--no-pace", action="store_true", help="run as fast as possible (no pacing sleeps)")
+    add("--interval", type=duration, default=1.0, metavar="DURATION", help="sampling period (1s)")
+    add("--plot", type=Path, metavar="FILE.png", help="write utilization and memory per GPU, findings marked")
+    add("--metrics-port", type=int, metavar="PORT", help="serve /metrics on this port during the demo")
+    add("--plain", action="store_true", help="plain lines even on a terminal (no live table)")
+
+
+@dataclass(frozen=True, slots=True)
+class DemoConfig:
+    """The demo's settings, checked."""
+
+    scenario: Scenario
+    policies: list[LocalPolicy]
+    speed: float
+    pace: bool
+    interval: float
+    plot: Path | None
+    metrics_port: int | None
+    live: bool
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> DemoConfig:
+        """Load the scenario and policies; :class:`UsageError` says what is wrong."""
+        if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+            raise UsageError(f"--metrics-port {args.metrics_port}: not a port number")
+        if args.plot is not None:
+            require_matplotlib()
+        try:
+            scenario = load_scenario(args.scenario)
+            policies = load_policies(args.policy or demo_policy_path())
+        except (ScenarioError, SpecError) as exc:
+            raise UsageError(str(exc)) from None
+        return cls(
+            scenario=scenario,
+            policies=policies,
+            speed=args.speed,
+            pace=not args.no_pace,
+            interval=args.interval,
+            plot=args.plot,
+            metrics_port=args.metrics_port,
+            live=wants_live_display(sys.stdout, plain=args.plain),
+        )
 
 
 def run(args: argparse.Namespace) -> int:
-    """Not built yet."""
-    print("not implemented yet")
-    return 2
+    """Play the demo; the process's exit code."""
+    try:
+        config = DemoConfig.from_args(args)
+    except (UsageError, PlotUnavailable) as exc:
+        print(f"gpuwarden demo: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(play(config))
+
+
+class _Player:
+    """The scripted backend read at chosen scenario times, as the agent's sampler would read it."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self.backend = ScriptedBackend(scenario, origin=DEFAULT_ORIGIN)
+        self.backend.open()
+        self._attributor = ScenarioAttributor(self.backend)
+        self._next_processes = 0.0
+
+    def sample(self, t: float) -> Snapshot:
+        """The attributed snapshot at scenario time ``t``; per-process utilization at its own rate."""
+        now = DEFAULT_ORIGIN + t
+        gpus = self.backend.sample_devices(now)
+        if t >= self._next_processes:
+            self._next_processes = t + PROCESS_INTERVAL
+            gpus = merge_process_utilization(gpus, self.backend.sample_process_utilization(now))
+        return self._attributor.annotate(Snapshot(timestamp=now, gpus=gpus))
+
+    def pods(self, snapshot: Snapshot) -> list[PodView]:
+        """The scenario's pods at the snapshot's time, with their labels and annotations."""
+        return [
+            PodView(p.ref.namespace, p.ref.name, p.labels, p.annotations)
+            for p in self.scenario.pods_at(snapshot.timestamp - DEFAULT_ORIGIN)
+        ]
+
+
+async def play(config: DemoConfig, out: Display | None = None) -> int:
+    """Play the scenario to its end (or until SIGINT); print findings, a summary; plot if asked."""
+    player = _Player(config.scenario)
+    clock = elapsed_clock(DEFAULT_ORIGIN)
+    history = History()
+    session = Session(
+        config.policies,
+        subjects=SubjectKind.PODS,
+        pods_of=player.pods,
+        sample_interval=config.interval,
+        history=history,
+    )
+    display: Display = out or (
+        LiveDisplay(sys.stdout, clock, subject_header="pod")
+        if config.live
+        else PlainDisplay(sys.stdout, clock)
+    )
+    ring = SnapshotRing(capacity=1)
+    registry, metrics = local_registry(ring, session.active, backend=player.backend.name)
+    runner = None
+    total = clock(DEFAULT_ORIGIN + config.scenario.duration)
+    if config.metrics_port is not None:
+        try:
+            runner, addresses = await start_server(registry, ring, None, config.metrics_port)
+        except OSError as exc:
+            print(
+                f"gpuwarden demo: cannot serve /metrics on port {config.metrics_port}: {exc}", file=sys.stderr
+            )
+            return 2
+        display.note(f"/metrics on {', '.join(addresses)}")
+    display.note(_intro(config))
+
+    loop = asyncio.get_running_loop()
+    interrupted = asyncio.Event()
+    loop.add_signal_handler(signal.SIGINT, interrupted.set)
+    scaling: list[ScaleNote] = []
+    started = time.monotonic()
+    try:
+        steps = int(config.scenario.duration // config.interval)
+        for i in range(steps + 1):
+            if interrupted.is_set():
+                break
+            t = i * config.interval
+            snapshot = player.sample(t)
+            ring.append(snapshot)
+            _count(metrics)
+            step = session.observe(snapshot)
+            scaling.extend(step.scaling)
+            title = f"gpuwarden demo: {config.scenario.name}, {clock(snapshot.timestamp)} of {total}"
+            display.show(step, title)
+            await _pace(config, started, t, i)
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+        display.close()
+        if runner is not None:
+            await runner.cleanup()
+    wall = time.monotonic() - started
+    played = (history.last or DEFAULT_ORIGIN) - DEFAULT_ORIGIN
+    print(
+        f"\nSummary: {format_duration(round(played))} of scenario {config.scenario.name!r} in {wall:.1f} s "
+        f"({played / max(wall, 1e-9):.0f}x), {len(history.devices)} GPUs, "
+        f"{len(config.policies)} {'policy' if len(config.policies) == 1 else 'policies'}"
+    )
+    for line in summary_lines(history, scaling, clock):
+        print(line)
+    if config.plot is not None:
+        save_plot(history, config.plot, f"gpuwarden demo: scenario {config.scenario.name}")
+        print(f"Plot: {config.plot}")
+    sys.stdout.flush()
+    return EXIT_INTERRUPTED if interrupted.is_set() else 0
+
+
+def _intro(config: DemoConfig) -> str:
+    names = ", ".join(p.key for p in config.policies)
+    pace = f"{config.speed:g}x" if config.pace else "unpaced"
+    return (
+        f"Playing scenario {config.scenario.name!r} ({format_duration(config.scenario.duration)}, "
+        f"{pace}) through policies {names}"
+    )
+
+
+def _count(metrics: AgentMetrics) -> None:
+    # The scripted read takes no time worth measuring; the counter shows progress on /metrics.
+    metrics.samples.inc()
+
+
+async def _pace(config: DemoConfig, started: float, t: float, i: int) -> None:
+    """Sleep only when the loop is ahead of ``speed``; unpaced, just let /metrics be served."""
+    if not config.pace:
+        if i % YIELD_EVERY == 0:
+            await asyncio.sleep(0)
+        return
+    ahead = started + (t + config.interval) / config.speed - time.monotonic()
+    if ahead > PACE_AHEAD:
+        await asyncio.sleep(ahead)
+    elif i % YIELD_EVERY == 0:
+        await asyncio.sleep(0)

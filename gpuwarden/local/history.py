@@ -1,0 +1,153 @@
+"""What local mode remembers for the plot and the summary: per-GPU readings and findings' spans.
+
+The engine's store keeps only what the rules need (minutes); this keeps the whole run,
+bounded: each GPU's series holds at most ``max_points`` readings, and when it fills up
+every other reading is dropped and only every second one kept from then on (so a
+day of ``watch`` costs the same memory as a minute, at a coarser resolution).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from gpuwarden.policy import Finding, Resolution, RuleKind
+
+DEFAULT_MAX_POINTS = 4096
+"""Readings per GPU before the series is thinned out (4096 x 3 floats: ~100 KiB a GPU)."""
+
+
+def _nan(value: float | None) -> float:
+    return math.nan if value is None else float(value)
+
+
+@dataclass(slots=True)
+class DeviceHistory:
+    """One GPU's (or MIG device's) readings over the run; missing readings are NaN."""
+
+    name: str
+    """How the display names it: ``GPU 0``."""
+    model: str
+    max_points: int = DEFAULT_MAX_POINTS
+    subjects: list[str] = field(default_factory=list)
+    """Every pod or process seen on it, in order of appearance."""
+    times: list[float] = field(default_factory=list)
+    utilization: list[float] = field(default_factory=list)
+    """NVML utilization.gpu, percent."""
+    sm_active: list[float] = field(default_factory=list)
+    """GPM SM activity, percent (NaN without GPM)."""
+    memory_used: list[float] = field(default_factory=list)
+    """Bytes."""
+    memory_total: float | None = None
+    """Bytes, as last reported."""
+    _stride: int = 1
+    _seen: int = 0
+
+    def append(
+        self, t: float, utilization: float | None, sm_active: float | None, memory_used: float | None
+    ) -> None:
+        """Record one reading (kept when it falls on the current stride)."""
+        self._seen += 1
+        if (self._seen - 1) % self._stride:
+            return
+        self.times.append(t)
+        self.utilization.append(_nan(utilization))
+        self.sm_active.append(_nan(sm_active))
+        self.memory_used.append(_nan(memory_used))
+        if len(self.times) > self.max_points:
+            for column in (self.times, self.utilization, self.sm_active, self.memory_used):
+                del column[1::2]
+            self._stride *= 2
+
+    def add_subject(self, subject: str) -> None:
+        """Remember that ``subject`` ran on this GPU."""
+        if subject not in self.subjects:
+            self.subjects.append(subject)
+
+
+@dataclass(slots=True)
+class FindingSpan:
+    """One finding from its start to its resolution (``end`` None while active)."""
+
+    policy: str
+    rule: str
+    kind: RuleKind
+    reason: str
+    subject: str
+    devices: tuple[str, ...]
+    start: float
+    message: str
+    """The engine's message when it started."""
+    end: float | None = None
+    resolution: Resolution | None = None
+    last_message: str = ""
+    """The engine's latest message (updated until it resolves)."""
+    value: float | None = None
+    """The latest value (updated until it resolves), in ``unit``."""
+    unit: str = ""
+
+
+class History:
+    """Every GPU's readings and every finding's span, for one local run."""
+
+    def __init__(self, max_points: int = DEFAULT_MAX_POINTS) -> None:
+        self.max_points = max_points
+        self.devices: dict[str, DeviceHistory] = {}
+        """By device key (GPU or MIG UUID), in order of appearance."""
+        self.spans: list[FindingSpan] = []
+        self._open: dict[tuple[str, str, str, str], FindingSpan] = {}
+        self.first: float | None = None
+        self.last: float | None = None
+
+    def device(self, key: str, name: str, model: str) -> DeviceHistory:
+        """The history of one device, created on first sight."""
+        found = self.devices.get(key)
+        if found is None:
+            found = self.devices[key] = DeviceHistory(name=name, model=model, max_points=self.max_points)
+        return found
+
+    def mark_time(self, t: float) -> None:
+        """Extend the run's time range to ``t``."""
+        if self.first is None:
+            self.first = t
+        self.last = t
+
+    def started(self, finding: Finding, subject: str, devices: tuple[str, ...], at: float) -> None:
+        """A finding started (``devices``: the GPUs it speaks for)."""
+        span = FindingSpan(
+            policy=finding.policy,
+            rule=finding.rule,
+            kind=finding.kind,
+            reason=finding.reason,
+            subject=subject,
+            devices=devices,
+            start=at,
+            message=finding.message,
+            last_message=finding.message,
+            value=finding.value,
+            unit=finding.unit,
+        )
+        self.spans.append(span)
+        self._open[self._key(finding)] = span
+
+    def updated(self, finding: Finding) -> None:
+        """An active finding has a new value and message."""
+        span = self._open.get(self._key(finding))
+        if span is not None:
+            span.last_message = finding.message
+            span.value = finding.value
+
+    def resolved(self, finding: Finding, resolution: Resolution | None, at: float) -> None:
+        """A finding ended."""
+        span = self._open.pop(self._key(finding), None)
+        if span is not None:
+            span.end = at
+            span.resolution = resolution
+
+    def active(self) -> list[FindingSpan]:
+        """Spans still open, in order of start."""
+        return [s for s in self.spans if s.end is None]
+
+    @staticmethod
+    def _key(finding: Finding) -> tuple[str, str, str, str]:
+        return (finding.policy, finding.rule, finding.namespace, finding.pod)

@@ -1,0 +1,188 @@
+"""``--plot FILE.png``: each GPU's utilization and memory over the run, with its findings marked.
+
+One row per GPU, two panels: utilization (NVML utilization.gpu and, where the GPU has
+GPM, SM activity) and memory used against the card's size. A finding is drawn on the
+panel of what it judged (utilization rules on the left, memory rules on the right): a
+dashed line where it started and a shaded span until it cleared (or the run ended).
+
+matplotlib is an optional dependency (``pip install 'gpuwarden[plot]'``); the figure is
+built on the Agg canvas directly, never through pyplot, so nothing global changes and
+no display is needed.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpuwarden.local.history import DeviceHistory, FindingSpan, History
+from gpuwarden.policy import RuleKind
+from gpuwarden.policy.humanize import format_bytes
+
+if TYPE_CHECKING:
+    from matplotlib.artist import Artist
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+GIB = float(2**30)
+ROW_HEIGHT = 2.6
+"""Inches per GPU row."""
+TITLE_CHARS = 70
+"""A panel title's pod or process is cut here (a process's command line can be long)."""
+
+LABEL_STEP = 11
+"""Points between the labels of successive findings on one panel."""
+LABEL_LINES = 3
+"""Labels stack this deep (in the headroom above the data), then start again at the top."""
+
+UTILIZATION_KINDS = frozenset({RuleKind.UTILIZATION_FLOOR, RuleKind.UTILIZATION_CEILING})
+FINDING_COLORS = {
+    RuleKind.UTILIZATION_FLOOR: "tab:purple",
+    RuleKind.UTILIZATION_CEILING: "tab:red",
+    RuleKind.MEMORY_CEILING: "tab:orange",
+    RuleKind.MEMORY_GROWTH: "tab:red",
+}
+
+
+class PlotUnavailable(RuntimeError):
+    """matplotlib is not installed."""
+
+
+def require_matplotlib() -> None:
+    """Raise :class:`PlotUnavailable` with the install hint when matplotlib is missing (check early)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise PlotUnavailable("--plot needs matplotlib: pip install 'gpuwarden[plot]'") from None
+
+
+def build_figure(history: History, title: str) -> Figure:
+    """The whole figure: a suptitle, and per GPU a utilization panel and a memory panel."""
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    devices = list(history.devices.items())
+    rows = max(1, len(devices))
+    figure = Figure(figsize=(14, 1.0 + ROW_HEIGHT * rows), layout="constrained")
+    FigureCanvasAgg(figure)
+    figure.suptitle(title, fontsize=13, fontweight="bold")
+    if not devices:
+        figure.text(0.5, 0.5, "no GPU readings", ha="center", va="center")
+        return figure
+    axes = figure.subplots(rows, 2, sharex=True, squeeze=False)
+    origin = history.first if history.first is not None else 0.0
+    span_seconds = (history.last or origin) - origin
+    unit, scale = ("hours", 3600.0) if span_seconds > 3 * 3600 else ("minutes", 60.0)
+
+    def x(t: float) -> float:
+        return (t - origin) / scale
+
+    end_x = x(history.last if history.last is not None else origin)
+    for row, (key, device) in enumerate(devices):
+        util_ax, mem_ax = axes[row][0], axes[row][1]
+        subject = _cut(_subject_text(device))
+        util_ax.set_title(f"{device.name}: {subject}  (utilization)", loc="left", fontsize=10)
+        mem_ax.set_title(f"{device.name}: {subject}  (memory)", loc="left", fontsize=10)
+        xs = [x(t) for t in device.times]
+        _utilization_panel(util_ax, xs, device)
+        _memory_panel(mem_ax, xs, device)
+        marked = {id(util_ax): 0, id(mem_ax): 0}
+        for span in (s for s in history.spans if key in s.devices):
+            ax = util_ax if span.kind in UTILIZATION_KINDS else mem_ax
+            _mark(ax, span, x(span.start), x(span.end) if span.end is not None else end_x, marked[id(ax)])
+            marked[id(ax)] += 1
+        for ax in (util_ax, mem_ax):
+            ax.grid(True, alpha=0.3)
+            ax.set_xlim(0, max(end_x, 1e-9))
+    for ax in axes[-1]:
+        ax.set_xlabel(f"{unit} since start")
+    # One legend for all panels, below them: per-panel legends would hide the finding labels.
+    figure.legend(handles=_legend_handles(), loc="outside lower center", ncols=6, fontsize=9, frameon=False)
+    return figure
+
+
+def save_plot(history: History, path: str | Path, title: str) -> None:
+    """Build the figure and write it as a PNG to ``path``."""
+    build_figure(history, title).savefig(str(path), format="png", dpi=100)
+
+
+def _legend_handles() -> list[Artist]:
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    return [
+        Line2D([], [], color="tab:green", label="utilization.gpu"),
+        Line2D([], [], color="tab:olive", label="SM activity (GPM)"),
+        Line2D([], [], color="tab:blue", label="memory used"),
+        Line2D([], [], color="black", linestyle=":", label="card's memory"),
+        Line2D([], [], color="gray", linestyle="--", label="finding started"),
+        Patch(color="gray", alpha=0.25, label="finding active"),
+    ]
+
+
+def _utilization_panel(ax: Axes, xs: list[float], device: DeviceHistory) -> None:
+    ax.plot(xs, device.utilization, color="tab:green", linewidth=1.0, label="utilization.gpu")
+    if any(not math.isnan(v) for v in device.sm_active):
+        ax.plot(xs, device.sm_active, color="tab:olive", linewidth=1.0, alpha=0.8, label="SM activity")
+    # Headroom above 100% for the finding labels.
+    ax.set_ylim(0, 118)
+    ax.set_yticks([0, 25, 50, 75, 100])
+    ax.set_ylabel("utilization (%)")
+
+
+def _memory_panel(ax: Axes, xs: list[float], device: DeviceHistory) -> None:
+    ax.plot(xs, [v / GIB for v in device.memory_used], color="tab:blue", linewidth=1.2, label="memory used")
+    top = device.memory_total
+    if top is not None:
+        ax.axhline(top / GIB, color="black", linestyle=":", linewidth=1.0, label="card's memory")
+        ax.set_ylim(0, top / GIB * 1.18)
+    else:
+        ax.set_ylim(bottom=0)
+    ax.set_ylabel("memory (GiB)")
+
+
+def _mark(ax: Axes, span: FindingSpan, start: float, end: float, nth: int) -> None:
+    """A dashed line where the finding started, shading until it cleared, its rule's name on top.
+
+    ``nth``: how many findings this panel already shows; each label goes one line lower.
+    """
+    color = FINDING_COLORS[span.kind]
+    line = ax.axvline(start, color=color, linestyle="--", linewidth=1.4, label=f"{span.rule} started")
+    line.set_gid(f"finding-start:{span.rule}")
+    shade = ax.axvspan(start, end, color=color, alpha=0.12, linewidth=0)
+    shade.set_gid(f"finding-span:{span.rule}")
+    ax.annotate(
+        f"{span.rule} {_value_text(span)}".strip(),
+        xy=(start, 1.0),
+        xycoords=("data", "axes fraction"),
+        xytext=(3, -3 - LABEL_STEP * (nth % LABEL_LINES)),
+        textcoords="offset points",
+        va="top",
+        fontsize=8,
+        color=color,
+        fontweight="bold",
+    )
+
+
+def _value_text(span: FindingSpan) -> str:
+    """The finding's latest value, short: ``3%``, ``+200Mi/m``."""
+    if span.value is None:
+        return ""
+    if span.unit == "bytes/s":
+        return f"+{format_bytes(span.value * 60)}/m"
+    if span.unit == "bytes":
+        return format_bytes(span.value)
+    return f"{span.value:.0f}%"
+
+
+def _subject_text(device: DeviceHistory) -> str:
+    if not device.subjects:
+        return "(nothing ran on it)"
+    more = f" (+{len(device.subjects) - 1} more)" if len(device.subjects) > 1 else ""
+    return device.subjects[0] + more
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= TITLE_CHARS else text[: TITLE_CHARS - 3] + "..."

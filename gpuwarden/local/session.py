@@ -1,0 +1,341 @@
+"""The loop local mode shares between ``demo`` and ``watch``: snapshots in, findings and rows out.
+
+A :class:`Session` is the operator's evaluation in miniature, without a cluster: each
+snapshot (from the scripted backend or NVML) is attributed to subjects, stored in a
+:class:`~gpuwarden.policy.SeriesStore`, and every policy is evaluated once its
+``evaluationInterval`` has passed, in snapshot time, so a compressed scenario runs the
+engine exactly as real time would. What comes back from :meth:`Session.observe` is a
+:class:`Step`: the GPUs as the display shows them, the findings that started, re-notified
+or cleared, and the scale decisions.
+
+Subjects are pods (``demo``: the scenario's pods, with their labels) or host processes
+(``watch``: ``pid/<pid>`` in namespace ``""``, see :func:`gpuwarden.policy.process_subject`).
+
+Scaling is decided as the operator decides it in ``dryRun``: the pure
+:class:`~gpuwarden.policy.scaling.ScaleDecider` is asked after each evaluation, the
+target's replicas are the pods the policy matches (nothing ever adds one), and a
+decision that would change them starts its cooldown as if it had.
+
+Pure apart from the clock-free bookkeeping: no I/O, no sleeping.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from gpuwarden.agent.backend import device_key
+from gpuwarden.local.history import History
+from gpuwarden.local.policies import LocalPolicy
+from gpuwarden.nodereport import DeviceState, GpuSample, Snapshot
+from gpuwarden.policy import (
+    PROCESS_NAMESPACE,
+    Finding,
+    FindingTransition,
+    PodId,
+    PodView,
+    Point,
+    PolicyEvaluator,
+    SeriesKey,
+    SeriesStore,
+    Transition,
+    points_from_processes,
+    points_from_snapshot,
+    process_subject,
+)
+from gpuwarden.policy.scaling import ScaleDecider, ScaleDecision, findings_by_pod
+
+POINT_SLACK = 1.25
+"""Series room beyond retention / interval: sampling jitters, and a short series would evict early."""
+
+
+class SubjectKind(enum.StrEnum):
+    """What a finding is about in local mode."""
+
+    PODS = "pod"
+    PROCESSES = "process"
+
+
+PodsOf = Callable[[Snapshot], Sequence[PodView]]
+"""The pods that exist at a snapshot's time, with their labels (what a pod list would say)."""
+
+
+def pods_in(snapshot: Snapshot) -> list[PodView]:
+    """The pods a snapshot names (allocated a GPU or running on one), without labels."""
+    seen: dict[PodId, None] = {}
+    for gpu in snapshot.gpus:
+        for ref in gpu.pods:
+            seen.setdefault(PodId(ref.namespace, ref.name), None)
+        for proc in gpu.processes:
+            if proc.pod is not None:
+                seen.setdefault(PodId(proc.pod.namespace, proc.pod.name), None)
+    return [PodView(namespace=p.namespace, name=p.name) for p in seen]
+
+
+def processes_in(snapshot: Snapshot) -> list[PodView]:
+    """Every process on a healthy device of the snapshot, as a subject (``pid/<pid>``)."""
+    pids = sorted({p.pid for gpu in snapshot.gpus if gpu.state is DeviceState.OK for p in gpu.processes})
+    return [PodView(namespace=PROCESS_NAMESPACE, name=process_subject(pid)) for pid in pids]
+
+
+def device_name(gpu: GpuSample) -> str:
+    """How the display names a device: ``GPU 0``, or ``GPU 0 MIG-…`` for a MIG instance."""
+    return f"GPU {gpu.index}" if gpu.mig_id is None else f"GPU {gpu.index} {gpu.mig_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRow:
+    """One device as last sampled, with the active findings that speak for it."""
+
+    device: str
+    """Device key: the GPU (or MIG device) UUID."""
+    name: str
+    model: str
+    state: DeviceState
+    utilization: float | None
+    sm_active: float | None
+    memory_used: float | None
+    memory_total: float | None
+    subjects: tuple[str, ...]
+    """Display names of the pods or processes on it."""
+    findings: tuple[str, ...]
+    """Rules with an active finding on it."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleNote:
+    """A scale decision that would change the target's replicas (nothing is scaled in local mode)."""
+
+    policy: str
+    target: str
+    """``Deployment inference/llm-server``."""
+    decision: ScaleDecision
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Announcement:
+    """A finding that started, re-notified or cleared, with the names the display needs."""
+
+    transition: FindingTransition
+    subject: str
+    devices: tuple[str, ...]
+    """Display names of the GPUs it speaks for (``GPU 1``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What one snapshot changed."""
+
+    at: float
+    rows: tuple[GpuRow, ...]
+    announcements: tuple[Announcement, ...]
+    scaling: tuple[ScaleNote, ...]
+    evaluated: bool
+    """Whether any policy was evaluated at this snapshot."""
+
+
+@dataclass(slots=True)
+class _Policy:
+    policy: LocalPolicy
+    evaluator: PolicyEvaluator
+    due: float | None = None
+    decider: ScaleDecider | None = None
+    active: tuple[Finding, ...] = ()
+
+
+class Session:
+    """Feeds snapshots through the engine for every policy; keeps the run's :class:`History`.
+
+    ``pods_of`` lists the pods at a snapshot's time with their labels (the demo's
+    scenario knows them); without it pods are taken from the snapshot, unlabelled.
+    ``sample_interval`` sizes the store.
+    """
+
+    def __init__(
+        self,
+        policies: Sequence[LocalPolicy],
+        *,
+        subjects: SubjectKind,
+        pods_of: PodsOf | None = None,
+        sample_interval: float = 1.0,
+        history: History | None = None,
+    ) -> None:
+        if not policies:
+            raise ValueError("a session needs at least one policy")
+        self.subjects = subjects
+        self._pods_of: PodsOf = pods_of or (processes_in if subjects is SubjectKind.PROCESSES else pods_in)
+        self._policies = [
+            _Policy(
+                policy=p,
+                evaluator=PolicyEvaluator(p.key, p.spec, namespace=p.namespace),
+                decider=ScaleDecider() if p.spec.actions.scale is not None else None,
+            )
+            for p in policies
+        ]
+        retention = max(p.evaluator.horizon_seconds() for p in self._policies)
+        self.store = SeriesStore(
+            retention_seconds=retention, max_points=int(retention / sample_interval * POINT_SLACK) + 16
+        )
+        self.history = history if history is not None else History()
+        self.subject_names: dict[PodId, str] = {}
+        """Display name of every subject seen: ``research/notebook-0``, ``pid 4242 python train.py``."""
+        self._device_names: dict[str, str] = {}
+        self.policies = tuple(policies)
+
+    # -- one snapshot -----------------------------------------------------------------------------
+
+    def observe(self, snapshot: Snapshot) -> Step:
+        """Store a snapshot's readings, evaluate the policies that are due, and say what changed."""
+        now = snapshot.timestamp
+        self.history.mark_time(now)
+        subjects_by_device = self._subjects_by_device(snapshot)
+        self.store.extend(self._points(snapshot))
+        self._record(snapshot, subjects_by_device)
+
+        announcements: list[Announcement] = []
+        scaling: list[ScaleNote] = []
+        evaluated = False
+        pods: Sequence[PodView] | None = None
+        for entry in self._policies:
+            if entry.due is not None and now < entry.due:
+                continue
+            evaluated = True
+            entry.due = now + entry.policy.spec.evaluation_interval_seconds
+            if pods is None:
+                pods = self._pods_of(snapshot)
+                self.store.prune(now)
+            evaluation = entry.evaluator.evaluate(pods, self.store, now)
+            entry.active = evaluation.active
+            for transition in evaluation.transitions:
+                announced = self._track(transition)
+                if announced is not None:
+                    announcements.append(announced)
+            note = self._decide_scale(entry, evaluation.active, len(evaluation.matched_pods), now)
+            if note is not None:
+                scaling.append(note)
+        return Step(
+            at=now,
+            rows=tuple(self._rows(snapshot, subjects_by_device)),
+            announcements=tuple(announcements),
+            scaling=tuple(scaling),
+            evaluated=evaluated,
+        )
+
+    def active(self) -> list[Finding]:
+        """Every policy's active findings after the latest evaluation."""
+        return [f for entry in self._policies for f in entry.active]
+
+    def subject_name(self, namespace: str, pod: str) -> str:
+        """A subject's display name (its id if it was never seen on a GPU)."""
+        return self.subject_names.get(PodId(namespace, pod)) or (f"{namespace}/{pod}" if namespace else pod)
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _points(self, snapshot: Snapshot) -> Iterator[tuple[SeriesKey, Point]]:
+        if self.subjects is SubjectKind.PROCESSES:
+            return points_from_processes(snapshot)
+        return points_from_snapshot(snapshot)
+
+    def _subjects_by_device(self, snapshot: Snapshot) -> dict[str, list[str]]:
+        """Each device's subjects' display names; learns the names on the way."""
+        out: dict[str, list[str]] = {}
+        for gpu in snapshot.gpus:
+            names: list[str] = []
+            if self.subjects is SubjectKind.PROCESSES:
+                for proc in gpu.processes:
+                    name = f"pid {proc.pid}" + (f" {proc.command}" if proc.command else "")
+                    self.subject_names[PodId(PROCESS_NAMESPACE, process_subject(proc.pid))] = name
+                    names.append(name)
+            else:
+                refs = [*gpu.pods, *(p.pod for p in gpu.processes if p.pod is not None)]
+                for ref in refs:
+                    name = f"{ref.namespace}/{ref.name}"
+                    self.subject_names[PodId(ref.namespace, ref.name)] = name
+                    if name not in names:
+                        names.append(name)
+            out[device_key(gpu)] = list(dict.fromkeys(names))
+        return out
+
+    def _record(self, snapshot: Snapshot, subjects_by_device: dict[str, list[str]]) -> None:
+        for gpu in snapshot.gpus:
+            key = device_key(gpu)
+            name = device_name(gpu)
+            self._device_names[key] = name
+            device = self.history.device(key, name, gpu.model)
+            for subject in subjects_by_device.get(key, ()):
+                device.add_subject(subject)
+            if gpu.memory_total_bytes is not None:
+                device.memory_total = float(gpu.memory_total_bytes)
+            device.append(
+                snapshot.timestamp,
+                gpu.utilization_gpu,
+                gpu.sm_active,
+                None if gpu.memory_used_bytes is None else float(gpu.memory_used_bytes),
+            )
+
+    def _track(self, transition: FindingTransition) -> Announcement | None:
+        """Keep the history's spans; the transitions worth announcing come back named."""
+        finding = transition.finding
+        subject = self.subject_name(finding.namespace, finding.pod)
+        devices = tuple(self._device_names.get(g, g) for g in finding.gpus)
+        if transition.transition is Transition.STARTED:
+            self.history.started(finding, subject, finding.gpus, transition.at)
+        elif transition.transition is Transition.RESOLVED:
+            self.history.resolved(finding, transition.resolution, transition.at)
+        else:
+            self.history.updated(finding)
+        if transition.transition is Transition.ONGOING:
+            return None
+        return Announcement(transition, subject, devices)
+
+    def _decide_scale(
+        self, entry: _Policy, active: Iterable[Finding], matched: int, now: float
+    ) -> ScaleNote | None:
+        action = entry.policy.spec.actions.scale
+        if action is None or entry.decider is None or matched == 0:
+            return None
+        decision = entry.decider.decide(action, matched, findings_by_pod(active), matched, now)
+        if not decision.changes:
+            return None
+        entry.decider.record_scale(decision, now)
+        ref = action.target_ref
+        where = f"{entry.policy.namespace}/{ref.name}" if entry.policy.namespace else ref.name
+        return ScaleNote(entry.policy.key, f"{ref.kind} {where}", decision, now)
+
+    def _rows(self, snapshot: Snapshot, subjects_by_device: dict[str, list[str]]) -> Iterator[GpuRow]:
+        on_device: dict[str, list[str]] = {}
+        devices_of: dict[PodId, list[str]] = {}
+        for gpu in snapshot.gpus:
+            for proc in gpu.processes:
+                subject = (
+                    PodId(PROCESS_NAMESPACE, process_subject(proc.pid))
+                    if self.subjects is SubjectKind.PROCESSES
+                    else (PodId(proc.pod.namespace, proc.pod.name) if proc.pod else None)
+                )
+                if subject is not None:
+                    devices_of.setdefault(subject, []).append(device_key(gpu))
+            for ref in gpu.pods:
+                devices_of.setdefault(PodId(ref.namespace, ref.name), []).append(device_key(gpu))
+        for finding in self.active():
+            # The GPUs the value speaks for; failing that, wherever its subject runs.
+            gpus = finding.gpus or tuple(devices_of.get(PodId(finding.namespace, finding.pod), ()))
+            for g in gpus:
+                rules = on_device.setdefault(g, [])
+                if finding.rule not in rules:
+                    rules.append(finding.rule)
+        for gpu in snapshot.gpus:
+            key = device_key(gpu)
+            yield GpuRow(
+                device=key,
+                name=device_name(gpu),
+                model=gpu.model,
+                state=gpu.state,
+                utilization=gpu.utilization_gpu,
+                sm_active=gpu.sm_active,
+                memory_used=None if gpu.memory_used_bytes is None else float(gpu.memory_used_bytes),
+                memory_total=None if gpu.memory_total_bytes is None else float(gpu.memory_total_bytes),
+                subjects=tuple(subjects_by_device.get(key, ())),
+                findings=tuple(on_device.get(key, ())),
+            )
