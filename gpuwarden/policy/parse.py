@@ -56,7 +56,7 @@ MAX_SELECTOR_VALUES = 64
 MAX_REPLICAS = 2**31 - 1  # int32, as in the CRD and the /scale subresource
 MIN_EVALUATION_INTERVAL = 1.0
 MIN_RENOTIFY_INTERVAL = 60.0
-# The engine fits a line through 30 bucket medians and needs 6 of them: shorter windows are noise.
+# The engine fits a line through 20 bucket medians (window/20 each): under a minute, that is noise.
 MIN_GROWTH_WINDOW = 60.0
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
