@@ -317,7 +317,7 @@ def test_status_example_is_accepted() -> None:
             "currentReplicas": 3,
             "desiredReplicas": 3,
             "lastScaleTime": "2026-12-02T13:00:00Z",
-            "lastScaleReason": "scale up 2->3: saturated on 2/2 pods",
+            "lastScaleReason": "scaled llm-server 2→3: saturated on 2/2 pods",
         },
         "conditions": [
             {
