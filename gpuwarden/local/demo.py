@@ -18,10 +18,10 @@ import asyncio
 import signal
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuwarden.agent.metrics import AgentMetrics
 from gpuwarden.agent.scenario import (
     DEFAULT_ORIGIN,
     PACKAGED,
@@ -38,13 +38,14 @@ from gpuwarden.local.metrics import local_registry, start_server
 from gpuwarden.local.options import (
     Display,
     UsageError,
+    broken_pipe,
     duration,
     positive_float,
     wants_live_display,
 )
 from gpuwarden.local.plot import PlotUnavailable, require_matplotlib, save_plot
 from gpuwarden.local.policies import LocalPolicy, demo_policy_path, load_policies
-from gpuwarden.local.session import ScaleNote, Session, SubjectKind
+from gpuwarden.local.session import ScaleNote, Session, Step, SubjectKind
 from gpuwarden.nodereport import Snapshot
 from gpuwarden.policy import PodView
 from gpuwarden.policy.parse import SpecError
@@ -138,18 +139,47 @@ def run(args: argparse.Namespace) -> int:
     except (UsageError, PlotUnavailable) as exc:
         print(f"gpuwarden demo: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(play(config))
+    try:
+        return asyncio.run(play(config))
+    except BrokenPipeError:
+        return broken_pipe()
 
 
-class _Player:
-    """The scripted backend read at chosen scenario times, as the agent's sampler would read it."""
+class ScenarioRun:
+    """A scenario played through a :class:`Session`, one sample per ``interval`` of scenario time.
 
-    def __init__(self, scenario: Scenario) -> None:
+    The scripted backend is read at chosen scenario times as the agent's sampler reads
+    it (devices every sample, per-process utilization every :data:`PROCESS_INTERVAL`),
+    attributed to the scenario's pods and fed to the session. No clock, no sleeping:
+    :meth:`steps` is as fast as the engine; pacing is the caller's business.
+    """
+
+    def __init__(self, scenario: Scenario, policies: Sequence[LocalPolicy], *, interval: float = 1.0) -> None:
         self.scenario = scenario
+        self.interval = interval
         self.backend = ScriptedBackend(scenario, origin=DEFAULT_ORIGIN)
         self.backend.open()
         self._attributor = ScenarioAttributor(self.backend)
         self._next_processes = 0.0
+        self.history = History()
+        self.session = Session(
+            policies,
+            subjects=SubjectKind.PODS,
+            pods_of=self._pods,
+            sample_interval=interval,
+            history=self.history,
+        )
+        self.scaling: list[ScaleNote] = []
+        """Every scale decision so far (repeats included)."""
+
+    def steps(self) -> Iterator[tuple[float, Snapshot, Step]]:
+        """``(t, snapshot, step)`` from scenario time 0 to the scenario's end."""
+        for i in range(int(self.scenario.duration // self.interval) + 1):
+            t = i * self.interval
+            snapshot = self.sample(t)
+            step = self.session.observe(snapshot)
+            self.scaling.extend(step.scaling)
+            yield t, snapshot, step
 
     def sample(self, t: float) -> Snapshot:
         """The attributed snapshot at scenario time ``t``; per-process utilization at its own rate."""
@@ -160,7 +190,7 @@ class _Player:
             gpus = merge_process_utilization(gpus, self.backend.sample_process_utilization(now))
         return self._attributor.annotate(Snapshot(timestamp=now, gpus=gpus))
 
-    def pods(self, snapshot: Snapshot) -> list[PodView]:
+    def _pods(self, snapshot: Snapshot) -> list[PodView]:
         """The scenario's pods at the snapshot's time, with their labels and annotations."""
         return [
             PodView(p.ref.namespace, p.ref.name, p.labels, p.annotations)
@@ -170,23 +200,15 @@ class _Player:
 
 async def play(config: DemoConfig, out: Display | None = None) -> int:
     """Play the scenario to its end (or until SIGINT); print findings, a summary; plot if asked."""
-    player = _Player(config.scenario)
+    run = ScenarioRun(config.scenario, config.policies, interval=config.interval)
     clock = elapsed_clock(DEFAULT_ORIGIN)
-    history = History()
-    session = Session(
-        config.policies,
-        subjects=SubjectKind.PODS,
-        pods_of=player.pods,
-        sample_interval=config.interval,
-        history=history,
-    )
     display: Display = out or (
         LiveDisplay(sys.stdout, clock, subject_header="pod")
         if config.live
         else PlainDisplay(sys.stdout, clock)
     )
     ring = SnapshotRing(capacity=1)
-    registry, metrics = local_registry(ring, session.active, backend=player.backend.name)
+    registry, metrics = local_registry(ring, run.session.active, backend=run.backend.name)
     runner = None
     total = clock(DEFAULT_ORIGIN + config.scenario.duration)
     if config.metrics_port is not None:
@@ -203,35 +225,32 @@ async def play(config: DemoConfig, out: Display | None = None) -> int:
     loop = asyncio.get_running_loop()
     interrupted = asyncio.Event()
     loop.add_signal_handler(signal.SIGINT, interrupted.set)
-    scaling: list[ScaleNote] = []
     started = time.monotonic()
     try:
-        steps = int(config.scenario.duration // config.interval)
-        for i in range(steps + 1):
+        for i, (t, snapshot, step) in enumerate(run.steps()):
+            ring.append(snapshot)
+            # The scripted read takes no time worth measuring; the counter shows progress on /metrics.
+            metrics.samples.inc()
+            display.show(
+                step, f"gpuwarden demo: {config.scenario.name}, {clock(snapshot.timestamp)} of {total}"
+            )
+            await _pace(config, started, t, i)
             if interrupted.is_set():
                 break
-            t = i * config.interval
-            snapshot = player.sample(t)
-            ring.append(snapshot)
-            _count(metrics)
-            step = session.observe(snapshot)
-            scaling.extend(step.scaling)
-            title = f"gpuwarden demo: {config.scenario.name}, {clock(snapshot.timestamp)} of {total}"
-            display.show(step, title)
-            await _pace(config, started, t, i)
     finally:
         loop.remove_signal_handler(signal.SIGINT)
         display.close()
         if runner is not None:
             await runner.cleanup()
     wall = time.monotonic() - started
+    history = run.history
     played = (history.last or DEFAULT_ORIGIN) - DEFAULT_ORIGIN
     print(
         f"\nSummary: {format_duration(round(played))} of scenario {config.scenario.name!r} in {wall:.1f} s "
         f"({played / max(wall, 1e-9):.0f}x), {len(history.devices)} GPUs, "
         f"{len(config.policies)} {'policy' if len(config.policies) == 1 else 'policies'}"
     )
-    for line in summary_lines(history, scaling, clock):
+    for line in summary_lines(history, run.scaling, clock):
         print(line)
     if config.plot is not None:
         save_plot(history, config.plot, f"gpuwarden demo: scenario {config.scenario.name}")
@@ -247,11 +266,6 @@ def _intro(config: DemoConfig) -> str:
         f"Playing scenario {config.scenario.name!r} ({format_duration(config.scenario.duration)}, "
         f"{pace}) through policies {names}"
     )
-
-
-def _count(metrics: AgentMetrics) -> None:
-    # The scripted read takes no time worth measuring; the counter shows progress on /metrics.
-    metrics.samples.inc()
 
 
 async def _pace(config: DemoConfig, started: float, t: float, i: int) -> None:

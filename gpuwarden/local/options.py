@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Protocol, TextIO
 
 from gpuwarden.local.session import Step
@@ -52,3 +53,15 @@ def positive_float(text: str) -> float:
 def wants_live_display(out: TextIO, *, plain: bool) -> bool:
     """The live table only on a terminal that can redraw (not ``TERM=dumb``), unless ``--plain``."""
     return not plain and out.isatty() and os.environ.get("TERM", "") != "dumb"
+
+
+EXIT_BROKEN_PIPE = 141
+"""What a shell reports for a process killed by SIGPIPE (128 + 13): ``gpuwarden demo | head``."""
+
+
+def broken_pipe() -> int:
+    """The reader of stdout went away: silence the interpreter's final flush, exit as SIGPIPE would."""
+    # Python's docs recommend this: point stdout at /dev/null so the flush at exit cannot fail again.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_BROKEN_PIPE

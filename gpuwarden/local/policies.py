@@ -104,10 +104,12 @@ def _policy(doc: Any) -> LocalPolicy:
 
 
 def for_processes(policy: LocalPolicy) -> LocalPolicy:
-    """The policy as ``watch`` runs it on host processes: no namespace, a selector that takes everything.
+    """The policy as ``watch`` runs it on host processes: every process judged, nothing scaled.
 
     Selectors and namespaces speak of pods' labels and namespaces, which host
-    processes do not have; keeping them would silently judge nothing.
+    processes do not have; keeping them would silently judge nothing. A scale
+    action names a Deployment, which a bare host does not have.
     """
-    spec = dataclasses.replace(policy.spec, selector=LabelSelector())
+    actions = dataclasses.replace(policy.spec.actions, scale=None)
+    spec = dataclasses.replace(policy.spec, selector=LabelSelector(), actions=actions)
     return dataclasses.replace(policy, namespace=None, spec=spec)

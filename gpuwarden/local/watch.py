@@ -1,13 +1,321 @@
-"""Placeholder: filled in by its issue."""
+"""``gpuwarden watch --policy FILE``: the policy engine on this host's GPUs, without Kubernetes.
+
+The agent's sampling loop reads the GPUs through NVML (or, only when ``--scenario`` asks
+for it, a scripted scenario), every ``--interval``; each snapshot goes through a
+:class:`~gpuwarden.local.session.Session` whose subjects are host processes, shown by
+PID and command line. ``/metrics`` (the agent's series, plus
+``gpuwarden_local_finding_active``) is served on ``--listen``.
+
+Host processes have no namespace and no labels, so every policy in the file judges
+every process: selectors and namespaces are set aside, and so are scale actions (there
+is no Deployment to scale); ``watch`` says so when it starts.
+
+Exit codes: 0 stopped by ``--duration``, the end of a scenario, SIGINT or SIGTERM;
+1 the sampling loop died or ``--listen`` cannot be bound; 2 bad flags, an unreadable
+policy or scenario file; 3 (:data:`EXIT_NO_GPU`) NVML cannot start: no NVIDIA driver,
+or no GPU. There is never a silent fallback to a scenario.
+"""
+
+from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuwarden.agent.backend import BackendError, DeviceBackend
+from gpuwarden.agent.scenario import PACKAGED, Scenario, ScenarioError, ScriptedBackend, load_scenario
+from gpuwarden.agent.snapshots import Sampler, SnapshotRing
+from gpuwarden.local.display import LiveDisplay, PlainDisplay, elapsed_clock, summary_lines, wall_clock
+from gpuwarden.local.history import History
+from gpuwarden.local.metrics import local_registry, start_server
+from gpuwarden.local.options import (
+    Display,
+    UsageError,
+    broken_pipe,
+    duration,
+    positive_float,
+    wants_live_display,
+)
+from gpuwarden.local.plot import PlotUnavailable, require_matplotlib, save_plot
+from gpuwarden.local.policies import LocalPolicy, for_processes, load_policies
+from gpuwarden.local.session import Session, SubjectKind
+from gpuwarden.nodereport import Snapshot
+from gpuwarden.policy.parse import SpecError
+from gpuwarden.policy.units import format_duration
+
+log = logging.getLogger("gpuwarden.watch")
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_NO_GPU = 3
+"""NVML could not start (no NVIDIA driver, or no GPU): distinct, so scripts can tell it from a failure."""
+
+DEFAULT_LISTEN = ":9400"
+RING_SECONDS = 300.0
+"""Snapshots kept for /metrics (the collectors read only the latest; a short ring is plenty)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add this subcommand's flags."""
+    """Add watch's flags."""
+    parser.description = (
+        "Watch this host's GPUs with a GPUMonitorPolicy file, without Kubernetes: findings per "
+        "process (PID and command line), /metrics, an optional plot."
+    )
+    add = parser.add_argument
+    add("--policy", type=Path, required=True, metavar="FILE", help="GPUMonitorPolicy YAML (one or more)")
+    add(
+        "--scenario",
+        metavar="FILE",
+        help="read a scripted scenario instead of the GPUs (a file, or a packaged one by name: "
+        f"{', '.join(PACKAGED)}); never chosen automatically",
+    )
+    add(
+        "--speed",
+        type=positive_float,
+        default=1.0,
+        metavar="X",
+        help="with --scenario: play it this many times faster than real time (1)",
+    )
+    add(
+        "--listen",
+        default=DEFAULT_LISTEN,
+        metavar="[HOST]:PORT",
+        help=f"address of /metrics ({DEFAULT_LISTEN}; port 0 picks a free one)",
+    )
+    add("--interval", type=duration, default=1.0, metavar="DURATION", help="sampling period (1s)")
+    add(
+        "--process-interval",
+        type=duration,
+        default=10.0,
+        metavar="DURATION",
+        help="per-process SM utilization period (10s; NVML takes ~2 ms a GPU for it)",
+    )
+    add(
+        "--duration",
+        type=duration,
+        metavar="DURATION",
+        help="stop after this long (default: until Ctrl-C; with --scenario, at its end)",
+    )
+    add("--plot", type=Path, metavar="FILE.png", help="on exit, write utilization and memory per GPU")
+    add("--plain", action="store_true", help="plain lines even on a terminal (no live table)")
+
+
+@dataclass(frozen=True, slots=True)
+class WatchConfig:
+    """Watch's settings, checked."""
+
+    policies: list[LocalPolicy]
+    notes: list[str]
+    """What was set aside from the policies (selectors, scale actions), to say at the start."""
+    scenario: Scenario | None
+    speed: float
+    host: str | None
+    port: int
+    interval: float
+    process_interval: float
+    duration: float | None
+    plot: Path | None
+    live: bool
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> WatchConfig:
+        """Check the flags and load the files; :class:`UsageError` says what is wrong."""
+        from gpuwarden.agent.command import UsageError as ListenError
+        from gpuwarden.agent.command import parse_listen
+
+        if args.speed != 1.0 and args.scenario is None:
+            raise UsageError("--speed only applies to --scenario (real GPUs run in real time)")
+        try:
+            host, port = parse_listen(args.listen)
+        except ListenError as exc:
+            raise UsageError(str(exc)) from None
+        if args.plot is not None:
+            require_matplotlib()
+        try:
+            loaded = load_policies(args.policy)
+            scenario = load_scenario(args.scenario) if args.scenario is not None else None
+        except (SpecError, ScenarioError) as exc:
+            raise UsageError(str(exc)) from None
+        return cls(
+            policies=[for_processes(p) for p in loaded],
+            notes=_set_aside(loaded),
+            scenario=scenario,
+            speed=args.speed,
+            host=host,
+            port=port,
+            interval=args.interval,
+            process_interval=args.process_interval,
+            duration=args.duration
+            if args.duration is not None
+            else (scenario.duration if scenario else None),
+            plot=args.plot,
+            live=wants_live_display(sys.stdout, plain=args.plain),
+        )
+
+
+def _set_aside(policies: list[LocalPolicy]) -> list[str]:
+    notes = []
+    for p in policies:
+        spec = p.spec
+        if p.namespace or spec.selector.match_labels or spec.selector.match_expressions:
+            notes.append(
+                f"policy {p.key}: its namespace and selector speak of pods; watch judges every process"
+            )
+        if spec.actions.scale is not None:
+            notes.append(f"policy {p.key}: scale action ignored (there is no Deployment on a bare host)")
+    return notes
 
 
 def run(args: argparse.Namespace) -> int:
-    """Not built yet."""
-    print("not implemented yet")
-    return 2
+    """Watch until stopped; the process's exit code."""
+    logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        config = WatchConfig.from_args(args)
+    except (UsageError, PlotUnavailable) as exc:
+        print(f"gpuwarden watch: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    clock: Callable[[], float] = time.time
+    backend: DeviceBackend
+    if config.scenario is not None:
+        clock = _scenario_clock(config.speed)
+        backend = ScriptedBackend(config.scenario, origin=clock(), clock=clock)
+    else:
+        from gpuwarden.agent.nvml import NvmlBackend
+
+        backend = NvmlBackend(first_process_window=config.process_interval)
+    try:
+        backend.open()
+    except BackendError as exc:
+        print(
+            f"gpuwarden watch: cannot read this host's GPUs: {exc}\n"
+            "  watch reads NVIDIA GPUs through the driver's NVML library, and found none to read.\n"
+            "  To watch a scripted scenario instead, say so: --scenario FILE (e.g. --scenario demo),\n"
+            "  or play the demo: gpuwarden demo.",
+            file=sys.stderr,
+        )
+        return EXIT_NO_GPU
+    try:
+        return asyncio.run(watch(config, backend, clock))
+    except BrokenPipeError:
+        return broken_pipe()
+    finally:
+        backend.close()
+
+
+def _scenario_clock(speed: float) -> Callable[[], float]:
+    """Epoch seconds that run ``speed`` times faster than the wall clock, from now on."""
+    wall0, mono0 = time.time(), time.monotonic()
+    return lambda: wall0 + (time.monotonic() - mono0) * speed
+
+
+async def watch(
+    config: WatchConfig,
+    backend: DeviceBackend,
+    clock: Callable[[], float] = time.time,
+    out: Display | None = None,
+) -> int:
+    """Sample ``backend`` until stopped, evaluate, display, serve /metrics; plot and summarise on exit."""
+    scripted = config.scenario is not None
+    history = History()
+    session = Session(
+        config.policies,
+        subjects=SubjectKind.PROCESSES,
+        sample_interval=config.interval,
+        history=history,
+    )
+    # A scenario's time starts at the backend's origin: findings are labelled in scenario time.
+    start = backend.origin if isinstance(backend, ScriptedBackend) and backend.origin else clock()
+    label = elapsed_clock(start) if scripted else wall_clock
+    display: Display = out or (
+        LiveDisplay(sys.stdout, label, subject_header="process")
+        if config.live
+        else PlainDisplay(sys.stdout, label)
+    )
+    ring = SnapshotRing(capacity=max(1, int(RING_SECONDS / config.interval)))
+    registry, metrics = local_registry(ring, session.active, backend=backend.name)
+    stop = asyncio.Event()
+    failed: list[str] = []
+    source = f"scenario {config.scenario.name!r}" if config.scenario is not None else socket.gethostname()
+    title = f"gpuwarden watch: {source}, policies {', '.join(p.key for p in config.policies)}"
+
+    def deliver(snapshot: Snapshot) -> None:
+        try:
+            step = session.observe(snapshot)
+            display.show(step, f"{title}, {label(snapshot.timestamp)}")
+        except Exception:
+            log.exception("evaluating a snapshot failed")
+            failed.append("evaluation")
+            stop.set()
+            return
+        if config.duration is not None and snapshot.timestamp - start >= config.duration:
+            stop.set()
+
+    def on_exit(name: str, error: BaseException | None) -> None:
+        if stop.is_set():
+            return  # cancelled on the way out
+        log.error("%s ended", name, exc_info=error)
+        failed.append(name)
+        stop.set()
+
+    # The agent's loop, on compressed time when a scenario is played faster: its schedule
+    # follows the event loop's clock, so the intervals shrink by the same factor.
+    sampler = Sampler(
+        backend,
+        ring,
+        interval=config.interval / config.speed,
+        process_interval=config.process_interval / config.speed,
+        deliver=deliver,
+        events=metrics,
+        clock=clock,
+    )
+    loop = asyncio.get_running_loop()
+    for note in config.notes:
+        display.note(f"note: {note}")
+    try:
+        runner, addresses = await start_server(registry, ring, config.host, config.port)
+    except OSError as exc:
+        display.close()
+        print(f"gpuwarden watch: cannot listen on {config.host or ''}:{config.port}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    speed = f" at {config.speed:g}x" if scripted and config.speed != 1 else ""
+    until = f", for {format_duration(config.duration)}" if config.duration is not None else ""
+    display.note(f"Watching {source}{speed}{until}; /metrics on {', '.join(addresses)}; Ctrl-C stops")
+    # Started after the lines above, so that they come before the first finding.
+    sampling = asyncio.create_task(sampler.run(), name="sampler")
+    sampling.add_done_callback(
+        lambda task: on_exit("sampler", None if task.cancelled() else task.exception())
+    )
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+        sampling.cancel()
+        await asyncio.gather(sampling, return_exceptions=True)
+        await runner.cleanup()
+        display.close()
+    _summarise(history, label, config, title)
+    if failed:
+        print(f"gpuwarden watch: stopped because {', '.join(failed)} ended", file=sys.stderr)
+        return EXIT_FAILED
+    return 0
+
+
+def _summarise(history: History, label: Callable[[float], str], config: WatchConfig, title: str) -> None:
+    watched = (history.last - history.first) if history.first is not None and history.last else 0.0
+    print(f"\nSummary: watched {len(history.devices)} GPUs for {format_duration(max(0, round(watched)))}")
+    for line in summary_lines(history, [], label):
+        print(line)
+    if config.plot is not None:
+        save_plot(history, config.plot, title)
+        print(f"Plot: {config.plot}")
+    sys.stdout.flush()
