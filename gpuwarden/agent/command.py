@@ -25,7 +25,6 @@ from aiohttp import web
 from gpuwarden.agent.attribution import (
     CgroupReader,
     NodePods,
-    NodePodsError,
     PodAttributor,
     PodResourcesClient,
 )
@@ -269,11 +268,8 @@ def _attributor(config: AgentConfig, backend: DeviceBackend, closer: _Closer) ->
     if isinstance(backend, ScriptedBackend):
         return ScenarioAttributor(backend)
     closer.client = PodResourcesClient(config.pod_resources_socket)
-    try:
-        closer.pods = NodePods.in_cluster(config.node)
-    except NodePodsError as exc:
-        # Outside a cluster (a bare host): GPUs still map to pods through PodResources alone.
-        log.info("no pod list (%s); attributing processes through PodResources only", exc)
+    # None outside a cluster or without an API token: PodResources alone then (logged by NodePods).
+    closer.pods = NodePods.in_cluster(config.node)
     return PodAttributor(
         closer.client,
         cgroups=CgroupReader(config.proc_root, config.cgroup_root),
