@@ -140,6 +140,8 @@ class Release:
     name: str
     namespace: str
     manifest: str
+    output: str
+    """What `helm install` printed (NOTES.txt)."""
 
     @property
     def docs(self) -> list[dict[str, Any]]:
@@ -161,9 +163,11 @@ class Release:
 
 def install(cp: ControlPlane, namespace: str, *args: str) -> Release:
     name = unique("gpuwarden")
-    ok(cp.run_helm("install", name, str(CHART), "--namespace", namespace, *args), f"helm install {name}")
+    output = ok(
+        cp.run_helm("install", name, str(CHART), "--namespace", namespace, *args), f"helm install {name}"
+    )
     manifest = ok(cp.run_helm("get", "manifest", name, "--namespace", namespace), "helm get manifest")
-    return Release(name, namespace, manifest)
+    return Release(name, namespace, manifest, output)
 
 
 def uninstall(cp: ControlPlane, release: Release) -> None:
@@ -224,6 +228,16 @@ def test_default_install_objects(control_plane: ControlPlane, namespace: str) ->
     cp = control_plane
     release = install(cp, namespace)
     try:
+        # NOTES.txt: the next commands to run.
+        for command in (
+            f"kubectl -n {namespace} get pods -l app.kubernetes.io/instance={release.name}",
+            "examples/gpumonitorpolicy.yaml",
+            "kubectl get gpumonitorpolicies -A",
+            "kubectl get events -A --field-selector reason=GPUUnderutilized",
+            "kubectl apply --server-side -f charts/gpuwarden/crds/",
+        ):
+            assert command in release.output, release.output
+
         (deploy,) = release.objects("Deployment")
         stored = json.loads(
             ok(
