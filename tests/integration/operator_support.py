@@ -60,16 +60,22 @@ def wait_until(
 def apply_crds(cp: ControlPlane) -> None:
     """The GPUMonitorPolicy and Kopf peering CRDs, established (idempotent)."""
     for crd in ("gpuwarden.dev_gpumonitorpolicies.yaml", "kopf.dev_peerings.yaml"):
-        cp.kubectl(
-            "apply", "--server-side", "--force-conflicts", "-f", str(REPO_ROOT / "crds" / crd), check=True
-        )
+        _kubectl(cp, "apply", "--server-side", "--force-conflicts", "-f", str(REPO_ROOT / "crds" / crd))
     for name in ("gpumonitorpolicies.gpuwarden.dev", "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"):
-        cp.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s", check=True)
+        _kubectl(cp, "wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+
+
+def _kubectl(cp: ControlPlane, *args: str, input: str | None = None) -> str:
+    """kubectl that fails with its stderr in the message."""
+    proc = cp.kubectl(*args, input=input)
+    if proc.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
+    return proc.stdout
 
 
 def apply(cp: ControlPlane, obj: Mapping[str, Any]) -> None:
     """``kubectl apply`` one object."""
-    cp.kubectl("apply", "-f", "-", input=json.dumps(obj), check=True)
+    _kubectl(cp, "apply", "-f", "-", input=json.dumps(obj))
 
 
 def get(cp: ControlPlane, *args: str) -> Any:

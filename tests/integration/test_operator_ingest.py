@@ -208,5 +208,5 @@ def test_good_agent_is_served_through_all_that(world: World) -> None:
     assert metrics['gpuwarden_operator_reports_rejected_total{reason="too_large"}'] > 0
     assert metrics['gpuwarden_operator_reports_rejected_total{reason="unauthenticated"}'] > 0
     assert metrics['gpuwarden_operator_reports_rejected_total{reason="internal"}'] == 0
-    assert metrics["gpuwarden_operator_points_total"] > 10
+    assert metrics["gpuwarden_operator_points_total"] >= 5
     assert world.operator.alive() is None

@@ -226,7 +226,9 @@ def test_no_event_storm(world: World) -> None:
         warnings = world.warnings(pod_name, reason)
         (resolved,) = world.warnings(pod_name, f"{reason}Resolved")
         held = _time(resolved) - _time(warnings[0])
-        assert len(warnings) == 1 + int(held // RENOTIFY), (pod_name, held, [e["message"] for e in warnings])
+        # One more per full interval held (the Events' own timestamps may put an end within a second of one).
+        expected = {1 + int((held + slack) // RENOTIFY) for slack in (-2.0, 0.0, 2.0)}
+        assert len(warnings) in expected, (pod_name, held, [e["message"] for e in warnings])
         gaps = [_time(b) - _time(a) for a, b in itertools.pairwise(warnings)]
         assert all(gap >= RENOTIFY - 1 for gap in gaps), gaps
         if len(warnings) > 1:
