@@ -224,45 +224,55 @@ class PolicyEvaluator:
         """Apply every rule to every selected pod as of ``now``; return the transitions and verdicts."""
         tracker = self._tracker
         rules = {r.name: r for r in self.spec.rules}
+        # Per rule, once: its kind and the `for` the tracker applies (memoryGrowth only).
+        plan = [
+            (rule, rule_kind(rule), rule.for_seconds if isinstance(rule, MemoryGrowth) else 0.0)
+            for rule in self.spec.rules
+        ]
         present: set[PodId] = set()
         selected: dict[PodId, PodView] = {}
         for pod in pods:
             if self.namespace is not None and pod.namespace != self.namespace:
                 continue
-            present.add(pod.id)
+            pod_id = PodId(pod.namespace, pod.name)
+            present.add(pod_id)
             if selector_matches(self.spec.selector, pod.labels):
-                selected[pod.id] = pod
+                selected[pod_id] = pod
 
         transitions: list[FindingTransition] = []
         outcomes: list[Outcome] = []
         for pod_id in sorted(selected):
             pod = selected[pod_id]
-            series = store.series_of(pod_id.namespace, pod_id.name)
-            for rule in self.spec.rules:
-                key = FindingKey(rule.name, pod_id.namespace, pod_id.name)
+            namespace, name = pod_id
+            series = store.series_of(namespace, name)
+            snoozes = any(k.startswith(SNOOZE_PREFIX) for k in pod.annotations)
+            for rule, kind, for_seconds in plan:
+                key = FindingKey(rule.name, namespace, name)
                 state = tracker.state(key)
-                if state is not None and state.finding.kind is not rule_kind(rule):
+                if state is not None and state.finding.kind is not kind:
                     _append(transitions, tracker.resolve(key, Resolution.RULE_REMOVED, now))
-                until = snoozed_until(pod.annotations, rule.name)
-                if until is not None and now < until:
-                    _append(transitions, tracker.resolve(key, Resolution.SNOOZED, now))
-                    continue
+                if snoozes:
+                    until = snoozed_until(pod.annotations, rule.name)
+                    if until is not None and now < until:
+                        _append(transitions, tracker.resolve(key, Resolution.SNOOZED, now))
+                        continue
                 outcome = evaluate_rule(rule, pod_id, series, now, self.params, self._growth_cache)
                 outcomes.append(outcome)
-                for_seconds = rule.for_seconds if isinstance(rule, MemoryGrowth) else 0.0
-                _append(transitions, tracker.observe(outcome, now, for_seconds))
+                _append(transitions, tracker.observe(outcome, now, for_seconds, key=key))
 
-        for key in sorted(tracker.keys()):
-            pod_id = PodId(key.namespace, key.pod)
+        ending: list[tuple[FindingKey, Resolution]] = []
+        for key in tracker.active_keys():
             rule_now = rules.get(key.rule)
             state = tracker.state(key)
             if rule_now is None or (state is not None and state.finding.kind is not rule_kind(rule_now)):
-                _append(transitions, tracker.resolve(key, Resolution.RULE_REMOVED, now))
-            elif pod_id not in selected:
-                cause = Resolution.NOT_SELECTED if pod_id in present else Resolution.POD_GONE
-                _append(transitions, tracker.resolve(key, cause, now))
+                ending.append((key, Resolution.RULE_REMOVED))
+            elif (key.namespace, key.pod) not in selected:
+                gone = (key.namespace, key.pod) not in present
+                ending.append((key, Resolution.POD_GONE if gone else Resolution.NOT_SELECTED))
+        for key, cause in sorted(ending):
+            _append(transitions, tracker.resolve(key, cause, now))
         for key in tracker.pending_keys():
-            if key.rule not in rules or PodId(key.namespace, key.pod) not in selected:
+            if key.rule not in rules or (key.namespace, key.pod) not in selected:
                 tracker.forget_pending(key)
 
         self._growth_cache.sweep()

@@ -154,14 +154,18 @@ class FindingTracker:
         self._active: dict[FindingKey, FindingState] = {}
         self._pending: dict[FindingKey, float] = {}
 
-    def observe(self, outcome: Outcome, now: float, for_seconds: float = 0.0) -> FindingTransition | None:
+    def observe(
+        self, outcome: Outcome, now: float, for_seconds: float = 0.0, *, key: FindingKey | None = None
+    ) -> FindingTransition | None:
         """Apply one rule outcome for one pod; return its transition, or None when nothing is active.
 
         ``for_seconds`` > 0 makes a finding start only after the rule held at every
         evaluation for that long (used by memoryGrowth; the window rules build
-        their duration into the window and pass 0).
+        their duration into the window and pass 0). ``key`` spares rebuilding it
+        when the caller has it.
         """
-        key = FindingKey(outcome.rule, outcome.pod.namespace, outcome.pod.name)
+        if key is None:
+            key = FindingKey(outcome.rule, outcome.pod.namespace, outcome.pod.name)
         state = self._active.get(key)
         if state is None:
             if not outcome.holds:
@@ -209,7 +213,7 @@ class FindingTracker:
         """Drop a not-yet-started finding's ``for`` clock (its rule did not run this time)."""
         self._pending.pop(key, None)
 
-    def keys(self) -> list[FindingKey]:
+    def active_keys(self) -> list[FindingKey]:
         """Keys of the active findings."""
         return list(self._active)
 
