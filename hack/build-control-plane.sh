@@ -44,8 +44,6 @@ JOBS="${GPUWARDEN_BUILD_JOBS:-2}"
 log() { echo "build-control-plane: $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-command -v go >/dev/null 2>&1 || die "the go command is not on PATH (need Go >= 1.26)"
-
 # Version of module $2 as required by wrapper module $1 (its go.mod is the pin).
 pinned_version() {
 	local v
@@ -113,6 +111,7 @@ go_build() {
 	local wrapper="$1" ldflags="$2"
 	shift 2
 	local tmp start spec bin pkg pkgs=()
+	command -v go >/dev/null 2>&1 || die "the go command is not on PATH (need Go >= 1.26) to build ${wrapper}"
 	tmp="$(mktemp -d "${CACHE}/.tmp-build.XXXXXX")"
 	TMP_DIRS+=("${tmp}")
 	for spec in "$@"; do pkgs+=("${spec#*:}"); done

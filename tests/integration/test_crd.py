@@ -1,0 +1,467 @@
+"""The GPUMonitorPolicy CRD against a real kube-apiserver.
+
+The schema, its CEL rules, `kubectl explain`, the printer columns and the status
+subresource are all enforced by the API server, so only a real one can test them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from controlplane import REPO_ROOT, ControlPlane
+
+pytestmark = pytest.mark.integration
+
+CRD_DIR = REPO_ROOT / "crds"
+CRD_FILE = CRD_DIR / "gpuwarden.dev_gpumonitorpolicies.yaml"
+EXAMPLE = REPO_ROOT / "examples" / "gpumonitorpolicy.yaml"
+CRD_NAME = "gpumonitorpolicies.gpuwarden.dev"
+API_VERSION = "gpuwarden.dev/v1alpha1"
+
+Policy = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def crd(control_plane: ControlPlane) -> str:
+    """The CRD applied from crds/ and Established."""
+    if not CRD_FILE.is_file():
+        pytest.fail(f"{CRD_FILE} is missing")
+    applied = control_plane.kubectl("apply", "--server-side", "-f", str(CRD_DIR))
+    assert applied.returncode == 0, applied.stderr
+    waited = control_plane.kubectl("wait", "--for=condition=established", "--timeout=60s", f"crd/{CRD_NAME}")
+    assert waited.returncode == 0, waited.stderr + control_plane.logs()
+    return CRD_NAME
+
+
+def base_policy(name: str = "p") -> Policy:
+    """A minimal valid policy; each invalid case breaks exactly one thing in it."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "GPUMonitorPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "selector": {"matchLabels": {"app": "llm-server"}},
+            "evaluationInterval": "10s",
+            "rules": [
+                {"name": "idle-gpu", "utilizationFloor": {"percent": 20, "for": "5m"}},
+                {"name": "saturated", "utilizationCeiling": {"percent": 95, "for": "2m"}},
+                {"name": "near-oom", "memoryCeiling": {"percent": 90, "for": "1m"}},
+                {"name": "leak", "memoryGrowth": {"rate": "100Mi/m", "window": "30m", "minFit": 0.8}},
+            ],
+            "actions": {
+                "events": True,
+                "scale": {
+                    "targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llm-server"},
+                    "minReplicas": 1,
+                    "maxReplicas": 8,
+                    "scaleUpOn": ["saturated"],
+                    "scaleDownOn": ["idle-gpu"],
+                },
+            },
+        },
+    }
+
+
+def create(cp: ControlPlane, namespace: str, obj: Policy, *extra: str) -> Any:
+    return cp.kubectl("create", "-n", namespace, "-f", "-", *extra, input=yaml.safe_dump(obj))
+
+
+def get_json(cp: ControlPlane, namespace: str, name: str) -> Policy:
+    got = cp.kubectl("get", "-n", namespace, "gmp", name, "-o", "json", check=True)
+    result: Policy = json.loads(got.stdout)
+    return result
+
+
+# ------------------------------------------------------------------------- positive
+
+
+def test_crd_applies_and_is_established(control_plane: ControlPlane, crd: str) -> None:
+    got = control_plane.kubectl(
+        "get", f"crd/{crd}", "-o", 'jsonpath={.status.conditions[?(@.type=="Established")].status}'
+    )
+    assert got.returncode == 0, got.stderr
+    assert got.stdout == "True"
+    # Served under the short name too.
+    resources = control_plane.kubectl("api-resources", "--api-group=gpuwarden.dev", check=True)
+    assert "gpumonitorpolicies" in resources.stdout
+    assert "gmp" in resources.stdout
+
+
+def test_example_policy_applies(control_plane: ControlPlane, crd: str, namespace: str) -> None:
+    example = yaml.safe_load(EXAMPLE.read_text())
+    # The example names its own namespace; put it in this test's.
+    example["metadata"].pop("namespace", None)
+    applied = control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(example))
+    assert applied.returncode == 0, applied.stderr
+    stored = get_json(control_plane, namespace, example["metadata"]["name"])
+    # Stored = the example plus schema defaults.
+    assert is_subset(example["spec"], stored["spec"]), (example["spec"], stored["spec"])
+
+
+def is_subset(expected: Any, actual: Any) -> bool:
+    """Whether every field of ``expected`` is in ``actual`` with the same value."""
+    if isinstance(expected, dict):
+        return isinstance(actual, dict) and all(
+            k in actual and is_subset(v, actual[k]) for k, v in expected.items()
+        )
+    if isinstance(expected, list):
+        return (
+            isinstance(actual, list)
+            and len(expected) == len(actual)
+            and all(is_subset(e, a) for e, a in zip(expected, actual, strict=True))
+        )
+    return bool(expected == actual)
+
+
+def test_base_policy_is_valid_and_defaulted(control_plane: ControlPlane, crd: str, namespace: str) -> None:
+    policy = base_policy()
+    del policy["spec"]["evaluationInterval"]
+    del policy["spec"]["rules"][0]["utilizationFloor"]["for"]
+    created = create(control_plane, namespace, policy)
+    assert created.returncode == 0, created.stderr
+    spec = get_json(control_plane, namespace, "p")["spec"]
+    assert spec["evaluationInterval"] == "10s"
+    assert spec["rules"][0]["utilizationFloor"]["for"] == "5m"
+    assert spec["rules"][0]["utilizationFloor"]["signal"] == "auto"
+
+
+def test_memory_ceiling_accepts_bytes_quantity(control_plane: ControlPlane, crd: str, namespace: str) -> None:
+    policy = base_policy()
+    policy["spec"]["rules"][2]["memoryCeiling"] = {"bytes": "120Gi", "for": "1m"}
+    created = create(control_plane, namespace, policy)
+    assert created.returncode == 0, created.stderr
+
+
+# ------------------------------------------------------------------------- negative
+
+
+def _set(path: str, value: Any) -> Callable[[Policy], None]:
+    """Mutation: set a dotted path (list indices as numbers) to value."""
+
+    def mutate(p: Policy) -> None:
+        *parents, last = path.split(".")
+        node: Any = p
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        if isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+
+    return mutate
+
+
+def _delete(*paths: str) -> Callable[[Policy], None]:
+    """Mutation: delete dotted paths."""
+
+    def mutate(p: Policy) -> None:
+        for path in paths:
+            *parents, last = path.split(".")
+            node: Any = p
+            for key in parents:
+                node = node[int(key)] if isinstance(node, list) else node[key]
+            del node[last]
+
+    return mutate
+
+
+def _many_rules(p: Policy) -> None:
+    p["spec"]["rules"] = [{"name": f"r{i}", "utilizationFloor": {"percent": 10}} for i in range(33)]
+    p["spec"]["actions"]["scale"]["scaleUpOn"] = ["r0"]
+    p["spec"]["actions"]["scale"]["scaleDownOn"] = ["r1"]
+
+
+INVALID: list[tuple[str, Callable[[Policy], None], str]] = [
+    ("selector-missing", _delete("spec.selector"), "spec.selector: Required value"),
+    ("rules-missing", _delete("spec.rules"), "spec.rules: Required value"),
+    ("rules-empty", _set("spec.rules", []), "spec.rules in body should have at least 1 items"),
+    ("rules-too-many", _many_rules, "spec.rules: Too many: 33: must have at most 32 items"),
+    (
+        "rule-name-duplicate",
+        _set("spec.rules.3", {"name": "idle-gpu", "utilizationCeiling": {"percent": 95}}),
+        'spec.rules[3]: Duplicate value: {"name":"idle-gpu"}',
+    ),
+    (
+        "rule-name-not-dns-label",
+        _set("spec.rules.3.name", "Leak_Rule"),
+        "spec.rules[3].name in body should match '^[a-z0-9]([-a-z0-9]*[a-z0-9])?$'",
+    ),
+    (
+        "rule-without-kind",
+        _set("spec.rules.3", {"name": "leak"}),
+        "a rule must set exactly one of utilizationFloor, utilizationCeiling, memoryCeiling, memoryGrowth",
+    ),
+    (
+        "rule-with-two-kinds",
+        _set(
+            "spec.rules.0",
+            {
+                "name": "idle-gpu",
+                "utilizationFloor": {"percent": 20},
+                "utilizationCeiling": {"percent": 95},
+            },
+        ),
+        "a rule must set exactly one of utilizationFloor, utilizationCeiling, memoryCeiling, memoryGrowth",
+    ),
+    (
+        "percent-above-100",
+        _set("spec.rules.1.utilizationCeiling.percent", 150),
+        "spec.rules[1].utilizationCeiling.percent: Invalid value: 150: "
+        "spec.rules[1].utilizationCeiling.percent in body should be less than or equal to 100",
+    ),
+    (
+        "percent-negative",
+        _set("spec.rules.0.utilizationFloor.percent", -1),
+        "spec.rules[0].utilizationFloor.percent in body should be greater than or equal to 0",
+    ),
+    (
+        "duration-bad-format",
+        _set("spec.evaluationInterval", "10 seconds"),
+        "spec.evaluationInterval in body should match '^([0-9]{1,5}(h|m|s|ms)){1,4}$'",
+    ),
+    (
+        "evaluation-interval-below-1s",
+        _set("spec.evaluationInterval", "500ms"),
+        "evaluationInterval must be at least 1s",
+    ),
+    (
+        "rule-for-bad-format",
+        _set("spec.rules.2.memoryCeiling.for", "1 minute"),
+        "spec.rules[2].memoryCeiling.for in body should match",
+    ),
+    (
+        "memory-ceiling-percent-and-bytes",
+        _set("spec.rules.2.memoryCeiling", {"percent": 90, "bytes": "120Gi"}),
+        "memoryCeiling must set exactly one of percent or bytes",
+    ),
+    (
+        "memory-ceiling-neither",
+        _set("spec.rules.2.memoryCeiling", {"for": "1m"}),
+        "memoryCeiling must set exactly one of percent or bytes",
+    ),
+    (
+        "memory-ceiling-bytes-zero",
+        _set("spec.rules.2.memoryCeiling", {"bytes": "0"}),
+        "bytes must be a positive whole number of bytes",
+    ),
+    (
+        "memory-growth-rate-bad-format",
+        _set("spec.rules.3.memoryGrowth.rate", "100MB per minute"),
+        "spec.rules[3].memoryGrowth.rate in body should match",
+    ),
+    (
+        "memory-growth-rate-zero",
+        _set("spec.rules.3.memoryGrowth.rate", "0Mi/m"),
+        "rate must be greater than zero",
+    ),
+    (
+        "memory-growth-minfit-above-1",
+        _set("spec.rules.3.memoryGrowth.minFit", 1.5),
+        "spec.rules[3].memoryGrowth.minFit in body should be less than or equal to 1",
+    ),
+    (
+        "utilization-signal-unknown",
+        _set("spec.rules.0.utilizationFloor.signal", "magic"),
+        'spec.rules[0].utilizationFloor.signal: Unsupported value: "magic": '
+        'supported values: "auto", "smActive", "gpuUtil"',
+    ),
+    (
+        "min-replicas-above-max",
+        _set("spec.actions.scale.minReplicas", 9),
+        "minReplicas must not exceed maxReplicas",
+    ),
+    (
+        "scale-up-on-unknown-rule",
+        _set("spec.actions.scale.scaleUpOn", ["saturated", "no-such-rule"]),
+        "actions.scale.scaleUpOn names rules that are not in spec.rules: no-such-rule",
+    ),
+    (
+        "scale-down-on-unknown-rule",
+        _set("spec.actions.scale.scaleDownOn", ["ghost"]),
+        "actions.scale.scaleDownOn names rules that are not in spec.rules: ghost",
+    ),
+    (
+        "rule-in-both-scale-directions",
+        _set("spec.actions.scale.scaleDownOn", ["saturated"]),
+        "a rule cannot be in both scaleUpOn and scaleDownOn",
+    ),
+    (
+        "scale-without-rules",
+        _delete("spec.actions.scale.scaleUpOn", "spec.actions.scale.scaleDownOn"),
+        "scale needs at least one rule in scaleUpOn or scaleDownOn",
+    ),
+    (
+        "scale-target-missing",
+        _delete("spec.actions.scale.targetRef"),
+        "spec.actions.scale.targetRef: Required value",
+    ),
+    (
+        "renotify-interval-below-1m",
+        _set("spec.actions.renotifyInterval", "30s"),
+        "renotifyInterval must be at least 1m",
+    ),
+    (
+        "match-expression-in-without-values",
+        _set("spec.selector.matchExpressions", [{"key": "tier", "operator": "In"}]),
+        "values must be non-empty when operator is In or NotIn",
+    ),
+    (
+        "match-expression-bad-operator",
+        _set("spec.selector.matchExpressions", [{"key": "tier", "operator": "Maybe"}]),
+        'spec.selector.matchExpressions[0].operator: Unsupported value: "Maybe"',
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "fragment"), [(m, f) for _, m, f in INVALID], ids=[i for i, _, _ in INVALID]
+)
+def test_invalid_policy_is_rejected(
+    control_plane: ControlPlane,
+    crd: str,
+    namespace: str,
+    mutate: Callable[[Policy], None],
+    fragment: str,
+) -> None:
+    policy = copy.deepcopy(base_policy("bad"))
+    mutate(policy)
+    created = create(control_plane, namespace, policy)
+    assert created.returncode != 0, f"accepted an invalid policy:\n{yaml.safe_dump(policy)}"
+    # The API server's rejection, not a client-side error.
+    assert 'The GPUMonitorPolicy "bad" is invalid' in created.stderr, created.stderr
+    assert fragment in created.stderr, created.stderr
+    absent = control_plane.kubectl("get", "-n", namespace, "gmp", "bad")
+    assert absent.returncode != 0
+    assert "NotFound" in absent.stderr
+
+
+# ----------------------------------------------------------------- kubectl features
+
+
+def test_explain_prints_descriptions(control_plane: ControlPlane, crd: str) -> None:
+    explained = control_plane.kubectl("explain", "gpumonitorpolicy.spec.rules")
+    assert explained.returncode == 0, explained.stderr
+    out = explained.stdout
+    assert "GROUP:      gpuwarden.dev" in out or "gpuwarden.dev" in out
+    assert "FIELD: rules <[]Object>" in out
+    assert "The conditions to check on every selected pod." in " ".join(out.split())
+    for field in ("name", "utilizationFloor", "utilizationCeiling", "memoryCeiling", "memoryGrowth"):
+        assert f"  {field}\t" in out or f"  {field} " in out, out
+    nested = control_plane.kubectl("explain", "gmp.spec.rules.memoryGrowth.minFit", check=True)
+    assert "How straight the growth must be" in " ".join(nested.stdout.split())
+
+
+def test_printer_columns(control_plane: ControlPlane, crd: str, namespace: str) -> None:
+    create(control_plane, namespace, base_policy("cols"), "--save-config")
+    status = {
+        "matchedPods": 3,
+        "violatingPods": 1,
+        "scale": {"currentReplicas": 2},
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "Evaluating",
+                "message": "ok",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }
+        ],
+    }
+    control_plane.kubectl(
+        "patch", "-n", namespace, "gmp", "cols", "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": status}), check=True,
+    )  # fmt: skip
+    table = control_plane.kubectl("get", "-n", namespace, "gpumonitorpolicies", check=True).stdout
+    header, row = table.splitlines()[:2]
+    assert header.split() == ["NAME", "PODS", "VIOLATING", "READY", "AGE"]
+    assert row.split()[:4] == ["cols", "3", "1", "True"]
+    wide = control_plane.kubectl("get", "-n", namespace, "gmp", "-o", "wide", check=True).stdout
+    wide_header, wide_row = wide.splitlines()[:2]
+    assert wide_header.split() == ["NAME", "PODS", "VIOLATING", "REPLICAS", "READY", "REASON", "AGE"]
+    assert wide_row.split()[:6] == ["cols", "3", "1", "2", "True", "Evaluating"]
+
+
+def test_status_only_through_status_subresource(
+    control_plane: ControlPlane, crd: str, namespace: str, tmp_path: Path
+) -> None:
+    created = create(control_plane, namespace, base_policy("st"))
+    assert created.returncode == 0, created.stderr
+
+    # A normal update (replace) that carries a status: the main resource ignores it.
+    current = get_json(control_plane, namespace, "st")
+    current["status"] = {"matchedPods": 7}
+    current["spec"]["evaluationInterval"] = "20s"
+    replaced = control_plane.kubectl("replace", "-f", "-", input=json.dumps(current))
+    assert replaced.returncode == 0, replaced.stderr
+    after = get_json(control_plane, namespace, "st")
+    assert after["spec"]["evaluationInterval"] == "20s"
+    assert "status" not in after or "matchedPods" not in after["status"]
+
+    # A merge patch of status on the main resource: also ignored.
+    control_plane.kubectl(
+        "patch", "-n", namespace, "gmp", "st", "--type=merge", "-p", '{"status":{"matchedPods":5}}',
+        check=True,
+    )  # fmt: skip
+    assert "matchedPods" not in get_json(control_plane, namespace, "st").get("status", {})
+
+    # Through the status subresource it sticks, and the spec is left alone.
+    generation = after["metadata"]["generation"]
+    control_plane.kubectl(
+        "patch", "-n", namespace, "gmp", "st", "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": {"matchedPods": 5, "observedGeneration": generation}}),
+        check=True,
+    )  # fmt: skip
+    final = get_json(control_plane, namespace, "st")
+    assert final["status"]["matchedPods"] == 5
+    assert final["status"]["observedGeneration"] == generation
+    # Status writes don't bump the generation.
+    assert final["metadata"]["generation"] == generation
+
+    # The status subresource validates against the status schema as well.
+    bad = control_plane.kubectl(
+        "patch", "-n", namespace, "gmp", "st", "--subresource=status", "--type=merge",
+        "-p", '{"status":{"matchedPods":-1}}',
+    )  # fmt: skip
+    assert bad.returncode != 0
+    assert "status.matchedPods: Invalid value: -1" in bad.stderr, bad.stderr
+    assert "should be greater than or equal to 0" in bad.stderr, bad.stderr
+
+
+# -------------------------------------------------------------- harness sanity checks
+# Not about the CRD: they pin down what the control-plane fixture promises other tests.
+
+
+def test_server_reports_its_version(control_plane: ControlPlane) -> None:
+    version = json.loads(control_plane.kubectl("version", "-o", "json", check=True).stdout)
+    assert version["serverVersion"]["gitVersion"].startswith("v1.")
+    assert version["serverVersion"]["gitVersion"] != "v0.0.0-master+$Format:%H$"
+    assert version["clientVersion"]["gitVersion"] == version["serverVersion"]["gitVersion"]
+
+
+def test_service_account_token_request_and_review(control_plane: ControlPlane, namespace: str) -> None:
+    # No controller-manager: ServiceAccounts are not created for us.
+    control_plane.kubectl("create", "serviceaccount", "-n", namespace, "robot", check=True)
+    token = control_plane.kubectl(
+        "create", "token", "-n", namespace, "robot", "--audience=gpuwarden-test", "--duration=10m", check=True
+    ).stdout.strip()
+    assert token.count(".") == 2  # a JWT
+    review = {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenReview",
+        "spec": {"token": token, "audiences": ["gpuwarden-test"]},
+    }
+    reviewed = control_plane.kubectl("create", "-f", "-", "-o", "json", input=json.dumps(review), check=True)
+    status = json.loads(reviewed.stdout)["status"]
+    assert status["authenticated"] is True, status
+    assert status["user"]["username"] == f"system:serviceaccount:{namespace}:robot"
+    # RBAC is on: the service account may not list pods until granted.
+    denied = control_plane.kubectl(
+        "auth", "can-i", "list", "pods", "-n", namespace, f"--as=system:serviceaccount:{namespace}:robot"
+    )
+    assert denied.stdout.strip() == "no"
