@@ -141,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         return asyncio.run(play(config))
+    except KeyboardInterrupt:  # before the run's own handler was in place
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         return broken_pipe()
 
@@ -207,6 +209,10 @@ async def play(config: DemoConfig, out: Display | None = None) -> int:
         if config.live
         else PlainDisplay(sys.stdout, clock)
     )
+    loop = asyncio.get_running_loop()
+    interrupted = asyncio.Event()
+    # First thing: a Ctrl-C from here on ends the run with its summary, not a traceback.
+    loop.add_signal_handler(signal.SIGINT, interrupted.set)
     ring = SnapshotRing(capacity=1)
     registry, metrics = local_registry(ring, run.session.active, backend=run.backend.name)
     runner = None
@@ -215,16 +221,13 @@ async def play(config: DemoConfig, out: Display | None = None) -> int:
         try:
             runner, addresses = await start_server(registry, ring, None, config.metrics_port)
         except OSError as exc:
+            loop.remove_signal_handler(signal.SIGINT)
             print(
                 f"gpuwarden demo: cannot serve /metrics on port {config.metrics_port}: {exc}", file=sys.stderr
             )
             return 2
         display.note(f"/metrics on {', '.join(addresses)}")
     display.note(_intro(config))
-
-    loop = asyncio.get_running_loop()
-    interrupted = asyncio.Event()
-    loop.add_signal_handler(signal.SIGINT, interrupted.set)
     started = time.monotonic()
     try:
         for i, (t, snapshot, step) in enumerate(run.steps()):

@@ -29,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
+
 from gpuwarden.agent.backend import BackendError, DeviceBackend
 from gpuwarden.agent.scenario import PACKAGED, Scenario, ScenarioError, ScriptedBackend, load_scenario
 from gpuwarden.agent.snapshots import Sampler, SnapshotRing
@@ -203,6 +205,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_NO_GPU
     try:
         return asyncio.run(watch(config, backend, clock))
+    except KeyboardInterrupt:  # before watch's own handler was in place: a normal stop
+        return 0
     except BrokenPipeError:
         return broken_pipe()
     finally:
@@ -257,13 +261,6 @@ async def watch(
         if config.duration is not None and snapshot.timestamp - start >= config.duration:
             stop.set()
 
-    def on_exit(name: str, error: BaseException | None) -> None:
-        if stop.is_set():
-            return  # cancelled on the way out
-        log.error("%s ended", name, exc_info=error)
-        failed.append(name)
-        stop.set()
-
     # The agent's loop, on compressed time when a scenario is played faster: its schedule
     # follows the event loop's clock, so the intervals shrink by the same factor.
     sampler = Sampler(
@@ -276,6 +273,33 @@ async def watch(
         clock=clock,
     )
     loop = asyncio.get_running_loop()
+    # First thing: SIGINT/SIGTERM from here on stop the watch with its summary.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        code = await _serve_until_stopped(config, sampler, registry, ring, display, stop, source)
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+    if code is not None:
+        return code
+    _summarise(history, label, config, title)
+    if failed:
+        print(f"gpuwarden watch: stopped because {', '.join(failed)} ended", file=sys.stderr)
+        return EXIT_FAILED
+    return 0
+
+
+async def _serve_until_stopped(
+    config: WatchConfig,
+    sampler: Sampler,
+    registry: CollectorRegistry,
+    ring: SnapshotRing,
+    display: Display,
+    stop: asyncio.Event,
+    source: str,
+) -> int | None:
+    """Serve /metrics and sample until ``stop``; an exit code if the server could not start."""
     for note in config.notes:
         display.note(f"note: {note}")
     try:
@@ -284,30 +308,26 @@ async def watch(
         display.close()
         print(f"gpuwarden watch: cannot listen on {config.host or ''}:{config.port}: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    speed = f" at {config.speed:g}x" if scripted and config.speed != 1 else ""
+    speed = f" at {config.speed:g}x" if config.scenario is not None and config.speed != 1 else ""
     until = f", for {format_duration(config.duration)}" if config.duration is not None else ""
     display.note(f"Watching {source}{speed}{until}; /metrics on {', '.join(addresses)}; Ctrl-C stops")
     # Started after the lines above, so that they come before the first finding.
     sampling = asyncio.create_task(sampler.run(), name="sampler")
-    sampling.add_done_callback(
-        lambda task: on_exit("sampler", None if task.cancelled() else task.exception())
-    )
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+    sampling.add_done_callback(lambda task: stop.set())
     try:
         await stop.wait()
     finally:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(signum)
         sampling.cancel()
-        await asyncio.gather(sampling, return_exceptions=True)
+        results = await asyncio.gather(sampling, return_exceptions=True)
         await runner.cleanup()
         display.close()
-    _summarise(history, label, config, title)
-    if failed:
-        print(f"gpuwarden watch: stopped because {', '.join(failed)} ended", file=sys.stderr)
+    error = results[0]
+    if not isinstance(error, asyncio.CancelledError):
+        # Sampler.run loops forever: it ended on its own, which only a bug can do.
+        log.error("the sampling loop ended", exc_info=error if isinstance(error, BaseException) else None)
+        print("gpuwarden watch: stopped because the sampling loop ended", file=sys.stderr)
         return EXIT_FAILED
-    return 0
+    return None
 
 
 def _summarise(history: History, label: Callable[[float], str], config: WatchConfig, title: str) -> None:
