@@ -1,0 +1,203 @@
+"""`gpuwarden watch`: no silent fallback without a driver, a scenario watched like the demo, /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from gpuwarden import cli
+from gpuwarden.agent import nvml
+from gpuwarden.agent.backend import BackendError
+from gpuwarden.local.watch import EXIT_NO_GPU
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE_POLICY = REPO / "examples" / "gpumonitorpolicy.yaml"
+
+# Short windows, so that e2e-fast (whose conditions show within 10 s) fires in seconds of
+# scenario time; namespaced and selecting one app, to show that watch sets both aside.
+FAST_POLICY = """\
+apiVersion: gpuwarden.dev/v1alpha1
+kind: GPUMonitorPolicy
+metadata: {name: fast, namespace: inference}
+spec:
+  selector: {matchLabels: {app: llm-server}}
+  evaluationInterval: 1s
+  rules:
+    - name: idle-gpu
+      utilizationFloor: {percent: 20, for: 10s}
+    - name: saturated
+      utilizationCeiling: {percent: 95, for: 10s}
+    - name: leak
+      memoryGrowth: {rate: 100Mi/m, window: 1m, minFit: 0.8}
+  actions:
+    scale:
+      targetRef: {apiVersion: apps/v1, kind: Deployment, name: llm-server}
+      maxReplicas: 3
+      scaleUpOn: [saturated]
+"""
+
+
+@pytest.fixture
+def fast_policy(tmp_path: Path) -> Path:
+    path = tmp_path / "fast.yaml"
+    path.write_text(FAST_POLICY)
+    return path
+
+
+def nvml_works() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
+@pytest.mark.skipif(nvml_works(), reason="this host has an NVIDIA driver: watch would read its GPUs")
+def test_without_a_driver_watch_says_so_and_exits_3() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuwarden",
+            "watch",
+            "--policy",
+            str(EXAMPLE_POLICY),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == EXIT_NO_GPU == 3
+    assert "NVML" in done.stderr
+    assert "--scenario FILE" in done.stderr
+    assert done.stdout == ""  # nothing was watched, not even a scenario
+
+
+class BrokenNvml:
+    name = "nvml"
+
+    def __init__(self, **kwargs: Any) -> None:
+        pass
+
+    def open(self) -> None:
+        raise BackendError("NVML found no GPUs on this host")
+
+    def close(self) -> None:
+        pass
+
+
+def test_nvml_that_cannot_start_exits_3_on_any_host(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(nvml, "NvmlBackend", BrokenNvml)
+    assert cli.main(["watch", "--policy", str(EXAMPLE_POLICY), "--listen", "127.0.0.1:0"]) == 3
+    err = capsys.readouterr().err
+    assert "NVML found no GPUs on this host" in err
+    assert "--scenario FILE" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--speed", "10"], "--speed only applies to --scenario"),
+        (["--listen", "9400"], r"expected \[HOST\]:PORT"),
+        (["--scenario", "no-such-scenario"], "no-such-scenario: cannot read"),
+    ],
+)
+def test_bad_flags_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["watch", "--policy", str(EXAMPLE_POLICY), *argv]) == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_watching_a_scenario_finds_what_the_demo_finds(fast_policy: Path, tmp_path: Path) -> None:
+    plot = tmp_path / "watch.png"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuwarden",
+            "watch",
+            f"--policy={fast_policy}",
+            "--scenario=e2e-fast",
+            "--speed=20",
+            "--duration=90s",
+            "--listen=127.0.0.1:0",
+            f"--plot={plot}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert "note: policy inference/fast: its namespace and selector speak of pods" in out
+    assert "note: policy inference/fast: scale action ignored" in out
+    # Subjects are processes, by PID and command line.
+    assert re.search(
+        r"STARTED idle-gpu pid 41237 python -m ipykernel_launcher on GPU 0: GPUUnderutilized", out
+    )
+    assert re.search(r"STARTED saturated pid 70533 python -m vllm\S* .* on GPU 3: GPUSaturated", out)
+    assert re.search(
+        r"STARTED leak pid 52810 python train.py .* on GPU 1: GPUMemoryLeakSuspected: GPU memory grows", out
+    )
+    assert "pid 60114" not in "".join(line for line in out.splitlines() if "STARTED" in line)
+    assert "SCALE" not in out
+    assert re.search(r"Summary: watched 4 GPUs for 1m3\ds", out)
+    assert plot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+async def test_metrics_while_watching_and_sigint_stops_with_a_summary(fast_policy: Path) -> None:
+    async with asyncio.timeout(90):
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "gpuwarden",
+            "watch",
+            f"--policy={fast_policy}",
+            "--scenario=e2e-fast",
+            "--speed=10",
+            "--listen=127.0.0.1:0",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        assert process.stdout is not None
+        lines: list[str] = []
+
+        async def until(pattern: str) -> re.Match[str]:
+            while not (match := re.search(pattern, lines[-1] if lines else "")):
+                line = await process.stdout.readline()  # type: ignore[union-attr]
+                assert line, "watch exited early:\n" + "".join(lines)
+                lines.append(line.decode())
+            return match
+
+        try:
+            address = (await until(r"/metrics on (\S+);")).group(1)
+            await until(r"STARTED idle-gpu pid 41237")
+            async with aiohttp.ClientSession() as http, http.get(f"http://{address}/metrics") as response:
+                body = await response.text()
+            assert re.search(
+                r'gpuwarden_local_finding_active\{[^}]*pod="pid/41237"[^}]*rule="idle-gpu"', body
+            )
+            assert 'gpuwarden_agent_info{backend="scripted"' in body
+            assert "gpuwarden_process_gpu_memory_used_bytes{" in body
+        finally:
+            if process.returncode is None:
+                process.send_signal(signal.SIGINT)
+            rest = (await process.stdout.read()).decode()
+            code = await process.wait()
+    assert code == 0, "".join(lines) + rest
+    assert "Summary: watched 4 GPUs" in rest
+    assert "idle-gpu (GPUUnderutilized) since" in rest
