@@ -50,6 +50,19 @@ def positive_float(text: str) -> float:
     return value
 
 
+def parse_listen(text: str) -> tuple[str | None, int]:
+    """``:9400`` (every interface), ``127.0.0.1:9400`` or ``[::1]:9400`` -> (host or None, port).
+
+    The agent's syntax (``gpuwarden agent --listen``), parsed here rather than imported:
+    the agent's command module pulls in the kubelet client (gRPC), which watch never needs.
+    """
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise UsageError(f"--listen {text!r}: expected [HOST]:PORT, e.g. :9400 or 127.0.0.1:9400")
+    host = host.removeprefix("[").removesuffix("]")
+    return (host or None), int(port)
+
+
 def wants_live_display(out: TextIO, *, plain: bool) -> bool:
     """The live table only on a terminal that can redraw (not ``TERM=dumb``), unless ``--plain``."""
     return not plain and out.isatty() and os.environ.get("TERM", "") != "dumb"

@@ -245,7 +245,9 @@ class Session:
             names: list[str] = []
             if self.subjects is SubjectKind.PROCESSES:
                 for proc in gpu.processes:
-                    name = f"pid {proc.pid}" + (f" {proc.command}" if proc.command else "")
+                    # One line whatever the command line holds (``python -c`` scripts have newlines).
+                    command = " ".join(proc.command.split())
+                    name = f"pid {proc.pid}" + (f" {command}" if command else "")
                     self.subject_names[PodId(PROCESS_NAMESPACE, process_subject(proc.pid))] = name
                     names.append(name)
             else:

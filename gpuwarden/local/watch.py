@@ -42,6 +42,7 @@ from gpuwarden.local.options import (
     UsageError,
     broken_pipe,
     duration,
+    parse_listen,
     positive_float,
     wants_live_display,
 )
@@ -129,15 +130,9 @@ class WatchConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> WatchConfig:
         """Check the flags and load the files; :class:`UsageError` says what is wrong."""
-        from gpuwarden.agent.command import UsageError as ListenError
-        from gpuwarden.agent.command import parse_listen
-
         if args.speed != 1.0 and args.scenario is None:
             raise UsageError("--speed only applies to --scenario (real GPUs run in real time)")
-        try:
-            host, port = parse_listen(args.listen)
-        except ListenError as exc:
-            raise UsageError(str(exc)) from None
+        host, port = parse_listen(args.listen)
         if args.plot is not None:
             require_matplotlib()
         try:
