@@ -93,8 +93,18 @@ def test_crd_applies_and_is_established(control_plane: ControlPlane, crd: str) -
     assert "gmp" in resources.stdout
 
 
-def test_example_policy_applies(control_plane: ControlPlane, crd: str, namespace: str) -> None:
-    example = yaml.safe_load(EXAMPLE.read_text())
+EXAMPLES = sorted(
+    path
+    for path in (REPO_ROOT / "examples").glob("*.yaml")
+    if any(doc and doc.get("kind") == "GPUMonitorPolicy" for doc in yaml.safe_load_all(path.read_text()))
+)
+if EXAMPLE not in EXAMPLES:
+    EXAMPLES.insert(0, EXAMPLE)  # missing: the test fails on it instead of silently skipping
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_example_policy_applies(control_plane: ControlPlane, crd: str, namespace: str, path: Path) -> None:
+    example = yaml.safe_load(path.read_text())
     # The example names its own namespace; put it in this test's.
     example["metadata"].pop("namespace", None)
     applied = control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(example))
@@ -117,6 +127,15 @@ def is_subset(expected: Any, actual: Any) -> bool:
             and all(is_subset(e, a) for e, a in zip(expected, actual, strict=True))
         )
     return bool(expected == actual)
+
+
+def test_unknown_field_is_rejected(control_plane: ControlPlane, crd: str, namespace: str) -> None:
+    policy = base_policy("typo")
+    rule = policy["spec"]["rules"][0]
+    rule["utilisationFloor"] = rule.pop("utilizationFloor")  # British spelling
+    created = create(control_plane, namespace, policy)
+    assert created.returncode != 0
+    assert 'unknown field "spec.rules[0].utilisationFloor"' in created.stderr, created.stderr
 
 
 def test_base_policy_is_valid_and_defaulted(control_plane: ControlPlane, crd: str, namespace: str) -> None:
@@ -259,6 +278,11 @@ INVALID: list[tuple[str, Callable[[Policy], None], str]] = [
         "memory-growth-rate-zero",
         _set("spec.rules.3.memoryGrowth.rate", "0Mi/m"),
         "rate must be greater than zero",
+    ),
+    (
+        "memory-growth-window-below-1m",
+        _set("spec.rules.3.memoryGrowth.window", "30s"),
+        'spec.rules[3].memoryGrowth.window: Invalid value: "30s": window must be at least 1m',
     ),
     (
         "memory-growth-minfit-above-1",
