@@ -21,7 +21,7 @@ export GOFLAGS="${GOFLAGS:-} -mod=mod"
 export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 
 # Download (only) the go.mod of k8s.io/kubernetes; go mod download -json prints its path.
-gomod_path="$(cd "${TMPDIR:-/tmp}" && GO111MODULE=on GOFLAGS= go mod download -json "k8s.io/kubernetes@${K8S_VERSION}" \
+gomod_path="$(cd "${TMPDIR:-/tmp}" && GO111MODULE=on GOFLAGS='' go mod download -json "k8s.io/kubernetes@${K8S_VERSION}" \
 	| sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
 if [[ -z "${gomod_path}" || ! -f "${gomod_path}" ]]; then
 	echo "error: could not download go.mod of k8s.io/kubernetes@${K8S_VERSION}" >&2
