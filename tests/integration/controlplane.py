@@ -315,10 +315,15 @@ if sys.platform.startswith("linux"):
 
 
 def _child_setup(parent_pid: int) -> Callable[[], None]:
-    """preexec_fn: die with SIGKILL when the process that started us dies (Linux)."""
+    """preexec_fn: die with SIGKILL when the process that started us dies (Linux).
+
+    PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, so it is only
+    armed for children started from the main thread (a worker thread may end early).
+    """
+    armed = _libc is not None and threading.current_thread() is threading.main_thread()
 
     def setup() -> None:
-        if _libc is not None:
+        if armed:
             _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             # The parent may have died between fork and prctl.
             if os.getppid() != parent_pid:
@@ -335,16 +340,20 @@ class ManagedProcess:
         self.argv = list(argv)
         self.log_path = log_path
         self._log: IO[bytes] = log_path.open("ab")
-        self.proc = subprocess.Popen(
-            self.argv,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # own process group: killpg reaches every child
-            preexec_fn=_child_setup(os.getpid()),
-            env=_child_env(),
-        )
+        try:
+            self.proc = subprocess.Popen(
+                self.argv,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own process group: killpg reaches every child
+                preexec_fn=_child_setup(os.getpid()),
+                env=_child_env(),
+            )
+        except BaseException:
+            self._log.close()
+            raise
         _registry.add(self)
 
     @property
