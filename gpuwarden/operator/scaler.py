@@ -236,7 +236,7 @@ class Scaler:
             )
 
         decision = state.decider.decide(action, scale.replicas, findings_by_pod(findings), matched_pods, now)
-        state.desired = decision.desired
+        state.desired = decision.wanted
 
         if not action.dry_run:
             if rivals := _rivals(policy, action, claims):
@@ -261,7 +261,8 @@ class Scaler:
         if decision.blocked_by is Blocker.SCALED_TO_ZERO:
             return _outcome(state, scale, decision, "False", "ScaledToZero", decision.reason)
         if not decision.changes:
-            return _outcome(state, scale, decision, *_quiet(action), decision.reason)
+            # The steady reason: a status rewritten at every evaluation for a ticking "for 3m10s" is noise.
+            return _outcome(state, scale, decision, *_quiet(action), decision.steady_reason)
         if action.dry_run:
             return await self._announce(state, me, scale, decision, action, now, applied=False)
         try:
@@ -397,7 +398,7 @@ def _outcome(
     return ScaleOutcome(
         status=ScaleStatus(
             current_replicas=current,
-            desired_replicas=decision.desired if decision is not None else None,
+            desired_replicas=decision.wanted if decision is not None else None,
             last_scale_time=None if state.last_scale_time is None else rfc3339(state.last_scale_time),
             last_scale_reason=state.last_scale_reason,
         ),

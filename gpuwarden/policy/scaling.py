@@ -25,13 +25,16 @@ One decision, in order:
    recommendations is the same thing in O(1): act once the run is as old as the
    window. A fresh decider (after a restart) has seen nothing, so it waits a
    full window again; that is the safe side.
-5. **Cooldown.** No two changes in one direction closer than its cooldown.
+5. **Cooldown.** No two changes in one direction closer than its cooldown. Meanwhile the
+   policy stands by the last change's replicas (:attr:`ScaleDecision.wanted`) even when the
+   target has not followed: in dryRun, or while an HPA fed with them catches up.
 6. **Step.** ``step`` replicas, or ``step%`` of the current replicas rounded up
    (at least 1), clamped to the range.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from collections.abc import Collection, Iterable, Mapping
@@ -74,7 +77,29 @@ class ScaleDecision:
     desired: int
     direction: Direction
     reason: str
+    """For Events: says how long the wish has held (``saturated on 2/2 pods for 2m``)."""
     blocked_by: Blocker | None = None
+    summary: str | None = None
+    """``reason`` without elapsed times (None: it has none). It stays the same while nothing changes,
+    so a status that carries it is written when something happens, not at every evaluation."""
+    standing: int | None = None
+    """During a cooldown, the replicas of the change that started it, when the target has not
+    followed (in dryRun, or while an HPA fed with them catches up); None otherwise."""
+
+    @property
+    def wanted(self) -> int:
+        """The replicas the policy asks for (``status.scale.desiredReplicas``, the desired-replicas metric).
+
+        ``desired`` is what to set now; this is what the policy stands by: during a cooldown it
+        stays at the last change's replicas, so whoever follows it (an HPA, a person reading
+        dryRun) sees one value for the whole cooldown, not the current count back again.
+        """
+        return self.standing if self.standing is not None else self.desired
+
+    @property
+    def steady_reason(self) -> str:
+        """The reason as the status shows it: :attr:`summary`, else :attr:`reason`."""
+        return self.summary if self.summary is not None else self.reason
 
     @property
     def changes(self) -> bool:
@@ -163,6 +188,8 @@ class ScaleDecider:
         self._run_direction = Direction.NONE
         self._run_since: float | None = None
         self._last_scale: dict[Direction, float] = {}
+        self._last_target: tuple[Direction, int] | None = None
+        """The direction and replicas of the last change made (or, in dryRun, announced)."""
 
     def restore(self, last_scale_at: float) -> None:
         """Seed both cooldowns from a change made before a restart (``status.scale.lastScaleTime``).
@@ -176,7 +203,9 @@ class ScaleDecider:
     def record_scale(self, decision: ScaleDecision, now: float) -> None:
         """The target changed as ``decision`` says (or, in dryRun, would have): start its cooldown."""
         if decision.changes:
-            self._last_scale[Direction.UP if decision.desired > decision.current else Direction.DOWN] = now
+            direction = Direction.UP if decision.desired > decision.current else Direction.DOWN
+            self._last_scale[direction] = now
+            self._last_target = (direction, decision.desired)
 
     def decide(
         self,
@@ -215,33 +244,41 @@ class ScaleDecider:
 
         up = signal.direction is Direction.UP
         behavior = action.scale_up if up else action.scale_down
-        text = signal.text if held < 1 else f"{signal.text} for {approx_duration(held)}"
+        timed = signal.text if held < 1 else f"{signal.text} for {approx_duration(held)}"
+
+        def held_back(note: str, blocker: Blocker, timed_note: str | None = None) -> ScaleDecision:
+            reason = f"{timed}; {timed_note or note}"
+            return ScaleDecision(
+                current, current, signal.direction, reason, blocker, f"{signal.text}; {note}"
+            )
+
         if current == (hi if up else lo):
-            bound = f"maxReplicas {hi}" if up else f"minReplicas {lo}"
-            blocker = Blocker.AT_MAX_REPLICAS if up else Blocker.AT_MIN_REPLICAS
-            return ScaleDecision(current, current, signal.direction, f"{text}; already at {bound}", blocker)
+            if up:
+                return held_back(f"already at maxReplicas {hi}", Blocker.AT_MAX_REPLICAS)
+            return held_back(f"already at minReplicas {lo}", Blocker.AT_MIN_REPLICAS)
         if held < behavior.stabilization_seconds:
             window = format_duration(behavior.stabilization_seconds)
-            return ScaleDecision(
-                current,
-                current,
-                signal.direction,
-                f"{text}; waiting out the {window} scale-{'up' if up else 'down'} stabilization window",
-                Blocker.STABILIZATION_WINDOW,
-            )
+            note = f"waiting out the {window} scale-{'up' if up else 'down'} stabilization window"
+            return held_back(note, Blocker.STABILIZATION_WINDOW)
         last = self._last_scale.get(signal.direction)
         if last is not None and now - last < behavior.cooldown_seconds:
-            return ScaleDecision(
-                current,
-                current,
-                signal.direction,
-                f"{text}; cooling down: last scale {'up' if up else 'down'} {approx_duration(now - last)} "
-                f"ago, cooldown {format_duration(behavior.cooldown_seconds)}",
-                Blocker.COOLDOWN,
+            cooldown = format_duration(behavior.cooldown_seconds)
+            since = f"last scale {'up' if up else 'down'} {approx_duration(now - last)} ago"
+            decision = held_back(
+                f"cooling down ({cooldown})", Blocker.COOLDOWN, f"cooling down: {since}, cooldown {cooldown}"
             )
+            return dataclasses.replace(decision, standing=self._standing(signal.direction, current, lo, hi))
         step = step_size(behavior, current)
         desired = min(hi, current + step) if up else max(lo, current - step)
-        return ScaleDecision(current, desired, signal.direction, text)
+        return ScaleDecision(current, desired, signal.direction, timed, summary=signal.text)
+
+    def _standing(self, direction: Direction, current: int, lo: int, hi: int) -> int | None:
+        """The last change's replicas, if it went ``direction`` and the target is short of them."""
+        if self._last_target is None or self._last_target[0] is not direction:
+            return None
+        target = min(max(self._last_target[1], lo), hi)
+        short = target > current if direction is Direction.UP else target < current
+        return target if short else None
 
     def _observe(self, direction: Direction, now: float) -> float:
         """Extend or restart the run of equal wishes; return how long the current one has held."""

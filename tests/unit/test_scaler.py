@@ -223,8 +223,11 @@ async def test_dry_run_announces_and_changes_nothing(
     assert (out.condition.status, out.condition.reason) == ("False", "DryRun")
     assert desired(registry) == 3
     # The cooldown applies to announcements too: no Event every evaluation.
-    await scaler.reconcile(policy(), action(dry_run=True), SATURATED, 2, T0 + 10)
+    held = await scaler.reconcile(policy(), action(dry_run=True), SATURATED, 2, T0 + 10)
     assert len(cluster.events) == 2
+    # ... and the policy keeps asking for 3 meanwhile (what an HPA fed with the metric must see).
+    assert (held.status.current_replicas, held.status.desired_replicas) == (2, 3)
+    assert desired(registry) == 3
 
 
 async def test_hpa_conflict_blocks_and_warns_once(scaler: Scaler, cluster: FakeCluster) -> None:

@@ -187,6 +187,7 @@ def test_at_max_is_blocked() -> None:
     d = ScaleDecider().decide(action(hi=3), 3, SATURATED_2, matched_pods=2, now=0)
     assert (d.desired, d.direction, d.blocked_by) == (3, Direction.UP, Blocker.AT_MAX_REPLICAS)
     assert d.reason == "saturated on 2/2 pods; already at maxReplicas 3"
+    assert d.steady_reason == d.reason
 
 
 def test_at_min_is_blocked() -> None:
@@ -222,6 +223,8 @@ def test_scale_down_waits_for_its_window() -> None:
     for t in range(0, 300, 10):
         d = decider.decide(a, 3, IDLE_2, matched_pods=2, now=t)
         assert (d.desired, d.blocked_by) == (3, Blocker.STABILIZATION_WINDOW), t
+        # What the status shows does not tick with the clock.
+        assert d.steady_reason == "idle-gpu on 2/2 pods; waiting out the 5m scale-down stabilization window"
     assert d.reason == "idle-gpu on 2/2 pods for 4m50s; waiting out the 5m scale-down stabilization window"
     d = decider.decide(a, 3, IDLE_2, matched_pods=2, now=300)
     assert (d.desired, d.reason) == (2, "idle-gpu on 2/2 pods for 5m")
@@ -253,6 +256,7 @@ def test_cooldown_spaces_steps_in_one_direction() -> None:
     held = decider.decide(a, 3, SATURATED_2, matched_pods=2, now=59)
     assert (held.desired, held.blocked_by) == (3, Blocker.COOLDOWN)
     assert held.reason == "saturated on 2/2 pods for 59s; cooling down: last scale up 59s ago, cooldown 1m"
+    assert held.steady_reason == "saturated on 2/2 pods; cooling down (1m)"
     assert decider.decide(a, 3, SATURATED_2, matched_pods=2, now=60).desired == 4
 
 
@@ -271,6 +275,32 @@ def test_cooldown_is_per_direction() -> None:
     decider.record_scale(up, now=0)
     down = decider.decide(a, 3, IDLE_2, matched_pods=2, now=1)
     assert (down.desired, down.direction) == (2, Direction.DOWN)
+
+
+def test_the_policy_stands_by_its_last_change_through_the_cooldown() -> None:
+    """dryRun (or an HPA not there yet): the target stays at 2, the policy keeps asking for 3."""
+    decider = ScaleDecider()
+    a = action()
+    first = decider.decide(a, 2, SATURATED_2, matched_pods=2, now=0)
+    decider.record_scale(first, now=0)
+    assert (first.desired, first.wanted) == (3, 3)
+    waiting = decider.decide(a, 2, SATURATED_2, matched_pods=2, now=30)
+    assert (waiting.desired, waiting.wanted, waiting.blocked_by) == (2, 3, Blocker.COOLDOWN)
+    followed = decider.decide(a, 3, SATURATED_2, matched_pods=2, now=40)
+    assert (followed.desired, followed.wanted) == (3, 3)
+    calm = decider.decide(a, 2, {}, matched_pods=2, now=50)  # the wish is gone: ask for what is there
+    assert calm.wanted == 2
+    again = decider.decide(a, 2, SATURATED_2, matched_pods=2, now=60)
+    assert (again.desired, again.wanted) == (3, 3)
+
+
+def test_standing_by_a_step_down() -> None:
+    decider = ScaleDecider()
+    a = action(down=ScaleDirection(stabilization_seconds=0, step_replicas=2, cooldown_seconds=300))
+    decider.record_scale(decider.decide(a, 5, IDLE_2, matched_pods=2, now=0), now=0)
+    assert decider.decide(a, 5, IDLE_2, matched_pods=2, now=10).wanted == 3
+    # A spec change lowering maxReplicas below it: still within the range.
+    assert decider.decide(action(lo=4, down=a.scale_down), 5, IDLE_2, matched_pods=2, now=20).wanted == 4
 
 
 def test_restore_starts_both_cooldowns() -> None:
@@ -388,6 +418,7 @@ def test_desired_always_within_range(a: ScaleAction, start: int, steps: list[tup
     run = simulate(a, start, steps)
     for d in run.decisions:
         assert a.min_replicas <= d.desired <= a.max_replicas
+        assert a.min_replicas <= d.wanted <= a.max_replicas
     # After the first decision, the target is in range and stays there.
     assert all(a.min_replicas <= r <= a.max_replicas for _, r in run.changes)
 
