@@ -34,7 +34,6 @@ One decision, in order:
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import math
 from collections.abc import Collection, Iterable, Mapping
@@ -223,7 +222,7 @@ class ScaleDecider:
         cooldown (:meth:`record_scale` does, once the change is made).
         """
         signal = _signal(action, findings_by_pod, matched_pods)
-        held = self._observe(signal.direction, now)
+        held_for = self._observe(signal.direction, now)
         current = current_replicas
         lo, hi = action.min_replicas, action.max_replicas
 
@@ -244,19 +243,21 @@ class ScaleDecider:
 
         up = signal.direction is Direction.UP
         behavior = action.scale_up if up else action.scale_down
-        timed = signal.text if held < 1 else f"{signal.text} for {approx_duration(held)}"
+        timed = signal.text if held_for < 1 else f"{signal.text} for {approx_duration(held_for)}"
 
-        def held_back(note: str, blocker: Blocker, timed_note: str | None = None) -> ScaleDecision:
+        def held_back(
+            note: str, blocker: Blocker, timed_note: str | None = None, standing: int | None = None
+        ) -> ScaleDecision:
             reason = f"{timed}; {timed_note or note}"
             return ScaleDecision(
-                current, current, signal.direction, reason, blocker, f"{signal.text}; {note}"
+                current, current, signal.direction, reason, blocker, f"{signal.text}; {note}", standing
             )
 
         if current == (hi if up else lo):
             if up:
                 return held_back(f"already at maxReplicas {hi}", Blocker.AT_MAX_REPLICAS)
             return held_back(f"already at minReplicas {lo}", Blocker.AT_MIN_REPLICAS)
-        if held < behavior.stabilization_seconds:
+        if held_for < behavior.stabilization_seconds:
             window = format_duration(behavior.stabilization_seconds)
             note = f"waiting out the {window} scale-{'up' if up else 'down'} stabilization window"
             return held_back(note, Blocker.STABILIZATION_WINDOW)
@@ -264,10 +265,12 @@ class ScaleDecider:
         if last is not None and now - last < behavior.cooldown_seconds:
             cooldown = format_duration(behavior.cooldown_seconds)
             since = f"last scale {'up' if up else 'down'} {approx_duration(now - last)} ago"
-            decision = held_back(
-                f"cooling down ({cooldown})", Blocker.COOLDOWN, f"cooling down: {since}, cooldown {cooldown}"
+            return held_back(
+                f"cooling down ({cooldown})",
+                Blocker.COOLDOWN,
+                f"cooling down: {since}, cooldown {cooldown}",
+                self._standing(signal.direction, current, lo, hi),
             )
-            return dataclasses.replace(decision, standing=self._standing(signal.direction, current, lo, hi))
         step = step_size(behavior, current)
         desired = min(hi, current + step) if up else max(lo, current - step)
         return ScaleDecision(current, desired, signal.direction, timed, summary=signal.text)
