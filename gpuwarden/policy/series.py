@@ -11,10 +11,11 @@ total memory barely ever changes, so only its latest value is kept, once per
 series. A series never holds more than ``max_points`` points plus a compaction
 slack of ``max(16, max_points // 8)`` (old points are dropped lazily, in
 batches, so that each add is amortised O(1)); CPython's arrays over-allocate by
-about 6% on growth. With a fixed overhead of about 1 KiB per series (six small
-objects and the index entries), a 1,800-point series (30 minutes at 1 s) costs
-at most about 50 KiB, typically 44 KiB: see ``bench/engine.py`` and
-``docs/benchmarks.md`` for the measured figure.
+about 6% on growth; a gap index (gaps over 5 s) and about 1 KiB of objects come
+on top. Measured (``bench/engine.py``, ``docs/benchmarks.md``): **44.8 KiB for a
+1,800-point series** (30 minutes at 1 s; 25.5 bytes a point all told), 48 KiB at
+the 1,980 points a 30-minute memoryGrowth window needs retained; at most about
+50 KiB for 1,800 points.
 
 float32 keeps 24 bits of mantissa: percentages and watts are exact to far
 better than a reading's own noise, and memory sizes are kept to within 16 KiB at
