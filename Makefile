@@ -26,6 +26,10 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff format --check gpuwarden tests bench
 	$(BIN)/mypy
 
+## demo-cluster: the operator, a scripted agent and the example policy on a throwaway kube-apiserver (~4 min)
+demo-cluster: $(BIN)/.installed control-plane
+	./hack/demo-cluster.sh
+
 ## control-plane: build (once, cached outside the tree) kube-apiserver, etcd, kubectl and helm
 control-plane:
 	./hack/build-control-plane.sh >/dev/null
