@@ -12,11 +12,16 @@ from typing import Any
 
 import aiohttp
 import pytest
+import yaml
 
 from gpuwarden import cli
 from gpuwarden.agent import nvml
 from gpuwarden.agent.backend import BackendError
+from gpuwarden.local.policies import LocalPolicy, for_processes
+from gpuwarden.local.session import Session, SubjectKind
 from gpuwarden.local.watch import EXIT_NO_GPU
+from gpuwarden.nodereport import GpuSample, ProcessSample, Snapshot
+from gpuwarden.policy.parse import parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_POLICY = REPO / "examples" / "gpumonitorpolicy.yaml"
@@ -201,3 +206,28 @@ async def test_metrics_while_watching_and_sigint_stops_with_a_summary(fast_polic
     assert code == 0, "".join(lines) + rest
     assert "Summary: watched 4 GPUs" in rest
     assert "idle-gpu (GPUUnderutilized) since" in rest
+
+
+def test_processes_are_subjects_named_on_one_line() -> None:
+    policy = LocalPolicy("p", None, parse_spec(yaml.safe_load(FAST_POLICY)["spec"]))
+    session = Session([for_processes(policy)], subjects=SubjectKind.PROCESSES)
+    gpu = GpuSample(
+        uuid="GPU-a",
+        index=0,
+        utilization_gpu=50.0,
+        memory_used_bytes=10 * 2**30,
+        memory_total_bytes=80 * 2**30,
+        processes=[
+            ProcessSample(pid=11, used_memory_bytes=2**30, sm_util=10.0, command="python -c\nimport torch\n"),
+            ProcessSample(pid=12, used_memory_bytes=3 * 2**30, sm_util=30.0, command=""),
+        ],
+    )
+    step = session.observe(Snapshot(timestamp=1_800_000_000.0, gpus=[gpu]))
+    (row,) = step.rows
+    assert row.subjects == ("pid 11 python -c import torch", "pid 12")
+    # Each process on a shared GPU is judged on its own share.
+    ((_, mine_window),) = session.store.series_of("", "pid/11")
+    ((_, their_window),) = session.store.series_of("", "pid/12")
+    mine, theirs = mine_window.points()[-1], their_window.points()[-1]
+    assert (mine.mem_used, mine.gpu_util) == (2**30, 10.0)
+    assert (theirs.mem_used, theirs.gpu_util) == (3 * 2**30, 30.0)
