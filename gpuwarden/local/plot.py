@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 GIB = float(2**30)
 ROW_HEIGHT = 2.6
 """Inches per GPU row."""
-TITLE_CHARS = 70
+TITLE_CHARS = 52
 """A panel title's pod or process is cut here (a process's command line can be long)."""
 
 LABEL_STEP = 11
