@@ -250,7 +250,7 @@ async def watch(
             display.show(step, f"{title}, {label(snapshot.timestamp)}")
         except Exception:
             log.exception("evaluating a snapshot failed")
-            failed.append("evaluation")
+            failed.append("evaluating a snapshot failed (the error is logged above)")
             stop.set()
             return
         if config.duration is not None and snapshot.timestamp - start >= config.duration:
@@ -268,7 +268,7 @@ async def watch(
         clock=clock,
     )
     loop = asyncio.get_running_loop()
-    # First thing: SIGINT/SIGTERM from here on stop the watch with its summary.
+    # Before anything is served: SIGINT/SIGTERM from here on stop the watch with its summary.
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     try:
@@ -280,7 +280,7 @@ async def watch(
         return code
     _summarise(history, label, config, title)
     if failed:
-        print(f"gpuwarden watch: stopped because {', '.join(failed)} ended", file=sys.stderr)
+        print(f"gpuwarden watch: stopped: {failed[0]}", file=sys.stderr)
         return EXIT_FAILED
     return 0
 
