@@ -85,9 +85,14 @@ def gpu_pods(
     return {namespace: record}
 
 
-@kopf.on.event("pods", when=_has_gpu)
-def pod_deleted(type: str, namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
-    if type == "DELETED" and namespace is not None:
+def _gpu_pod_gone(type: str, spec: kopf.Spec, **_: Any) -> bool:
+    # Filtered here, not in the handler: Kopf logs every handler call, and pods change often.
+    return type == "DELETED" and requests_gpu(spec)
+
+
+@kopf.on.event("pods", when=_gpu_pod_gone)
+def pod_deleted(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    if namespace is not None:
         _state(memo).forget_pod(namespace, name)
 
 

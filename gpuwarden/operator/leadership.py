@@ -111,21 +111,26 @@ class Leadership:
 
     async def run(self) -> None:
         """Poll forever (cancel to stop); reconcile the label after every verdict."""
-        failing = False
+        failing: dict[str, bool] = {}
         while True:
-            try:
-                await self._set_active(await self.decide())
-                await self._reconcile_label()
-            except ApiError as exc:
-                # Said once per outage, not every poll; the verdict stays as it was meanwhile.
-                if not failing:
-                    logger.warning("Cannot follow the peering %r (retrying): %s", self.config.peering, exc)
-                failing = True
-            else:
-                if failing:
-                    logger.info("Following the peering %r again.", self.config.peering)
-                failing = False
+            for what, step in (
+                ("follow the peering", self._follow),
+                ("label this pod", self._reconcile_label),
+            ):
+                try:
+                    await step()
+                except ApiError as exc:
+                    # Said once per outage, not every poll; the verdict stays as it was meanwhile.
+                    if not failing.get(what):
+                        logger.warning("Cannot %s (retrying every %gs): %s", what, self.poll_seconds, exc)
+                    failing[what] = True
+                else:
+                    if failing.pop(what, False):
+                        logger.info("Can %s again.", what)
             await asyncio.sleep(self.poll_seconds)
+
+    async def _follow(self) -> None:
+        await self._set_active(await self.decide())
 
     async def _set_active(self, active: bool) -> None:
         if active == self.active:

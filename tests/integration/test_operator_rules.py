@@ -18,7 +18,6 @@ import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -255,6 +254,16 @@ def test_per_pod_gpu_series_and_operator_metrics(world: World) -> None:
     assert metrics["gpuwarden_operator_active"] == 1
 
 
-def test_the_agent_ran_the_whole_time(world: World) -> None:
-    assert world.alive() is None
-    assert Path(world.agent.log_path).exists()
+def test_a_deleted_pod_leaves_the_metrics_at_once(world: World) -> None:
+    assert world.alive() is None  # both ran the whole time
+    world.agent.stop()  # it would report the scripted pod again
+    series = "gpuwarden_pod_gpu_utilization_percent{"
+    assert any(k.startswith(series) and "idle-0" in k for k in world.operator.metrics())
+    world.cp.kubectl("delete", "pod", "idle-0", "-n", world.namespace, "--wait=false")
+    # Well before the 60 s staleness limit: the deletion itself removes the series.
+    wait_until(
+        lambda: not any(k.startswith(series) and "idle-0" in k for k in world.operator.metrics()),
+        timeout=20,
+        what="idle-0's series gone",
+    )
+    assert any(k.startswith(series) and "busy-0" in k for k in world.operator.metrics())
