@@ -42,6 +42,15 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+_STARTUPS: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """One line per control plane started, with its measured start time."""
+    for line in _STARTUPS:
+        terminalreporter.write_line(line)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every test under tests/integration carries the ``integration`` marker."""
     for item in items:
@@ -78,6 +87,8 @@ def control_plane(
         error = ""
     if error:
         pytest.fail(f"control plane did not start: {error}", pytrace=False)
+    versions = " ".join(f"{k.lower()}={v}" for k, v in sorted(control_plane_binaries.versions.items()))
+    _STARTUPS.append(f"control plane ({versions}) ready in {cp.startup_seconds:.1f}s at {cp.server}")
     try:
         yield cp
     finally:
