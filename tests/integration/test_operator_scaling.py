@@ -170,6 +170,12 @@ def action_of(obj: dict[str, Any]) -> ScaleAction:
     return action
 
 
+def messages(found: Sequence[Any]) -> list[str]:
+    """Events' messages, sorted: with the injected clock many Events share one real second, and
+    Events of one second come back in no particular order."""
+    return sorted(e["message"] for e in found)
+
+
 # --- the bench: the Scaler over a real API server --------------------------------------------------
 
 
@@ -265,15 +271,19 @@ async def test_saturation_steps_up_to_max_and_no_further(bench: Bench) -> None:
     # One step at once, then one per minute, then held at maxReplicas.
     assert seen == [3] * 6 + [4] * 14
     ups = bench.events("Deployment", APP, "ScaledUp")
-    assert [e["message"] for e in ups] == [
-        "policy llm-serving: scaled llm-server 2→3: saturated on 2/2 pods",
-        "policy llm-serving: scaled llm-server 3→4: saturated on 2/2 pods for 1m",
-    ]
+    assert messages(ups) == sorted(
+        [
+            "policy llm-serving: scaled llm-server 2→3: saturated on 2/2 pods",
+            "policy llm-serving: scaled llm-server 3→4: saturated on 2/2 pods for 1m",
+        ]
+    )
     assert all(e["type"] == "Normal" for e in ups)
-    assert [e["message"] for e in bench.events("GPUMonitorPolicy", "llm-serving", "ScaledUp")] == [
-        "scaled llm-server 2→3: saturated on 2/2 pods",
-        "scaled llm-server 3→4: saturated on 2/2 pods for 1m",
-    ]
+    assert messages(bench.events("GPUMonitorPolicy", "llm-serving", "ScaledUp")) == sorted(
+        [
+            "scaled llm-server 2→3: saturated on 2/2 pods",
+            "scaled llm-server 3→4: saturated on 2/2 pods for 1m",
+        ]
+    )
     # Events name the objects by uid, so `kubectl describe` finds them.
     deployment_uid = get(bench.cp, "deployment", APP, "-n", bench.namespace)["metadata"]["uid"]
     assert {e["involvedObject"]["uid"] for e in ups} == {deployment_uid}
@@ -302,10 +312,12 @@ async def test_idle_scales_down_after_the_window_and_never_below_min(bench: Benc
     assert seen[30:36] == [3] * 6  # t = 300 s: first step
     assert seen[36:] == [2] * 24  # t = 360 s: at minReplicas, and there it stays
     downs = bench.events("GPUMonitorPolicy", "llm-serving", "ScaledDown")
-    assert [e["message"] for e in downs] == [
-        "scaled llm-server 4→3: idle-gpu on 2/2 pods for 5m",
-        "scaled llm-server 3→2: idle-gpu on 2/2 pods for 6m",
-    ]
+    assert messages(downs) == sorted(
+        [
+            "scaled llm-server 4→3: idle-gpu on 2/2 pods for 5m",
+            "scaled llm-server 3→2: idle-gpu on 2/2 pods for 6m",
+        ]
+    )
     assert bench.condition()["message"] == "idle-gpu on 2/2 pods; already at minReplicas 2"
 
 
@@ -336,10 +348,12 @@ async def test_replicas_set_outside_the_range_are_brought_back(bench: Bench) -> 
     bench.cp.kubectl("scale", "deployment", APP, "-n", bench.namespace, "--replicas=1", check=True)
     await bench.round(obj, [])
     assert bench.replicas() == 2
-    assert [e["message"] for e in bench.events("GPUMonitorPolicy", "llm-serving")] == [
-        "scaled llm-server 9→5: 9 replicas exceed maxReplicas 5",
-        "scaled llm-server 1→2: 1 replicas are below minReplicas 2",
-    ]
+    assert messages(bench.events("GPUMonitorPolicy", "llm-serving")) == sorted(
+        [
+            "scaled llm-server 9→5: 9 replicas exceed maxReplicas 5",
+            "scaled llm-server 1→2: 1 replicas are below minReplicas 2",
+        ]
+    )
 
 
 # --- not acting: HPA, another policy, dryRun -------------------------------------------------------
@@ -412,10 +426,12 @@ async def test_dry_run_changes_nothing_and_says_what_it_would_do(bench: Bench) -
     condition = bench.condition()
     assert (condition["status"], condition["reason"]) == ("False", "DryRun")
     # Announced once per cooldown, like a real change.
-    assert [e["message"] for e in bench.events("Deployment", APP, "WouldScaleUp")] == [
-        "policy llm-serving: would scale llm-server 2→3: saturated on 2/2 pods (dryRun)",
-        "policy llm-serving: would scale llm-server 2→3: saturated on 2/2 pods for 1m (dryRun)",
-    ]
+    assert messages(bench.events("Deployment", APP, "WouldScaleUp")) == sorted(
+        [
+            "policy llm-serving: would scale llm-server 2→3: saturated on 2/2 pods (dryRun)",
+            "policy llm-serving: would scale llm-server 2→3: saturated on 2/2 pods for 1m (dryRun)",
+        ]
+    )
     assert bench.events("Deployment", APP, "HPAConflict") == []
 
 
