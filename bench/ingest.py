@@ -183,12 +183,16 @@ async def serve(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> N
         durations.append(time.perf_counter() - started)
 
     PolicyRunner.round = timed_round  # type: ignore[method-assign]
-    runners = [
-        asyncio.create_task(
-            PolicyRunner(state, PolicyKey(ns, "gpus")).run(body=policy_body(ns, args.interval), pods=pods)
-        )
-        for ns in layout.namespaces
-    ]
+    runners = (
+        []
+        if args.no_policies
+        else [
+            asyncio.create_task(
+                PolicyRunner(state, PolicyKey(ns, "gpus")).run(body=policy_body(ns, args.interval), pods=pods)
+            )
+            for ns in layout.namespaces
+        ]
+    )
 
     stats_marks: dict[str, float] = {}
 
@@ -234,7 +238,15 @@ async def serve(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> N
 
 def server_main(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> None:
     os.sched_setaffinity(0, {args.server_cpu})
-    asyncio.run(serve(args, port_queue, stop_event))
+    if not args.profile:
+        asyncio.run(serve(args, port_queue, stop_event))
+        return
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.runcall(asyncio.run, serve(args, port_queue, stop_event))
+    pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(25)
 
 
 # -- the load -----------------------------------------------------------------------------------
@@ -404,6 +416,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds of load before measuring")
     parser.add_argument("--connections", type=int, default=256, help="client connections in all")
     parser.add_argument("--server-cpu", type=int, default=0)
+    parser.add_argument("--no-policies", action="store_true", help="ingest only (no evaluation loops)")
+    parser.add_argument("--profile", action="store_true", help="print the server's profile (stderr)")
     parser.add_argument("--load-processes", type=int, default=0, help="default: one per other CPU")
     args = parser.parse_args()
 

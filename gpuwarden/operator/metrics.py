@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -41,20 +40,11 @@ REJECT_REASONS = (
 )
 
 
-@dataclass(slots=True)
-class _Reading:
-    t: float
-    gpu_util: float | None
-    sm_active: float | None
-    mem_used: float | None
-    mem_total: float | None
-
-
 class LatestReadings:
     """The newest reading of every (namespace, pod, GPU), for the per-pod GPU gauges."""
 
     def __init__(self) -> None:
-        self._by_pod: dict[tuple[str, str], dict[str, _Reading]] = {}
+        self._by_pod: dict[tuple[str, str], dict[str, Point]] = {}
 
     def update(self, key: SeriesKey, point: Point) -> None:
         """Remember ``point`` if it is newer than what is known for ``key``."""
@@ -63,15 +53,13 @@ class LatestReadings:
             gpus = self._by_pod[(key.namespace, key.pod)] = {}
         known = gpus.get(key.gpu)
         if known is None or point.t > known.t:
-            gpus[key.gpu] = _Reading(
-                point.t, point.gpu_util, point.sm_active, point.mem_used, point.mem_total
-            )
+            gpus[key.gpu] = point  # never changed once made: kept as is, no copy
 
     def forget_pod(self, namespace: str, pod: str) -> None:
         """Drop a deleted pod's readings."""
         self._by_pod.pop((namespace, pod), None)
 
-    def fresh(self, since: float) -> Iterator[tuple[SeriesKey, _Reading]]:
+    def fresh(self, since: float) -> Iterator[tuple[SeriesKey, Point]]:
         """Readings taken at or after ``since``; older pods' entries are dropped on the way."""
         for (namespace, pod), gpus in list(self._by_pod.items()):
             kept = False
