@@ -43,6 +43,7 @@ from operator_support import (
     write_scenario,
     write_token,
 )
+from test_chart import can_i  # the chart tests' `kubectl auth can-i` as a ServiceAccount
 
 from gpuwarden.operator.evaluation import GROUP, PLURAL, VERSION
 from gpuwarden.operator.kubeapi import KubeApi
@@ -509,23 +510,6 @@ async def test_a_missing_target_is_reported(bench: Bench) -> None:
 # --- RBAC: the chart's ServiceAccount ---------------------------------------------------------------
 
 
-def can_i(cp: ControlPlane, namespace: str, sa_namespace: str, sa: str, *request: str) -> bool:
-    proc = cp.kubectl(
-        "auth",
-        "can-i",
-        *request,
-        "-n",
-        namespace,
-        f"--as=system:serviceaccount:{sa_namespace}:{sa}",
-        "--as-group=system:serviceaccounts",
-        f"--as-group=system:serviceaccounts:{sa_namespace}",
-        "--as-group=system:authenticated",
-    )
-    answer = proc.stdout.strip()
-    assert answer in {"yes", "no"}, f"kubectl auth can-i {request}: {proc.stdout}{proc.stderr}"
-    return answer == "yes"
-
-
 @pytest.fixture
 def chart_operator_sa(control_plane: ControlPlane, namespace: str, crds: None) -> Iterator[tuple[str, str]]:
     """The chart's operator ServiceAccount and RBAC, rendered by ``helm template`` for ``namespace`` only."""
@@ -561,13 +545,13 @@ async def test_the_chart_service_account_scales_through_scale_only(
 ) -> None:
     cp = control_plane
     home, sa = chart_operator_sa
-    assert can_i(cp, namespace, home, sa, "patch", "deployments.apps", "--subresource=scale")
-    assert can_i(cp, namespace, home, sa, "get", "deployments.apps", "--subresource=scale")
-    assert not can_i(cp, namespace, home, sa, "patch", "deployments.apps")
-    assert not can_i(cp, namespace, home, sa, "get", "deployments.apps")
-    assert can_i(cp, namespace, home, sa, "list", "horizontalpodautoscalers.autoscaling")
-    assert can_i(cp, namespace, home, sa, "list", "gpumonitorpolicies.gpuwarden.dev")
-    assert can_i(cp, namespace, home, sa, "create", "events")
+    assert can_i(cp, home, sa, "patch", "deployments.apps", "--subresource=scale", "-n", namespace)
+    assert can_i(cp, home, sa, "get", "deployments.apps", "--subresource=scale", "-n", namespace)
+    assert not can_i(cp, home, sa, "patch", "deployments.apps", "-n", namespace)
+    assert not can_i(cp, home, sa, "get", "deployments.apps", "-n", namespace)
+    assert can_i(cp, home, sa, "list", "horizontalpodautoscalers.autoscaling", "-n", namespace)
+    assert can_i(cp, home, sa, "list", "gpumonitorpolicies.gpuwarden.dev", "-n", namespace)
+    assert can_i(cp, home, sa, "create", "events", "-n", namespace)
 
     # And the Scaler, running as that ServiceAccount, does everything it does with nothing more.
     token = cp.kubectl("create", "token", sa, "-n", home, "--duration=1h", check=True).stdout.strip()
