@@ -215,21 +215,28 @@ def _clears(g: GpuGrowth, rule: MemoryGrowth) -> bool:
     )
 
 
-def describe(g: GpuGrowth) -> str:
+def describe(slope: float, fit: float, total_bytes: float | None, seconds_to_full: float | None) -> str:
     """``GPU memory grows 212Mi/m, fit 0.97; the card (80Gi) is full in 14m``."""
-    per_minute = g.slope * 60
+    per_minute = slope * 60
     if per_minute >= 2**10:
-        text = f"GPU memory grows {format_bytes(per_minute)}/m, fit {g.fit:.2f}"
+        text = f"GPU memory grows {format_bytes(per_minute)}/m, fit {fit:.2f}"
     elif per_minute <= -(2**10):
-        text = f"GPU memory shrinks {format_bytes(-per_minute)}/m, fit {g.fit:.2f}"
+        text = f"GPU memory shrinks {format_bytes(-per_minute)}/m, fit {fit:.2f}"
     else:
-        return f"GPU memory is flat (fit {g.fit:.2f})"
-    eta = g.seconds_to_full
-    if eta is not None and g.total_bytes is not None:
-        if eta <= 0:
-            text += f"; the card is full ({format_bytes(g.total_bytes)})"
+        return f"GPU memory is flat (fit {fit:.2f})"
+    if seconds_to_full is not None and total_bytes is not None:
+        if seconds_to_full <= 0:
+            text += f"; the card is full ({format_bytes(total_bytes)})"
         else:
-            text += f"; the card ({format_bytes(g.total_bytes)}) is full in {approx_duration(eta)}"
+            text += f"; the card ({format_bytes(total_bytes)}) is full in {approx_duration(seconds_to_full)}"
+    return text
+
+
+def growth_message(o: Outcome) -> str:
+    """:func:`describe` of the worst GPU, and ``(on 1 of 2 GPUs)`` for a pod of several."""
+    text = describe(o.value or 0.0, o.fit or 0.0, o.total_bytes, o.seconds_to_full)
+    if o.gpu_count > 1 and o.gpus:
+        text += f" (on {len(o.gpus)} of {o.gpu_count} GPUs)"
     return text
 
 
@@ -272,12 +279,6 @@ def evaluate_growth(
     named = holding or [g for g in trends if not _clears(g, rule)]
     worst = max(holding or trends, key=lambda g: g.slope)
 
-    def message() -> str:
-        text = describe(worst)
-        if len(trends) > 1 and named:
-            text += f" (on {len(named)} of {len(trends)} GPUs)"
-        return text
-
     return Outcome(
         rule.name,
         kind,
@@ -288,7 +289,10 @@ def evaluate_growth(
         holds=bool(holding),
         clears=not holding and all(_clears(g, rule) for g in trends),
         gpus=tuple(g.gpu for g in named),
-        describe=message,
+        gpu_count=len(trends),
+        window_seconds=rule.window_seconds,
+        total_bytes=worst.total_bytes,
         fit=worst.fit,
         seconds_to_full=worst.seconds_to_full,
+        describe=growth_message,
     )

@@ -57,6 +57,18 @@ def _limits(rule: MemoryCeiling) -> tuple[float, float, str]:
     return float(rule.bytes), rule.bytes * (1 - rule.hysteresis / 100), "bytes"
 
 
+def memory_message(o: Outcome) -> str:
+    """``GPU memory stayed above 95% of the card (76Gi of 80Gi) for 1m, limit 90%`` (sizes with ``bytes``)."""
+    low = format_bytes(o.level_bytes or 0.0)
+    if o.unit == "percent":
+        level = f"{percent(o.value or 0.0)} of the card ({low} of {format_bytes(o.total_bytes or 0.0)})"
+        limit = percent(o.threshold)
+    else:
+        level, limit = low, format_bytes(o.threshold)
+    on = f" on {len(o.gpus)} of {o.gpu_count} GPUs" if o.gpu_count > 1 and o.gpus else ""
+    return f"GPU memory stayed above {level} for {format_duration(o.window_seconds)}{on}, limit {limit}"
+
+
 def evaluate_memory_ceiling(
     rule: MemoryCeiling,
     pod: PodId,
@@ -96,17 +108,6 @@ def evaluate_memory_ceiling(
     named = over if holds else [g for g in levels if g.value > clear_line]
     worst = max(over or levels, key=lambda g: g.value)
 
-    def describe() -> str:
-        if unit == "percent":
-            used, total = format_bytes(worst.low_bytes), format_bytes(worst.total_bytes or 0.0)
-            level = f"{percent(worst.value)} of the card ({used} of {total})"
-            limit = percent(threshold)
-        else:
-            level = format_bytes(worst.low_bytes)
-            limit = format_bytes(threshold)
-        on = f" on {len(named)} of {len(levels)} GPUs" if len(levels) > 1 and named else ""
-        return f"GPU memory stayed above {level} for {format_duration(rule.for_seconds)}{on}, limit {limit}"
-
     return Outcome(
         rule.name,
         kind,
@@ -117,5 +118,9 @@ def evaluate_memory_ceiling(
         holds=holds,
         clears=clears,
         gpus=tuple(g.gpu for g in named),
-        describe=describe,
+        gpu_count=len(levels),
+        window_seconds=rule.for_seconds,
+        level_bytes=worst.low_bytes,
+        total_bytes=worst.total_bytes,
+        describe=memory_message,
     )

@@ -77,17 +77,22 @@ class WindowParams:
     """A pod whose newest sample is older than this is not judged (its node went quiet)."""
 
 
+def _no_message(outcome: Outcome) -> str:
+    return "no data to judge" if outcome.value is None else ""
+
+
 @dataclass(slots=True)
 class Outcome:
     """What one rule concluded about one pod at one evaluation.
 
-    ``value`` is None when there was nothing to judge (no readings, stale pod,
-    rule snoozed); then both ``holds`` and ``clears`` are False. ``holds``
-    implies not ``clears``.
+    ``value`` is None when there was nothing to judge (no readings, stale pod);
+    then both ``holds`` and ``clears`` are False. ``holds`` implies not ``clears``.
 
-    Read-only by convention. Not frozen: one is built per pod, rule and
-    evaluation, and a frozen dataclass takes five times as long to build (the
-    same goes for the per-GPU records of each rule).
+    Read-only by convention. Not frozen, and its message built only when asked
+    for, by a module-level function from the fields below (no closure): one is
+    built per pod, rule and evaluation, and all of them live until the
+    evaluation ends, so each object less per outcome is less work for the
+    cyclic GC; a frozen dataclass also takes five times as long to build.
     """
 
     rule: str
@@ -100,15 +105,29 @@ class Outcome:
     clears: bool
     gpus: tuple[str, ...] = ()
     """The GPUs the value speaks for: all the pod's GPUs for utilization, the offending ones for memory."""
+    gpu_count: int = 0
+    """How many of the pod's GPUs were judged."""
+    window_seconds: float = 0.0
+    """The rule's window: ``for``, or ``window`` for memoryGrowth."""
+    signal: str = ""
+    """Utilization rules: the reading used, in words (``SM activity``, ``GPU utilization``)."""
+    busy_watts: float | None = None
+    """utilizationFloor: the mean power of the GPU that counts as busy, if one does."""
+    level_bytes: float | None = None
+    """memoryCeiling: the memory the worst GPU stayed above."""
+    total_bytes: float | None = None
+    """Memory rules: the worst GPU's card size."""
     fit: float | None = None
+    """memoryGrowth: R² of the worst GPU's trend."""
     seconds_to_full: float | None = None
-    describe: Callable[[], str] = field(default=lambda: "", compare=False, repr=False)
-    """Builds :attr:`message`; deferred because most outcomes are never shown."""
+    """memoryGrowth: projected seconds until the worst GPU's card is full."""
+    describe: Callable[[Outcome], str] = field(default=_no_message, compare=False, repr=False)
+    """Builds :attr:`message` from the fields above."""
 
     @property
     def message(self) -> str:
         """The verdict in words, e.g. ``mean SM activity 3% over 5m, floor 20%``."""
-        return self.describe()
+        return self.describe(self)
 
 
 def unknown(rule: str, kind: RuleKind, pod: PodId, threshold: float, unit: str) -> Outcome:

@@ -132,9 +132,22 @@ def _signal_name(gpus: Sequence[GpuActivity]) -> str:
     return "GPU activity"
 
 
-def _describe(gpus: Sequence[GpuActivity], value: float, for_seconds: float) -> str:
-    across = f" across {len(gpus)} GPUs" if len(gpus) > 1 else ""
-    return f"mean {_signal_name(gpus)} {percent(value)} over {format_duration(for_seconds)}{across}"
+def _mean_over(o: Outcome) -> str:
+    across = f" across {o.gpu_count} GPUs" if o.gpu_count > 1 else ""
+    return f"mean {o.signal} {percent(o.value or 0.0)} over {format_duration(o.window_seconds)}{across}"
+
+
+def floor_message(o: Outcome) -> str:
+    """``mean SM activity 3% over 5m, floor 20%`` (``; busy by power (310 W)`` when it is)."""
+    text = f"{_mean_over(o)}, floor {percent(o.threshold)}"
+    if o.busy_watts is not None:
+        text += f"; busy by power ({o.busy_watts:.0f} W)"
+    return text
+
+
+def ceiling_message(o: Outcome) -> str:
+    """``mean SM activity 97% over 2m, ceiling 95%``."""
+    return f"{_mean_over(o)}, ceiling {percent(o.threshold)}"
 
 
 def evaluate_floor(
@@ -174,12 +187,6 @@ def evaluate_floor(
     holds = complete and value < rule.percent and not busy
     clears = not holds and (value >= rule.percent + rule.hysteresis or bool(busy))
 
-    def describe() -> str:
-        text = f"{_describe(gpus, value, rule.for_seconds)}, floor {percent(rule.percent)}"
-        if busy:
-            text += f"; busy by power ({max(g.power_w or 0.0 for g in busy):.0f} W)"
-        return text
-
     return Outcome(
         rule.name,
         kind,
@@ -190,7 +197,11 @@ def evaluate_floor(
         holds=holds,
         clears=clears,
         gpus=tuple(g.gpu for g in gpus),
-        describe=describe,
+        gpu_count=len(gpus),
+        window_seconds=rule.for_seconds,
+        signal=_signal_name(gpus),
+        busy_watts=max(g.power_w or 0.0 for g in busy) if busy else None,
+        describe=floor_message,
     )
 
 
@@ -223,5 +234,8 @@ def evaluate_ceiling(
         holds=holds,
         clears=clears,
         gpus=tuple(g.gpu for g in gpus),
-        describe=lambda: f"{_describe(gpus, value, rule.for_seconds)}, ceiling {percent(rule.percent)}",
+        gpu_count=len(gpus),
+        window_seconds=rule.for_seconds,
+        signal=_signal_name(gpus),
+        describe=ceiling_message,
     )

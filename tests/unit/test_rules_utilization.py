@@ -136,6 +136,7 @@ def test_stale_pod_and_empty_pod_are_unknown() -> None:
     assert not stale.holds
     assert not stale.clears
     assert evaluate_floor(FLOOR, POD, [], last, PARAMS).value is None
+    assert stale.message == "no data to judge"
 
 
 def test_window_ends_at_the_newest_sample_not_now() -> None:
