@@ -81,7 +81,7 @@ class FindingSpan:
     end: float | None = None
     resolution: Resolution | None = None
     last_message: str = ""
-    """The engine's latest message (updated until it resolves)."""
+    """The engine's latest message; once resolved, the one it cleared with."""
     value: float | None = None
     """The latest value (updated until it resolves), in ``unit``."""
     unit: str = ""
@@ -138,11 +138,13 @@ class History:
             span.value = finding.value
 
     def resolved(self, finding: Finding, resolution: Resolution | None, at: float) -> None:
-        """A finding ended."""
+        """A finding ended; its message now says why (the summary prints it after "cleared")."""
         span = self._open.pop(self._key(finding), None)
         if span is not None:
             span.end = at
             span.resolution = resolution
+            # Not the value: the plot labels a span with what it measured while it was active.
+            span.last_message = finding.message
 
     def active(self) -> list[FindingSpan]:
         """Spans still open, in order of start."""

@@ -23,7 +23,7 @@ from gpuwarden.local.history import History
 from gpuwarden.local.policies import demo_policy_path, for_processes, load_policies
 from gpuwarden.local.session import GpuRow, ScaleNote, Step
 from gpuwarden.nodereport import DeviceState
-from gpuwarden.policy import RuleKind
+from gpuwarden.policy import Resolution, RuleKind
 from gpuwarden.policy.parse import SpecError
 from gpuwarden.policy.scaling import Direction, ScaleDecision
 
@@ -55,7 +55,7 @@ def starts(run: ScenarioRun) -> dict[tuple[str, str], float]:
 # -- the command ----------------------------------------------------------------------------------
 
 
-def test_demo_finds_idle_leak_and_saturation_but_not_the_plateau() -> None:
+def test_demo_finds_idle_leak_and_saturation_but_not_the_plateau_and_the_idle_gpu_clears() -> None:
     began = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "gpuwarden", "demo", "--no-pace"],
@@ -77,9 +77,19 @@ def test_demo_finds_idle_leak_and_saturation_but_not_the_plateau() -> None:
     assert "would scale Deployment inference/llm-server 1 -> 2" in out
     # The caching allocator plateaus: no finding, live or in the summary.
     assert not [line for line in out.splitlines() if "STARTED" in line and "vision-train-0" in line]
+    # The notebook gets to work at 22m: the idle finding clears, in the engine's words, before the end.
+    assert re.search(
+        r"\[2[2-9]:\d\d\] CLEARED idle-gpu research/notebook-idle-0 on GPU 0: Recovered: "
+        r"mean SM activity \d+% over 5m, floor 20%",
+        out,
+    )
     summary = out[out.index("Summary:") :]
     assert re.search(r"GPU 2  training/vision-train-0\n\s+no findings\n", summary)
-    assert "4 findings started, 0 cleared, 4 active at the end." in summary
+    assert re.search(r"idle-gpu \(GPUUnderutilized\) 05:00-2\d:\d\d, cleared: Recovered: ", summary)
+    counts = re.search(r"(\d+) findings started, (\d+) cleared, (\d+) active at the end\.", summary)
+    assert counts is not None
+    assert int(counts[2]) >= 1
+    assert (counts[1], counts[2], counts[3]) == ("4", "1", "3")
 
     assert wall < UNPACED_LIMIT_S
     # Paced, the demo sleeps only to hold `speed`: the scenario's length over it, plus the work.
@@ -162,6 +172,17 @@ def test_each_story_starts_when_its_window_allows(demo_run: ScenarioRun) -> None
     assert 13 * MIN <= found[("near-oom", "training/llm-finetune-0")] <= 16 * MIN
     assert not [s for s in demo_run.history.spans if "vision-train-0" in s.subject]
     assert len(found) == 4
+
+
+def test_the_idle_finding_clears_once_the_notebook_works(demo_run: ScenarioRun) -> None:
+    """Work starts at 22m; the 5m mean of SM activity (~61% busy, ~2% idle) reaches 25% about 2m later."""
+    (idle,) = [s for s in demo_run.history.spans if s.rule == "idle-gpu"]
+    assert idle.end is not None
+    assert idle.end - DEFAULT_ORIGIN == pytest.approx(24 * MIN, abs=30)
+    assert idle.resolution is Resolution.RECOVERED
+    # The summary says why it cleared: the clearing message, not the last one while active.
+    assert re.fullmatch(r"mean SM activity (2[5-9]|3\d)% over 5m, floor 20%", idle.last_message)
+    assert [s.rule for s in demo_run.history.active()] == ["saturated", "leak", "near-oom"]
 
 
 def test_leak_message_projects_the_time_to_full(demo_run: ScenarioRun) -> None:

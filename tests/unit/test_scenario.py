@@ -291,8 +291,15 @@ def test_demo_tells_its_four_stories() -> None:
     def series(pod: str, field: str) -> list[float]:
         return [getattr(pod_gpu(s, pod), field) for s in snapshots]
 
-    # an idle pod: ~3% for the whole run
-    assert statistics.mean(series("notebook-idle-0", "utilization_gpu")) == pytest.approx(3, abs=1)
+    # an idle pod: ~3% for 22 minutes, then real work (~72% busy, SM activity ~61%) to the end
+    work = 22 * 60 // 10  # index of the first snapshot at 22m
+    idle_util = series("notebook-idle-0", "utilization_gpu")
+    idle_sm = series("notebook-idle-0", "sm_active")
+    assert statistics.mean(idle_util[:work]) == pytest.approx(3, abs=1)
+    assert max(idle_util[work - 1], idle_sm[work - 1]) < 10  # idle to the last sample before 22m
+    assert statistics.mean(idle_util[work:]) == pytest.approx(72, abs=3)
+    assert 55 <= statistics.mean(idle_sm[work:]) <= 70
+    assert min(idle_util[work:]) > 50  # busy from its first sample on, not ramping up
     # a leak: ~200Mi/m, steady, below the card's size at the end
     assert slope_mib_per_min(demo, "llm-finetune-0", 120, 1790) == pytest.approx(200, rel=0.02)
     leak_gpu = pod_gpu(demo.snapshot(1799), "llm-finetune-0")
