@@ -253,7 +253,7 @@ async def play(config: DemoConfig, out: Display | None = None) -> int:
         f"({played / max(wall, 1e-9):.0f}x), {len(history.devices)} GPUs, "
         f"{len(config.policies)} {'policy' if len(config.policies) == 1 else 'policies'}"
     )
-    for line in summary_lines(history, run.scaling, clock):
+    for line in summary_lines(history, run.scaling, clock, run.session.targets()):
         print(line)
     if config.plot is not None:
         save_plot(history, config.plot, f"gpuwarden demo: scenario {config.scenario.name}")

@@ -4,9 +4,10 @@ Both displays print the same lines for what happens (a finding starts, re-notifi
 clears; a scale decision), prefixed with the time as a :data:`ClockLabel` writes it.
 
 - :class:`LiveDisplay` (stdout is a terminal): those lines scroll above a table of the
-  GPUs that is redrawn in place with ANSI escapes, at most ``refresh`` times a second.
+  GPUs, and of the simulated scale targets' replicas, redrawn in place with ANSI escapes,
+  at most ``refresh`` times a second.
 - :class:`PlainDisplay` (a pipe, a file, CI): those lines, and every ``status_every``
-  seconds (of the run's time) one status line per GPU instead of the table.
+  seconds (of the run's time) one status line per GPU and per scale target instead of the table.
 
 Everything here is ASCII apart from what the data brings (a command line), so a log
 read with any encoding stays legible.
@@ -21,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TextIO
 
 from gpuwarden.local.history import FindingSpan, History
-from gpuwarden.local.session import Announcement, GpuRow, ScaleNote, Step
+from gpuwarden.local.session import Announcement, GpuRow, ScaleNote, SimulatedTarget, Step, TargetRow
 from gpuwarden.nodereport import DeviceState
 from gpuwarden.policy import Transition
 from gpuwarden.policy.humanize import format_bytes
@@ -78,12 +79,30 @@ def announcement_line(a: Announcement, clock: ClockLabel) -> str:
 
 
 def scale_line(note: ScaleNote, clock: ClockLabel) -> str:
-    """``[02:00] SCALE   would scale Deployment inference/llm-server 1 -> 2: saturated on 1/1 pods …``."""
+    """``[02:00] SCALE   scaled Deployment inference/llm-server 1 -> 2 (simulated): saturated on 1/1 pods …``.
+
+    A ``dryRun`` policy's decision reads ``would scale … (policy …; dryRun)``: its target stays.
+    """
     d = note.decision
+    if note.applied:
+        return (
+            f"[{clock(note.at)}] SCALE   scaled {note.target} {d.current} -> {d.desired} (simulated): "
+            f"{d.reason} (policy {note.policy})"
+        )
     return (
         f"[{clock(note.at)}] SCALE   would scale {note.target} {d.current} -> {d.desired}: {d.reason} "
-        f"(policy {note.policy}; local mode changes nothing)"
+        f"(policy {note.policy}; dryRun)"
     )
+
+
+def target_text(target: TargetRow) -> str:
+    """``Deployment inference/llm-server: 3 replicas (simulated)``; ``(dryRun: stays)`` under dryRun."""
+    how = "dryRun: stays" if target.dry_run else "simulated"
+    return f"{target.target}: {_replicas(target.replicas)} ({how})"
+
+
+def _replicas(n: int) -> str:
+    return f"{n} replica" if n == 1 else f"{n} replicas"
 
 
 def percent_cell(value: float | None) -> str:
@@ -124,9 +143,14 @@ def status_line(row: GpuRow, clock_text: str) -> str:
 
 
 def render_table(
-    rows: Iterable[GpuRow], title: str, *, subject_header: str, color: bool = False
+    rows: Iterable[GpuRow],
+    title: str,
+    *,
+    subject_header: str,
+    color: bool = False,
+    targets: Iterable[TargetRow] = (),
 ) -> list[str]:
-    """The live table: a title, a header and one line per GPU (no line ends)."""
+    """The live table: a title, a header, one line per GPU and one per scale target (no line ends)."""
     header = (
         f"{'GPU':<7} {subject_header.upper():<{SUBJECT_WIDTH}} {'UTIL':>4} {'SM':>4}  {'MEMORY':<20} FINDINGS"
     )
@@ -145,6 +169,8 @@ def render_table(
             f"{name:<7} {subject:<{SUBJECT_WIDTH}} {percent_cell(row.utilization)} "
             f"{percent_cell(row.sm_active)}  {memory:<20} {findings}"
         )
+    for target in targets:
+        lines.append(_paint(target_text(target), _BOLD, color))
     return lines
 
 
@@ -178,6 +204,8 @@ class PlainDisplay:
             self._next_status = step.at + self._status_every
             for row in step.rows:
                 print(status_line(row, self._clock(step.at)), file=self._out)
+            for target in step.targets:
+                print(f"[{self._clock(step.at)}] {target_text(target)}", file=self._out)
         self._out.flush()
 
     def note(self, text: str) -> None:
@@ -244,7 +272,9 @@ class LiveDisplay:
             parts.append(f"\x1b[{self._drawn}F\x1b[J")
         for line in lines:
             parts.append(self._painted(line) + "\n")
-        table = render_table(step.rows, title, subject_header=self._subject_header, color=self._color)
+        table = render_table(
+            step.rows, title, subject_header=self._subject_header, color=self._color, targets=step.targets
+        )
         # A line wider than the terminal wraps and breaks the count of lines to go back up.
         parts.extend(_fit(line, width) + "\n" for line in table)
         self._drawn = len(table)
@@ -286,8 +316,9 @@ def _fit(line: str, width: int) -> str:
 class ScaleRepeats:
     """Lets a scale decision through once until it changes.
 
-    Local mode scales nothing, so the operator's dryRun logic repeats the same
-    "would scale 1 -> 2" at every cooldown; the summary counts the repeats.
+    A ``dryRun`` policy's target keeps its replicas, so the same "would scale 1 -> 2"
+    comes back at every cooldown; the summary counts the repeats. (A simulated target
+    that follows its decisions never repeats one: each starts where the last ended.)
     """
 
     def __init__(self) -> None:
@@ -311,8 +342,13 @@ def step_lines(step: Step, clock: ClockLabel, repeats: ScaleRepeats | None = Non
 # -- summary --------------------------------------------------------------------------------------
 
 
-def summary_lines(history: History, scaling: Sequence[ScaleNote], clock: ClockLabel) -> list[str]:
-    """Per GPU, what it ran and what was found; the scale decisions; the counts."""
+def summary_lines(
+    history: History,
+    scaling: Sequence[ScaleNote],
+    clock: ClockLabel,
+    targets: Sequence[SimulatedTarget] = (),
+) -> list[str]:
+    """Per GPU, what it ran and what was found; the scale targets and decisions; the counts."""
     lines: list[str] = []
     width = max((len(d.name) for d in history.devices.values()), default=5)
     for key, device in history.devices.items():
@@ -326,7 +362,7 @@ def summary_lines(history: History, scaling: Sequence[ScaleNote], clock: ClockLa
     elsewhere = [s for s in history.spans if not any(d in history.devices for d in s.devices)]
     for span in elsewhere:
         lines.append(f"  {span.subject}: {_span_text(span, clock)}")
-    for text in _scale_summary(scaling):
+    for text in _scale_summary(scaling, targets):
         lines.append(f"  {text}")
     started = len(history.spans)
     active = len(history.active())
@@ -343,13 +379,27 @@ def _span_text(span: FindingSpan, clock: ClockLabel) -> str:
     return f"{span.rule} ({span.reason}) {when}: {span.last_message}"
 
 
-def _scale_summary(scaling: Sequence[ScaleNote]) -> list[str]:
+def _scale_summary(scaling: Sequence[ScaleNote], targets: Sequence[SimulatedTarget]) -> list[str]:
+    """Each simulated target from its first replicas to its last; a dryRun policy's repeated wishes."""
+    out = []
+    for t in targets:
+        if t.dry_run:
+            continue  # its wishes, counted below, say more than replicas that never moved
+        moves = [
+            f"{n} scale-{way}" + ("s" if n > 1 else "")
+            for n, way in ((t.scaled_up, "up"), (t.scaled_down, "down"))
+            if n
+        ]
+        what = f"{t.initial} -> {_replicas(t.replicas)}" if moves else f"{_replicas(t.replicas)} throughout"
+        how = f", {', '.join(moves)}" if moves else ""
+        out.append(f"{t.target}: {what} (simulated; dry run in local mode){how}; policy {t.policy}")
     counts: dict[tuple[str, str, int, int], int] = {}
     for note in scaling:
+        if note.applied:
+            continue  # in the target's line above
         key = (note.policy, note.target, note.decision.current, note.decision.desired)
         counts[key] = counts.get(key, 0) + 1
-    out = []
     for (policy, target, current, desired), count in counts.items():
         times = "once" if count == 1 else f"{count} times (once per cooldown)"
-        out.append(f"{target}: would scale {current} -> {desired}, {times}; policy {policy}")
+        out.append(f"{target}: would scale {current} -> {desired}, {times} (dryRun); policy {policy}")
     return out

@@ -11,10 +11,15 @@ or cleared, and the scale decisions.
 Subjects are pods (``demo``: the scenario's pods, with their labels) or host processes
 (``watch``: ``pid/<pid>`` in namespace ``""``, see :func:`gpuwarden.policy.process_subject`).
 
-Scaling is decided as the operator decides it in ``dryRun``: the pure
-:class:`~gpuwarden.policy.scaling.ScaleDecider` is asked after each evaluation, the
-target's replicas are the pods the policy matches (nothing ever adds one), and a
-decision that would change them starts its cooldown as if it had.
+Scaling is decided as the operator decides it: the pure
+:class:`~gpuwarden.policy.scaling.ScaleDecider` is asked after each evaluation with the
+target's current replicas, and a decision that changes them is applied and starts its
+cooldown. There is no cluster, so the target is a :class:`SimulatedTarget`: it starts
+with one replica per pod the policy matches (when it first matches any) and follows the
+decisions, 1 -> 2 -> 3 within ``minReplicas``/``maxReplicas``. No pod is added (the
+scenario's load never spreads out), so a saturated server keeps asking, once per
+cooldown, up to ``maxReplicas``. A ``dryRun: true`` policy leaves the replicas as they
+are, as the operator would, and its wish comes back once per cooldown unchanged.
 
 Pure apart from the clock-free bookkeeping: no I/O, no sleeping.
 """
@@ -105,13 +110,54 @@ class GpuRow:
 
 @dataclass(frozen=True, slots=True)
 class ScaleNote:
-    """A scale decision that would change the target's replicas (nothing is scaled in local mode)."""
+    """A scale decision that changes the target's replicas (only the simulated ones: see the module doc)."""
 
     policy: str
     target: str
     """``Deployment inference/llm-server``."""
     decision: ScaleDecision
     at: float
+    applied: bool
+    """Whether the simulated target took it (False: the policy is ``dryRun``, its replicas stay)."""
+
+
+@dataclass(slots=True)
+class SimulatedTarget:
+    """A policy's scale target in local mode: a replica count that follows the decisions."""
+
+    policy: str
+    target: str
+    """``Deployment inference/llm-server``."""
+    initial: int
+    """Replicas when the policy first matched pods: one per matched pod."""
+    replicas: int
+    dry_run: bool
+    """The policy's ``dryRun``: decisions are announced, the replicas stay at ``initial``."""
+    scaled_up: int = 0
+    scaled_down: int = 0
+
+    def apply(self, decision: ScaleDecision) -> None:
+        """Take a decision that changes the replicas, as a patched ``/scale`` would."""
+        if decision.desired > self.replicas:
+            self.scaled_up += 1
+        elif decision.desired < self.replicas:
+            self.scaled_down += 1
+        self.replicas = decision.desired
+
+    @property
+    def row(self) -> TargetRow:
+        """The target as the display shows it."""
+        return TargetRow(self.policy, self.target, self.replicas, self.dry_run)
+
+
+@dataclass(frozen=True, slots=True)
+class TargetRow:
+    """A simulated scale target's replicas at one step, for the table and the status lines."""
+
+    policy: str
+    target: str
+    replicas: int
+    dry_run: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +180,8 @@ class Step:
     scaling: tuple[ScaleNote, ...]
     evaluated: bool
     """Whether any policy was evaluated at this snapshot."""
+    targets: tuple[TargetRow, ...] = ()
+    """The simulated scale targets after this step (none before a scaling policy matched a pod)."""
 
 
 @dataclass(slots=True)
@@ -142,6 +190,7 @@ class _Policy:
     evaluator: PolicyEvaluator
     due: float | None = None
     decider: ScaleDecider | None = None
+    target: SimulatedTarget | None = None
     active: tuple[Finding, ...] = ()
 
 
@@ -221,11 +270,16 @@ class Session:
             announcements=tuple(announcements),
             scaling=tuple(scaling),
             evaluated=evaluated,
+            targets=tuple(t.row for t in self.targets()),
         )
 
     def active(self) -> list[Finding]:
         """Every policy's active findings after the latest evaluation."""
         return [f for entry in self._policies for f in entry.active]
+
+    def targets(self) -> list[SimulatedTarget]:
+        """The simulated scale targets so far, in policy order."""
+        return [entry.target for entry in self._policies if entry.target is not None]
 
     def subject_name(self, namespace: str, pod: str) -> str:
         """A subject's display name (its id if it was never seen on a GPU)."""
@@ -296,15 +350,31 @@ class Session:
         self, entry: _Policy, active: Iterable[Finding], matched: int, now: float
     ) -> ScaleNote | None:
         action = entry.policy.spec.actions.scale
-        if action is None or entry.decider is None or matched == 0:
+        if action is None or entry.decider is None:
             return None
-        decision = entry.decider.decide(action, matched, findings_by_pod(active), matched, now)
+        target = entry.target
+        if target is None:
+            if matched == 0:
+                # Nothing to size the Deployment by yet; the operator would read /scale instead.
+                return None
+            ref = action.target_ref
+            where = f"{entry.policy.namespace}/{ref.name}" if entry.policy.namespace else ref.name
+            target = entry.target = SimulatedTarget(
+                policy=entry.policy.key,
+                target=f"{ref.kind} {where}",
+                initial=matched,
+                replicas=matched,
+                dry_run=action.dry_run,
+            )
+        # The operator's sequence (gpuwarden.operator.scaler): decide on the current replicas,
+        # apply a change unless dryRun, then record it so that its cooldown starts.
+        decision = entry.decider.decide(action, target.replicas, findings_by_pod(active), matched, now)
         if not decision.changes:
             return None
+        if not action.dry_run:
+            target.apply(decision)
         entry.decider.record_scale(decision, now)
-        ref = action.target_ref
-        where = f"{entry.policy.namespace}/{ref.name}" if entry.policy.namespace else ref.name
-        return ScaleNote(entry.policy.key, f"{ref.kind} {where}", decision, now)
+        return ScaleNote(entry.policy.key, target.target, decision, now, applied=not action.dry_run)
 
     def _rows(self, snapshot: Snapshot, subjects_by_device: dict[str, list[str]]) -> Iterator[GpuRow]:
         on_device: dict[str, list[str]] = {}

@@ -18,10 +18,17 @@ import pytest
 from gpuwarden import cli
 from gpuwarden.agent.scenario import DEFAULT_ORIGIN, load_scenario
 from gpuwarden.local.demo import DEFAULT_SPEED, ScenarioRun
-from gpuwarden.local.display import LiveDisplay, PlainDisplay, ScaleRepeats, elapsed_clock, render_table
+from gpuwarden.local.display import (
+    LiveDisplay,
+    PlainDisplay,
+    ScaleRepeats,
+    elapsed_clock,
+    render_table,
+    summary_lines,
+)
 from gpuwarden.local.history import History
 from gpuwarden.local.policies import demo_policy_path, for_processes, load_policies
-from gpuwarden.local.session import GpuRow, ScaleNote, Step
+from gpuwarden.local.session import GpuRow, ScaleNote, Step, TargetRow
 from gpuwarden.nodereport import DeviceState
 from gpuwarden.policy import Resolution, RuleKind
 from gpuwarden.policy.parse import SpecError
@@ -74,7 +81,14 @@ def test_demo_finds_idle_leak_and_saturation_but_not_the_plateau_and_the_idle_gp
         out,
     )
     assert re.search(r"STARTED saturated inference/llm-server-7d9f8b6c4-x2x7q on GPU 3: GPUSaturated", out)
-    assert "would scale Deployment inference/llm-server 1 -> 2" in out
+    # The serving policy scales its simulated Deployment, one replica per 5m cooldown.
+    assert re.search(
+        r"\[02:00\] SCALE   scaled Deployment inference/llm-server 1 -> 2 \(simulated\): "
+        r"saturated on 1/1 pods",
+        out,
+    )
+    assert "SCALE   scaled Deployment inference/llm-server 2 -> 3 (simulated)" in out
+    assert "would scale" not in out
     # The caching allocator plateaus: no finding, live or in the summary.
     assert not [line for line in out.splitlines() if "STARTED" in line and "vision-train-0" in line]
     # The notebook gets to work at 22m: the idle finding clears, in the engine's words, before the end.
@@ -90,6 +104,10 @@ def test_demo_finds_idle_leak_and_saturation_but_not_the_plateau_and_the_idle_gp
     assert counts is not None
     assert int(counts[2]) >= 1
     assert (counts[1], counts[2], counts[3]) == ("4", "1", "3")
+    assert (
+        "Deployment inference/llm-server: 1 -> 7 replicas (simulated; dry run in local mode), 6 scale-ups; "
+        "policy inference/llm-serving" in summary
+    )
 
     assert wall < UNPACED_LIMIT_S
     # Paced, the demo sleeps only to hold `speed`: the scenario's length over it, plus the work.
@@ -192,16 +210,79 @@ def test_leak_message_projects_the_time_to_full(demo_run: ScenarioRun) -> None:
     )
 
 
-def test_scaling_is_decided_as_in_dry_run(demo_run: ScenarioRun) -> None:
+def test_scaling_moves_the_simulated_deployment_one_step_per_cooldown(demo_run: ScenarioRun) -> None:
     decisions = demo_run.scaling
     assert decisions, "the saturated server should make the serving policy want another replica"
     first = decisions[0]
     assert first.target == "Deployment inference/llm-server"
-    assert (first.decision.current, first.decision.desired) == (1, 2)
     assert first.at - DEFAULT_ORIGIN == pytest.approx(2 * MIN, abs=10)
-    # Nothing is scaled, so the same wish comes back once per 5m cooldown.
+    # Each decision starts from the replicas the last one set: 1 -> 2 -> 3 ..., all applied.
+    assert [(n.decision.current, n.decision.desired) for n in decisions] == [(i, i + 1) for i in range(1, 7)]
+    assert all(n.applied for n in decisions)
+    # The one pod stays saturated (the new replicas are not pods), so it asks again after each cooldown.
     gaps = [b.at - a.at for a, b in itertools.pairwise(decisions)]
     assert all(g == pytest.approx(5 * MIN, abs=10) for g in gaps)
+    (target,) = demo_run.session.targets()
+    assert (target.initial, target.replicas, target.scaled_up, target.scaled_down) == (1, 7, 6, 0)
+
+
+# Saturated for 10s in e2e-fast (the server is saturated from its first second), 30s apart.
+FAST_SCALING = """\
+apiVersion: gpuwarden.dev/v1alpha1
+kind: GPUMonitorPolicy
+metadata: {name: serving, namespace: inference}
+spec:
+  selector: {matchLabels: {app: llm-server}}
+  evaluationInterval: 1s
+  rules:
+    - name: saturated
+      utilizationCeiling: {percent: 95, for: 10s}
+  actions:
+    scale:
+      targetRef: {apiVersion: apps/v1, kind: Deployment, name: llm-server}
+      minReplicas: 1
+      maxReplicas: 3
+      scaleUpOn: [saturated]
+      behavior:
+        scaleUp: {stabilizationWindow: 0s, step: 1, cooldown: 30s}
+"""
+
+
+def _fast_scaling_run(tmp_path: Path, extra: str = "") -> ScenarioRun:
+    path = tmp_path / "serving.yaml"
+    path.write_text(FAST_SCALING + extra)
+    run = ScenarioRun(load_scenario("e2e-fast"), load_policies(path))
+    for _ in run.steps():
+        pass
+    return run
+
+
+def test_the_simulated_deployment_stops_at_max_replicas(tmp_path: Path) -> None:
+    run = _fast_scaling_run(tmp_path)
+    assert [(n.decision.current, n.decision.desired) for n in run.scaling] == [(1, 2), (2, 3)]
+    assert run.scaling[1].at - run.scaling[0].at == pytest.approx(30, abs=1)
+    (target,) = run.session.targets()
+    assert (target.replicas, target.dry_run) == (3, False)
+    lines = summary_lines(run.history, run.scaling, elapsed_clock(DEFAULT_ORIGIN), run.session.targets())
+    assert (
+        "  Deployment inference/llm-server: 1 -> 3 replicas (simulated; dry run in local mode), 2 scale-ups; "
+        "policy inference/serving" in lines
+    )
+
+
+def test_a_dry_run_policy_leaves_the_simulated_deployment_as_it_was(tmp_path: Path) -> None:
+    run = _fast_scaling_run(tmp_path, "      dryRun: true\n")
+    # As the operator in dryRun: the same wish once per cooldown, the replicas untouched.
+    assert len(run.scaling) >= 3
+    assert {(n.decision.current, n.decision.desired, n.applied) for n in run.scaling} == {(1, 2, False)}
+    (target,) = run.session.targets()
+    assert (target.replicas, target.dry_run) == (1, True)
+    lines = summary_lines(run.history, run.scaling, elapsed_clock(DEFAULT_ORIGIN), run.session.targets())
+    times = len(run.scaling)
+    assert (
+        f"  Deployment inference/llm-server: would scale 1 -> 2, {times} times (once per cooldown) (dryRun); "
+        "policy inference/serving" in lines
+    )
 
 
 # -- displays ------------------------------------------------------------------------------------------
@@ -267,19 +348,65 @@ def test_plain_display_prints_status_every_interval_and_a_scale_wish_once() -> N
     out = io.StringIO()
     display = PlainDisplay(out, elapsed_clock(0.0), status_every=300.0)
     decision = ScaleDecision(1, 2, Direction.UP, "saturated on 1/1 pods")
-    note = ScaleNote("inference/llm-serving", "Deployment inference/llm-server", decision, 120.0)
+    note = ScaleNote(
+        "inference/llm-serving", "Deployment inference/llm-server", decision, 120.0, applied=False
+    )
     for t in range(0, 601, 10):
         display.show(_step(float(t), scaling=(note,) if t % 300 == 120 else ()))
     text = out.getvalue()
     assert [line[:7] for line in text.splitlines() if "GPU 1" in line] == ["[00:00]", "[05:00]", "[10:00]"]
     assert text.count("would scale Deployment inference/llm-server 1 -> 2") == 1
+    assert "(policy inference/llm-serving; dryRun)" in text
+
+
+TARGET = TargetRow("inference/llm-serving", "Deployment inference/llm-server", 3, dry_run=False)
+
+
+def test_a_simulated_scale_prints_a_line_and_the_replicas_show_in_table_and_status() -> None:
+    decision = ScaleDecision(2, 3, Direction.UP, "saturated on 1/1 pods for 5m")
+    note = ScaleNote(
+        "inference/llm-serving", "Deployment inference/llm-server", decision, 420.0, applied=True
+    )
+    out = io.StringIO()
+    display = PlainDisplay(out, elapsed_clock(0.0), status_every=300.0)
+    display.show(
+        Step(at=420.0, rows=(_row(),), announcements=(), scaling=(note,), evaluated=True, targets=(TARGET,))
+    )
+    assert out.getvalue().splitlines() == [
+        "[07:00] SCALE   scaled Deployment inference/llm-server 2 -> 3 (simulated): "
+        "saturated on 1/1 pods for 5m (policy inference/llm-serving)",
+        "[07:00] GPU 1 training/llm-finetune-0: util 88%, SM 75%, mem 126Gi/140Gi (90%); findings: none",
+        "[07:00] Deployment inference/llm-server: 3 replicas (simulated)",
+    ]
+    table = render_table([_row()], "title", subject_header="pod", targets=[TARGET])
+    assert table[-1] == "Deployment inference/llm-server: 3 replicas (simulated)"
+    one = TargetRow("p", "Deployment d", 1, dry_run=True)
+    assert render_table([_row()], "t", subject_header="pod", targets=[one])[-1] == (
+        "Deployment d: 1 replica (dryRun: stays)"
+    )
+
+
+def test_the_live_table_grows_by_the_target_line_and_redraws_over_it() -> None:
+    out = io.StringIO()
+    fake = FakeTime()
+    display = LiveDisplay(out, elapsed_clock(0.0), subject_header="pod", refresh=0.1, monotonic=fake)
+    step = Step(at=1.0, rows=(_row(),), announcements=(), scaling=(), evaluated=True, targets=(TARGET,))
+    display.show(step, "t1")
+    assert "Deployment inference/llm-server: 3 replicas (simulated)\n" in out.getvalue()
+    fake.now = 0.2
+    before = len(out.getvalue())
+    display.show(step, "t2")
+    # Up over title, header, one GPU row and the target's line.
+    assert out.getvalue()[before:].startswith("\x1b[4F\x1b[J")
 
 
 def test_scale_repeats_let_a_changed_wish_through() -> None:
     repeats = ScaleRepeats()
 
     def note(current: int, desired: int) -> ScaleNote:
-        return ScaleNote("p", "Deployment d", ScaleDecision(current, desired, Direction.UP, ""), 0.0)
+        return ScaleNote(
+            "p", "Deployment d", ScaleDecision(current, desired, Direction.UP, ""), 0.0, applied=False
+        )
 
     assert [repeats.fresh(n) for n in (note(1, 2), note(1, 2), note(2, 3), note(1, 2))] == [
         True,
