@@ -351,10 +351,17 @@ def summary_lines(
     """Per GPU, what it ran and what was found; the scale targets and decisions; the counts."""
     lines: list[str] = []
     width = max((len(d.name) for d in history.devices.values()), default=5)
+    spelled_out: set[str] = set()
     for key, device in history.devices.items():
         subject = ", ".join(device.subjects) or "(nothing ran on it)"
         spans = [s for s in history.spans if key in s.devices]
         lines.append(f"  {device.name:<{width}}  {subject}")
+        # Lines and the table cut a command line short; here it is whole, once per subject.
+        for name in device.subjects:
+            full = history.full_names.get(name)
+            if full is not None and name not in spelled_out:
+                spelled_out.add(name)
+                lines.append(f"  {'':<{width}}    in full: {full}")
         if not spans:
             lines.append(f"  {'':<{width}}    no findings")
         for span in spans:

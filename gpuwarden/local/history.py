@@ -95,6 +95,8 @@ class History:
         self.devices: dict[str, DeviceHistory] = {}
         """By device key (GPU or MIG UUID), in order of appearance."""
         self.spans: list[FindingSpan] = []
+        self.full_names: dict[str, str] = {}
+        """A subject's whole name where its display name is shortened: a process's entire command line."""
         self._open: dict[tuple[str, str, str, str], FindingSpan] = {}
         self.first: float | None = None
         self.last: float | None = None

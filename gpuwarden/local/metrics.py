@@ -21,33 +21,52 @@ from gpuwarden.agent.metrics import AgentMetrics, build_registry
 from gpuwarden.agent.snapshots import SnapshotRing
 from gpuwarden.policy import Finding
 
-FINDING_LABELS = ("policy", "rule", "reason", "namespace", "pod")
+FINDING_LABELS = ("policy", "rule", "reason", "namespace", "pod", "command")
+
+CommandOf = Callable[[str, str], str]
+"""A subject's short command by (namespace, pod); ``""`` for a pod."""
+
+
+def _no_command(namespace: str, pod: str) -> str:
+    return ""
 
 
 class FindingCollector(Collector):
-    """``gpuwarden_local_finding_active``: 1 per active finding, read from the session at scrape time."""
+    """``gpuwarden_local_finding_active``: 1 per active finding, read from the session at scrape time.
 
-    def __init__(self, active: Callable[[], Sequence[Finding]]) -> None:
+    A process's ``command`` label is the short one of the display (basename and arguments, cut at
+    60 characters), never the whole command line: a label holding a ``python -c`` script would
+    make series as long as the script and a new one per edit of it.
+    """
+
+    def __init__(self, active: Callable[[], Sequence[Finding]], command_of: CommandOf = _no_command) -> None:
         self._active = active
+        self._command_of = command_of
 
     def collect(self) -> Iterable[Metric]:
         """One series per active finding; none when nothing is found."""
         family = GaugeMetricFamily(
             "gpuwarden_local_finding_active",
-            "1 for each finding local mode holds active (pod is pid/<pid> for a host process).",
+            "1 for each finding local mode holds active "
+            "(pod is pid/<pid> for a host process, command its short command line).",
             labels=list(FINDING_LABELS),
         )
         for f in self._active():
-            family.add_metric([f.policy, f.rule, f.reason, f.namespace, f.pod], 1.0)
+            command = self._command_of(f.namespace, f.pod)
+            family.add_metric([f.policy, f.rule, f.reason, f.namespace, f.pod, command], 1.0)
         return [family]
 
 
 def local_registry(
-    ring: SnapshotRing, active: Callable[[], Sequence[Finding]], *, backend: str
+    ring: SnapshotRing,
+    active: Callable[[], Sequence[Finding]],
+    *,
+    backend: str,
+    command_of: CommandOf = _no_command,
 ) -> tuple[CollectorRegistry, AgentMetrics]:
     """A fresh registry: the agent's collectors (node label: this host's name) and the findings."""
     registry, metrics = build_registry(ring, backend=backend, node=socket.gethostname())
-    registry.register(FindingCollector(active))
+    registry.register(FindingCollector(active, command_of))
     return registry, metrics
 
 

@@ -10,6 +10,9 @@ or cleared, and the scale decisions.
 
 Subjects are pods (``demo``: the scenario's pods, with their labels) or host processes
 (``watch``: ``pid/<pid>`` in namespace ``""``, see :func:`gpuwarden.policy.process_subject`).
+A process is shown as ``pid 474 python3 -c import torch...``: its executable's basename and
+arguments, cut at :data:`COMMAND_WIDTH` (a ``python -c`` script would make every line hundreds
+of characters long); the whole command line is kept for the summary.
 
 Scaling is decided as the operator decides it: the pure
 :class:`~gpuwarden.policy.scaling.ScaleDecider` is asked after each evaluation with the
@@ -33,7 +36,7 @@ from dataclasses import dataclass
 from gpuwarden.agent.backend import device_key
 from gpuwarden.local.history import History
 from gpuwarden.local.policies import LocalPolicy
-from gpuwarden.nodereport import DeviceState, GpuSample, Snapshot
+from gpuwarden.nodereport import DeviceState, GpuSample, ProcessSample, Snapshot
 from gpuwarden.policy import (
     PROCESS_NAMESPACE,
     Finding,
@@ -53,6 +56,10 @@ from gpuwarden.policy.scaling import ScaleDecider, ScaleDecision, findings_by_po
 
 POINT_SLACK = 1.25
 """Series room beyond retention / interval: sampling jitters, and a short series would evict early."""
+COMMAND_WIDTH = 60
+"""Characters of a process's command in its display name and its /metrics label, ``...`` included."""
+ELLIPSIS = "..."
+"""ASCII, as the rest of local mode's output (display.py): a log stays legible in any encoding."""
 
 
 class SubjectKind(enum.StrEnum):
@@ -82,6 +89,27 @@ def processes_in(snapshot: Snapshot) -> list[PodView]:
     """Every process on a healthy device of the snapshot, as a subject (``pid/<pid>``)."""
     pids = sorted({p.pid for gpu in snapshot.gpus if gpu.state is DeviceState.OK for p in gpu.processes})
     return [PodView(namespace=PROCESS_NAMESPACE, name=process_subject(pid)) for pid in pids]
+
+
+def one_line(command: str) -> str:
+    """A command line on one line, runs of whitespace as one space (``python -c`` scripts have newlines)."""
+    return " ".join(command.split())
+
+
+def short_command(command: str, width: int = COMMAND_WIDTH) -> str:
+    """``/usr/bin/python3 train.py --lr 3e-4`` as ``python3 train.py --lr 3e-4``, cut to ``width``.
+
+    The executable's directory is left out (its basename says what runs); the arguments say
+    which script, so they stay, as far as ``width`` allows; a cut one ends in :data:`ELLIPSIS`.
+    """
+    words = command.split()
+    if not words:
+        return ""
+    words[0] = words[0].rstrip("/").rsplit("/", 1)[-1] or words[0]
+    text = " ".join(words)
+    if len(text) <= width:
+        return text
+    return text[: max(0, width - len(ELLIPSIS))].rstrip() + ELLIPSIS
 
 
 def device_name(gpu: GpuSample) -> str:
@@ -230,6 +258,10 @@ class Session:
         self.history = history if history is not None else History()
         self.subject_names: dict[PodId, str] = {}
         """Display name of every subject seen: ``research/notebook-0``, ``pid 4242 python train.py``."""
+        self.commands: dict[PodId, str] = {}
+        """Each process subject's short command (:func:`short_command`), as its /metrics label has it."""
+        self._raw_commands: dict[PodId, str] = {}
+        """Each process subject's command line as last read, to name it again only when it changes."""
         self._device_names: dict[str, str] = {}
         self.policies = tuple(policies)
 
@@ -281,6 +313,10 @@ class Session:
         """The simulated scale targets so far, in policy order."""
         return [entry.target for entry in self._policies if entry.target is not None]
 
+    def command(self, namespace: str, pod: str) -> str:
+        """A process subject's short command; ``""`` for a pod, or a process that showed none."""
+        return self.commands.get(PodId(namespace, pod), "")
+
     def subject_name(self, namespace: str, pod: str) -> str:
         """A subject's display name (its id if it was never seen on a GPU)."""
         return self.subject_names.get(PodId(namespace, pod)) or (f"{namespace}/{pod}" if namespace else pod)
@@ -299,11 +335,12 @@ class Session:
             names: list[str] = []
             if self.subjects is SubjectKind.PROCESSES:
                 for proc in gpu.processes:
-                    # One line whatever the command line holds (``python -c`` scripts have newlines).
-                    command = " ".join(proc.command.split())
-                    name = f"pid {proc.pid}" + (f" {command}" if command else "")
-                    self.subject_names[PodId(PROCESS_NAMESPACE, process_subject(proc.pid))] = name
-                    names.append(name)
+                    subject = PodId(PROCESS_NAMESPACE, process_subject(proc.pid))
+                    if self._raw_commands.get(subject) != proc.command:
+                        # First sight, or the PID runs something else now: name it (not every snapshot).
+                        self._raw_commands[subject] = proc.command
+                        self._name_process(subject, proc)
+                    names.append(self.subject_names[subject])
             else:
                 refs = [*gpu.pods, *(p.pod for p in gpu.processes if p.pod is not None)]
                 for ref in refs:
@@ -313,6 +350,16 @@ class Session:
                         names.append(name)
             out[device_key(gpu)] = list(dict.fromkeys(names))
         return out
+
+    def _name_process(self, subject: PodId, proc: ProcessSample) -> None:
+        """``pid 474 python3 -c import torch...`` for lines and the table; the whole one for the summary."""
+        command = short_command(proc.command)
+        name = f"pid {proc.pid}" + (f" {command}" if command else "")
+        self.subject_names[subject] = name
+        self.commands[subject] = command
+        full = one_line(proc.command)
+        if full != command:
+            self.history.full_names[name] = f"pid {proc.pid} {full}"
 
     def _record(self, snapshot: Snapshot, subjects_by_device: dict[str, list[str]]) -> None:
         for gpu in snapshot.gpus:

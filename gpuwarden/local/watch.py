@@ -3,8 +3,9 @@
 The agent's sampling loop reads the GPUs through NVML (or, only when ``--scenario`` asks
 for it, a scripted scenario), every ``--interval``; each snapshot goes through a
 :class:`~gpuwarden.local.session.Session` whose subjects are host processes, shown by
-PID and command line. ``/metrics`` (the agent's series, plus
-``gpuwarden_local_finding_active``) is served on ``--listen``.
+PID and command line (the executable's basename and arguments, cut at 60 characters in
+lines, the table and /metrics labels; whole, once, in the summary). ``/metrics`` (the agent's
+series, plus ``gpuwarden_local_finding_active``) is served on ``--listen``.
 
 Host processes have no namespace and no labels, so every policy in the file judges
 every process: selectors and namespaces are set aside, and so are scale actions (there
@@ -238,7 +239,7 @@ async def watch(
         else PlainDisplay(sys.stdout, label)
     )
     ring = SnapshotRing(capacity=max(1, int(RING_SECONDS / config.interval)))
-    registry, metrics = local_registry(ring, session.active, backend=backend.name)
+    registry, metrics = local_registry(ring, session.active, backend=backend.name, command_of=session.command)
     stop = asyncio.Event()
     failed: list[str] = []
     source = f"scenario {config.scenario.name!r}" if config.scenario is not None else socket.gethostname()

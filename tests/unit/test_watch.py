@@ -13,12 +13,15 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuwarden import cli
 from gpuwarden.agent import nvml
 from gpuwarden.agent.backend import BackendError
+from gpuwarden.local.display import announcement_line, elapsed_clock, render_table, summary_lines
+from gpuwarden.local.metrics import FindingCollector
 from gpuwarden.local.policies import LocalPolicy, for_processes
-from gpuwarden.local.session import Session, SubjectKind
+from gpuwarden.local.session import COMMAND_WIDTH, Announcement, Session, SubjectKind, short_command
 from gpuwarden.local.watch import EXIT_NO_GPU
 from gpuwarden.nodereport import GpuSample, ProcessSample, Snapshot
 from gpuwarden.policy.parse import parse_spec
@@ -155,6 +158,14 @@ def test_watching_a_scenario_finds_what_the_demo_finds(fast_policy: Path, tmp_pa
         r"STARTED idle-gpu pid 41237 python -m ipykernel_launcher on GPU 0: GPUUnderutilized", out
     )
     assert re.search(r"STARTED saturated pid 70533 python -m vllm\S* .* on GPU 3: GPUSaturated", out)
+    # The server's 68-character command line is cut at 60 in lines; the summary has it whole, once.
+    vllm = "python -m vllm.entrypoints.openai.api_server --model llama-3-70b-awq"
+    short = "pid 70533 python -m vllm.entrypoints.openai.api_server --model llam..."
+    assert f"STARTED saturated {short} on GPU 3: GPUSaturated" in out
+    assert vllm not in out[: out.index("Summary:")]
+    summary = out[out.index("Summary:") :]
+    assert f"  GPU 3  {short}\n           in full: pid 70533 {vllm}\n" in summary
+    assert summary.count(vllm) == 1
     assert re.search(
         r"STARTED leak pid 52810 python train.py .* on GPU 1: GPUMemoryLeakSuspected: GPU memory grows", out
     )
@@ -196,6 +207,9 @@ async def test_metrics_while_watching_and_sigint_stops_with_a_summary(fast_polic
             assert re.search(
                 r'gpuwarden_local_finding_active\{[^}]*pod="pid/41237"[^}]*rule="idle-gpu"', body
             )
+            # The process's short command is a label too (never the whole line: see FindingCollector).
+            command = 'command="python -m ipykernel_launcher"'
+            assert re.search(rf'gpuwarden_local_finding_active\{{{command},[^}}]*pod="pid/41237"', body)
             assert 'gpuwarden_agent_info{backend="scripted"' in body
             assert "gpuwarden_process_gpu_memory_used_bytes{" in body
         finally:
@@ -231,3 +245,81 @@ def test_processes_are_subjects_named_on_one_line() -> None:
     mine, theirs = mine_window.points()[-1], their_window.points()[-1]
     assert (mine.mem_used, mine.gpu_util) == (2**30, 10.0)
     assert (theirs.mem_used, theirs.gpu_util) == (3 * 2**30, 30.0)
+
+
+TORCH = (
+    "/usr/bin/python3 -c import time, torch\n"
+    "x = torch.empty(1 << 30, dtype=torch.uint8, device='cuda')\n"
+    "while True:\n    time.sleep(1)\n"
+)
+"""What a torch test child's /proc/<pid>/cmdline reads as (NUL-separated arguments joined by spaces)."""
+
+
+@pytest.mark.parametrize(
+    ("command", "short"),
+    [
+        ("", ""),
+        ("python train.py --lr 3e-4", "python train.py --lr 3e-4"),
+        ("/opt/conda/bin/python  train.py\n", "python train.py"),
+        (TORCH, "python3 -c import time, torch x = torch.empty(1 << 30, dt..."),
+        ("x" * 61, "x" * 57 + "..."),
+        ("x" * 60, "x" * 60),
+    ],
+)
+def test_a_command_is_its_executables_basename_and_arguments_cut_at_60(command: str, short: str) -> None:
+    assert short_command(command) == short
+    assert len(short_command(command)) <= COMMAND_WIDTH == 60
+
+
+def _torch_gpu(pid: int, util: float = 1.0) -> GpuSample:
+    return GpuSample(
+        uuid="GPU-a",
+        index=0,
+        utilization_gpu=util,
+        memory_used_bytes=10 * 2**30,
+        memory_total_bytes=80 * 2**30,
+        processes=[ProcessSample(pid=pid, used_memory_bytes=2**30, sm_util=util, command=TORCH)],
+    )
+
+
+def test_a_long_command_line_is_short_in_lines_table_and_labels_and_whole_once_in_the_summary() -> None:
+    policy = LocalPolicy("p", None, parse_spec(yaml.safe_load(FAST_POLICY)["spec"]))
+    session = Session([for_processes(policy)], subjects=SubjectKind.PROCESSES)
+    short = "pid 474 python3 -c import time, torch x = torch.empty(1 << 30, dt..."
+    started: list[Announcement] = []
+    for t in range(15):  # idle through the policy's 10s window: the idle-gpu finding starts
+        step = session.observe(Snapshot(timestamp=1_800_000_000.0 + t, gpus=[_torch_gpu(474)]))
+        assert step.rows[0].subjects == (short,)
+        started += step.announcements
+    (announced,) = started
+    line = announcement_line(announced, elapsed_clock(1_800_000_000.0))
+    assert re.match(rf"\[00:\d\d\] STARTED idle-gpu {re.escape(short)} on GPU 0: GPUUnderutilized: ", line)
+    assert "\n" not in line
+    assert "while True" not in line
+    (table_row,) = render_table(step.rows, "t", subject_header="process")[2:]
+    assert table_row.startswith("GPU 0   pid 474 python3 -c import time, torch~ ")  # the column is 38
+
+    registry = CollectorRegistry()
+    registry.register(FindingCollector(session.active, session.command))
+    body = generate_latest(registry).decode()
+    assert 'command="python3 -c import time, torch x = torch.empty(1 << 30, dt...",' in body
+    assert 'pod="pid/474"' in body
+    assert "while True" not in body
+
+    summary = summary_lines(session.history, [], elapsed_clock(1_800_000_000.0))
+    whole = "pid 474 /usr/bin/python3 -c import time, torch x = torch.empty(1 << 30, dtype=torch.uint8, "
+    whole += "device='cuda') while True: time.sleep(1)"
+    assert summary[:2] == [f"  GPU 0  {short}", f"           in full: {whole}"]
+    assert sum(whole in s for s in summary) == 1
+
+
+def test_a_pid_that_runs_something_else_is_named_again() -> None:
+    policy = LocalPolicy("p", None, parse_spec(yaml.safe_load(FAST_POLICY)["spec"]))
+    session = Session([for_processes(policy)], subjects=SubjectKind.PROCESSES)
+    session.observe(Snapshot(timestamp=1_800_000_000.0, gpus=[_torch_gpu(474)]))
+    gpu = _torch_gpu(474).model_copy(
+        update={"processes": [ProcessSample(pid=474, used_memory_bytes=1, command="/bin/sleep 9")]}
+    )
+    (row,) = session.observe(Snapshot(timestamp=1_800_000_001.0, gpus=[gpu])).rows
+    assert row.subjects == ("pid 474 sleep 9",)
+    assert session.command("", "pid/474") == "sleep 9"
