@@ -303,12 +303,12 @@ INVALID: list[tuple[str, Callable[[Policy], None], str]] = [
     (
         "scale-up-on-unknown-rule",
         _set("spec.actions.scale.scaleUpOn", ["saturated", "no-such-rule"]),
-        "actions.scale.scaleUpOn names rules that are not in spec.rules: no-such-rule",
+        "actions.scale.scaleUpOn names a rule that is not in spec.rules: no-such-rule",
     ),
     (
         "scale-down-on-unknown-rule",
         _set("spec.actions.scale.scaleDownOn", ["ghost"]),
-        "actions.scale.scaleDownOn names rules that are not in spec.rules: ghost",
+        "actions.scale.scaleDownOn names a rule that is not in spec.rules: ghost",
     ),
     (
         "rule-in-both-scale-directions",
@@ -489,3 +489,24 @@ def test_service_account_token_request_and_review(control_plane: ControlPlane, n
         "auth", "can-i", "list", "pods", "-n", namespace, f"--as=system:serviceaccount:{namespace}:robot"
     )
     assert denied.stdout.strip() == "no"
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("spec.evaluationInterval", "10 seconds"),
+        ("spec.rules.3.memoryGrowth.window", "half an hour"),
+        ("spec.actions.renotifyInterval", "1 hour"),
+    ],
+)
+def test_malformed_duration_is_reported_once(
+    control_plane: ControlPlane, crd: str, namespace: str, path: str, value: str
+) -> None:
+    """A malformed duration gets the pattern's message only: the minimum's CEL rule must not
+    also fail with a type-conversion error the user cannot act on."""
+    policy = copy.deepcopy(base_policy("bad"))
+    _set(path, value)(policy)
+    created = create(control_plane, namespace, policy)
+    assert created.returncode != 0
+    assert "should match '^([0-9]{1,5}(h|m|s|ms)){1,4}$'" in created.stderr, created.stderr
+    assert "type conversion error" not in created.stderr, created.stderr
