@@ -104,8 +104,8 @@ class BenchApi:
         pass
 
 
-def policy_body(namespace: str, interval: str) -> dict[str, Any]:
-    return {
+def policy_body(namespace: str, interval: str, growth: bool = True) -> dict[str, Any]:
+    body = {
         "apiVersion": "gpuwarden.dev/v1alpha1",
         "kind": "GPUMonitorPolicy",
         "metadata": {"name": "gpus", "namespace": namespace, "uid": f"uid-{namespace}", "generation": 1},
@@ -121,6 +121,9 @@ def policy_body(namespace: str, interval: str) -> dict[str, Any]:
         },
         "status": {},
     }
+    if not growth:
+        body["spec"]["rules"] = body["spec"]["rules"][:3]  # type: ignore[index]
+    return body
 
 
 def reading(node: int, gpu: int, t: float) -> tuple[float, float]:
@@ -188,7 +191,9 @@ async def serve(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> N
         if args.no_policies
         else [
             asyncio.create_task(
-                PolicyRunner(state, PolicyKey(ns, "gpus")).run(body=policy_body(ns, args.interval), pods=pods)
+                PolicyRunner(state, PolicyKey(ns, "gpus")).run(
+                    body=policy_body(ns, args.interval, not args.no_growth), pods=pods
+                )
             )
             for ns in layout.namespaces
         ]
@@ -417,6 +422,7 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=256, help="client connections in all")
     parser.add_argument("--server-cpu", type=int, default=0)
     parser.add_argument("--no-policies", action="store_true", help="ingest only (no evaluation loops)")
+    parser.add_argument("--no-growth", action="store_true", help="policies without the memoryGrowth rule")
     parser.add_argument("--profile", action="store_true", help="print the server's profile (stderr)")
     parser.add_argument("--load-processes", type=int, default=0, help="default: one per other CPU")
     args = parser.parse_args()
