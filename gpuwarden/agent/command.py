@@ -32,13 +32,7 @@ from gpuwarden.agent.backend import BackendError, DeviceBackend
 from gpuwarden.agent.http import CleanupContext, background_task, build_app
 from gpuwarden.agent.metrics import build_registry
 from gpuwarden.agent.nvml import NvmlBackend
-from gpuwarden.agent.scenario import (
-    PACKAGED,
-    ScenarioAttributor,
-    ScenarioError,
-    ScriptedBackend,
-    load_scenario,
-)
+from gpuwarden.agent.scenarios import PACKAGED
 from gpuwarden.agent.sender import DEFAULT_BUFFER_LIMIT, ReportSender
 from gpuwarden.agent.snapshots import Attributor, Sampler, SnapshotRing
 from gpuwarden.policy.units import parse_duration
@@ -207,6 +201,10 @@ def open_backend(config: AgentConfig) -> DeviceBackend:
     """The backend the flags ask for, opened; :class:`BackendError` if it cannot start."""
     backend: DeviceBackend
     if config.backend == "scripted":
+        # Imported here, not at the top: the scenario models and YAML are memory that the
+        # nvml backend, the one on every node, never needs.
+        from gpuwarden.agent.scenario import ScenarioError, ScriptedBackend, load_scenario
+
         assert config.scenario is not None  # from_args checked it
         try:
             backend = ScriptedBackend(load_scenario(config.scenario))
@@ -265,7 +263,12 @@ class _Closer:
 
 
 def _attributor(config: AgentConfig, backend: DeviceBackend, closer: _Closer) -> Attributor:
-    if isinstance(backend, ScriptedBackend):
+    if config.backend == "scripted":
+        # Loaded already (whoever built the backend imported it); here for the reason given
+        # in open_backend.
+        from gpuwarden.agent.scenario import ScenarioAttributor, ScriptedBackend
+
+        assert isinstance(backend, ScriptedBackend)  # open_backend opened it from this config
         return ScenarioAttributor(backend)
     closer.client = PodResourcesClient(config.pod_resources_socket)
     # None outside a cluster or without an API token: PodResources alone then (logged by NodePods).

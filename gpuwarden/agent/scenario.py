@@ -62,14 +62,12 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from pydantic.alias_generators import to_camel
 
 from gpuwarden.agent.backend import BackendError, ProcessUtilization, device_key
+from gpuwarden.agent.scenarios import PACKAGED as PACKAGED  # re-exported: the names load_scenario takes
 from gpuwarden.nodereport import DeviceState, GpuSample, PodHostMemory, PodRef, ProcessSample, Snapshot
 from gpuwarden.policy.units import parse_duration, parse_quantity, parse_rate
 
 DEFAULT_ORIGIN = 1_800_000_000.0
 """The epoch :meth:`Scenario.snapshot` places ``t = 0`` at unless told otherwise (January 2027)."""
-
-PACKAGED = ("demo", "e2e-fast")
-"""Scenarios shipped in ``gpuwarden/agent/scenarios/``, usable by name."""
 
 
 class ScenarioError(ValueError):

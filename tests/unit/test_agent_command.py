@@ -6,6 +6,7 @@ import asyncio
 import json
 import re
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,19 @@ def test_durations_are_policy_style() -> None:
     assert (args.sample_interval, args.process_interval) == (0.1, 60.0)
     with pytest.raises(SystemExit):
         parser.parse_args(["agent", "--sample-interval", "0s"])
+
+
+def test_importing_the_agent_loads_neither_grpc_nor_the_scenario_machinery() -> None:
+    # ~13 MiB of the agent's resident memory (docs/benchmarks.md, "Agent memory (imports)"):
+    # gRPC loads on the first PodResources call, the scenario models and YAML with
+    # --backend scripted. A fresh interpreter, because this one has loaded them for other tests.
+    code = (
+        "import sys, gpuwarden.agent.command; "
+        "print(' '.join(m for m in ('grpc', 'google.protobuf', 'yaml', 'gpuwarden.agent.scenario', "
+        "'kubernetes') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert done.stdout.split() == []
 
 
 async def test_the_agent_runs_a_scenario_reports_serves_metrics_and_stops_on_sigterm(tmp_path: Path) -> None:

@@ -6,6 +6,10 @@ device plugin those IDs are GPU UUIDs (``GPU-…``), MIG device UUIDs (``MIG-…
 ``<uuid>::<n>`` replicas under time-slicing, or plain indexes ("0") when the
 plugin runs with ``deviceIDStrategy=index``. This is the only source that knows
 about a pod which holds a GPU and runs nothing on it.
+
+gRPC and the generated stubs are imported on the first call that reaches the socket,
+not with this module: they are about 11 MiB of the agent's resident memory, which the
+scripted backend and a node without the kubelet socket never need.
 """
 
 from __future__ import annotations
@@ -16,12 +20,14 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import grpc
-import grpc.aio
-
-from gpuwarden.agent.podresources import podresources_pb2
 from gpuwarden.nodereport import PodRef
+
+if TYPE_CHECKING:
+    import grpc.aio
+
+    from gpuwarden.agent.podresources import podresources_pb2
 
 DEFAULT_SOCKET_PATH = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 """Where the kubelet serves PodResources; the DaemonSet mounts the directory read-only."""
@@ -144,9 +150,23 @@ class PodResourcesClient:
         # gRPC UNAVAILABLE after a connect timeout.
         if not self._path.exists():
             raise PodResourcesError(PodResourcesState.SOCKET_MISSING, f"no kubelet socket at {self._path}")
-        list_rpc = self._connect()
+        # Here rather than at the top: see the module's docstring. After the first call these
+        # are lookups in sys.modules.
+        import grpc.aio
+
+        from gpuwarden.agent.podresources import podresources_pb2
+
+        if self._list_rpc is None:
+            self._channel = grpc.aio.insecure_channel(
+                self.target, options=[("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)]
+            )
+            self._list_rpc = self._channel.unary_unary(
+                _LIST_METHOD,
+                request_serializer=podresources_pb2.ListPodResourcesRequest.SerializeToString,
+                response_deserializer=podresources_pb2.ListPodResourcesResponse.FromString,
+            )
         try:
-            response: podresources_pb2.ListPodResourcesResponse = await list_rpc(
+            response: podresources_pb2.ListPodResourcesResponse = await self._list_rpc(
                 podresources_pb2.ListPodResourcesRequest(), timeout=self._timeout
             )
         except grpc.aio.AioRpcError as exc:
@@ -158,18 +178,6 @@ class PodResourcesClient:
             )
             raise PodResourcesError(state, f"PodResources List: {code.name}: {exc.details()}") from None
         return response
-
-    def _connect(self) -> grpc.aio.UnaryUnaryMultiCallable:
-        if self._list_rpc is None:
-            self._channel = grpc.aio.insecure_channel(
-                self.target, options=[("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)]
-            )
-            self._list_rpc = self._channel.unary_unary(
-                _LIST_METHOD,
-                request_serializer=podresources_pb2.ListPodResourcesRequest.SerializeToString,
-                response_deserializer=podresources_pb2.ListPodResourcesResponse.FromString,
-            )
-        return self._list_rpc
 
     async def close(self) -> None:
         """Close the channel; a later :meth:`list` opens a new one."""

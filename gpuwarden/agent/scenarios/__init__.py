@@ -1,0 +1,9 @@
+"""The scenario files shipped with gpuwarden, usable by name (``--scenario demo``).
+
+Only the names live here, apart from :mod:`gpuwarden.agent.scenario`, so that the agent
+can list them in its ``--help`` without importing the scenario models and YAML, which
+only ``--backend scripted`` needs.
+"""
+
+PACKAGED = ("demo", "e2e-fast")
+"""Scenarios shipped in this directory as ``<name>.yaml``."""
