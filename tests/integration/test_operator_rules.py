@@ -259,7 +259,8 @@ def test_a_deleted_pod_leaves_the_metrics_at_once(world: World) -> None:
     world.agent.stop()  # it would report the scripted pod again
     series = "gpuwarden_pod_gpu_utilization_percent{"
     assert any(k.startswith(series) and "idle-0" in k for k in world.operator.metrics())
-    world.cp.kubectl("delete", "pod", "idle-0", "-n", world.namespace, "--wait=false")
+    # Forced: without a kubelet a bound pod's graceful deletion never completes (no DELETED event).
+    world.cp.kubectl("delete", "pod", "idle-0", "-n", world.namespace, "--grace-period=0", "--force")
     # Well before the 60 s staleness limit: the deletion itself removes the series.
     wait_until(
         lambda: not any(k.startswith(series) and "idle-0" in k for k in world.operator.metrics()),
