@@ -10,23 +10,35 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import yaml
 from controlplane import REPO_ROOT, ControlPlane, free_ports
+
+if TYPE_CHECKING:
+    # Only for prepare()'s signature: hack/ and bench/ import this module without pytest.
+    import pytest
 
 T = TypeVar("T")
 
 AUDIENCE = "gpuwarden-operator"
 AGENT_SA = "gpuwarden-agent"
+PEERING = "gpuwarden"
+"""The KopfPeering every test's operators share (one namespace per test keeps them apart)."""
+OPERATOR_POD = "gpuwarden-operator-0"
+"""The pod name a lone operator replica runs as."""
 GI = 2**30
 CARD = "143771Mi"  # an H200's memory, as NVML reports it
 
@@ -89,15 +101,27 @@ def get(cp: ControlPlane, *args: str) -> Any:
 
 
 def events(
-    cp: ControlPlane, namespace: str, *, kind: str | None = None, name: str | None = None
+    cp: ControlPlane,
+    namespace: str,
+    *,
+    kind: str | None = None,
+    name: str | None = None,
+    reason: str | None = None,
 ) -> list[Any]:
-    """Events in a namespace, optionally about one object, oldest first."""
+    """Events in a namespace, optionally about one object and of one reason, oldest first."""
     items = get(cp, "events", "-n", namespace)["items"]
     if kind is not None:
         items = [e for e in items if e["involvedObject"].get("kind") == kind]
     if name is not None:
         items = [e for e in items if e["involvedObject"].get("name") == name]
+    if reason is not None:
+        items = [e for e in items if e["reason"] == reason]
     return sorted(items, key=lambda e: e.get("eventTime") or e["metadata"]["creationTimestamp"])
+
+
+def policy_status(cp: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
+    """A GPUMonitorPolicy's status ({} while the policy or its status does not exist)."""
+    return dict((get(cp, "gpumonitorpolicy", name, "-n", namespace) or {}).get("status") or {})
 
 
 def create_peering(cp: ControlPlane, namespace: str, name: str) -> None:
@@ -166,6 +190,42 @@ def write_token(path: Path, token: str) -> Path:
     return path
 
 
+# -- policies -------------------------------------------------------------------------------------
+
+IDLE_RULE: dict[str, Any] = {
+    "name": "idle",
+    "utilizationFloor": {"percent": 20, "for": "10s", "signal": "gpuUtil"},
+}
+"""Below 20% GPU utilization for 10 s: fires about ten seconds into an idle scenario."""
+
+
+def monitor_policy(
+    namespace: str,
+    name: str,
+    rules: Iterable[Mapping[str, Any]],
+    *,
+    selector: Mapping[str, Any] | None = None,
+    actions: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A GPUMonitorPolicy evaluated every second (the tests wait on it; the default 10 s is too slow).
+
+    ``selector`` None selects every pod in the namespace; ``actions`` None leaves the CRD's defaults.
+    """
+    spec: dict[str, Any] = {
+        "selector": dict(selector or {}),
+        "evaluationInterval": "1s",
+        "rules": [dict(rule) for rule in rules],
+    }
+    if actions is not None:
+        spec["actions"] = dict(actions)
+    return {
+        "apiVersion": "gpuwarden.dev/v1alpha1",
+        "kind": "GPUMonitorPolicy",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
 # -- scenarios ------------------------------------------------------------------------------------
 
 
@@ -207,7 +267,10 @@ def _python_env(cp: ControlPlane, extra: Mapping[str, str]) -> dict[str, str]:
 
 
 class Proc:
-    """A gpuwarden command in its own process group, its output in a log file."""
+    """A gpuwarden command in its own process group, its output in a log file.
+
+    As a context manager it is stopped on the way out, so a failing test leaves no process behind.
+    """
 
     def __init__(self, name: str, argv: list[str], env: Mapping[str, str], log: Path) -> None:
         self.name = name
@@ -223,6 +286,17 @@ class Proc:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
 
     def alive(self) -> str | None:
         """None while running, else why it is not (for :func:`wait_until`)."""
@@ -333,6 +407,19 @@ class Operator(Proc):
     def metric(self, name: str) -> float:
         return self.metrics().get(name, 0.0)
 
+    def evaluated(self, rounds: int, points: int = 0) -> bool:
+        """Whether it has run ``rounds`` evaluations and ingested ``points`` samples (one scrape)."""
+        metrics = self.metrics()
+        return (
+            metrics.get("gpuwarden_operator_evaluation_duration_seconds_count", 0.0) >= rounds
+            and metrics.get("gpuwarden_operator_points_total", 0.0) >= points
+        )
+
+    def findings(self, policy: str, rule: str) -> float:
+        """How many active findings it counts for one rule of one policy in its namespace."""
+        labels = f'namespace="{self.namespace}",policy="{policy}",rule="{rule}"'
+        return self.metric(f"gpuwarden_operator_findings{{{labels}}}")
+
     def wait_ready(self, *, active: bool = True, timeout: float = 60) -> None:
         """Until /metrics answers and this replica acts (or stands by, with ``active=False``)."""
         want = 1.0 if active else 0.0
@@ -362,13 +449,155 @@ class Agent(Proc):
         )
 
 
+# -- a namespace set up for an operator and its agent -----------------------------------------------
+
+
+class InNamespace:
+    """Reading what happened in one test's namespace (for :class:`Setup` and :class:`World`)."""
+
+    cp: ControlPlane
+    namespace: str
+
+    def events(self, kind: str, name: str, reason: str | None = None) -> list[Any]:
+        """The Events about one object in this namespace (of one reason), oldest first."""
+        return events(self.cp, self.namespace, kind=kind, name=name, reason=reason)
+
+    def policy_status(self, name: str) -> dict[str, Any]:
+        return policy_status(self.cp, self.namespace, name)
+
+    def violations(self, policy: str) -> list[Any]:
+        """A policy's ``status.violations`` ([] while there are none)."""
+        return list(self.policy_status(policy).get("violations") or [])
+
+
+@dataclass(frozen=True)
+class Setup(InNamespace):
+    """A fresh namespace with the CRDs, the Kopf peering, GPU pods and the agent's token: what every
+    end-to-end test needs before its operator starts. Per-test objects (policies, Deployments) are
+    applied with :meth:`apply`.
+    """
+
+    cp: ControlPlane
+    workdir: Path
+    namespace: str
+    token: str
+    """A TokenRequest token of the agent's ServiceAccount (audience gpuwarden-operator)."""
+    token_file: Path
+    """``token``, written where an agent's ``--token-file`` can read it."""
+
+    def apply(self, obj: Mapping[str, Any]) -> None:
+        apply(self.cp, obj)
+
+    def scenario(self, name: str, gpus: list[dict[str, Any]], pods: list[dict[str, Any]]) -> Path:
+        return write_scenario(self.workdir / "scenario.yaml", name, gpus, pods)
+
+    def operator(
+        self,
+        pod_name: str = OPERATOR_POD,
+        *,
+        priority: int | None = None,
+        extra_args: Iterable[str] = (),
+        ports: tuple[int, int] | None = None,
+    ) -> Operator:
+        """An operator replica in this namespace, in the shared peering (started, not yet ready)."""
+        return Operator(
+            self.cp,
+            self.workdir,
+            self.namespace,
+            peering=PEERING,
+            pod_name=pod_name,
+            priority=priority,
+            extra_args=extra_args,
+            ports=ports,
+        )
+
+    def agent(self, scenario: Path, operator: Operator, node: str = "gpu-node-1") -> Agent:
+        """A scripted agent reporting to ``operator`` with the ServiceAccount token."""
+        return Agent(self.cp, self.workdir, scenario, operator.url, self.token_file, node)
+
+
+def prepare(
+    cp: ControlPlane,
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    *,
+    gpu_pods: Iterable[str] = (),
+    labels: Mapping[str, str] | None = None,
+) -> Setup:
+    """A :class:`Setup` named after the test file: workdir ``operator-<name>``, namespace ``gw-<name>-…``.
+
+    ``gpu_pods`` are created with ``labels``; being Pending (no kubelet), they only exist for the
+    operator to match against policies and attribute the agent's samples to.
+    """
+    workdir = tmp_path_factory.mktemp(f"operator-{name}")
+    namespace = cp.create_namespace(f"gw-{name}-{secrets.token_hex(3)}")
+    apply_crds(cp)
+    for pod_name in gpu_pods:
+        create_gpu_pod(cp, namespace, pod_name, labels or {})
+    create_peering(cp, namespace, PEERING)
+    token = service_account_token(cp, namespace, AGENT_SA)
+    return Setup(cp, workdir, namespace, token, write_token(workdir / "token", token))
+
+
+def idle_pod(
+    setup: Setup, scenario_name: str, gpu_uuid: str, *, actions: Mapping[str, Any] | None = None
+) -> Path:
+    """Pod ``idle-0`` (app=x) on one GPU idling at about 3%, the policy ``idle`` that flags it after
+    10 s (with ``actions``), and the agent's scenario for it.
+    """
+    labels = {"app": "x"}
+    create_gpu_pod(setup.cp, setup.namespace, "idle-0", labels)
+    setup.apply(
+        monitor_policy(
+            setup.namespace, "idle", [IDLE_RULE], selector={"matchLabels": labels}, actions=actions
+        )
+    )
+    return setup.scenario(
+        scenario_name,
+        [gpu(gpu_uuid, 0, [{"kind": "idle", "level": 3, "noise": 1}], [{"kind": "idle", "level": "8Gi"}])],
+        [pod(setup.namespace, "idle-0", gpu_uuid, labels, 1234)],
+    )
+
+
+@contextmanager
+def operator_and_agent(
+    setup: Setup, scenario: Path, *, extra_args: Iterable[str] = ()
+) -> Iterator[tuple[Operator, Agent]]:
+    """One acting operator, ready, and an agent reporting to it; both stopped on the way out."""
+    with setup.operator(extra_args=extra_args) as operator:
+        operator.wait_ready()
+        with setup.agent(scenario, operator) as agent:
+            yield operator, agent
+
+
+@dataclass
+class World(InNamespace):
+    """What a module's end-to-end tests share: one operator and one agent over one :class:`Setup`."""
+
+    cp: ControlPlane
+    namespace: str
+    operator: Operator
+    agent: Agent
+
+    def alive(self) -> str | None:
+        """None while both run, else which one stopped and why (for :func:`wait_until`)."""
+        return self.operator.alive() or self.agent.alive()
+
+
 __all__ = [
     "AGENT_SA",
     "AUDIENCE",
     "GI",
+    "IDLE_RULE",
+    "OPERATOR_POD",
+    "PEERING",
     "Agent",
+    "InNamespace",
     "Operator",
+    "Proc",
+    "Setup",
     "Timeout",
+    "World",
     "apply",
     "apply_crds",
     "create_gpu_pod",
@@ -378,8 +607,13 @@ __all__ = [
     "get",
     "gpu",
     "http",
+    "idle_pod",
+    "monitor_policy",
+    "operator_and_agent",
     "parse_metrics",
     "pod",
+    "policy_status",
+    "prepare",
     "service_account_token",
     "wait_until",
     "write_scenario",
