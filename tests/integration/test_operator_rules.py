@@ -14,30 +14,21 @@ from status. And no storm: while a violation holds, one Warning and one more per
 from __future__ import annotations
 
 import itertools
-import secrets
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import pytest
 from controlplane import ControlPlane
 from operator_support import (
-    AGENT_SA,
-    Agent,
-    Operator,
-    apply,
-    apply_crds,
-    create_gpu_pod,
-    create_peering,
-    events,
-    get,
+    IDLE_RULE,
+    World,
     gpu,
+    monitor_policy,
+    operator_and_agent,
     pod,
-    service_account_token,
+    prepare,
     wait_until,
-    write_scenario,
-    write_token,
 )
 
 pytestmark = pytest.mark.integration
@@ -76,75 +67,40 @@ def scenario(namespace: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
 
 
 def policy(namespace: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "gpuwarden.dev/v1alpha1",
-        "kind": "GPUMonitorPolicy",
-        "metadata": {"name": "gpus", "namespace": namespace},
-        "spec": {
-            "selector": {"matchLabels": {"team": "e2e"}},
-            "evaluationInterval": "1s",
-            "rules": [
-                {"name": "idle", "utilizationFloor": {"percent": 20, "for": "10s", "signal": "gpuUtil"}},
-                {
-                    "name": "saturated",
-                    "utilizationCeiling": {"percent": 90, "for": "10s", "signal": "gpuUtil"},
-                },
-                {"name": "near-oom", "memoryCeiling": {"percent": 90, "for": "10s"}},
-                {"name": "leak", "memoryGrowth": {"rate": "1Gi/m", "window": "1m", "minFit": 0.8}},
-            ],
-            "actions": {"events": True, "renotifyInterval": "1m"},
-        },
-    }
+    rules = [
+        IDLE_RULE,
+        {"name": "saturated", "utilizationCeiling": {"percent": 90, "for": "10s", "signal": "gpuUtil"}},
+        {"name": "near-oom", "memoryCeiling": {"percent": 90, "for": "10s"}},
+        {"name": "leak", "memoryGrowth": {"rate": "1Gi/m", "window": "1m", "minFit": 0.8}},
+    ]
+    return monitor_policy(
+        namespace,
+        "gpus",
+        rules,
+        selector={"matchLabels": {"team": "e2e"}},
+        actions={"events": True, "renotifyInterval": "1m"},
+    )
 
 
-@dataclass
-class World:
-    cp: ControlPlane
-    namespace: str
-    operator: Operator
-    agent: Agent
-
+class Rules(World):
     def warnings(self, pod_name: str, reason: str) -> list[Any]:
-        return [
-            e for e in events(self.cp, self.namespace, kind="Pod", name=pod_name) if e["reason"] == reason
-        ]
+        return self.events("Pod", pod_name, reason)
 
     def policy_events(self) -> list[Any]:
-        return events(self.cp, self.namespace, kind="GPUMonitorPolicy", name="gpus")
+        return self.events("GPUMonitorPolicy", "gpus")
 
     def status(self) -> dict[str, Any]:
-        return dict(
-            (get(self.cp, "gpumonitorpolicy", "gpus", "-n", self.namespace) or {}).get("status") or {}
-        )
-
-    def alive(self) -> str | None:
-        return self.operator.alive() or self.agent.alive()
+        return self.policy_status("gpus")
 
 
 @pytest.fixture(scope="module")
-def world(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+def world(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rules]:
     cp = control_plane
-    workdir = tmp_path_factory.mktemp("operator-rules")
-    namespace = cp.create_namespace(f"gw-rules-{secrets.token_hex(3)}")
-    apply_crds(cp)
-    for name in CASES:
-        create_gpu_pod(cp, namespace, name, LABELS)
-    apply(cp, policy(namespace))
-    create_peering(cp, namespace, "gpuwarden")
-    token = write_token(workdir / "token", service_account_token(cp, namespace, AGENT_SA))
-    gpus, pods = scenario(namespace)
-    scenario_file = write_scenario(workdir / "scenario.yaml", "rules", gpus, pods)
-
-    operator = Operator(cp, workdir, namespace, peering="gpuwarden", pod_name="gpuwarden-operator-0")
-    try:
-        operator.wait_ready()
-        agent = Agent(cp, workdir, scenario_file, operator.url, token, "gpu-node-1")
-        try:
-            yield World(cp, namespace, operator, agent)
-        finally:
-            agent.stop()
-    finally:
-        operator.stop()
+    setup = prepare(cp, tmp_path_factory, "rules", gpu_pods=CASES, labels=LABELS)
+    setup.apply(policy(setup.namespace))
+    gpus, pods = scenario(setup.namespace)
+    with operator_and_agent(setup, setup.scenario("rules", gpus, pods)) as (operator, agent):
+        yield Rules(cp, setup.namespace, operator, agent)
 
 
 def _time(event: dict[str, Any]) -> float:
@@ -152,7 +108,7 @@ def _time(event: dict[str, Any]) -> float:
 
 
 @pytest.mark.parametrize("pod_name", list(CASES))
-def test_a_violation_warns_on_the_pod_and_the_policy(world: World, pod_name: str) -> None:
+def test_a_violation_warns_on_the_pod_and_the_policy(world: Rules, pod_name: str) -> None:
     rule, reason, phrase = CASES[pod_name]
     timeout = 120 if rule == "leak" else 60
     (first, *_) = wait_until(
@@ -172,7 +128,7 @@ def test_a_violation_warns_on_the_pod_and_the_policy(world: World, pod_name: str
     assert on_policy[0]["type"] == "Warning"
 
 
-def test_status_lists_every_violation(world: World) -> None:
+def test_status_lists_every_violation(world: Rules) -> None:
     def all_four() -> dict[str, Any] | None:
         status = world.status()
         return status if len(status.get("violations") or []) == 4 else None
@@ -198,7 +154,7 @@ def test_status_lists_every_violation(world: World) -> None:
 
 
 @pytest.mark.parametrize("pod_name", list(CASES))
-def test_recovery_is_a_normal_event_and_leaves_status(world: World, pod_name: str) -> None:
+def test_recovery_is_a_normal_event_and_leaves_status(world: Rules, pod_name: str) -> None:
     _, reason, _ = CASES[pod_name]
     resolved = f"{reason}Resolved"
     (event, *_) = wait_until(
@@ -214,7 +170,7 @@ def test_recovery_is_a_normal_event_and_leaves_status(world: World, pod_name: st
     )
 
 
-def test_no_event_storm(world: World) -> None:
+def test_no_event_storm(world: Rules) -> None:
     """One Warning when a violation starts, then one per renotifyInterval while it holds, never more."""
     wait_until(
         lambda: not world.status().get("violations"),
@@ -241,7 +197,7 @@ def test_no_event_storm(world: World) -> None:
     assert conditions["Violating"]["status"] == "False"
 
 
-def test_per_pod_gpu_series_and_operator_metrics(world: World) -> None:
+def test_per_pod_gpu_series_and_operator_metrics(world: Rules) -> None:
     metrics = world.operator.metrics()
     for pod_name in CASES:
         series = [
@@ -254,7 +210,7 @@ def test_per_pod_gpu_series_and_operator_metrics(world: World) -> None:
     assert metrics["gpuwarden_operator_active"] == 1
 
 
-def test_a_deleted_pod_leaves_the_metrics_at_once(world: World) -> None:
+def test_a_deleted_pod_leaves_the_metrics_at_once(world: Rules) -> None:
     assert world.alive() is None  # both ran the whole time
     world.agent.stop()  # it would report the scripted pod again
     series = "gpuwarden_pod_gpu_utilization_percent{"

@@ -27,21 +27,17 @@ import pytest
 import yaml
 from controlplane import REPO_ROOT, ControlPlane
 from operator_support import (
-    AGENT_SA,
-    Agent,
-    Operator,
+    InNamespace,
+    World,
     apply,
     apply_crds,
-    create_gpu_pod,
-    create_peering,
     events,
     get,
     gpu,
+    operator_and_agent,
     pod,
-    service_account_token,
+    prepare,
     wait_until,
-    write_scenario,
-    write_token,
 )
 from test_chart import can_i  # the chart tests' `kubectl auth can-i` as a ServiceAccount
 
@@ -181,7 +177,7 @@ def messages(found: Sequence[Any]) -> list[str]:
 
 
 @dataclass
-class Bench:
+class Bench(InNamespace):
     """A namespace with the CRDs, a Scaler over the operator's API client, and the clock it is given."""
 
     cp: ControlPlane
@@ -198,15 +194,11 @@ class Bench:
         return int(get(self.cp, resource, name, "-n", self.namespace)["spec"]["replicas"])
 
     def status(self, name: str = "llm-serving") -> dict[str, Any]:
-        return dict((get(self.cp, "gpumonitorpolicy", name, "-n", self.namespace) or {}).get("status") or {})
+        return self.policy_status(name)
 
     def condition(self, name: str = "llm-serving") -> dict[str, Any]:
         conditions = {c["type"]: c for c in self.status(name).get("conditions") or []}
         return dict(conditions.get("ScalingActive") or {})
-
-    def events(self, kind: str, name: str, reason: str | None = None) -> list[Any]:
-        found = events(self.cp, self.namespace, kind=kind, name=name)
-        return [e for e in found if reason is None or e["reason"] == reason]
 
     async def round(
         self, obj: dict[str, Any], findings: Sequence[F], matched: int = len(PODS), *, advance: bool = True
@@ -620,31 +612,20 @@ E2E_IDLE_AT = 45.0
 """Scenario second at which the saturated GPUs go idle."""
 
 
-@dataclass
-class World:
-    cp: ControlPlane
-    namespace: str
-    operator: Operator
-    agent: Agent
-
+class Scaling(World):
     def replicas(self) -> int:
         return int(get(self.cp, "deployment", APP, "-n", self.namespace)["spec"]["replicas"])
 
     def status(self) -> dict[str, Any]:
-        return dict((get(self.cp, "gmp", "llm-serving", "-n", self.namespace) or {}).get("status") or {})
-
-    def alive(self) -> str | None:
-        return self.operator.alive() or self.agent.alive()
+        return self.policy_status("llm-serving")
 
 
 @pytest.fixture(scope="module")
-def world(
-    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory, crds: None
-) -> Iterator[World]:
+def world(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scaling]:
     cp = control_plane
-    workdir = tmp_path_factory.mktemp("scaling-e2e")
-    ns = cp.create_namespace(f"gw-scaling-{secrets.token_hex(3)}")
     labels = {"app": APP}
+    setup = prepare(cp, tmp_path_factory, "scaling", gpu_pods=PODS, labels=labels)
+    ns = setup.namespace
     uuids = [f"GPU-5ca1e000-0000-4000-8000-00000000000{i}" for i in range(2)]
     at = f"{int(E2E_IDLE_AT)}s"
     gpus = [
@@ -653,12 +634,9 @@ def world(
         for i, u in enumerate(uuids)
     ]  # fmt: skip
     pods = [pod(ns, name, uuids[i], labels, 5000 + i) for i, name in enumerate(PODS)]
-    scenario = write_scenario(workdir / "scenario.yaml", "scaling", gpus, pods)
-    for name in PODS:
-        create_gpu_pod(cp, ns, name, labels)
-    apply(cp, deployment(ns, replicas=1))
-    apply(
-        cp,
+    scenario = setup.scenario("scaling", gpus, pods)
+    setup.apply(deployment(ns, replicas=1))
+    setup.apply(
         policy(
             ns,
             hi=3,
@@ -667,29 +645,17 @@ def world(
             scale_down={"stabilizationWindow": "10s", "step": 1, "cooldown": "5s"},
         ),
     )
-    create_peering(cp, ns, "gpuwarden")
-    token = write_token(workdir / "token", service_account_token(cp, ns, AGENT_SA))
-    operator = Operator(cp, workdir, ns, peering="gpuwarden", pod_name="gpuwarden-operator-0")
-    try:
-        operator.wait_ready()
-        agent = Agent(cp, workdir, scenario, operator.url, token, "gpu-node-1")
-        try:
-            yield World(cp, ns, operator, agent)
-        finally:
-            agent.stop()
-    finally:
-        operator.stop()
+    with operator_and_agent(setup, scenario) as (operator, agent):
+        yield Scaling(cp, ns, operator, agent)
 
 
-def test_the_operator_scales_a_deployment_up_to_max_and_back_to_min(world: World) -> None:
+def test_the_operator_scales_a_deployment_up_to_max_and_back_to_min(world: Scaling) -> None:
     wait_until(lambda: world.replicas() == 3, timeout=60, what="3 replicas", alive=world.alive)
     scale = world.status().get("scale") or {}
     assert scale.get("desiredReplicas") == 3
     metric = f'gpuwarden_policy_desired_replicas{{namespace="{world.namespace}",policy="llm-serving"}}'
     assert world.operator.metrics().get(metric) == 3
-    ups = [
-        e for e in events(world.cp, world.namespace, kind="Deployment", name=APP) if e["reason"] == "ScaledUp"
-    ]
+    ups = world.events("Deployment", APP, "ScaledUp")
     assert [e["message"].split(":")[1].strip() for e in ups] == [
         "scaled llm-server 1→2",
         "scaled llm-server 2→3",
@@ -708,11 +674,7 @@ def test_the_operator_scales_a_deployment_up_to_max_and_back_to_min(world: World
     wait_until(
         lambda: world.replicas() == 1, timeout=E2E_IDLE_AT + 90, what="back to 1 replica", alive=world.alive
     )
-    downs = [
-        e
-        for e in events(world.cp, world.namespace, kind="GPUMonitorPolicy", name="llm-serving")
-        if e["reason"] == "ScaledDown"
-    ]
+    downs = world.events("GPUMonitorPolicy", "llm-serving", "ScaledDown")
     assert [e["message"].split(":")[0] for e in downs] == ["scaled llm-server 3→2", "scaled llm-server 2→1"]
     assert "idle-gpu on 2/2 pods for" in downs[0]["message"]
     wait_until(
@@ -726,6 +688,6 @@ def test_the_operator_scales_a_deployment_up_to_max_and_back_to_min(world: World
     assert (conditions["ScalingActive"]["status"], conditions["Ready"]["status"]) == ("True", "True")
 
 
-def _scaling_message(world: World) -> str:
+def _scaling_message(world: Scaling) -> str:
     conditions = {c["type"]: c for c in world.status().get("conditions") or []}
     return str((conditions.get("ScalingActive") or {}).get("message", ""))
