@@ -1,5 +1,5 @@
 """Detection latency: from the moment a scripted condition has held for its ``for`` duration to the
-Kubernetes Event, through the real agent, operator and API server, at the default 1 s report interval.
+Kubernetes Event, through the real agent, operator and API server, at the agent's default intervals.
 
 Not a test: a benchmark, recorded in docs/benchmarks.md. It starts a throwaway control plane (etcd +
 kube-apiserver, as the integration tests do), ``gpuwarden operator`` as its own process, and the agent
@@ -15,12 +15,14 @@ receives it on a watch of the namespace's Events, so the figure includes the API
 watch fan-out. Two figures:
 
 - **from the condition**: Event seen - (origin + at + for): includes the agent's 1 s sampling
-  (the first sample after the condition held may come up to 1 s later) and 1 s report interval;
+  (the first sample after the condition held may come up to 1 s later) and any wait for the report;
 - **from the sample**: Event seen - timestamp of the first agent sample on which the rule could
-  fire (more than ``for`` after the last sample before the condition): report interval + ingest +
-  evaluation + Event.
+  fire (more than ``for`` after the last sample before the condition): the sample's wait for its
+  report (none at the default ``--report-interval``: the agent sends each sample as it takes it) +
+  ingest + evaluation + Event.
 
     .venv/bin/python bench/detection_latency.py --gpus 32 --rounds 4
+    .venv/bin/python bench/detection_latency.py --gpus 32 --rounds 4 --report-interval 1s
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ def agent_main(args: argparse.Namespace) -> int:
             f"--token-file={args.token_file}",
             f"--node-name={args.node}",
             "--listen=127.0.0.1:0",
+            *([f"--report-interval={args.report_interval}"] if args.report_interval else []),
         ]
     )
     config = command.AgentConfig.from_args(agent_args)
@@ -200,6 +203,7 @@ def run_round(cp: Any, workdir: Path, args: argparse.Namespace, round_no: int) -
                 sys.executable, __file__, "agent", f"--scenario={spec_file}", f"--url={operator.url}",
                 f"--token-file={token}", f"--node=bench-node-{node}", f"--origin={origin!r}",
                 f"--samples={workdir / f'samples-{round_no}-{node}.txt'}",
+                *([f"--report-interval={args.report_interval}"] if args.report_interval else []),
             ]  # fmt: skip
             log = (workdir / f"agent-{round_no}-{node}.log").open("wb")
             agents.append(
@@ -257,6 +261,12 @@ def main() -> int:
     agent.add_argument("--node", required=True)
     agent.add_argument("--origin", type=float, required=True)
     agent.add_argument("--samples", required=True)
+    for each in (agent, parser):
+        each.add_argument(
+            "--report-interval",
+            metavar="DURATION",
+            help="the agent's --report-interval (its default if not given)",
+        )
     parser.add_argument("--gpus", type=int, default=32, help="GPUs (pods) per simulated node")
     parser.add_argument("--nodes", type=int, default=1, help="agents")
     parser.add_argument("--spread", type=float, default=60.0, help="seconds over which the onsets spread")
@@ -266,6 +276,9 @@ def main() -> int:
         return agent_main(args)
 
     from controlplane import ControlPlane, locate_binaries
+
+    from gpuwarden.agent.sender import DEFAULT_REPORT_INTERVAL
+    from gpuwarden.policy.units import parse_duration
 
     results: list[tuple[float, ...]] = []
     with (
@@ -283,7 +296,9 @@ def main() -> int:
         "detections": len(results),
         "expected": args.rounds * args.nodes * args.gpus,
         "for_seconds": FOR_SECONDS,
-        "report_interval_s": 1.0,
+        "report_interval_s": parse_duration(args.report_interval)
+        if args.report_interval
+        else DEFAULT_REPORT_INTERVAL,
         "sample_interval_s": 1.0,
         "evaluation_interval_s": 1.0,
         "cpus": os.cpu_count(),

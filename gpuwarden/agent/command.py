@@ -33,7 +33,7 @@ from gpuwarden.agent.http import CleanupContext, background_task, build_app
 from gpuwarden.agent.metrics import build_registry
 from gpuwarden.agent.nvml import NvmlBackend
 from gpuwarden.agent.scenarios import PACKAGED
-from gpuwarden.agent.sender import DEFAULT_BUFFER_LIMIT, ReportSender
+from gpuwarden.agent.sender import DEFAULT_BUFFER_LIMIT, DEFAULT_REPORT_INTERVAL, ReportSender
 from gpuwarden.agent.snapshots import Attributor, Sampler, SnapshotRing
 from gpuwarden.policy.units import parse_duration
 
@@ -116,7 +116,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     intervals = (
         ("--sample-interval", 1.0, "device sampling period (1s)"),
         ("--process-interval", 10.0, "per-process SM utilization period (10s; it costs ~2 ms a GPU)"),
-        ("--report-interval", 1.0, "report sending period (1s)"),
+        (
+            "--report-interval",
+            DEFAULT_REPORT_INTERVAL,
+            "least time between two reports (500ms): a snapshot is sent as soon as it is taken, "
+            "unless a report left less than this long ago; then it goes when this much has passed, "
+            "with whatever else was taken meanwhile",
+        ),
         ("--attribution-interval", 5.0, "how often pod allocations and cgroups are re-read (5s)"),
     )
     for flag, default, text in intervals:

@@ -1,12 +1,21 @@
 """Deliver snapshots to the operator as NodeReports, surviving the operator's absences.
 
 :meth:`ReportSender.submit` never blocks: it files the snapshot in a bounded buffer
-(oldest dropped first, and counted). :meth:`ReportSender.run` posts everything
-buffered once per interval, oldest first, split into reports of at most
+(oldest dropped first, and counted), and wakes :meth:`ReportSender.run`, which posts
+everything buffered, oldest first, split into reports of at most
 :data:`~gpuwarden.nodereport.MAX_SNAPSHOTS_PER_REPORT` snapshots and of at most the
 operator's body limit. A snapshot leaves the buffer only when the operator answered
 2xx for it, or refused it as malformed (4xx). :meth:`ReportSender.flush` delivers
 what is left at shutdown.
+
+When a round of sending starts: as soon as a snapshot is submitted, unless the last round
+started less than ``interval`` ago; then when that interval is over. A round sends
+everything buffered when it starts, so what was submitted while a report was in flight,
+while a retry was backing off, or while the interval ran goes out together: at most one
+round per ``interval``, each as early as that allows. (A backlog larger than one report
+goes out as several reports back to back, within the one round.) With 1 Hz sampling and
+the default interval (:data:`DEFAULT_REPORT_INTERVAL`, half a second) every snapshot leaves the
+moment it is taken, in a report of its own; sampling faster than the interval batches.
 
 What happens on each answer:
 
@@ -41,6 +50,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from gpuwarden.nodereport import MAX_SNAPSHOTS_PER_REPORT, SCHEMA_VERSION, Snapshot
 
 log = logging.getLogger(__name__)
+
+DEFAULT_REPORT_INTERVAL = 0.5
+"""The least time between two rounds of sending (``--report-interval``).
+
+Below the default 1 s sampling period with room to spare, so that a snapshot taken late in
+its tick (a slow read, a busy loop) still goes out at once rather than waiting out the
+interval that the one before it opened; above it, a fast sampler's snapshots are batched,
+at most two reports a second per node (the operator allows 20 by default).
+"""
 
 DEFAULT_BUFFER_LIMIT = 900
 """15 minutes at 1 Hz: about 4.5 MB of JSON for 8 GPUs, inside the agent's memory budget."""
@@ -92,6 +110,7 @@ class ReportSender:
     ``node``: this node's name, as the report's ``node``.
     ``token_path``: the projected ServiceAccount token, re-read for every POST; None sends none.
     ``registry``: where the ``gpuwarden_agent_report*`` metrics go.
+    ``interval``: the least time between the starts of two rounds of sending (see the module's doc).
     ``buffer_limit``: snapshots kept while the operator is away; ``max_report_bytes``: the
     operator's ``--max-body-bytes``.
     ``session_factory``: builds the HTTP session on first delivery (TLS settings live there).
@@ -105,7 +124,7 @@ class ReportSender:
         token_path: str | os.PathLike[str] | None,
         *,
         registry: CollectorRegistry,
-        interval: float = 1.0,
+        interval: float = DEFAULT_REPORT_INTERVAL,
         buffer_limit: int = DEFAULT_BUFFER_LIMIT,
         max_report_bytes: int = DEFAULT_MAX_REPORT_BYTES,
         timeout: float = 10.0,
@@ -142,6 +161,9 @@ class ReportSender:
         # One delivery at a time: run's rounds and flush share the report in flight.
         self._lock = asyncio.Lock()
         self._running = False
+        # Set by submit, cleared when a round starts: snapshots wait for run. (An Event binds
+        # to a loop only when awaited, so submit still works without one.)
+        self._wake = asyncio.Event()
 
         self._buffer_gauge = Gauge(
             "gpuwarden_agent_report_buffer_snapshots",
@@ -195,19 +217,26 @@ class ReportSender:
         if excess > 0:
             self._dropped.labels("buffer_full").inc(excess)
         self._buffer_gauge.set(self.buffered)
+        self._wake.set()
 
     async def run(self) -> None:
-        """Deliver every ``interval`` until cancelled; a backlog goes out in full reports back to back."""
+        """Send each submitted snapshot at once, at most one round per ``interval``, until cancelled."""
         loop = asyncio.get_running_loop()
         self._running = True
+        last_round: float | None = None
         try:
-            next_tick = loop.time() + self._interval
             while True:
-                await asyncio.sleep(max(0.0, next_tick - loop.time()))
+                await self._wake.wait()
+                if last_round is not None:
+                    # Too soon after the last round: what arrives meanwhile waits and goes with this one.
+                    await asyncio.sleep(max(0.0, last_round + self._interval - loop.time()))
+                # Cleared before the round takes its snapshots: a submit from now on needs another round.
+                self._wake.clear()
                 async with self._lock:
+                    if not self.buffered:
+                        continue  # flush delivered it meanwhile: no round, so no interval to wait out
+                    last_round = loop.time()
                     await self._deliver(drain=False)
-                # a long outage does not bunch up missed ticks: resume on the interval's grid
-                next_tick += self._interval * max(1, int((loop.time() - next_tick) // self._interval) + 1)
         finally:
             self._running = False
             await self._close_session()
@@ -226,7 +255,10 @@ class ReportSender:
                     await self._close_session()
 
     async def _deliver(self, *, drain: bool) -> None:
-        """Send reports until the buffer is empty or, unless draining, only this round's arrivals are left."""
+        """Send reports until the buffer is empty or, unless draining, only this round's arrivals are left.
+
+        What arrived during the round set ``_wake``: it is the next round's.
+        """
         if self._session is None:
             self._session = self._session_factory()
         while (report := self._next_report()) is not None:

@@ -89,6 +89,16 @@ def test_durations_are_policy_style() -> None:
         parser.parse_args(["agent", "--sample-interval", "0s"])
 
 
+def test_by_default_each_sample_may_be_reported_as_soon_as_it_is_taken() -> None:
+    """--report-interval is the least time between reports: under the sampling period, no sample waits."""
+    args = cli.build_parser(["agent"]).parse_args(["agent"])
+    assert args.report_interval < args.sample_interval
+    config = command.AgentConfig.from_args(
+        cli.build_parser(["agent"]).parse_args(["agent", "--report-interval", "250ms", "--node-name", "n"])
+    )
+    assert config.report_interval == 0.25
+
+
 def test_importing_the_agent_loads_neither_grpc_nor_the_scenario_machinery() -> None:
     # ~13 MiB of the agent's resident memory (docs/benchmarks.md, "Agent memory (imports)"):
     # gRPC loads on the first PodResources call, the scenario models and YAML with

@@ -24,7 +24,9 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from gpuwarden.agent.backend import ProcessUtilization
 from gpuwarden.agent.sender import DROP_REASONS, ERROR_REASONS, ReportSender
+from gpuwarden.agent.snapshots import Sampler, SnapshotRing
 from gpuwarden.nodereport import (
     MAX_SNAPSHOTS_PER_REPORT,
     SCHEMA_VERSION,
@@ -198,7 +200,7 @@ def test_metrics_are_there_before_anything_happens(registry: CollectorRegistry) 
 
 
 @pytest.mark.looptime
-async def test_delivers_each_interval_in_order(
+async def test_delivers_in_order_what_was_submitted_before_and_after_it_started(
     operator: Operator, make_sender: Callable[..., ReportSender], registry: CollectorRegistry
 ) -> None:
     loop = asyncio.get_running_loop()
@@ -217,7 +219,8 @@ async def test_delivers_each_interval_in_order(
         task.cancel()
 
     first, second = operator.requests
-    assert (first.at - start, second.at - start) == (pytest.approx(2.0), pytest.approx(4.0))
+    # What waited for run goes at once; what came within the interval, when the interval is over.
+    assert (first.at - start, second.at - start) == (pytest.approx(0.0, abs=1e-3), pytest.approx(2.0))
     assert [r.seq for r in operator.delivered] == [0, 1]
     assert numbers(operator.delivered) == [0, 1, 2, 3]
     assert {(r.node, r.agent_id, r.schema_version) for r in operator.delivered} == {
@@ -226,6 +229,112 @@ async def test_delivers_each_interval_in_order(
     assert first.authorization == "Bearer token-1"
     assert metric(registry, "gpuwarden_agent_reports_sent_total") == 2
     assert metric(registry, "gpuwarden_agent_report_buffer_snapshots") == 0
+
+
+@pytest.mark.looptime
+async def test_a_submitted_snapshot_is_sent_at_once_not_on_an_interval(
+    operator: Operator, make_sender: Callable[..., ReportSender]
+) -> None:
+    loop = asyncio.get_running_loop()
+    sender = make_sender(interval=5.0)
+    submitted = loop.time()
+    sender.submit(snap(0))
+    await operator.wait_for(lambda: len(operator.delivered) == 1)
+
+    assert loop.time() - submitted == pytest.approx(0.0, abs=1e-3)
+    assert operator.requests[0].at == pytest.approx(submitted, abs=1e-3)
+
+    # Long after: the next one is not held to a grid of intervals either.
+    loop.call_at(submitted + 7.3, sender.submit, snap(1))
+    await operator.wait_for(lambda: len(operator.delivered) == 2)
+    assert operator.requests[1].at - submitted == pytest.approx(7.3, abs=1e-3)
+
+
+@pytest.mark.looptime
+async def test_submits_within_an_interval_of_a_report_go_together_when_it_is_over(
+    operator: Operator, make_sender: Callable[..., ReportSender]
+) -> None:
+    """The documented rule: the first goes at once; what follows within the interval waits for its end."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    sender = make_sender(interval=2.0)
+    sender.submit(snap(0))
+    await operator.wait_for(lambda: len(operator.delivered) == 1)
+    sender.submit(snap(1))  # right after the first report: inside its interval
+    loop.call_at(start + 1.5, sender.submit, snap(2))  # later, still inside it
+    loop.call_at(start + 4.5, sender.submit, snap(3))  # after the second report's interval
+    loop.call_at(start + 5.0, sender.submit, snap(4))  # inside the third's
+    await operator.wait_for(lambda: len(operator.delivered) == 4)
+
+    assert [(r.at - start, numbers([r.report])) for r in operator.requests] == [
+        (pytest.approx(0.0, abs=1e-3), [0]),
+        (pytest.approx(2.0, abs=1e-3), [1, 2]),
+        (pytest.approx(4.5, abs=1e-3), [3]),
+        (pytest.approx(6.5, abs=1e-3), [4]),
+    ]
+
+
+@pytest.mark.looptime
+async def test_what_arrives_during_a_backoff_goes_in_one_report_after_the_retry(
+    operator: Operator, make_sender: Callable[..., ReportSender], registry: CollectorRegistry
+) -> None:
+    operator.answers.append((503, {"Retry-After": "3"}))
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    sender = make_sender(interval=1.0)
+    sender.submit(snap(0))
+    await operator.wait_for(lambda: len(operator.requests) == 1)
+    for i in (1, 2, 3):
+        loop.call_at(start + 0.5 * i, sender.submit, snap(i))  # during the 3 s backoff
+    await operator.wait_for(lambda: len(operator.delivered) == 2)
+
+    assert [(r.status, r.at - start, numbers([r.report])) for r in operator.requests] == [
+        (503, pytest.approx(0.0, abs=1e-3), [0]),
+        (200, pytest.approx(3.0, abs=1e-3), [0]),
+        # the round that ended with the retry started at 0, more than an interval ago
+        (200, pytest.approx(3.0, abs=1e-3), [1, 2, 3]),
+    ]
+    assert [r.seq for r in operator.delivered] == [0, 1]
+
+
+@pytest.mark.looptime
+async def test_with_the_agents_default_interval_each_sample_leaves_when_it_is_taken(
+    operator: Operator, make_sender: Callable[..., ReportSender]
+) -> None:
+    """The real sampler at 1 Hz into the sender as the agent wires them: no report waits for a tick."""
+    loop = asyncio.get_running_loop()
+    sender = make_sender()  # DEFAULT_REPORT_INTERVAL
+    sampler = Sampler(
+        _OneGpu(), SnapshotRing(), interval=1.0, deliver=sender.submit, clock=lambda: T0 + loop.time()
+    )
+    sampling = asyncio.create_task(sampler.run())
+    try:
+        await operator.wait_for(lambda: len(operator.delivered) == 5)
+    finally:
+        sampling.cancel()
+
+    taken = [s.timestamp - T0 for r in operator.delivered for s in r.snapshots]
+    assert [len(r.snapshots) for r in operator.delivered] == [1] * 5
+    assert [r.at for r in operator.requests] == pytest.approx(taken, abs=1e-3)
+    assert [b - a for a, b in itertools.pairwise(taken)] == pytest.approx([1.0] * 4, abs=1e-3)
+
+
+class _OneGpu:
+    """A backend of one idle GPU, for the sampler."""
+
+    name = "one-gpu"
+
+    def open(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def sample_devices(self, now: float) -> list[GpuSample]:
+        return [GpuSample(uuid="GPU-0", index=0, utilization_gpu=0.0)]
+
+    def sample_process_utilization(self, now: float) -> ProcessUtilization:
+        return {}
 
 
 @pytest.mark.looptime
