@@ -21,10 +21,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpuwarden.policy.model import LabelSelector, PolicySpec
-from gpuwarden.policy.parse import API_VERSION, KIND, SpecError, parse_spec
+from gpuwarden.policy.parse import API_VERSION, KIND, SpecError, parse_spec, read_policy_documents
 
 DEMO_POLICY = "demo-policy.yaml"
 """The demo's policy file, shipped in ``gpuwarden/local/``."""
@@ -55,14 +53,7 @@ def demo_policy_path() -> Path:
 def load_policies(path: str | Path) -> list[LocalPolicy]:
     """Read every GPUMonitorPolicy in a YAML file; :class:`SpecError` names the file, document and field."""
     source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError("", f"cannot read policy file: {exc.strerror or exc}", source=source) from exc
-    try:
-        documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
-    except yaml.YAMLError as exc:
-        raise SpecError("", f"not valid YAML: {exc}", source=source) from exc
+    documents = read_policy_documents(path)
     if not documents:
         raise SpecError("", "holds no GPUMonitorPolicy", source=source)
     policies: list[LocalPolicy] = []

@@ -43,6 +43,7 @@ __all__ = [
     "parse_rate",
     "parse_selector",
     "parse_spec",
+    "read_policy_documents",
 ]
 
 API_VERSION = "gpuwarden.dev/v1alpha1"
@@ -125,10 +126,12 @@ def parse_selector(selector: Any, *, path: str = "selector") -> LabelSelector:
     return LabelSelector(match_labels=tuple(sorted(labels)), match_expressions=tuple(requirements))
 
 
-def load_policy_file(path: str | Path) -> tuple[str, PolicySpec]:
-    """Read a YAML file holding one GPUMonitorPolicy object; return its metadata.name and parsed spec.
+def read_policy_documents(path: str | Path) -> list[Any]:
+    """The YAML documents of a policy file, empty ones dropped, not yet checked as policies.
 
-    Errors are :class:`SpecError` whose ``source`` is the file name.
+    Both readers of policy files start here (:func:`load_policy_file` wants exactly one document,
+    local mode's ``load_policies`` several), so an unreadable file or bad YAML reads the same in
+    either. Errors are :class:`SpecError` whose ``source`` is the file name.
     """
     source = str(path)
     try:
@@ -136,9 +139,18 @@ def load_policy_file(path: str | Path) -> tuple[str, PolicySpec]:
     except OSError as exc:
         raise SpecError("", f"cannot read policy file: {exc.strerror or exc}", source=source) from exc
     try:
-        documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+        return [doc for doc in yaml.safe_load_all(text) if doc is not None]
     except yaml.YAMLError as exc:
         raise SpecError("", f"not valid YAML: {exc}", source=source) from exc
+
+
+def load_policy_file(path: str | Path) -> tuple[str, PolicySpec]:
+    """Read a YAML file holding one GPUMonitorPolicy object; return its metadata.name and parsed spec.
+
+    Errors are :class:`SpecError` whose ``source`` is the file name.
+    """
+    source = str(path)
+    documents = read_policy_documents(path)
     if len(documents) != 1:
         raise SpecError("", f"expected one GPUMonitorPolicy document, found {len(documents)}", source=source)
     try:
