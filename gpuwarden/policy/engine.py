@@ -55,7 +55,8 @@ SNOOZE_PREFIX = "snooze.gpuwarden.dev/"
 """Annotation prefix; the rule's name follows it."""
 
 HORIZON_SLACK_SECONDS = 30.0
-"""Retention beyond what the rules read: covers a window's leading gap allowance and clock jitter."""
+"""Retention beyond what the rules read: keeps the sample just before a window (it covers the window's
+start; see :func:`gpuwarden.policy.rules.covered`) and absorbs clock jitter."""
 
 DEFAULT_NO_DATA_SECONDS = 600.0
 """An active finding whose pod sent nothing usable this long resolves with ``NoData``."""

@@ -25,7 +25,9 @@ Semantics (the window, coverage and as-of time are in :mod:`gpuwarden.policy.rul
   - ``seconds to full``: ``(total - used now) / slope``, with ``used now`` the
     newest reading (as of the pod's newest sample) and ``total`` the card's memory.
 
-- **Holds** for a GPU when it covers the window, ``slope >= rate``,
+- **Holds** for a GPU when it covers the window (as every rule does, see
+  :func:`gpuwarden.policy.rules.covered`: a series younger than the window,
+  less one sampling interval, does not), ``slope >= rate``,
   ``fit >= minFit`` and ``recent slope >= rate / 2``; for the pod when some GPU
   holds. With ``for``, it must hold at every evaluation for that long before a
   finding starts (the window already demands a long steady trend; ``for``

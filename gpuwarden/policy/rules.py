@@ -13,15 +13,29 @@ whatever the evaluation cadence (a replay re-derives the same findings):
   :mod:`gpuwarden.policy.growth`). The pod's GPUs are its series with at least
   one point in it; a GPU silent for a whole window has left the pod's view.
 - **Coverage.** A series covers the window when the readings the rule uses
-  (non-missing values of its column) leave no gap longer than ``max_gap``: from
-  the window's start to the first reading, between consecutive readings, and
-  from the last reading to ``end``. ``max_gap`` is the evaluator's
-  ``max_gap_seconds`` when set; by default it adapts to the series: a gap is
-  too long when it exceeds both 5 s and 3 x the median interval between the
-  window's readings (estimated from at most 64 of them, evenly strided).
-  Missing samples never satisfy a duration: a utilization rule starts only
-  when every GPU of the pod covers its window; a memory rule judges each GPU
-  on its own readings, and only a covered GPU can make it start.
+  (non-missing values of its column) account for all of it:
+
+  - *inside*, no gap longer than ``max_gap`` between consecutive readings, nor
+    from the last reading to ``end``;
+  - *at the leading edge*, the first reading is at most **one sampling
+    interval** after the window's start (the median interval between the
+    window's readings, below; a reading exactly at the start is unlikely), or
+    else the series' point just before the window has a reading at most
+    ``max_gap`` before that first reading (the start then falls inside an
+    interval between two readings, judged like any other). The leading edge
+    is never allowed ``max_gap`` on its own: a series whose readings begin at
+    ``t0`` covers a window of length ``L`` no earlier than ``t0 + L`` minus
+    one interval.
+
+  ``max_gap`` is the evaluator's ``max_gap_seconds`` when set; by default it
+  adapts to the series: a gap is too long when it exceeds both 5 s and 3 x
+  the median interval between the window's readings (estimated, for both
+  uses, from at most 64 of them, evenly strided; with fewer than 3 readings
+  the limit is 5 s, and a lone reading has no interval, so the leading edge
+  then needs the reading before the window or the lone one exactly at the
+  start). Missing samples never satisfy a duration: a utilization rule starts
+  only when every GPU of the pod covers its window; a memory rule judges each
+  GPU on its own readings, and only a covered GPU can make it start.
 - **Hysteresis.** Each rule states two conditions: *holds* (start a finding)
   and *clears* (resolve it), separated by a margin, so a value hovering at the
   threshold does not flap. A clear is judged on whatever readings the window
@@ -31,6 +45,7 @@ whatever the evaluation cadence (a replay re-derives the same findings):
 from __future__ import annotations
 
 import enum
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -153,49 +168,80 @@ class Readings:
     values: Sequence[float]
     window: Window | None = None
     """The window they came from when none was missing (its gap index then describes ``times``)."""
+    before: float | None = None
+    """When the series' point just before ``start`` was taken, if it has a reading of the column."""
 
 
 def readings(window: Window, column: Column, start: float, end: float) -> Readings:
-    """The non-missing readings of ``column`` in ``[start, end]``."""
+    """The non-missing readings of ``column`` in ``[start, end]``, and the reading just before."""
     i0, i1 = window.span(start, end)
     times = window.times(i0, i1)
     values = window.values(column, i0, i1)
+    before = window.reading_before(column, i0)
     if not window.has_missing(column, i0):
-        return Readings(times, values, window)
+        return Readings(times, values, window, before)
     keep = [i for i, v in enumerate(values) if v == v]
     if len(keep) == len(values):
-        return Readings(times, values, window)
-    return Readings([times[i] for i in keep], [values[i] for i in keep])
+        return Readings(times, values, window, before)
+    return Readings([times[i] for i in keep], [values[i] for i in keep], None, before)
+
+
+def _median_interval(times: Sequence[float]) -> float:
+    """The median interval between consecutive ``times`` (0.0 for fewer than two).
+
+    Estimated from at most 64 evenly strided intervals: as telling, and bounded in cost.
+    """
+    n = len(times)
+    if n < 2:
+        return 0.0
+    step = -(-(n - 1) // 64)
+    return statistics.median([times[i + 1] - times[i] for i in range(0, n - 1, step)])
 
 
 def covered(r: Readings, start: float, end: float, max_gap: float | None) -> bool:
-    """Whether the readings cover ``[start, end]`` with no gap over ``max_gap``.
+    """Whether the readings cover ``[start, end]`` (see the module doc).
 
-    ``max_gap=None`` adapts it: the longest gap may not exceed both
-    :data:`MIN_GAP_SECONDS` and :data:`GAP_INTERVALS` times the median interval.
+    Inside the window, and from the last reading to ``end``, no gap may exceed
+    the limit: ``max_gap``, or with ``max_gap=None`` the larger of
+    :data:`MIN_GAP_SECONDS` and :data:`GAP_INTERVALS` median intervals. The
+    leading edge is covered when the first reading is at most one median
+    interval after ``start``, or when ``r.before`` (the reading just before the
+    window) is within the limit of it.
     """
     times = r.times
-    if not times:
+    n = len(times)
+    if not n:
         return False
-    worst = max(times[0] - start, end - times[-1])
+    first = times[0]
+    last = times[-1]
     if r.window is not None and (max_gap is None or max_gap >= GAP_RECORD_SECONDS):
-        # Intervals the window did not index are at most GAP_RECORD_SECONDS long.
-        worst = max(worst, r.window.longest_gap(times[0], times[-1]))
-        if max_gap is not None:
-            return worst <= max_gap
-        if worst <= MIN_GAP_SECONDS:
+        # Intervals the window did not index are at most GAP_RECORD_SECONDS long: within any limit here.
+        inner = r.window.longest_gap(first, last)
+    else:
+        inner = max(map(sub, times[1:], times[:-1]), default=0.0)
+    worst = max(inner, end - last)
+    # The interval that spans the window's start, when the series has a reading before it.
+    across = math.inf if r.before is None else first - r.before
+    at_start = first <= start
+    if max_gap is None:
+        if worst <= MIN_GAP_SECONDS and (at_start or across <= MIN_GAP_SECONDS):
+            return True  # within the adaptive limit's floor: no median needed (the steady state)
+        median = _median_interval(times)
+        # Too few intervals to tell a slow sampler from a silence: keep to the floor.
+        limit = MIN_GAP_SECONDS if n < 3 else max(MIN_GAP_SECONDS, GAP_INTERVALS * median)
+    else:
+        if worst > max_gap:
+            return False
+        if at_start or across <= max_gap:
             return True
-    intervals: list[float] = list(map(sub, times[1:], times[:-1]))
-    worst = max(worst, max(intervals, default=0.0))
-    if max_gap is not None:
-        return worst <= max_gap
-    if worst <= MIN_GAP_SECONDS:
-        return True
-    if len(intervals) < 2:
+        median = _median_interval(times)
+        limit = max_gap
+    if worst > limit:
         return False
-    # The median of at most 64 evenly strided intervals: as telling, and bounded in cost.
-    sample = intervals[:: -(-len(intervals) // 64)]
-    return worst <= GAP_INTERVALS * statistics.median(sample)
+    # No reading before the window within the limit (typically: the series began inside it). Its
+    # start may then be uncovered by one sampling interval at most, never by a whole `limit`:
+    # missing samples must not count towards the duration.
+    return across <= limit or first - start <= median
 
 
 def percent(value: float) -> str:

@@ -175,6 +175,19 @@ class Window:
         """Whether ``column`` lacks a reading at some logical point from ``i0`` on (O(1))."""
         return self._last_nan[column] >= self._head + i0
 
+    def reading_before(self, column: Column, i0: int) -> float | None:
+        """The time of logical point ``i0 - 1`` if it has a reading of ``column``, else None (O(1)).
+
+        Only that one point is looked at: when it lacks the reading, earlier
+        points are not searched (the caller then treats the column as having
+        no reading before ``i0``, which is the conservative answer).
+        """
+        i = self._head + i0 - 1
+        if i < self._head:
+            return None
+        value = self._cols[column][i]
+        return self._t[i] if value == value else None
+
     def longest_gap(self, after: float, until: float) -> float:
         """The longest interval between consecutive points that ends in ``(after, until]``, if indexed.
 

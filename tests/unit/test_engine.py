@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections import Counter
 from collections.abc import Callable, Iterable
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gpuwarden.policy import (
@@ -34,6 +35,7 @@ from gpuwarden.policy.model import (
     MemoryGrowth,
     PolicySpec,
     Rule,
+    Signal,
     UtilizationCeiling,
     UtilizationFloor,
 )
@@ -359,3 +361,64 @@ def test_horizon_covers_the_longest_rule() -> None:
         PolicyEvaluator("ns/p", spec(IDLE), params=WindowParams(stale_after_seconds=10)).horizon_seconds()
         == 340
     )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    for_seconds=st.floats(1.0, 600.0),
+    dt=st.floats(0.05, 30.0),
+    explicit=st.sampled_from([None, 5.0, 60.0]),
+)
+def test_a_young_series_never_holds_before_its_readings_span_for_minus_one_interval(
+    for_seconds: float, dt: float, explicit: float | None
+) -> None:
+    """The operator's report: with no earlier data, ``for: 10s`` fired after about 6 s of readings.
+
+    A series that starts at ``t0`` and reads every ``dt``: no rule holds as of a
+    sample before ``t0 + for - dt`` (the leading edge may be uncovered by one
+    interval, never by ``max_gap``), and every one holds from ``t0 + for`` on
+    once the window has a few readings whose intervals the gap limit allows.
+    The 1 µs slack absorbs float rounding of epoch timestamps (about 0.24 µs).
+    """
+    assume(for_seconds / dt <= 400)
+    rules = (
+        UtilizationFloor("idle", 20, for_seconds, signal=Signal.SM_ACTIVE),
+        UtilizationCeiling("hot", 95, for_seconds, signal=Signal.GPU_UTIL),
+        MemoryCeiling("full", for_seconds, percent=90),
+    )
+    evaluator = PolicyEvaluator("ns/p", spec(*rules), params=WindowParams(max_gap_seconds=explicit))
+    store = SeriesStore(retention_seconds=3600, max_points=4000)
+    pods = [PodView("ns", "young", LLM)]
+    key = SeriesKey("ns", "young", "GPU-0")
+    earliest = T0 + for_seconds - dt - 1e-6
+    started: dict[str, float] = {}
+    for k in range(int((for_seconds + 2 * dt) / dt) + 2):
+        t = T0 + k * dt
+        # Idle by SM activity, saturated by utilization.gpu, memory at 95%: all three rules' values hold.
+        store.add(key, Point(t, gpu_util=100.0, sm_active=0.0, mem_used=0.95 * CARD, mem_total=CARD))
+        for outcome in evaluator.evaluate(pods, store, t).outcomes:
+            if outcome.holds:
+                assert t >= earliest, (outcome.rule, t - T0)
+                started.setdefault(outcome.rule, t)
+    if for_seconds >= 2 * dt and (explicit is None or explicit >= dt):
+        # Live too: by the first sample at or after t0 + for.
+        due = T0 + dt * math.ceil(for_seconds / dt - 1e-9) + 1e-6
+        assert started.keys() == {"idle", "hot", "full"}
+        assert all(at <= due for at in started.values()), (started, due - T0)
+
+
+def test_for_10s_at_1s_sampling_starts_on_the_10th_reading_not_the_6th() -> None:
+    """The reported case, exactly: readings at t0, t0+1, ... and ``for: 10s``."""
+    rule = UtilizationFloor("idle", 20, 10)
+    evaluator = PolicyEvaluator("ns/p", spec(rule), params=WindowParams())
+    store = SeriesStore(retention_seconds=600, max_points=600)
+    pods = [PodView("ns", "young", LLM)]
+    start = None
+    for k in range(20):
+        store.add(SeriesKey("ns", "young", "GPU-0"), sm(0.0)(T0 + k))
+        result = evaluator.evaluate(pods, store, T0 + k)
+        if start is None and any(t.transition is Transition.STARTED for t in result.transitions):
+            start = k
+    # As of t0 + 9 the window [t0 - 1, t0 + 9] lacks one interval at its start: the earliest start.
+    # (It started at k == 5 when the start could lack max_gap, 5 s.)
+    assert start == 9

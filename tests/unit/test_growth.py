@@ -6,7 +6,7 @@ import random
 from collections.abc import Callable
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gpuwarden.policy.growth import (
@@ -242,3 +242,48 @@ def test_bucket_medians_skip_empty_buckets() -> None:
     xs, ys = bucket_medians(times, values, 0.0, 10.0, 5)
     assert xs == [-9.0, -7.0, -1.0]
     assert ys == [1.5, 100.0, 6.0]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    window=st.sampled_from([60.0, 300.0, 1800.0]),
+    per_bucket=st.integers(1, 30),  # readings per bucket: dt = window / 20 / per_bucket
+    offset=st.floats(0.0, 1.0),  # where the series starts, as a share of a bucket
+    explicit=st.sampled_from([None, 5.0]),
+)
+@example(window=60.0, per_bucket=3, offset=0.0, explicit=None)  # dt 1 s, buckets of 3 s
+@example(window=1800.0, per_bucket=9, offset=0.2, explicit=None)  # dt 10 s: a window 19 s before t0
+def test_a_young_series_holds_only_once_the_window_is_covered_but_one_interval(
+    window: float, per_bucket: int, offset: float, explicit: float | None
+) -> None:
+    """A leak from the first reading at ``t0``, sampled every ``dt``: the rule never holds on a
+    window that starts before ``t0 - dt``, and holds once the window starts at ``t0`` or later.
+
+    The window's leading edge may be uncovered by one sampling interval, never by
+    ``max_gap``. The 1 µs slack absorbs float rounding of epoch timestamps.
+    """
+    width = window / BUCKETS
+    dt = width / per_bucket
+    t0 = T0 + offset * width
+    rule = MemoryGrowth(name="leak", rate_bytes_per_second=100 * MI / 60, window_seconds=window, min_fit=0.8)
+    params = WindowParams(max_gap_seconds=explicit)
+    store = SeriesStore(retention_seconds=4000, max_points=4000)
+    key = SeriesKey(POD.namespace, POD.name, "GPU-1")
+    cache = GrowthCache()
+    held = False
+    k = 0
+    while True:
+        t = t0 + k * dt
+        store.add(key, Point(t, mem_used=GI + 500 * MI / 60 * (t - t0), mem_total=CARD))
+        out = evaluate_growth(rule, POD, store.series_of("ns", "pod"), t, params, cache)
+        cache.sweep()
+        start = growth_window(window, t, key.gpu)[0]
+        if out.holds:
+            assert start >= t0 - dt - 1e-6, (start - t0, dt)
+            held = True
+        if start >= t0 and (explicit is None or explicit >= dt):
+            assert out.holds, (start - t0, dt)
+        if start >= t0 + width:
+            break
+        k += 1
+    assert held or (explicit is not None and explicit < dt)

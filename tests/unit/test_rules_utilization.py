@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gpuwarden.policy.model import Signal, UtilizationCeiling, UtilizationFloor
@@ -199,14 +199,21 @@ def test_idle_gpu_with_brief_spikes_trips_the_floor_unless_they_lift_the_mean(
     as_missing=st.booleans(),
     explicit=st.sampled_from([None, 3.0, 5.0, 10.0]),
 )
+# The window starts at second 99. A 6 s hole across it leaves its first 4 s unread: not covered.
+@example(gap_start=97, gap_length=6, as_missing=False, explicit=None)
+# A 4 s hole across it is an ordinary 5 s interval from the reading at 97: covered.
+@example(gap_start=98, gap_length=4, as_missing=False, explicit=None)
 def test_missing_samples_never_satisfy_for(
     gap_start: int, gap_length: int, as_missing: bool, explicit: float | None
 ) -> None:
-    """An idle GPU holds the floor exactly when its readings leave no gap over max_gap in the window.
+    """An idle GPU holds the floor exactly when its readings cover the window.
 
     The gap is absent points, or points without a utilization reading (the
     agent read the GPU but not that metric); only the latter can sit at the
-    window's tail, since the window ends at the newest point.
+    window's tail, since the window ends at the newest point. Covered: no gap
+    over max_gap between readings or after the last; and at the window's start,
+    the first reading at most one interval (1 s) in, or the point just before
+    the window read within max_gap of it.
     """
     seconds = 400
     gap_length = min(gap_length, seconds - 1 - gap_start) if not as_missing else gap_length
@@ -228,11 +235,16 @@ def test_missing_samples_never_satisfy_for(
         assert not out.holds
         return
     intervals = [b - a for a, b in itertools.pairwise(times)]
-    longest = max([times[0] - start, end - times[-1], *intervals])
+    longest = max([end - times[-1], *intervals])
     allowed = explicit if explicit is not None else 5.0  # 1 s sampling: 3 x 1 s is below the 5 s minimum
-    assert out.holds == (longest <= allowed)
+    # The point just before the window: in `as_missing` every second has a point, read or not.
+    points = [i for i in range(seconds) if T0 + i < start and (as_missing or i not in hole)]
+    before = T0 + points[-1] if points and points[-1] not in hole else None
+    edge = times[0] - start <= 1.0 or (before is not None and times[0] - before <= allowed)
+    expected = longest <= allowed and edge
+    assert out.holds == expected
     r = readings(store.series_of("ns", "pod")[0][1], Column.SM_ACTIVE, start, end)
-    assert covered(r, start, end, explicit) == (longest <= allowed)
+    assert covered(r, start, end, explicit) == expected
 
 
 def test_adaptive_max_gap_follows_a_slow_sampling_rate() -> None:
@@ -245,3 +257,32 @@ def test_adaptive_max_gap_follows_a_slow_sampling_rate() -> None:
     store2 = new_store()
     now = feed(store2, "GPU-1", 600, sm=lambda i: 0.0, skip=lambda i: i % 10 != 0 or 400 < i < 440)
     assert not evaluate_floor(FLOOR, POD, store2.series_of("ns", "pod"), now, PARAMS).holds
+
+
+def test_the_windows_start_is_covered_by_one_interval_or_by_the_reading_before_it() -> None:
+    """No earlier reading: one sampling interval of lead at most. An earlier one: a gap like any other."""
+    window_start, end = T0 + 100.0, T0 + 400.0
+
+    def covers(times: list[float], *, explicit: float | None = None) -> bool:
+        store = new_store()
+        for t in times:
+            store.add(SeriesKey("ns", "pod", "GPU-1"), Point(t, sm_active=0.0))
+        window = store.series_of("ns", "pod")[0][1]
+        r = readings(window, Column.SM_ACTIVE, window_start, end)
+        return covered(r, window_start, end, explicit)
+
+    every_second_from = [window_start + 1.0 + i for i in range(300)]
+    assert covers(every_second_from)  # first reading one interval in
+    late = [window_start + 1.5 + i for i in range(299)]
+    assert not covers(late)  # 1.5 s: more than an interval, though under the 5 s max_gap
+    assert not covers(late, explicit=10.0)
+    # Jitter: the reading before the window at start - 0.2 s, the next at start + 1.5 s (1.7 s apart).
+    assert covers([window_start - 0.2, *late])
+    # A reading before the window helps only within max_gap of the first one inside it.
+    assert not covers([window_start - 6.0, *late])
+    assert covers([window_start - 6.0, *late], explicit=10.0)
+    # Slow sampling: one interval is one median interval (10 s here), at the edge as inside.
+    ten = [window_start + 9.0 + 10 * i for i in range(30)]
+    assert covers(ten)
+    assert not covers([t + 2.0 for t in ten])  # 11 s before the first reading, intervals of 10 s
+    assert covers([window_start - 19.0, *[t + 2.0 for t in ten]])  # 30 s across the start: 3 intervals
