@@ -191,16 +191,22 @@ class OperatorState:
 
     def accept(self, report: NodeReport) -> int:
         """Store a report's readings and wake the policies of their namespaces; return how many were kept."""
-        store, latest = self.store, self.metrics.latest
+        add, update = self.store.add, self.metrics.latest.update
         kept = 0
         namespaces: set[str] = set()
+        # A report's GPUs mostly share a namespace or a few: ask in_scope once for each.
+        scope: dict[str, bool] = {}
         for key, point in points_from_report(report):
-            if not self.in_scope(key.namespace):
+            namespace = key.namespace
+            wanted = scope.get(namespace)
+            if wanted is None:
+                wanted = scope[namespace] = self.in_scope(namespace)
+            if not wanted:
                 continue
-            latest.update(key, point)
-            if store.add(key, point):
+            update(key, point)
+            if add(key, point):
                 kept += 1
-                namespaces.add(key.namespace)
+                namespaces.add(namespace)
         if namespaces and self.pacing:
             now = asyncio.get_running_loop().time()
             for namespace in namespaces:

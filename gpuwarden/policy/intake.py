@@ -52,17 +52,31 @@ def points_from_report(report: NodeReport) -> Iterator[tuple[SeriesKey, Point]]:
 
 def points_from_snapshot(snapshot: Snapshot) -> Iterator[tuple[SeriesKey, Point]]:
     """Every pod's points in one snapshot (see the module doc for attribution)."""
+    t = snapshot.timestamp
     for gpu in snapshot.gpus:
         if gpu.state is not DeviceState.OK:
             continue
+        device = gpu.mig_id or gpu.uuid
+        refs = gpu.pods
+        if len(refs) == 1:
+            # The common case, a GPU allocated to one pod that runs whatever runs on it: that pod
+            # alone (what pods_of() would say), without building the pod list. Runs per GPU per report.
+            ref = refs[0]
+            namespace, name = ref.namespace, ref.name
+            for proc in gpu.processes:
+                owner = proc.pod
+                if owner is not None and (owner.name != name or owner.namespace != namespace):
+                    break
+            else:
+                yield SeriesKey(namespace, name, device), device_point(t, gpu)
+                continue
         pods = pods_of(gpu)
-        device = device_id(gpu)
         if len(pods) == 1:
-            yield SeriesKey(pods[0].namespace, pods[0].name, device), device_point(snapshot.timestamp, gpu)
+            yield SeriesKey(pods[0].namespace, pods[0].name, device), device_point(t, gpu)
             continue
         for pod in pods:
             mine = [p for p in gpu.processes if p.pod is not None and (p.pod.namespace, p.pod.name) == pod]
-            yield SeriesKey(pod.namespace, pod.name, device), share_point(snapshot.timestamp, gpu, mine)
+            yield SeriesKey(pod.namespace, pod.name, device), share_point(t, gpu, mine)
 
 
 def points_from_processes(snapshot: Snapshot) -> Iterator[tuple[SeriesKey, Point]]:
@@ -95,13 +109,15 @@ def pods_of(gpu: GpuSample) -> list[PodId]:
 
 def device_point(t: float, gpu: GpuSample) -> Point:
     """The whole device's readings as one point."""
+    used, total = gpu.memory_used_bytes, gpu.memory_total_bytes
+    # Positional, and the int-to-float conversions inline: this runs once per GPU per report.
     return Point(
-        t=t,
-        gpu_util=gpu.utilization_gpu,
-        sm_active=gpu.sm_active,
-        mem_used=_float(gpu.memory_used_bytes),
-        mem_total=_float(gpu.memory_total_bytes),
-        power_w=gpu.power_watts,
+        t,
+        gpu.utilization_gpu,
+        gpu.sm_active,
+        None if used is None else float(used),
+        None if total is None else float(total),
+        gpu.power_watts,
     )
 
 
