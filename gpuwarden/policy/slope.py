@@ -13,8 +13,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import pairwise
-from operator import sub, truediv
+from operator import le, sub, truediv
 
 
 @dataclass(slots=True)
@@ -33,9 +32,10 @@ def theil_sen(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     zero (e.g. seconds before the window's end) to keep the intercept precise.
     """
     n = len(xs)
-    if n < 2 or any(b <= a for a, b in pairwise(xs)):
-        raise ValueError("theil_sen needs at least two strictly ascending x values")
     xl, yl = list(xs), list(ys)
+    # Each x against its predecessor, C-level (a generator over pairwise() cost a fifth of a fit).
+    if n < 2 or any(map(le, xl[1:], xl[:-1])):
+        raise ValueError("theil_sen needs at least two strictly ascending x values")
     slopes: list[float] = []
     # One lag at a time, with C-level maps: ~20 ns a pair instead of ~100 in a comprehension.
     for lag in range(1, n):
