@@ -13,7 +13,9 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import le, sub, truediv
+from functools import cache
+from operator import itemgetter, le, sub, truediv
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -36,13 +38,23 @@ def theil_sen(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     # Each x against its predecessor, C-level (a generator over pairwise() cost a fifth of a fit).
     if n < 2 or any(map(le, xl[1:], xl[:-1])):
         raise ValueError("theil_sen needs at least two strictly ascending x values")
-    slopes: list[float] = []
-    # One lag at a time, with C-level maps: ~20 ns a pair instead of ~100 in a comprehension.
-    for lag in range(1, n):
-        slopes.extend(map(truediv, map(sub, yl[lag:], yl[:-lag]), map(sub, xl[lag:], xl[:-lag])))
+    if n < 3:
+        slopes = [(yl[1] - yl[0]) / (xl[1] - xl[0])]
+    else:
+        # Every pair at once, C-level: a cached itemgetter picks each pair's later and earlier
+        # points (lag by lag, the order the median has always seen), ~20 ns a pair.
+        later, earlier = _pairs(n)
+        slopes = list(map(truediv, map(sub, later(yl), earlier(yl)), map(sub, later(xl), earlier(xl))))
     slope = median(slopes)
     intercept = median([y - slope * x for x, y in zip(xl, yl, strict=True)])
     return slope, intercept
+
+
+@cache
+def _pairs(n: int) -> tuple[itemgetter[Any], itemgetter[Any]]:
+    """For ``n >= 3`` points: getters of each pair's later and earlier point, lag 1 first, then lag 2, …."""
+    pairs = [(i + lag, i) for lag in range(1, n) for i in range(n - lag)]
+    return itemgetter(*(j for j, _ in pairs)), itemgetter(*(i for _, i in pairs))
 
 
 def median(values: Sequence[float]) -> float:
@@ -90,6 +102,9 @@ def bucket_medians(
         hi = len(times) if k == buckets - 1 else bisect_left(times, start + (k + 1) * width, lo)
         if hi > lo:
             xs.append(start + (k + 0.5) * width - end)
-            ys.append(median(values[lo:hi]))
+            # median(), inline: it runs per bucket of every refit.
+            ordered = sorted(values[lo:hi])
+            mid = (hi - lo) // 2
+            ys.append(ordered[mid] if (hi - lo) % 2 else (ordered[mid - 1] + ordered[mid]) / 2)
         lo = hi
     return xs, ys
