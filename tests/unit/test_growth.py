@@ -236,6 +236,22 @@ def test_theil_sen_shrugs_off_outliers() -> None:
     assert median([4.0, 1.0]) == 2.5
 
 
+@given(st.lists(st.floats(-1e12, 1e12), min_size=2, max_size=30), st.integers(0, 2**32))
+def test_theil_sen_equals_the_lag_by_lag_definition_exactly(ys: list[float], seed: int) -> None:
+    # The cached pair getters must give bit-for-bit the slopes (and order) of the plain definition.
+    rng = random.Random(seed)
+    xs = sorted({rng.uniform(-3600.0, 0.0) for _ in ys})
+    ys = ys[: len(xs)]
+    if len(xs) < 2:
+        return
+    slopes: list[float] = []
+    for lag in range(1, len(xs)):
+        slopes += [(ys[i + lag] - ys[i]) / (xs[i + lag] - xs[i]) for i in range(len(xs) - lag)]
+    slope = median(slopes)
+    intercept = median([y - slope * x for x, y in zip(xs, ys, strict=True)])
+    assert theil_sen(xs, ys) == (slope, intercept)
+
+
 def test_bucket_medians_skip_empty_buckets() -> None:
     times = [0.0, 1.0, 2.0, 8.0, 9.0]
     values = [1.0, 2.0, 100.0, 5.0, 7.0]

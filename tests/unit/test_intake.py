@@ -66,6 +66,15 @@ def test_containers_of_one_pod_count_once() -> None:
     assert points[0][1].sm_active == 30.0
 
 
+def test_allocated_gpu_with_another_pods_process_is_shared() -> None:
+    # One allocated pod, but a process of another pod runs there: both pods, split by process.
+    mixed = gpu(pods=[A], processes=[proc(1, A, 2 * GI, 10.0), proc(2, B, 3 * GI, 20.0)])
+    points = dict(points_from_snapshot(snapshot(mixed)))
+    assert [k.pod for k in points] == ["train-a", "serve-b"]
+    assert points[SeriesKey("ml", "train-a", "GPU-1")].mem_used == 2 * GI
+    assert points[SeriesKey("ml", "serve-b", "GPU-1")].gpu_util == 20.0
+
+
 def test_shared_gpu_splits_by_process_memory_and_sm_util() -> None:
     shared = gpu(
         pods=[A, B],
