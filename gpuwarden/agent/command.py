@@ -46,10 +46,17 @@ RING_SECONDS = 300.0
 
 
 class UsageError(ValueError):
-    """A flag that makes no sense; the message says which and why."""
+    """A flag (or a file one names) that makes no sense; the message says which and why (exit code 2).
+
+    Local mode (``gpuwarden demo``, ``watch``) raises it too, through :mod:`gpuwarden.local.options`.
+    """
 
 
-def _duration(text: str) -> float:
+def duration(text: str) -> float:
+    """An argparse type: a policy-style duration (``1s``, ``500ms``, ``2m``), longer than zero.
+
+    Every interval flag of the agent and of local mode is read by this one function.
+    """
     try:
         seconds = parse_duration(text)
     except ValueError as exc:
@@ -70,7 +77,10 @@ def _positive_int(text: str) -> int:
 
 
 def parse_listen(text: str) -> tuple[str | None, int]:
-    """``:9400`` (every interface), ``127.0.0.1:9400`` or ``[::1]:9400`` → (host or None, port)."""
+    """``:9400`` (every interface), ``127.0.0.1:9400`` or ``[::1]:9400`` → (host or None, port).
+
+    ``gpuwarden watch --listen`` takes the same syntax through this function.
+    """
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise UsageError(f"--listen {text!r}: expected [HOST]:PORT, e.g. :9400 or 127.0.0.1:9400")
@@ -126,7 +136,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("--attribution-interval", 5.0, "how often pod allocations and cgroups are re-read (5s)"),
     )
     for flag, default, text in intervals:
-        add(flag, type=_duration, default=default, metavar="DURATION", help=text)
+        add(flag, type=duration, default=default, metavar="DURATION", help=text)
     add(
         "--buffer-limit",
         type=_positive_int,
