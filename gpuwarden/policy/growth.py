@@ -255,8 +255,8 @@ def evaluate_growth(
     """
     kind = RuleKind.MEMORY_GROWTH
     rate = rule.rate_bytes_per_second
-    end = pod_end(series, now)
-    if end is None or now - end > params.stale_after_seconds:
+    end = pod_end(series, now, params)
+    if end is None:
         return unknown(rule.name, kind, pod, rate, UNIT)
     trends: list[GpuGrowth] = []
     for key, window in series:

@@ -79,8 +79,8 @@ def evaluate_memory_ceiling(
     """Judge a memoryCeiling rule for one pod (see the module doc)."""
     kind = RuleKind.MEMORY_CEILING
     threshold, clear_line, unit = _limits(rule)
-    end = pod_end(series, now)
-    if end is None or now - end > params.stale_after_seconds:
+    end = pod_end(series, now, params)
+    if end is None:
         return unknown(rule.name, kind, pod, threshold, unit)
     start = end - rule.for_seconds
     levels: list[GpuMemoryLevel] = []

@@ -150,13 +150,16 @@ def unknown(rule: str, kind: RuleKind, pod: PodId, threshold: float, unit: str) 
     return Outcome(rule, kind, pod, None, threshold, unit, holds=False, clears=False)
 
 
-def pod_end(series: Sequence[tuple[SeriesKey, Window]], now: float) -> float | None:
-    """The pod's as-of time: its newest sample at or before ``now``, or None."""
+def pod_end(series: Sequence[tuple[SeriesKey, Window]], now: float, params: WindowParams) -> float | None:
+    """The pod's as-of time: its newest sample at or before ``now``; None when it has none, or
+    when that sample is older than ``params.stale_after_seconds`` (a silent pod is not judged)."""
     end: float | None = None
     for _, window in series:
         t = window.latest_at(now)
         if t is not None and (end is None or t > end):
             end = t
+    if end is None or now - end > params.stale_after_seconds:
+        return None
     return end
 
 

@@ -159,8 +159,8 @@ def evaluate_floor(
 ) -> Outcome:
     """Judge a utilizationFloor rule for one pod (see the module doc)."""
     kind = RuleKind.UTILIZATION_FLOOR
-    end = pod_end(series, now)
-    if end is None or now - end > params.stale_after_seconds:
+    end = pod_end(series, now, params)
+    if end is None:
         return unknown(rule.name, kind, pod, rule.percent, UNIT)
     with_power = rule.power_threshold_watts is not None
     gpus = pod_activity(
@@ -214,8 +214,8 @@ def evaluate_ceiling(
 ) -> Outcome:
     """Judge a utilizationCeiling rule for one pod (see the module doc)."""
     kind = RuleKind.UTILIZATION_CEILING
-    end = pod_end(series, now)
-    if end is None or now - end > params.stale_after_seconds:
+    end = pod_end(series, now, params)
+    if end is None:
         return unknown(rule.name, kind, pod, rule.percent, UNIT)
     gpus = pod_activity(series, rule.signal, end - rule.for_seconds, end, max_gap=params.max_gap_seconds)
     means = [g.mean for g in gpus if g.mean is not None]
