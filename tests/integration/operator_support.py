@@ -442,7 +442,7 @@ class Agent(Proc):
             sys.executable, "-m", "gpuwarden", "agent",
             "--backend=scripted", f"--scenario={scenario}",
             f"--operator-url={url}", f"--token-file={token_file}", f"--node-name={node}",
-            f"--listen=127.0.0.1:{port}", "--report-interval=1s", "--sample-interval=1s",
+            f"--listen=127.0.0.1:{port}", "--sample-interval=1s",
         ]  # fmt: skip
         super().__init__(
             f"agent {node}", argv, _python_env(cp, {}), workdir / f"agent-{node}-{time.time():.0f}.log"
