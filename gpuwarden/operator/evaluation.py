@@ -9,7 +9,8 @@ Every round:
    other replica's) are restored, so ongoing violations are not announced again.
 2. **Evaluate** the selected pods against the series store (the engine).
 3. **Announce** starts, re-notifications and ends as Events (:mod:`.events`).
-4. **Scale**, through the :class:`Scaler` seam, when ``actions.scale`` is set.
+4. **Scale**, through the :class:`Scaler` seam (which answers None without ``actions.scale``;
+   the status then loses ``ScalingActive`` and ``status.scale``).
 5. **Status**: built (:mod:`.status`) and patched only when it differs from
    what was last written, so a quiet policy writes nothing.
 
@@ -60,7 +61,11 @@ class ScaleResult:
 
 
 class Scaler(Protocol):
-    """Acts on ``spec.actions.scale`` after each evaluation (a separate component plugs in here)."""
+    """Acts on ``spec.actions.scale`` after each evaluation (a separate component plugs in here).
+
+    Called after every evaluation, also of a policy without ``actions.scale``: the answer is then
+    None, and the scaler forgets what it kept of the policy.
+    """
 
     async def scale(
         self, policy: PolicyKey, spec: PolicySpec, evaluation: Evaluation, now: float
@@ -129,7 +134,9 @@ class PolicyRunner:
                 for spec in post(specs, policy=body, pods={r.view.name: r.ref() for r in records}):
                     self.state.metrics.events.labels(spec.type, spec.reason).inc()
             self._count_findings(evaluation)
-            if self.scaler is not None and self.spec.actions.scale is not None:
+            if self.scaler is not None:
+                # Also without actions.scale: the scaler then forgets the policy and answers None, so a
+                # removed action takes its last result (a problem, the condition) with it.
                 self.scale_result = await self._scale(evaluation, now)
         await self.write_status(status, now)
 
@@ -193,6 +200,7 @@ class PolicyRunner:
             problem=self.scale_result.problem if self.scale_result else None,
             scale=self.scale_result.status if self.scale_result else None,
             scale_condition=self.scale_result.condition if self.scale_result else None,
+            scaling=self.spec is None or self.spec.actions.scale is not None,
         )
 
     async def write_status(self, live: Mapping[str, Any], now: float) -> None:
@@ -212,4 +220,5 @@ class PolicyRunner:
             self.log.warning("Cannot write the status (retried at the next evaluation): %s", exc)
             return
         self.state.metrics.status_writes.inc()
-        self.written = new
+        # What the server holds now: a merge patch's null removes the field.
+        self.written = {k: v for k, v in new.items() if v is not None}

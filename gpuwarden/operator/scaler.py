@@ -67,7 +67,8 @@ POLICY_KIND = "GPUMonitorPolicy"
 STALE_INTERVALS = 3
 STALE_MIN_SECONDS = 60.0
 """A policy not reconciled for this many of its evaluation intervals (and at least this long) is gone
-(deleted, no longer scaling, or evaluated by the other replica now): its state and metric series go."""
+(deleted, or evaluated by the other replica now): its state and metric series go. One that drops its
+scale action goes at its next evaluation (:meth:`Scaler.scale` is called without one)."""
 
 NOT_READY_REASONS = frozenset({"ScaleTargetNotFound", "ScaleTargetNotScalable"})
 """Problems in the policy itself (its targetRef), which make it ``Ready=False``; the rest are passing."""
@@ -419,8 +420,8 @@ def attach_scaler(state: OperatorState) -> Scaler:
 class DesiredReplicasCollector(Collector):
     """``gpuwarden_policy_desired_replicas{namespace,policy}``, read from the Scaler at scrape time.
 
-    A policy that stops being reconciled (deleted, no longer scaling, or now
-    evaluated by the other replica) drops out after :data:`STALE_INTERVALS` of its
+    A policy that stops being reconciled (deleted, or now evaluated by the other
+    replica) drops out after :data:`STALE_INTERVALS` of its
     intervals, so a stale value never keeps driving an HPA.
     """
 

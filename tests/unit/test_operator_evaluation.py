@@ -10,9 +10,10 @@ import pytest
 from gpuwarden.operator import evaluation as evaluation_module
 from gpuwarden.operator import events as events_module
 from gpuwarden.operator.config import OperatorConfig
-from gpuwarden.operator.evaluation import PolicyRunner
+from gpuwarden.operator.evaluation import PolicyRunner, ScaleResult
 from gpuwarden.operator.state import OperatorState, Pacing, PodRecord, PolicyKey
 from gpuwarden.policy.engine import PodView
+from gpuwarden.policy.model import PolicySpec
 from gpuwarden.policy.series import Point, SeriesKey
 
 T0 = 1_800_000_000.0
@@ -245,3 +246,47 @@ async def test_run_survives_a_failing_round_and_cleans_up(
     with pytest.raises(asyncio.CancelledError):
         await task
     assert list(state.running_policies()) == []
+
+
+# -- scaling ----------------------------------------------------------------------------------------
+
+
+class MissingTarget:
+    """A scaler whose target does not exist, as the real one reports it; None without actions.scale."""
+
+    async def scale(
+        self, policy: PolicyKey, spec: PolicySpec, evaluation: Any, now: float
+    ) -> ScaleResult | None:
+        if spec.actions.scale is None:
+            return None
+        message = "Deployment web not found"
+        return ScaleResult(
+            status={"currentReplicas": None, "desiredReplicas": None},
+            problem=("ScaleTargetNotFound", message),
+            condition=("False", "ScaleTargetNotFound", message),
+        )
+
+
+def conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status["conditions"]}
+
+
+async def test_removing_the_scale_action_clears_its_status_at_the_next_round(world: Any) -> None:
+    state, api, _, _ = world
+    runner = PolicyRunner(state, PolicyKey("ns", "pol"), scaler=MissingTarget())
+    pacing = state.open_policy(runner.key)
+    scale = {"targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}, "maxReplicas": 3}
+    scaling = dict(POLICY, spec={**POLICY["spec"], "actions": {"scale": {**scale, "scaleDownOn": ["idle"]}}})
+    await runner.round(body=scaling, pods=PODS["ns"], pacing=pacing)
+    before = conditions(api.patches[-1])
+    assert (before["Ready"]["status"], before["Ready"]["reason"]) == ("False", "ScaleTargetNotFound")
+    assert before["ScalingActive"]["reason"] == "ScaleTargetNotFound"
+
+    plain = dict(POLICY, metadata={**POLICY["metadata"], "generation": 2})
+    await runner.round(body=plain, pods=PODS["ns"], pacing=pacing)
+    after = conditions(api.patches[-1])
+    assert (after["Ready"]["status"], after["Ready"]["reason"]) == ("True", "Evaluating")
+    assert "ScalingActive" not in after  # the list replaces the old one: the condition goes
+    assert api.patches[-1]["scale"] is None  # a merge patch's null removes status.scale
+    await runner.round(body=plain, pods=PODS["ns"], pacing=pacing)
+    assert len(api.patches) == 2  # and then nothing is left to write
