@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gpuwarden.operator.claims import PolicyClaim
 from gpuwarden.operator.events import Announcer, post
 from gpuwarden.operator.kubeapi import ApiError
 from gpuwarden.operator.state import OperatorState, Pacing, PodRecord, PolicyKey
@@ -68,8 +69,15 @@ class Scaler(Protocol):
     """
 
     async def scale(
-        self, policy: PolicyKey, spec: PolicySpec, evaluation: Evaluation, now: float
-    ) -> ScaleResult | None: ...
+        self,
+        policy: PolicyKey,
+        spec: PolicySpec,
+        evaluation: Evaluation,
+        now: float,
+        policies: Iterable[PolicyClaim],
+    ) -> ScaleResult | None:
+        """Act on ``policy`` after ``evaluation``; ``policies``: the namespace's, from the index."""
+        ...
 
 
 class PolicyRunner:
@@ -97,8 +105,12 @@ class PolicyRunner:
         *,
         body: Mapping[str, Any],
         pods: Mapping[str, Iterable[PodRecord]],
+        policies: Mapping[str, Iterable[PolicyClaim]],
     ) -> None:
-        """Evaluate until cancelled (Kopf cancels the daemon on deletion, pause or exit)."""
+        """Evaluate until cancelled (Kopf cancels the daemon on deletion, pause or exit).
+
+        ``pods`` and ``policies`` are the operator's indexes, by namespace (live: Kopf keeps them).
+        """
         pacing = self.state.open_policy(self.key)
         loop = asyncio.get_running_loop()
         try:
@@ -107,7 +119,12 @@ class PolicyRunner:
                 started = loop.time()
                 try:
                     with self.state.metrics.evaluation_seconds.time():
-                        await self.round(body=body, pods=pods.get(self.key.namespace, ()), pacing=pacing)
+                        await self.round(
+                            body=body,
+                            pods=pods.get(self.key.namespace, ()),
+                            pacing=pacing,
+                            policies=policies.get(self.key.namespace, ()),
+                        )
                 except Exception:
                     # One failed round (a bug in a rule) must not stop the policy for Kopf's retry backoff.
                     self.log.exception("Evaluation failed; it is retried at the next interval.")
@@ -117,8 +134,18 @@ class PolicyRunner:
             self.state.close_policy(self.key)
             self.state.metrics.set_findings(self.key.namespace, self.key.name, {}, self._rules_counted)
 
-    async def round(self, *, body: Mapping[str, Any], pods: Iterable[PodRecord], pacing: Pacing) -> None:
-        """One evaluation round; a bad spec or a failed write is logged and retried next round."""
+    async def round(
+        self,
+        *,
+        body: Mapping[str, Any],
+        pods: Iterable[PodRecord],
+        pacing: Pacing,
+        policies: Iterable[PolicyClaim] = (),
+    ) -> None:
+        """One evaluation round; a bad spec or a failed write is logged and retried next round.
+
+        ``policies``: the namespace's (this one included), for the scaler's conflict check.
+        """
         now = time.time()
         meta = body.get("metadata") or {}
         status = body.get("status") or {}
@@ -137,7 +164,7 @@ class PolicyRunner:
             if self.scaler is not None:
                 # Also without actions.scale: the scaler then forgets the policy and answers None, so a
                 # removed action takes its last result (a problem, the condition) with it.
-                self.scale_result = await self._scale(evaluation, now)
+                self.scale_result = await self._scale(evaluation, now, policies)
         await self.write_status(status, now)
 
     def sync_spec(
@@ -173,11 +200,13 @@ class PolicyRunner:
             self.announcer.renotify_seconds = renotify
         self.state.set_horizon(self.key, self.evaluator.horizon_seconds())
 
-    async def _scale(self, evaluation: Evaluation, now: float) -> ScaleResult | None:
+    async def _scale(
+        self, evaluation: Evaluation, now: float, policies: Iterable[PolicyClaim]
+    ) -> ScaleResult | None:
         assert self.scaler is not None
         assert self.spec is not None
         try:
-            return await self.scaler.scale(self.key, self.spec, evaluation, now)
+            return await self.scaler.scale(self.key, self.spec, evaluation, now, policies)
         except Exception:
             self.log.exception("The scaler failed; scaling is retried at the next evaluation.")
             return self.scale_result

@@ -237,7 +237,7 @@ async def test_run_survives_a_failing_round_and_cleans_up(
         raise RuntimeError("bug")
 
     monkeypatch.setattr(runner, "round", failing)
-    task = asyncio.create_task(runner.run(body=POLICY, pods=PODS))
+    task = asyncio.create_task(runner.run(body=POLICY, pods=PODS, policies={}))
     await asyncio.sleep(0.05)
     state.nudge_policy(runner.key)  # wake it: another round despite the failure
     await asyncio.sleep(0.05)
@@ -255,7 +255,7 @@ class MissingTarget:
     """A scaler whose target does not exist, as the real one reports it; None without actions.scale."""
 
     async def scale(
-        self, policy: PolicyKey, spec: PolicySpec, evaluation: Any, now: float
+        self, policy: PolicyKey, spec: PolicySpec, evaluation: Any, now: float, policies: Any
     ) -> ScaleResult | None:
         if spec.actions.scale is None:
             return None
