@@ -9,7 +9,8 @@
   while this replica is paused by peering);
 - spec changes: wake that daemon.
 
-Importing this module registers the handlers (``kopf run -m gpuwarden.operator`` does).
+Importing this module registers the handlers; only the entry points do: ``gpuwarden operator``
+(:mod:`.command`) and ``kopf run -m gpuwarden.operator.handlers``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def _state(memo: kopf.Memo) -> OperatorState:
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    if "state" not in memo:  # run as `kopf run -m gpuwarden.operator`: the contract's defaults
+    if "state" not in memo:  # run as `kopf run -m gpuwarden.operator.handlers`: the contract's defaults
         memo.state = OperatorState(default_config())
     if _state(memo).scaler is None:  # actions.scale: the Scaler acts after each evaluation
         attach_scaler(_state(memo))
