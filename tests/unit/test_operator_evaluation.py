@@ -224,24 +224,27 @@ async def test_status_is_not_rewritten_when_another_replica_left_it_right(world:
     assert len(api.patches) == 1
 
 
+@pytest.mark.looptime
 async def test_run_survives_a_failing_round_and_cleans_up(
     world: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     state, _, _, _ = world
     runner = PolicyRunner(state, PolicyKey("ns", "pol"))
-    calls = 0
+    rounds: asyncio.Queue[float] = asyncio.Queue()
+    loop = asyncio.get_running_loop()
 
     async def failing(**_: Any) -> None:
-        nonlocal calls
-        calls += 1
+        rounds.put_nowait(loop.time())
         raise RuntimeError("bug")
 
     monkeypatch.setattr(runner, "round", failing)
     task = asyncio.create_task(runner.run(body=POLICY, pods=PODS, policies={}))
-    await asyncio.sleep(0.05)
-    state.nudge_policy(runner.key)  # wake it: another round despite the failure
-    await asyncio.sleep(0.05)
-    assert calls == 2
+    first = await rounds.get()
+    assert list(state.running_policies()) == [runner.key]
+    state.nudge_policy(runner.key)  # wake it: another round despite the failure, at once
+    async with asyncio.timeout(1):  # the next unprompted round is an interval (10 s) away
+        second = await rounds.get()
+    assert second == pytest.approx(first)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
