@@ -285,6 +285,11 @@ def test_conditions_are_standard() -> None:
 # --- the schema against policies --------------------------------------------------------------------------
 
 
+def test_there_are_examples_to_check() -> None:
+    # The parametrized test below runs once per file: no file would be no test, not a failure.
+    assert EXAMPLES
+
+
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_examples_are_accepted(path: Path) -> None:
     policies = [
@@ -292,6 +297,7 @@ def test_examples_are_accepted(path: Path) -> None:
         for doc in yaml.safe_load_all(path.read_text(encoding="utf-8"))
         if isinstance(doc, dict) and doc.get("kind") == "GPUMonitorPolicy"
     ]
+    assert policies, f"{path.name} holds no GPUMonitorPolicy"
     for doc in policies:
         VALIDATOR.validate(doc)
         parse_spec(doc["spec"])

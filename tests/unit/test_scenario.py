@@ -212,9 +212,14 @@ def test_scenario_attributor_names_pods_processes_and_host_memory_and_pods_leave
 
 
 async def test_scenario_attributor_refresh_is_a_no_op() -> None:
-    backend = ScriptedBackend(parse_scenario(two_pods()))
+    backend = ScriptedBackend(parse_scenario(two_pods()), origin=1_000_000.0)
     backend.open()
-    await ScenarioAttributor(backend).refresh()
+    attributor = ScenarioAttributor(backend)
+    snapshot = Snapshot(timestamp=1_000_030.0, gpus=backend.sample_devices(1_000_030.0))
+    before = attributor.annotate(snapshot)
+    assert [p.name for p in before.gpus[0].pods] == ["a", "b"]  # named without any refresh
+    await attributor.refresh()  # nothing to fetch (no kubelet): it neither fails nor changes anything
+    assert attributor.annotate(snapshot) == before
 
 
 def test_scripted_backend_is_a_device_backend_playing_from_its_origin() -> None:
