@@ -1,4 +1,7 @@
-"""`gpuwarden demo`: the four stories found (and the plateau not), in time, through the real command."""
+"""`gpuwarden demo`: the four stories found (and the plateau not), through the real command.
+
+What it costs in wall time (the README's "under a minute") is measured by bench/demo.py.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import pytest
 
 from gpuwarden import cli
 from gpuwarden.agent.scenario import DEFAULT_ORIGIN, load_scenario
-from gpuwarden.local.demo import DEFAULT_SPEED, ScenarioRun
+from gpuwarden.local.demo import ScenarioRun
 from gpuwarden.local.display import (
     LiveDisplay,
     PlainDisplay,
@@ -33,15 +36,6 @@ from gpuwarden.nodereport import DeviceState
 from gpuwarden.policy import Resolution, RuleKind
 from gpuwarden.policy.parse import SpecError
 from gpuwarden.policy.scaling import Direction, ScaleDecision
-
-UNPACED_LIMIT_S = 30.0
-"""A --no-pace run of the 30-minute demo, interpreter start included.
-
-Measured 4.0 s on a 2-core machine at load 8 (the loop itself: 2.1 s); the default paced
-run took 33.6 s there (30.0 s of it the scenario at 60x).
-"""
-DEMO_BUDGET_S = 60.0
-"""What the README promises for `make demo`."""
 
 MIN = 60.0
 
@@ -63,14 +57,12 @@ def starts(run: ScenarioRun) -> dict[tuple[str, str], float]:
 
 
 def test_demo_finds_idle_leak_and_saturation_but_not_the_plateau_and_the_idle_gpu_clears() -> None:
-    began = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "gpuwarden", "demo", "--no-pace"],
         capture_output=True,
         text=True,
         timeout=120,
     )
-    wall = time.monotonic() - began
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
 
@@ -108,10 +100,6 @@ def test_demo_finds_idle_leak_and_saturation_but_not_the_plateau_and_the_idle_gp
         "Deployment inference/llm-server: 1 -> 7 replicas (simulated; dry run in local mode), 6 scale-ups; "
         "policy inference/llm-serving" in summary
     )
-
-    assert wall < UNPACED_LIMIT_S
-    # Paced, the demo sleeps only to hold `speed`: the scenario's length over it, plus the work.
-    assert load_scenario("demo").duration / DEFAULT_SPEED + wall < DEMO_BUDGET_S
 
 
 def test_paced_run_holds_its_speed() -> None:
