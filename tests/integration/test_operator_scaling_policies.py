@@ -30,6 +30,16 @@ def reason(setup: Setup, name: str, ctype: str) -> str | None:
     return (conditions(setup, name).get(ctype) or {}).get("reason")
 
 
+def wait_reason(setup: Setup, operator: Operator, name: str, ctype: str, want: str) -> None:
+    """Until policy ``name``'s condition ``ctype`` has the reason ``want``."""
+    wait_until(
+        lambda: reason(setup, name, ctype) == want,
+        timeout=60,
+        what=f"policy {name}: {ctype} {want}",
+        alive=operator.alive,
+    )
+
+
 def policy_lists(cp: ControlPlane) -> float:
     """LISTs of GPUMonitorPolicies the API server has answered since it started (its /metrics)."""
     text = cp.kubectl("get", "--raw", "/metrics", check=True).stdout
@@ -62,12 +72,7 @@ def test_removing_the_scale_action_makes_the_policy_ready_at_its_next_evaluation
     setup.apply(policy(ns, "lost", interval="1s"))  # its Deployment does not exist
     with setup.operator() as operator:
         operator.wait_ready()
-        wait_until(
-            lambda: reason(setup, "lost", "Ready") == "ScaleTargetNotFound",
-            timeout=60,
-            what="Ready=False, ScaleTargetNotFound",
-            alive=operator.alive,
-        )
+        wait_reason(setup, operator, "lost", "Ready", "ScaleTargetNotFound")
         assert reason(setup, "lost", "ScalingActive") == "ScaleTargetNotFound"
 
         remove = '[{"op": "remove", "path": "/spec/actions/scale"}]'
@@ -99,36 +104,21 @@ def test_conflicts_come_from_the_policy_index_without_a_list_per_round(
     setup.apply(policy(ns, "elsewhere", target=other, interval="1s"))
     with setup.operator() as operator:
         operator.wait_ready()
-        wait_until(
-            lambda: reason(setup, "a", "ScalingActive") == "Active",
-            timeout=60,
-            what="policy a scaling",
-            alive=operator.alive,
-        )
+        wait_reason(setup, operator, "a", "ScalingActive", "Active")
         assert reason(setup, "watcher", "ScalingActive") == "DryRun"
 
         lists = policy_lists(cp)
-        wait_rounds(operator, 9)  # three rounds of each policy, at least
+        wait_rounds(operator, 9)  # nine rounds in all, about three of each policy
         assert policy_lists(cp) == lists
 
         # A second acting policy on the same Deployment: the index learns of it, and both stop.
         setup.apply(policy(ns, "b", interval="1s"))
         for name in ("a", "b"):
-            wait_until(
-                lambda name=name: reason(setup, name, "ScalingActive") == "PolicyConflict",
-                timeout=30,
-                what=f"policy {name} in conflict",
-                alive=operator.alive,
-            )
+            wait_reason(setup, operator, name, "ScalingActive", "PolicyConflict")
             message = conditions(setup, name)["ScalingActive"]["message"]
             assert f"not scaling Deployment {APP}: policies a, b all target it" in message
 
         # b only watches now: a acts again.
         setup.apply(policy(ns, "b", dry_run=True, interval="1s"))
-        wait_until(
-            lambda: reason(setup, "a", "ScalingActive") == "Active",
-            timeout=30,
-            what="policy a scaling again",
-            alive=operator.alive,
-        )
+        wait_reason(setup, operator, "a", "ScalingActive", "Active")
     assert get(cp, "deployment", APP, "-n", ns)["spec"]["replicas"] == 2  # nothing asked for a change
