@@ -533,20 +533,25 @@ class NvmlBackend:
         """SM utilization per PID since the previous call, from nvmlDeviceGetProcessUtilization.
 
         About 2 ms a GPU on an H200, hence its own, lower rate. NVML returns only samples
-        newer than the timestamp passed, so each GPU keeps the newest it has seen. MIG
-        devices do not support it; their processes keep ``sm_util`` at ``None``.
+        newer than the timestamp passed, so each GPU keeps the newest it has seen, and
+        only processes that ran a kernel since then: a GPU whose reading succeeded is a
+        key even when no PID is listed (``NVML_ERROR_NOT_FOUND`` is that answer: nothing
+        ran), and its processes that are not listed ran nothing. A GPU that could not be
+        read is left out: no data. MIG devices have no per-process reading (the call is
+        not made for a GPU in MIG mode, nor marked unsupported for it, so that it is read
+        again once MIG is off); their processes keep ``sm_util`` at ``None``.
         """
         nvml = self.nvml
         out: ProcessUtilization = {}
         for gpu in self._gpus:
-            if gpu.lost_at_open or "process_utilization" in gpu.unsupported:
+            if gpu.lost_at_open or gpu.mig_enabled or "process_utilization" in gpu.unsupported:
                 continue
             since = gpu.last_process_timestamp_us or int((now - self._first_window) * 1e6)
             try:
                 samples = nvml.nvmlDeviceGetProcessUtilization(gpu.handle, since)
             except nvml.NVMLError as exc:
                 if exc.value == nvml.NVML_ERROR_NOT_FOUND:
-                    out[gpu.uuid] = {}  # no process ran a kernel since `since`
+                    out[gpu.uuid] = {}  # a good reading: no process ran a kernel since `since`
                 elif exc.value == nvml.NVML_ERROR_NOT_SUPPORTED:
                     gpu.unsupported.add("process_utilization")
                 elif exc.value != nvml.NVML_ERROR_GPU_IS_LOST:  # the device sample reports that

@@ -15,7 +15,13 @@ Attribution of one GPU (or MIG device, keyed by its ``mig_id``) in one snapshot:
   any of its processes lacks that reading (per-process utilization is sampled
   less often than the device). A pod with no process on the GPU reads 0 for
   whatever the device reported. smActive and power cannot be split per pod and
-  are None; memory total is the device's.
+  are None; memory total is the device's. Such points say so (``util_source``
+  ``processes``, or ``noProcess``), so that a finding names the signal that decided it.
+- **Per-process SM utilization** (``sm_util``) is 0 for a process that NVML's
+  per-process reading of its GPU left out (it ran no kernel in the window: the
+  agent sets that, :func:`gpuwarden.agent.backend.merge_process_utilization`),
+  and None only when its GPU could not be read that way (unsupported, as on
+  MIG; failed) or was not read at that sample.
 - **No pod**: no point (host processes are local mode's business, below).
 
 Local ``watch`` mode has no pods: :func:`points_from_processes` makes each
@@ -28,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from gpuwarden.nodereport import DeviceState, GpuSample, NodeReport, ProcessSample, Snapshot
-from gpuwarden.policy.series import PodId, Point, SeriesKey
+from gpuwarden.policy.series import PodId, Point, SeriesKey, UtilizationSource
 
 PROCESS_NAMESPACE = ""
 """The namespace of process subjects in local mode."""
@@ -128,11 +134,19 @@ def share_point(t: float, gpu: GpuSample, processes: Sequence[ProcessSample]) ->
         utils = [p.sm_util for p in processes]
         mem = None if any(m is None for m in mems) else float(sum(m for m in mems if m is not None))
         util = None if any(u is None for u in utils) else min(100.0, sum(u for u in utils if u is not None))
+        source = UtilizationSource.PROCESSES
     else:
         # Nothing of its own runs there: idle and empty, as far as the device could be read at all.
         mem = None if gpu.memory_used_bytes is None else 0.0
         util = None if gpu.utilization_gpu is None and gpu.sm_active is None else 0.0
-    return Point(t=t, gpu_util=util, mem_used=mem, mem_total=_float(gpu.memory_total_bytes))
+        source = UtilizationSource.NO_PROCESS
+    return Point(
+        t=t,
+        gpu_util=util,
+        mem_used=mem,
+        mem_total=_float(gpu.memory_total_bytes),
+        util_source=source,
+    )
 
 
 def _float(value: int | None) -> float | None:
