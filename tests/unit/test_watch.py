@@ -230,6 +230,9 @@ def test_an_idle_process_beside_a_busy_one_on_a_shared_gpu_is_found(tmp_path: Pa
     assert not [line for line in started if "idle pid 51001" in line]
     # No per-process reading: neither process is judged, and neither is called idle.
     assert not [line for line in started if "pid 5200" in line]
+    # The status lines list each process under its GPU, with its own share.
+    assert "]   pid 51002 python -m ipykernel_launcher: util 0%, mem 10Gi; findings: none\n" in out
+    assert "]   pid 52001 python -m ipykernel_launcher: util -, mem 10Gi; findings: none\n" in out
 
 
 async def test_metrics_while_watching_and_sigint_stops_with_a_summary(fast_policy: Path) -> None:
