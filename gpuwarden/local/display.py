@@ -393,7 +393,9 @@ def summary_lines(
         if not spans:
             lines.append(f"  {'':<{width}}    no findings")
         for span in spans:
-            lines.append(f"  {'':<{width}}    {_span_text(span, clock)}")
+            # On a GPU several subjects shared, each finding says whose it is.
+            whose = f"{span.subject}: " if len(device.subjects) > 1 else ""
+            lines.append(f"  {'':<{width}}    {whose}{_span_text(span, clock)}")
     elsewhere = [s for s in history.spans if not any(d in history.devices for d in s.devices)]
     for span in elsewhere:
         lines.append(f"  {span.subject}: {_span_text(span, clock)}")

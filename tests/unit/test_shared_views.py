@@ -10,9 +10,9 @@ import pytest
 import yaml
 from matplotlib.figure import Figure
 
-from gpuwarden.agent.scenario import load_scenario
+from gpuwarden.agent.scenario import DEFAULT_ORIGIN, load_scenario
 from gpuwarden.local.demo import ScenarioRun
-from gpuwarden.local.display import render_table, status_lines
+from gpuwarden.local.display import elapsed_clock, render_table, status_lines, summary_lines
 from gpuwarden.local.history import History, ShareHistory
 from gpuwarden.local.plot import build_figure
 from gpuwarden.local.policies import LocalPolicy
@@ -144,3 +144,9 @@ def test_a_finding_is_dotted_on_the_line_of_the_pod_it_concerns(figure: Figure) 
     assert big.get_ydata()[0] == pytest.approx(30, rel=1e-3)  # type: ignore[attr-defined]
     labels = [t.get_text() for t in util.texts]
     assert "idle research/notebook-0 0%" in labels
+
+
+def test_the_summary_says_whose_finding_it_is_on_a_shared_gpu(played: Played) -> None:
+    lines = summary_lines(played.history, [], elapsed_clock(DEFAULT_ORIGIN))
+    assert lines[2].startswith("           research/notebook-0: idle (GPUUnderutilized) since 00:50: ")
+    assert any(line.strip().startswith("batch/embed-0: idle (GPUUnderutilized)") for line in lines)
