@@ -529,6 +529,22 @@ class NvmlBackend:
 
     # -- per-process utilization -----------------------------------------------------------------
 
+    def _has_mps_clients(self, gpu: _Device) -> bool:
+        """Whether processes run on ``gpu`` through MPS (asked at the per-process rate, not per sample)."""
+        nvml = self.nvml
+        if "mps" in gpu.unsupported or not hasattr(nvml, "nvmlDeviceGetMPSComputeRunningProcesses"):
+            return False
+        try:
+            return bool(nvml.nvmlDeviceGetMPSComputeRunningProcesses(gpu.handle))
+        except nvml.NVMLError as exc:
+            if exc.value == nvml.NVML_ERROR_NOT_SUPPORTED:
+                gpu.unsupported.add("mps")
+                return False
+            if exc.value != nvml.NVML_ERROR_GPU_IS_LOST:
+                self.log_once(gpu, "mps_processes", exc.value)
+            # Unknown: not trusting the per-process reading cannot call a busy client idle.
+            return True
+
     def sample_process_utilization(self, now: float) -> ProcessUtilization:
         """SM utilization per PID since the previous call, from nvmlDeviceGetProcessUtilization.
 
@@ -539,12 +555,16 @@ class NvmlBackend:
         ran), and its processes that are not listed ran nothing. A GPU that could not be
         read is left out: no data. MIG devices have no per-process reading (the call is
         not made for a GPU in MIG mode, nor marked unsupported for it, so that it is read
-        again once MIG is off); their processes keep ``sm_util`` at ``None``.
+        again once MIG is off); their processes keep ``sm_util`` at ``None``. Neither
+        does a GPU with MPS clients: their kernels run in the MPS server's context, and
+        whose SM time NVML then lists is not something to read an idle client from.
         """
         nvml = self.nvml
         out: ProcessUtilization = {}
         for gpu in self._gpus:
             if gpu.lost_at_open or gpu.mig_enabled or "process_utilization" in gpu.unsupported:
+                continue
+            if self._has_mps_clients(gpu):
                 continue
             since = gpu.last_process_timestamp_us or int((now - self._first_window) * 1e6)
             try:

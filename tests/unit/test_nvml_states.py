@@ -62,6 +62,7 @@ class FakeDevice:
     ecc: int = 0
     procs: list[Proc] = field(default_factory=list)
     util_samples: list[UtilSample] = field(default_factory=list)
+    mps_procs: list[Proc] = field(default_factory=list)
     mig_mode: int | None = None  # None: not MIG-capable
     migs: dict[int, FakeDevice] = field(default_factory=dict)
     gpu_instance_id: int = 0
@@ -188,6 +189,10 @@ class FakeNvml:
     def nvmlDeviceGetComputeRunningProcesses(self, d: FakeDevice) -> list[Proc]:
         self._call("nvmlDeviceGetComputeRunningProcesses", d)
         return list(d.procs)
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, d: FakeDevice) -> list[Proc]:
+        self._call("nvmlDeviceGetMPSComputeRunningProcesses", d)
+        return list(d.mps_procs)
 
     def nvmlDeviceGetProcessUtilization(self, d: FakeDevice, since: int) -> list[UtilSample]:
         self._call("nvmlDeviceGetProcessUtilization", d, since)
@@ -518,6 +523,23 @@ def test_process_utilization_is_not_asked_in_mig_mode_and_is_again_once_mig_is_o
     parent.mig_mode = 0
     backend.sample_devices(NOW + 61)  # the mode is re-read once a minute
     assert backend.sample_process_utilization(NOW + 61) == {parent.uuid: {}}
+
+
+def test_a_gpu_with_mps_clients_has_no_per_process_reading() -> None:
+    # Under MPS the clients' kernels run in the server's context: an absent client is not an idle one.
+    us = int(NOW * 1e6)
+    mps = gpu(0, procs=[Proc(10, GIB), Proc(11, GIB)], mps_procs=[Proc(10, GIB), Proc(11, GIB)])
+    mps.util_samples = [UtilSample(10, us - 1, 90)]
+    unsure = gpu(1, procs=[Proc(12, GIB)], errors={"nvmlDeviceGetMPSComputeRunningProcesses": UNKNOWN})
+    no_mps = gpu(2, procs=[Proc(13, GIB)], errors={"nvmlDeviceGetMPSComputeRunningProcesses": NOT_SUPPORTED})
+    backend, fake = opened([mps, unsure, no_mps])
+    devices = backend.sample_devices(NOW)
+    utilization = backend.sample_process_utilization(NOW)
+    assert utilization == {no_mps.uuid: {}}
+    merged = merge_process_utilization(devices, utilization)
+    assert [[p.sm_util for p in g.processes] for g in merged] == [[None, None], [None], [0.0]]
+    backend.sample_process_utilization(NOW + 10)
+    assert fake.count("nvmlDeviceGetMPSComputeRunningProcesses") == 5  # not asked again where unsupported
 
 
 def test_close_is_idempotent() -> None:
