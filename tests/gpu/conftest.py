@@ -1,9 +1,9 @@
-"""Two CUDA processes sharing one GPU, for the shared-GPU tests: one busy, one idle.
+"""Torch processes for the GPU tests, each on the first visible GPU, each ``ready`` once its context exists.
 
 ``busy_job`` runs bf16 matmuls without pause; ``idle_job`` holds 2 GiB and launches no
 kernel at all (``torch.empty`` allocates, it does not fill), the process NVML's per-process
-utilization leaves out. Both say ``ready`` once their context exists; both run on the
-first visible GPU.
+utilization leaves out; together they share one GPU. ``leaking_job`` keeps 32 MiB more
+every quarter second and never frees it.
 """
 
 from __future__ import annotations
@@ -35,6 +35,19 @@ while True:
     time.sleep(1)
 """
 
+LEAKING = r"""
+import time, torch
+device = torch.device("cuda")
+torch.zeros(1, device=device)  # the CUDA context
+torch.cuda.synchronize()
+print("ready", flush=True)
+kept = []
+while True:
+    kept.append(torch.empty(32 * 2**20, dtype=torch.uint8, device=device))
+    torch.cuda.synchronize()
+    time.sleep(0.25)
+"""
+
 
 def _start(code: str) -> Iterator[subprocess.Popen[str]]:
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -57,3 +70,9 @@ def busy_job() -> Iterator[subprocess.Popen[str]]:
 def idle_job() -> Iterator[subprocess.Popen[str]]:
     """A process that holds GPU memory and never computes."""
     yield from _start(IDLE)
+
+
+@pytest.fixture
+def leaking_job() -> Iterator[subprocess.Popen[str]]:
+    """A process that leaks GPU memory, ~7.5 GiB a minute."""
+    yield from _start(LEAKING)

@@ -6,8 +6,9 @@ Run on a GPU machine, never in CI (no driver there):
     PYTHONPATH=. python3 -m pytest -m gpu tests/gpu/test_watch_gpu.py -s
     # GPUWARDEN_GPU_PLOT=path.png keeps the shared-GPU test's plot
 
-A torch child creates its CUDA context, says so, then keeps 32 MiB more of GPU memory
-every quarter second (~7.5 GiB a minute) and never frees it. ``watch`` starts after the
+A torch child (``leaking_job``, tests/gpu/conftest.py) creates its CUDA context, says so,
+then keeps 32 MiB more of GPU memory every quarter second (~7.5 GiB a minute) and never
+frees it. ``watch`` starts after the
 context exists, with a policy whose memoryGrowth window is one minute, so the leak must
 be reported a little over a minute later: a ``STARTED leak pid <child's PID>`` line, and
 ``gpuwarden_local_finding_active`` for ``pod="pid/<PID>"`` on /metrics.
@@ -23,7 +24,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -46,31 +46,6 @@ spec:
       memoryGrowth: {rate: 500Mi/m, window: 1m, minFit: 0.8}
 """
 
-CHILD = r"""
-import time, torch
-device = torch.device("cuda")
-torch.zeros(1, device=device)  # the CUDA context
-torch.cuda.synchronize()
-print("ready", flush=True)
-kept = []
-while True:
-    kept.append(torch.empty(32 * 2**20, dtype=torch.uint8, device=device))
-    torch.cuda.synchronize()
-    time.sleep(0.25)
-"""
-
-
-@pytest.fixture
-def leaking_job() -> Iterator[subprocess.Popen[str]]:
-    child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() == "ready", "the torch child did not start"
-        yield child
-    finally:
-        child.kill()
-        child.wait()
-
 
 def lines_until(out: IO[str], pattern: str, seen: list[str]) -> re.Match[str]:
     """Read lines (kept in ``seen``) until one matches; fail if the output ends first."""
@@ -82,25 +57,22 @@ def lines_until(out: IO[str], pattern: str, seen: list[str]) -> re.Match[str]:
     raise AssertionError(f"watch ended without {pattern!r}:\n" + "".join(seen))
 
 
+def start_watch(policy: Path, plot: Path, *flags: str) -> subprocess.Popen[str]:
+    """``gpuwarden watch`` on this host's GPUs, plain lines, capped at :data:`WATCH_CAP`; a plot if it can."""
+    argv = [sys.executable, "-m", "gpuwarden", "watch", f"--policy={policy}", "--listen=127.0.0.1:0"]
+    argv += [f"--duration={WATCH_CAP}", "--plain", *flags]
+    if importlib.util.find_spec("matplotlib") is not None:
+        argv.append(f"--plot={plot}")
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
 def test_watch_reports_a_leaking_torch_job_by_its_pid(
     leaking_job: subprocess.Popen[str], tmp_path: Path
 ) -> None:
     policy = tmp_path / "leak.yaml"
     policy.write_text(LEAK_POLICY)
     plot = tmp_path / "watch.png"
-    argv = [
-        sys.executable,
-        "-m",
-        "gpuwarden",
-        "watch",
-        f"--policy={policy}",
-        "--listen=127.0.0.1:0",
-        f"--duration={WATCH_CAP}",
-        "--plain",
-    ]
-    if importlib.util.find_spec("matplotlib") is not None:
-        argv.append(f"--plot={plot}")
-    watch = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    watch = start_watch(policy, plot)
     seen: list[str] = []
     try:
         assert watch.stdout is not None
@@ -146,20 +118,7 @@ def test_watch_finds_the_idle_process_beside_a_busy_one_on_one_gpu(
     policy = tmp_path / "shared.yaml"
     policy.write_text(SHARED_POLICY)
     plot = Path(os.environ.get("GPUWARDEN_GPU_PLOT") or tmp_path / "shared.png")
-    argv = [
-        sys.executable,
-        "-m",
-        "gpuwarden",
-        "watch",
-        f"--policy={policy}",
-        "--listen=127.0.0.1:0",
-        "--process-interval=2s",
-        f"--duration={WATCH_CAP}",
-        "--plain",
-    ]
-    if importlib.util.find_spec("matplotlib") is not None:
-        argv.append(f"--plot={plot}")
-    watch = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    watch = start_watch(policy, plot, "--process-interval=2s")
     seen: list[str] = []
     try:
         assert watch.stdout is not None
