@@ -5,8 +5,9 @@ snapshot (from the scripted backend or NVML) is attributed to subjects, stored i
 :class:`~gpuwarden.policy.SeriesStore`, and every policy is evaluated once its
 ``evaluationInterval`` has passed, in snapshot time, so a compressed scenario runs the
 engine exactly as real time would. What comes back from :meth:`Session.observe` is a
-:class:`Step`: the GPUs as the display shows them, the findings that started, re-notified
-or cleared, and the scale decisions.
+:class:`Step`: the GPUs as the display shows them (on a GPU several subjects share, each
+subject's own readings, as the engine judges them: :class:`ShareRow`), the findings that
+started, re-notified or cleared, and the scale decisions.
 
 Subjects are pods (``demo``: the scenario's pods, with their labels) or host processes
 (``watch``: ``pid/<pid>`` in namespace ``""``, see :func:`gpuwarden.policy.process_subject`).
