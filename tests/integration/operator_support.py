@@ -443,6 +443,8 @@ class Agent(Proc):
             "--backend=scripted", f"--scenario={scenario}",
             f"--operator-url={url}", f"--token-file={token_file}", f"--node-name={node}",
             f"--listen=127.0.0.1:{port}", "--sample-interval=1s",
+            # Per-process utilization as often as the device: a shared GPU's 10 s rule needs it.
+            "--process-interval=1s",
         ]  # fmt: skip
         super().__init__(
             f"agent {node}", argv, _python_env(cp, {}), workdir / f"agent-{node}-{time.time():.0f}.log"

@@ -175,6 +175,66 @@ def test_watching_a_scenario_finds_what_the_demo_finds(fast_policy: Path, tmp_pa
     assert plot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 
 
+SHARED_POLICY = """\
+apiVersion: gpuwarden.dev/v1alpha1
+kind: GPUMonitorPolicy
+metadata: {name: shared}
+spec:
+  selector: {}
+  evaluationInterval: 5s
+  rules:
+    - name: idle
+      utilizationFloor: {percent: 10, for: 1m}
+    - name: saturated
+      utilizationCeiling: {percent: 90, for: 1m}
+"""
+
+
+def test_an_idle_process_beside_a_busy_one_on_a_shared_gpu_is_found(tmp_path: Path) -> None:
+    # shared-gpu: on GPU 0, pid 51001 saturates the SMs and pid 51002 holds 10Gi and runs no kernel
+    # (NVML's per-process reading leaves it out). On GPU 1 nothing can be read per process.
+    policy = tmp_path / "shared.yaml"
+    policy.write_text(SHARED_POLICY)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuwarden",
+            "watch",
+            f"--policy={policy}",
+            "--scenario=shared-gpu",
+            "--speed=20",
+            "--duration=90s",
+            "--listen=127.0.0.1:0",
+            "--plain",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    started = [line for line in out.splitlines() if "STARTED" in line]
+    assert any(
+        re.search(r"STARTED idle pid 51002 python -m ipykernel_launcher on GPU 0: GPUUnderutilized: ", line)
+        and line.endswith("mean per-process SM utilization 0% over 1m, floor 10%")
+        for line in started
+    ), out
+    assert any(
+        re.search(
+            r"STARTED saturated pid 51001 .* on GPU 0: GPUSaturated: mean per-process SM utilization 9\d%",
+            line,
+        )
+        for line in started
+    ), out
+    assert not [line for line in started if "idle pid 51001" in line]
+    # No per-process reading: neither process is judged, and neither is called idle.
+    assert not [line for line in started if "pid 5200" in line]
+    # The status lines list each process under its GPU, with its own share.
+    assert "]   pid 51002 python -m ipykernel_launcher: util 0%, mem 10Gi; findings: none\n" in out
+    assert "]   pid 52001 python -m ipykernel_launcher: util -, mem 10Gi; findings: none\n" in out
+
+
 async def test_metrics_while_watching_and_sigint_stops_with_a_summary(fast_policy: Path) -> None:
     async with asyncio.timeout(90):
         process = await asyncio.create_subprocess_exec(
