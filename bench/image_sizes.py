@@ -4,7 +4,8 @@ Not a test: it prints the figures of docs/benchmarks.md ("Images"). It reads the
 hack/build-images.sh writes, so it needs no registry and no container engine:
 
     eval "$(hack/build-images.sh --print-env)"
-    .venv/bin/python bench/image_sizes.py --base "$BASE_ARCHIVE" "$AGENT_ARCHIVE" "$OPERATOR_ARCHIVE" "$PAUSE_ARCHIVE"
+    .venv/bin/python bench/image_sizes.py --base "$BASE_ARCHIVE" \\
+        "$BASE_ARCHIVE" "$AGENT_ARCHIVE" "$OPERATOR_ARCHIVE" "$PAUSE_ARCHIVE"
 
 For each archive: the archive file, the layers' compressed size (the gzip blobs a registry serves and a
 node pulls) and unpacked size (the tar streams a node stores), in total and for the layers the image
@@ -109,7 +110,9 @@ def _mib(n: int) -> str:
 def main() -> None:
     """Print one table row per archive, then where the added bytes go."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("archives", nargs="+", type=Path, help="OCI archives (podman save --format oci-archive)")
+    parser.add_argument(
+        "archives", nargs="+", type=Path, help="OCI archives (podman save --format oci-archive)"
+    )
     parser.add_argument("--base", type=Path, help="the base image's archive: its layers are not 'added'")
     parser.add_argument("--top", type=int, default=12, help="largest site-packages entries to list per image")
     args = parser.parse_args()

@@ -78,11 +78,10 @@ flock 9
 TMP_DIRS=()
 cleanup() { [[ ${#TMP_DIRS[@]} -eq 0 ]] || rm -rf "${TMP_DIRS[@]}"; }
 trap cleanup EXIT
-tmpdir() {
-	local d
-	d="$(mktemp -d "${CACHE}/.tmp.XXXXXX")"
-	TMP_DIRS+=("${d}")
-	echo "${d}"
+# new_tmp: a fresh directory in TMP, removed on exit (not `$(...)`: the list must grow in this shell).
+new_tmp() {
+	TMP="$(mktemp -d "${CACHE}/.tmp.XXXXXX")"
+	TMP_DIRS+=("${TMP}")
 }
 
 # ------------------------------------------------------------------------------------- host set-up
@@ -200,11 +199,15 @@ save() {
 
 build_base() {
 	local name="$1" dir start
-	dir="$(tmpdir)"
+	new_tmp
+	dir="${TMP}"
 	start=${SECONDS}
 	log "[base] debootstrap --variant=minbase ${SUITE} (+${BASE_PACKAGES}) from ${MIRROR}"
-	debootstrap --variant=minbase --include="${BASE_PACKAGES}" "${SUITE}" "${dir}/rootfs" "${MIRROR}" >&2 \
-		|| die "[base] debootstrap failed (log: ${dir}/rootfs/debootstrap/debootstrap.log)"
+	if ! debootstrap --variant=minbase --include="${BASE_PACKAGES}" "${SUITE}" "${dir}/rootfs" "${MIRROR}" \
+		>"${dir}/debootstrap.out" 2>&1; then
+		tail -n 40 "${dir}/debootstrap.out" "${dir}/rootfs/debootstrap/debootstrap.log" >&2 || true
+		die "[base] debootstrap failed"
+	fi
 	# What an image needs no copy of: package lists and caches, docs, man pages, translations, logs,
 	# and the build machine's own resolv.conf and hostname (the runtime provides them).
 	chroot "${dir}/rootfs" apt-get clean
@@ -225,7 +228,8 @@ build_base() {
 
 build_pause() {
 	local name="$1" dir start
-	dir="$(tmpdir)"
+	new_tmp
+	dir="${TMP}"
 	start=${SECONDS}
 	mkdir -p "${dir}/rootfs"
 	gcc -static -Os -s -Wall -Wextra -Werror -o "${dir}/rootfs/pause" "${ROOT}/hack/images/pause.c"
@@ -297,7 +301,10 @@ prune pause "${PAUSE_ARCHIVE}"
 
 for component in agent operator; do
 	if ! have_image "${APP_IMAGE[${component}]}" "${APP_ARCHIVE[${component}]}"; then
-		[[ -v BUILD_MOUNTS ]] || write_pip_conf "$(tmpdir)"
+		if [[ ! -v BUILD_MOUNTS ]]; then
+			new_tmp
+			write_pip_conf "${TMP}"
+		fi
 		build_app "${component}" "${APP_IMAGE[${component}]}" "${BASE_IMAGE}"
 		save "${APP_IMAGE[${component}]}" "${APP_ARCHIVE[${component}]}"
 	fi
