@@ -254,9 +254,19 @@ build_app() {
 	log "[${component}] built ${name} in $((SECONDS - start))s"
 }
 
-# prune <prefix> <archive kept>: archives of older inputs nobody used for 3 days.
+# prune <name> <image name> <archive kept>: the archives of other inputs that nobody used for 3 days,
+# and their images in podman's storage (named <repository>:<...key>).
 prune() {
-	find "${CACHE}" -maxdepth 1 -name "$1-*.oci.tar" ! -path "$2" -mtime +3 -print -delete | sed 's/^/build-images: pruned /' >&2
+	local name="$1" repository="${2%:*}" keep="$3" archive key ref
+	while IFS= read -r archive; do
+		key="${archive##*/"${name}"-}"
+		key="${key%.oci.tar}"
+		log "pruning ${archive}, unused for 3 days"
+		rm -f "${archive}"
+		for ref in $(podman images --noheading --format '{{.Repository}}:{{.Tag}}' --filter "reference=${repository}"); do
+			if [[ "${ref}" == *"${key}" ]]; then podman rmi "${ref}" >/dev/null || true; fi
+		done
+	done < <(find "${CACHE}" -maxdepth 1 -name "${name}-*.oci.tar" ! -path "${keep}" -mtime +3)
 }
 
 ensure_packages
@@ -291,13 +301,11 @@ if ! have_image "${BASE_IMAGE}" "${BASE_ARCHIVE}"; then
 	build_base "${BASE_IMAGE}"
 	save "${BASE_IMAGE}" "${BASE_ARCHIVE}"
 fi
-prune base "${BASE_ARCHIVE}"
 
 if ! have_image "${PAUSE_IMAGE}" "${PAUSE_ARCHIVE}"; then
 	build_pause "${PAUSE_IMAGE}"
 	save "${PAUSE_IMAGE}" "${PAUSE_ARCHIVE}"
 fi
-prune pause "${PAUSE_ARCHIVE}"
 
 for component in agent operator; do
 	if ! have_image "${APP_IMAGE[${component}]}" "${APP_ARCHIVE[${component}]}"; then
@@ -308,8 +316,14 @@ for component in agent operator; do
 		build_app "${component}" "${APP_IMAGE[${component}]}" "${BASE_IMAGE}"
 		save "${APP_IMAGE[${component}]}" "${APP_ARCHIVE[${component}]}"
 	fi
-	prune "${component}" "${APP_ARCHIVE[${component}]}"
 done
+
+# Images built on an old base go before it.
+for component in agent operator; do
+	prune "${component}" "${APP_IMAGE[${component}]}" "${APP_ARCHIVE[${component}]}"
+done
+prune pause "${PAUSE_IMAGE}" "${PAUSE_ARCHIVE}"
+prune base "${BASE_IMAGE}" "${BASE_ARCHIVE}"
 
 cat <<OUT
 IMAGE_REGISTRY=${REGISTRY}

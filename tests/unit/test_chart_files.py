@@ -415,23 +415,17 @@ def test_install_script_installs_a_working_runtime(component: str, wheel_dir: Pa
     assert present == repr([_OWN_FRAMEWORK[component]])
 
 
-def test_install_script_refuses_an_empty_wheel_dir(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("component", "says"),
+    [("agent", "exactly one gpuwarden-*.whl"), ("agnet", "unknown component 'agnet'")],
+)
+def test_install_script_refuses_bad_arguments(tmp_path: Path, component: str, says: str) -> None:
+    """An empty wheel directory, a misspelt component: refused with the reason."""
     result = subprocess.run(
-        ["bash", str(ROOT / INSTALL_SCRIPT), str(tmp_path), "agent"],
+        ["bash", str(ROOT / INSTALL_SCRIPT), str(tmp_path), component],
         capture_output=True,
         text=True,
         check=False,
     )
     assert result.returncode != 0
-    assert "exactly one gpuwarden-*.whl" in result.stderr
-
-
-def test_install_script_refuses_an_unknown_component(tmp_path: Path) -> None:
-    result = subprocess.run(
-        ["bash", str(ROOT / INSTALL_SCRIPT), str(tmp_path), "agnet"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert result.returncode != 0
-    assert "unknown component 'agnet'" in result.stderr
+    assert says in result.stderr
