@@ -99,7 +99,7 @@ ensure_packages() {
 	command -v podman >/dev/null 2>&1 || missing+=(podman)
 	command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
 	command -v gcc >/dev/null 2>&1 || missing+=(gcc)
-	[[ -e /usr/lib/x86_64-linux-gnu/libc.a || -n "$(compgen -G '/usr/lib/*/libc.a')" ]] || missing+=(libc6-dev)
+	compgen -G '/usr/lib/*/libc.a' >/dev/null || missing+=(libc6-dev) # gcc -static links it
 	[[ ${#missing[@]} -eq 0 ]] || apt_install "${missing[@]}"
 }
 
