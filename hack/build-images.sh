@@ -128,9 +128,10 @@ ensure_ulimits() {
 # crun refuses a "hybrid" machine whose cgroup2 hierarchy holds controllers while v1 hierarchies are
 # mounted; mounting each of those controllers as its own v1 hierarchy takes it out of cgroup2.
 ensure_cgroups() {
-	local unified=/sys/fs/cgroup/unified controller
+	local unified=/sys/fs/cgroup/unified controller controllers=()
 	[[ "$(stat -fc %T /sys/fs/cgroup)" == tmpfs && -r "${unified}/cgroup.controllers" ]] || return 0
-	for controller in $(cat "${unified}/cgroup.controllers"); do
+	read -ra controllers <"${unified}/cgroup.controllers" || true # one line, space-separated; may be empty
+	for controller in "${controllers[@]}"; do
 		mountpoint -q "/sys/fs/cgroup/${controller}" && continue
 		log "mounting the ${controller} cgroup controller as v1 (crun refuses hybrid cgroups)"
 		mkdir -p "/sys/fs/cgroup/${controller}"
