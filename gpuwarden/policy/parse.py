@@ -243,10 +243,11 @@ def _check_windows(rules: Sequence[Rule], interval: float, path: str) -> None:
         else:
             field, seconds = f"{_WINDOW_KINDS[type(rule)]}.for", rule.for_seconds
         if seconds < interval:
+            shorter = f"{format_duration(seconds)} is shorter than evaluationInterval"
             raise SpecError(
                 f"{path}[{i}].{field}",
-                f"{format_duration(seconds)} is shorter than evaluationInterval ({format_duration(interval)}):"
-                " a shorter window leaves samples that no evaluation reads",
+                f"{shorter} ({format_duration(interval)}): a shorter window leaves samples that no"
+                " evaluation reads",
             )
 
 
