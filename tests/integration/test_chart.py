@@ -407,6 +407,15 @@ def notes_policy(output: str) -> str:
     return output[start:end]
 
 
+def shell(cp: ControlPlane, command: str, cwd: Path) -> str:
+    """Run a command line as a user would paste it (kubectl and helm on PATH, pointed at ``cp``)."""
+    env = {**cp.env, "PATH": f"{cp.kubectl_path.parent}:{cp.helm.parent}:{os.environ['PATH']}"}
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", command], env=env, capture_output=True, text=True, cwd=cwd
+    )
+    return ok(done, command)
+
+
 def test_notes_commands_work_without_the_repository(
     control_plane: ControlPlane, namespace: str, tmp_path: Path
 ) -> None:
@@ -417,29 +426,15 @@ def test_notes_commands_work_without_the_repository(
     try:
         for path in ("examples/", "charts/gpuwarden", "crds/", "docs/"):
             assert path not in release.output.replace(f"{CHART_HOME}/blob/main/docs/", ""), release.output
-        shell_env = {**cp.env, "PATH": f"{cp.kubectl_path.parent}:{cp.helm.parent}:{os.environ['PATH']}"}
         policy = notes_policy(release.output)
         assert f"namespace: {namespace}\n" in policy, policy  # the namespace the operator watches
-        created = subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", policy],
-            env=shell_env,
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-        )
-        assert created.returncode == 0, created.stderr
-        assert "gpumonitorpolicy.gpuwarden.dev/idle-gpus created" in created.stdout, created.stdout
-        # The upgrade step, with <chart> the chart directory (a repository reference works the same).
-        upgrade = f"helm show crds {CHART} | kubectl apply --server-side --force-conflicts -f -"
-        applied = subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", upgrade],
-            env=shell_env,
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-        )
-        assert applied.returncode == 0, applied.stderr
-        assert "gpumonitorpolicies.gpuwarden.dev serverside-applied" in applied.stdout, applied.stdout
+        assert "gpumonitorpolicy.gpuwarden.dev/idle-gpus created" in shell(cp, policy, tmp_path)
+        # The upgrade step as printed, with <chart> the chart directory (a repository reference reads the
+        # same chart).
+        upgrade = "helm show crds <chart> | kubectl apply --server-side -f -"
+        assert upgrade in release.output, release.output
+        applied = shell(cp, upgrade.replace("<chart>", str(CHART)), tmp_path)
+        assert "gpumonitorpolicies.gpuwarden.dev serverside-applied" in applied, applied
     finally:
         uninstall(cp, release)
 
