@@ -60,6 +60,13 @@ def test_top_level_crds_include_gpuwarden_and_kopf_peering() -> None:
     } <= names
 
 
+@pytest.mark.parametrize("path", sorted(CRDS.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_crd_file_starts_a_document(path: Path) -> None:
+    """`helm show crds` concatenates the chart's CRD files as they are: a file that does not open with
+    `---` runs into the one before it, and `kubectl apply` then sees one document whose later keys win."""
+    assert path.read_text().startswith("---\n"), path
+
+
 @pytest.mark.parametrize("copy_dir", ["charts/gpuwarden/crds", "deploy/crds"])
 def test_crd_copies_are_identical_to_crds_dir(copy_dir: str) -> None:
     source = _files(CRDS)
