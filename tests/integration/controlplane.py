@@ -497,6 +497,8 @@ class ControlPlane:
         self.etcd: ManagedProcess | None = None
         self.apiserver: ManagedProcess | None = None
         self._ssl: ssl.SSLContext | None = None
+        self._pki: Pki | None = None
+        self._etcd_paused = False
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -524,6 +526,7 @@ class ControlPlane:
 
     def stop(self) -> None:
         """Kill kube-apiserver and etcd (idempotent)."""
+        self.resume_etcd()  # a stopped process would sit out SIGTERM's grace
         for proc in (self.apiserver, self.etcd):
             if proc is not None:
                 proc.stop()
@@ -576,57 +579,95 @@ class ControlPlane:
     def _start_apiserver(self, pki: Pki, attempts: int = 3) -> None:
         tokens = self.workdir / "tokens.csv"
         _write_private(tokens, f'{self.admin_token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n'.encode())
+        self._pki = pki
         for attempt in range(1, attempts + 1):
             port = free_port()
             self.server = f"https://127.0.0.1:{port}"
-            self.apiserver = ManagedProcess(
-                "kube-apiserver",
-                [
-                    str(self.binaries.kube_apiserver),
-                    f"--etcd-servers={self.etcd_url}",
-                    "--advertise-address=127.0.0.1",
-                    "--bind-address=127.0.0.1",
-                    f"--secure-port={port}",
-                    f"--cert-dir={self.workdir / 'apiserver-certs'}",
-                    f"--tls-cert-file={pki.serving_cert}",
-                    f"--tls-private-key-file={pki.serving_key}",
-                    f"--client-ca-file={pki.ca_cert}",
-                    f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
-                    "--authorization-mode=RBAC",
-                    f"--token-auth-file={tokens}",
-                    f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
-                    f"--service-account-key-file={pki.sa_public_key}",
-                    f"--service-account-signing-key-file={pki.sa_private_key}",
-                    f"--api-audiences={','.join(API_AUDIENCES)}",
-                    "--disable-admission-plugins=ServiceAccount",
-                    # The endpoint reconciler refuses a loopback advertise address.
-                    "--endpoint-reconciler-type=none",
-                    "--profiling=false",
-                    "--v=1",
-                ],
-                self.workdir / "kube-apiserver.log",
-                self.workdir,
-            )
             try:
-                wait_for(
-                    lambda: self._get("/readyz") == 200,
-                    timeout=START_TIMEOUT_S,
-                    what=f"kube-apiserver {self.server}/readyz",
-                    alive=self._exited(self.apiserver),
-                )
-                wait_for(
-                    lambda: self._get("/api/v1/namespaces/default") == 200,
-                    timeout=START_TIMEOUT_S,
-                    what="the default namespace",
-                    alive=self._exited(self.apiserver),
-                )
+                self._launch_apiserver()
             except ControlPlaneError as exc:
-                log = self.apiserver.log_tail()
-                self.apiserver.stop()
-                if attempt < attempts and "address already in use" in log:
+                if attempt < attempts and "address already in use" in str(exc):
                     continue
-                raise ControlPlaneError(f"{exc}\n--- kube-apiserver log ---\n{log}") from exc
+                raise
             return
+
+    def _launch_apiserver(self) -> None:
+        """Start kube-apiserver on ``self.server``'s port; return once it is ready."""
+        assert self._pki is not None
+        pki = self._pki
+        port = self.server.rpartition(":")[2]
+        self.apiserver = ManagedProcess(
+            "kube-apiserver",
+            [
+                str(self.binaries.kube_apiserver),
+                f"--etcd-servers={self.etcd_url}",
+                "--advertise-address=127.0.0.1",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--cert-dir={self.workdir / 'apiserver-certs'}",
+                f"--tls-cert-file={pki.serving_cert}",
+                f"--tls-private-key-file={pki.serving_key}",
+                f"--client-ca-file={pki.ca_cert}",
+                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+                "--authorization-mode=RBAC",
+                f"--token-auth-file={self.workdir / 'tokens.csv'}",
+                f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+                f"--service-account-key-file={pki.sa_public_key}",
+                f"--service-account-signing-key-file={pki.sa_private_key}",
+                f"--api-audiences={','.join(API_AUDIENCES)}",
+                "--disable-admission-plugins=ServiceAccount",
+                # The endpoint reconciler refuses a loopback advertise address.
+                "--endpoint-reconciler-type=none",
+                "--profiling=false",
+                "--v=1",
+            ],
+            self.workdir / "kube-apiserver.log",
+            self.workdir,
+        )
+        try:
+            wait_for(
+                lambda: self._get("/readyz") == 200,
+                timeout=START_TIMEOUT_S,
+                what=f"kube-apiserver {self.server}/readyz",
+                alive=self._exited(self.apiserver),
+            )
+            wait_for(
+                lambda: self._get("/api/v1/namespaces/default") == 200,
+                timeout=START_TIMEOUT_S,
+                what="the default namespace",
+                alive=self._exited(self.apiserver),
+            )
+        except ControlPlaneError as exc:
+            log = self.apiserver.log_tail()
+            self.apiserver.stop()
+            raise ControlPlaneError(f"{exc}\n--- kube-apiserver log ---\n{log}") from exc
+
+    # -- faults (tests/integration/test_faults.py) -----------------------------------
+
+    def stop_apiserver(self) -> None:
+        """Stop kube-apiserver (SIGTERM, as a rolling restart does); etcd and its data stay."""
+        if self.apiserver is not None:
+            self.apiserver.stop()
+            self.apiserver = None
+
+    def start_apiserver(self) -> None:
+        """Start kube-apiserver again after :meth:`stop_apiserver`: the same port, certificates,
+        tokens and etcd, so every client's kubeconfig and token still work. Returns once ready."""
+        if self.apiserver is None:
+            self._launch_apiserver()
+
+    def pause_etcd(self) -> None:
+        """SIGSTOP etcd: it keeps its connections open and answers nothing (a stalled disk or VM),
+        so the API server's requests hang, until :meth:`resume_etcd`."""
+        if self.etcd is not None and not self._etcd_paused:
+            os.killpg(self.etcd.pid, signal.SIGSTOP)
+            self._etcd_paused = True
+
+    def resume_etcd(self) -> None:
+        """SIGCONT etcd after :meth:`pause_etcd`."""
+        if self.etcd is not None and self._etcd_paused:
+            os.killpg(self.etcd.pid, signal.SIGCONT)
+            self._etcd_paused = False
 
     @staticmethod
     def _exited(proc: ManagedProcess | None) -> Callable[[], str | None]:

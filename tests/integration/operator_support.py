@@ -358,6 +358,15 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
+def scrape(port: int) -> dict[str, float]:
+    """``/metrics`` on a loopback port, parsed ({} while nothing answers there)."""
+    try:
+        status, text = http("GET", f"http://127.0.0.1:{port}/metrics")
+    except OSError:
+        return {}
+    return parse_metrics(text) if status == 200 else {}
+
+
 LOCAL_COMMAND: tuple[str, ...] = (sys.executable, "-m", "gpuwarden")
 """The `gpuwarden` command of this checkout; tests/integration/images.py makes one that runs an image."""
 
@@ -407,11 +416,7 @@ class Operator(Proc):
 
     def metrics(self) -> dict[str, float]:
         """The operator's /metrics, parsed ({} while it does not answer)."""
-        try:
-            status, text = http("GET", f"http://127.0.0.1:{self.metrics_port}/metrics")
-        except OSError:
-            return {}
-        return parse_metrics(text) if status == 200 else {}
+        return scrape(self.metrics_port)
 
     def metric(self, name: str) -> float:
         return self.metrics().get(name, 0.0)
@@ -466,6 +471,55 @@ class Agent(Proc):
             f"agent {node}", argv, _python_env(cp, {}), workdir / f"agent-{node}-{time.time():.0f}.log"
         )
 
+    def metrics(self) -> dict[str, float]:
+        """The agent's /metrics, parsed ({} while it does not answer)."""
+        return scrape(self.port)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What an agent took and still holds, and what its operator stored, read at one moment."""
+
+    taken: int
+    """Snapshots the agent sampled (``gpuwarden_agent_samples_total``)."""
+    buffered: int
+    """Snapshots not yet delivered (``gpuwarden_agent_report_buffer_snapshots``)."""
+    stored: int
+    """Readings the operator kept (``gpuwarden_operator_points_total``): one a snapshot for one GPU."""
+    dropped: int
+    """Snapshots the agent gave up on: pushed out of its full buffer, or refused (4xx)."""
+
+
+_AGENT_STATE = (
+    "gpuwarden_agent_samples_total",
+    "gpuwarden_agent_last_sample_timestamp_seconds",
+    "gpuwarden_agent_report_buffer_snapshots",
+)
+
+
+def delivery(agent: Agent, operator: Operator) -> Delivery | None:
+    """The agent's books and the operator's, read together: None unless the agent took no snapshot
+    and delivered nothing while the operator was read (its readings before and after agree).
+
+    A snapshot is counted as taken a moment before it is buffered; the last sample's time moves with
+    the buffer, so agreeing readings of both mean the three figures describe the same instant.
+    """
+    before = agent.metrics()
+    stored = operator.metrics().get("gpuwarden_operator_points_total")
+    after = agent.metrics()
+    if stored is None or not before or any(before.get(k) != after.get(k) for k in _AGENT_STATE):
+        return None
+    dropped = sum(
+        after.get(f'gpuwarden_agent_report_dropped_snapshots_total{{reason="{reason}"}}', 0.0)
+        for reason in ("buffer_full", "rejected")
+    )
+    return Delivery(
+        taken=int(after["gpuwarden_agent_samples_total"]),
+        buffered=int(after["gpuwarden_agent_report_buffer_snapshots"]),
+        stored=int(stored),
+        dropped=int(dropped),
+    )
+
 
 # -- a namespace set up for an operator and its agent -----------------------------------------------
 
@@ -486,6 +540,21 @@ class InNamespace:
     def violations(self, policy: str) -> list[Any]:
         """A policy's ``status.violations`` ([] while there are none)."""
         return list(self.policy_status(policy).get("violations") or [])
+
+    def announcements(self, kind: str, name: str, reason: str) -> int:
+        """How often the operator said ``reason`` about the object ``kind``/``name`` (this one, by uid).
+
+        Counts the Events the operator created, each with its ``count``: a client that aggregates
+        repeats, as client-go's recorder does, bumps one Event's count instead of creating another.
+        """
+        obj = get(self.cp, kind.lower(), name, "-n", self.namespace)
+        assert obj is not None, f"{kind} {name} does not exist"
+        uid = obj["metadata"]["uid"]
+        return sum(
+            int(e.get("count") or 1)
+            for e in self.events(kind, name, reason)
+            if e["involvedObject"].get("uid") == uid and e.get("reportingComponent") == "gpuwarden-operator"
+        )
 
 
 @dataclass(frozen=True)
@@ -619,6 +688,7 @@ __all__ = [
     "OPERATOR_POD",
     "PEERING",
     "Agent",
+    "Delivery",
     "InNamespace",
     "Operator",
     "Proc",
@@ -630,6 +700,7 @@ __all__ = [
     "create_gpu_pod",
     "create_peering",
     "create_plain_pod",
+    "delivery",
     "events",
     "get",
     "gpu",
@@ -641,6 +712,7 @@ __all__ = [
     "pod",
     "policy_status",
     "prepare",
+    "scrape",
     "service_account_token",
     "wait_until",
     "write_scenario",

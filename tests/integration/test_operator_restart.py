@@ -1,5 +1,8 @@
-"""End to end: the operator is killed mid-scenario and started again; the ongoing violation is resumed
-from the policy's status (and rebuilt from the agent's replay), not announced again.
+"""End to end: the operator is killed (SIGKILL) mid-violation and started again.
+
+What survives: every snapshot the agent took while no operator listened (it buffers them and
+replays them to the new process, oldest first), and the ongoing violation, resumed from the
+policy's status and re-judged on the replayed readings, not announced again.
 """
 
 from __future__ import annotations
@@ -9,12 +12,16 @@ from typing import Any
 
 import pytest
 from controlplane import ControlPlane
-from operator_support import idle_pod, prepare, wait_until
+from operator_support import delivery, idle_pod, prepare, wait_until
 
 pytestmark = pytest.mark.integration
 
+OUTAGE_SNAPSHOTS = 12
+"""Snapshots the agent buffers before the operator comes back: more than the rule's 10 s window,
+so that the replay alone lets the new process judge the violation."""
 
-def test_a_restart_does_not_announce_an_ongoing_violation_again(
+
+def test_a_killed_operator_loses_no_buffered_snapshot_and_announces_nothing_twice(
     control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     cp = control_plane
@@ -39,19 +46,48 @@ def test_a_restart_does_not_announce_an_ongoing_violation_again(
 
         first.kill()  # SIGKILL: no goodbye, no cleanup, its peering entry stays until it expires
 
-        # The agent buffers while nobody listens; the new process listens where the old one did.
-        assert agent.alive() is None
+        # Nobody listens now, so nothing leaves the buffer: what the agent took and no longer holds is
+        # what the first process acknowledged (and lost with its memory).
+        down = wait_until(
+            lambda: agent.metrics() or None, timeout=30, what="the agent's metrics", alive=agent.alive
+        )
+        acknowledged = int(
+            down["gpuwarden_agent_samples_total"] - down["gpuwarden_agent_report_buffer_snapshots"]
+        )
+        wait_until(
+            lambda: agent.metrics().get("gpuwarden_agent_report_buffer_snapshots", 0) >= OUTAGE_SNAPSHOTS,
+            timeout=60,
+            what=f"{OUTAGE_SNAPSHOTS} snapshots buffered by the agent",
+            alive=agent.alive,
+        )
+        # The new process listens where the old one did.
         second = running.enter_context(setup.operator(ports=(first.ingest_port, first.metrics_port)))
         second.wait_ready()
 
-        # Evaluate for a good while with the replayed and fresh data: well past the rule's 10 s window.
+        # Everything taken since the first process died reached the second, once: its readings are
+        # exactly the agent's snapshots since then (one GPU: one reading a snapshot).
+        replayed = wait_until(
+            lambda: (d := delivery(agent, second)) is not None and d.buffered == 0 and d,
+            timeout=60,
+            what="the agent's buffer replayed to the restarted operator",
+            alive=lambda: second.alive() or agent.alive(),
+        )
+        assert replayed.dropped == 0
+        assert replayed.taken - acknowledged >= OUTAGE_SNAPSHOTS
+        assert replayed.stored == replayed.taken - acknowledged, replayed
+
+        # Evaluate a while on the replayed and fresh readings: a full window of them from the start.
+        rounds = second.metric("gpuwarden_operator_evaluation_duration_seconds_count")
         wait_until(
-            lambda: second.evaluated(25, points=20),
-            timeout=90,
-            what="the restarted operator evaluating fresh data",
+            lambda: second.evaluated(rounds + 8, points=replayed.stored + 5),
+            timeout=60,
+            what="the restarted operator evaluating the replay and fresh data",
             alive=second.alive,
         )
-        assert len(warnings()) == 1, [e["message"] for e in warnings()]
+        assert setup.announcements("Pod", "idle-0", "GPUUnderutilized") == 1, [
+            e["message"] for e in warnings()
+        ]
+        assert setup.announcements("GPUMonitorPolicy", "idle", "GPUUnderutilized") == 1
         (after,) = violations()
         assert after["since"] == since  # the same violation, resumed
         assert second.findings("idle", "idle") == 1
