@@ -100,8 +100,10 @@ def _gpu_pod_gone(type: str, spec: kopf.Spec, **_: Any) -> bool:
     return type == "DELETED" and requests_gpu(spec)
 
 
+# Async handlers run in Kopf's event loop, with ingestion and the daemons; Kopf runs a sync one in a
+# thread, where the store would change under an evaluation and a daemon's wake-up has no loop.
 @kopf.on.event("pods", when=_gpu_pod_gone)
-def pod_deleted(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+async def pod_deleted(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
     if namespace is not None:
         _state(memo).forget_pod(namespace, name)
 
@@ -119,6 +121,6 @@ async def evaluate(namespace: str | None, name: str, body: kopf.Body, memo: kopf
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-def spec_changed(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+async def spec_changed(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
     if namespace is not None:
         _state(memo).nudge_policy(PolicyKey(namespace, name))

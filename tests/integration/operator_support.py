@@ -541,6 +541,14 @@ class InNamespace:
         """A policy's ``status.violations`` ([] while there are none)."""
         return list(self.policy_status(policy).get("violations") or [])
 
+    def patch_spec(self, policy: str, spec: Mapping[str, Any]) -> int:
+        """Merge ``spec`` into a policy's spec (``kubectl patch --type=merge``); its new generation."""
+        patch = json.dumps({"spec": dict(spec)})
+        _kubectl(
+            self.cp, "patch", "gpumonitorpolicy", policy, "-n", self.namespace, "--type=merge", "-p", patch
+        )
+        return int(get(self.cp, "gpumonitorpolicy", policy, "-n", self.namespace)["metadata"]["generation"])
+
     def announcements(self, kind: str, name: str, reason: str) -> int:
         """How often the operator said ``reason`` about the object ``kind``/``name`` (this one, by uid).
 
@@ -635,10 +643,18 @@ def prepare(
 
 
 def idle_pod(
-    setup: Setup, scenario_name: str, gpu_uuid: str, *, actions: Mapping[str, Any] | None = None
+    setup: Setup,
+    scenario_name: str,
+    gpu_uuid: str,
+    *,
+    actions: Mapping[str, Any] | None = None,
+    busy_at: str | None = None,
+    health: Iterable[Mapping[str, Any]] = (),
 ) -> Path:
-    """Pod ``idle-0`` (app=x) on one GPU idling at about 3%, the policy ``idle`` that flags it after
-    10 s (with ``actions``), and the agent's scenario for it.
+    """Pod ``idle-0`` (app=x) on one GPU idling at about 3% (from ``busy_at`` on, busy at about 60%),
+    the policy ``idle`` that flags it after 10 s (with ``actions``), and the agent's scenario for it.
+
+    ``health``: the GPU's ``lost``/``recover`` events (see gpuwarden/agent/scenario.py).
     """
     labels = {"app": "x"}
     create_gpu_pod(setup.cp, setup.namespace, "idle-0", labels)
@@ -647,11 +663,12 @@ def idle_pod(
             setup.namespace, "idle", [IDLE_RULE], selector={"matchLabels": labels}, actions=actions
         )
     )
-    return setup.scenario(
-        scenario_name,
-        [gpu(gpu_uuid, 0, [{"kind": "idle", "level": 3, "noise": 1}], [{"kind": "idle", "level": "8Gi"}])],
-        [pod(setup.namespace, "idle-0", gpu_uuid, labels, 1234)],
-    )
+    utilization = [{"kind": "idle", "level": 3, "noise": 1}]
+    if busy_at is not None:
+        utilization.append({"kind": "idle", "level": 60, "noise": 2, "at": busy_at})
+    card = gpu(gpu_uuid, 0, utilization, [{"kind": "idle", "level": "8Gi"}])
+    card["health"] = [dict(event) for event in health]
+    return setup.scenario(scenario_name, [card], [pod(setup.namespace, "idle-0", gpu_uuid, labels, 1234)])
 
 
 @contextmanager

@@ -3,10 +3,10 @@
 One scenario, one node, four GPU pods, each breaking one rule kind from the start and recovering at
 ``RECOVER_AT`` seconds: idle (utilizationFloor), saturated (utilizationCeiling), near out-of-memory
 (memoryCeiling), leaking (memoryGrowth). One module-scoped world, which every test only reads and
-waits on, so their order does not matter; the test that deletes a pod has its own. The agent
-authenticates with a TokenRequest token of its ServiceAccount (audience gpuwarden-operator); the
-policy is applied with kubectl; the pods are Pod objects bound to a node by name (no scheduler, no
-kubelet: they stay Pending).
+waits on, so their order does not matter; the tests that delete a pod or change a spec have their
+own. The agent authenticates with a TokenRequest token of its ServiceAccount (audience
+gpuwarden-operator); the policy is applied with kubectl; the pods are Pod objects bound to a node by
+name (no scheduler, no kubelet: they stay Pending).
 
 For each kind: the Warning Event with the right reason and message on the right pod and on the policy,
 the violation in the policy's status, then the Normal Event when it recovers and the violation gone
@@ -257,3 +257,28 @@ def test_a_deleted_pod_leaves_the_metrics_at_once(
             alive=operator.alive,
         )
         assert any(k.startswith(series) and "busy-0" in k for k in operator.metrics())
+
+
+def test_a_spec_change_is_read_at_once_not_an_interval_later(
+    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """On its own operator: a policy evaluated hourly sleeps between rounds; its update handler wakes it."""
+    setup = prepare(control_plane, tmp_path_factory, "specchange")
+    rule = {"name": "idle", "utilizationFloor": {"percent": 20, "for": "1h"}}
+    hourly = monitor_policy(setup.namespace, "hourly", [rule])
+    hourly["spec"]["evaluationInterval"] = "1h"
+    setup.apply(hourly)
+
+    def observed() -> Any:
+        return setup.policy_status("hourly").get("observedGeneration")
+
+    with setup.operator() as operator:
+        operator.wait_ready()
+        wait_until(lambda: observed() == 1, timeout=60, what="the first round's status", alive=operator.alive)
+        generation = setup.patch_spec("hourly", {"actions": {"renotifyInterval": "2h"}})
+        wait_until(
+            lambda: observed() == generation,
+            timeout=30,
+            what=f"generation {generation} evaluated well before the hour",
+            alive=operator.alive,
+        )
