@@ -191,15 +191,19 @@ def readings(window: Window, column: Column, start: float, end: float) -> Readin
 
 
 def _median_interval(times: Sequence[float]) -> float:
-    """The median interval between consecutive ``times`` (0.0 for fewer than two).
+    """The median interval between consecutive ``times`` (0.0 for fewer than two); of an even
+    count, the lower middle one.
 
-    Estimated from at most 64 evenly strided intervals: as telling, and bounded in cost.
+    Estimated from at most 64 evenly strided intervals: as telling, and bounded in cost. The lower
+    middle, because the gap being judged is one of the intervals: with three readings around a hole
+    (1 s and 9 s apart), the mean of the two would make the hole its own yardstick (a 5 s
+    "interval", a 15 s limit) and a window mostly unread would count as covered.
     """
     n = len(times)
     if n < 2:
         return 0.0
     step = -(-(n - 1) // 64)
-    return statistics.median([times[i + 1] - times[i] for i in range(0, n - 1, step)])
+    return statistics.median_low([times[i + 1] - times[i] for i in range(0, n - 1, step)])
 
 
 def covered(r: Readings, start: float, end: float, max_gap: float | None) -> bool:

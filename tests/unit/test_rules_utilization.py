@@ -263,6 +263,22 @@ def test_adaptive_max_gap_follows_a_slow_sampling_rate() -> None:
     assert not evaluate_floor(FLOOR, POD, store2.series_of("ns", "pod"), now, PARAMS).holds
 
 
+def test_a_hole_that_leaves_few_readings_is_not_its_own_yardstick() -> None:
+    """Two readings a second apart, a 9 s hole, one more: the median interval is 1 s, so the hole is
+    over the 5 s limit and the 10 s window is not covered. (The mean of the middle intervals, 1 and
+    9, made the hole a 5 s "interval" and the limit 15 s: a GPU lost for 8 s of a 10 s window
+    started an idle finding on three readings.)"""
+    floor = UtilizationFloor(name="idle", percent=20, for_seconds=10)
+    store = new_store()
+    key = SeriesKey("ns", "pod", "GPU-1")
+    for t in (T0 - 1, T0, T0 + 1, T0 + 10):
+        store.add(key, Point(t, sm_active=3.0))
+    assert not evaluate_floor(floor, POD, store.series_of("ns", "pod"), T0 + 10, PARAMS).holds
+    for t in range(11, 21):  # a whole window of readings after the hole
+        store.add(key, Point(T0 + t, sm_active=3.0))
+    assert evaluate_floor(floor, POD, store.series_of("ns", "pod"), T0 + 20, PARAMS).holds
+
+
 def test_the_windows_start_is_covered_by_one_interval_or_by_the_reading_before_it() -> None:
     """No earlier reading: one sampling interval of lead at most. An earlier one: a gap like any other."""
     window_start, end = T0 + 100.0, T0 + 400.0
