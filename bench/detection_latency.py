@@ -192,7 +192,7 @@ def run_round(cp: Any, workdir: Path, args: argparse.Namespace, round_no: int) -
     agents: list[subprocess.Popen[bytes]] = []
     seen: dict[str, float] = {}
     posted: dict[str, float] = {}
-    """When the operator posted each Event (its ``eventTime``, set by Kopf as it sends it)."""
+    """When the operator announced each Event (its ``eventTime``, set as it queues it for posting)."""
     try:
         operator.wait_ready(timeout=90)
         origin = time.time() + 3.0

@@ -46,7 +46,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from aiohttp import web
 
 from gpuwarden.nodereport import GpuSample, NodeReport, PodRef, ProcessSample, Snapshot, dump_report
-from gpuwarden.operator import events as events_module
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.evaluation import PolicyRunner
 from gpuwarden.operator.ingest import make_ingest_app
@@ -90,6 +89,7 @@ class BenchApi:
     def __init__(self) -> None:
         self.reviews = 0
         self.status_writes = 0
+        self.events = 0
 
     async def create_token_review(self, token: str, audiences: list[str]) -> dict[str, Any]:
         self.reviews += 1
@@ -98,6 +98,11 @@ class BenchApi:
 
     async def patch_status(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         self.status_writes += 1
+        return {}
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        assert (method, path.rpartition("/")[2]) == ("POST", "events"), (method, path)
+        self.events += 1
         return {}
 
     async def close(self) -> None:
@@ -157,8 +162,7 @@ async def serve(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> N
     config = OperatorConfig(node_rate=20.0, max_body_bytes=8 * 2**20)
     state = OperatorState(config, api=api)  # type: ignore[arg-type]
     state.leadership.active = True
-    events = [0]
-    events_module.kopf.event = lambda *a, **k: events.__setitem__(0, events[0] + 1)  # type: ignore[assignment]
+    posting = asyncio.create_task(state.events.run())
 
     t0 = time.time()
     points = prefill(state, layout, args.history, t0)
@@ -218,7 +222,7 @@ async def serve(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> N
             "series": state.store.stats().series,
             "reviews": api.reviews,
             "status_writes": api.status_writes,
-            "events": events[0],
+            "events": api.events,
             "delays": delays[int(stats_marks.get("delays", 0)) :],
             "durations": durations[int(stats_marks.get("durations", 0)) :],
         }
@@ -236,7 +240,7 @@ async def serve(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> N
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     port_queue.put(port)
     await asyncio.to_thread(stop_event.wait)
-    for task in runners:
+    for task in [*runners, posting]:
         task.cancel()
     await runner.cleanup()
 

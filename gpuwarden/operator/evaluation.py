@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpuwarden.operator.claims import PolicyClaim
-from gpuwarden.operator.events import Announcer, post
+from gpuwarden.operator.events import Announcer, announce
 from gpuwarden.operator.kubeapi import ApiError
+from gpuwarden.operator.posting import object_ref
 from gpuwarden.operator.state import OperatorState, Pacing, PodRecord, PolicyKey
 from gpuwarden.operator.status import PolicyVerdict, build_status, findings_from_status, owned_part
 from gpuwarden.policy.engine import Evaluation, PolicyEvaluator
@@ -158,7 +159,9 @@ class PolicyRunner:
             assert self.spec is not None
             specs = self.announcer.plan(evaluation, events=self.spec.actions.events)
             if specs:
-                for spec in post(specs, policy=body, pods={r.view.name: r.ref() for r in records}):
+                refs = {r.view.name: r.object_ref() for r in records}
+                sink = self.state.events
+                for spec in await announce(specs, policy=object_ref(body), pods=refs, sink=sink):
                     self.state.metrics.events.labels(spec.type, spec.reason).inc()
             self._count_findings(evaluation)
             if self.scaler is not None:

@@ -8,9 +8,10 @@ figure, and what it means. While it lasts it is announced again (same reason,
 ends, a ``Normal`` Event with reason ``<Reason>Resolved`` (``GPUSaturatedResolved``)
 says why; on the policy only when the pod is gone.
 
-:class:`Announcer` plans Events from an evaluation (pure); :func:`post` hands them
-to Kopf, which queues them and posts them in the background (per-object order,
-retries), so an evaluation never waits for the API server.
+:class:`Announcer` plans Events from an evaluation (pure); :func:`announce` hands them
+to the :class:`~gpuwarden.operator.posting.EventPoster`, which queues them and posts them
+in the background (in order, retried, never twice), so an evaluation never waits for the
+API server.
 """
 
 from __future__ import annotations
@@ -18,16 +19,14 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
 
-import kopf
-
+from gpuwarden.operator.posting import EventSink, ObjectRef
 from gpuwarden.policy.engine import Evaluation
 from gpuwarden.policy.findings import Finding, FindingKey, FindingTransition, Resolution, Transition
 from gpuwarden.policy.humanize import approx_duration
 from gpuwarden.policy.rules import RuleKind
 
-__all__ = ["Announcer", "EventSpec", "Target", "post", "resolved_reason"]
+__all__ = ["Announcer", "EventSpec", "Target", "announce", "resolved_reason"]
 
 MEANING: Mapping[RuleKind, str] = {
     RuleKind.UTILIZATION_FLOOR: "its GPUs sit mostly idle: release them, share them or scale in",
@@ -155,19 +154,18 @@ class Announcer:
         ]
 
 
-def post(
-    specs: Iterable[EventSpec], *, policy: Mapping[str, Any], pods: Mapping[str, Mapping[str, Any]]
+async def announce(
+    specs: Iterable[EventSpec], *, policy: ObjectRef, pods: Mapping[str, ObjectRef], sink: EventSink
 ) -> list[EventSpec]:
-    """Queue Events through Kopf (posted in the background); return those queued.
+    """Hand Events to ``sink``; return those handed over.
 
-    ``pods`` maps a pod name to a body with apiVersion, kind and metadata (name,
-    namespace, uid); an Event for a pod not in it (already gone) is skipped.
+    ``pods`` maps a pod name to its reference; an Event for a pod not in it (already gone) is skipped.
     """
     queued = []
     for spec in specs:
         target = policy if spec.target is Target.POLICY else pods.get(spec.pod)
         if target is None:
             continue
-        kopf.event(cast(Any, target), type=spec.type, reason=spec.reason, message=spec.message)
+        await sink.post(target, spec.type, spec.reason, spec.message)
         queued.append(spec)
     return queued

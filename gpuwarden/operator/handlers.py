@@ -42,12 +42,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         memo.state = OperatorState(default_config())
     if _state(memo).scaler is None:  # actions.scale: the Scaler acts after each evaluation
         attach_scaler(_state(memo))
-    config = _state(memo).config
-    # Our Events say who wrote them: the component, and which replica (two replicas, one writer).
-    settings.posting.reporting_component = "gpuwarden-operator"
-    settings.posting.reporting_instance = config.identity
-    # Events are what users read; Kopf's own handler logs stay in the log, not in `kubectl describe`.
-    settings.posting.loggers = False
+    # Events are ours (posting.py: never twice); Kopf's own handler logs stay in the log, not in
+    # `kubectl describe`.
+    settings.posting.enabled = False
     # The daemons' finalizer and Kopf's bookkeeping annotations carry our domain, not Kopf's.
     settings.persistence.finalizer = "gpuwarden.dev/finalizer"
     # Our CRD's status schema prunes unknown fields, so Kopf must keep its progress in annotations.

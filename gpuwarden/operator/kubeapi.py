@@ -1,9 +1,10 @@
 """A minimal asyncio client for the few Kubernetes API calls Kopf does not make for us.
 
-Kopf watches, indexes, runs handlers and posts Events. The operator itself also
-needs TokenReviews (to authenticate agents), status writes from a long-running
-daemon (Kopf applies a daemon's ``patch`` only when the daemon function returns),
-its own pod's label, and reads of the peering object. Those go through this
+Kopf watches, indexes and runs handlers. The operator itself also needs
+TokenReviews (to authenticate agents), status writes from a long-running daemon
+(Kopf applies a daemon's ``patch`` only when the daemon function returns), its
+Events (posted under names of their own: :mod:`.posting`), its own pod's label,
+and reads of the peering object. Those go through this
 client, which shares the credentials Kopf would use: in-cluster ServiceAccount
 first, else ``$KUBECONFIG`` (see :func:`kopf.login_with_service_account` and
 :func:`kopf.login_with_kubeconfig`).

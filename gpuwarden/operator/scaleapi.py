@@ -1,8 +1,9 @@
 """The API calls that scaling makes: a target's /scale, the namespace's HPAs and policies, Events.
 
-:class:`ScaleApi` and :class:`EventSink` are what :class:`~gpuwarden.operator.scaler.Scaler`
-needs; :class:`KubeScaleApi` provides both over the operator's
-:class:`~gpuwarden.operator.kubeapi.KubeApi` (the credentials Kopf uses).
+:class:`ScaleApi` and an :class:`~gpuwarden.operator.posting.EventSink` are what
+:class:`~gpuwarden.operator.scaler.Scaler` needs; :class:`KubeScaleApi` provides both over the
+operator's :class:`~gpuwarden.operator.kubeapi.KubeApi` (the credentials Kopf uses), posting each
+Event at once, best effort (:func:`~gpuwarden.operator.posting.event_body` is their shape).
 
 Only the ``/scale`` subresource is read and written, never the workload itself: the
 operator's RBAC grants ``get``/``patch`` on ``deployments/scale`` and nothing on
@@ -13,18 +14,14 @@ subresource can be a target.
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpuwarden.operator.kubeapi import ApiError, JsonObject, KubeApi
-from gpuwarden.operator.status import rfc3339
+from gpuwarden.operator.posting import ObjectRef, event_body
 from gpuwarden.policy.model import ScaleTargetRef
-
-COMPONENT = "gpuwarden-operator"
-"""``source.component`` of the Events the Scaler posts."""
 
 FIELD_MANAGER = "gpuwarden-scaler"
 """Who the API server records as having set the replicas (``managedFields``)."""
@@ -36,17 +33,6 @@ _KNOWN_PLURALS = {
     ("apps", "ReplicaSet"): "replicasets",
     ("", "ReplicationController"): "replicationcontrollers",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectRef:
-    """An object Events can be about."""
-
-    api_version: str
-    kind: str
-    namespace: str
-    name: str
-    uid: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,14 +104,6 @@ class ScaleApi(Protocol):
         ...
 
 
-class EventSink(Protocol):
-    """Posts Kubernetes Events."""
-
-    async def post(self, regarding: ObjectRef, type_: str, reason: str, message: str) -> None:
-        """Post one Event about ``regarding``; never raises (an Event is not worth failing for)."""
-        ...
-
-
 def group_of(api_version: str) -> str:
     """``apps/v1`` -> ``apps``; ``v1`` -> ``""`` (the core group)."""
     group, _, version = api_version.rpartition("/")
@@ -138,7 +116,7 @@ def _api_root(api_version: str) -> str:
 
 
 class KubeScaleApi:
-    """:class:`ScaleApi` and :class:`EventSink` over a :class:`KubeApi`."""
+    """:class:`ScaleApi` and an ``EventSink`` over a :class:`KubeApi`."""
 
     def __init__(
         self, kube: KubeApi, *, clock: Callable[[], float] = time.time, reporting_instance: str = ""
@@ -243,33 +221,10 @@ class KubeScaleApi:
     # --- Events -----------------------------------------------------------------------------------
 
     async def post(self, regarding: ObjectRef, type_: str, reason: str, message: str) -> None:
-        """Post a core/v1 Event (what ``kubectl describe`` shows) about ``regarding``."""
-        now = rfc3339(self._clock())
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            # The name only has to be unique; <object>.<random> is what kubectl users are used to seeing.
-            "metadata": {
-                "name": f"{regarding.name}.{secrets.token_hex(8)}",
-                "namespace": regarding.namespace,
-            },
-            "involvedObject": {
-                "apiVersion": regarding.api_version,
-                "kind": regarding.kind,
-                "namespace": regarding.namespace,
-                "name": regarding.name,
-                "uid": regarding.uid,
-            },
-            "type": type_,
-            "reason": reason,
-            "message": message[:1024],
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": self._reporting_instance,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
+        """Post a core/v1 Event (what ``kubectl describe`` shows) about ``regarding``, at once."""
+        event = event_body(
+            regarding, type_, reason, message, instance=self._reporting_instance, now=self._clock()
+        )
         try:
             await self._request(
                 f"Event {reason}", "POST", f"/api/v1/namespaces/{regarding.namespace}/events", body=event

@@ -36,12 +36,11 @@ from prometheus_client.registry import Collector
 
 from gpuwarden.operator.claims import PolicyClaim, policy_claim
 from gpuwarden.operator.evaluation import ScaleResult
+from gpuwarden.operator.posting import EventSink, ObjectRef
 from gpuwarden.operator.scaleapi import (
-    EventSink,
     KubeScaleApi,
     NotFound,
     NotScalable,
-    ObjectRef,
     Scale,
     ScaleApi,
     ScaleApiError,

@@ -1,8 +1,9 @@
-"""The operator's own servers and background task, run inside Kopf's event loop.
+"""The operator's own servers and background tasks, run inside Kopf's event loop.
 
 Started by a ``@kopf.on.startup`` handler and stopped by ``@kopf.on.cleanup``:
 the ingest server (``POST /v1/reports``), the metrics server (``/metrics``,
-``/healthz``, ``/readyz``), and the leadership loop (peering verdict → pod label).
+``/healthz``, ``/readyz``), the leadership loop (peering verdict → pod label), and
+the Event poster.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ __all__ = ["Services"]
 
 logger = logging.getLogger(__name__)
 
+DRAIN_SECONDS = 5.0
+"""At exit, how long queued Events get to be posted (within the pod's termination grace period)."""
+
 
 class Services:
     """Servers and tasks the operator runs besides Kopf's own."""
@@ -31,9 +35,10 @@ class Services:
         self.state = state
         self._runners: list[web.AppRunner] = []
         self._leadership: asyncio.Task[None] | None = None
+        self._posting: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Listen on the ingest and metrics addresses; start following the peering verdict."""
+        """Listen on the ingest and metrics addresses; start following the peering verdict, posting Events."""
         config = self.state.config
         tls = None
         if config.tls_cert_file and config.tls_key_file:
@@ -44,6 +49,7 @@ class Services:
             make_metrics_app(self.state.metrics, lambda: self.state.started), config.metrics, None, "metrics"
         )
         self._leadership = asyncio.create_task(self.state.leadership.run(), name="gpuwarden leadership")
+        self._posting = asyncio.create_task(self.state.events.run(), name="gpuwarden events")
         self.state.started = True
 
     async def _serve(
@@ -57,14 +63,23 @@ class Services:
         logger.info("Serving %s on %s%s.", what, address, " (TLS)" if tls else "")
 
     async def stop(self) -> None:
-        """Stand down (remove the pod label), stop the servers, close the API client."""
+        """Stand down (remove the pod label), post queued Events, stop the servers, close the API client."""
         self.state.started = False
-        if self._leadership is not None:
-            self._leadership.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._leadership
+        await _cancel(self._leadership)
         await self.state.leadership.step_down()
+        if self._posting is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(DRAIN_SECONDS):
+                    await self.state.events.drain()
+            await _cancel(self._posting)
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
         await self.state.api.close()
+
+
+async def _cancel(task: asyncio.Task[None] | None) -> None:
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

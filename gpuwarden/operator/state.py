@@ -3,7 +3,8 @@
 Kopf owns what it watches (pods and policies, in its indexes and in the bodies
 it hands to handlers); everything the operator adds lives here, created once at
 startup: the series store the agents' reports fill, the per-policy runtimes of
-the running evaluation daemons, and the collaborators of the ingest endpoint.
+the running evaluation daemons, the collaborators of the ingest endpoint, and the
+Event poster.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from gpuwarden.operator.ingest import ReportBook, ReportIngest
 from gpuwarden.operator.kubeapi import KubeApi
 from gpuwarden.operator.leadership import Leadership
 from gpuwarden.operator.metrics import OperatorMetrics, store_gauges
+from gpuwarden.operator.posting import EventPoster, ObjectRef
 from gpuwarden.operator.ratelimit import NodeRateLimiter
 from gpuwarden.operator.tokenreview import TokenAuthenticator
 from gpuwarden.policy.engine import PodView
@@ -57,10 +59,9 @@ class PodRecord:
     view: PodView
     uid: str
 
-    def ref(self) -> dict[str, Any]:
-        """A body Kopf can build an Event's involvedObject from."""
-        meta = {"name": self.view.name, "namespace": self.view.namespace, "uid": self.uid}
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta}
+    def object_ref(self) -> ObjectRef:
+        """The pod, as an Event's ``involvedObject``."""
+        return ObjectRef("v1", "Pod", self.view.namespace, self.view.name, self.uid)
 
 
 @dataclass(slots=True)
@@ -133,6 +134,8 @@ class OperatorState:
         self.config = config
         self.api = api or KubeApi()
         self.metrics = OperatorMetrics()
+        self.events = EventPoster(self.api, instance=config.identity, registry=self.metrics.registry)
+        """Posts the policies' Events in the background (:class:`Services` runs it)."""
         self.store = SeriesStore(retention_seconds=MIN_RETENTION, max_points=MAX_POINTS)
         self.book = ReportBook()
         self.pacing: dict[str, dict[str, Pacing]] = {}

@@ -16,8 +16,8 @@ from operator_support import delivery, idle_pod, prepare, wait_until
 
 pytestmark = pytest.mark.integration
 
-OUTAGE_SNAPSHOTS = 12
-"""Snapshots the agent buffers before the operator comes back: more than the rule's 10 s window,
+OUTAGE_SNAPSHOTS = 11
+"""Snapshots the agent buffers before the operator comes back: they span the rule's 10 s window,
 so that the replay alone lets the new process judge the violation."""
 
 

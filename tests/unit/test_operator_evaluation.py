@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from gpuwarden.operator import evaluation as evaluation_module
-from gpuwarden.operator import events as events_module
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.evaluation import PolicyRunner, ScaleResult
+from gpuwarden.operator.posting import ObjectRef
 from gpuwarden.operator.state import OperatorState, Pacing, PodRecord, PolicyKey
 from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.model import PolicySpec
@@ -98,10 +98,11 @@ def world(
     state = OperatorState(OperatorConfig(), api=api)  # type: ignore[arg-type]
     posted: list[tuple[str, str, str]] = []
 
-    def event(obj: Any, *, type: str, reason: str, message: str) -> None:
-        posted.append((obj["kind"], type, reason))
+    class Sink:
+        async def post(self, regarding: ObjectRef, type_: str, reason: str, message: str) -> None:
+            posted.append((regarding.kind, type_, reason))
 
-    monkeypatch.setattr(events_module.kopf, "event", event)
+    state.events = Sink()  # type: ignore[assignment]
     clock = [T0]
     monkeypatch.setattr(evaluation_module.time, "time", lambda: clock[0])
     return state, api, posted, clock

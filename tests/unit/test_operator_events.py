@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from gpuwarden.operator import events
-from gpuwarden.operator.events import Announcer, EventSpec, Target, post
+from gpuwarden.operator.events import Announcer, EventSpec, Target, announce
+from gpuwarden.operator.posting import ObjectRef
 from gpuwarden.policy.engine import Evaluation
 from gpuwarden.policy.findings import Finding, FindingTransition, Resolution, Transition
 from gpuwarden.policy.rules import RuleKind
@@ -123,18 +121,20 @@ def test_events_off_plans_nothing_but_keeps_the_book() -> None:
     assert finding().key in book.messages()
 
 
-def test_post_hands_events_to_kopf_and_skips_pods_that_are_gone(monkeypatch: pytest.MonkeyPatch) -> None:
-    posted: list[tuple[Any, str, str]] = []
-    monkeypatch.setattr(
-        events.kopf, "event", lambda obj, *, type, reason, message: posted.append((obj, type, reason))
-    )
-    policy = {"apiVersion": "gpuwarden.dev/v1alpha1", "kind": "GPUMonitorPolicy", "metadata": {"name": "pol"}}
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns", "uid": "u"}}
+async def test_announce_hands_events_to_the_sink_and_skips_pods_that_are_gone() -> None:
+    posted: list[tuple[ObjectRef, str, str]] = []
+
+    class Sink:
+        async def post(self, regarding: ObjectRef, type_: str, reason: str, message: str) -> None:
+            posted.append((regarding, type_, reason))
+
+    policy = ObjectRef("gpuwarden.dev/v1alpha1", "GPUMonitorPolicy", "ns", "pol", "pol-uid")
+    pod = ObjectRef("v1", "Pod", "ns", "p", "u")
     specs = [
         EventSpec(Target.POD, "p", "Warning", "GPUSaturated", "m"),
         EventSpec(Target.POD, "gone", "Warning", "GPUSaturated", "m"),
         EventSpec(Target.POLICY, "gone", "Warning", "GPUSaturated", "m"),
     ]
-    queued = post(specs, policy=policy, pods={"p": pod})
+    queued = await announce(specs, policy=policy, pods={"p": pod}, sink=Sink())
     assert queued == [specs[0], specs[2]]
     assert [o for o, _, _ in posted] == [pod, policy]
