@@ -309,6 +309,23 @@ class Template:
         return b"%s%d%s%.3f%s" % (head, seq, middle, t, tail)
 
 
+class Bodies:
+    """What each node reports: its :class:`Template`, built once, with the seq and time filled in.
+
+    Picklable, for the load processes; bench/soak.py's churning fleet is a subclass.
+    """
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self._templates: dict[int, Template] = {}
+
+    def __call__(self, node: int, seq: int, t: float) -> bytes:
+        template = self._templates.get(node)
+        if template is None:
+            template = self._templates[node] = Template(self.layout, node)
+        return template.body(seq, t)
+
+
 def request_bytes(body: bytes) -> bytes:
     return (
         b"POST /v1/reports HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
@@ -330,10 +347,8 @@ async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, b
 
 
 async def load(
-    args: argparse.Namespace, port: int, nodes: list[int], result_queue: Any, start_at: float
+    args: argparse.Namespace, port: int, nodes: list[int], result_queue: Any, start_at: float, bodies: Bodies
 ) -> None:
-    layout = Layout(args.nodes, args.nodes_per_policy)
-    templates = {n: Template(layout, n) for n in nodes}
     latencies: list[float] = []
     statuses: dict[int, int] = {}
     end_at = start_at + args.seconds
@@ -357,7 +372,7 @@ async def load(
                 if delay > 0:
                     await asyncio.sleep(delay)
                 sent = time.perf_counter()
-                status = await exchange(reader, writer, templates[node].body(seq, time.time()))
+                status = await exchange(reader, writer, bodies(node, seq, time.time()))
                 latencies.append(time.perf_counter() - sent)
                 statuses[status] = statuses.get(status, 0) + 1
             seq += 1
@@ -370,7 +385,7 @@ async def load(
         while time.time() < end_at:
             node = mine[seq % len(mine)]
             sent = time.perf_counter()
-            status = await exchange(reader, writer, templates[node].body(seq, time.time()))
+            status = await exchange(reader, writer, bodies(node, seq, time.time()))
             latencies.append(time.perf_counter() - sent)
             statuses[status] = statuses.get(status, 0) + 1
             seq += 1
@@ -388,10 +403,42 @@ async def load(
 
 
 def load_main(
-    args: argparse.Namespace, port: int, nodes: list[int], cpu: int, result_queue: Any, start: float
+    args: argparse.Namespace,
+    port: int,
+    nodes: list[int],
+    cpu: int,
+    result_queue: Any,
+    start: float,
+    bodies: Bodies,
 ) -> None:
     os.sched_setaffinity(0, {cpu})
-    asyncio.run(load(args, port, nodes, result_queue, start))
+    asyncio.run(load(args, port, nodes, result_queue, start, bodies))
+
+
+def start_load(
+    ctx: Any,
+    args: argparse.Namespace,
+    port: int,
+    cpus: list[int],
+    result_queue: Any,
+    start: float,
+    bodies: Bodies,
+) -> list[Any]:
+    """One load process per CPU in ``cpus`` (``--load-processes`` of them if set), nodes dealt out
+    round-robin, ``args.connections`` among them; each sends from ``start`` for ``args.seconds``."""
+    processes = args.load_processes or len(cpus)
+    share = [list(range(args.nodes))[i::processes] for i in range(processes)]
+    per_process = argparse.Namespace(**{**vars(args), "connections": args.connections // processes})
+    loaders = [
+        ctx.Process(
+            target=load_main,
+            args=(per_process, port, share[i], cpus[i % len(cpus)], result_queue, start, bodies),
+        )
+        for i in range(processes)
+    ]
+    for p in loaders:
+        p.start()
+    return loaders
 
 
 # -- the run ------------------------------------------------------------------------------------
@@ -445,16 +492,8 @@ def main() -> int:
     seconds = args.seconds
     args.seconds = args.warmup + seconds
     start = time.time() + 2.0
-    share = [list(range(args.nodes))[i::processes] for i in range(processes)]
-    per_process = argparse.Namespace(**{**vars(args), "connections": args.connections // processes})
-    loaders = [
-        ctx.Process(
-            target=load_main, args=(per_process, port, share[i], others[i % len(others)], result_queue, start)
-        )
-        for i in range(processes)
-    ]
-    for p in loaders:
-        p.start()
+    bodies = Bodies(Layout(args.nodes, args.nodes_per_policy))
+    loaders = start_load(ctx, args, port, others, result_queue, start, bodies)
     time.sleep(max(0.0, start + args.warmup - time.time()))
     before = fetch_stats(port, mark=True)
     time.sleep(seconds)

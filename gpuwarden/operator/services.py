@@ -2,8 +2,8 @@
 
 Started by a ``@kopf.on.startup`` handler and stopped by ``@kopf.on.cleanup``:
 the ingest server (``POST /v1/reports``), the metrics server (``/metrics``,
-``/healthz``, ``/readyz``), the leadership loop (peering verdict → pod label), and
-the Event poster.
+``/healthz``, ``/readyz``), the leadership loop (peering verdict → pod label), the
+Event poster, and the series store's pruning.
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ class Services:
         self._runners: list[web.AppRunner] = []
         self._leadership: asyncio.Task[None] | None = None
         self._posting: asyncio.Task[None] | None = None
+        self._pruning: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Listen on the ingest and metrics addresses; start following the peering verdict, posting Events."""
+        """Listen on the ingest and metrics addresses; start the leadership, Event and pruning tasks."""
         config = self.state.config
         tls = None
         if config.tls_cert_file and config.tls_key_file:
@@ -50,6 +51,7 @@ class Services:
         )
         self._leadership = asyncio.create_task(self.state.leadership.run(), name="gpuwarden leadership")
         self._posting = asyncio.create_task(self.state.events.run(), name="gpuwarden events")
+        self._pruning = asyncio.create_task(self.state.prune(), name="gpuwarden series pruning")
         self.state.started = True
 
     async def _serve(
@@ -65,6 +67,7 @@ class Services:
     async def stop(self) -> None:
         """Stand down (remove the pod label), post queued Events, stop the servers, close the API client."""
         self.state.started = False
+        await _cancel(self._pruning)
         await _cancel(self._leadership)
         await self.state.leadership.step_down()
         if self._posting is not None:

@@ -31,7 +31,7 @@ from gpuwarden.policy.series import SeriesStore
 if TYPE_CHECKING:
     from gpuwarden.operator.evaluation import Scaler
 
-__all__ = ["MAX_RETENTION", "MIN_RETENTION", "OperatorState", "PodRecord", "PolicyKey"]
+__all__ = ["MAX_RETENTION", "MIN_RETENTION", "PRUNE_SECONDS", "OperatorState", "PodRecord", "PolicyKey"]
 
 MIN_RETENTION = 600.0
 """Seconds of readings kept even when no policy needs them (a replay may land before the policies load)."""
@@ -39,6 +39,8 @@ MAX_RETENTION = 6 * 3600.0
 """Seconds of readings kept at most, whatever a policy asks for (memory: 24 B a reading)."""
 MAX_POINTS = int(MAX_RETENTION)
 """Readings kept per series at most: 6 h at the agents' 1 s sampling."""
+PRUNE_SECONDS = 60.0
+"""How often series that stopped receiving readings are aged out (:meth:`OperatorState.prune`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +223,18 @@ class OperatorState:
         """A pod was deleted: drop its series and its per-pod metrics."""
         self.store.forget_pod(namespace, name)
         self.metrics.latest.forget_pod(namespace, name)
+
+    async def prune(self) -> None:
+        """Forever, every :data:`PRUNE_SECONDS`: drop readings past the retention from series that
+        stopped receiving any, and such series once empty (:class:`Services` runs it).
+
+        ``add`` ages out a series' old readings only as new ones arrive; without this, a series
+        that gets none is kept for ever: a pod whose last report landed after its deletion
+        (bench/soak.py counted ~1 in 60 replaced pods), a GPU no longer reported for a pod.
+        """
+        while True:
+            await asyncio.sleep(PRUNE_SECONDS)
+            self.store.prune(time.time())
 
     # -- policies --
 

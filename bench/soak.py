@@ -1,0 +1,351 @@
+"""Soak: a simulated fleet at 1,000 reports a second, with churning pods, for an hour (by default);
+the operator's resident memory and open file descriptors every minute, and their slopes.
+
+Not a test: a benchmark, recorded in docs/benchmarks.md. The server is what bench/ingest.py runs
+(the operator's real ingest app, series store, Event poster and one evaluation loop per policy;
+the API server replaced: TokenReviews answered locally, Events and status writes counted), in its
+own process pinned to one CPU; the load is bench/ingest.py's (nodes of 8 GPUs, each sending one
+1-snapshot report a second in the agent's wire format) from the other CPUs.
+
+Pods churn as a Job's do: each lives ``--pod-lifetime`` (10 min; the pods' phases spread evenly,
+so ~13 a second are replaced at the default size), then another of a new name takes its GPU. The
+server forgets a replaced pod as the operator's pod-deletion handler does
+(:meth:`OperatorState.forget_pod`), and its policy sees the new one; findings of the gone pod
+resolve (``PodGone``). The store starts in its steady state: each pod's series pre-filled for its
+age, at most the retention (10 min).
+
+Every ``--sample-every`` seconds: the server's RSS (``/proc/<pid>/status`` VmRSS) and open file
+descriptors (``/proc/<pid>/fd``), with what it holds (series, readings) and what it did (reports,
+Events, status writes). At the end, the least-squares slope of RSS and of fds over the samples
+after ``--settle`` minutes, per hour, printed as JSON.
+
+    .venv/bin/python bench/soak.py                    # 1 h
+    .venv/bin/python bench/soak.py --minutes 10       # what docs/benchmarks.md reports
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import heapq
+import json
+import multiprocessing as mp
+import os
+import resource
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from aiohttp import web
+from ingest import GPUS, BenchApi, Bodies, Layout, Template, fetch_stats, policy_body, reading, start_load
+
+from gpuwarden.operator.config import OperatorConfig
+from gpuwarden.operator.evaluation import PolicyRunner
+from gpuwarden.operator.ingest import make_ingest_app
+from gpuwarden.operator.state import MIN_RETENTION, OperatorState, PodRecord, PolicyKey
+from gpuwarden.policy.engine import PodView
+from gpuwarden.policy.series import Point, SeriesKey
+
+GOLDEN = 0.6180339887498949
+"""Spreads the pods' phases evenly over a lifetime (the golden-ratio sequence)."""
+
+
+@dataclass(frozen=True)
+class ChurningLayout(Layout):
+    """bench/ingest.py's fleet, each GPU's pod replaced every ``lifetime`` seconds: the layout as
+    of time ``at`` (epoch seconds; ``origin`` is the run's, shared by every process)."""
+
+    lifetime: float = 600.0
+    origin: float = 0.0
+    at: float = 0.0
+
+    def phase(self, node: int, gpu: int) -> float:
+        return ((node * GPUS + gpu) * GOLDEN % 1.0) * self.lifetime
+
+    def generation(self, node: int, gpu: int, t: float) -> int:
+        return int((t - self.origin + self.phase(node, gpu)) // self.lifetime)
+
+    def born(self, node: int, gpu: int, t: float) -> float:
+        """When the pod on that GPU at ``t`` started."""
+        return self.origin - self.phase(node, gpu) + self.generation(node, gpu, t) * self.lifetime
+
+    def pod(self, node: int, gpu: int) -> str:
+        return f"job-{node}-{gpu}-{self.generation(node, gpu, self.at)}"
+
+
+class ChurningBodies(Bodies):
+    """A node's report names the pods on its GPUs now: its template is rebuilt when one changes."""
+
+    layout: ChurningLayout
+
+    def __init__(self, layout: ChurningLayout) -> None:
+        super().__init__(layout)
+        self._built: dict[int, tuple[tuple[int, ...], Template]] = {}
+
+    def __call__(self, node: int, seq: int, t: float) -> bytes:
+        generations = tuple(self.layout.generation(node, gpu, t) for gpu in range(GPUS))
+        built = self._built.get(node)
+        if built is None or built[0] != generations:
+            built = self._built[node] = (generations, Template(replace(self.layout, at=t), node))
+        return built[1].body(seq, t)
+
+
+# -- the server ---------------------------------------------------------------------------------
+
+
+class Fleet:
+    """The pods the server's policies see, replaced as they churn (what Kopf's pod index and the
+    pod-deletion handler do in the operator)."""
+
+    def __init__(self, state: OperatorState, layout: ChurningLayout) -> None:
+        self.state = state
+        self.layout = layout
+        self.pods: dict[str, list[PodRecord]] = {}
+        self._slots: dict[tuple[int, int], int] = {}
+        self._due: list[tuple[float, int, int]] = []
+        self.replaced = 0
+        now = time.time()
+        for node in range(layout.nodes):
+            ns = layout.namespace(node)
+            for gpu in range(GPUS):
+                records = self.pods.setdefault(ns, [])
+                self._slots[node, gpu] = len(records)
+                records.append(self._record(node, gpu, now))
+                heapq.heappush(self._due, (layout.born(node, gpu, now) + layout.lifetime, node, gpu))
+
+    def _record(self, node: int, gpu: int, t: float) -> PodRecord:
+        ns, name = self.layout.namespace(node), replace(self.layout, at=t).pod(node, gpu)
+        return PodRecord(PodView(ns, name, {"gpu": "yes"}), f"uid-{name}")
+
+    def prefill(self, history: float, now: float) -> int:
+        """Each pod's readings since it started (at most ``history`` seconds): the store's steady state."""
+        added = 0
+        total = 141 * 2**30
+        for (node, gpu), slot in self._slots.items():
+            record = self.pods[self.layout.namespace(node)][slot]
+            key = SeriesKey(record.view.namespace, record.view.name, self.layout.uuid(node, gpu))
+            t = max(self.layout.born(node, gpu, now), now - history)
+            while t < now - 1:
+                util, mem = reading(node, gpu, t)
+                added += self.state.store.add(
+                    key, Point(t=t, gpu_util=util, sm_active=util, mem_used=mem, mem_total=total)
+                )
+                t += 1.0
+        return added
+
+    async def churn(self) -> None:
+        """Replace each pod when its lifetime is over: forget the old one, show the new one."""
+        while True:
+            now = time.time()
+            while self._due and self._due[0][0] <= now:
+                due, node, gpu = heapq.heappop(self._due)
+                records = self.pods[self.layout.namespace(node)]
+                slot = self._slots[node, gpu]
+                old = records[slot].view
+                self.state.forget_pod(old.namespace, old.name)
+                # Named as of mid-life: the generation's boundary itself is a float comparison away.
+                records[slot] = self._record(node, gpu, due + self.layout.lifetime / 2)
+                self.replaced += 1
+                heapq.heappush(self._due, (due + self.layout.lifetime, node, gpu))
+            await asyncio.sleep(0.2)
+
+
+async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: Any, stop_event: Any) -> None:
+    api = BenchApi()
+    state = OperatorState(OperatorConfig(node_rate=20.0, max_body_bytes=8 * 2**20), api=api)  # type: ignore[arg-type]
+    state.leadership.active = True
+    fleet = Fleet(state, layout)
+    started = time.time()
+    points = fleet.prefill(MIN_RETENTION, started)
+    print(f"server: prefilled {points} readings in {time.time() - started:.1f}s", file=sys.stderr, flush=True)
+
+    # What Services runs in the operator, and the churn.
+    tasks = [asyncio.create_task(t) for t in (state.events.run(), state.prune(), fleet.churn())]
+    tasks += [
+        asyncio.create_task(
+            PolicyRunner(state, PolicyKey(ns, "gpus")).run(
+                body=policy_body(ns, args.interval), pods=fleet.pods, policies={}
+            )
+        )
+        for ns in layout.namespaces
+    ]
+
+    async def stats(request: web.Request) -> web.Response:
+        state.metrics.exposition()  # a scrape, as Prometheus makes (it ages out the per-pod gauges)
+        get = state.metrics.registry.get_sample_value
+        store = state.store.stats()
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        alive = {(r.view.namespace, r.view.name) for records in fleet.pods.values() for r in records}
+        return web.json_response(
+            {
+                "now": time.time(),
+                "cpu": usage.ru_utime + usage.ru_stime,
+                "received": get("gpuwarden_operator_reports_total"),
+                "points": get("gpuwarden_operator_points_total"),
+                "series": store.series,
+                "held": store.points,
+                # Series of pods that are gone: a report that landed after its pod's deletion.
+                "orphans": sum(1 for k in state.store.keys() if (k.namespace, k.pod) not in alive),  # noqa: SIM118
+                "replaced_pods": fleet.replaced,
+                "events": api.events,
+                "status_writes": api.status_writes,
+                "events_pending": state.events.pending,
+            }
+        )
+
+    app = make_ingest_app(state.ingest)
+    app.router.add_get("/bench/stats", stats)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
+    await site.start()
+    port_queue.put(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+    await asyncio.to_thread(stop_event.wait)
+    for task in tasks:
+        task.cancel()
+    await runner.cleanup()
+
+
+def server_main(args: argparse.Namespace, layout: ChurningLayout, port_queue: Any, stop_event: Any) -> None:
+    os.sched_setaffinity(0, {args.server_cpu})
+    asyncio.run(serve(args, layout, port_queue, stop_event))
+
+
+# -- the run ------------------------------------------------------------------------------------
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def slope_per_hour(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (seconds, value) pairs, per hour (0.0 for fewer than two)."""
+    if len(points) < 2:
+        return 0.0
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    sxy = sum((x - mx) * (y - my) for x, y in points)
+    return 3600.0 * sxy / sxx if sxx else 0.0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=60.0, help="how long the fleet reports (60)")
+    parser.add_argument("--nodes", type=int, default=1000, help="nodes, one report a second each (1000)")
+    parser.add_argument("--nodes-per-policy", type=int, default=100)
+    parser.add_argument("--interval", default="10s", help="the policies' evaluationInterval")
+    parser.add_argument("--pod-lifetime", type=float, default=600.0, help="seconds each pod lives (600)")
+    parser.add_argument("--sample-every", type=float, default=60.0, help="seconds between samples (60)")
+    parser.add_argument("--settle", type=float, default=1.0, help="minutes left out of the slopes (1)")
+    parser.add_argument("--connections", type=int, default=256, help="client connections in all")
+    parser.add_argument("--server-cpu", type=int, default=0)
+    parser.add_argument("--load-processes", type=int, default=0, help="default: one per other CPU")
+    parser.add_argument("--out", type=Path, help="also write the samples here, one JSON object a line")
+    args = parser.parse_args()
+    args.mode = "steady"  # what bench/ingest.py's load reads
+    args.seconds = args.minutes * 60 + 5
+
+    cpus = sorted(os.sched_getaffinity(0))
+    others = [c for c in cpus if c != args.server_cpu] or cpus
+    processes = args.load_processes or len(others)
+    args.connections = max(processes, args.connections - args.connections % processes)
+    origin = time.time()
+    layout = ChurningLayout(args.nodes, args.nodes_per_policy, lifetime=args.pod_lifetime, origin=origin)
+
+    ctx = mp.get_context("spawn")
+    port_queue, result_queue, stop_event = ctx.Queue(), ctx.Queue(), ctx.Event()
+    server = ctx.Process(target=server_main, args=(args, layout, port_queue, stop_event))
+    server.start()
+    port = port_queue.get(timeout=900)
+    start = time.time() + 2.0
+    loaders = start_load(ctx, args, port, others, result_queue, start, ChurningBodies(layout))
+
+    samples: list[dict[str, Any]] = []
+    out = args.out.open("w") if args.out else None
+    previous: dict[str, Any] | None = None
+    minute = 0
+    while True:
+        due = start + minute * args.sample_every
+        time.sleep(max(0.0, due - time.time()))  # the sampling clock of a benchmark, not a test
+        stats = fetch_stats(port)
+        sample = {
+            "minute": round((stats["now"] - start) / 60, 2),
+            "rss_mib": round(rss_mib(server.pid), 1),
+            "open_fds": open_fds(server.pid),
+            "series": stats["series"],
+            "readings_held": stats["held"],
+            "orphan_series": stats["orphans"],
+            "replaced_pods": stats["replaced_pods"],
+            "events": stats["events"],
+            "status_writes": stats["status_writes"],
+            "events_pending": stats["events_pending"],
+        }
+        if previous is not None:
+            wall = stats["now"] - previous["now"]
+            sample["reports_per_s"] = round((stats["received"] - previous["received"]) / wall, 1)
+            sample["server_cpu_share"] = round((stats["cpu"] - previous["cpu"]) / wall, 3)
+        previous = stats
+        samples.append(sample)
+        print(json.dumps(sample), file=sys.stderr, flush=True)
+        if out is not None:
+            print(json.dumps(sample), file=out, flush=True)
+        if sample["minute"] >= args.minutes - 1e-6 or minute * args.sample_every >= args.minutes * 60:
+            break
+        minute += 1
+
+    results = [result_queue.get(timeout=300) for _ in loaders]
+    for p in loaders:
+        p.join()
+    stop_event.set()
+    server.join(timeout=60)
+
+    settled = [s for s in samples if s["minute"] >= args.settle]
+    statuses: dict[str, int] = {}
+    for r in results:
+        for code, count in r["statuses"].items():
+            statuses[str(code)] = statuses.get(str(code), 0) + count
+    rates = [s["reports_per_s"] for s in samples if "reports_per_s" in s]
+
+    def spread(name: str) -> dict[str, float]:
+        return {"min": min(s[name] for s in settled), "max": max(s[name] for s in settled)}
+
+    def slope(name: str) -> float:
+        return round(slope_per_hour([(s["minute"] * 60, s[name]) for s in settled]), 2)
+
+    summary = {
+        "minutes": args.minutes,
+        "nodes": args.nodes,
+        "gpus_per_node": GPUS,
+        "pod_lifetime_s": args.pod_lifetime,
+        "replaced_pods": samples[-1]["replaced_pods"],
+        "reports_per_s_mean": round(sum(rates) / len(rates), 1) if rates else None,
+        "statuses": statuses,
+        "slopes_over_minutes": [settled[0]["minute"], settled[-1]["minute"]],
+        "rss_mib": {"first": samples[0]["rss_mib"], **spread("rss_mib"), "last": samples[-1]["rss_mib"]},
+        "rss_slope_mib_per_hour": slope("rss_mib"),
+        "open_fds": spread("open_fds"),
+        "fds_slope_per_hour": slope("open_fds"),
+        "series": spread("series"),
+        "series_slope_per_hour": slope("series"),
+        "orphan_series": spread("orphan_series"),
+    }
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
