@@ -233,16 +233,22 @@ async def serve(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> N
 
     app = make_ingest_app(state.ingest)
     app.router.add_get("/bench/stats", stats)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    port_queue.put(port)
-    await asyncio.to_thread(stop_event.wait)
+    await serve_until_stopped(app, port_queue, stop_event)
     for task in [*runners, posting]:
         task.cancel()
-    await runner.cleanup()
+
+
+async def serve_until_stopped(app: web.Application, port_queue: Any, stop_event: Any) -> None:
+    """Serve ``app`` on a free loopback port (put on ``port_queue``) until ``stop_event`` is set."""
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
+        await site.start()
+        port_queue.put(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+        await asyncio.to_thread(stop_event.wait)
+    finally:
+        await runner.cleanup()
 
 
 def server_main(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> None:

@@ -8,11 +8,13 @@ own process pinned to one CPU; the load is bench/ingest.py's (nodes of 8 GPUs, e
 1-snapshot report a second in the agent's wire format) from the other CPUs.
 
 Pods churn as a Job's do: each lives ``--pod-lifetime`` (10 min; the pods' phases spread evenly,
-so ~13 a second are replaced at the default size), then another of a new name takes its GPU. The
-server forgets a replaced pod as the operator's pod-deletion handler does
-(:meth:`OperatorState.forget_pod`), and its policy sees the new one; findings of the gone pod
-resolve (``PodGone``). The store starts in its steady state: each pod's series pre-filled for its
-age, at most the retention (10 min).
+so ~13 a second are replaced at the default size), then another of a new name takes its GPU: the
+policies see the new one (findings of the gone pod resolve, ``PodGone``), and ``--deletion-lag``
+later the server forgets the old one as the operator's pod-deletion handler does
+(:meth:`OperatorState.forget_pod`). A report that lands after that (the load running late) leaves
+an orphan series, which the store's pruning drops once past the retention: they are counted. The
+store starts in its steady state: each pod's series pre-filled for its age, at most the retention
+(10 min).
 
 Every ``--sample-every`` seconds: the server's RSS (``/proc/<pid>/status`` VmRSS) and open file
 descriptors (``/proc/<pid>/fd``), with what it holds (series, readings) and what it did (reports,
@@ -34,6 +36,7 @@ import os
 import resource
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -42,7 +45,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aiohttp import web
-from ingest import GPUS, BenchApi, Bodies, Layout, Template, fetch_stats, policy_body, reading, start_load
+from ingest import (
+    GPUS,
+    BenchApi,
+    Bodies,
+    Layout,
+    Template,
+    fetch_stats,
+    policy_body,
+    reading,
+    serve_until_stopped,
+    start_load,
+)
 
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.evaluation import PolicyRunner
@@ -108,6 +122,8 @@ class Fleet:
         self.pods: dict[str, list[PodRecord]] = {}
         self._slots: dict[tuple[int, int], int] = {}
         self._due: list[tuple[float, int, int]] = []
+        self.deleting: deque[tuple[float, str, str]] = deque()
+        """Replaced pods whose deletion has not reached the operator yet: (when it will, namespace, name)."""
         self.replaced = 0
         now = time.time()
         for node in range(layout.nodes):
@@ -138,8 +154,10 @@ class Fleet:
                 t += 1.0
         return added
 
-    async def churn(self) -> None:
-        """Replace each pod when its lifetime is over: forget the old one, show the new one."""
+    async def churn(self, deletion_lag: float) -> None:
+        """Replace each pod when its lifetime is over (the policies see the new one), and forget the
+        old one ``deletion_lag`` seconds later, when its deletion reaches the operator."""
+        deletions = self.deleting
         while True:
             now = time.time()
             while self._due and self._due[0][0] <= now:
@@ -147,11 +165,14 @@ class Fleet:
                 records = self.pods[self.layout.namespace(node)]
                 slot = self._slots[node, gpu]
                 old = records[slot].view
-                self.state.forget_pod(old.namespace, old.name)
+                deletions.append((due + deletion_lag, old.namespace, old.name))
                 # Named as of mid-life: the generation's boundary itself is a float comparison away.
                 records[slot] = self._record(node, gpu, due + self.layout.lifetime / 2)
                 self.replaced += 1
                 heapq.heappush(self._due, (due + self.layout.lifetime, node, gpu))
+            while deletions and deletions[0][0] <= now:
+                _, namespace, name = deletions.popleft()
+                self.state.forget_pod(namespace, name)
             await asyncio.sleep(0.2)
 
 
@@ -165,7 +186,8 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
     print(f"server: prefilled {points} readings in {time.time() - started:.1f}s", file=sys.stderr, flush=True)
 
     # What Services runs in the operator, and the churn.
-    tasks = [asyncio.create_task(t) for t in (state.events.run(), state.prune(), fleet.churn())]
+    background = (state.events.run(), state.prune(), fleet.churn(args.deletion_lag))
+    tasks = [asyncio.create_task(t) for t in background]
     tasks += [
         asyncio.create_task(
             PolicyRunner(state, PolicyKey(ns, "gpus")).run(
@@ -181,6 +203,7 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
         store = state.store.stats()
         usage = resource.getrusage(resource.RUSAGE_SELF)
         alive = {(r.view.namespace, r.view.name) for records in fleet.pods.values() for r in records}
+        alive.update((namespace, name) for _, namespace, name in fleet.deleting)
         return web.json_response(
             {
                 "now": time.time(),
@@ -200,15 +223,9 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
 
     app = make_ingest_app(state.ingest)
     app.router.add_get("/bench/stats", stats)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
-    await site.start()
-    port_queue.put(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
-    await asyncio.to_thread(stop_event.wait)
+    await serve_until_stopped(app, port_queue, stop_event)
     for task in tasks:
         task.cancel()
-    await runner.cleanup()
 
 
 def server_main(args: argparse.Namespace, layout: ChurningLayout, port_queue: Any, stop_event: Any) -> None:
@@ -249,6 +266,13 @@ def main() -> int:
     parser.add_argument("--nodes-per-policy", type=int, default=100)
     parser.add_argument("--interval", default="10s", help="the policies' evaluationInterval")
     parser.add_argument("--pod-lifetime", type=float, default=600.0, help="seconds each pod lives (600)")
+    parser.add_argument(
+        "--deletion-lag",
+        type=float,
+        default=5.0,
+        help="seconds from a pod's last report to its deletion reaching the operator (5; the kubelet "
+        "stops it first); 0: the deletion can come first, and a late report leaves an orphan series",
+    )
     parser.add_argument("--sample-every", type=float, default=60.0, help="seconds between samples (60)")
     parser.add_argument("--settle", type=float, default=1.0, help="minutes left out of the slopes (1)")
     parser.add_argument("--connections", type=int, default=256, help="client connections in all")
