@@ -36,6 +36,7 @@ import os
 import resource
 import sys
 import time
+import tracemalloc
 from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -177,6 +178,7 @@ class Fleet:
 
 
 async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: Any, stop_event: Any) -> None:
+    baseline: list[tracemalloc.Snapshot] = []
     api = BenchApi()
     state = OperatorState(OperatorConfig(node_rate=20.0, max_body_bytes=8 * 2**20), api=api)  # type: ignore[arg-type]
     state.leadership.active = True
@@ -184,6 +186,8 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
     started = time.time()
     points = fleet.prefill(MIN_RETENTION, started)
     print(f"server: prefilled {points} readings in {time.time() - started:.1f}s", file=sys.stderr, flush=True)
+    if args.tracemalloc:
+        tracemalloc.start(4)  # after the prefill, which it would slow tenfold
 
     # What Services runs in the operator, and the churn.
     background = (state.events.run(), state.prune(), fleet.churn(args.deletion_lag))
@@ -199,6 +203,16 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
 
     async def stats(request: web.Request) -> web.Response:
         state.metrics.exposition()  # a scrape, as Prometheus makes (it ages out the per-pod gauges)
+        growth: list[str] = []
+        if args.tracemalloc:
+            snapshot = tracemalloc.take_snapshot()
+            if not baseline:
+                baseline.append(snapshot)
+            growth = [
+                f"{d.size_diff / 2**20:+.2f} MiB {d.count_diff:+d} blocks: "
+                + " < ".join(f"{f.filename.rpartition('/')[2]}:{f.lineno}" for f in reversed(d.traceback))
+                for d in snapshot.compare_to(baseline[0], "traceback")[:6]
+            ]
         get = state.metrics.registry.get_sample_value
         store = state.store.stats()
         usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -218,6 +232,7 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
                 "events": api.events,
                 "status_writes": api.status_writes,
                 "events_pending": state.events.pending,
+                "growth": growth,
             }
         )
 
@@ -279,6 +294,11 @@ def main() -> int:
     parser.add_argument("--server-cpu", type=int, default=0)
     parser.add_argument("--load-processes", type=int, default=0, help="default: one per other CPU")
     parser.add_argument("--out", type=Path, help="also write the samples here, one JSON object a line")
+    parser.add_argument(
+        "--tracemalloc",
+        action="store_true",
+        help="trace the server's allocations (slower); each sample then names the top growth since the first",
+    )
     args = parser.parse_args()
     args.mode = "steady"  # what bench/ingest.py's load reads
     args.seconds = args.minutes * 60 + 5
@@ -318,6 +338,8 @@ def main() -> int:
             "status_writes": stats["status_writes"],
             "events_pending": stats["events_pending"],
         }
+        if stats["growth"]:
+            sample["growth"] = stats["growth"]
         if previous is not None:
             wall = stats["now"] - previous["now"]
             sample["reports_per_s"] = round((stats["received"] - previous["received"]) / wall, 1)
