@@ -7,6 +7,11 @@ offending field. Field names on the wire are camelCase, as in the Kubernetes API
 
 A report batches the snapshots sampled since the last one that was delivered,
 oldest first, so a replay after an outage arrives as a few large, in-order reports.
+
+The operator parses strictly (JSON types as declared: ``1.0`` or ``"1"`` is no integer) and
+every number is bounded: floats are finite, integers below what any GPU or node reads, so no
+value of a valid report can overflow a conversion further down (float(), Prometheus' text
+format). Timestamps are bounded by the operator's clock, not here (the agent has its own).
 """
 
 from __future__ import annotations
@@ -23,6 +28,18 @@ SCHEMA_VERSION = 1
 MAX_SNAPSHOTS_PER_REPORT = 3600
 """A report carries at most an hour of 1 s snapshots; replays are split into several reports."""
 
+MAX_BYTES = 2**50
+"""Memory readings above a pebibyte are no reading (an H200 has 141 GB; a node a few TiB)."""
+MAX_PID = 2**31 - 1
+MAX_COUNT = 2**53
+"""Counters and sequence numbers: every one below this is exact as a float64 too."""
+MAX_WATTS = 100_000.0
+MAX_MHZ = 100_000
+MAX_DEVICES = 4096
+"""GPU indexes (and MIG instances) per node."""
+MAX_TIMESTAMP = 2.0**53
+"""Seconds since the epoch: absurd, but in milliseconds it still fits an int64 (Prometheus' timestamps)."""
+
 
 class _Wire(BaseModel):
     """Base for wire models: camelCase on the wire, snake_case in Python, nothing unknown."""
@@ -32,6 +49,8 @@ class _Wire(BaseModel):
         populate_by_name=True,
         extra="forbid",
         frozen=True,
+        # NaN and infinities are no readings: None says "not read"; built or parsed, they are refused.
+        allow_inf_nan=False,
     )
 
 
@@ -52,13 +71,13 @@ class PodRef(_Wire):
 
 
 Percent = Annotated[float, Field(ge=0, le=100)]
-Bytes = Annotated[int, Field(ge=0)]
+Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES)]
 
 
 class ProcessSample(_Wire):
     """One process with a CUDA context on a GPU."""
 
-    pid: int = Field(ge=0)
+    pid: int = Field(ge=0, le=MAX_PID)
     used_memory_bytes: Bytes | None = None
     sm_util: Percent | None = None
     """Per-process SM utilization (nvmlDeviceGetProcessUtilization); sampled less often, so often None."""
@@ -71,7 +90,7 @@ class GpuSample(_Wire):
     """One GPU (or MIG device) at one instant. ``None`` means not supported or not read, never zero."""
 
     uuid: str = Field(min_length=1, max_length=128)
-    index: int = Field(ge=0)
+    index: int = Field(ge=0, le=MAX_DEVICES)
     model: str = Field(default="", max_length=256)
     mig_id: str | None = Field(default=None, max_length=128)
     """The MIG device UUID when this entry is a MIG instance; ``uuid`` is then the parent GPU's."""
@@ -86,10 +105,10 @@ class GpuSample(_Wire):
     dram_active: Percent | None = None
     memory_used_bytes: Bytes | None = None
     memory_total_bytes: Bytes | None = None
-    temperature_c: float | None = None
-    power_watts: float | None = Field(default=None, ge=0)
-    sm_clock_mhz: int | None = Field(default=None, ge=0)
-    ecc_uncorrected: int | None = Field(default=None, ge=0)
+    temperature_c: float | None = Field(default=None, ge=-273.15, le=1000.0)
+    power_watts: float | None = Field(default=None, ge=0, le=MAX_WATTS)
+    sm_clock_mhz: int | None = Field(default=None, ge=0, le=MAX_MHZ)
+    ecc_uncorrected: int | None = Field(default=None, ge=0, le=MAX_COUNT)
 
     pods: list[PodRef] = Field(default_factory=list, max_length=64)
     """Pods the kubelet allocated this device to (PodResources). Several under time-slicing."""
@@ -107,8 +126,12 @@ class PodHostMemory(_Wire):
 class Snapshot(_Wire):
     """Every GPU of the node at one instant."""
 
-    timestamp: float = Field(gt=0)
-    """Seconds since the Unix epoch, taken by the agent when the sample was read."""
+    timestamp: float = Field(gt=0, le=MAX_TIMESTAMP)
+    """Seconds since the Unix epoch, taken by the agent when the sample was read.
+
+    The operator keeps only those within its skew bounds of its own clock (see
+    :mod:`gpuwarden.operator.ingest`); this bound only keeps the number a plausible time.
+    """
     gpus: list[GpuSample] = Field(max_length=64)
     pod_host_memory: list[PodHostMemory] = Field(default_factory=list, max_length=1024)
 
@@ -116,11 +139,11 @@ class Snapshot(_Wire):
 class NodeReport(_Wire):
     """A batch of snapshots from one node's agent."""
 
-    schema_version: int
+    schema_version: int = Field(ge=0, le=MAX_COUNT)
     node: str = Field(min_length=1, max_length=253)
     agent_id: str = Field(min_length=1, max_length=128)
     """Random per agent process; with ``seq`` it lets the operator drop duplicates after a retry."""
-    seq: int = Field(ge=0)
+    seq: int = Field(ge=0, le=MAX_COUNT)
     """Increases by one per report an agent process builds."""
     snapshots: list[Snapshot] = Field(min_length=1, max_length=MAX_SNAPSHOTS_PER_REPORT)
 
@@ -130,9 +153,9 @@ class ReportError(ValueError):
 
 
 def parse_report(body: bytes | str) -> NodeReport:
-    """Parse and validate a JSON body; raise :class:`ReportError` with a short, field-naming reason."""
+    """Parse a JSON body strictly (see the module doc); raise :class:`ReportError` naming the field."""
     try:
-        report = NodeReport.model_validate_json(body)
+        report = NodeReport.model_validate_json(body, strict=True)
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"

@@ -2,6 +2,7 @@
 
 - startup: tune Kopf (one place, a reason per value), start the ingest and metrics servers;
 - ``gpu_pods`` index: GPU pods by namespace, for the policies' selectors;
+- ``gpu_pod_nodes`` index: the node each GPU pod runs on, for the reports' pods;
 - pod deletion: forget the pod's series;
 - one daemon per GPUMonitorPolicy: its evaluation loop (Kopf stops it on deletion and
   while this replica is paused by peering);
@@ -61,7 +62,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
 
 
 @kopf.on.startup()
-async def start_services(memo: kopf.Memo, **_: Any) -> None:
+async def start_services(memo: kopf.Memo, **kwargs: Any) -> None:
+    # Indexes are passed to every handler by their names, this one too (still empty: filled as it runs).
+    _state(memo).pod_nodes = kwargs["gpu_pod_nodes"]
     memo.services = Services(_state(memo))
     await memo.services.start()
 
@@ -85,7 +88,20 @@ def gpu_pods(
     return {namespace: record}
 
 
-def _gpu_pod_gone(type: str, spec: kopf.Spec, **_: Any) -> bool:
+def _scheduled_gpu_pod(spec: kopf.Spec, **_: Any) -> bool:
+    return bool(spec.get("nodeName")) and requests_gpu(spec)
+
+
+@kopf.index("pods", when=_scheduled_gpu_pod)
+def gpu_pod_nodes(namespace: str | None, name: str, spec: kopf.Spec, **_: Any) -> dict[tuple[str, str], str]:
+    assert namespace is not None
+    return {(namespace, name): str(spec["nodeName"])}
+
+
+def _gpu_pod_gone(type: str, spec: kopf.Spec, memo: kopf.Memo, **_: Any) -> bool:
+    # Kopf calls a non-index handler's filter only once every index has been filled from the
+    # initial listing: from the first pod event on, the pod indexes hold every pod.
+    _state(memo).pods_synced = True
     # Filtered here, not in the handler: Kopf logs every handler call, and pods change often.
     return type == "DELETED" and requests_gpu(spec)
 
