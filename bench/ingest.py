@@ -56,7 +56,8 @@ from gpuwarden.policy.series import Point, SeriesKey
 
 AGENT = "system:serviceaccount:gpuwarden-system:gpuwarden-agent"
 GPUS = 8
-TOKEN = "bench-token"
+TOKEN_PREFIX = "bench-token/"
+"""A node's token is this and its name: the review binds it to that node, as a pod-bound token is."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ class Layout:
 
 
 class BenchApi:
-    """The API server's part: every TokenReview accepts the agent (the operator caches it)."""
+    """The API server's part: each TokenReview accepts the agent's pod on its node (then cached)."""
 
     def __init__(self) -> None:
         self.reviews = 0
@@ -94,7 +95,8 @@ class BenchApi:
     async def create_token_review(self, token: str, audiences: list[str]) -> dict[str, Any]:
         self.reviews += 1
         await asyncio.sleep(0.005)  # a TokenReview's round trip
-        return {"authenticated": True, "audiences": audiences, "user": {"username": AGENT}}
+        extra = {"authentication.kubernetes.io/node-name": [token.removeprefix(TOKEN_PREFIX)]}
+        return {"authenticated": True, "audiences": audiences, "user": {"username": AGENT, "extra": extra}}
 
     async def patch_status(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         self.status_writes += 1
@@ -165,11 +167,14 @@ async def serve(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> N
     print(f"server: prefilled {points} readings in {time.time() - t0:.1f}s", file=sys.stderr, flush=True)
 
     pods: dict[str, list[PodRecord]] = {}
+    pod_nodes: dict[tuple[str, str], list[str]] = {}
     for node in range(layout.nodes):
         ns = layout.namespace(node)
         for gpu in range(GPUS):
             name = layout.pod(node, gpu)
             pods.setdefault(ns, []).append(PodRecord(PodView(ns, name, {"gpu": "yes"}), f"uid-{name}"))
+            pod_nodes[ns, name] = [layout.node(node)]
+    state.pod_nodes, state.pods_synced = pod_nodes, True  # Kopf's gpu_pod_nodes index, synced
 
     delays: list[float] = []
     durations: list[float] = []
@@ -299,21 +304,24 @@ class Template:
         head, _, rest = text.partition(str(mark_seq).encode())
         middle, _, tail = rest.partition(repr(mark_t).encode())
         self.parts = (head, middle, tail)
+        self.token = TOKEN_PREFIX + layout.node(node)
 
     def body(self, seq: int, t: float) -> bytes:
         head, middle, tail = self.parts
         return b"%s%d%s%.3f%s" % (head, seq, middle, t, tail)
 
 
-def request_bytes(body: bytes) -> bytes:
+def request_bytes(body: bytes, token: str) -> bytes:
     return (
         b"POST /v1/reports HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-        b"Authorization: Bearer " + TOKEN.encode() + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+        b"Authorization: Bearer " + token.encode() + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body
     )
 
 
-async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes) -> int:
-    writer.write(request_bytes(body))
+async def exchange(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, template: Template, seq: int
+) -> int:
+    writer.write(request_bytes(template.body(seq, time.time()), template.token))
     head = await reader.readuntil(b"\r\n\r\n")
     status = int(head[9:12])
     length = 0
@@ -353,7 +361,7 @@ async def load(
                 if delay > 0:
                     await asyncio.sleep(delay)
                 sent = time.perf_counter()
-                status = await exchange(reader, writer, templates[node].body(seq, time.time()))
+                status = await exchange(reader, writer, templates[node], seq)
                 latencies.append(time.perf_counter() - sent)
                 statuses[status] = statuses.get(status, 0) + 1
             seq += 1
@@ -366,7 +374,7 @@ async def load(
         while time.time() < end_at:
             node = mine[seq % len(mine)]
             sent = time.perf_counter()
-            status = await exchange(reader, writer, templates[node].body(seq, time.time()))
+            status = await exchange(reader, writer, templates[node], seq)
             latencies.append(time.perf_counter() - sent)
             statuses[status] = statuses.get(status, 0) + 1
             seq += 1

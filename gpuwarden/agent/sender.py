@@ -65,8 +65,8 @@ at most two reports a second per node (the operator allows 20 by default).
 DEFAULT_BUFFER_LIMIT = 900
 """15 minutes at 1 Hz: about 4.5 MB of JSON for 8 GPUs, inside the agent's memory budget."""
 
-DEFAULT_MAX_REPORT_BYTES = 8 * 1024 * 1024
-"""The operator's default ``--max-body-bytes`` (8Mi): larger bodies would only earn a 413."""
+DEFAULT_MAX_REPORT_BYTES = 1024 * 1024
+"""The operator's default ``--max-body-bytes`` (1Mi): larger bodies would only earn a 413."""
 
 _ENVELOPE_BYTES = 1024  # room for everything in a body but the snapshots
 

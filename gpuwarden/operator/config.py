@@ -87,8 +87,9 @@ class OperatorConfig:
     """Kopf peering priority: the live replica with the highest one acts."""
     identity: str = ""
     """This replica's Kopf peering identity (the pod name in a cluster)."""
-    max_body_bytes: int = 8 * 2**20
-    """Report bodies above this get 413 (8Mi holds many minutes of 1 s snapshots of 8 GPUs)."""
+    max_body_bytes: int = 2**20
+    """Report bodies above this get 413: 1Mi holds about 4 minutes of 1 s snapshots of 8 GPUs, and
+    bounds how long one report holds the event loop (parsing is one block; see ingest.LARGE_BODY)."""
     node_rate: float = 20.0
     """Reports per second a node may send before 429; agents report once a second and replay in batches."""
     pod_name: str | None = None
@@ -221,7 +222,7 @@ DEFAULTS: dict[str, str] = {
     "token_audience": "gpuwarden-operator",
     "agent_service_account": "gpuwarden-system:gpuwarden-agent",
     "peering": "gpuwarden",
-    "max_body_bytes": "8Mi",
+    "max_body_bytes": "1Mi",
     "node_rate": "20",
 }
 """The contract's defaults (docs/deployment-contract.md), shared by the flags and :func:`default_config`."""
