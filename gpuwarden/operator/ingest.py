@@ -2,18 +2,20 @@
 
 In order, each request is answered with the first that applies:
 
-====  ====================  =====================================================
-503   ``Standby``           this replica does not act (peering); the agent retries
-401   ``Unauthenticated``   no bearer token, or TokenReview does not accept it for our audience
-403   ``Forbidden``         a valid token of another ServiceAccount, or one bound to no pod
-503   ``AuthUnavailable``   TokenReview could not be made; the agent retries
-429   ``RateLimited``       the token's node sent more than ``--node-rate`` a second (``Retry-After``)
-413   ``TooLarge``          Content-Length, or the bytes actually read, above ``--max-body-bytes``
-400   ``InvalidReport``     not JSON, not the schema, or another schemaVersion (message: the field);
-                            or a Content-Encoding body that does not decode
-403   ``Forbidden``         the report names another node than the one the token's pod runs on
-200                         accepted: ``{"accepted": N, "duplicate": false, "refused": {...}}``
-====  ====================  =====================================================
+====  =======================  ===================================================
+503   ``Standby``              this replica does not act (peering); the agent retries
+401   ``Unauthenticated``      no bearer token, or TokenReview does not accept it for our audience
+403   ``Forbidden``            a valid token of another ServiceAccount, or one bound to no pod
+503   ``AuthUnavailable``      TokenReview could not be made; the agent retries
+429   ``RateLimited``          the token's node sent more than ``--node-rate`` a second (``Retry-After``)
+413   ``TooLarge``             Content-Length above ``--max-body-bytes``
+415   ``UnsupportedEncoding``  a Content-Encoding other than gzip or deflate
+413   ``TooLarge``             more bytes arrive than that, or the body decodes to more
+400   ``InvalidReport``        a gzip/deflate body that does not decode; not JSON, not the schema,
+                               or another schemaVersion (the message names the field)
+403   ``Forbidden``            the report names another node than the one the token's pod runs on
+200                            ``{"accepted": N, "duplicate": false, "refused": {...}}``
+====  =======================  ===================================================
 
 The identity is the node the token is bound to: the rate limit and the duplicate
 book are keyed by it, so names a report claims cost nothing. ``refused`` counts
@@ -37,6 +39,7 @@ import asyncio
 import json
 import logging
 import time
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -205,24 +208,46 @@ class ReportIngest:
             raise _Refusal(
                 413, "TooLarge", f"the body is {declared} bytes; at most {limit} are accepted", "too_large"
             )
+        decoder = _decoder(request.headers.get("Content-Encoding", ""))
         # Content-Length may be absent (chunked) or lie, and a compressed body inflates: count what
-        # actually arrives, decoded.
+        # actually arrives, and what it decodes to, inflating no more than the limit allows.
         chunks: list[bytes] = []
-        size = 0
-        try:
-            while chunk := await request.content.read(min(limit + 1 - size, 1 << 16) or 1):
-                size += len(chunk)
-                if size > limit:
-                    raise _Refusal(413, "TooLarge", f"the body exceeds {limit} bytes", "too_large")
-                chunks.append(chunk)
-        except web.RequestPayloadError as exc:
-            # aiohttp decodes Content-Encoding as the body arrives; a corrupt body surfaces here.
-            # Marked read, so that aiohttp does not read it again after our answer (and log it as a bug).
-            request.content.feed_eof()
-            encoding = request.headers.get("Content-Encoding", "identity")
-            message = f"the body does not decode as Content-Encoding {encoding}: {exc}"
-            raise _Refusal(400, "InvalidReport", message, "invalid") from None
+        received = size = 0
+        while chunk := await request.content.read(1 << 16):
+            received += len(chunk)
+            if decoder is not None:
+                try:
+                    chunk = decoder.decompress(chunk, limit + 1 - size)
+                except zlib.error:
+                    raise _undecodable(request) from None
+            size += len(chunk)
+            if size > limit or received > limit:
+                raise _Refusal(413, "TooLarge", f"the body exceeds {limit} bytes", "too_large")
+            chunks.append(chunk)
+        if decoder is not None and not decoder.eof:
+            raise _undecodable(request)
         return b"".join(chunks)
+
+
+def _decoder(encoding: str) -> Any:
+    """A bounded decompressor for a Content-Encoding (None for identity), or a 415."""
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return None
+    if encoding in ("gzip", "x-gzip"):
+        return zlib.decompressobj(16 + zlib.MAX_WBITS)
+    if encoding == "deflate":
+        return zlib.decompressobj(zlib.MAX_WBITS)
+    raise _Refusal(
+        415, "UnsupportedEncoding", f"Content-Encoding {encoding} is not one of gzip, deflate", "invalid"
+    )
+
+
+def _undecodable(request: web.Request) -> _Refusal:
+    encoding = request.headers.get("Content-Encoding", "")
+    return _Refusal(
+        400, "InvalidReport", f"the body does not decode as Content-Encoding {encoding}", "invalid"
+    )
 
 
 class _Refusal(Exception):
@@ -261,8 +286,10 @@ INGEST = web.AppKey("ingest", ReportIngest)
 
 def make_ingest_app(ingest: ReportIngest) -> web.Application:
     """The ingest server's app: POST /v1/reports, and nothing else."""
-    # client_max_size guards aiohttp's own readers; ours enforces the limit while streaming.
-    app = web.Application(client_max_size=ingest.max_body_bytes + 1)
+    # client_max_size guards aiohttp's own readers; ours enforces the limit while streaming. We decode
+    # Content-Encoding ourselves, bounded: aiohttp's decoder inflates before any limit applies, and
+    # fails again on a corrupt body it drains after a refusal, as an unhandled error.
+    app = web.Application(client_max_size=ingest.max_body_bytes + 1, handler_args={"auto_decompress": False})
     app[INGEST] = ingest
     app.router.add_post(REPORTS_PATH, ingest.handle)
     return app

@@ -3,7 +3,9 @@ bounds (types, timestamps, the reporting node and its pods), and good reports se
 
 from __future__ import annotations
 
+import gzip
 import json
+import logging
 import zlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -312,6 +314,44 @@ async def test_a_corrupt_compressed_body_is_a_400(setup: Any, encoding: str) -> 
     assert (status, payload["reason"]) == (400, "InvalidReport")
     assert encoding in payload["message"]
     assert rejected(state, "internal") == 0
+    # The client's next request is served (on a new connection: that one was closed).
+    assert (await post(client, dump_report(report())))[0] == 200
+
+
+async def test_a_compression_bomb_is_413_after_inflating_no_more_than_the_limit(setup: Any) -> None:
+    client, _, _ = setup
+    bomb = gzip.compress(b" " * (64 * 2**20))  # 64 MiB of spaces in 64 KiB
+    assert len(bomb) < 64 * 1024
+    status, payload, _ = await post(client, bomb, **{"Content-Encoding": "gzip"})
+    assert (status, payload["reason"]) == (413, "TooLarge")
+
+
+@pytest.mark.parametrize(
+    ("body", "encoding", "status", "reason"),
+    [
+        (zlib.compress(b"{}")[:-3], "deflate", 400, "InvalidReport"),  # truncated
+        (b"{}", "br", 415, "UnsupportedEncoding"),
+    ],
+)
+async def test_encodings_we_cannot_decode(
+    setup: Any, body: bytes, encoding: str, status: int, reason: str
+) -> None:
+    client, _, _ = setup
+    got, payload, _ = await post(client, body, **{"Content-Encoding": encoding})
+    assert (got, payload["reason"]) == (status, reason)
+
+
+async def test_a_corrupt_body_refused_before_reading_it_costs_the_connection_nothing(
+    setup: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by the fuzzer: aiohttp drained the unread body after our 403, failed to decode it, logged an
+    unhandled error and dropped the connection the client was about to reuse."""
+    client, _, _ = setup
+    corrupt = b"x\x9c" + bytes(range(256)) * 40
+    for _ in range(3):
+        assert (await post(client, corrupt, token="other", **{"Content-Encoding": "deflate"}))[0] == 403
+        assert (await post(client, dump_report(report())))[0] == 200
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 async def test_a_compressed_body_is_read(setup: Any) -> None:
