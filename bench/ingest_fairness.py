@@ -6,7 +6,8 @@ series store; the TokenReviews answered locally, each token bound to its node as
 projected token is). Another keeps ``--bulk`` connections busy, each posting large
 reports (``--snapshots`` snapshots of 8 GPUs, about 4.5 kB a snapshot: a replay after an
 outage) from a node of its own, back to back. A third posts one live report (one
-snapshot) every ``--probe-interval`` and records how long the answer takes. First
+snapshot) every ``--probe-interval`` and records how long the answer takes. Nodes, pods and
+reports are bench/ingest.py's. First
 ``--seconds`` without the bulk load (the baseline), then as long with it.
 
     .venv/bin/python bench/ingest_fairness.py --bulk 10 --snapshots 230 --seconds 20
@@ -29,76 +30,36 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ingest.py's server parts
 
 from aiohttp import web
+from ingest import TOKEN_PREFIX, BenchApi, Layout, exchange, node_gpus, pod_nodes
 
-from gpuwarden.nodereport import GpuSample, NodeReport, PodRef, ProcessSample, Snapshot, dump_report
+from gpuwarden.nodereport import NodeReport, Snapshot, dump_report
 from gpuwarden.operator.config import DEFAULTS, OperatorConfig, parse_size
 from gpuwarden.operator.ingest import make_ingest_app
 from gpuwarden.operator.state import OperatorState
 
-AGENT = "system:serviceaccount:gpuwarden-system:gpuwarden-agent"
-NAMESPACE = "bench"
-GPUS = 8
 
-
-def node_name(i: int) -> str:
-    return f"node-{i}"
-
-
-class BenchApi:
-    """TokenReviews: token ``node-N`` is the agent's pod on node ``node-N``."""
-
-    async def create_token_review(self, token: str, audiences: list[str]) -> dict[str, Any]:
-        extra = {"authentication.kubernetes.io/node-name": [token]}
-        return {"authenticated": True, "audiences": audiences, "user": {"username": AGENT, "extra": extra}}
-
-    async def close(self) -> None:
-        pass
-
-
-def report_body(node: int, seq: int, snapshots: int, t_end: float) -> bytes:
-    gpus = []
-    for gpu in range(GPUS):
-        pod = PodRef(namespace=NAMESPACE, name=f"job-{node}-{gpu}", container="main")
-        gpus.append(
-            GpuSample(
-                uuid=f"GPU-{node:08x}-{gpu:04x}-4000-8000-000000000000",
-                index=gpu,
-                model="NVIDIA H200",
-                utilization_gpu=42.5,
-                sm_active=33.1,
-                sm_occupancy=20.0,
-                tensor_active=10.0,
-                dram_active=5.0,
-                memory_used_bytes=2**34 + gpu,
-                memory_total_bytes=141 * 2**30,
-                temperature_c=55.0,
-                power_watts=300.5,
-                sm_clock_mhz=1980,
-                ecc_uncorrected=0,
-                pods=[pod],
-                processes=[
-                    ProcessSample(pid=1000 + gpu, used_memory_bytes=2**34, command="python train.py", pod=pod)
-                ],
-            )
-        )
+def report_body(layout: Layout, node: int, seq: int, snapshots: int, t_end: float) -> bytes:
+    gpus = node_gpus(layout, node)
     snaps = [Snapshot(timestamp=t_end - snapshots + i, gpus=gpus) for i in range(snapshots)]
-    return dump_report(
-        NodeReport(schema_version=1, node=node_name(node), agent_id=f"a-{node}", seq=seq, snapshots=snaps)
+    report = NodeReport(
+        schema_version=1, node=layout.node(node), agent_id=f"a-{node}", seq=seq, snapshots=snaps
     )
+    return dump_report(report)
 
 
-def serve(port_queue: Any, stop: Any, nodes: int, max_body: str) -> None:
+def token(layout: Layout, node: int) -> str:
+    return TOKEN_PREFIX + layout.node(node)
+
+
+def serve(port_queue: Any, stop: Any, layout: Layout, max_body: str) -> None:
     async def main() -> None:
         config = OperatorConfig(max_body_bytes=parse_size(max_body, flag="--max-body-bytes"))
         state = OperatorState(config, api=BenchApi())  # type: ignore[arg-type]
         state.leadership.active = True
-        # What Kopf's gpu_pod_nodes index would hold, synced.
-        state.pod_nodes = {
-            (NAMESPACE, f"job-{n}-{g}"): [node_name(n)] for n in range(nodes) for g in range(GPUS)
-        }
-        state.pods_synced = True
+        state.pod_nodes, state.pods_synced = pod_nodes(layout), True
         runner = web.AppRunner(make_ingest_app(state.ingest), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
@@ -110,37 +71,29 @@ def serve(port_queue: Any, stop: Any, nodes: int, max_body: str) -> None:
     asyncio.run(main())
 
 
-async def post(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, token: str, body: bytes) -> int:
-    writer.write(
-        b"POST /v1/reports HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-        b"Authorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s" % (token.encode(), len(body), body)
-    )
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n"):
-        if line[:15].lower() == b"content-length:":
-            length = int(line[15:])
-    if length:
-        await reader.readexactly(length)
-    return int(head[9:12])
-
-
-def bulk(port: int, args: argparse.Namespace, start: Any, stop: Any, out: Any) -> None:
+def bulk(
+    port: int, args: argparse.Namespace, layout: Layout, ready: Any, start: Any, stop: Any, out: Any
+) -> None:
     async def one(node: int) -> tuple[int, dict[int, int]]:
         # The body is built once, its seq left open: the client costs the server's CPUs little.
         # (Later reports repeat the snapshots: parsed and attributed in full, not stored again.)
         mark = 987_654_321
-        head, _, tail = report_body(node, mark, args.snapshots, time.time()).partition(b"%d" % mark)
+        head, _, tail = report_body(layout, node, mark, args.snapshots, time.time()).partition(b"%d" % mark)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         statuses: dict[int, int] = {}
+        opened.append(node)
+        if len(opened) == args.bulk:
+            ready.set()  # every connection open, every body built: the probe may start
         await asyncio.to_thread(start.wait)
         sent = 0
         while not stop.is_set():
-            status = await post(reader, writer, node_name(node), b"%s%d%s" % (head, sent, tail))
+            status = await exchange(reader, writer, b"%s%d%s" % (head, sent, tail), token(layout, node))
             statuses[status] = statuses.get(status, 0) + 1
             sent += 1
         writer.close()
         return len(head) + len(tail), statuses
+
+    opened: list[int] = []
 
     async def main() -> None:
         results = await asyncio.gather(*(one(1 + i) for i in range(args.bulk)))
@@ -153,15 +106,15 @@ def bulk(port: int, args: argparse.Namespace, start: Any, stop: Any, out: Any) -
     asyncio.run(main())
 
 
-async def probe(port: int, args: argparse.Namespace, seconds: float) -> list[float]:
+async def probe(port: int, args: argparse.Namespace, layout: Layout, seconds: float) -> list[float]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     latencies: list[float] = []
     seq = int(time.time() * 1000)
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        body = report_body(0, seq, 1, time.time())
+        body = report_body(layout, 0, seq, 1, time.time())
         started = time.perf_counter()
-        status = await post(reader, writer, node_name(0), body)
+        status = await exchange(reader, writer, body, token(layout, 0))
         latencies.append(time.perf_counter() - started)
         assert status == 200, status
         seq += 1
@@ -193,16 +146,19 @@ def main() -> None:
     args = parser.parse_args()
 
     ctx = mp.get_context("spawn")
-    port_queue, stop, start, bulk_stop, out = ctx.Queue(), ctx.Event(), ctx.Event(), ctx.Event(), ctx.Queue()
-    server = ctx.Process(target=serve, args=(port_queue, stop, args.bulk + 1, args.max_body_bytes))
+    port_queue, out = ctx.Queue(), ctx.Queue()
+    stop, ready, start, bulk_stop = ctx.Event(), ctx.Event(), ctx.Event(), ctx.Event()
+    layout = Layout(nodes=args.bulk + 1, nodes_per_policy=args.bulk + 1)
+    server = ctx.Process(target=serve, args=(port_queue, stop, layout, args.max_body_bytes))
     server.start()
     port = port_queue.get(timeout=60)
     try:
-        baseline = asyncio.run(probe(port, args, args.seconds))
-        loader = ctx.Process(target=bulk, args=(port, args, start, bulk_stop, out))
+        baseline = asyncio.run(probe(port, args, layout, args.seconds))
+        loader = ctx.Process(target=bulk, args=(port, args, layout, ready, start, bulk_stop, out))
         loader.start()
+        ready.wait(timeout=300)
         start.set()
-        loaded = asyncio.run(probe(port, args, args.seconds))
+        loaded = asyncio.run(probe(port, args, layout, args.seconds))
         bulk_stop.set()
         result = out.get(timeout=120)
         loader.join(timeout=60)
