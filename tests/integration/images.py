@@ -63,16 +63,20 @@ def locate_images(timeout: float = BUILD_IMAGES_TIMEOUT_S) -> Images:
         tail = "\n".join((proc.stderr + proc.stdout).splitlines()[-60:])
         raise BuildError(f"{BUILD_IMAGES_SCRIPT} failed with exit status {proc.returncode}:\n{tail}")
     env = parse_env_lines(proc.stdout)
-    keys = ("IMAGE_REGISTRY", "AGENT_IMAGE_TAG", "OPERATOR_IMAGE_TAG") + tuple(
-        f"{image}_{what}" for image in ("PAUSE", "WORKLOAD", "AGENT", "OPERATOR") for what in ("IMAGE", "ARCHIVE")
-    )
+    images = ("PAUSE", "WORKLOAD", "AGENT", "OPERATOR")
+    keys = [
+        "IMAGE_REGISTRY",
+        "AGENT_IMAGE_TAG",
+        "OPERATOR_IMAGE_TAG",
+        *(f"{image}_{what}" for image in images for what in ("IMAGE", "ARCHIVE")),
+    ]
     if absent := [k for k in keys if not env.get(k)]:
         raise BuildError(f"{BUILD_IMAGES_SCRIPT} --print-env did not report {absent}:\n{proc.stdout}")
 
     def image(prefix: str) -> Image:
         return Image(name=env[f"{prefix}_IMAGE"], archive=Path(env[f"{prefix}_ARCHIVE"]))
 
-    images = Images(
+    found = Images(
         pause=image("PAUSE"),
         workload=image("WORKLOAD"),
         agent=image("AGENT"),
@@ -81,8 +85,7 @@ def locate_images(timeout: float = BUILD_IMAGES_TIMEOUT_S) -> Images:
         agent_tag=env["AGENT_IMAGE_TAG"],
         operator_tag=env["OPERATOR_IMAGE_TAG"],
     )
-    if missing := [
-        str(i.archive) for i in (images.pause, images.workload, images.agent, images.operator) if not i.archive.is_file()
-    ]:
+    every = (found.pause, found.workload, found.agent, found.operator)
+    if missing := [str(i.archive) for i in every if not i.archive.is_file()]:
         raise BuildError(f"{BUILD_IMAGES_SCRIPT} succeeded but these archives are missing: {missing}")
-    return images
+    return found

@@ -83,6 +83,8 @@ CNI_BIN_DIR = Path("/usr/lib/cni")
 CNI_CACHE_DIR = Path("/var/lib/cni/results")
 NETNS_DIR = Path("/var/run/netns")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+#: Directories the kubelet and the CNI plugins make outside our own; removed if we made them.
+MADE_DIRS = (CONTAINER_LOG_LINKS, CNI_CACHE_DIR, CNI_CACHE_DIR.parent)
 LOCK_PATH = Path("/run/lock/gpuwarden-test-node.lock")
 #: Written into KUBELET_ROOT: a directory without it is someone else's and is never touched.
 MARKER = ".gpuwarden-test-node"
@@ -202,6 +204,41 @@ def _kill_shims() -> None:
             os.kill(pid, 9)
 
 
+def kube_chains_removal(saved: str) -> str:
+    """An ``iptables-restore --noflush`` script removing every ``KUBE-*`` chain of ``iptables-save`` output.
+
+    The jumps into them from other chains go first, then their rules, then the chains.
+    """
+    out: list[str] = []
+    chains: list[str] = []
+    jumps: list[str] = []
+    for line in saved.splitlines():
+        if line.startswith("*"):
+            out.append(line)
+            chains, jumps = [], []
+        elif line.startswith(":KUBE-"):
+            chains.append(line[1:].split()[0])
+        elif line.startswith("-A ") and not line.split()[1].startswith("KUBE-") and " -j KUBE-" in line:
+            jumps.append("-D " + line[3:])
+        elif line == "COMMIT":
+            out += jumps + [f"-F {c}" for c in chains] + [f"-X {c}" for c in chains] + [line]
+    return "\n".join(out) + "\n"
+
+
+def _remove_kube_chains() -> None:
+    """The kubelet's own chains (KUBE-FIREWALL, KUBE-KUBELET-CANARY, ...): it has no cleanup of its own.
+
+    Run after ``kube-proxy --cleanup``, with no other kubelet here (the lock), so every ``KUBE-*``
+    chain left is the test node's.
+    """
+    for family in ("iptables", "ip6tables"):
+        saved = _run([f"{family}-save"], check=False).stdout
+        if ":KUBE-" in saved:
+            subprocess.run(
+                [f"{family}-restore", "--noflush"], input=kube_chains_removal(saved), text=True, check=False
+            )
+
+
 def _remove_cgroups(name: str = "kubepods") -> None:
     """The kubelet's pod cgroups in every hierarchy, leaves first (the kubelet leaves them)."""
     for hierarchy in CGROUP_ROOT.iterdir():
@@ -239,12 +276,16 @@ class Node:
         self.name = NODE_NAME
         self.ip = NODE_IP
         self.pod_resources_socket = POD_RESOURCES_SOCKET
-        self.control_plane = ControlPlane(binaries, workdir / "controlplane", address=NODE_IP, with_nodes=True)
+        self.control_plane = ControlPlane(
+            binaries, workdir / "controlplane", address=NODE_IP, with_nodes=True
+        )
         self.processes: dict[str, ManagedProcess] = {}
         self.startup_seconds = 0.0
         self.phase_seconds: dict[str, float] = {}
+        self.teardown_seconds: dict[str, float] = {}
         self.imported: list[str] = []
         self._sysctls: dict[str, str] = {}
+        self._made_dirs: list[Path] = []
         self._lock: IO[bytes] | None = None
         self._pod_logs = workdir / "pod-logs"
 
@@ -256,7 +297,8 @@ class Node:
         try:
             if missing := missing_prerequisites():
                 raise NodeError(
-                    "this machine cannot run the test node; missing: " + ", ".join(missing)
+                    "this machine cannot run the test node; missing: "
+                    + ", ".join(missing)
                     + " (hack/ensure-system-deps.sh installs the packages)"
                 )
             self._phase("lock", self._take_lock)
@@ -264,7 +306,8 @@ class Node:
             self._phase("control plane", self.control_plane.start)
             self._phase("containerd", self._start_containerd)
             self._phase(
-                "images", lambda: [self.import_image(i.archive) for i in (self.images.pause, self.images.workload)]
+                "images",
+                lambda: [self.import_image(i.archive) for i in (self.images.pause, self.images.workload)],
             )
             self._phase("controllers", self._start_controllers)
             self._phase("kubelet", self._start_kubelet)
@@ -283,22 +326,25 @@ class Node:
 
     def stop(self) -> None:
         """Tear everything down (idempotent; each step runs even when an earlier one failed)."""
-        steps: list[Callable[[], None]] = [
-            self._drain,
-            lambda: self._stop("kube-controller-manager", "kube-scheduler"),
-            self._stop_kube_proxy,
-            lambda: self._stop("coredns", "device-plugin", "kubelet"),
-            self._stop_containerd,
-            self._clean_host,
-            self.control_plane.stop,
-            self._release_lock,
-        ]
+        steps: dict[str, Callable[[], None]] = {
+            "drain": self._drain,
+            "controllers": lambda: self._stop("kube-controller-manager", "kube-scheduler"),
+            "kube-proxy": self._stop_kube_proxy,
+            "coredns, device plugin, kubelet": lambda: self._stop("coredns", "device-plugin", "kubelet"),
+            "containerd": self._stop_containerd,
+            # Before the bridge goes: the API server's own client uses its address to shut down.
+            "control plane": self.control_plane.stop,
+            "host": self._clean_host,
+            "lock": self._release_lock,
+        }
         errors = []
-        for step in steps:
+        for name, step in steps.items():
+            t = time.monotonic()
             try:
                 step()
             except Exception as exc:  # a failed step must not keep the next from cleaning up
-                errors.append(f"{getattr(step, '__name__', step)}: {exc}")
+                errors.append(f"{name}: {exc}")
+            self.teardown_seconds[name] = time.monotonic() - t
         if errors:
             raise NodeError("node teardown: " + "; ".join(errors))
 
@@ -321,7 +367,8 @@ class Node:
                 return False
             return True
 
-        wait_for(locked, timeout=LOCK_TIMEOUT_S, what=f"{LOCK_PATH} (another test node on this machine)", interval=1)
+        what = f"{LOCK_PATH} (another test node on this machine)"
+        wait_for(locked, timeout=LOCK_TIMEOUT_S, what=what, interval=1)
 
     def _release_lock(self) -> None:
         if self._lock is not None:
@@ -331,10 +378,11 @@ class Node:
     def _prepare_host(self) -> None:
         """Clear what a session that died left behind, then set up the kubelet's dir and the bridge."""
         if _socket_answers(DEVICE_PLUGIN_DIR / "kubelet.sock"):
-            raise NodeError(f"a kubelet is running on this machine ({DEVICE_PLUGIN_DIR}/kubelet.sock answers)")
+            raise NodeError(f"a kubelet runs on this machine ({DEVICE_PLUGIN_DIR}/kubelet.sock answers)")
         if KUBELET_ROOT.exists() and not (KUBELET_ROOT / MARKER).exists() and any(KUBELET_ROOT.iterdir()):
             raise NodeError(f"{KUBELET_ROOT} exists and is not the test node's; not touching it")
         self._clean_host()
+        self._made_dirs = [d for d in MADE_DIRS if not d.exists()]
         for name in SYSCTLS:
             path = Path("/proc/sys") / name
             if path.exists():
@@ -356,6 +404,8 @@ class Node:
         if (KUBELET_ROOT / MARKER).exists():
             shutil.rmtree(KUBELET_ROOT, ignore_errors=True)
         shutil.rmtree(RUN_DIR, ignore_errors=True)
+        # The images' unpacked layers; the logs beside them stay for a failure's post-mortem.
+        shutil.rmtree(self.workdir / "containerd" / "root", ignore_errors=True)
         if CONTAINER_LOG_LINKS.is_dir():
             for link in CONTAINER_LOG_LINKS.iterdir():
                 if link.is_symlink() and os.readlink(link).startswith(str(self._pod_logs)):
@@ -363,8 +413,12 @@ class Node:
         if CNI_CACHE_DIR.is_dir():
             for cached in CNI_CACHE_DIR.glob(f"{CNI_NETWORK}-*"):
                 cached.unlink()
+        for directory in self._made_dirs:
+            with contextlib.suppress(OSError):  # not empty: something else uses it too
+                directory.rmdir()
         if Path("/sys/class/net", BRIDGE).exists():
             _run(["ip", "link", "delete", BRIDGE], check=False)
+        _remove_kube_chains()
         _remove_cgroups()
         for name, value in self._sysctls.items():
             with contextlib.suppress(OSError):
@@ -373,7 +427,8 @@ class Node:
     # -- containerd ------------------------------------------------------------------
 
     def _ctr(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return _run(["ctr", f"--address={CONTAINERD_SOCKET}", "--namespace=k8s.io", *args], check=check, timeout=timeout)
+        argv = ["ctr", f"--address={CONTAINERD_SOCKET}", "--namespace=k8s.io", *args]
+        return _run(argv, check=check, timeout=timeout)
 
     def _start_containerd(self) -> None:
         directory = self.workdir / "containerd"
@@ -428,6 +483,9 @@ disabled_plugins = [
 
 [{cri}]
   sandbox_image = "{self.images.pause.name}"
+  # This machine withholds CAP_SYS_RESOURCE, so runc cannot lower a container's oom_score_adj
+  # below containerd's own (the pause container asks for -998): clamp instead of failing.
+  restrict_oom_score_adj = true
   stream_server_address = "127.0.0.1"
   [{cri}.containerd]
     snapshotter = "overlayfs"
@@ -444,7 +502,8 @@ disabled_plugins = [
         )
         proc = self._spawn("containerd", [shutil.which("containerd") or "containerd", f"--config={config}"])
         self._wait(lambda: self._ctr("version", check=False).returncode == 0, "containerd", proc)
-        cri_status = [line.split() for line in self._ctr("plugins", "ls").stdout.splitlines() if " cri " in line]
+        plugins = self._ctr("plugins", "ls").stdout.splitlines()
+        cri_status = [line.split() for line in plugins if " cri " in line]
         if not cri_status or cri_status[0][-1] != "ok":
             raise NodeError(f"containerd's CRI plugin did not load: {cri_status}\n{proc.log_tail()}")
 
@@ -614,6 +673,8 @@ disabled_plugins = [
                     "nodefs.inodesFree": "1%",
                     "imagefs.available": "1%",
                 },
+                # The Node's status (and so its GPUs once the device plugin registers) within 2 s.
+                "nodeStatusUpdateFrequency": "2s",
                 "serializeImagePulls": False,
                 "rotateCertificates": False,
                 "staticPodPath": "",
@@ -633,7 +694,8 @@ disabled_plugins = [
                 "--v=2",
             ],
         )
-        self._wait(lambda: _http_ok(f"http://127.0.0.1:{healthz_port}/healthz"), "the kubelet's /healthz", proc)
+        healthz = f"http://127.0.0.1:{healthz_port}/healthz"
+        self._wait(lambda: _http_ok(healthz), f"the kubelet's {healthz}", proc)
         self._wait(self.ready, f"Node {NODE_NAME} Ready", proc, interval=API_POLL_INTERVAL_S)
 
     def node_object(self) -> dict[str, Any] | None:
@@ -723,9 +785,16 @@ disabled_plugins = [
                 "kind": "ClusterRole",
                 "metadata": {"name": user},
                 "rules": [
-                    {"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"],
-                     "verbs": ["list", "watch"]},
-                    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
+                    {
+                        "apiGroups": [""],
+                        "resources": ["endpoints", "services", "pods", "namespaces"],
+                        "verbs": ["list", "watch"],
+                    },
+                    {
+                        "apiGroups": ["discovery.k8s.io"],
+                        "resources": ["endpointslices"],
+                        "verbs": ["list", "watch"],
+                    },
                 ],
             },
             {
@@ -738,7 +807,11 @@ disabled_plugins = [
             {
                 "apiVersion": "v1",
                 "kind": "Service",
-                "metadata": {"name": "kube-dns", "namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}},
+                "metadata": {
+                    "name": "kube-dns",
+                    "namespace": "kube-system",
+                    "labels": {"k8s-app": "kube-dns"},
+                },
                 "spec": {
                     "clusterIP": CLUSTER_DNS_IP,
                     "ports": [
@@ -800,7 +873,13 @@ disabled_plugins = [
             return
         self._stop("kube-controller-manager", "kube-scheduler")
         self.control_plane.kubectl(
-            "delete", "pods", "--all", "--all-namespaces", "--grace-period=1", "--wait=true", "--timeout=120s",
+            "delete",
+            "pods",
+            "--all",
+            "--all-namespaces",
+            "--grace-period=1",
+            "--wait=true",
+            "--timeout=120s",
             timeout=150,
         )
 
@@ -812,4 +891,3 @@ disabled_plugins = [
         for proc in self.processes.values():
             parts.append(f"--- {proc.name} log ({proc.log_path}) ---\n{proc.log_tail(40)}")
         return "\n".join(parts)
-
