@@ -43,7 +43,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -131,17 +131,17 @@ def parse_env_lines(text: str) -> dict[str, str]:
     return env
 
 
-def locate_binaries(timeout: float = BUILD_TIMEOUT_S) -> Binaries:
-    """Run ``hack/build-control-plane.sh --print-env`` (builds what is missing).
+def run_print_env(script: Path, keys: Iterable[str], timeout: float) -> dict[str, str]:
+    """Run a build script with ``--print-env`` (it builds what is missing) and parse its ``KEY=value`` lines.
 
-    Raises :class:`BuildError` with the script's output when it fails or does not
-    report every binary.
+    Raises :class:`BuildError` with the script's output when it is absent, fails, times out
+    or does not report every one of ``keys``.
     """
-    if not BUILD_SCRIPT.is_file():
-        raise BuildError(f"{BUILD_SCRIPT} does not exist")
+    if not script.is_file():
+        raise BuildError(f"{script} does not exist")
     try:
         proc = subprocess.run(
-            ["bash", str(BUILD_SCRIPT), "--print-env"],
+            ["bash", str(script), "--print-env"],
             cwd=REPO_ROOT,
             capture_output=True,
             text=True,
@@ -149,13 +149,24 @@ def locate_binaries(timeout: float = BUILD_TIMEOUT_S) -> Binaries:
             check=False,
         )
     except subprocess.TimeoutExpired as exc:
-        raise BuildError(f"{BUILD_SCRIPT} did not finish within {timeout:.0f}s") from exc
+        raise BuildError(f"{script} did not finish within {timeout:.0f}s") from exc
     if proc.returncode != 0:
         raise BuildError(
-            f"{BUILD_SCRIPT} --print-env failed with exit status {proc.returncode}:\n"
+            f"{script} --print-env failed with exit status {proc.returncode}:\n"
             f"{_tail(proc.stderr)}{_tail(proc.stdout)}"
         )
     env = parse_env_lines(proc.stdout)
+    if absent := [k for k in keys if not env.get(k)]:
+        raise BuildError(f"{script} --print-env did not report {absent}:\n{proc.stdout}")
+    return env
+
+
+def locate_binaries(timeout: float = BUILD_TIMEOUT_S) -> Binaries:
+    """Run ``hack/build-control-plane.sh --print-env`` (builds what is missing).
+
+    Raises :class:`BuildError` with the script's output when it fails or does not
+    report every binary.
+    """
     keys = {
         "kube_apiserver": "KUBE_APISERVER",
         "kubectl": "KUBECTL",
@@ -167,9 +178,7 @@ def locate_binaries(timeout: float = BUILD_TIMEOUT_S) -> Binaries:
         "kube_controller_manager": "KUBE_CONTROLLER_MANAGER",
         "coredns": "COREDNS",
     }
-    absent = [k for k in keys.values() if not env.get(k)]
-    if absent:
-        raise BuildError(f"{BUILD_SCRIPT} --print-env did not report {absent}:\n{proc.stdout}")
+    env = run_print_env(BUILD_SCRIPT, keys.values(), timeout)
     binaries = Binaries(
         **{field_name: Path(env[key]) for field_name, key in keys.items()},
         versions={k: v for k, v in env.items() if k.endswith("_VERSION")},

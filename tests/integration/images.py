@@ -8,11 +8,10 @@ into its containerd (:meth:`node.Node.import_image`).
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from controlplane import REPO_ROOT, BuildError, parse_env_lines
+from controlplane import REPO_ROOT, BuildError, run_print_env
 
 BUILD_IMAGES_SCRIPT = REPO_ROOT / "hack" / "build-images.sh"
 #: A cold build debootstraps the base and pip-installs both images.
@@ -46,32 +45,14 @@ def locate_images(timeout: float = BUILD_IMAGES_TIMEOUT_S) -> Images:
     Raises :class:`controlplane.BuildError` with the script's output when it fails, does not
     report every image, or reports an archive that is not there.
     """
-    if not BUILD_IMAGES_SCRIPT.is_file():
-        raise BuildError(f"{BUILD_IMAGES_SCRIPT} does not exist")
-    try:
-        proc = subprocess.run(
-            ["bash", str(BUILD_IMAGES_SCRIPT), "--print-env"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise BuildError(f"{BUILD_IMAGES_SCRIPT} did not finish within {timeout:.0f}s") from exc
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stderr + proc.stdout).splitlines()[-60:])
-        raise BuildError(f"{BUILD_IMAGES_SCRIPT} failed with exit status {proc.returncode}:\n{tail}")
-    env = parse_env_lines(proc.stdout)
-    images = ("PAUSE", "WORKLOAD", "AGENT", "OPERATOR")
+    prefixes = ("PAUSE", "WORKLOAD", "AGENT", "OPERATOR")
     keys = [
         "IMAGE_REGISTRY",
         "AGENT_IMAGE_TAG",
         "OPERATOR_IMAGE_TAG",
-        *(f"{image}_{what}" for image in images for what in ("IMAGE", "ARCHIVE")),
+        *(f"{prefix}_{what}" for prefix in prefixes for what in ("IMAGE", "ARCHIVE")),
     ]
-    if absent := [k for k in keys if not env.get(k)]:
-        raise BuildError(f"{BUILD_IMAGES_SCRIPT} --print-env did not report {absent}:\n{proc.stdout}")
+    env = run_print_env(BUILD_IMAGES_SCRIPT, keys, timeout)
 
     def image(prefix: str) -> Image:
         return Image(name=env[f"{prefix}_IMAGE"], archive=Path(env[f"{prefix}_ARCHIVE"]))

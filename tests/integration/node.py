@@ -595,43 +595,37 @@ disabled_plugins = [
     def _start_controllers(self) -> None:
         cp = self.control_plane
         assert cp.pki is not None
-        kcm_port, scheduler_port = free_ports(2)
-        kcm = str(cp.client_kubeconfig("system:kube-controller-manager"))
-        self._healthz(
+        self._start_controller(
             "kube-controller-manager",
-            [
-                str(self.binaries.kube_controller_manager),
-                f"--kubeconfig={kcm}",
-                f"--authentication-kubeconfig={kcm}",
-                f"--authorization-kubeconfig={kcm}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={kcm_port}",
-                "--leader-elect=false",
-                # Signs the legacy token Secrets with the API server's key; each controller
-                # then acts as its own ServiceAccount, as kubeadm runs it.
-                f"--service-account-private-key-file={cp.pki.sa_private_key}",
-                "--use-service-account-credentials=true",
-                # Published as every namespace's kube-root-ca.crt, which projected tokens mount.
-                f"--root-ca-file={cp.pki.ca_cert}",
-                "--cluster-name=gpuwarden-test",
-                "--v=1",
-            ],
-            f"https://127.0.0.1:{kcm_port}/healthz",
+            self.binaries.kube_controller_manager,
+            # Signs the legacy token Secrets with the API server's key; each controller
+            # then acts as its own ServiceAccount, as kubeadm runs it.
+            f"--service-account-private-key-file={cp.pki.sa_private_key}",
+            "--use-service-account-credentials=true",
+            # Published as every namespace's kube-root-ca.crt, which projected tokens mount.
+            f"--root-ca-file={cp.pki.ca_cert}",
+            "--cluster-name=gpuwarden-test",
         )
-        scheduler = str(cp.client_kubeconfig("system:kube-scheduler"))
+        self._start_controller("kube-scheduler", self.binaries.kube_scheduler)
+
+    def _start_controller(self, name: str, binary: Path, *flags: str) -> None:
+        """kube-controller-manager or kube-scheduler: user ``system:<name>``, serving on loopback."""
+        kubeconfig = self.control_plane.client_kubeconfig(f"system:{name}")
+        (port,) = free_ports(1)
         self._healthz(
-            "kube-scheduler",
+            name,
             [
-                str(self.binaries.kube_scheduler),
-                f"--kubeconfig={scheduler}",
-                f"--authentication-kubeconfig={scheduler}",
-                f"--authorization-kubeconfig={scheduler}",
+                str(binary),
+                f"--kubeconfig={kubeconfig}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
                 "--bind-address=127.0.0.1",
-                f"--secure-port={scheduler_port}",
+                f"--secure-port={port}",
                 "--leader-elect=false",
+                *flags,
                 "--v=1",
             ],
-            f"https://127.0.0.1:{scheduler_port}/healthz",
+            f"https://127.0.0.1:{port}/healthz",
         )
 
     # -- kubelet ---------------------------------------------------------------------

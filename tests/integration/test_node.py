@@ -38,8 +38,13 @@ def wait(node: Node, namespace: str, *args: str) -> None:
 
 
 def describe(node: Node, namespace: str) -> str:
-    pods = node.control_plane.kubectl("describe", "pods", "-n", namespace).stdout
-    return f"{pods}\n{node.logs()}"
+    """The namespace's pods, their containers' output, and the node's logs."""
+    cp = node.control_plane
+    pods = cp.kubectl("describe", "pods", "-n", namespace).stdout
+    output = cp.kubectl(
+        "logs", "-n", namespace, "--all-containers", "--prefix", "-l", "!no-such-label"
+    ).stdout
+    return f"{pods}\n--- containers' output ---\n{output}\n{node.logs()}"
 
 
 def container(name: str, image: str, command: list[str], **extra: Any) -> dict[str, Any]:
@@ -48,6 +53,24 @@ def container(name: str, image: str, command: list[str], **extra: Any) -> dict[s
 
 def pod(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def deployment(name: str, replicas: int, main: dict[str, Any]) -> dict[str, Any]:
+    """A Deployment of pods labelled ``app: <name>`` running container ``main``."""
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"terminationGracePeriodSeconds": 1, "containers": [main]},
+            },
+        },
+    }
 
 
 def test_node_registers_ready_with_the_scenario_gpus(node: Node) -> None:
@@ -109,26 +132,10 @@ async def test_a_gpu_pod_is_scheduled_runs_and_is_reported_by_pod_resources(
 
 
 def test_a_deployment_makes_its_pods_through_the_controller_manager(node: Node, node_namespace: str) -> None:
-    labels = {"app": "sleeper"}
     apply(
         node,
         node_namespace,
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "sleeper"},
-            "spec": {
-                "replicas": 2,
-                "selector": {"matchLabels": labels},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "terminationGracePeriodSeconds": 1,
-                        "containers": [container("main", node.images.workload.name, ["sleep", "infinity"])],
-                    },
-                },
-            },
-        },
+        deployment("sleeper", 2, container("main", node.images.workload.name, ["sleep", "infinity"])),
     )
     wait(node, node_namespace, "--for=condition=Available", "deployment/sleeper")
     pods = get(node, node_namespace, "pods", "-l", "app=sleeper")["items"]
@@ -140,52 +147,48 @@ def test_a_deployment_makes_its_pods_through_the_controller_manager(node: Node, 
 
 def test_a_pod_reaches_a_service_by_its_dns_name_and_its_cluster_ip(node: Node, node_namespace: str) -> None:
     token = secrets.token_hex(8)
-    labels = {"app": "web"}
     serve = f"mkdir -p /srv && echo {token} > /srv/token && exec python3 -m http.server 8080 -d /srv"
     apply(
         node,
         node_namespace,
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "web"},
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": labels},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "terminationGracePeriodSeconds": 1,
-                        "containers": [
-                            container(
-                                "main",
-                                node.images.workload.name,
-                                ["sh", "-c", serve],
-                                ports=[{"containerPort": 8080}],
-                                readinessProbe={"tcpSocket": {"port": 8080}, "periodSeconds": 1},
-                            )
-                        ],
-                    },
-                },
-            },
-        },
+        deployment(
+            "web",
+            1,
+            container(
+                "main",
+                node.images.workload.name,
+                ["sh", "-c", serve],
+                ports=[{"containerPort": 8080}],
+                readinessProbe={"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+            ),
+        ),
         {
             "apiVersion": "v1",
             "kind": "Service",
             "metadata": {"name": "web"},
-            "spec": {"selector": labels, "ports": [{"port": 80, "targetPort": 8080}]},
+            "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
         },
     )
     wait(node, node_namespace, "--for=condition=Available", "deployment/web")
     cluster_ip = get(node, node_namespace, "service", "web")["spec"]["clusterIP"]
     name = f"web.{node_namespace}.svc"
     # Resolved by CoreDNS behind the kube-dns Service; both requests go through kube-proxy's rules.
+    # kube-proxy programs a new endpoint within its sync period (1 s) of the pod turning Ready, an
+    # event the API does not show, so the client retries a refused connection as any client would.
     client = (
-        "import socket, urllib.request\n"
+        "import socket, time, urllib.error, urllib.request\n"
         f"print('resolved', socket.gethostbyname({name!r}))\n"
+        "def fetch(host):\n"
+        "    for _ in range(20):\n"
+        "        try:\n"
+        "            with urllib.request.urlopen(f'http://{host}/token', timeout=10) as r:\n"
+        "                return r.read().decode().strip()\n"
+        "        except urllib.error.URLError as e:\n"
+        "            if not isinstance(e.reason, ConnectionRefusedError): raise\n"
+        "            time.sleep(0.5)\n"
+        "    raise SystemExit(f'{host}: refused for 10 s')\n"
         f"for host in ({name!r}, {cluster_ip!r}):\n"
-        "    with urllib.request.urlopen(f'http://{host}/token', timeout=10) as r:\n"
-        "        print('fetched', host, r.read().decode().strip())\n"
+        "    print('fetched', host, fetch(host))\n"
     )
     apply(
         node,
