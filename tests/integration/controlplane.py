@@ -1,7 +1,7 @@
 """A real, throwaway Kubernetes control plane (etcd + kube-apiserver) for tests.
 
 The binaries come from ``hack/build-control-plane.sh --print-env``, which builds
-kube-apiserver, kubectl, etcd and helm from their Go modules into a cache outside the
+kube-apiserver, kubectl, etcd, helm and the node's binaries from their Go modules into a cache outside the
 work tree (only what is missing).  :class:`ControlPlane` then
 
 * generates a throwaway CA, a serving certificate for localhost/127.0.0.1 and a
@@ -12,7 +12,9 @@ work tree (only what is missing).  :class:`ControlPlane` then
 * waits for ``/readyz`` and the ``default`` namespace, and writes an admin kubeconfig.
 
 There is no kube-controller-manager, scheduler or kubelet: namespaces never finish
-terminating, ServiceAccounts are not auto-created, and pods are never scheduled.
+terminating, ServiceAccounts are not auto-created, and pods are never scheduled. A
+control plane made with ``with_nodes=True`` is ready for them (``node.py`` runs them,
+logging in with :meth:`ControlPlane.client_kubeconfig` certificates).
 
 Processes are started in their own process group with ``PR_SET_PDEATHSIG`` (they die
 with the test process even on SIGKILL), are killed by :meth:`ControlPlane.stop`
