@@ -2,14 +2,15 @@
 
 ``control_plane`` (session): a :class:`ControlPlane` (kubeconfig, server, ca_path,
 admin_token, kubectl(), helm).  ``namespace`` (function): a fresh namespace per test.
+``images`` (session): the container images, built with podman (:mod:`images`).
 
 ``node`` (session): a :class:`node.Node`, a kubelet with containerd, kube-proxy, CoreDNS,
 the scheduler, the controller-manager and a device plugin for ``nvidia.com/gpu``, on a
 control plane of its own (``node.control_plane``).  ``node_namespace`` (function): a fresh
-namespace on it, with its ``default`` ServiceAccount.  ``images`` (session): the images of
-``hack/build-images.sh``.
+namespace on it, with its ``default`` ServiceAccount.
 
-Binaries come from ``hack/build-control-plane.sh --print-env`` (built if missing).
+Binaries come from ``hack/build-control-plane.sh --print-env``, images from
+``hack/build-images.sh --print-env`` (each builds what is missing).
 Under ``CI=true`` a failed build, a missing prerequisite or a failed start is a test
 failure, never a skip.
 """
@@ -22,7 +23,6 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
 
 import pytest
 
@@ -85,6 +85,18 @@ def control_plane_binaries() -> Binaries:
 
 
 @pytest.fixture(scope="session")
+def images() -> Images:
+    """The agent, operator, pause and workload images (building what is missing: needs root)."""
+    try:
+        return locate_images()
+    except BuildError as exc:
+        error = str(exc)
+    if in_ci():
+        pytest.fail(f"CI=true: the images could not be built: {error}", pytrace=False)
+    pytest.skip(f"the images could not be built (run hack/build-images.sh as root): {error}")
+
+
+@pytest.fixture(scope="session")
 def control_plane(
     control_plane_binaries: Binaries, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ControlPlane]:
@@ -125,29 +137,15 @@ def namespace(control_plane: ControlPlane, request: pytest.FixtureRequest) -> st
     return control_plane.create_namespace(_unique_name(request))
 
 
-def _unavailable(what: str, error: str) -> NoReturn:
-    """Fail under CI, skip elsewhere."""
-    if in_ci():
-        pytest.fail(f"CI=true: {what}: {error}", pytrace=False)
-    pytest.skip(f"{what}: {error}")
-
-
-@pytest.fixture(scope="session")
-def images() -> Images:
-    """The agent, operator, pause and workload images (building them if missing)."""
-    try:
-        return locate_images()
-    except BuildError as exc:
-        _unavailable("images could not be built (hack/build-images.sh; needs root and podman)", str(exc))
-
-
 @pytest.fixture(scope="session")
 def node(
     control_plane_binaries: Binaries, images: Images, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Node]:
     """A running node and its control plane for the whole session, always torn down."""
-    if missing := missing_prerequisites():
-        _unavailable("this machine cannot run the test node", ", ".join(missing))
+    if missing := ", ".join(missing_prerequisites()):
+        if in_ci():
+            pytest.fail(f"CI=true: this machine cannot run the test node: {missing}", pytrace=False)
+        pytest.skip(f"this machine cannot run the test node: {missing}")
     started = Node(control_plane_binaries, images, tmp_path_factory.mktemp("node"))
     try:
         started.start()

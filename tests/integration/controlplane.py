@@ -45,7 +45,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -79,7 +79,7 @@ class ControlPlaneError(RuntimeError):
 
 
 class BuildError(ControlPlaneError):
-    """``hack/build-control-plane.sh`` failed."""
+    """A build script (``hack/build-control-plane.sh``, ``hack/build-images.sh``) failed."""
 
 
 def in_ci() -> bool:
@@ -133,11 +133,10 @@ def parse_env_lines(text: str) -> dict[str, str]:
     return env
 
 
-def run_print_env(script: Path, keys: Iterable[str], timeout: float) -> dict[str, str]:
-    """Run a build script with ``--print-env`` (it builds what is missing) and parse its ``KEY=value`` lines.
+def run_print_env(script: Path, timeout: float) -> dict[str, str]:
+    """Run ``script --print-env`` (a hack/build-*.sh: it builds what is missing) and parse its lines.
 
-    Raises :class:`BuildError` with the script's output when it is absent, fails, times out
-    or does not report every one of ``keys``.
+    Raises :class:`BuildError` with the script's output when it fails or times out.
     """
     if not script.is_file():
         raise BuildError(f"{script} does not exist")
@@ -157,10 +156,7 @@ def run_print_env(script: Path, keys: Iterable[str], timeout: float) -> dict[str
             f"{script} --print-env failed with exit status {proc.returncode}:\n"
             f"{_tail(proc.stderr)}{_tail(proc.stdout)}"
         )
-    env = parse_env_lines(proc.stdout)
-    if absent := [k for k in keys if not env.get(k)]:
-        raise BuildError(f"{script} --print-env did not report {absent}:\n{proc.stdout}")
-    return env
+    return parse_env_lines(proc.stdout)
 
 
 def locate_binaries(timeout: float = BUILD_TIMEOUT_S) -> Binaries:
@@ -169,6 +165,7 @@ def locate_binaries(timeout: float = BUILD_TIMEOUT_S) -> Binaries:
     Raises :class:`BuildError` with the script's output when it fails or does not
     report every binary.
     """
+    env = run_print_env(BUILD_SCRIPT, timeout)
     keys = {
         "kube_apiserver": "KUBE_APISERVER",
         "kubectl": "KUBECTL",
@@ -180,7 +177,9 @@ def locate_binaries(timeout: float = BUILD_TIMEOUT_S) -> Binaries:
         "kube_controller_manager": "KUBE_CONTROLLER_MANAGER",
         "coredns": "COREDNS",
     }
-    env = run_print_env(BUILD_SCRIPT, keys.values(), timeout)
+    absent = [k for k in keys.values() if not env.get(k)]
+    if absent:
+        raise BuildError(f"{BUILD_SCRIPT} --print-env did not report {absent}: {env}")
     binaries = Binaries(
         **{field_name: Path(env[key]) for field_name, key in keys.items()},
         versions={k: v for k, v in env.items() if k.endswith("_VERSION")},

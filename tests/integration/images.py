@@ -1,26 +1,29 @@
-"""The container images of the test node, as built by ``hack/build-images.sh --print-env``.
+"""The images hack/build-images.sh builds, and `podman run` commands that run them as the chart's pods run.
 
-The script builds (only what is missing, into a cache outside the work tree) our agent and
-operator images, a locally made ``pause`` image and a workload base image, with podman and
-no registry, and prints each as its name and an OCI archive; the node imports archives
-into its containerd (:meth:`node.Node.import_image`).
+:func:`locate_images` runs ``hack/build-images.sh --print-env``, which builds what is missing (from a
+cold cache: a debootstrapped base, then both images, about four minutes on two cores) and prints each
+image's name and OCI archive.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from controlplane import REPO_ROOT, BuildError, run_print_env
 
-BUILD_IMAGES_SCRIPT = REPO_ROOT / "hack" / "build-images.sh"
-#: A cold build debootstraps the base and pip-installs both images.
-BUILD_IMAGES_TIMEOUT_S = 30 * 60
+BUILD_SCRIPT = REPO_ROOT / "hack" / "build-images.sh"
+#: How long the build script may take (a cold cache debootstraps the base and pip-installs both images).
+BUILD_TIMEOUT_S = float(os.environ.get("GPUWARDEN_IMAGES_BUILD_TIMEOUT", str(30 * 60)))
 
 
 @dataclass(frozen=True)
 class Image:
-    """An image's reference (``localhost/gpuwarden/...:<key>``) and its OCI archive."""
+    """An image in podman's local storage and the OCI archive of it (``ctr images import``)."""
 
     name: str
     archive: Path
@@ -28,45 +31,89 @@ class Image:
 
 @dataclass(frozen=True)
 class Images:
-    """Every image the build script reports, and the chart's values for our two."""
+    """What hack/build-images.sh printed."""
 
+    registry: str
+    """``global.imageRegistry`` for the chart."""
+    agent: Image
+    agent_tag: str
+    operator: Image
+    operator_tag: str
     pause: Image
     workload: Image
-    agent: Image
-    operator: Image
-    registry: str
-    agent_tag: str
-    operator_tag: str
+    """A test pod's image (the base): it has a shell and ``sleep``."""
 
 
-def locate_images(timeout: float = BUILD_IMAGES_TIMEOUT_S) -> Images:
-    """Run ``hack/build-images.sh --print-env`` (builds what is missing).
+def locate_images(timeout: float = BUILD_TIMEOUT_S) -> Images:
+    """Build what is missing and return the images; :class:`BuildError` when that fails."""
+    env = run_print_env(BUILD_SCRIPT, timeout)
 
-    Raises :class:`controlplane.BuildError` with the script's output when it fails, does not
-    report every image, or reports an archive that is not there.
-    """
-    prefixes = ("PAUSE", "WORKLOAD", "AGENT", "OPERATOR")
-    keys = [
-        "IMAGE_REGISTRY",
-        "AGENT_IMAGE_TAG",
-        "OPERATOR_IMAGE_TAG",
-        *(f"{prefix}_{what}" for prefix in prefixes for what in ("IMAGE", "ARCHIVE")),
-    ]
-    env = run_print_env(BUILD_IMAGES_SCRIPT, keys, timeout)
+    def image(key: str) -> Image:
+        name, archive = env.get(f"{key}_IMAGE"), env.get(f"{key}_ARCHIVE")
+        if not name or not archive:
+            raise BuildError(
+                f"{BUILD_SCRIPT} --print-env did not report {key}_IMAGE and {key}_ARCHIVE: {env}"
+            )
+        if not Path(archive).is_file():
+            raise BuildError(f"{BUILD_SCRIPT} succeeded but {archive} does not exist")
+        return Image(name, Path(archive))
 
-    def image(prefix: str) -> Image:
-        return Image(name=env[f"{prefix}_IMAGE"], archive=Path(env[f"{prefix}_ARCHIVE"]))
-
-    found = Images(
+    return Images(
+        registry=env.get("IMAGE_REGISTRY", ""),
+        agent=image("AGENT"),
+        agent_tag=env.get("AGENT_IMAGE_TAG", ""),
+        operator=image("OPERATOR"),
+        operator_tag=env.get("OPERATOR_IMAGE_TAG", ""),
         pause=image("PAUSE"),
         workload=image("WORKLOAD"),
-        agent=image("AGENT"),
-        operator=image("OPERATOR"),
-        registry=env["IMAGE_REGISTRY"],
-        agent_tag=env["AGENT_IMAGE_TAG"],
-        operator_tag=env["OPERATOR_IMAGE_TAG"],
     )
-    every = (found.pause, found.workload, found.agent, found.operator)
-    if missing := [str(i.archive) for i in every if not i.archive.is_file()]:
-        raise BuildError(f"{BUILD_IMAGES_SCRIPT} succeeded but these archives are missing: {missing}")
-    return found
+
+
+def podman_run(
+    image: str,
+    name: str,
+    *,
+    mounts: Mapping[Path, str] | None = None,
+    env: Mapping[str, str] | None = None,
+    entrypoint: str | None = None,
+) -> list[str]:
+    """The ``podman run`` command line of ``image`` (its arguments follow) the way the chart runs its
+    containers: a read-only root filesystem with a scratch ``/tmp``, every capability dropped, no
+    privilege escalation, the image's own user. ``mounts`` (host path -> container path) are read-only.
+    On the host's network: the tests' endpoints are loopback ports, and no CNI is needed.
+    """
+    argv = [
+        "podman", "run", "--rm", f"--name={name}", "--network=host",
+        "--read-only", "--read-only-tmpfs=false", "--tmpfs=/tmp",
+        "--cap-drop=all", "--security-opt=no-new-privileges",
+    ]  # fmt: skip
+    for source, target in (mounts or {}).items():
+        argv.append(f"--volume={source}:{target}:ro")
+    for key, value in (env or {}).items():
+        argv.append(f"--env={key}={value}")
+    if entrypoint is not None:
+        argv.append(f"--entrypoint={entrypoint}")
+    return [*argv, image]
+
+
+def podman(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """One podman command, its output captured."""
+    return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def run_once(
+    image: str, name: str, *args: str, entrypoint: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``image`` with ``args`` to completion as :func:`podman_run` runs it, its output captured."""
+    argv = [*podman_run(image, name, entrypoint=entrypoint), *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+
+
+@contextmanager
+def removed_afterwards(*names: str) -> Iterator[None]:
+    """Force-remove these containers on the way out, however the test ended (``--rm`` covers a clean stop)."""
+    try:
+        yield
+    finally:
+        for name in names:
+            podman("rm", "--force", "--time=0", "--ignore", name)

@@ -165,7 +165,8 @@ def missing_prerequisites() -> list[str]:
 
 def _mounts_under(*roots: Path) -> list[str]:
     """Mount points at or below any of ``roots``, deepest first."""
-    prefixes = [str(r).rstrip("/") for r in roots]
+    # /proc/self/mountinfo has real paths (/run/netns/..., where containerd says /var/run/netns/...).
+    prefixes = [os.path.realpath(r).rstrip("/") for r in roots]
     found = []
     with open("/proc/self/mountinfo") as f:
         for line in f:
@@ -237,6 +238,44 @@ def _remove_kube_chains() -> None:
             subprocess.run(
                 [f"{family}-restore", "--noflush"], input=kube_chains_removal(saved), text=True, check=False
             )
+
+
+def _kill_pod_processes() -> list[Path]:
+    """Kill what runs in the kubelet's pod cgroups; return the network namespaces it ran in.
+
+    For a session that died: its shims are gone, but the containers live on under init. The
+    namespace files are matched by inode, since containerd is no longer there to ask.
+    """
+    pids: set[int] = set()
+    for hierarchy in CGROUP_ROOT.iterdir():
+        for dirpath, _dirs, files in os.walk(hierarchy / "kubepods"):
+            if "cgroup.procs" in files:
+                with contextlib.suppress(OSError, ValueError):
+                    pids.update(int(p) for p in Path(dirpath, "cgroup.procs").read_text().split())
+    inodes = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            inodes.add(os.stat(f"/proc/{pid}/ns/net").st_ino)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
+    host = os.stat("/proc/self/ns/net").st_ino
+    if not NETNS_DIR.is_dir():
+        return []
+    return [p for p in NETNS_DIR.iterdir() if (ino := _inode(p)) in inodes and ino != host]
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except OSError:
+        return None
+
+
+def _remove_netns(paths: list[Path]) -> None:
+    unmount_under(*paths)
+    for path in paths:
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 def _remove_cgroups(name: str = "kubepods") -> None:
@@ -399,7 +438,11 @@ class Node:
 
     def _clean_host(self) -> None:
         """Remove every trace of a node on this machine: ours, or one whose session died."""
+        # The pods' processes first: they may die with their shims, and then their namespaces
+        # can no longer be told from anyone else's.
+        stale_netns = _kill_pod_processes()
         _kill_shims()
+        _remove_netns(stale_netns)
         unmount_under(KUBELET_ROOT, RUN_DIR, self.workdir / "containerd")
         if (KUBELET_ROOT / MARKER).exists():
             shutil.rmtree(KUBELET_ROOT, ignore_errors=True)
@@ -554,10 +597,7 @@ disabled_plugins = [
             self._ctr("tasks", "kill", "--signal=SIGKILL", task, check=False)
         self._stop("containerd")
         _kill_shims()
-        unmount_under(*netns)
-        for path in netns:
-            with contextlib.suppress(OSError):
-                path.unlink()
+        _remove_netns(netns)
 
     # -- processes -------------------------------------------------------------------
 
