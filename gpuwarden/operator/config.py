@@ -229,7 +229,7 @@ DEFAULTS: dict[str, str] = {
 
 
 def default_config(env: Mapping[str, str] | None = None) -> OperatorConfig:
-    """The configuration with every default, all namespaces (for ``kopf run -m gpuwarden.operator``)."""
+    """Every default, all namespaces (for ``kopf run -m gpuwarden.operator.handlers``)."""
     return build_config(
         namespaces=(),
         all_namespaces=True,

@@ -3,12 +3,15 @@
 - startup: tune Kopf (one place, a reason per value), start the ingest and metrics servers;
 - ``gpu_pods`` index: GPU pods by namespace, for the policies' selectors;
 - ``gpu_pod_nodes`` index: the node each GPU pod runs on, for the reports' pods;
+- ``policy_claims`` index: each policy's parsed scale action by namespace, for the scaler's
+  conflict check (parsed once per change, not by every policy at every round);
 - pod deletion: forget the pod's series;
 - one daemon per GPUMonitorPolicy: its evaluation loop (Kopf stops it on deletion and
   while this replica is paused by peering);
 - spec changes: wake that daemon.
 
-Importing this module registers the handlers (``kopf run -m gpuwarden.operator`` does).
+Importing this module registers the handlers; only the entry points do: ``gpuwarden operator``
+(:mod:`.command`) and ``kopf run -m gpuwarden.operator.handlers``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 
 import kopf
 
+from gpuwarden.operator.claims import PolicyClaim, policy_claim
 from gpuwarden.operator.config import default_config
 from gpuwarden.operator.evaluation import GROUP, PLURAL, VERSION, PolicyRunner
 from gpuwarden.operator.pods import pod_record, requests_gpu
@@ -35,7 +39,7 @@ def _state(memo: kopf.Memo) -> OperatorState:
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    if "state" not in memo:  # run as `kopf run -m gpuwarden.operator`: the contract's defaults
+    if "state" not in memo:  # run as `kopf run -m gpuwarden.operator.handlers`: the contract's defaults
         memo.state = OperatorState(default_config())
     if _state(memo).scaler is None:  # actions.scale: the Scaler acts after each evaluation
         attach_scaler(_state(memo))
@@ -98,6 +102,12 @@ def gpu_pod_nodes(namespace: str | None, name: str, spec: kopf.Spec, **_: Any) -
     return {(namespace, name): str(spec["nodeName"])}
 
 
+@kopf.index(GROUP, VERSION, PLURAL)
+def policy_claims(namespace: str | None, body: kopf.Body, **_: Any) -> dict[str, PolicyClaim]:
+    assert namespace is not None  # policies are namespaced
+    return {namespace: policy_claim(body)}
+
+
 def _gpu_pod_gone(type: str, spec: kopf.Spec, memo: kopf.Memo, **_: Any) -> bool:
     # Kopf calls a non-index handler's filter only once every index has been filled from the
     # initial listing: from the first pod event on, the pod indexes hold every pod.
@@ -117,8 +127,11 @@ def pod_deleted(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> 
 async def evaluate(namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     assert namespace is not None  # policies are namespaced
     state = _state(memo)
-    pods: kopf.Index[str, PodRecord] = kwargs["gpu_pods"]  # the index below, passed by its name
-    await PolicyRunner(state, PolicyKey(namespace, name), scaler=state.scaler).run(body=body, pods=pods)
+    # The indexes above, passed by their names.
+    pods: kopf.Index[str, PodRecord] = kwargs["gpu_pods"]
+    policies: kopf.Index[str, PolicyClaim] = kwargs["policy_claims"]
+    runner = PolicyRunner(state, PolicyKey(namespace, name), scaler=state.scaler)
+    await runner.run(body=body, pods=pods, policies=policies)
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
