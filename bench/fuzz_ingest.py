@@ -76,7 +76,7 @@ def main() -> int:
                     "statuses": harness.statuses,
                     "refused_points": {
                         r: get("gpuwarden_operator_points_refused_total", {"reason": r})
-                        for r in ("future", "past", "foreign_pod", "unknown_pod")
+                        for r in ("future", "past", "foreignPod", "unknownPod")
                     },
                     "stored_points": get("gpuwarden_operator_points_total"),
                     "series": len(harness.state.store),

@@ -148,6 +148,12 @@ class NodeReport(_Wire):
     snapshots: list[Snapshot] = Field(min_length=1, max_length=MAX_SNAPSHOTS_PER_REPORT)
 
 
+REFUSALS = ("future", "past", "foreignPod", "unknownPod")
+"""Why the operator leaves readings of an accepted report unstored (its answer's ``refused``): a
+timestamp ahead of its clock by more than its skew, or older than its retention; a pod the API
+places on another node than the reporting one, or does not know."""
+
+
 class ReportError(ValueError):
     """A report body that is not a valid NodeReport; the message names the field."""
 

@@ -49,7 +49,7 @@ from pathlib import Path
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpuwarden.nodereport import MAX_SNAPSHOTS_PER_REPORT, SCHEMA_VERSION, Snapshot
+from gpuwarden.nodereport import MAX_SNAPSHOTS_PER_REPORT, REFUSALS, SCHEMA_VERSION, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +85,6 @@ ERROR_REASONS = (
     "unexpected_status",  # 1xx/3xx: a misrouted URL
 )
 """Why a POST did not deliver its report (``gpuwarden_agent_report_errors_total{reason}``)."""
-
-REFUSE_REASONS = ("future", "past", "foreignPod", "unknownPod")
-"""Why the operator refused readings of a delivered report (its answer's ``refused``)."""
 
 
 @dataclass
@@ -206,7 +203,7 @@ class ReportSender:
             registry=registry,
         )
         # Pre-created so that every series reads 0 before the first event.
-        for reason in REFUSE_REASONS:
+        for reason in REFUSALS:
             self._refused.labels(reason)
         for reason in DROP_REASONS:
             self._dropped.labels(reason)
@@ -388,7 +385,7 @@ class ReportSender:
             refused = json.loads(text).get("refused") or {}
         except (ValueError, AttributeError):
             refused = {}
-        counts = {k: v for k, v in refused.items() if k in REFUSE_REASONS and isinstance(v, int) and v > 0}
+        counts = {k: v for k, v in refused.items() if k in REFUSALS and isinstance(v, int) and v > 0}
         for reason, count in counts.items():
             self._refused.labels(reason).inc(count)
         if counts and not self._refusing:

@@ -68,8 +68,6 @@ real ones that follow it until the clock catches up: at most this long.
 LARGE_BODY = 64 * 1024
 """Bodies above this (a replay; a live report of 8 GPUs is about 5 kB) are parsed one at a time."""
 
-_WIRE_REASONS = {"foreign_pod": "foreignPod", "unknown_pod": "unknownPod"}
-
 
 @dataclass(slots=True)
 class Intake:
@@ -77,7 +75,7 @@ class Intake:
 
     stored: int = 0
     refused: dict[str, int] = field(default_factory=dict)
-    """Readings not stored, by reason (the metric's label, see ``REFUSE_REASONS``)."""
+    """Readings not stored, by reason (one of :data:`~gpuwarden.nodereport.REFUSALS`)."""
 
 
 class ReportBook:
@@ -198,8 +196,7 @@ class ReportIngest:
             )
         for reason, count in refused.items():
             self.metrics.refused.labels(reason).inc(count)
-        wire = {_WIRE_REASONS.get(reason, reason): count for reason, count in refused.items()}
-        return web.json_response({"accepted": intake.stored, "duplicate": False, "refused": wire})
+        return web.json_response({"accepted": intake.stored, "duplicate": False, "refused": refused})
 
     async def _read_body(self, request: web.Request) -> bytes:
         limit = self.max_body_bytes

@@ -20,12 +20,12 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
+from gpuwarden.nodereport import REFUSALS
 from gpuwarden.policy.series import Point, SeriesKey, SeriesStore
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "REFUSE_REASONS",
     "REJECT_REASONS",
     "LatestReadings",
     "OperatorMetrics",
@@ -42,14 +42,6 @@ REJECT_REASONS = (
     "unavailable",  # 503: TokenReview could not be made
     "internal",  # 500: a bug; nothing of the report is recorded as seen, so its retry is taken
 )
-
-REFUSE_REASONS = (
-    "future",  # the snapshot's timestamp is ahead of the operator's clock by more than the skew
-    "past",  # older than the longest window any policy may have
-    "foreign_pod",  # the API says the pod runs on another node than the token's
-    "unknown_pod",  # no GPU pod of that name in a watched namespace
-)
-"""Why readings of an accepted report were not stored (``gpuwarden_operator_points_refused_total``)."""
 
 
 class LatestReadings:
@@ -167,7 +159,7 @@ class OperatorMetrics:
             ["reason"],
             registry=r,
         )
-        for reason in REFUSE_REASONS:
+        for reason in REFUSALS:
             self.refused.labels(reason)
         self.evaluation_seconds = Histogram(
             "gpuwarden_operator_evaluation_duration_seconds",

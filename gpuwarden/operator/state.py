@@ -251,8 +251,8 @@ class OperatorState:
         if not where:
             # Before the index is synced (the operator just started, the agents replay their
             # buffers) a pod it does not know yet is not held against the report.
-            return "unknown_pod" if self.pods_synced else None
-        return None if node in where else "foreign_pod"
+            return "unknownPod" if self.pods_synced else None
+        return None if node in where else "foreignPod"
 
     def forget_pod(self, namespace: str, name: str) -> None:
         """A pod was deleted: drop its series and its per-pod metrics."""

@@ -203,7 +203,7 @@ def test_readings_of_a_pod_on_another_node_are_refused(world: Ingest) -> None:
     status, payload = world.probe(probe_report(world, name="no-such-pod"))
     assert (status, payload) == (200, {"accepted": 0, "duplicate": False, "refused": {"unknownPod": 1}})
     assert pod_gpu_util(world, "notebook-0") is None  # only the agent's GPU has its readings
-    assert world.operator.metric('gpuwarden_operator_points_refused_total{reason="foreign_pod"}') >= 1
+    assert world.operator.metric('gpuwarden_operator_points_refused_total{reason="foreignPod"}') >= 1
 
 
 @pytest.mark.parametrize(

@@ -436,7 +436,7 @@ async def test_a_pod_on_another_node_is_refused(setup: Any) -> None:
     client, state, _ = setup
     status, payload, _ = await post(client, dump_report(report(pod="pod-b")))  # pod-b runs on node-2
     assert (status, payload) == (200, {"accepted": 0, "duplicate": False, "refused": {"foreignPod": 1}})
-    assert refused(state, "foreign_pod") == 1
+    assert refused(state, "foreignPod") == 1
     assert stored(state, "pod-b") == []
     assert (await post(client, dump_report(report(node="node-2", pod="pod-b")), token="good-2"))[1][
         "accepted"
@@ -450,7 +450,7 @@ async def test_an_unknown_pod_is_refused_once_the_index_is_synced(setup: Any) ->
     state.pods_synced = True
     status, payload, _ = await post(client, dump_report(report(seq=1, t=T0 + 1, pod="ghost")))
     assert (status, payload) == (200, {"accepted": 0, "duplicate": False, "refused": {"unknownPod": 1}})
-    assert refused(state, "unknown_pod") == 1
+    assert refused(state, "unknownPod") == 1
 
 
 async def test_a_report_for_another_node_than_the_tokens_is_403(setup: Any) -> None:

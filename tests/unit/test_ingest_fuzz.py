@@ -39,7 +39,7 @@ def test_the_cases_reach_every_answer(operator: HarnessRunner) -> None:
     get = harness.state.metrics.registry.get_sample_value
     refused = {
         reason: get("gpuwarden_operator_points_refused_total", {"reason": reason})
-        for reason in ("future", "past", "foreign_pod", "unknown_pod")
+        for reason in ("future", "past", "foreignPod", "unknownPod")
     }
     assert sum(refused.values()) > 0, (refused, harness.statuses)
     assert (get("gpuwarden_operator_points_total") or 0) > harness.good_seq  # the cases' own, too

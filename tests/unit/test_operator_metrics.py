@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpuwarden.operator.metrics import REFUSE_REASONS, REJECT_REASONS, OperatorMetrics, make_metrics_app
+from gpuwarden.nodereport import REFUSALS
+from gpuwarden.operator.metrics import REJECT_REASONS, OperatorMetrics, make_metrics_app
 from gpuwarden.policy.series import Point, SeriesKey
 
 T0 = 1_800_000_000.0
@@ -17,7 +18,7 @@ def test_rejection_reasons_read_zero_before_the_first() -> None:
             metrics.registry.get_sample_value("gpuwarden_operator_reports_rejected_total", {"reason": reason})
             == 0
         )
-    for reason in REFUSE_REASONS:
+    for reason in REFUSALS:
         assert (
             metrics.registry.get_sample_value("gpuwarden_operator_points_refused_total", {"reason": reason})
             == 0

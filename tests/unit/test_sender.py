@@ -25,10 +25,11 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gpuwarden.agent.backend import ProcessUtilization
-from gpuwarden.agent.sender import DROP_REASONS, ERROR_REASONS, REFUSE_REASONS, ReportSender
+from gpuwarden.agent.sender import DROP_REASONS, ERROR_REASONS, ReportSender
 from gpuwarden.agent.snapshots import Sampler, SnapshotRing
 from gpuwarden.nodereport import (
     MAX_SNAPSHOTS_PER_REPORT,
+    REFUSALS,
     SCHEMA_VERSION,
     GpuSample,
     NodeReport,
@@ -201,7 +202,7 @@ def test_metrics_are_there_before_anything_happens(registry: CollectorRegistry) 
         assert metric(registry, "gpuwarden_agent_report_dropped_snapshots_total", reason=reason) == 0
     for reason in ERROR_REASONS:
         assert metric(registry, "gpuwarden_agent_report_errors_total", reason=reason) == 0
-    for reason in REFUSE_REASONS:
+    for reason in REFUSALS:
         assert metric(registry, "gpuwarden_agent_report_refused_readings_total", reason=reason) == 0
 
 
