@@ -209,7 +209,7 @@ def _walk(spec: dict[str, Any], path: str) -> tuple[Any, Any]:
     return target, tokens[-1]
 
 
-KINDS = "utilizationFloor, utilizationCeiling, memoryCeiling, memoryGrowth"
+KINDS = "utilizationFloor, utilizationCeiling, memoryCeiling, memoryGrowth, gpuHealth"
 ONE_TWO_ONE_TWO = "must be between 1 and 2147483647"
 
 INVALID: list[tuple[str, Edit, str]] = [
@@ -415,8 +415,8 @@ INVALID: list[tuple[str, Edit, str]] = [
     (
         "unknown rule kind",
         put("rules[0]", {"name": "x", "powerCeiling": {"watts": 500}}),
-        "spec.rules[0].powerCeiling: unknown field (expected one of: memoryCeiling, memoryGrowth, name, "
-        "utilizationCeiling, utilizationFloor)",
+        "spec.rules[0].powerCeiling: unknown field (expected one of: gpuHealth, memoryCeiling, memoryGrowth, "
+        "name, utilizationCeiling, utilizationFloor)",
     ),
     (
         "no kind",
