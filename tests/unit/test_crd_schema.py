@@ -17,8 +17,10 @@ import jsonschema
 import pytest
 import yaml
 
+from gpuwarden.policy.model import Throttling
 from gpuwarden.policy.parse import SpecError, parse_spec
 from gpuwarden.policy.units import DURATION_PATTERN, QUANTITY_PATTERN, RATE_PATTERN
+from gpuwarden.policy.xids import CRITICAL_XIDS
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "gpuwarden.dev_gpumonitorpolicies.yaml"
@@ -187,6 +189,8 @@ DURATION_FIELDS = {
     ".spec.rules[].memoryCeiling.for": "1m",
     ".spec.rules[].memoryGrowth.window": "30m",
     ".spec.rules[].memoryGrowth.for": "0s",
+    ".spec.rules[].gpuHealth.for": "5m",
+    ".spec.rules[].gpuHealth.clearAfter": "10m",
     ".spec.actions.renotifyInterval": "1h",
     ".spec.actions.scale.behavior.scaleUp.stabilizationWindow": "0s",
     ".spec.actions.scale.behavior.scaleUp.cooldown": "1m",
@@ -227,6 +231,9 @@ def cel_rules(path: str) -> list[str]:
         (".spec.rules[].memoryCeiling", "quantity(string(self.bytes)).isInteger()"),
         (".spec.rules[].memoryGrowth", "!self.rate.matches("),
         (".spec.rules[].memoryGrowth.window", "duration(self) >= duration('1m')"),
+        (".spec.rules[]", "has(self.memoryGrowth), has(self.gpuHealth)]"),
+        (".spec.rules[].gpuHealth", "(has(self.xids) && size(self.xids) > 0) || !has(self.gpuLost)"),
+        (".spec.rules[].gpuHealth.clearAfter", "duration(self) >= duration('1s')"),
         (".spec.evaluationInterval", "duration(self) >= duration('1s')"),
         (".spec.actions.renotifyInterval", "duration(self) >= duration('1m')"),
         (".spec.actions.scale", "self.minReplicas <= self.maxReplicas"),
@@ -239,6 +246,14 @@ def cel_rules(path: str) -> list[str]:
 )
 def test_cel_rule_present(path: str, fragment: str) -> None:
     assert any(fragment in rule for rule in cel_rules(path)), cel_rules(path)
+
+
+def test_gpu_health_defaults_are_the_parsers() -> None:
+    """The CRD's default XIDs are the critical ones of gpuwarden's table, which the parser defaults to."""
+    node = NODES[".spec.rules[].gpuHealth.xids"]
+    assert tuple(node["default"]) == CRITICAL_XIDS
+    assert node["x-kubernetes-list-type"] == "set"
+    assert NODES[".spec.rules[].gpuHealth.throttling[]"]["enum"] == [t.value for t in Throttling]
 
 
 def test_every_cel_rule_has_a_message() -> None:
