@@ -334,6 +334,7 @@ class NodeHealthMonitor:
                 self._nodes[node] = _Node(missing_at=now)
             return
         was_unhealthy_at = state.unhealthy_at
+        was = state.status
         state.status, state.reason, state.message, state.since = (
             verdict.status,
             verdict.reason,
@@ -348,7 +349,7 @@ class NodeHealthMonitor:
         if verdict.status == "False":
             state.unhealthy_at = now
             await self._cordon(node, state, verdict, now)
-        else:
+        elif was == "False":  # not at first sight of a healthy node: nothing recovered
             state.unhealthy_at = None
             lasted = (
                 f" after {approx_duration(now - was_unhealthy_at)}" if was_unhealthy_at is not None else ""

@@ -43,7 +43,7 @@ class Services:
                 state.api,
                 state.health,
                 state.metrics,
-                pods=pods or {},
+                pods={} if pods is None else pods,  # an Index: empty (falsy) this early, filled later
                 acting=lambda: state.leadership.active,
             )
 
