@@ -223,14 +223,14 @@ class NodeHealthMonitor:
     async def step(self) -> None:
         """Announce the incidents that came in since the last step, then judge every node."""
         now = self._clock()
+        for key in [k for k, at in self._posted.items() if now - at >= REPEAT_SECONDS]:
+            del self._posted[key]
         for incident in list(self.health.incidents(after=self._seen)):
             self._seen = incident.seq
             await self._announce(incident, now)
         for node in sorted(self.health.nodes()):
             if node:
                 await self._judge(node, now)
-        for key in [k for k, at in self._posted.items() if now - at >= REPEAT_SECONDS]:
-            del self._posted[key]
 
     # -- Events ---------------------------------------------------------------------------------
 
