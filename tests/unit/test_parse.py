@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from gpuwarden.policy.model import (
     Actions,
+    GpuHealthRule,
     LabelRequirement,
     LabelSelector,
     MemoryCeiling,
@@ -83,6 +84,7 @@ def test_example_round_trip() -> None:
                 min_fit=0.8,
                 for_seconds=0.0,
             ),
+            GpuHealthRule(name="broken-gpu", clear_after_seconds=600.0),
         ),
         actions=Actions(
             events=True,
