@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from gpuwarden.operator.config import CordonMode, OperatorConfig
 from gpuwarden.operator.kubeapi import ApiError, KubeApi
 from gpuwarden.operator.metrics import OperatorMetrics
+from gpuwarden.operator.status import rfc3339
 from gpuwarden.policy.health import Problem, gpu_name, gpu_problems
 from gpuwarden.policy.healthstore import GpuRecord, HealthStore, Incident, IncidentKind
 from gpuwarden.policy.humanize import approx_duration
@@ -156,10 +157,6 @@ def event_body(
 
 def _clip(text: str) -> str:
     return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 1] + "…"
-
-
-def _rfc3339(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(slots=True)
@@ -317,13 +314,13 @@ class NodeHealthMonitor:
         if (state.status, state.reason, state.message) == (verdict.status, verdict.reason, verdict.message):
             return
         turned = state.status != verdict.status
-        since = state.since if not turned and state.since else _rfc3339(now)
+        since = state.since if not turned and state.since else rfc3339(now)
         condition = {
             "type": CONDITION,
             "status": verdict.status,
             "reason": verdict.reason,
             "message": verdict.message,
-            "lastHeartbeatTime": _rfc3339(now),
+            "lastHeartbeatTime": rfc3339(now),
             "lastTransitionTime": since,
         }
         try:
@@ -376,7 +373,7 @@ class NodeHealthMonitor:
             if (body.get("spec") or {}).get("unschedulable"):
                 return  # cordoned already, by someone or by us: leave it as it is
             await self.api.cordon_node(
-                node, {CORDON_ANNOTATION: f"{_rfc3339(now)} {verdict.reason}"}, manager=FIELD_MANAGER
+                node, {CORDON_ANNOTATION: f"{rfc3339(now)} {verdict.reason}"}, manager=FIELD_MANAGER
             )
         except ApiError as exc:
             logger.warning("Cannot cordon node %s: %s", node, exc)
