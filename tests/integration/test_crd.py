@@ -16,6 +16,10 @@ import pytest
 import yaml
 from controlplane import REPO_ROOT, ControlPlane
 
+from gpuwarden.policy.model import GpuHealthRule
+from gpuwarden.policy.parse import parse_spec
+from gpuwarden.policy.xids import CRITICAL_XIDS
+
 pytestmark = pytest.mark.integration
 
 CRD_DIR = REPO_ROOT / "crds"
@@ -148,6 +152,22 @@ def test_base_policy_is_valid_and_defaulted(control_plane: ControlPlane, crd: st
     assert spec["evaluationInterval"] == "10s"
     assert spec["rules"][0]["utilizationFloor"]["for"] == "5m"
     assert spec["rules"][0]["utilizationFloor"]["signal"] == "auto"
+
+
+def test_gpu_health_is_defaulted(control_plane: ControlPlane, crd: str, namespace: str) -> None:
+    policy = base_policy()
+    policy["spec"]["rules"].append({"name": "broken-gpu", "gpuHealth": {}})
+    created = create(control_plane, namespace, policy)
+    assert created.returncode == 0, created.stderr
+    stored = get_json(control_plane, namespace, "p")["spec"]["rules"][4]["gpuHealth"]
+    assert stored == {
+        "xids": list(CRITICAL_XIDS),
+        "gpuLost": True,
+        "memoryErrors": True,
+        "for": "5m",
+        "clearAfter": "10m",
+    }
+    assert parse_spec(get_json(control_plane, namespace, "p")["spec"]).rules[4] == GpuHealthRule("broken-gpu")
 
 
 def test_memory_ceiling_accepts_bytes_quantity(control_plane: ControlPlane, crd: str, namespace: str) -> None:
@@ -329,6 +349,28 @@ INVALID: list[tuple[str, Callable[[Policy], None], str]] = [
         "renotify-interval-below-1m",
         _set("spec.actions.renotifyInterval", "30s"),
         "renotifyInterval must be at least 1m",
+    ),
+    (
+        "gpu-health-counts-nothing",
+        _set(
+            "spec.rules.3", {"name": "h", "gpuHealth": {"xids": [], "gpuLost": False, "memoryErrors": False}}
+        ),
+        "gpuHealth counts nothing: set xids, gpuLost, memoryErrors or throttling",
+    ),
+    (
+        "gpu-health-clear-after-zero",
+        _set("spec.rules.3", {"name": "h", "gpuHealth": {"clearAfter": "0s"}}),
+        "clearAfter must be at least 1s",
+    ),
+    (
+        "gpu-health-xid-twice",
+        _set("spec.rules.3", {"name": "h", "gpuHealth": {"xids": [79, 79]}}),
+        "spec.rules[3].gpuHealth.xids[1]: Duplicate value: 79",
+    ),
+    (
+        "gpu-health-unknown-throttling",
+        _set("spec.rules.3", {"name": "h", "gpuHealth": {"throttling": ["hot"]}}),
+        'spec.rules[3].gpuHealth.throttling[0]: Unsupported value: "hot"',
     ),
     (
         "match-expression-in-without-values",
