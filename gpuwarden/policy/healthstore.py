@@ -26,7 +26,7 @@ from __future__ import annotations
 import collections
 import enum
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from gpuwarden.nodereport import ClockEventReason, DeviceState, GpuSample, Snapshot
@@ -94,7 +94,7 @@ class Run:
 
     start: float
     end: float
-    reasons: frozenset[ClockEventReason] | None
+    reasons: tuple[ClockEventReason, ...] | None
 
 
 @dataclass(slots=True)
@@ -119,8 +119,14 @@ class GpuRecord:
     memory_repair: str | None = None
     """``row remapping failed``, ``row remapping pending`` or ``page retirement pending``, while reported."""
     runs: collections.deque[Run] = field(default_factory=lambda: collections.deque(maxlen=MAX_RUNS))
+    current: tuple[PodId, ...] = ()
+    """The pods on the GPU in its latest sample."""
     pods: dict[PodId, float] = field(default_factory=dict)
-    """Pods seen on the GPU, and when last."""
+    """Pods that were on the GPU before, and when last."""
+
+    def pod_seen(self, pod: PodId) -> float | None:
+        """When ``pod`` was last on the GPU (its latest sample if it still is), or None."""
+        return self.last_seen if pod in self.current else self.pods.get(pod)
 
     def fresh(self, now: float, stale_after: float) -> bool:
         """Whether the GPU was reported within ``stale_after`` seconds of ``now``."""
@@ -144,7 +150,7 @@ class GpuRecord:
         seen: set[ClockEventReason] = set()
         later: Run | None = None
         for run in reversed(self.runs):
-            held = (run.reasons or frozenset()) & reasons
+            held = reasons.intersection(run.reasons or ())
             if not held or (later is not None and later.start - run.end > RUN_GAP_SECONDS):
                 break
             since = run.start
@@ -173,13 +179,30 @@ class GpuRecord:
             if overlap <= 0:
                 continue
             covered += overlap
-            held = (run.reasons or frozenset()) & reasons
+            held = reasons.intersection(run.reasons or ())
             if held:
                 throttled += overlap
                 seen |= held
         if covered <= 0:
             return 0.0, frozenset()
         return throttled / covered, frozenset(seen)
+
+
+def _one_pod(record: GpuRecord, sample: GpuSample) -> tuple[PodId, ...] | None:
+    """What :func:`pods_of` would say of a GPU allocated to one pod that runs whatever runs on it, without
+    building it again when it is the GPU's current pod; None for anything else (the slow path)."""
+    refs = sample.pods
+    if len(refs) != 1:
+        return None
+    namespace, name = refs[0].namespace, refs[0].name
+    for proc in sample.processes:
+        owner = proc.pod
+        if owner is not None and (owner.name != name or owner.namespace != namespace):
+            return None
+    current = record.current
+    if len(current) == 1 and current[0].name == name and current[0].namespace == namespace:
+        return current
+    return (PodId(namespace, name),)
 
 
 class HealthStore:
@@ -192,7 +215,8 @@ class HealthStore:
         self._gpus: dict[str, GpuRecord] = {}
         self._devices: dict[str, str] = {}
         """MIG device UUID → its GPU's UUID (utilization series are keyed by the MIG device)."""
-        self._by_pod: dict[PodId, dict[str, float]] = {}
+        self._by_pod: dict[PodId, set[str]] = {}
+        """Every GPU each pod was on (what :meth:`gpus_of` starts from)."""
         self._incidents: collections.deque[Incident] = collections.deque(maxlen=MAX_INCIDENTS)
         self._seq = 0
 
@@ -211,43 +235,59 @@ class HealthStore:
         """Take one snapshot of ``node``'s GPUs; a GPU's snapshots not newer than its last are ignored.
 
         ``subjects`` says who is on a GPU: its pods (local mode's process subjects otherwise).
+        Runs once per snapshot on the operator's ingest path: the common case (a GPU without MIG
+        whose pods and readings did not change) touches a few attributes and allocates nothing.
         """
         t = snapshot.timestamp
-        by_gpu: dict[str, list[GpuSample]] = {}
-        for sample in snapshot.gpus:
-            by_gpu.setdefault(sample.uuid, []).append(sample)
-        for uuid, samples in by_gpu.items():
+        samples = snapshot.gpus
+        groups: Iterable[tuple[str, Sequence[GpuSample]]]
+        if any(s.mig_id is not None for s in samples):
+            by_gpu: dict[str, list[GpuSample]] = {}
+            for sample in samples:
+                by_gpu.setdefault(sample.uuid, []).append(sample)
+            groups = by_gpu.items()
+        else:
+            groups = [(s.uuid, (s,)) for s in samples]
+        for uuid, group in groups:
             record = self._gpus.get(uuid)
             if record is None:
-                own = next((s for s in samples if s.mig_id is None), samples[0])
+                own = next((s for s in group if s.mig_id is None), group[0])
                 record = self._gpus[uuid] = GpuRecord(
                     uuid=uuid, index=own.index, node=node, last_seen=-math.inf
                 )
             if t <= record.last_seen:
                 continue  # a replay or a retry: already taken
-            record.node = node or record.node
-            self._take(record, samples, t, subjects)
+            if node:
+                record.node = node
+            self._take(record, group, t, subjects)
 
     def _take(
         self,
         record: GpuRecord,
-        samples: list[GpuSample],
+        samples: Sequence[GpuSample],
         t: float,
         subjects: Callable[[GpuSample], Iterable[PodId]],
     ) -> None:
-        own = next((s for s in samples if s.mig_id is None), None)
-        pods: dict[PodId, None] = {}
-        for sample in samples:
-            if sample.mig_id is not None:
-                self._devices[sample.mig_id] = record.uuid
-            for pod in subjects(sample):
-                pods[pod] = None
-        for pod in pods:
-            record.pods[pod] = t
-            self._by_pod.setdefault(pod, {})[record.uuid] = t
-        on = tuple(pods)
+        own: GpuSample | None
+        if len(samples) == 1:
+            only = own = samples[0]
+            on = _one_pod(record, only) if subjects is pods_of else None
+            if on is None:
+                on = tuple(subjects(only))
+            lost = only.state is DeviceState.LOST
+        else:
+            own = next((s for s in samples if s.mig_id is None), None)
+            seen: dict[PodId, None] = {}
+            for sample in samples:
+                if sample.mig_id is not None:
+                    self._devices[sample.mig_id] = record.uuid
+                for pod in subjects(sample):
+                    seen[pod] = None
+            on = tuple(seen)
+            lost = any(s.state is DeviceState.LOST for s in samples)
+        if on != record.current:
+            self._move_pods(record, on)
 
-        lost = any(s.state is DeviceState.LOST for s in samples)
         if lost and record.lost_since is None:
             record.lost_since = t
             self._incident(record, IncidentKind.LOST, t, pods=on)
@@ -255,26 +295,33 @@ class HealthStore:
             record.lost_since = None
 
         health = own.health if own is not None else None
-        for xid in health.xids if health is not None else ():
-            record.xids.append((xid.timestamp, xid.code))
-            self._incident(record, IncidentKind.XID, xid.timestamp, xid=xid.code, pods=on)
+        if health is not None:
+            for xid in health.xids:
+                record.xids.append((xid.timestamp, xid.code))
+                self._incident(record, IncidentKind.XID, xid.timestamp, xid=xid.code, pods=on)
         if own is not None and not lost:
             self._take_memory(record, own, t, on)
-        reasons = (
-            frozenset(health.clock_event_reasons)
-            if health is not None and health.clock_event_reasons is not None and not lost
-            else None
-        )
-        self._take_reasons(record, reasons, t, on)
+        reasons = None if health is None or lost else health.clock_event_reasons
+        self._take_reasons(record, None if reasons is None else tuple(reasons), t, on)
         record.last_seen = t
+
+    def _move_pods(self, record: GpuRecord, on: tuple[PodId, ...]) -> None:
+        """The GPU's pods changed: the ones that left keep the time they were last seen on it."""
+        for pod in record.current:
+            if pod not in on:
+                record.pods[pod] = record.last_seen
+        for pod in on:
+            record.pods.pop(pod, None)
+            self._by_pod.setdefault(pod, set()).add(record.uuid)
+        record.current = on
 
     def _take_memory(self, record: GpuRecord, own: GpuSample, t: float, on: tuple[PodId, ...]) -> None:
         health = own.health
         count, volatile = own.ecc_uncorrected, True
         if count is None and health is not None:
             count, volatile = health.ecc_uncorrected_aggregate, False
-        if count is not None:
-            before = record.ecc_count if record.ecc_volatile == volatile else None
+        if count is not None and (count != record.ecc_count or volatile is not record.ecc_volatile):
+            before = record.ecc_count if record.ecc_volatile is volatile else None
             if before is not None and count > before:
                 record.ecc_errors.append((t, count - before))
                 self._incident(record, IncidentKind.ECC, t, detail=str(count - before), pods=on)
@@ -288,14 +335,15 @@ class HealthStore:
                 repair = "row remapping pending"
             elif health.retired_pages_pending:
                 repair = "page retirement pending"
-        if repair is not None and repair != record.memory_repair:
-            self._incident(record, IncidentKind.MEMORY_REPAIR, t, detail=repair, pods=on)
-        record.memory_repair = repair
+        if repair != record.memory_repair:
+            if repair is not None:
+                self._incident(record, IncidentKind.MEMORY_REPAIR, t, detail=repair, pods=on)
+            record.memory_repair = repair
 
     def _take_reasons(
         self,
         record: GpuRecord,
-        reasons: frozenset[ClockEventReason] | None,
+        reasons: tuple[ClockEventReason, ...] | None,
         t: float,
         on: tuple[PodId, ...],
     ) -> None:
@@ -304,8 +352,8 @@ class HealthStore:
         if last is not None and last.reasons == reasons and t - last.end <= RUN_GAP_SECONDS:
             last.end = t
             return
-        slowing = (reasons or frozenset()) & HARDWARE_SLOWDOWN
-        was = (last.reasons or frozenset()) & HARDWARE_SLOWDOWN if last is not None else frozenset()
+        slowing = HARDWARE_SLOWDOWN.intersection(reasons or ())
+        was = HARDWARE_SLOWDOWN.intersection(last.reasons or ()) if last is not None else frozenset()
         if slowing and not slowing <= was:
             detail = ", ".join(sorted(slowing))
             self._incident(record, IncidentKind.HW_SLOWDOWN, t, detail=detail, pods=on)
@@ -342,8 +390,11 @@ class HealthStore:
                 del record.pods[pod]
         for pod in list(self._by_pod):
             gpus = self._by_pod[pod]
-            for uuid in [u for u, seen in gpus.items() if seen < cutoff or u not in self._gpus]:
-                del gpus[uuid]
+            for uuid in list(gpus):
+                on = self._gpus.get(uuid)
+                seen = None if on is None else on.pod_seen(pod)
+                if seen is None or seen < cutoff:
+                    gpus.discard(uuid)
             if not gpus:
                 del self._by_pod[pod]
         for device in [d for d, uuid in self._devices.items() if uuid not in self._gpus]:
@@ -352,10 +403,11 @@ class HealthStore:
     def forget_pod(self, namespace: str, name: str) -> None:
         """A pod was deleted: it is on no GPU any more."""
         pod = PodId(namespace, name)
-        for uuid in self._by_pod.pop(pod, {}):
+        for uuid in self._by_pod.pop(pod, set()):
             record = self._gpus.get(uuid)
             if record is not None:
                 record.pods.pop(pod, None)
+                record.current = tuple(p for p in record.current if p != pod)
 
     # -- reading ------------------------------------------------------------------------------------
 
@@ -365,8 +417,13 @@ class HealthStore:
 
     def gpus_of(self, namespace: str, name: str, *, since: float) -> list[GpuRecord]:
         """The GPUs a pod was on at or after ``since``, by index."""
-        seen = self._by_pod.get(PodId(namespace, name), {})
-        records = [self._gpus[u] for u, t in seen.items() if t >= since and u in self._gpus]
+        pod = PodId(namespace, name)
+        records = []
+        for uuid in self._by_pod.get(pod, ()):
+            record = self._gpus.get(uuid)
+            seen = None if record is None else record.pod_seen(pod)
+            if record is not None and seen is not None and seen >= since:
+                records.append(record)
         return sorted(records, key=lambda r: (r.node, r.index, r.uuid))
 
     def gpus_on(self, node: str) -> list[GpuRecord]:
