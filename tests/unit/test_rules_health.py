@@ -322,6 +322,22 @@ def test_the_store_forgets_what_aged_out() -> None:
     assert store.gpus_of("ns", "job-0", since=0) == []
 
 
+def test_a_pod_that_left_a_gpu_was_on_it_until_it_left() -> None:
+    store = HealthStore(retention_seconds=600)
+    other = PodRef(namespace="ns", name="next-0")
+    for i in range(10):
+        gpu = sample(i)
+        if i >= 5:  # the GPU went to another pod
+            gpu = gpu.model_copy(update={"pods": [other]})
+        store.observe(Snapshot(timestamp=T0 + i, gpus=[gpu]), node="n")
+    assert [r.uuid for r in store.gpus_of("ns", "job-0", since=T0 + 4)] == [GPU]
+    assert store.gpus_of("ns", "job-0", since=T0 + 5) == []
+    assert [r.uuid for r in store.gpus_of("ns", "next-0", since=T0 + 9)] == [GPU]
+    store.prune(T0 + 4 + 601)
+    assert store.gpus_of("ns", "job-0", since=0) == []
+    assert [r.uuid for r in store.gpus_of("ns", "next-0", since=0)] == [GPU]
+
+
 def test_problems_order_and_staleness() -> None:
     store = HealthStore(retention_seconds=600)
     health = {"state": "lost", "xids": [XidEvent(code=79, timestamp=T0)]}
