@@ -3,7 +3,7 @@
 The XID event thread must start and wait on NVML's event set while the sampler keeps sampling at
 its usual cost; every sample must carry the clock event reasons and the ECC counters (volatile and
 aggregate uncorrected, remapped rows on Ampere and later), idle and under load. A torch child runs
-bf16 matmuls for a while: the GPU it runs on must not read ``gpuIdle`` then.
+bf16 matmuls for a while (test_agent_gpu's child): the GPU it runs on must not read ``gpuIdle`` then.
 
 No XID can be injected on a real GPU (the driver raises them on faults only), so this test checks
 that the thread runs and that a healthy GPU raises none; what an XID does downstream is played by
@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from test_agent_gpu import Child
 
 from gpuwarden.agent.nvml import NvmlBackend
 from gpuwarden.nodereport import ClockEventReason, DeviceState, GpuSample
@@ -32,20 +31,6 @@ pytestmark = pytest.mark.gpu
 LOAD_SECONDS = 8.0
 SAMPLE_BUDGET_SECONDS = 0.05
 """A whole device sample of a GPU node takes about a millisecond; the event thread must not add its wait."""
-
-CHILD = r"""
-import sys, time, torch
-a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-torch.cuda.synchronize()
-print("computing", flush=True)
-end = time.time() + float(sys.argv[1])
-while time.time() < end:
-    for _ in range(20):
-        c = a @ b
-    torch.cuda.synchronize()
-print("done", flush=True)
-"""
 
 
 @pytest.fixture
@@ -94,12 +79,14 @@ def test_the_event_thread_runs_and_health_is_read_idle_and_under_load(backend: N
         take("idle")
         time.sleep(0.25)  # pacing the readings, not waiting for an event
 
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(LOAD_SECONDS)], stdout=subprocess.PIPE, text=True
-    )
+    child = Child(compute_seconds=LOAD_SECONDS)
     try:
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() == "computing"
+        child.expect("context")
+        for _ in range(4):  # its memory steps, not what this test is about
+            child.go_on()
+            child.expect("allocated")
+        child.go_on()
+        child.expect("computing")
         loaded: str | None = None
         deadline = time.time() + LOAD_SECONDS - 1.0
         while time.time() < deadline:
@@ -107,10 +94,10 @@ def test_the_event_thread_runs_and_health_is_read_idle_and_under_load(backend: N
                 if any(p.pid == child.pid for p in sample.processes):
                     loaded = sample.uuid
             time.sleep(0.25)
-        assert child.stdout.readline().strip() == "done"
+        child.expect("done")
     finally:
-        child.kill()
-        child.wait()
+        child.process.kill()
+        child.process.wait()
     report["loaded_gpu"] = loaded
     report["xids_received"] = watcher.received
     print(json.dumps(report, indent=1))
