@@ -186,7 +186,9 @@ class AgentConfig:
     def from_args(cls, args: argparse.Namespace) -> AgentConfig:
         """Check the flags together; :class:`UsageError` says what is wrong."""
         if args.backend == "scripted" and not args.scenario:
-            raise UsageError("--backend scripted needs --scenario FILE (or a packaged name: demo, e2e-fast)")
+            raise UsageError(
+                f"--backend scripted needs --scenario FILE (or a packaged name: {', '.join(PACKAGED)})"
+            )
         if args.backend == "nvml" and args.scenario:
             raise UsageError("--scenario only applies to --backend scripted")
         node = args.node_name

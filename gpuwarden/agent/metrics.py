@@ -174,12 +174,15 @@ class ProcessCollector(Collector):
         last = self._ring.process_utilization
         for gpu in snapshot.gpus:
             base = _gpu_labels(gpu)
-            earlier = last.get(device_key(gpu), {})
+            # The last reading of this device, if it had one: a process it does not list ran no kernel.
+            earlier = last.get(device_key(gpu))
             for proc in gpu.processes:
                 labels = [*base, str(proc.pid), *_pod_labels(proc.pod)]
                 if proc.used_memory_bytes is not None:
                     memory.add_metric(labels, proc.used_memory_bytes)
-                util = proc.sm_util if proc.sm_util is not None else earlier.get(proc.pid)
+                util = proc.sm_util
+                if util is None and earlier is not None:
+                    util = earlier.get(proc.pid, 0.0)
                 if util is not None:
                     sm.add_metric(labels, util / 100.0)
         for pod in snapshot.pod_host_memory:

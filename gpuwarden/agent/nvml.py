@@ -552,24 +552,49 @@ class NvmlBackend:
 
     # -- per-process utilization -----------------------------------------------------------------
 
+    def _has_mps_clients(self, gpu: _Device) -> bool:
+        """Whether processes run on ``gpu`` through MPS (asked at the per-process rate, not per sample)."""
+        nvml = self.nvml
+        if "mps" in gpu.unsupported or not hasattr(nvml, "nvmlDeviceGetMPSComputeRunningProcesses"):
+            return False
+        try:
+            return bool(nvml.nvmlDeviceGetMPSComputeRunningProcesses(gpu.handle))
+        except nvml.NVMLError as exc:
+            if exc.value == nvml.NVML_ERROR_NOT_SUPPORTED:
+                gpu.unsupported.add("mps")
+                return False
+            if exc.value != nvml.NVML_ERROR_GPU_IS_LOST:
+                self.log_once(gpu, "mps_processes", exc.value)
+            # Unknown: not trusting the per-process reading cannot call a busy client idle.
+            return True
+
     def sample_process_utilization(self, now: float) -> ProcessUtilization:
         """SM utilization per PID since the previous call, from nvmlDeviceGetProcessUtilization.
 
         About 2 ms a GPU on an H200, hence its own, lower rate. NVML returns only samples
-        newer than the timestamp passed, so each GPU keeps the newest it has seen. MIG
-        devices do not support it; their processes keep ``sm_util`` at ``None``.
+        newer than the timestamp passed, so each GPU keeps the newest it has seen, and
+        only processes that ran a kernel since then: a GPU whose reading succeeded is a
+        key even when no PID is listed (``NVML_ERROR_NOT_FOUND`` is that answer: nothing
+        ran), and its processes that are not listed ran nothing. A GPU that could not be
+        read is left out: no data. MIG devices have no per-process reading (the call is
+        not made for a GPU in MIG mode, nor marked unsupported for it, so that it is read
+        again once MIG is off); their processes keep ``sm_util`` at ``None``. Neither
+        does a GPU with MPS clients: their kernels run in the MPS server's context, and
+        whose SM time NVML then lists is not something to read an idle client from.
         """
         nvml = self.nvml
         out: ProcessUtilization = {}
         for gpu in self._gpus:
-            if gpu.lost_at_open or "process_utilization" in gpu.unsupported:
+            if gpu.lost_at_open or gpu.mig_enabled or "process_utilization" in gpu.unsupported:
+                continue
+            if self._has_mps_clients(gpu):
                 continue
             since = gpu.last_process_timestamp_us or int((now - self._first_window) * 1e6)
             try:
                 samples = nvml.nvmlDeviceGetProcessUtilization(gpu.handle, since)
             except nvml.NVMLError as exc:
                 if exc.value == nvml.NVML_ERROR_NOT_FOUND:
-                    out[gpu.uuid] = {}  # no process ran a kernel since `since`
+                    out[gpu.uuid] = {}  # a good reading: no process ran a kernel since `since`
                 elif exc.value == nvml.NVML_ERROR_NOT_SUPPORTED:
                     gpu.unsupported.add("process_utilization")
                 elif exc.value != nvml.NVML_ERROR_GPU_IS_LOST:  # the device sample reports that

@@ -36,6 +36,7 @@ Kubernetes quantities, ``6Gi``; rates as ``200Mi/m``)::
         gpus: [GPU-…]
         processes:
           - {pid: 4242, command: python train.py}
+          - {pid: 4243, command: python idle.py, kernels: false}  # holds memory, runs nothing
         from: 0s                   # optional window in which the pod exists
         until: 10m
 
@@ -47,6 +48,12 @@ bus and back; ``xid`` raises one XID at ``at`` (what NVML's event thread would d
 XID can be injected on a real GPU); ``ecc`` sets the memory-error readings from ``at`` on;
 ``throttle`` sets the clock event reasons from ``at`` on (``reasons: []`` clears them). See
 docs/agent.md for the derived readings (GPM, power, clocks).
+
+Per-process utilization is the GPU's utilization split by ``share`` among the processes
+that run kernels; one with ``kernels: false`` is left out of the per-process reading, as
+NVML leaves out a process that ran no kernel (the agent then reads it as 0%). A GPU with
+``processUtilization: false`` has no per-process reading at all (as on a MIG device):
+its processes' utilization is unknown.
 """
 
 from __future__ import annotations
@@ -67,7 +74,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from gpuwarden.agent.backend import BackendError, ProcessUtilization, device_key
+from gpuwarden.agent.backend import BackendError, ProcessUtilization, device_key, merge_process_utilization
 from gpuwarden.agent.scenarios import PACKAGED as PACKAGED  # re-exported: the names load_scenario takes
 from gpuwarden.nodereport import (
     ClockEventReason,
@@ -259,6 +266,8 @@ class GpuSpec(_Spec):
     sm_active: list[Piece] | None = None
     """If left out, SM activity is derived from utilization (see docs/agent.md)."""
     health: list[HealthPiece] = Field(default_factory=list)
+    process_utilization: bool = True
+    """Whether per-process utilization can be read (False: as on a MIG device, no reading at all)."""
 
 
 class ProcessSpec(_Spec):
@@ -269,6 +278,8 @@ class ProcessSpec(_Spec):
     gpu: str | None = None
     share: float = Field(default=1.0, gt=0)
     """This process's share of the GPU's memory (above the reserved part) and utilization."""
+    kernels: bool = True
+    """Whether it launches kernels; False: it holds its memory and context and computes nothing."""
 
 
 class PodSpec(_Spec):
@@ -374,6 +385,7 @@ class ScenarioProcess:
     gpu: str
     share: float
     pod: PodRef
+    kernels: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -490,6 +502,7 @@ class Scenario:
                             gpu=proc.gpu or p.gpus[0],
                             share=proc.share,
                             pod=ref,
+                            kernels=proc.kernels,
                         )
                         for proc in p.processes
                     ),
@@ -565,12 +578,13 @@ class Scenario:
         )
 
     def process_utilization(self, t: float) -> ProcessUtilization:
-        """Per-process SM utilization at ``t``: the GPU's utilization split by process shares."""
+        """Per-process SM utilization at ``t``: the GPU's utilization split by the shares of the
+        processes that run kernels; those that run none are not listed (as NVML lists them)."""
         out: ProcessUtilization = {}
         for gpu in self._gpus:
-            if gpu.lost(t):
+            if gpu.lost(t) or not gpu.spec.process_utilization:
                 continue
-            procs = self._processes_on(gpu.spec.uuid, t)
+            procs = [p for p in self._processes_on(gpu.spec.uuid, t) if p.kernels]
             shares = sum(p.share for p in procs)
             util = gpu.utilization(t)
             out[gpu.spec.uuid] = {p.pid: util * p.share / shares for p in procs}
@@ -598,18 +612,7 @@ class Scenario:
 
         What the demo plays through the engine, compressed: no sleeping, no agent.
         """
-        utilization = self.process_utilization(t)
-        gpus = [
-            g.model_copy(
-                update={
-                    "processes": [
-                        p.model_copy(update={"sm_util": utilization.get(g.uuid, {}).get(p.pid)})
-                        for p in g.processes
-                    ]
-                }
-            )
-            for g in self.gpu_samples(t)
-        ]
+        gpus = merge_process_utilization(self.gpu_samples(t), self.process_utilization(t))
         return self.annotate(Snapshot(timestamp=origin + t, gpus=gpus), t)
 
 

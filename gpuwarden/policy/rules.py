@@ -127,7 +127,8 @@ class Outcome:
     window_seconds: float = 0.0
     """The rule's window: ``for``, or ``window`` for memoryGrowth."""
     signal: str = ""
-    """Utilization rules: the reading used, in words (``SM activity``, ``GPU utilization``)."""
+    """Utilization rules: the signal that decided, in words (``SM activity (GPM)``,
+    ``GPU utilization (device counter)``, ``per-process SM utilization``)."""
     busy_watts: float | None = None
     """utilizationFloor: the mean power of the GPU that counts as busy, if one does."""
     level_bytes: float | None = None
@@ -147,7 +148,7 @@ class Outcome:
 
     @property
     def message(self) -> str:
-        """The verdict in words, e.g. ``mean SM activity 3% over 5m, floor 20%``."""
+        """The verdict in words, e.g. ``mean SM activity (GPM) 3% over 5m, floor 20%``."""
         text = self.describe(self)
         return f"{text}; {self.note}" if self.note else text
 

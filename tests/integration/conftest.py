@@ -2,8 +2,10 @@
 
 ``control_plane`` (session): a :class:`ControlPlane` (kubeconfig, server, ca_path,
 admin_token, kubectl(), helm).  ``namespace`` (function): a fresh namespace per test.
+``images`` (session): the container images, built with podman (:mod:`images`).
 
-Binaries come from ``hack/build-control-plane.sh --print-env`` (built if missing).
+Binaries come from ``hack/build-control-plane.sh --print-env``, images from
+``hack/build-images.sh --print-env`` (each builds what is missing).
 Under ``CI=true`` a failed build or a failed start is a test failure, never a skip.
 """
 
@@ -31,6 +33,7 @@ from controlplane import (  # noqa: E402
     in_ci,
     locate_binaries,
 )
+from images import Images, locate_images  # noqa: E402
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -71,6 +74,18 @@ def control_plane_binaries() -> Binaries:
         "control-plane binaries could not be built (run hack/build-control-plane.sh; "
         f"needs Go >= 1.26 and the Go module proxy): {error}"
     )
+
+
+@pytest.fixture(scope="session")
+def images() -> Images:
+    """The agent, operator, pause and workload images (building what is missing: needs root)."""
+    try:
+        return locate_images()
+    except BuildError as exc:
+        error = str(exc)
+    if in_ci():
+        pytest.fail(f"CI=true: the images could not be built: {error}", pytrace=False)
+    pytest.skip(f"the images could not be built (run hack/build-images.sh as root): {error}")
 
 
 @pytest.fixture(scope="session")

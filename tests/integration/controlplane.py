@@ -76,7 +76,7 @@ class ControlPlaneError(RuntimeError):
 
 
 class BuildError(ControlPlaneError):
-    """``hack/build-control-plane.sh`` failed."""
+    """A build script (``hack/build-control-plane.sh``, ``hack/build-images.sh``) failed."""
 
 
 def in_ci() -> bool:
@@ -115,17 +115,16 @@ def parse_env_lines(text: str) -> dict[str, str]:
     return env
 
 
-def locate_binaries(timeout: float = BUILD_TIMEOUT_S) -> Binaries:
-    """Run ``hack/build-control-plane.sh --print-env`` (builds what is missing).
+def run_print_env(script: Path, timeout: float) -> dict[str, str]:
+    """Run ``script --print-env`` (a hack/build-*.sh: it builds what is missing) and parse its lines.
 
-    Raises :class:`BuildError` with the script's output when it fails or does not
-    report every binary.
+    Raises :class:`BuildError` with the script's output when it fails or times out.
     """
-    if not BUILD_SCRIPT.is_file():
-        raise BuildError(f"{BUILD_SCRIPT} does not exist")
+    if not script.is_file():
+        raise BuildError(f"{script} does not exist")
     try:
         proc = subprocess.run(
-            ["bash", str(BUILD_SCRIPT), "--print-env"],
+            ["bash", str(script), "--print-env"],
             cwd=REPO_ROOT,
             capture_output=True,
             text=True,
@@ -133,17 +132,26 @@ def locate_binaries(timeout: float = BUILD_TIMEOUT_S) -> Binaries:
             check=False,
         )
     except subprocess.TimeoutExpired as exc:
-        raise BuildError(f"{BUILD_SCRIPT} did not finish within {timeout:.0f}s") from exc
+        raise BuildError(f"{script} did not finish within {timeout:.0f}s") from exc
     if proc.returncode != 0:
         raise BuildError(
-            f"{BUILD_SCRIPT} --print-env failed with exit status {proc.returncode}:\n"
+            f"{script} --print-env failed with exit status {proc.returncode}:\n"
             f"{_tail(proc.stderr)}{_tail(proc.stdout)}"
         )
-    env = parse_env_lines(proc.stdout)
+    return parse_env_lines(proc.stdout)
+
+
+def locate_binaries(timeout: float = BUILD_TIMEOUT_S) -> Binaries:
+    """Run ``hack/build-control-plane.sh --print-env`` (builds what is missing).
+
+    Raises :class:`BuildError` with the script's output when it fails or does not
+    report every binary.
+    """
+    env = run_print_env(BUILD_SCRIPT, timeout)
     keys = ("KUBE_APISERVER", "KUBECTL", "ETCD", "HELM")
     absent = [k for k in keys if not env.get(k)]
     if absent:
-        raise BuildError(f"{BUILD_SCRIPT} --print-env did not report {absent}:\n{proc.stdout}")
+        raise BuildError(f"{BUILD_SCRIPT} --print-env did not report {absent}: {env}")
     binaries = Binaries(
         kube_apiserver=Path(env["KUBE_APISERVER"]),
         kubectl=Path(env["KUBECTL"]),

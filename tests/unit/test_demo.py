@@ -86,7 +86,7 @@ def test_demo_finds_idle_leak_and_saturation_but_not_the_plateau_and_the_idle_gp
     # The notebook gets to work at 22m: the idle finding clears, in the engine's words, before the end.
     assert re.search(
         r"\[2[2-9]:\d\d\] CLEARED idle-gpu research/notebook-idle-0 on GPU 0: Recovered: "
-        r"mean SM activity \d+% over 5m, floor 20%",
+        r"mean SM activity \(GPM\) \d+% over 5m, floor 20%",
         out,
     )
     summary = out[out.index("Summary:") :]
@@ -187,7 +187,7 @@ def test_the_idle_finding_clears_once_the_notebook_works(demo_run: ScenarioRun) 
     assert idle.end - DEFAULT_ORIGIN == pytest.approx(24 * MIN, abs=30)
     assert idle.resolution is Resolution.RECOVERED
     # The summary says why it cleared: the clearing message, not the last one while active.
-    assert re.fullmatch(r"mean SM activity (2[5-9]|3\d)% over 5m, floor 20%", idle.last_message)
+    assert re.fullmatch(r"mean SM activity \(GPM\) (2[5-9]|3\d)% over 5m, floor 20%", idle.last_message)
     assert [s.rule for s in demo_run.history.active()] == ["saturated", "leak", "near-oom"]
 
 
