@@ -242,9 +242,12 @@ def _check_windows(rules: Sequence[Rule], interval: float, path: str) -> None:
     """Every rule's window (``for``, memoryGrowth's ``window``) spans at least one evaluation interval.
 
     A shorter window leaves samples between two evaluations that no evaluation reads: an idle spell or
-    a leak could come and go unjudged. The CRD's CEL rule on spec enforces the same.
+    a leak could come and go unjudged. The CRD's CEL rule on spec enforces the same (gpuHealth, which
+    reads no window, is left out of both).
     """
     for i, rule in enumerate(rules):
+        if isinstance(rule, GpuHealthRule):
+            continue  # no window of samples: it judges states and events as they are reported
         if isinstance(rule, MemoryGrowth):
             field, seconds = "memoryGrowth.window", rule.window_seconds
         else:
