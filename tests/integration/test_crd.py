@@ -459,9 +459,10 @@ SUBMIT = {
     # What the docs recommend for CRDs, and what GitOps tools (Flux, Argo CD's ServerSideApply) use.
     "server-side-apply": ("apply", "--server-side"),
 }
-# Server-side apply refuses duplicate keys of a list-map while building its typed patch, before any
-# validation, in words of its own: test_duplicate_rule_names_under_server_side_apply.
-TYPED_PATCH_CASES = {"rule-name-duplicate"}
+# Server-side apply refuses duplicate keys of a list-map (or entries of a list-set) while building its
+# typed patch, before any validation, in words of its own: test_duplicate_rule_names_under_server_side_apply
+# ("duplicate entries for key [=79]" for gpuHealth.xids).
+TYPED_PATCH_CASES = {"rule-name-duplicate", "gpu-health-xid-twice"}
 CASES = [
     pytest.param(mutate, fragment, how, id=f"{case}-{how}")
     for case, mutate, fragment in INVALID
