@@ -35,6 +35,7 @@ from gpuwarden.agent.nvml import NvmlBackend
 from gpuwarden.agent.scenarios import PACKAGED
 from gpuwarden.agent.sender import DEFAULT_BUFFER_LIMIT, DEFAULT_REPORT_INTERVAL, ReportSender
 from gpuwarden.agent.snapshots import Attributor, Sampler, SnapshotRing
+from gpuwarden.nodereport import Snapshot
 from gpuwarden.policy.units import parse_duration
 
 log = logging.getLogger("gpuwarden.agent")
@@ -325,13 +326,19 @@ async def serve(
         if config.operator_url
         else None
     )
+
+    def deliver(snapshot: Snapshot) -> None:
+        metrics.count_xids(snapshot)  # XIDs are events: each is counted as its snapshot passes
+        if sender is not None:
+            sender.submit(snapshot)
+
     sampler = Sampler(
         backend,
         ring,
         interval=config.sample_interval,
         process_interval=config.process_interval,
         annotate=attributor.annotate,
-        deliver=sender.submit if sender is not None else None,
+        deliver=deliver,
         events=metrics,
     )
 

@@ -65,8 +65,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
 
 
 @kopf.on.startup()
-async def start_services(memo: kopf.Memo, **_: Any) -> None:
-    memo.services = Services(_state(memo))
+async def start_services(memo: kopf.Memo, **kwargs: Any) -> None:
+    # The pod index by its name (empty this early, filled live by Kopf): the node view finds pods' uids there.
+    pods: kopf.Index[str, PodRecord] = kwargs["gpu_pods"]
+    memo.services = Services(_state(memo), pods=pods)
     await memo.services.start()
 
 

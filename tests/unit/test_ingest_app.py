@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gpuwarden.agent.scenario import ScenarioAttributor, ScriptedBackend, load_scenario
 from gpuwarden.agent.snapshots import Sampler, SnapshotRing
-from gpuwarden.nodereport import GpuSample, NodeReport, PodRef, Snapshot, dump_report
+from gpuwarden.nodereport import SCHEMA_VERSION, GpuSample, NodeReport, PodRef, Snapshot, dump_report
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.ingest import make_ingest_app
 from gpuwarden.operator.state import OperatorState, PolicyKey
@@ -130,8 +130,8 @@ async def test_basic_auth_is_no_bearer_token(setup: Any) -> None:
         (b"[]", "body"),
         (json.dumps({"schemaVersion": 1, "node": "n"}).encode(), "agentId"),
         (
-            dump_report(report()).replace(b'"schemaVersion":1', b'"schemaVersion":2'),
-            "schemaVersion: 2 is not supported",
+            dump_report(report()).replace(b'"schemaVersion":1', b'"schemaVersion":99'),
+            "schemaVersion: 99 is not supported",
         ),
         (dump_report(report()).replace(b'"uuid"', b'"uuidx"'), "uuid"),
     ],
@@ -266,7 +266,9 @@ async def test_an_idle_pod_beside_a_busy_one_on_a_shared_gpu_is_found_through_th
         snapshots.append(attributor.annotate(sampler.sample_once(with_processes=t % 10 == 0).snapshot))
     for seq, start in enumerate(range(0, 91, 30)):  # batched, as the agent sends after an outage
         batch = snapshots[start : start + 30]
-        body = dump_report(NodeReport(schema_version=1, node="n", agent_id="a", seq=seq, snapshots=batch))
+        body = dump_report(
+            NodeReport(schema_version=SCHEMA_VERSION, node="n", agent_id="a", seq=seq, snapshots=batch)
+        )
         assert (await post(client, body))[0] == 200
     spec = parse_spec(
         {
