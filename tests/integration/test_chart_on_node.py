@@ -226,11 +226,13 @@ def test_the_agent_attributes_the_scripted_gpus_to_the_pods_the_kubelet_allocate
     # The agent's attribution refreshes every 5 s from the kubelet's PodResources socket.
     installed.until(lambda: installed.attributed() == allocated, f"the agent attributing {allocated}", 60)
     # The reports reach the active operator through the ingest Service, with the projected token
-    # (TokenReview, bound to this node): its per-pod series are made of them.
+    # (TokenReview, bound to this node): its per-pod series are made of them. Both replicas start
+    # together and one may act first, then pause in favour of the other: reports answered
+    # "503 Standby" meanwhile are retried with a backoff of up to 30 s, hence TIMEOUT here.
     installed.until(
         lambda: installed.operator_pods() == {pod: {uuid} for uuid, pod in allocated.items()},
         "the operator's per-pod series from the agent's reports",
-        60,
+        TIMEOUT,
     )
     agent = installed.agent_metrics()
     assert total(agent, "gpuwarden_agent_reports_sent_total") > 0
