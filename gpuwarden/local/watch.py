@@ -246,6 +246,7 @@ async def watch(
     title = f"gpuwarden watch: {source}, policies {', '.join(p.key for p in config.policies)}"
 
     def deliver(snapshot: Snapshot) -> None:
+        metrics.count_xids(snapshot)
         try:
             step = session.observe(snapshot)
             display.show(step, f"{title}, {label(snapshot.timestamp)}")

@@ -67,9 +67,11 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
 
 @kopf.on.startup()
 async def start_services(memo: kopf.Memo, **kwargs: Any) -> None:
-    # Indexes are passed to every handler by their names, this one too (still empty: filled as it runs).
+    # The indexes by their names (empty this early, filled live by Kopf): which node each GPU pod runs
+    # on, for the reports' pods; the pods' uids, for the node view.
     _state(memo).pod_nodes = kwargs["gpu_pod_nodes"]
-    memo.services = Services(_state(memo))
+    pods: kopf.Index[str, PodRecord] = kwargs["gpu_pods"]
+    memo.services = Services(_state(memo), pods=pods)
     await memo.services.start()
 
 

@@ -23,6 +23,7 @@ from gpuwarden.operator.metrics import OperatorMetrics, store_gauges
 from gpuwarden.operator.ratelimit import NodeRateLimiter
 from gpuwarden.operator.tokenreview import TokenAuthenticator
 from gpuwarden.policy.engine import PodView
+from gpuwarden.policy.healthstore import HealthStore
 from gpuwarden.policy.intake import points_from_snapshot
 from gpuwarden.policy.series import SeriesStore
 
@@ -39,6 +40,8 @@ MAX_POINTS = int(MAX_RETENTION)
 """Readings kept per series at most: 6 h at the agents' 1 s sampling."""
 MAX_REPORT_AGE = MAX_RETENTION
 """Readings older than this (by the operator's clock) are refused: no window could use them."""
+HEALTH_PRUNE_SECONDS = 60.0
+"""How often the health store forgets what aged out (GPUs gone quiet); it is small, and bounded anyway."""
 
 _OUT_OF_SCOPE = "out_of_scope"
 """A pod of a namespace not watched: its readings are dropped without a word (not a refusal)."""
@@ -145,6 +148,9 @@ class OperatorState:
         """Whether ``pod_nodes`` holds every pod (Kopf listed them); until then unknown pods are let in."""
         self.metrics = OperatorMetrics()
         self.store = SeriesStore(retention_seconds=MIN_RETENTION, max_points=MAX_POINTS)
+        self.health = HealthStore(retention_seconds=MIN_RETENTION)
+        """The GPUs' health (gpuHealth rules, throttling, the node view), kept as long as the series."""
+        self._health_pruned = 0.0
         self.book = ReportBook()
         self.pacing: dict[str, dict[str, Pacing]] = {}
         """Running evaluation daemons: namespace -> policy name -> pacing."""
@@ -208,8 +214,12 @@ class OperatorState:
         of a snapshot more than :data:`MAX_FUTURE_SKEW` ahead of ``now`` or more than
         :data:`MAX_REPORT_AGE` behind it, and those of a pod that the pod index places on
         another node or (once it is synced) does not know. The policies of the namespaces
-        that got readings are woken.
+        that got readings are woken. The GPUs' health of every timely snapshot goes into the
+        health store whatever the namespaces (the node view needs all), as ``node``'s.
         """
+        if now - self._health_pruned >= HEALTH_PRUNE_SECONDS:
+            self.health.prune(now)
+            self._health_pruned = now
         add, update = self.store.add, self.metrics.latest.update
         intake = Intake()
         refused = intake.refused
@@ -220,6 +230,9 @@ class OperatorState:
         for snapshot in report.snapshots:
             t = snapshot.timestamp
             untimely = "future" if t > latest else "past" if t < earliest else None
+            if untimely is None:
+                # A GPU's health, too, keeps only what is newer than its latest: nothing from the future.
+                self.health.observe(snapshot, node=node)
             for key, point in points_from_snapshot(snapshot):
                 pod = (key.namespace, key.pod)
                 if pod in verdicts:
@@ -257,6 +270,7 @@ class OperatorState:
     def forget_pod(self, namespace: str, name: str) -> None:
         """A pod was deleted: drop its series and its per-pod metrics."""
         self.store.forget_pod(namespace, name)
+        self.health.forget_pod(namespace, name)
         self.metrics.latest.forget_pod(namespace, name)
 
     # -- policies --
@@ -288,6 +302,7 @@ class OperatorState:
             self.horizons[key] = seconds
         wanted = max(self.horizons.values(), default=MIN_RETENTION)
         self.store.retention_seconds = min(MAX_RETENTION, max(MIN_RETENTION, wanted))
+        self.health.retention_seconds = self.store.retention_seconds
 
     def running_policies(self) -> Iterable[PolicyKey]:
         """Policies whose daemons run here."""

@@ -135,6 +135,25 @@ size = st.one_of(st.none(), st.integers(0, MAX_BYTES), st.sampled_from([0, MAX_B
 
 
 @st.composite
+def healths(draw: st.DrawFn) -> dict[str, Any]:
+    """Schema version 2's GPU health; XID timestamps are offsets from the clock, as snapshots' are."""
+    health: dict[str, Any] = {
+        "xids": [
+            {"code": draw(st.integers(0, 2**32 - 1)), "timestamp": draw(OFFSETS)}
+            for _ in range(draw(st.integers(0, 2)))
+        ],
+        "eccUncorrectedAggregate": draw(st.one_of(st.none(), st.integers(0, MAX_COUNT))),
+        "rowRemapFailed": draw(st.one_of(st.none(), st.booleans())),
+        "clockEventReasons": draw(
+            st.one_of(
+                st.none(), st.lists(st.sampled_from(["hwSlowdown", "swPowerCap", "gpuIdle"]), max_size=3)
+            )
+        ),
+    }
+    return {k: v for k, v in health.items() if v is not None}
+
+
+@st.composite
 def gpu_samples(draw: st.DrawFn) -> dict[str, Any]:
     pods = draw(st.lists(st.sampled_from(PODS), min_size=1, max_size=3))
     gpu: dict[str, Any] = {
@@ -148,6 +167,7 @@ def gpu_samples(draw: st.DrawFn) -> dict[str, Any]:
         "temperatureC": draw(st.one_of(st.none(), st.floats(-273.15, 1000))),
         "powerWatts": draw(st.one_of(st.none(), st.floats(0, 100_000))),
         "pods": [{"namespace": ns, "name": name} for ns, name in pods],
+        "health": draw(st.one_of(st.none(), healths())),
         "processes": [
             {
                 "pid": draw(st.integers(0, 2**31 - 1)),
@@ -165,7 +185,7 @@ def gpu_samples(draw: st.DrawFn) -> dict[str, Any]:
 def reports(draw: st.DrawFn) -> dict[str, Any]:
     """A valid report but for its timestamps, which are offsets (see :meth:`Case.body`)."""
     return {
-        "schemaVersion": 1,
+        "schemaVersion": draw(st.sampled_from([1, 2, 2])),  # a version 1 report with health is a 400
         "node": draw(st.sampled_from(["node-1"] * 6 + ["node-2", "claimed"])),
         "agentId": draw(st.sampled_from(["fuzz-a", "fuzz-b"])),
         "seq": draw(st.one_of(st.integers(0, 5), st.just(MAX_COUNT))),
@@ -204,10 +224,14 @@ class Case:
             raw = self.junk
         else:
             report = json.loads(json.dumps(self.report))
+            timed = [*report["snapshots"]]
             for snapshot in report["snapshots"]:
-                if isinstance(snapshot["timestamp"], float):
-                    t = now + snapshot["timestamp"]
-                    snapshot["timestamp"] = t if 0 < t <= MAX_TIMESTAMP else now
+                for gpu in snapshot["gpus"]:
+                    timed.extend(gpu.get("health", {}).get("xids", []))
+            for item in timed:
+                if isinstance(item["timestamp"], float):
+                    t = now + item["timestamp"]
+                    item["timestamp"] = t if 0 < t <= MAX_TIMESTAMP else now
             if self.mutation is not None:
                 path, value = self.mutation
                 target = report
@@ -368,6 +392,10 @@ class Harness:
         assert placed == list(self.state.store.pods())
         assert len(self.state.store) <= len(POD_NODES) * (len(GPUS) + 1)
         assert len(self.state.metrics.latest) <= len(self.state.store) + len(POD_NODES)
+        # Health only from the identities' nodes, for the GPUs named.
+        health = self.state.health
+        assert health.nodes() <= {"node-1", "node-2"}, health.nodes()
+        assert sum(len(health.gpus_on(node)) for node in health.nodes()) <= len(GPUS) + 1
 
 
 class HarnessRunner:

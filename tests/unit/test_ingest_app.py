@@ -15,7 +15,16 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gpuwarden.agent.scenario import ScenarioAttributor, ScriptedBackend, load_scenario
 from gpuwarden.agent.snapshots import Sampler, SnapshotRing
-from gpuwarden.nodereport import GpuSample, NodeReport, PodRef, Snapshot, dump_report
+from gpuwarden.nodereport import (
+    SCHEMA_VERSION,
+    GpuHealth,
+    GpuSample,
+    NodeReport,
+    PodRef,
+    Snapshot,
+    XidEvent,
+    dump_report,
+)
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.ingest import MAX_FUTURE_SKEW, make_ingest_app
 from gpuwarden.operator.state import MAX_REPORT_AGE, OperatorState, PolicyKey
@@ -174,8 +183,8 @@ async def test_basic_auth_is_no_bearer_token(setup: Any) -> None:
         (b"[]", "body"),
         (json.dumps({"schemaVersion": 1, "node": "n"}).encode(), "agentId"),
         (
-            dump_report(report()).replace(b'"schemaVersion":1', b'"schemaVersion":2'),
-            "schemaVersion: 2 is not supported",
+            dump_report(report()).replace(b'"schemaVersion":1', b'"schemaVersion":99'),
+            "schemaVersion: 99 is not supported",
         ),
         (dump_report(report()).replace(b'"uuid"', b'"uuidx"'), "uuid"),
     ],
@@ -400,6 +409,56 @@ async def test_wire_types_are_strict_and_bounded(setup: Any, old: bytes, new: by
     assert len(state.store) == 0
 
 
+def health_report(t: float = T0, xid_t: float = T0) -> NodeReport:
+    """Version 2: GPU-1 with an XID 79 and an uncorrected ECC count."""
+    gpu = (
+        report()
+        .snapshots[0]
+        .gpus[0]
+        .model_copy(
+            update={
+                "health": GpuHealth(xids=[XidEvent(code=79, timestamp=xid_t)], ecc_uncorrected_aggregate=1)
+            }
+        )
+    )
+    return NodeReport(
+        schema_version=2, node="node-1", agent_id="a", seq=0, snapshots=[Snapshot(timestamp=t, gpus=[gpu])]
+    )
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field"),
+    [
+        (b'"code":79,"timestamp":1800000000.0', b'"code":79,"timestamp":1e308', "timestamp"),
+        (b'"code":79,"timestamp":1800000000.0', b'"code":79,"timestamp":NaN', "timestamp"),
+        (
+            b'"eccUncorrectedAggregate":1',
+            b'"eccUncorrectedAggregate":' + b"9" * 4000,
+            "eccUncorrectedAggregate",
+        ),
+        (b'"eccUncorrectedAggregate":1', b'"eccUncorrectedAggregate":1.0', "eccUncorrectedAggregate"),
+    ],
+)
+async def test_health_is_bounded_too(setup: Any, old: bytes, new: bytes, field: str) -> None:
+    client, state, _ = setup
+    body = dump_report(health_report())
+    assert old in body
+    status, payload, _ = await post(client, body.replace(old, new))
+    assert (status, payload["reason"]) == (400, "InvalidReport")
+    assert field in payload["message"]
+    assert state.health.gpu("GPU-1") is None
+
+
+async def test_a_snapshot_from_the_future_gives_the_health_store_nothing(setup: Any) -> None:
+    client, state, _ = setup
+    assert (await post(client, dump_report(health_report(t=1e12))))[1]["refused"] == {"future": 1}
+    assert state.health.gpu("GPU-1") is None
+    assert (await post(client, dump_report(health_report().model_copy(update={"seq": 1}))))[0] == 200
+    record = state.health.gpu("GPU-1")
+    assert record is not None
+    assert (record.node, [code for _, code in record.xids]) == ("node-1", [79])
+
+
 async def test_a_timestamp_from_the_future_is_refused_and_never_freezes_a_series(setup: Any) -> None:
     """Issue 19 (1): one report at 1e12 made every later real report store nothing."""
     client, state, _ = setup
@@ -501,7 +560,7 @@ async def test_an_idle_pod_beside_a_busy_one_on_a_shared_gpu_is_found_through_th
     for seq, start in enumerate(range(0, 91, 30)):  # batched, as the agent sends after an outage
         batch = snapshots[start : start + 30]
         body = dump_report(
-            NodeReport(schema_version=1, node="node-1", agent_id="a", seq=seq, snapshots=batch)
+            NodeReport(schema_version=SCHEMA_VERSION, node="node-1", agent_id="a", seq=seq, snapshots=batch)
         )
         assert (await post(client, body))[0] == 200
     spec = parse_spec(
