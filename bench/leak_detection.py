@@ -71,7 +71,7 @@ class Trace:
 def leak(
     start: float, per_minute: float, at: float = 0.0, load: float = 0.0, load_for: float = 30.0
 ) -> Shape:
-    """Flat at ``start``, optionally a model load of ``load`` bytes over ``load_for`` s, then a leak from ``at``."""
+    """Flat at ``start``, maybe a load of ``load`` bytes over ``load_for`` s; a leak from ``at``."""
 
     def shape(t: float) -> float:
         loaded = start + load * min(1.0, t / load_for) if load else start
@@ -81,7 +81,7 @@ def leak(
 
 
 def staircase(start: float, step: float, every: float, steps: int, at: float = 0.0) -> Shape:
-    """``steps`` steps of ``step`` bytes ``every`` seconds from ``at`` (the first one at ``at``), then flat."""
+    """``steps`` steps of ``step`` bytes ``every`` seconds, the first at ``at``; then flat."""
     return lambda t: start + step * (min(steps, math.floor((t - at) / every) + 1) if t >= at else 0)
 
 
@@ -105,17 +105,25 @@ TRACES: tuple[Trace, ...] = (
     Trace("leak 200Mi/m (x2)", leak(20 * GI, 200 * MI), leak_from=0),
     Trace("leak 500Mi/m (x5)", leak(20 * GI, 500 * MI), leak_from=0),
     Trace("leak 2Gi/m (x20)", leak(20 * GI, 2 * GI), leak_from=0),
+    Trace("leak 150Mi/m (x1.5), noise 1Gi", leak(20 * GI, 150 * MI), leak_from=0, noise_bytes=GI),
+    Trace("leak 200Mi/m (x2), noise 1Gi", leak(20 * GI, 200 * MI), leak_from=0, noise_bytes=GI),
+    Trace("leak 500Mi/m (x5), noise 1Gi", leak(20 * GI, 500 * MI), leak_from=0, noise_bytes=GI),
+    Trace("leak 2Gi/m (x20), noise 1Gi", leak(20 * GI, 2 * GI), leak_from=0, noise_bytes=GI),
+    Trace("leak 104Mi/m, noise 43Mi", leak(20 * GI, 104 * MI), leak_from=0, noise_bytes=43 * MI),
+    Trace("the same, 0.9Gi from full", leak(CARD - 0.9 * GI, 104 * MI), leak_from=0, noise_bytes=43 * MI),
     Trace("leak 200Mi/m after a 100Gi load", leak(4 * GI, 200 * MI, at=60, load=100 * GI), leak_from=60),
     Trace("leak 200Mi/m from minute 30", leak(40 * GI, 200 * MI, at=1800), leak_from=1800),
-    Trace("leak 200Mi/m, noise 256Mi", leak(20 * GI, 200 * MI), leak_from=0, noise_bytes=256 * MI),
     Trace("staircase 4x16Gi/90s, then flat", staircase(4 * GI, 16 * GI, 90, 4)),
+    Trace("the same, noise 256Mi", staircase(4 * GI, 16 * GI, 90, 4), noise_bytes=256 * MI),
     Trace("staircase 8x4Gi/30s, then flat", staircase(8 * GI, 4 * GI, 30, 8)),
+    Trace("staircase 6x2Gi/150s, then flat", staircase(8 * GI, 2 * GI, 150, 6)),
     Trace("staircase 8x2Gi/150s, then flat", staircase(8 * GI, 2 * GI, 150, 8)),
     Trace("staircase 3x8Gi/5m at minute 20", staircase(30 * GI, 8 * GI, 300, 3, at=1200)),
     Trace("model loaded once at minute 10", staircase(2 * GI, 60 * GI, 1, 1, at=600)),
     Trace("sawtooth 20-40Gi/10m", sawtooth(20 * GI, 40 * GI, 600)),
-    Trace("sawtooth 20-40Gi/10m, from mid-tooth", sawtooth(20 * GI, 40 * GI, 600, phase=400)),
+    Trace("the same, from mid-tooth", sawtooth(20 * GI, 40 * GI, 600, phase=400)),
     Trace("sawtooth 10-30Gi/3m", sawtooth(10 * GI, 30 * GI, 180)),
+    Trace("the same, noise 256Mi", sawtooth(10 * GI, 30 * GI, 180), noise_bytes=256 * MI),
     Trace("sawtooth 8-12Gi/30s", sawtooth(8 * GI, 12 * GI, 30)),
     Trace("square 20/40Gi, 10m period", square(20 * GI, 40 * GI, 600)),
     Trace("sine 30±10Gi, 20m period", sine(30 * GI, 10 * GI, 1200)),
@@ -170,7 +178,10 @@ def run_engine(values: Sequence[float], every: int) -> Flags:
 
 
 def deriv(times: Sequence[float], values: Sequence[float], at: float, range_seconds: float) -> float | None:
-    """PromQL ``deriv(v[range])`` at ``at``: the least-squares slope of the samples in ``[at - range, at]``."""
+    """PromQL ``deriv(v[range])`` at ``at``: the least-squares slope of the samples in ``[at - range, at]``.
+
+    As Prometheus 2.x computes it (``linearRegression`` in promql/functions.go), x relative to ``at``.
+    """
     points = [(t - at, v) for t, v in zip(times, values, strict=True) if at - range_seconds <= t <= at]
     if len(points) < 2:
         return None
@@ -201,7 +212,7 @@ def run_deriv(values: Sequence[float]) -> Flags:
 
 
 def promtool_check(trace: Trace, seed: int) -> str:
-    """Run ``promtool test rules`` on one trace: the deriv rule must fire exactly when :func:`run_deriv` says."""
+    """``promtool test rules`` on one trace: the deriv rule must fire exactly when :func:`run_deriv` says."""
     values = readings(trace, seed)
     scraped = [values[t] for t in range(0, HOUR + 1, SCRAPE_SECONDS)]
     ours = run_deriv(values)
@@ -226,7 +237,8 @@ def promtool_check(trace: Trace, seed: int) -> str:
             ["promtool", "test", "rules", "test.yaml"], cwd=tmp, capture_output=True, text=True, check=False
         )
     verdict = "agrees" if done.returncode == 0 else "DISAGREES"
-    return f"promtool {verdict} with deriv on {trace.name!r} ({len(alerts)} minutes):\n{done.stdout}{done.stderr}"
+    head = f"promtool {verdict} with deriv on {trace.name!r} ({len(alerts)} minutes)"
+    return f"{head}:\n{done.stdout}{done.stderr}"
 
 
 def minutes(seconds: float) -> str:
@@ -234,16 +246,22 @@ def minutes(seconds: float) -> str:
 
 
 def summary(trace: Trace, runs: Sequence[Flags]) -> str:
-    """Delay for a leak (median, worst; 'never' if a seed missed it); flagged minutes otherwise."""
+    """A leak's delay, a non-leak's flagged minutes: the median, and the worst seed when it differs.
+
+    ``never``: some seed's leak was not found within the hour.
+    """
     if trace.leak_from is not None:
         delays = [r.first - trace.leak_from for r in runs if r.first is not None]
         if not delays:
             return "never"
-        worst = "never" if len(delays) < len(runs) else minutes(max(delays))
-        return f"{minutes(statistics.median(delays))} (≤ {worst})"
-    flagged = [r.flagged_seconds for r in runs]
-    med, top = statistics.median(flagged), max(flagged)
-    return "0" if top == 0 else f"{minutes(med)} (≤ {minutes(top)})"
+        med, worst = minutes(statistics.median(delays)), minutes(max(delays))
+        worst = "never" if len(delays) < len(runs) else worst
+    else:
+        flagged = [r.flagged_seconds for r in runs]
+        med, worst = minutes(statistics.median(flagged)), minutes(max(flagged))
+        if max(flagged) == 0:
+            return "0"
+    return med if med == worst else f"{med} (≤ {worst})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -256,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     traces = [t for t in TRACES if args.trace in (None, t.name)]
     if args.promtool:
-        print(promtool_check(next(t for t in traces if t.name.startswith("sawtooth")), seed=1))
+        print(promtool_check(next(t for t in traces if t.name.startswith("sawtooth")), seed=0))
         return 0
     print(
         f"rule: memoryGrowth {{rate: 100Mi/m, window: 30m, minFit: 0.8}} vs deriv(mem[30m])*60 > 100Mi;"

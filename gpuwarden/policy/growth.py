@@ -1,15 +1,18 @@
 """memoryGrowth: GPU memory growing in a straight line (a leak), and the time until the card is full.
 
-Semantics (coverage and the as-of time are in :mod:`gpuwarden.policy.rules`):
+Semantics (coverage and the as-of time are in :mod:`gpuwarden.policy.rules`; docs/policy.md has
+the same account for users):
 
 - **Evidence spans.** A leak is decided as soon as the evidence is enough, not
   when a whole ``window`` of it has been seen: each GPU is judged over a ladder
-  of trailing spans, the shortest :data:`MIN_SPAN_SECONDS` (4m; the window when
-  that is shorter), each twice the last, the longest the ``window`` itself
-  (4m, 8m, 16m, 30m for a 30m window; see :func:`evidence_spans`). The window
-  is the longest history used. A young GPU's history covers the short spans
-  first, so a steady leak is found minutes after it starts; a longer span
-  gives a noisy or slow leak the evidence a short one lacks.
+  of trailing spans (:func:`evidence_spans`), the shortest
+  :data:`MIN_SPAN_SECONDS` (4m; the window when that is shorter), each next
+  one twice as long while at most the window / :data:`SPAN_RATIO`, the last
+  the window itself: 4m, 8m, 16m, 30m for a 30m window. The window is the
+  longest history used. A span is judged only once the GPU covers it, so a
+  young history is judged on its short spans first, and so is the history
+  after a gap; the long spans give a slow or noisy leak the evidence a short
+  one lacks.
 - **Bucket-aligned spans.** Each span is cut into 20 buckets (12 s for 4m,
   90 s for 30m), aligned to multiples of that length since the epoch plus a
   fixed per-GPU phase; a span reads the GPU's 20 latest *complete* buckets
@@ -19,7 +22,7 @@ Semantics (coverage and the as-of time are in :mod:`gpuwarden.policy.rules`):
 - **Per span**, each bucket is reduced to the median of its memory readings
   (of at most :data:`MAX_POINTS` evenly strided readings per span): transient
   allocations do not count, and the cost is bounded whatever the sampling
-  rate. Through those points:
+  rate. Through those points (:func:`gpu_growth`):
 
   - ``slope``: the Theil-Sen slope, bytes per second, and ``lower``, Sen's
     one-sided 99% lower confidence bound on it
@@ -27,38 +30,42 @@ Semantics (coverage and the as-of time are in :mod:`gpuwarden.policy.rules`):
   - ``fit``: R² of that line, 0..1 (see :func:`gpuwarden.policy.slope.r_squared`):
     near 1 for a steady ramp even when noisy, low for a sawtooth
     (allocate/free) or a staircase that stopped climbing;
-  - ``parts``: the Theil-Sen slope of each quarter of the span (5 buckets):
-    a leak grows all along; a caching allocator grows in a few steps, and a
-    quarter without a step (or with one at its edge) does not grow, so fewer
-    than four steps never hold however straight the line through them; the
-    last quarter is the ``recent slope`` (growth that has stopped does not count);
-  - ``peak before``: for a span shorter than the window, the highest bucket
-    median between the window's start and the span's start. Memory that was
-    already higher before the span began is being reused (a sawtooth, a
-    periodic pattern), not leaked.
-  - ``seconds to full``: ``(total - used now) / slope``, with ``used now`` the
-    newest reading and ``total`` the card's memory.
+  - ``parts``: the Theil-Sen slope of each quarter of the span (5 buckets); the
+    last is the ``recent slope``. A leak grows all along; a quarter with no
+    allocator step in it (or one at its edge) does not grow;
+  - ``jumps``: the part of the rise made in bucket-to-bucket rises beyond
+    :data:`STEP_SIGMAS` robust sigmas of the others (a load, an allocator's step);
+  - ``seconds to full``: ``(total - used) / slope``.
 
-- **Holds** for a span when the GPU covers it (as every rule's window, see
-  :func:`gpuwarden.policy.rules.covered`: a history younger than the span,
-  less one sampling interval, does not), its confidence bound excludes rates
-  below ``rate`` (``lower >= rate``; or, when urgent, ``slope >= rate``: the
-  card is full within :data:`URGENT_SPANS` times the span at that slope, so
+- **Memory was higher before** (:func:`peak_before`). For a span shorter than
+  the window: the highest bucket median between the window's start and the
+  span's start. Above the span's first end (:class:`SpanEnds`) by
+  :data:`REUSE_SHARE` of its rise, memory is being reused (a sawtooth, a
+  periodic pattern), not leaked, and the span cannot hold.
+- **Holds** for a span when the GPU covers it, ``lower >= rate`` (the evidence
+  excludes rates below ``rate``; when *urgent*, the card full within
+  :data:`URGENT_SPANS` times the span at ``slope``, ``slope >= rate`` instead:
   there is no time to wait for more evidence), ``fit >= minFit``, every
-  quarter grows at ``rate / 2`` or more, and memory was not higher before.
-  For a GPU when some span holds; for the pod when some GPU does. With
-  ``for``, it must hold at every evaluation for that long before a finding starts.
-- **Clears** for a span when ``slope < 0.8 x rate``, or ``fit < minFit - 0.1``,
-  or the recent slope ``< rate / 4``, or memory was higher before: the trend
-  broke, not just wobbled; for the pod when every span of every GPU clears.
-  A span shorter than the window whose last bucket median is not above its
-  first by half ``rate`` is not fitted at all (it can neither hold nor keep a
-  finding): the common case, a GPU whose memory is not growing, costs one
-  fit per window bucket, as it did before spans.
+  quarter grows at least :data:`HOLD_PART` of the span's slope, the jumps are
+  at most :data:`JUMP_SHARE` of its rise, and memory was not higher before.
+  For a GPU when some span holds (the window first, then the shorter ones,
+  longest first); for the pod when some GPU does. With ``for``, it must hold
+  at every evaluation for that long before a finding starts.
+- **Clears** for a GPU when the trend broke, not just wobbled: over the window
+  (when covered), ``slope < 0.8 x rate``, or ``fit < minFit - 0.1``, or the
+  recent slope ``< rate / 4``; and over the shortest span (when shorter than
+  the window), memory rose end to end at less than ``rate / 4``. With neither
+  judged (a gap everywhere), the window's trend decides on whatever readings
+  it has. For the pod when every GPU clears.
+- **Cost.** A span shorter than the window is fitted only when its ends, and
+  those of the shortest span, rose at :data:`SCREEN_RATE` of ``rate`` or
+  more, and memory was not higher before. A GPU whose memory is not growing
+  costs one window fit per window bucket and two small medians per evaluation.
 - The pod's value is the largest slope among its GPUs that hold (else among
-  all); each GPU speaks through its longest span that holds (else its longest
-  span that does not clear, else its longest); ``fit``, ``seconds to full``
-  and the evidence span (the outcome's ``window_seconds``) are that span's.
+  all); each GPU speaks through its longest span that holds (else the window,
+  else its longest fitted span); ``fit``, ``seconds to full`` (from the
+  newest reading) and the evidence span (the outcome's ``window_seconds``)
+  are that span's.
 """
 
 from __future__ import annotations
@@ -67,14 +74,14 @@ import math
 import zlib
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import sub
 
 from gpuwarden.policy.humanize import approx_duration, format_bytes
 from gpuwarden.policy.model import MemoryGrowth
 from gpuwarden.policy.rules import Outcome, RuleKind, WindowParams, covered, pod_end, readings, unknown
 from gpuwarden.policy.series import Column, PodId, SeriesKey, Window
-from gpuwarden.policy.slope import bucket_medians, fit_line, median, theil_sen
+from gpuwarden.policy.slope import bucket_medians, fit_line, median, pairwise_slopes
 from gpuwarden.policy.units import format_duration
 
 MIN_SPAN_SECONDS = 240.0
@@ -125,7 +132,12 @@ def evidence_spans(window_seconds: float) -> tuple[float, ...]:
 
 @dataclass(slots=True)
 class GpuGrowth:
-    """One GPU's memory trend over one span."""
+    """One GPU's memory trend over one span.
+
+    ``parts``, ``recent_slope`` and ``jumps`` are worked out from ``levels`` when
+    first read: most trends are judged on their slope alone (not growing), and
+    never need them.
+    """
 
     gpu: str
     slope: float
@@ -133,12 +145,6 @@ class GpuGrowth:
     lower: float
     """The slope's lower confidence bound (see :data:`CONFIDENCE_Z`)."""
     fit: float
-    parts: tuple[float, ...]
-    """Each quarter's slope, oldest first; empty when some quarter has too few buckets to tell."""
-    recent_slope: float
-    """The last quarter's slope (of its last buckets, when the quarters cannot be told)."""
-    jumps: float
-    """Bytes of the rise made in jumps: bucket-to-bucket rises beyond what the others' spread explains."""
     levels: array[float]
     """The bucket medians, oldest first; NaN for an empty bucket."""
     used_bytes: float
@@ -146,6 +152,22 @@ class GpuGrowth:
     total_bytes: float | None
     covered: bool
     span_seconds: float
+    _shape: tuple[tuple[float, ...], float, float] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def parts(self) -> tuple[float, ...]:
+        """Each quarter's Theil-Sen slope, oldest first; empty when some quarter has too few buckets."""
+        return self._shaped()[0]
+
+    @property
+    def recent_slope(self) -> float:
+        """The last quarter's slope (of the last quarter's buckets there are, when it has too few)."""
+        return self._shaped()[1]
+
+    @property
+    def jumps(self) -> float:
+        """Bytes of the rise made in jumps: bucket-to-bucket rises beyond what the others' spread explains."""
+        return self._shaped()[2]
 
     @property
     def seconds_to_full(self) -> float | None:
@@ -153,6 +175,40 @@ class GpuGrowth:
         if self.total_bytes is None or self.slope <= 0:
             return None
         return max(0.0, (self.total_bytes - self.used_bytes) / self.slope)
+
+    def _shaped(self) -> tuple[tuple[float, ...], float, float]:
+        if self._shape is None:
+            self._shape = _shape(self.levels, self.span_seconds)
+        return self._shape
+
+
+def _shape(levels: Sequence[float], span: float) -> tuple[tuple[float, ...], float, float]:
+    """``(parts, recent slope, jumps)`` of a span's bucket medians (see :class:`GpuGrowth`)."""
+    width = span / BUCKETS
+    per_part = BUCKETS // PARTS
+    quarters: list[tuple[list[float], list[float]]] = []
+    for q in range(PARTS):
+        xs = [(k + 0.5) * width for k in range(q * per_part, (q + 1) * per_part) if levels[k] == levels[k]]
+        ys = [y for y in levels[q * per_part : (q + 1) * per_part] if y == y]
+        quarters.append((xs, ys))
+    parts: tuple[float, ...] = ()
+    if all(len(xs) >= MIN_PART_BUCKETS for xs, _ in quarters):
+        parts = tuple(_slope(xs, ys) for xs, ys in quarters)
+    xs, ys = quarters[-1]
+    recent = parts[-1] if parts else _slope(xs, ys) if len(xs) >= 2 else 0.0
+    present = [y for y in levels if y == y]
+    rises = list(map(sub, present[1:], present[:-1]))
+    typical = median(rises)
+    spread = 1.4826 * median([abs(rise - typical) for rise in rises])
+    jumps = sum(rise - typical for rise in rises if rise > typical + STEP_SIGMAS * spread)
+    return parts, recent, jumps
+
+
+def _slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """The Theil-Sen slope alone (no intercept)."""
+    slopes = pairwise_slopes(xs, ys)
+    mid = len(slopes) // 2
+    return slopes[mid] if len(slopes) % 2 else (slopes[mid - 1] + slopes[mid]) / 2
 
 
 @dataclass(slots=True)
@@ -202,12 +258,13 @@ def span_ends(window: Window, start: float, end: float) -> SpanEnds | None:
         return None
     step = -(-count // MAX_POINTS)
     k = max(1, count // BUCKETS)
-    first = [v for v in window.values(Column.MEM_USED, i0, i0 + k)[::step] if v == v]
-    last = [v for v in window.values(Column.MEM_USED, i1 - k, i1)[::step] if v == v]
-    # The two groups' centers: their middle readings' times.
-    a = i0 + k // 2
-    b = i1 - 1 - k // 2
-    span = window.times(b, b + 1)[0] - window.times(a, a + 1)[0]
+    first = window.values(Column.MEM_USED, i0, i0 + k)[::step]
+    last = window.values(Column.MEM_USED, i1 - k, i1)[::step]
+    if window.has_missing(Column.MEM_USED, i0):
+        first, last = array("f", [v for v in first if v == v]), array("f", [v for v in last if v == v])
+    # Between the two groups' centers: the midpoints of their first and last readings.
+    times = window.times(i0, i0 + k) + window.times(i1 - k, i1)
+    span = (times[-k] + times[-1] - times[0] - times[k - 1]) / 2
     if not first or not last or span <= 0:
         return None
     low, high = median(first), median(last)
@@ -231,39 +288,15 @@ def gpu_growth(
     span = end - start
     width = span / BUCKETS
     line = fit_line(xs, ys, CONFIDENCE_Z)
-    # Centers are seconds before `end`, ascending: bucket k is centered at (k + 0.5) * width - span.
-    index = [round((x + span) / width - 0.5) for x in xs]
-    levels = array("d", [math.nan] * BUCKETS)
-    for k, y in zip(index, ys, strict=True):
-        levels[k] = y
-    per_part = BUCKETS // PARTS
-    parts: list[float] = []
-    lo = 0
-    for q in range(1, PARTS + 1):
-        hi = lo
-        while hi < len(index) and index[hi] < q * per_part:
-            hi += 1
-        if hi - lo < MIN_PART_BUCKETS:
-            parts = []
-            break
-        parts.append(theil_sen(xs[lo:hi], ys[lo:hi])[0])
-        lo = hi
-    if parts:
-        recent = parts[-1]
-    else:
-        k = sum(1 for i in index if i >= BUCKETS - per_part)
-        recent = theil_sen(xs[-k:], ys[-k:])[0] if k >= 2 else 0.0
-    rises = list(map(sub, ys[1:], ys[:-1]))
-    typical = median(rises)
-    spread = 1.4826 * median([abs(rise - typical) for rise in rises])
+    levels = array("d", [math.nan]) * BUCKETS
+    for x, y in zip(xs, ys, strict=True):
+        # Centers are seconds before `end`: bucket k's is (k + 0.5) * width - span.
+        levels[int((x + span) / width)] = y
     return GpuGrowth(
         gpu,
         slope=line.slope,
         lower=line.lower,
         fit=line.fit,
-        parts=tuple(parts),
-        recent_slope=recent,
-        jumps=sum(rise - typical for rise in rises if rise > typical + STEP_SIGMAS * spread),
         levels=levels,
         used_bytes=r.values[-1],
         total_bytes=window.mem_total,
@@ -283,17 +316,20 @@ def peak_before(
     """
     if full is not None:
         width = full.span_seconds / BUCKETS
-        # A bucket's ends, as multiples of its width from full_start, with float slack.
+        # Buckets that begin in [since, start), as multiples of the width from full_start (with float
+        # slack). The one that straddles `start` counts: its median is at most half a window bucket
+        # into the span, and a brief peak just before the span is seen.
         first = math.ceil((since - full_start) / width - 1e-9)
-        last = math.floor((start - full_start) / width + 1e-9)
+        last = math.ceil((start - full_start) / width - 1e-9)
         inside = [v for v in full.levels[max(0, first) : max(0, last)] if v == v]
         return max(inside, default=-math.inf)
-    # Half-open: the reading exactly at `start` belongs to the span.
+    # Half-open: the reading exactly at `start` belongs to the span. Buckets over the readings
+    # there are, not the whole lookback: a young history's peak may have lasted seconds.
     r = readings(window, Column.MEM_USED, since, math.nextafter(start, -math.inf))
     if not r.values:
         return -math.inf
     step = -(-len(r.values) // MAX_POINTS)
-    return max(bucket_medians(r.times[::step], r.values[::step], since, start, BUCKETS)[1])
+    return max(bucket_medians(r.times[::step], r.values[::step], r.times[0], start, BUCKETS)[1])
 
 
 class GrowthCache:
@@ -419,13 +455,11 @@ def _judge_gpu(
     params: WindowParams,
     cache: GrowthCache,
 ) -> _Verdict | None:
-    """The GPU's verdict: it holds when some span holds, clears when every span judged clears.
+    """The GPU's verdict: it holds when some span holds, and clears as the module doc says.
 
     The window's span first, then the shorter ones, longest first: the first
     that holds decides. Shorter spans are fitted only when their ends say they
-    may hold (see the module doc); otherwise they clear (or, growing at a
-    quarter of ``rate`` or more, stand) unfitted. With no span judged (a gap in
-    every span), the window's trend decides a clear on whatever readings it has.
+    may hold.
     """
     rate = rule.rate_bytes_per_second
     spans = evidence_spans(rule.window_seconds)
