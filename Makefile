@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint unit integration control-plane demo-cluster clean
+.PHONY: demo test lint unit integration control-plane images demo-cluster clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,8 +15,8 @@ $(BIN)/.installed: pyproject.toml
 demo: $(BIN)/.installed
 	$(BIN)/gpuwarden demo
 
-## test: lint, type-check, and run every test (unit + integration against a real kube-apiserver)
-test: $(BIN)/.installed control-plane
+## test: lint, type-check, and run every test (unit + integration against a real kube-apiserver, the images and a real node)
+test: $(BIN)/.installed control-plane images
 	./hack/ensure-system-deps.sh >/dev/null
 	$(MAKE) lint
 	$(BIN)/pytest -q
@@ -30,9 +30,14 @@ lint: $(BIN)/.installed
 demo-cluster: $(BIN)/.installed control-plane
 	./hack/demo-cluster.sh
 
-## control-plane: build (once, cached outside the tree) kube-apiserver, etcd, kubectl and helm
+## control-plane: build (once, cached outside the tree) kube-apiserver, etcd, kubectl, helm and the test node's binaries
 control-plane:
 	./hack/build-control-plane.sh >/dev/null
+
+## images: build with podman (as root; cached outside the tree, rebuilt when their inputs change) the agent,
+## operator, pause and base images
+images:
+	./hack/build-images.sh >/dev/null
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -192,7 +192,7 @@ async def serve(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> N
         else [
             asyncio.create_task(
                 PolicyRunner(state, PolicyKey(ns, "gpus")).run(
-                    body=policy_body(ns, args.interval, not args.no_growth), pods=pods
+                    body=policy_body(ns, args.interval, not args.no_growth), pods=pods, policies={}
                 )
             )
             for ns in layout.namespaces

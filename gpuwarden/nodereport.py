@@ -17,8 +17,12 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-SCHEMA_VERSION = 1
-"""The only ``schemaVersion`` this build speaks; bumped on any incompatible change."""
+SCHEMA_VERSION = 2
+"""The ``schemaVersion`` this build sends; bumped on any change an older operator would refuse."""
+
+ACCEPTED_SCHEMA_VERSIONS = frozenset({1, 2})
+"""What the operator accepts: version 2 added ``GpuSample.health``, which a version 1 report lacks.
+Upgrade the operator before the agents (an older operator refuses version 2 by its number)."""
 
 MAX_SNAPSHOTS_PER_REPORT = 3600
 """A report carries at most an hour of 1 s snapshots; replays are split into several reports."""
@@ -41,6 +45,52 @@ class DeviceState(enum.StrEnum):
     OK = "ok"
     LOST = "lost"  # fell off the bus / NVML_ERROR_GPU_IS_LOST
     UNKNOWN = "unknown"  # NVML answered with an error we could not classify
+
+
+class ClockEventReason(enum.StrEnum):
+    """Why the GPU's clocks are held below their maximum (nvmlDeviceGetCurrentClocksEventReasons)."""
+
+    GPU_IDLE = "gpuIdle"
+    APPLICATIONS_CLOCKS_SETTING = "applicationsClocksSetting"
+    SW_POWER_CAP = "swPowerCap"
+    HW_SLOWDOWN = "hwSlowdown"
+    SYNC_BOOST = "syncBoost"
+    SW_THERMAL_SLOWDOWN = "swThermalSlowdown"
+    HW_THERMAL_SLOWDOWN = "hwThermalSlowdown"
+    HW_POWER_BRAKE_SLOWDOWN = "hwPowerBrakeSlowdown"
+    DISPLAY_CLOCK_SETTING = "displayClockSetting"
+
+
+class XidEvent(_Wire):
+    """One XID the driver raised on a GPU (an NVML XidCriticalError event)."""
+
+    code: int = Field(ge=0, le=2**32 - 1)
+    timestamp: float = Field(gt=0)
+    """Seconds since the Unix epoch, when the agent received the event."""
+
+
+class GpuHealth(_Wire):
+    """A GPU's health beside its readings (schema version 2). ``None`` means not supported or not read.
+
+    Device-wide: on the GPU's own entry, never on a MIG device's.
+    """
+
+    xids: list[XidEvent] = Field(default_factory=list, max_length=256)
+    """XIDs received since the previous snapshot (each rides exactly one snapshot), oldest first."""
+    ecc_uncorrected_aggregate: int | None = Field(default=None, ge=0)
+    """Uncorrected ECC errors over the GPU's life (the volatile count is ``GpuSample.ecc_uncorrected``)."""
+    retired_pages_double_bit: int | None = Field(default=None, ge=0)
+    """Pages retired for double-bit ECC errors (before Ampere; row remapping replaced it)."""
+    retired_pages_pending: bool | None = None
+    """A page retirement waits for the next GPU reset (before Ampere)."""
+    remapped_rows_uncorrectable: int | None = Field(default=None, ge=0)
+    """Memory rows remapped for uncorrectable errors (Ampere and later)."""
+    row_remap_pending: bool | None = None
+    """A row remapping waits for the next GPU reset."""
+    row_remap_failed: bool | None = None
+    """A row remapping failed at some point: the memory cannot heal itself."""
+    clock_event_reasons: list[ClockEventReason] | None = Field(default=None, max_length=16)
+    """Why the clocks are held down right now; empty when nothing holds them."""
 
 
 class PodRef(_Wire):
@@ -90,6 +140,8 @@ class GpuSample(_Wire):
     power_watts: float | None = Field(default=None, ge=0)
     sm_clock_mhz: int | None = Field(default=None, ge=0)
     ecc_uncorrected: int | None = Field(default=None, ge=0)
+    health: GpuHealth | None = None
+    """XIDs, memory errors and clock events (schema version 2)."""
 
     pods: list[PodRef] = Field(default_factory=list, max_length=64)
     """Pods the kubelet allocated this device to (PodResources). Several under time-slicing."""
@@ -138,10 +190,13 @@ def parse_report(body: bytes | str) -> NodeReport:
         where = ".".join(str(p) for p in first["loc"]) or "body"
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise ReportError(f"{where}: {first['msg']}{more}") from None
-    if report.schema_version != SCHEMA_VERSION:
+    if report.schema_version not in ACCEPTED_SCHEMA_VERSIONS:
+        speaks = ", ".join(str(v) for v in sorted(ACCEPTED_SCHEMA_VERSIONS))
         raise ReportError(
-            f"schemaVersion: {report.schema_version} is not supported; this operator speaks {SCHEMA_VERSION}"
+            f"schemaVersion: {report.schema_version} is not supported; this operator speaks {speaks}"
         )
+    if report.schema_version < 2 and any(g.health is not None for s in report.snapshots for g in s.gpus):
+        raise ReportError("health: not part of schemaVersion 1 (send schemaVersion 2)")
     return report
 
 

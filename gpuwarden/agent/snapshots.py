@@ -5,7 +5,10 @@ block, and per-process utilization costs milliseconds), stamps a :class:`Snapsho
 lets the attributor fill in pods, keeps it in a :class:`SnapshotRing` for ``/metrics``
 and hands it to the report sender. Per-process SM utilization is read at its own,
 lower rate (``process_interval``) in the same worker call as the device sample it
-rides on, so a snapshot carries ``sm_util`` only when it was read at that time.
+rides on, so a snapshot carries ``sm_util`` only when it was read at that time: then 0
+for a process that ran no kernel in the window (see
+:func:`~gpuwarden.agent.backend.merge_process_utilization`), ``None`` where the device
+could not be read.
 
 A scrape never calls the backend: the collectors read :meth:`SnapshotRing.latest`.
 """
@@ -20,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from gpuwarden.agent.backend import DeviceBackend, ProcessUtilization, device_key
-from gpuwarden.nodereport import DeviceState, GpuSample, Snapshot
+from gpuwarden.agent.backend import DeviceBackend, ProcessUtilization, merge_process_utilization
+from gpuwarden.nodereport import DeviceState, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -111,19 +114,6 @@ class SnapshotRing:
 class _Tick:
     snapshot: Snapshot
     utilization: ProcessUtilization | None
-
-
-def merge_process_utilization(gpus: list[GpuSample], utilization: ProcessUtilization) -> list[GpuSample]:
-    """Set ``sm_util`` on each process from a per-process reading; processes it lacks keep ``None``."""
-    out = []
-    for gpu in gpus:
-        by_pid = utilization.get(device_key(gpu))
-        if not by_pid or not gpu.processes:
-            out.append(gpu)
-            continue
-        processes = [p.model_copy(update={"sm_util": by_pid.get(p.pid)}) for p in gpu.processes]
-        out.append(gpu.model_copy(update={"processes": processes}))
-    return out
 
 
 class Sampler:

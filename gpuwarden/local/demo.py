@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuwarden.agent.backend import merge_process_utilization
 from gpuwarden.agent.scenario import (
     DEFAULT_ORIGIN,
     PACKAGED,
@@ -31,7 +32,7 @@ from gpuwarden.agent.scenario import (
     ScriptedBackend,
     load_scenario,
 )
-from gpuwarden.agent.snapshots import SnapshotRing, merge_process_utilization
+from gpuwarden.agent.snapshots import SnapshotRing
 from gpuwarden.local.display import LiveDisplay, PlainDisplay, elapsed_clock, summary_lines
 from gpuwarden.local.history import History
 from gpuwarden.local.metrics import local_registry, start_server

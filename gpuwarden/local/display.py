@@ -124,22 +124,32 @@ def subject_cell(subjects: Sequence[str], width: int = SUBJECT_WIDTH) -> str:
     if not subjects:
         return "(none)"
     more = f" +{len(subjects) - 1}" if len(subjects) > 1 else ""
-    room = width - len(more)
-    first = subjects[0] if len(subjects[0]) <= room else subjects[0][: room - 1] + "~"
-    return first + more
+    return _cut(subjects[0], width - len(more)) + more
 
 
-def status_line(row: GpuRow, clock_text: str) -> str:
-    """One GPU as a plain line: ``[05:00] GPU 0 research/notebook-0: util 3%, SM 2%, mem …; findings: …``."""
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "~"
+
+
+def status_lines(row: GpuRow, clock_text: str) -> list[str]:
+    """One GPU as plain lines: ``[05:00] GPU 0 research/notebook-0: util 3%, SM 2%, mem …; findings: …``,
+    then on a shared GPU one line per pod or process with its own share:
+    ``[05:00]   pid 51002 python …: util 0%, mem 10Gi; findings: idle``."""
     subject = ", ".join(row.subjects) or "(none)"
     if row.state is not DeviceState.OK:
-        return f"[{clock_text}] {row.name} {subject}: {row.state.value}"
+        return [f"[{clock_text}] {row.name} {subject}: {row.state.value}"]
     findings = ", ".join(row.findings) or "none"
-    return (
+    lines = [
         f"[{clock_text}] {row.name} {subject}: util {percent_cell(row.utilization).strip()}, "
         f"SM {percent_cell(row.sm_active).strip()}, mem {memory_cell(row.memory_used, row.memory_total)}; "
         f"findings: {findings}"
-    )
+    ]
+    for share in row.shares:
+        lines.append(
+            f"[{clock_text}]   {share.subject}: util {percent_cell(share.utilization).strip()}, "
+            f"mem {memory_cell(share.memory_used, None)}; findings: {', '.join(share.findings) or 'none'}"
+        )
+    return lines
 
 
 def render_table(
@@ -150,7 +160,12 @@ def render_table(
     color: bool = False,
     targets: Iterable[TargetRow] = (),
 ) -> list[str]:
-    """The live table: a title, a header, one line per GPU and one per scale target (no line ends)."""
+    """The live table: a title, a header, one line per GPU and one per scale target (no line ends).
+
+    A shared GPU's line counts its subjects; each follows on its own line, indented, with its
+    own utilization (per-process SM: GPM cannot be split, so its SM column is ``-``), memory
+    and findings.
+    """
     header = (
         f"{'GPU':<7} {subject_header.upper():<{SUBJECT_WIDTH}} {'UTIL':>4} {'SM':>4}  {'MEMORY':<20} FINDINGS"
     )
@@ -163,15 +178,27 @@ def render_table(
                 f"{name:<7} {subject:<{SUBJECT_WIDTH}} {_paint(row.state.value.upper(), _RED, color)}"
             )
             continue
+        if row.shares:
+            plural = subject_header + ("es" if subject_header.endswith("s") else "s")
+            subject = f"({len(row.shares)} {plural})"
         memory = memory_cell(row.memory_used, row.memory_total)
-        findings = _paint(", ".join(row.findings), _RED, color) if row.findings else _paint("-", _DIM, color)
         lines.append(
             f"{name:<7} {subject:<{SUBJECT_WIDTH}} {percent_cell(row.utilization)} "
-            f"{percent_cell(row.sm_active)}  {memory:<20} {findings}"
+            f"{percent_cell(row.sm_active)}  {memory:<20} {_findings_cell(row.findings, color)}"
         )
+        for share in row.shares:
+            lines.append(
+                f"{'':<7} {_cut('  ' + share.subject, SUBJECT_WIDTH):<{SUBJECT_WIDTH}} "
+                f"{percent_cell(share.utilization)} {percent_cell(None)}  "
+                f"{memory_cell(share.memory_used, None):<20} {_findings_cell(share.findings, color)}"
+            )
     for target in targets:
         lines.append(_paint(target_text(target), _BOLD, color))
     return lines
+
+
+def _findings_cell(findings: Sequence[str], color: bool) -> str:
+    return _paint(", ".join(findings), _RED, color) if findings else _paint("-", _DIM, color)
 
 
 def _paint(text: str, code: str, color: bool) -> str:
@@ -203,7 +230,8 @@ class PlainDisplay:
         if self._status_every is not None and (self._next_status is None or step.at >= self._next_status):
             self._next_status = step.at + self._status_every
             for row in step.rows:
-                print(status_line(row, self._clock(step.at)), file=self._out)
+                for line in status_lines(row, self._clock(step.at)):
+                    print(line, file=self._out)
             for target in step.targets:
                 print(f"[{self._clock(step.at)}] {target_text(target)}", file=self._out)
         self._out.flush()
@@ -365,7 +393,9 @@ def summary_lines(
         if not spans:
             lines.append(f"  {'':<{width}}    no findings")
         for span in spans:
-            lines.append(f"  {'':<{width}}    {_span_text(span, clock)}")
+            # On a GPU several subjects shared, each finding says whose it is.
+            whose = f"{span.subject}: " if len(device.subjects) > 1 else ""
+            lines.append(f"  {'':<{width}}    {whose}{_span_text(span, clock)}")
     elsewhere = [s for s in history.spans if not any(d in history.devices for d in s.devices)]
     for span in elsewhere:
         lines.append(f"  {span.subject}: {_span_text(span, clock)}")

@@ -1,14 +1,16 @@
 """What local mode remembers for the plot and the summary: per-GPU readings and findings' spans.
 
 The engine's store keeps only what the rules need (minutes); this keeps the whole run,
-bounded: each GPU's series holds at most ``max_points`` readings, and when it fills up
-every other reading is dropped and only every second one kept from then on (so a
-day of ``watch`` costs the same memory as a minute, at a coarser resolution).
+bounded: each GPU's series, and each pod's or process's own readings on it, hold at most
+``max_points`` readings, and when one fills up every other reading is dropped and only
+every second one kept from then on (so a day of ``watch`` costs the same memory as a
+minute, at a coarser resolution).
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass, field
 
 from gpuwarden.policy import Finding, Resolution, RuleKind
@@ -19,6 +21,75 @@ DEFAULT_MAX_POINTS = 4096
 
 def _nan(value: float | None) -> float:
     return math.nan if value is None else float(value)
+
+
+@dataclass(slots=True)
+class _Thinning:
+    """Which readings of a series to keep: every ``stride``-th, the stride doubling when it fills up."""
+
+    max_points: int
+    stride: int = 1
+    seen: int = 0
+
+    def keep(self) -> bool:
+        """Whether the next reading falls on the stride (call once per reading)."""
+        self.seen += 1
+        return (self.seen - 1) % self.stride == 0
+
+    def trim(self, columns: tuple[list[float], ...]) -> None:
+        """Over ``max_points``: drop every other kept reading, and keep every second one from now on."""
+        if len(columns[0]) > self.max_points:
+            for column in columns:
+                del column[1::2]
+            self.stride *= 2
+
+
+@dataclass(slots=True)
+class ShareHistory:
+    """One pod's or process's own readings on a device (its share, on a shared GPU) over the run.
+
+    Utilization is kept only where it was read: per-process utilization comes at its own,
+    lower rate, so most samples have none.
+    """
+
+    max_points: int = DEFAULT_MAX_POINTS
+    times: list[float] = field(default_factory=list)
+    memory_used: list[float] = field(default_factory=list)
+    """Bytes (NaN where not read)."""
+    utilization_times: list[float] = field(default_factory=list)
+    utilization: list[float] = field(default_factory=list)
+    """Percent: its per-process SM utilization on a shared GPU, the device's alone on one."""
+    _memory: _Thinning = field(init=False)
+    _utilization: _Thinning = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._memory = _Thinning(self.max_points)
+        self._utilization = _Thinning(self.max_points)
+
+    def append(self, t: float, utilization: float | None, memory_used: float | None) -> None:
+        """Record one sample (each column kept when it falls on its stride)."""
+        if self._memory.keep():
+            self.times.append(t)
+            self.memory_used.append(_nan(memory_used))
+            self._memory.trim((self.times, self.memory_used))
+        if utilization is not None and self._utilization.keep():
+            self.utilization_times.append(t)
+            self.utilization.append(utilization)
+            self._utilization.trim((self.utilization_times, self.utilization))
+
+    def utilization_at(self, t: float) -> float | None:
+        """The last utilization read at or before ``t`` (the first one after it, if none was)."""
+        if not self.utilization:
+            return None
+        i = bisect_right(self.utilization_times, t)
+        return self.utilization[max(0, i - 1)]
+
+    def memory_at(self, t: float) -> float | None:
+        """Memory used at the sample kept nearest before ``t`` (None if it was not read)."""
+        if not self.times:
+            return None
+        value = self.memory_used[max(0, bisect_right(self.times, t) - 1)]
+        return None if math.isnan(value) else value
 
 
 @dataclass(slots=True)
@@ -40,29 +111,38 @@ class DeviceHistory:
     """Bytes."""
     memory_total: float | None = None
     """Bytes, as last reported."""
-    _stride: int = 1
-    _seen: int = 0
+    shares: dict[str, ShareHistory] = field(default_factory=dict)
+    """Each subject's own readings, by display name (what the plot draws a line for on a shared GPU)."""
+    shared: bool = False
+    """Whether it ever ran more than one subject at a time."""
+    _thinning: _Thinning = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._thinning = _Thinning(self.max_points)
 
     def append(
         self, t: float, utilization: float | None, sm_active: float | None, memory_used: float | None
     ) -> None:
         """Record one reading (kept when it falls on the current stride)."""
-        self._seen += 1
-        if (self._seen - 1) % self._stride:
+        if not self._thinning.keep():
             return
         self.times.append(t)
         self.utilization.append(_nan(utilization))
         self.sm_active.append(_nan(sm_active))
         self.memory_used.append(_nan(memory_used))
-        if len(self.times) > self.max_points:
-            for column in (self.times, self.utilization, self.sm_active, self.memory_used):
-                del column[1::2]
-            self._stride *= 2
+        self._thinning.trim((self.times, self.utilization, self.sm_active, self.memory_used))
 
     def add_subject(self, subject: str) -> None:
         """Remember that ``subject`` ran on this GPU."""
         if subject not in self.subjects:
             self.subjects.append(subject)
+
+    def share(self, subject: str) -> ShareHistory:
+        """``subject``'s own readings on this device, created on first sight."""
+        found = self.shares.get(subject)
+        if found is None:
+            found = self.shares[subject] = ShareHistory(max_points=self.max_points)
+        return found
 
 
 @dataclass(slots=True)

@@ -1,9 +1,14 @@
 """``--plot FILE.png``: each GPU's utilization and memory over the run, with its findings marked.
 
 One row per GPU, two panels: utilization (NVML utilization.gpu and, where the GPU has
-GPM, SM activity) and memory used against the card's size. A finding is drawn on the
-panel of what it judged (utilization rules on the left, memory rules on the right): a
-dashed line where it started and a shaded span until it cleared (or the run ended).
+GPM, SM activity) and memory used against the card's size. A GPU that ran several pods
+or processes at once (a shared GPU) also gets one line per pod or process in each panel:
+its own per-process SM utilization, drawn through its readings (they come every
+``--process-interval``), and its own memory; the device's lines stay, thinner. A finding
+is drawn on the panel of what it judged (utilization rules on the left, memory rules on
+the right): a dashed line where it started and a shaded span until it cleared (or the
+run ended); on a shared GPU a dot on the line of the pod or process it concerns, and
+its name in the label.
 
 matplotlib is an optional dependency (``pip install 'gpuwarden[plot]'``); the figure is
 built on the Agg canvas directly, never through pyplot, so nothing global changes and
@@ -13,10 +18,11 @@ no display is needed.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from gpuwarden.local.history import DeviceHistory, FindingSpan, History
+from gpuwarden.local.history import DeviceHistory, FindingSpan, History, ShareHistory
 from gpuwarden.policy import RuleKind
 from gpuwarden.policy.humanize import format_bytes
 
@@ -42,6 +48,7 @@ FINDING_COLORS = {
     RuleKind.UTILIZATION_CEILING: "tab:red",
     RuleKind.MEMORY_CEILING: "tab:orange",
     RuleKind.MEMORY_GROWTH: "tab:red",
+    RuleKind.GPU_HEALTH: "black",
 }
 
 
@@ -107,11 +114,18 @@ def build_figure(history: History, title: str) -> Figure:
         xs = [x(t) for t in device.times]
         _utilization_panel(util_ax, xs, device)
         _memory_panel(mem_ax, xs, device)
+        colors = _share_colors(device)
+        if colors:
+            _share_lines(util_ax, mem_ax, device, colors, x)
         marked = {id(util_ax): 0, id(mem_ax): 0}
         for span in (s for s in history.spans if key in s.devices):
             ax = util_ax if span.kind in UTILIZATION_KINDS else mem_ax
-            _mark(ax, span, x(span.start), x(span.end) if span.end is not None else end_x, marked[id(ax)])
+            shared = span.subject in colors
+            end = x(span.end) if span.end is not None else end_x
+            _mark(ax, span, x(span.start), end, marked[id(ax)], _who(span.subject) if shared else "")
             marked[id(ax)] += 1
+            if shared:
+                _dot(ax, span, x(span.start), device.shares[span.subject])
         for ax in (util_ax, mem_ax):
             ax.grid(True, alpha=0.3)
             ax.set_xlim(0, max(end_x, 1e-9))
@@ -141,10 +155,64 @@ def _legend_handles() -> list[Artist]:
     ]
 
 
+SHARE_COLORS = ("tab:cyan", "tab:pink", "tab:brown", "tab:purple", "tab:gray", "tab:orange", "tab:red")
+"""One per pod or process on a shared GPU, in order of appearance (cycled past seven)."""
+
+
+def _share_colors(device: DeviceHistory) -> dict[str, str]:
+    """A color per subject of a shared GPU; none for a GPU that never ran two at once."""
+    if not device.shared:
+        return {}
+    return {s: SHARE_COLORS[i % len(SHARE_COLORS)] for i, s in enumerate(device.shares)}
+
+
+def _share_lines(
+    util_ax: Axes, mem_ax: Axes, device: DeviceHistory, colors: dict[str, str], x: Callable[[float], float]
+) -> None:
+    """Each subject's own utilization and memory on a shared GPU, with a legend of their names."""
+    handles: list[Artist] = []
+    for subject, color in colors.items():
+        share = device.shares[subject]
+        style: dict[str, Any] = {"color": color, "linewidth": 1.4, "label": _cut(subject)}
+        style["gid"] = f"share:{subject}"
+        (line,) = util_ax.plot([x(t) for t in share.utilization_times], share.utilization, **style)
+        mem_ax.plot([x(t) for t in share.times], [v / GIB for v in share.memory_used], **style)
+        handles.append(line)
+    if not any(device.shares[s].utilization for s in colors):
+        util_ax.text(
+            0.5, 0.12, "no per-process utilization read", transform=util_ax.transAxes, ha="center", fontsize=9
+        )
+    # A subject at 0 would hide under the axis; a little room below shows it.
+    util_ax.set_ylim(-4, util_ax.get_ylim()[1])
+    top = mem_ax.get_ylim()[1]
+    mem_ax.set_ylim(-0.03 * top, top)
+    for ax in (util_ax, mem_ax):
+        ax.legend(handles=handles, loc="center right", fontsize=7, framealpha=0.7)
+
+
+def _dot(ax: Axes, span: FindingSpan, start: float, share: ShareHistory) -> None:
+    """The finding's mark on the line of the pod or process it concerns, where it started."""
+    if span.kind in UTILIZATION_KINDS:
+        value = share.utilization_at(span.start)
+    else:
+        memory = share.memory_at(span.start)
+        value = None if memory is None else memory / GIB
+    if value is None:
+        return
+    (dot,) = ax.plot(
+        [start], [value], marker="o", markersize=7, color=FINDING_COLORS[span.kind], linestyle="none"
+    )
+    dot.set_gid(f"finding-dot:{span.rule}:{span.subject}")
+
+
 def _utilization_panel(ax: Axes, xs: list[float], device: DeviceHistory) -> None:
-    ax.plot(xs, device.utilization, color="tab:green", linewidth=1.0, label="utilization.gpu")
+    # On a shared GPU the device's lines are the background to each subject's own.
+    width, alpha = (0.7, 0.5) if device.shared else (1.0, 1.0)
+    ax.plot(xs, device.utilization, color="tab:green", linewidth=width, alpha=alpha, label="utilization.gpu")
     if any(not math.isnan(v) for v in device.sm_active):
-        ax.plot(xs, device.sm_active, color="tab:olive", linewidth=1.0, alpha=0.8, label="SM activity")
+        ax.plot(
+            xs, device.sm_active, color="tab:olive", linewidth=width, alpha=0.8 * alpha, label="SM activity"
+        )
     # Headroom above 100% for the finding labels.
     ax.set_ylim(0, 118)
     ax.set_yticks([0, 25, 50, 75, 100])
@@ -152,7 +220,9 @@ def _utilization_panel(ax: Axes, xs: list[float], device: DeviceHistory) -> None
 
 
 def _memory_panel(ax: Axes, xs: list[float], device: DeviceHistory) -> None:
-    ax.plot(xs, [v / GIB for v in device.memory_used], color="tab:blue", linewidth=1.2, label="memory used")
+    width, alpha = (0.7, 0.5) if device.shared else (1.2, 1.0)
+    memory = [v / GIB for v in device.memory_used]
+    ax.plot(xs, memory, color="tab:blue", linewidth=width, alpha=alpha, label="memory used")
     top = device.memory_total
     if top is not None:
         ax.axhline(top / GIB, color="black", linestyle=":", linewidth=1.0, label="card's memory")
@@ -162,10 +232,11 @@ def _memory_panel(ax: Axes, xs: list[float], device: DeviceHistory) -> None:
     ax.set_ylabel("memory (GiB)")
 
 
-def _mark(ax: Axes, span: FindingSpan, start: float, end: float, nth: int) -> None:
+def _mark(ax: Axes, span: FindingSpan, start: float, end: float, nth: int, who: str = "") -> None:
     """A dashed line where the finding started, shading until it cleared, its rule's name on top.
 
     ``nth``: how many findings this panel already shows; each label goes one line lower.
+    ``who``: the subject, named in the label where the panel shows several.
     """
     color = FINDING_COLORS[span.kind]
     line = ax.axvline(start, color=color, linestyle="--", linewidth=1.4, label=f"{span.rule} started")
@@ -173,7 +244,7 @@ def _mark(ax: Axes, span: FindingSpan, start: float, end: float, nth: int) -> No
     shade = ax.axvspan(start, end, color=color, alpha=0.12, linewidth=0)
     shade.set_gid(f"finding-span:{span.rule}")
     ax.annotate(
-        f"{span.rule} {_value_text(span)}".strip(),
+        " ".join(part for part in (span.rule, who, _value_text(span)) if part),
         xy=(start, 1.0),
         xycoords=("data", "axes fraction"),
         xytext=(3, -3 - LABEL_STEP * (nth % LABEL_LINES)),
@@ -185,6 +256,12 @@ def _mark(ax: Axes, span: FindingSpan, start: float, end: float, nth: int) -> No
     )
 
 
+def _who(subject: str) -> str:
+    """A subject as a finding's label names it: ``pid 51002`` (without its command), or the pod."""
+    words = subject.split(" ", 2)
+    return " ".join(words[:2]) if words[0] == "pid" and len(words) > 1 else _cut(subject)
+
+
 def _value_text(span: FindingSpan) -> str:
     """The finding's latest value, short: ``3%``, ``+200Mi/m``."""
     if span.value is None:
@@ -193,6 +270,8 @@ def _value_text(span: FindingSpan) -> str:
         return f"+{format_bytes(span.value * 60)}/m"
     if span.unit == "bytes":
         return format_bytes(span.value)
+    if span.unit == "problems":
+        return ""  # gpuHealth: the problem is in the rule's name and the log, not a figure
     return f"{span.value:.0f}%"
 
 

@@ -5,8 +5,9 @@ snapshot (from the scripted backend or NVML) is attributed to subjects, stored i
 :class:`~gpuwarden.policy.SeriesStore`, and every policy is evaluated once its
 ``evaluationInterval`` has passed, in snapshot time, so a compressed scenario runs the
 engine exactly as real time would. What comes back from :meth:`Session.observe` is a
-:class:`Step`: the GPUs as the display shows them, the findings that started, re-notified
-or cleared, and the scale decisions.
+:class:`Step`: the GPUs as the display shows them (on a GPU several subjects share, each
+subject's own readings, as the engine judges them: :class:`ShareRow`), the findings that
+started, re-notified or cleared, and the scale decisions.
 
 Subjects are pods (``demo``: the scenario's pods, with their labels) or host processes
 (``watch``: ``pid/<pid>`` in namespace ``""``, see :func:`gpuwarden.policy.process_subject`).
@@ -52,6 +53,8 @@ from gpuwarden.policy import (
     points_from_snapshot,
     process_subject,
 )
+from gpuwarden.policy.healthstore import HealthStore
+from gpuwarden.policy.intake import pods_of
 from gpuwarden.policy.scaling import ScaleDecider, ScaleDecision, findings_by_pod
 
 POINT_SLACK = 1.25
@@ -134,6 +137,22 @@ class GpuRow:
     """Display names of the pods or processes on it."""
     findings: tuple[str, ...]
     """Rules with an active finding on it."""
+    shares: tuple[ShareRow, ...] = ()
+    """On a shared GPU (more than one subject), each subject's own readings; empty otherwise."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShareRow:
+    """One pod or process on a shared GPU: its own readings, as the engine judges them."""
+
+    subject: str
+    """Display name."""
+    utilization: float | None
+    """Its per-process SM utilization (the sum over its processes), as last read."""
+    memory_used: float | None
+    """The sum of its processes' memory."""
+    findings: tuple[str, ...]
+    """Rules with an active finding on it, on this GPU."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +274,7 @@ class Session:
         self.store = SeriesStore(
             retention_seconds=retention, max_points=int(retention / sample_interval * POINT_SLACK) + 16
         )
+        self.health = HealthStore(retention_seconds=retention)
         self.history = history if history is not None else History()
         self.subject_names: dict[PodId, str] = {}
         """Display name of every subject seen: ``research/notebook-0``, ``pid 4242 python train.py``."""
@@ -263,6 +283,8 @@ class Session:
         self._raw_commands: dict[PodId, str] = {}
         """Each process subject's command line as last read, to name it again only when it changes."""
         self._device_names: dict[str, str] = {}
+        self._last_utilization: dict[SeriesKey, float] = {}
+        """Each subject's latest utilization reading per device, shown until the next one."""
         self.policies = tuple(policies)
 
     # -- one snapshot -----------------------------------------------------------------------------
@@ -272,8 +294,11 @@ class Session:
         now = snapshot.timestamp
         self.history.mark_time(now)
         subjects_by_device = self._subjects_by_device(snapshot)
-        self.store.extend(self._points(snapshot))
-        self._record(snapshot, subjects_by_device)
+        points = list(self._points(snapshot))
+        self.store.extend(points)
+        self.health.observe(snapshot, subjects=self._health_subjects)
+        shares = self._shares(points)
+        self._record(snapshot, subjects_by_device, shares)
 
         announcements: list[Announcement] = []
         scaling: list[ScaleNote] = []
@@ -287,7 +312,8 @@ class Session:
             if pods is None:
                 pods = self._pods_of(snapshot)
                 self.store.prune(now)
-            evaluation = entry.evaluator.evaluate(pods, self.store, now)
+                self.health.prune(now)
+            evaluation = entry.evaluator.evaluate(pods, self.store, now, self.health)
             entry.active = evaluation.active
             for transition in evaluation.transitions:
                 announced = self._track(transition)
@@ -298,7 +324,7 @@ class Session:
                 scaling.append(note)
         return Step(
             at=now,
-            rows=tuple(self._rows(snapshot, subjects_by_device)),
+            rows=tuple(self._rows(snapshot, subjects_by_device, shares)),
             announcements=tuple(announcements),
             scaling=tuple(scaling),
             evaluated=evaluated,
@@ -322,6 +348,11 @@ class Session:
         return self.subject_names.get(PodId(namespace, pod)) or (f"{namespace}/{pod}" if namespace else pod)
 
     # -- internals --------------------------------------------------------------------------------
+
+    def _health_subjects(self, gpu: GpuSample) -> list[PodId]:
+        if self.subjects is SubjectKind.PROCESSES:
+            return [PodId(PROCESS_NAMESPACE, process_subject(p.pid)) for p in gpu.processes]
+        return pods_of(gpu)
 
     def _points(self, snapshot: Snapshot) -> Iterator[tuple[SeriesKey, Point]]:
         if self.subjects is SubjectKind.PROCESSES:
@@ -351,6 +382,22 @@ class Session:
             out[device_key(gpu)] = list(dict.fromkeys(names))
         return out
 
+    def _shares(self, points: Sequence[tuple[SeriesKey, Point]]) -> dict[str, list[_Share]]:
+        """Each device's subjects with their own readings (utilization as last read), in order."""
+        out: dict[str, list[_Share]] = {}
+        last = self._last_utilization
+        seen: set[SeriesKey] = set()
+        for key, point in points:
+            seen.add(key)
+            if point.gpu_util is not None:
+                last[key] = point.gpu_util
+            subject = PodId(key.namespace, key.pod)
+            name = self.subject_names.get(subject) or self.subject_name(key.namespace, key.pod)
+            out.setdefault(key.gpu, []).append(_Share(subject, name, point, last.get(key)))
+        for gone in last.keys() - seen:
+            del last[gone]
+        return out
+
     def _name_process(self, subject: PodId, proc: ProcessSample) -> None:
         """``pid 474 python3 -c import torch...`` for lines and the table; the whole one for the summary."""
         command = short_command(proc.command)
@@ -361,7 +408,12 @@ class Session:
         if full != command:
             self.history.full_names[name] = f"pid {proc.pid} {full}"
 
-    def _record(self, snapshot: Snapshot, subjects_by_device: dict[str, list[str]]) -> None:
+    def _record(
+        self,
+        snapshot: Snapshot,
+        subjects_by_device: dict[str, list[str]],
+        shares: dict[str, list[_Share]],
+    ) -> None:
         for gpu in snapshot.gpus:
             key = device_key(gpu)
             name = device_name(gpu)
@@ -369,6 +421,11 @@ class Session:
             device = self.history.device(key, name, gpu.model)
             for subject in subjects_by_device.get(key, ()):
                 device.add_subject(subject)
+            mine = shares.get(key, ())
+            device.shared = device.shared or len(mine) > 1
+            for share in mine:
+                point = share.point
+                device.share(share.name).append(snapshot.timestamp, point.gpu_util, point.mem_used)
             if gpu.memory_total_bytes is not None:
                 device.memory_total = float(gpu.memory_total_bytes)
             device.append(
@@ -423,8 +480,14 @@ class Session:
         entry.decider.record_scale(decision, now)
         return ScaleNote(entry.policy.key, target.target, decision, now, applied=not action.dry_run)
 
-    def _rows(self, snapshot: Snapshot, subjects_by_device: dict[str, list[str]]) -> Iterator[GpuRow]:
+    def _rows(
+        self,
+        snapshot: Snapshot,
+        subjects_by_device: dict[str, list[str]],
+        shares: dict[str, list[_Share]],
+    ) -> Iterator[GpuRow]:
         on_device: dict[str, list[str]] = {}
+        on_share: dict[tuple[PodId, str], list[str]] = {}
         devices_of: dict[PodId, list[str]] = {}
         for gpu in snapshot.gpus:
             for proc in gpu.processes:
@@ -441,11 +504,15 @@ class Session:
             # The GPUs the value speaks for; failing that, wherever its subject runs.
             gpus = finding.gpus or tuple(devices_of.get(PodId(finding.namespace, finding.pod), ()))
             for g in gpus:
-                rules = on_device.setdefault(g, [])
-                if finding.rule not in rules:
-                    rules.append(finding.rule)
+                for rules in (
+                    on_device.setdefault(g, []),
+                    on_share.setdefault((PodId(finding.namespace, finding.pod), g), []),
+                ):
+                    if finding.rule not in rules:
+                        rules.append(finding.rule)
         for gpu in snapshot.gpus:
             key = device_key(gpu)
+            mine = shares.get(key, [])
             yield GpuRow(
                 device=key,
                 name=device_name(gpu),
@@ -457,4 +524,25 @@ class Session:
                 memory_total=None if gpu.memory_total_bytes is None else float(gpu.memory_total_bytes),
                 subjects=tuple(subjects_by_device.get(key, ())),
                 findings=tuple(on_device.get(key, ())),
+                shares=tuple(
+                    ShareRow(
+                        subject=share.name,
+                        utilization=share.utilization,
+                        memory_used=share.point.mem_used,
+                        findings=tuple(on_share.get((share.subject, key), ())),
+                    )
+                    for share in mine
+                )
+                if len(mine) > 1
+                else (),
             )
+
+
+@dataclass(frozen=True, slots=True)
+class _Share:
+    """One subject's point on one device at one snapshot, and its utilization as last read."""
+
+    subject: PodId
+    name: str
+    point: Point
+    utilization: float | None

@@ -1,9 +1,6 @@
 """gpuwarden.operator: the Kopf operator (report ingestion, policy evaluation, Events, status).
 
-``kopf run -m gpuwarden.operator`` registers the handlers by importing this package;
-``gpuwarden operator`` runs the same handlers with the deployment contract's flags.
+Importing this package, or any module of it but :mod:`.handlers`, registers no Kopf handler:
+``gpuwarden operator`` (:mod:`.command`) imports the handlers when it runs, and
+``kopf run -m gpuwarden.operator.handlers`` runs them with the contract's defaults.
 """
-
-from gpuwarden.operator import handlers
-
-__all__ = ["handlers"]

@@ -9,7 +9,8 @@ Every round:
    other replica's) are restored, so ongoing violations are not announced again.
 2. **Evaluate** the selected pods against the series store (the engine).
 3. **Announce** starts, re-notifications and ends as Events (:mod:`.events`).
-4. **Scale**, through the :class:`Scaler` seam, when ``actions.scale`` is set.
+4. **Scale**, through the :class:`Scaler` seam (which answers None without ``actions.scale``;
+   the status then loses ``ScalingActive`` and ``status.scale``).
 5. **Status**: built (:mod:`.status`) and patched only when it differs from
    what was last written, so a quiet policy writes nothing.
 
@@ -30,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gpuwarden.operator.claims import PolicyClaim
 from gpuwarden.operator.events import Announcer, post
 from gpuwarden.operator.kubeapi import ApiError
 from gpuwarden.operator.state import OperatorState, Pacing, PodRecord, PolicyKey
@@ -60,11 +62,22 @@ class ScaleResult:
 
 
 class Scaler(Protocol):
-    """Acts on ``spec.actions.scale`` after each evaluation (a separate component plugs in here)."""
+    """Acts on ``spec.actions.scale`` after each evaluation (a separate component plugs in here).
+
+    Called after every evaluation, also of a policy without ``actions.scale``: the answer is then
+    None, and the scaler forgets what it kept of the policy.
+    """
 
     async def scale(
-        self, policy: PolicyKey, spec: PolicySpec, evaluation: Evaluation, now: float
-    ) -> ScaleResult | None: ...
+        self,
+        policy: PolicyKey,
+        spec: PolicySpec,
+        evaluation: Evaluation,
+        now: float,
+        policies: Iterable[PolicyClaim],
+    ) -> ScaleResult | None:
+        """Act on ``policy`` after ``evaluation``; ``policies``: the namespace's, from the index."""
+        ...
 
 
 class PolicyRunner:
@@ -92,8 +105,12 @@ class PolicyRunner:
         *,
         body: Mapping[str, Any],
         pods: Mapping[str, Iterable[PodRecord]],
+        policies: Mapping[str, Iterable[PolicyClaim]],
     ) -> None:
-        """Evaluate until cancelled (Kopf cancels the daemon on deletion, pause or exit)."""
+        """Evaluate until cancelled (Kopf cancels the daemon on deletion, pause or exit).
+
+        ``pods`` and ``policies`` are the operator's indexes, by namespace (live: Kopf keeps them).
+        """
         pacing = self.state.open_policy(self.key)
         loop = asyncio.get_running_loop()
         try:
@@ -102,7 +119,12 @@ class PolicyRunner:
                 started = loop.time()
                 try:
                     with self.state.metrics.evaluation_seconds.time():
-                        await self.round(body=body, pods=pods.get(self.key.namespace, ()), pacing=pacing)
+                        await self.round(
+                            body=body,
+                            pods=pods.get(self.key.namespace, ()),
+                            pacing=pacing,
+                            policies=policies.get(self.key.namespace, ()),
+                        )
                 except Exception:
                     # One failed round (a bug in a rule) must not stop the policy for Kopf's retry backoff.
                     self.log.exception("Evaluation failed; it is retried at the next interval.")
@@ -112,8 +134,18 @@ class PolicyRunner:
             self.state.close_policy(self.key)
             self.state.metrics.set_findings(self.key.namespace, self.key.name, {}, self._rules_counted)
 
-    async def round(self, *, body: Mapping[str, Any], pods: Iterable[PodRecord], pacing: Pacing) -> None:
-        """One evaluation round; a bad spec or a failed write is logged and retried next round."""
+    async def round(
+        self,
+        *,
+        body: Mapping[str, Any],
+        pods: Iterable[PodRecord],
+        pacing: Pacing,
+        policies: Iterable[PolicyClaim] = (),
+    ) -> None:
+        """One evaluation round; a bad spec or a failed write is logged and retried next round.
+
+        ``policies``: the namespace's (this one included), for the scaler's conflict check.
+        """
         now = time.time()
         meta = body.get("metadata") or {}
         status = body.get("status") or {}
@@ -121,7 +153,9 @@ class PolicyRunner:
         pacing.interval = self.spec.evaluation_interval_seconds if self.spec else pacing.interval
         if self.spec_error is None and self.evaluator is not None and self.announcer is not None:
             records = list(pods)
-            evaluation = self.evaluator.evaluate((r.view for r in records), self.state.store, now)
+            evaluation = self.evaluator.evaluate(
+                (r.view for r in records), self.state.store, now, self.state.health
+            )
             self.evaluation = evaluation
             assert self.spec is not None
             specs = self.announcer.plan(evaluation, events=self.spec.actions.events)
@@ -129,8 +163,10 @@ class PolicyRunner:
                 for spec in post(specs, policy=body, pods={r.view.name: r.ref() for r in records}):
                     self.state.metrics.events.labels(spec.type, spec.reason).inc()
             self._count_findings(evaluation)
-            if self.scaler is not None and self.spec.actions.scale is not None:
-                self.scale_result = await self._scale(evaluation, now)
+            if self.scaler is not None:
+                # Also without actions.scale: the scaler then forgets the policy and answers None, so a
+                # removed action takes its last result (a problem, the condition) with it.
+                self.scale_result = await self._scale(evaluation, now, policies)
         await self.write_status(status, now)
 
     def sync_spec(
@@ -166,11 +202,13 @@ class PolicyRunner:
             self.announcer.renotify_seconds = renotify
         self.state.set_horizon(self.key, self.evaluator.horizon_seconds())
 
-    async def _scale(self, evaluation: Evaluation, now: float) -> ScaleResult | None:
+    async def _scale(
+        self, evaluation: Evaluation, now: float, policies: Iterable[PolicyClaim]
+    ) -> ScaleResult | None:
         assert self.scaler is not None
         assert self.spec is not None
         try:
-            return await self.scaler.scale(self.key, self.spec, evaluation, now)
+            return await self.scaler.scale(self.key, self.spec, evaluation, now, policies)
         except Exception:
             self.log.exception("The scaler failed; scaling is retried at the next evaluation.")
             return self.scale_result
@@ -193,6 +231,7 @@ class PolicyRunner:
             problem=self.scale_result.problem if self.scale_result else None,
             scale=self.scale_result.status if self.scale_result else None,
             scale_condition=self.scale_result.condition if self.scale_result else None,
+            scaling=self.spec is None or self.spec.actions.scale is not None,
         )
 
     async def write_status(self, live: Mapping[str, Any], now: float) -> None:
@@ -212,4 +251,5 @@ class PolicyRunner:
             self.log.warning("Cannot write the status (retried at the next evaluation): %s", exc)
             return
         self.state.metrics.status_writes.inc()
-        self.written = new
+        # What the server holds now: a merge patch's null removes the field.
+        self.written = {k: v for k, v in new.items() if v is not None}

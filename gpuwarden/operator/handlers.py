@@ -2,12 +2,15 @@
 
 - startup: tune Kopf (one place, a reason per value), start the ingest and metrics servers;
 - ``gpu_pods`` index: GPU pods by namespace, for the policies' selectors;
+- ``policy_claims`` index: each policy's parsed scale action by namespace, for the scaler's
+  conflict check (parsed once per change, not by every policy at every round);
 - pod deletion: forget the pod's series;
 - one daemon per GPUMonitorPolicy: its evaluation loop (Kopf stops it on deletion and
   while this replica is paused by peering);
 - spec changes: wake that daemon.
 
-Importing this module registers the handlers (``kopf run -m gpuwarden.operator`` does).
+Importing this module registers the handlers; only the entry points do: ``gpuwarden operator``
+(:mod:`.command`) and ``kopf run -m gpuwarden.operator.handlers``.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 import kopf
 
+from gpuwarden.operator.claims import PolicyClaim, policy_claim
 from gpuwarden.operator.config import default_config
 from gpuwarden.operator.evaluation import GROUP, PLURAL, VERSION, PolicyRunner
 from gpuwarden.operator.pods import pod_record, requests_gpu
@@ -34,7 +38,7 @@ def _state(memo: kopf.Memo) -> OperatorState:
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    if "state" not in memo:  # run as `kopf run -m gpuwarden.operator`: the contract's defaults
+    if "state" not in memo:  # run as `kopf run -m gpuwarden.operator.handlers`: the contract's defaults
         memo.state = OperatorState(default_config())
     if _state(memo).scaler is None:  # actions.scale: the Scaler acts after each evaluation
         attach_scaler(_state(memo))
@@ -61,8 +65,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
 
 
 @kopf.on.startup()
-async def start_services(memo: kopf.Memo, **_: Any) -> None:
-    memo.services = Services(_state(memo))
+async def start_services(memo: kopf.Memo, **kwargs: Any) -> None:
+    # The pod index by its name (empty this early, filled live by Kopf): the node view finds pods' uids there.
+    pods: kopf.Index[str, PodRecord] = kwargs["gpu_pods"]
+    memo.services = Services(_state(memo), pods=pods)
     await memo.services.start()
 
 
@@ -85,6 +91,12 @@ def gpu_pods(
     return {namespace: record}
 
 
+@kopf.index(GROUP, VERSION, PLURAL)
+def policy_claims(namespace: str | None, body: kopf.Body, **_: Any) -> dict[str, PolicyClaim]:
+    assert namespace is not None  # policies are namespaced
+    return {namespace: policy_claim(body)}
+
+
 def _gpu_pod_gone(type: str, spec: kopf.Spec, **_: Any) -> bool:
     # Filtered here, not in the handler: Kopf logs every handler call, and pods change often.
     return type == "DELETED" and requests_gpu(spec)
@@ -101,8 +113,11 @@ def pod_deleted(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> 
 async def evaluate(namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     assert namespace is not None  # policies are namespaced
     state = _state(memo)
-    pods: kopf.Index[str, PodRecord] = kwargs["gpu_pods"]  # the index below, passed by its name
-    await PolicyRunner(state, PolicyKey(namespace, name), scaler=state.scaler).run(body=body, pods=pods)
+    # The indexes above, passed by their names.
+    pods: kopf.Index[str, PodRecord] = kwargs["gpu_pods"]
+    policies: kopf.Index[str, PolicyClaim] = kwargs["policy_claims"]
+    runner = PolicyRunner(state, PolicyKey(namespace, name), scaler=state.scaler)
+    await runner.run(body=body, pods=pods, policies=policies)
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")

@@ -3,15 +3,17 @@
 Plugged into the operator as ``OperatorState.scaler`` (the evaluation loop calls
 :meth:`Scaler.scale`). Per call, in order:
 
-1. list the namespace's policies: this one's uid (for its Events) and, after a restart,
-   its ``status.scale.lastScaleTime`` (so cooldowns run on); and the others that scale
-   the same workload;
+1. look the namespace's policies up in the operator's index (:mod:`.claims`, passed in):
+   this one's uid (for its Events) and, after a restart, its ``status.scale.lastScaleTime``
+   (so cooldowns run on); and the others that scale the same workload;
 2. read the target's ``/scale`` (current replicas);
 3. ask the policy's :class:`~gpuwarden.policy.scaling.ScaleDecider` (pure) for the desired
    replicas, published as ``gpuwarden_policy_desired_replicas{namespace,policy}``;
 4. unless ``dryRun``, refuse to act when another policy (not in dryRun) scales the same
    workload (``PolicyConflict``: every such policy stops, whichever evaluates first,
-   because each sees the others in the API, not in this process's memory) or an HPA does
+   because each sees the others' specs, not what their evaluations decided; a rival seen
+   in the index is confirmed by listing the policies, since an index may still hold a policy
+   deleted while this replica stood by) or an HPA does
    (``HPAConflict``; KEDA's ScaledObjects are HPAs too); the condition says so and an
    Event is posted once per conflict;
 5. act: ``PATCH`` the ``/scale`` subresource (guarded by its resourceVersion) and post an
@@ -32,6 +34,7 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpuwarden.operator.claims import PolicyClaim, policy_claim
 from gpuwarden.operator.evaluation import ScaleResult
 from gpuwarden.operator.scaleapi import (
     EventSink,
@@ -49,7 +52,6 @@ from gpuwarden.operator.state import OperatorState, PolicyKey
 from gpuwarden.operator.status import SCALING_ACTIVE, parse_rfc3339, rfc3339
 from gpuwarden.policy.engine import Evaluation
 from gpuwarden.policy.model import PolicySpec, ScaleAction, ScaleTargetRef
-from gpuwarden.policy.parse import SpecError, parse_spec
 from gpuwarden.policy.scaling import (
     ActiveFinding,
     Blocker,
@@ -67,7 +69,8 @@ POLICY_KIND = "GPUMonitorPolicy"
 STALE_INTERVALS = 3
 STALE_MIN_SECONDS = 60.0
 """A policy not reconciled for this many of its evaluation intervals (and at least this long) is gone
-(deleted, no longer scaling, or evaluated by the other replica now): its state and metric series go."""
+(deleted, or evaluated by the other replica now): its state and metric series go. One that drops its
+scale action goes at its next evaluation (:meth:`Scaler.scale` is called without one)."""
 
 NOT_READY_REASONS = frozenset({"ScaleTargetNotFound", "ScaleTargetNotScalable"})
 """Problems in the policy itself (its targetRef), which make it ``Ready=False``; the rest are passing."""
@@ -142,16 +145,6 @@ class _PolicyScaling:
     """Seconds after ``seen_at`` when this policy counts as gone."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Claim:
-    """Another policy of the namespace, as listed."""
-
-    name: str
-    uid: str
-    action: ScaleAction | None
-    scale_status: Mapping[str, Any]
-
-
 class Scaler:
     """Scales the targets of every policy with ``spec.actions.scale``; one per operator."""
 
@@ -163,9 +156,17 @@ class Scaler:
     # --- the operator's seam ----------------------------------------------------------------------
 
     async def scale(
-        self, policy: PolicyKey, spec: PolicySpec, evaluation: Evaluation, now: float
+        self,
+        policy: PolicyKey,
+        spec: PolicySpec,
+        evaluation: Evaluation,
+        now: float,
+        policies: Iterable[PolicyClaim],
     ) -> ScaleResult | None:
-        """After an evaluation of ``policy``: decide and act on ``spec.actions.scale`` (None: none set)."""
+        """After an evaluation of ``policy``: decide and act on ``spec.actions.scale`` (None: none set).
+
+        ``policies`` are the namespace's, this one included, from the operator's index.
+        """
         action = spec.actions.scale
         if action is None:
             self._policies.pop(policy, None)
@@ -176,6 +177,7 @@ class Scaler:
             evaluation.active,
             len(evaluation.matched_pods),
             now,
+            policies,
             expires_after=max(STALE_MIN_SECONDS, STALE_INTERVALS * spec.evaluation_interval_seconds),
         )
         return outcome.result()
@@ -197,10 +199,14 @@ class Scaler:
         findings: Iterable[ActiveFinding],
         matched_pods: int,
         now: float,
+        policies: Iterable[PolicyClaim],
         *,
         expires_after: float = 600.0,
     ) -> ScaleOutcome:
-        """Decide and act for ``policy`` after an evaluation whose active findings are ``findings``."""
+        """Decide and act for ``policy`` after an evaluation whose active findings are ``findings``.
+
+        ``policies`` are the namespace's as the operator's index has them, this one included.
+        """
         self._expire(now)
         state = self._policies.get(policy)
         if state is None or state.target != action.target_ref:
@@ -211,12 +217,7 @@ class Scaler:
         target = action.target_ref
         what = f"{target.kind} {target.name}"
 
-        try:
-            claims = await self._claims(policy.namespace)
-        except ScaleApiError as exc:
-            return await self._problem(
-                state, me, None, None, "FailedListPolicies", f"listing policies: {exc}"
-            )
+        claims = list(policies)
         mine = next((c for c in claims if c.name == policy.name), None)
         if mine is not None:
             me = ObjectRef(POLICY_API_VERSION, POLICY_KIND, policy.namespace, policy.name, mine.uid)
@@ -239,7 +240,12 @@ class Scaler:
         state.desired = decision.wanted
 
         if not action.dry_run:
-            if rivals := _rivals(policy, action, claims):
+            try:
+                rivals = await self._confirmed_rivals(policy, action, claims)
+            except ScaleApiError as exc:
+                message = f"not scaling {what}: cannot list policies to confirm a conflict: {exc}"
+                return await self._problem(state, me, scale, decision, "FailedListPolicies", message)
+            if rivals:
                 names = ", ".join(sorted([policy.name, *rivals]))
                 message = (
                     f"not scaling {what}: policies {names} all target it; one policy may scale a workload"
@@ -279,26 +285,19 @@ class Scaler:
 
     # --- helpers ----------------------------------------------------------------------------------
 
-    async def _claims(self, namespace: str) -> list[_Claim]:
-        """The namespace's policies, with the scale action each would act on (None: none, or invalid)."""
-        claims = []
-        for item in await self._api.list_policies(namespace):
-            meta = item.get("metadata") or {}
-            if meta.get("deletionTimestamp"):
-                continue  # its daemon is stopping: it acts no more
-            try:
-                action = parse_spec(item.get("spec") or {}).actions.scale
-            except SpecError:
-                action = None  # an invalid policy is not evaluated, so it does not act
-            claims.append(
-                _Claim(
-                    name=str(meta.get("name", "")),
-                    uid=str(meta.get("uid", "")),
-                    action=action,
-                    scale_status=(item.get("status") or {}).get("scale") or {},
-                )
-            )
-        return claims
+    async def _confirmed_rivals(
+        self, policy: PolicyKey, action: ScaleAction, indexed: Iterable[PolicyClaim]
+    ) -> list[str]:
+        """The rivals the index shows, as a list of the namespace's policies confirms them.
+
+        Kopf drops an index entry only on a DELETED event it sees, so a policy deleted while this
+        replica stood by (peering) stays in its index; it must not stop the others for good. The
+        list is made only when the index shows a rival, which is rare and lasts until fixed.
+        """
+        if not _rivals(policy, action, indexed):
+            return []
+        listed = [policy_claim(item) for item in await self._api.list_policies(policy.namespace)]
+        return _rivals(policy, action, listed)
 
     @staticmethod
     def _restore(state: _PolicyScaling, scale_status: Mapping[str, Any]) -> None:
@@ -358,7 +357,7 @@ class Scaler:
         return _outcome(state, scale, decision, "False", reason, message, problem=True)
 
 
-def _rivals(policy: PolicyKey, action: ScaleAction, claims: Iterable[_Claim]) -> list[str]:
+def _rivals(policy: PolicyKey, action: ScaleAction, claims: Iterable[PolicyClaim]) -> list[str]:
     """Other acting (not dryRun) policies with the same target (versions of one group are one object)."""
 
     def key(ref: ScaleTargetRef) -> tuple[str, str, str]:
@@ -419,8 +418,8 @@ def attach_scaler(state: OperatorState) -> Scaler:
 class DesiredReplicasCollector(Collector):
     """``gpuwarden_policy_desired_replicas{namespace,policy}``, read from the Scaler at scrape time.
 
-    A policy that stops being reconciled (deleted, no longer scaling, or now
-    evaluated by the other replica) drops out after :data:`STALE_INTERVALS` of its
+    A policy that stops being reconciled (deleted, or now evaluated by the other
+    replica) drops out after :data:`STALE_INTERVALS` of its
     intervals, so a stale value never keeps driving an HPA.
     """
 

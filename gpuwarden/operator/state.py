@@ -23,6 +23,7 @@ from gpuwarden.operator.metrics import OperatorMetrics, store_gauges
 from gpuwarden.operator.ratelimit import NodeRateLimiter
 from gpuwarden.operator.tokenreview import TokenAuthenticator
 from gpuwarden.policy.engine import PodView
+from gpuwarden.policy.healthstore import HealthStore
 from gpuwarden.policy.intake import points_from_report
 from gpuwarden.policy.series import SeriesStore
 
@@ -37,6 +38,8 @@ MAX_RETENTION = 6 * 3600.0
 """Seconds of readings kept at most, whatever a policy asks for (memory: 24 B a reading)."""
 MAX_POINTS = int(MAX_RETENTION)
 """Readings kept per series at most: 6 h at the agents' 1 s sampling."""
+HEALTH_PRUNE_SECONDS = 60.0
+"""How often the health store forgets what aged out (GPUs gone quiet); it is small, and bounded anyway."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +137,9 @@ class OperatorState:
         self.api = api or KubeApi()
         self.metrics = OperatorMetrics()
         self.store = SeriesStore(retention_seconds=MIN_RETENTION, max_points=MAX_POINTS)
+        self.health = HealthStore(retention_seconds=MIN_RETENTION)
+        """The GPUs' health (gpuHealth rules, throttling, the node view), kept as long as the series."""
+        self._health_pruned = 0.0
         self.book = ReportBook()
         self.pacing: dict[str, dict[str, Pacing]] = {}
         """Running evaluation daemons: namespace -> policy name -> pacing."""
@@ -190,7 +196,16 @@ class OperatorState:
         return self.config.clusterwide or namespace in self.config.namespaces
 
     def accept(self, report: NodeReport) -> int:
-        """Store a report's readings and wake the policies of their namespaces; return how many were kept."""
+        """Store a report's readings and wake the policies of their namespaces; return how many were kept.
+
+        Its GPUs' health goes into the health store whatever the namespaces: the node view needs all.
+        """
+        for snapshot in report.snapshots:
+            self.health.observe(snapshot, node=report.node)
+        wall = time.time()
+        if wall - self._health_pruned >= HEALTH_PRUNE_SECONDS:
+            self.health.prune(wall)
+            self._health_pruned = wall
         add, update = self.store.add, self.metrics.latest.update
         kept = 0
         namespaces: set[str] = set()
@@ -217,6 +232,7 @@ class OperatorState:
     def forget_pod(self, namespace: str, name: str) -> None:
         """A pod was deleted: drop its series and its per-pod metrics."""
         self.store.forget_pod(namespace, name)
+        self.health.forget_pod(namespace, name)
         self.metrics.latest.forget_pod(namespace, name)
 
     # -- policies --
@@ -248,6 +264,7 @@ class OperatorState:
             self.horizons[key] = seconds
         wanted = max(self.horizons.values(), default=MIN_RETENTION)
         self.store.retention_seconds = min(MAX_RETENTION, max(MIN_RETENTION, wanted))
+        self.health.retention_seconds = self.store.retention_seconds
 
     def running_policies(self) -> Iterable[PolicyKey]:
         """Policies whose daemons run here."""

@@ -45,7 +45,7 @@ VIOLATING = "Violating"
 SCALING_ACTIVE = "ScalingActive"
 OWNED_CONDITIONS = (READY, VIOLATING)
 
-_PER_GPU_KINDS = (RuleKind.MEMORY_CEILING, RuleKind.MEMORY_GROWTH)
+_PER_GPU_KINDS = (RuleKind.MEMORY_CEILING, RuleKind.MEMORY_GROWTH, RuleKind.GPU_HEALTH)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +66,8 @@ class PolicyVerdict:
     """``status.scale`` from the scaler; None keeps what the status has."""
     scale_condition: tuple[str, str, str] | None = None
     """``(status, reason, message)`` of the scaler's ``ScalingActive`` condition; None keeps what is there."""
+    scaling: bool = True
+    """Whether the spec has ``actions.scale``; False removes ``ScalingActive`` and ``status.scale``."""
 
 
 def rfc3339(epoch: float) -> str:
@@ -119,6 +121,7 @@ def build_status(verdict: PolicyVerdict, previous: Mapping[str, Any] | None, now
         wanted,
         generation=verdict.generation,
         now=now,
+        drop=() if verdict.scaling else (SCALING_ACTIVE,),
     )
     status: dict[str, Any] = {
         "matchedPods": matched,
@@ -129,7 +132,10 @@ def build_status(verdict: PolicyVerdict, previous: Mapping[str, Any] | None, now
     if verdict.generation is not None:
         status["observedGeneration"] = verdict.generation
     scale = verdict.scale if verdict.scale is not None else previous.get("scale")
-    if scale is not None:
+    if not verdict.scaling:
+        if scale is not None:
+            status["scale"] = None  # a merge patch's null removes it
+    elif scale is not None:
         status["scale"] = dict(scale)
     return status
 
@@ -158,7 +164,12 @@ def _violations(active: Sequence[Finding], messages: Mapping[FindingKey, str]) -
 
 
 def _conditions(
-    previous: Any, wanted: Mapping[str, tuple[str, str, str]], *, generation: int | None, now: float
+    previous: Any,
+    wanted: Mapping[str, tuple[str, str, str]],
+    *,
+    generation: int | None,
+    now: float,
+    drop: Iterable[str] = (),
 ) -> list[dict[str, Any]]:
     old = {c.get("type"): c for c in previous if isinstance(c, Mapping)} if isinstance(previous, list) else {}
     out: list[dict[str, Any]] = []
@@ -175,8 +186,10 @@ def _conditions(
         if generation is not None:
             condition["observedGeneration"] = generation
         out.append(condition)
-    # Conditions others own (e.g. a scaler's) stay as they were, after ours.
-    out.extend(dict(c) for t, c in old.items() if t not in wanted)
+    # Conditions others own (e.g. a scaler's) stay as they were, after ours; ``drop`` goes (the list
+    # replaces the stored one in a merge patch).
+    gone = set(drop)
+    out.extend(dict(c) for t, c in old.items() if t not in wanted and t not in gone)
     return out
 
 

@@ -41,6 +41,7 @@ from gpuwarden.policy.series import (
     SeriesKey,
     SeriesStore,
     StoreStats,
+    UtilizationSource,
     Window,
 )
 
@@ -66,6 +67,7 @@ __all__ = [
     "SeriesStore",
     "StoreStats",
     "Transition",
+    "UtilizationSource",
     "Window",
     "WindowParams",
     "evaluate_rule",

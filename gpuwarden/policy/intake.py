@@ -14,8 +14,16 @@ Attribution of one GPU (or MIG device, keyed by its ``mig_id``) in one snapshot:
   the sum of their per-process SM utilization (capped at 100), each None when
   any of its processes lacks that reading (per-process utilization is sampled
   less often than the device). A pod with no process on the GPU reads 0 for
-  whatever the device reported. smActive and power cannot be split per pod and
-  are None; memory total is the device's.
+  whatever the device reported, unless a process there is nobody's (the agent
+  could not tell whose: no pod list, a pod too new for it): it might be that
+  pod's, so the pod's readings are unknown rather than idle. smActive and power cannot be split per pod and
+  are None; memory total is the device's. Such points say so (``util_source``
+  ``processes``, or ``noProcess``), so that a finding names the signal that decided it.
+- **Per-process SM utilization** (``sm_util``) is 0 for a process that NVML's
+  per-process reading of its GPU left out (it ran no kernel in the window: the
+  agent sets that, :func:`gpuwarden.agent.backend.merge_process_utilization`),
+  and None only when its GPU could not be read that way (unsupported, as on
+  MIG; failed) or was not read at that sample.
 - **No pod**: no point (host processes are local mode's business, below).
 
 Local ``watch`` mode has no pods: :func:`points_from_processes` makes each
@@ -28,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from gpuwarden.nodereport import DeviceState, GpuSample, NodeReport, ProcessSample, Snapshot
-from gpuwarden.policy.series import PodId, Point, SeriesKey
+from gpuwarden.policy.series import PodId, Point, SeriesKey, UtilizationSource
 
 PROCESS_NAMESPACE = ""
 """The namespace of process subjects in local mode."""
@@ -74,9 +82,11 @@ def points_from_snapshot(snapshot: Snapshot) -> Iterator[tuple[SeriesKey, Point]
         if len(pods) == 1:
             yield SeriesKey(pods[0].namespace, pods[0].name, device), device_point(t, gpu)
             continue
+        unowned = any(p.pod is None for p in gpu.processes)
         for pod in pods:
             mine = [p for p in gpu.processes if p.pod is not None and (p.pod.namespace, p.pod.name) == pod]
-            yield SeriesKey(pod.namespace, pod.name, device), share_point(t, gpu, mine)
+            point = share_point(t, gpu, mine, unowned_processes=unowned)
+            yield SeriesKey(pod.namespace, pod.name, device), point
 
 
 def points_from_processes(snapshot: Snapshot) -> Iterator[tuple[SeriesKey, Point]]:
@@ -121,18 +131,35 @@ def device_point(t: float, gpu: GpuSample) -> Point:
     )
 
 
-def share_point(t: float, gpu: GpuSample, processes: Sequence[ProcessSample]) -> Point:
-    """One subject's share of a device: the sums over its processes (see the module doc)."""
+def share_point(
+    t: float, gpu: GpuSample, processes: Sequence[ProcessSample], *, unowned_processes: bool = False
+) -> Point:
+    """One subject's share of a device: the sums over its processes (see the module doc).
+
+    ``unowned_processes``: the device runs processes nobody could be named for; a subject
+    with none of its own then reads unknown, not idle (one of them may be its).
+    """
     if processes:
         mems = [p.used_memory_bytes for p in processes]
         utils = [p.sm_util for p in processes]
         mem = None if any(m is None for m in mems) else float(sum(m for m in mems if m is not None))
         util = None if any(u is None for u in utils) else min(100.0, sum(u for u in utils if u is not None))
+        source = UtilizationSource.PROCESSES
+    elif unowned_processes:
+        mem = util = None
+        source = UtilizationSource.NO_PROCESS
     else:
         # Nothing of its own runs there: idle and empty, as far as the device could be read at all.
         mem = None if gpu.memory_used_bytes is None else 0.0
         util = None if gpu.utilization_gpu is None and gpu.sm_active is None else 0.0
-    return Point(t=t, gpu_util=util, mem_used=mem, mem_total=_float(gpu.memory_total_bytes))
+        source = UtilizationSource.NO_PROCESS
+    return Point(
+        t=t,
+        gpu_util=util,
+        mem_used=mem,
+        mem_total=_float(gpu.memory_total_bytes),
+        util_source=source,
+    )
 
 
 def _float(value: int | None) -> float | None:

@@ -18,6 +18,7 @@ import yaml
 
 from gpuwarden.policy.model import (
     Actions,
+    GpuHealthRule,
     LabelRequirement,
     LabelSelector,
     MemoryCeiling,
@@ -28,13 +29,16 @@ from gpuwarden.policy.model import (
     ScaleDirection,
     ScaleTargetRef,
     Signal,
+    Throttling,
     UtilizationCeiling,
     UtilizationFloor,
 )
 from gpuwarden.policy.units import format_duration, parse_duration, parse_quantity, parse_rate
+from gpuwarden.policy.xids import CRITICAL_XIDS
 
 __all__ = [
     "API_VERSION",
+    "DEFAULTS",
     "KIND",
     "SpecError",
     "load_policy_file",
@@ -60,6 +64,33 @@ MIN_RENOTIFY_INTERVAL = 60.0
 # The engine fits a line through 20 bucket medians (window/20 each): under a minute, that is noise.
 MIN_GROWTH_WINDOW = 60.0
 
+# The CRD's scalar defaults, by the schema path of the object that holds them. The API server fills them
+# in; local mode's policy files never went through one, so the parser does. tests/unit/test_crd_schema.py
+# checks that this table and the CRD's `default`s are the same. (Empty objects and lists the CRD defaults,
+# such as actions: {}, read here as absent: the same thing.)
+DEFAULTS: Mapping[str, Mapping[str, Any]] = {
+    ".spec": {"evaluationInterval": "10s"},
+    ".spec.rules[].utilizationFloor": {"for": "5m", "signal": "auto", "noiseFloor": 0, "hysteresis": 5},
+    ".spec.rules[].utilizationCeiling": {"for": "2m", "signal": "auto", "hysteresis": 5},
+    ".spec.rules[].memoryCeiling": {"for": "1m", "hysteresis": 2},
+    ".spec.rules[].memoryGrowth": {"window": "30m", "minFit": 0.8, "for": "0s"},
+    ".spec.rules[].gpuHealth": {"gpuLost": True, "memoryErrors": True, "for": "5m", "clearAfter": "10m"},
+    ".spec.actions": {"events": True, "renotifyInterval": "1h"},
+    ".spec.actions.scale": {"minReplicas": 1, "scaleUpMinPods": 1, "dryRun": False},
+    ".spec.actions.scale.behavior.scaleUp": {"stabilizationWindow": "0s", "step": 1, "cooldown": "1m"},
+    ".spec.actions.scale.behavior.scaleDown": {"stabilizationWindow": "5m", "step": 1, "cooldown": "5m"},
+}
+_SPEC = DEFAULTS[".spec"]
+_FLOOR = DEFAULTS[".spec.rules[].utilizationFloor"]
+_CEILING = DEFAULTS[".spec.rules[].utilizationCeiling"]
+_MEMORY = DEFAULTS[".spec.rules[].memoryCeiling"]
+_GROWTH = DEFAULTS[".spec.rules[].memoryGrowth"]
+_HEALTH = DEFAULTS[".spec.rules[].gpuHealth"]
+_ACTIONS = DEFAULTS[".spec.actions"]
+_SCALE = DEFAULTS[".spec.actions.scale"]
+_SCALE_UP = DEFAULTS[".spec.actions.scale.behavior.scaleUp"]
+_SCALE_DOWN = DEFAULTS[".spec.actions.scale.behavior.scaleDown"]
+
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
@@ -69,7 +100,9 @@ _MIN_PODS_PERCENT = re.compile(r"(100|[1-9][0-9]?)%")
 _STEP_PERCENT = re.compile(r"[1-9][0-9]{0,2}%")
 
 _OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
-_RULE_KINDS = ("utilizationFloor", "utilizationCeiling", "memoryCeiling", "memoryGrowth")
+_RULE_KINDS = ("utilizationFloor", "utilizationCeiling", "memoryCeiling", "memoryGrowth", "gpuHealth")
+MAX_XIDS = 64
+MAX_XID = 2**32 - 1  # NVML reports an XID as an unsigned 32-bit number
 
 _T = TypeVar("_T")
 
@@ -97,8 +130,11 @@ def parse_spec(spec: Mapping[str, Any], *, path: str = "spec") -> PolicySpec:
     spec = _object(spec, path)
     _check_fields(spec, path, ("selector", "evaluationInterval", "rules", "actions"), ("selector", "rules"))
     selector = parse_selector(spec["selector"], path=f"{path}.selector")
-    interval = _duration(spec, "evaluationInterval", path, "10s", minimum=MIN_EVALUATION_INTERVAL)
+    interval = _duration(
+        spec, "evaluationInterval", path, _SPEC["evaluationInterval"], minimum=MIN_EVALUATION_INTERVAL
+    )
     rules = _rules(spec["rules"], f"{path}.rules")
+    _check_windows(rules, interval, f"{path}.rules")
     actions = _actions(spec.get("actions"), f"{path}.actions", tuple(r.name for r in rules))
     return PolicySpec(selector=selector, rules=rules, evaluation_interval_seconds=interval, actions=actions)
 
@@ -202,6 +238,36 @@ def _rules(value: Any, path: str) -> tuple[Rule, ...]:
     return tuple(rules)
 
 
+def _check_windows(rules: Sequence[Rule], interval: float, path: str) -> None:
+    """Every rule's window (``for``, memoryGrowth's ``window``) spans at least one evaluation interval.
+
+    A shorter window leaves samples between two evaluations that no evaluation reads: an idle spell or
+    a leak could come and go unjudged. The CRD's CEL rule on spec enforces the same (gpuHealth, which
+    reads no window, is left out of both).
+    """
+    for i, rule in enumerate(rules):
+        if isinstance(rule, GpuHealthRule):
+            continue  # no window of samples: it judges states and events as they are reported
+        if isinstance(rule, MemoryGrowth):
+            field, seconds = "memoryGrowth.window", rule.window_seconds
+        else:
+            field, seconds = f"{_WINDOW_KINDS[type(rule)]}.for", rule.for_seconds
+        if seconds < interval:
+            shorter = f"{format_duration(seconds)} is shorter than evaluationInterval"
+            raise SpecError(
+                f"{path}[{i}].{field}",
+                f"{shorter} ({format_duration(interval)}): a shorter window leaves samples that no"
+                " evaluation reads",
+            )
+
+
+_WINDOW_KINDS: dict[type[Rule], str] = {
+    UtilizationFloor: "utilizationFloor",
+    UtilizationCeiling: "utilizationCeiling",
+    MemoryCeiling: "memoryCeiling",
+}
+
+
 def _rule(value: Any, path: str) -> Rule:
     """One rule: a name and exactly one of the rule kinds."""
     obj = _object(value, path)
@@ -232,11 +298,11 @@ def _utilization_floor(name: str, obj: Mapping[str, Any], path: str) -> Rule:
     return UtilizationFloor(
         name=name,
         percent=_number(obj, "percent", path, None, 0, 100),
-        for_seconds=_duration(obj, "for", path, "5m"),
-        signal=_signal(obj, path),
-        noise_floor=_number(obj, "noiseFloor", path, 0.0, 0, 100),
+        for_seconds=_duration(obj, "for", path, _FLOOR["for"]),
+        signal=_signal(obj, path, _FLOOR["signal"]),
+        noise_floor=_number(obj, "noiseFloor", path, _FLOOR["noiseFloor"], 0, 100),
         power_threshold_watts=_optional_number(obj, "powerThresholdWatts", path, 0, None),
-        hysteresis=_number(obj, "hysteresis", path, 5.0, 0, 50),
+        hysteresis=_number(obj, "hysteresis", path, _FLOOR["hysteresis"], 0, 50),
     )
 
 
@@ -245,9 +311,9 @@ def _utilization_ceiling(name: str, obj: Mapping[str, Any], path: str) -> Rule:
     return UtilizationCeiling(
         name=name,
         percent=_number(obj, "percent", path, None, 0, 100),
-        for_seconds=_duration(obj, "for", path, "2m"),
-        signal=_signal(obj, path),
-        hysteresis=_number(obj, "hysteresis", path, 5.0, 0, 50),
+        for_seconds=_duration(obj, "for", path, _CEILING["for"]),
+        signal=_signal(obj, path, _CEILING["signal"]),
+        hysteresis=_number(obj, "hysteresis", path, _CEILING["hysteresis"], 0, 50),
     )
 
 
@@ -270,10 +336,10 @@ def _memory_ceiling(name: str, obj: Mapping[str, Any], path: str) -> Rule:
             raise SpecError(f"{path}.bytes", "must be greater than zero")
     return MemoryCeiling(
         name=name,
-        for_seconds=_duration(obj, "for", path, "1m"),
+        for_seconds=_duration(obj, "for", path, _MEMORY["for"]),
         percent=_optional_number(obj, "percent", path, 0, 100),
         bytes=size,
-        hysteresis=_number(obj, "hysteresis", path, 2.0, 0, 50),
+        hysteresis=_number(obj, "hysteresis", path, _MEMORY["hysteresis"], 0, 50),
     )
 
 
@@ -289,10 +355,55 @@ def _memory_growth(name: str, obj: Mapping[str, Any], path: str) -> Rule:
     return MemoryGrowth(
         name=name,
         rate_bytes_per_second=rate,
-        window_seconds=_duration(obj, "window", path, "30m", minimum=MIN_GROWTH_WINDOW),
-        min_fit=_number(obj, "minFit", path, 0.8, 0, 1),
-        for_seconds=_duration(obj, "for", path, "0s"),
+        window_seconds=_duration(obj, "window", path, _GROWTH["window"], minimum=MIN_GROWTH_WINDOW),
+        min_fit=_number(obj, "minFit", path, _GROWTH["minFit"], 0, 1),
+        for_seconds=_duration(obj, "for", path, _GROWTH["for"]),
     )
+
+
+def _gpu_health(name: str, obj: Mapping[str, Any], path: str) -> Rule:
+    _check_fields(obj, path, ("xids", "gpuLost", "memoryErrors", "throttling", "for", "clearAfter"))
+    raw_xids = obj.get("xids")
+    xids = CRITICAL_XIDS  # absent; the CRD has no list default (its defaults are scalars: DEFAULTS)
+    if raw_xids is not None:
+        items = _list(raw_xids, f"{path}.xids", max_items=MAX_XIDS)
+        codes: list[int] = []
+        for i, code in enumerate(items):
+            item_path = f"{path}.xids[{i}]"
+            if isinstance(code, float) and code.is_integer():
+                code = int(code)  # JSON has one number type (as _integer says)
+            if isinstance(code, bool) or not isinstance(code, int):
+                raise SpecError(item_path, f"must be an XID code (a whole number), not {_kind(code)}")
+            if not 1 <= code <= MAX_XID:
+                raise SpecError(item_path, f"{code} is out of range; must be between 1 and {MAX_XID}")
+            if code in codes:
+                raise SpecError(item_path, f"duplicate XID {code}")
+            codes.append(code)
+        xids = tuple(codes)
+    raw_throttling = obj.get("throttling")
+    throttling: list[Throttling] = []
+    items = [] if raw_throttling is None else _list(raw_throttling, f"{path}.throttling", max_items=3)
+    for i, item in enumerate(items):
+        try:
+            value = Throttling(item)
+        except ValueError:
+            choices = ", ".join(t.value for t in Throttling)
+            raise SpecError(f"{path}.throttling[{i}]", f"{_show(item)} is not one of {choices}") from None
+        if value in throttling:
+            raise SpecError(f"{path}.throttling[{i}]", f'duplicate entry "{value}"')
+        throttling.append(value)
+    rule = GpuHealthRule(
+        name=name,
+        xids=xids,
+        gpu_lost=_bool(obj, "gpuLost", path, _HEALTH["gpuLost"]),
+        memory_errors=_bool(obj, "memoryErrors", path, _HEALTH["memoryErrors"]),
+        throttling=tuple(throttling),
+        for_seconds=_duration(obj, "for", path, _HEALTH["for"]),
+        clear_after_seconds=_duration(obj, "clearAfter", path, _HEALTH["clearAfter"], minimum=1.0),
+    )
+    if not (rule.xids or rule.gpu_lost or rule.memory_errors or rule.throttling):
+        raise SpecError(path, "gpuHealth counts nothing: set xids, gpuLost, memoryErrors or throttling")
+    return rule
 
 
 _RULE_BUILDERS: dict[str, Callable[[str, Mapping[str, Any], str], Rule]] = {
@@ -300,13 +411,12 @@ _RULE_BUILDERS: dict[str, Callable[[str, Mapping[str, Any], str], Rule]] = {
     "utilizationCeiling": _utilization_ceiling,
     "memoryCeiling": _memory_ceiling,
     "memoryGrowth": _memory_growth,
+    "gpuHealth": _gpu_health,
 }
 
 
-def _signal(obj: Mapping[str, Any], path: str) -> Signal:
-    raw = obj.get("signal")
-    if raw is None:
-        return Signal.AUTO
+def _signal(obj: Mapping[str, Any], path: str, default: str) -> Signal:
+    raw = _get(obj, "signal", default)
     try:
         return Signal(raw)
     except ValueError:
@@ -323,8 +433,10 @@ def _actions(value: Any, path: str, rule_names: Sequence[str]) -> Actions:
         return Actions()
     obj = _object(value, path)
     _check_fields(obj, path, ("events", "renotifyInterval", "scale"))
-    events = _bool(obj, "events", path, True)
-    renotify = _duration(obj, "renotifyInterval", path, "1h", minimum=MIN_RENOTIFY_INTERVAL)
+    events = _bool(obj, "events", path, _ACTIONS["events"])
+    renotify = _duration(
+        obj, "renotifyInterval", path, _ACTIONS["renotifyInterval"], minimum=MIN_RENOTIFY_INTERVAL
+    )
     scale = None if obj.get("scale") is None else _scale(obj["scale"], f"{path}.scale", rule_names)
     return Actions(events=events, renotify_seconds=renotify, scale=scale)
 
@@ -347,7 +459,7 @@ def _scale(value: Any, path: str, rule_names: Sequence[str]) -> ScaleAction:
         ("targetRef", "maxReplicas"),
     )
     target = _target_ref(obj["targetRef"], f"{path}.targetRef")
-    min_replicas = _integer(obj, "minReplicas", path, 1, 1, MAX_REPLICAS)
+    min_replicas = _integer(obj, "minReplicas", path, _SCALE["minReplicas"], 1, MAX_REPLICAS)
     max_replicas = _integer(obj, "maxReplicas", path, None, 1, MAX_REPLICAS)
     if min_replicas > max_replicas:
         raise SpecError(f"{path}.minReplicas", f"{min_replicas} exceeds maxReplicas ({max_replicas})")
@@ -361,7 +473,7 @@ def _scale(value: Any, path: str, rule_names: Sequence[str]) -> ScaleAction:
                 f"{path}.scaleDownOn[{i}]", f'"{rule}" is also in scaleUpOn; a rule cannot be in both'
             )
     min_pods, min_pods_percent = _count_or_percent(
-        obj, "scaleUpMinPods", path, _MIN_PODS_PERCENT, "1% to 100%"
+        obj, "scaleUpMinPods", path, _SCALE["scaleUpMinPods"], _MIN_PODS_PERCENT, "1% to 100%"
     )
     behavior = obj.get("behavior")
     b_path = f"{path}.behavior"
@@ -373,11 +485,11 @@ def _scale(value: Any, path: str, rule_names: Sequence[str]) -> ScaleAction:
         max_replicas=max_replicas,
         scale_up_on=up_on,
         scale_down_on=down_on,
-        scale_up=_direction(b_obj.get("scaleUp"), f"{b_path}.scaleUp", "0s", "1m"),
-        scale_down=_direction(b_obj.get("scaleDown"), f"{b_path}.scaleDown", "5m", "5m"),
+        scale_up=_direction(b_obj.get("scaleUp"), f"{b_path}.scaleUp", _SCALE_UP),
+        scale_down=_direction(b_obj.get("scaleDown"), f"{b_path}.scaleDown", _SCALE_DOWN),
         scale_up_min_pods=min_pods,
         scale_up_min_pods_percent=min_pods_percent,
-        dry_run=_bool(obj, "dryRun", path, False),
+        dry_run=_bool(obj, "dryRun", path, _SCALE["dryRun"]),
     )
 
 
@@ -414,26 +526,29 @@ def _rule_refs(obj: Mapping[str, Any], key: str, path: str, rule_names: Sequence
     return tuple(names)
 
 
-def _direction(value: Any, path: str, stabilization: str, cooldown: str) -> ScaleDirection:
+def _direction(value: Any, path: str, defaults: Mapping[str, Any]) -> ScaleDirection:
     """behavior.scaleUp / behavior.scaleDown with that direction's defaults."""
     obj: Mapping[str, Any] = {} if value is None else _object(value, path)
     _check_fields(obj, path, ("stabilizationWindow", "step", "cooldown"))
-    replicas, percent = _count_or_percent(obj, "step", path, _STEP_PERCENT, "1% to 999%")
+    replicas, percent = _count_or_percent(obj, "step", path, defaults["step"], _STEP_PERCENT, "1% to 999%")
     return ScaleDirection(
-        stabilization_seconds=_duration(obj, "stabilizationWindow", path, stabilization),
+        stabilization_seconds=_duration(obj, "stabilizationWindow", path, defaults["stabilizationWindow"]),
         step_replicas=replicas,
         step_percent=percent,
-        cooldown_seconds=_duration(obj, "cooldown", path, cooldown),
+        cooldown_seconds=_duration(obj, "cooldown", path, defaults["cooldown"]),
     )
 
 
 def _count_or_percent(
-    obj: Mapping[str, Any], key: str, path: str, percent_re: re.Pattern[str], percent_range: str
+    obj: Mapping[str, Any],
+    key: str,
+    path: str,
+    default: int,
+    percent_re: re.Pattern[str],
+    percent_range: str,
 ) -> tuple[int | None, float | None]:
-    """An int-or-string field: a count >= 1 (default 1) or a percentage string; exactly one is set."""
-    raw = obj.get(key)
-    if raw is None:
-        return 1, None
+    """An int-or-string field: a count >= 1 or a percentage string; exactly one is set."""
+    raw = _get(obj, key, default)
     field = f"{path}.{key}"
     if isinstance(raw, str):
         if not percent_re.fullmatch(raw):
@@ -441,7 +556,7 @@ def _count_or_percent(
                 field, f"{_show(raw)} is not a count such as 1 or a percentage from {percent_range}"
             )
         return None, float(raw[:-1])
-    return _integer(obj, key, path, 1, 1, MAX_REPLICAS), None
+    return _integer({key: raw}, key, path, None, 1, MAX_REPLICAS), None
 
 
 # --- selector ------------------------------------------------------------------------------------------

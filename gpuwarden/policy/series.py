@@ -8,7 +8,10 @@ Memory per series
 Each retained point costs **24 bytes**: the timestamp as a float64 and four
 readings (gpu_util, sm_active, mem_used, power_w) as float32 columns. The card's
 total memory barely ever changes, so only its latest value is kept, once per
-series. A series never holds more than ``max_points`` points plus a compaction
+series; so is what the gpu_util readings are made of
+(:class:`UtilizationSource`: the device's counter, or the subject's processes'
+share of a shared GPU), which changes only when a GPU starts or stops being
+shared. A series never holds more than ``max_points`` points plus a compaction
 slack of ``max(16, max_points // 8)`` (old points are dropped lazily, in
 batches, so that each add is amortised O(1)); CPython's arrays over-allocate by
 about 6% on growth; a gap index (gaps over 5 s) and about 1 KiB of objects come
@@ -49,6 +52,18 @@ class SeriesKey(NamedTuple):
     """The GPU UUID, or the MIG device UUID for a MIG instance."""
 
 
+class UtilizationSource(enum.StrEnum):
+    """What a series' ``gpu_util`` readings are made of."""
+
+    DEVICE = "device"
+    """NVML utilization.gpu: the whole device's counter (a subject alone on its GPU)."""
+    PROCESSES = "processes"
+    """The sum of the subject's processes' per-process SM utilization (a shared GPU): 0 for a
+    process that NVML's per-process reading leaves out, as it ran no kernel in the window."""
+    NO_PROCESS = "noProcess"
+    """0: the subject runs no process on a shared GPU it was allocated (or reads as running none)."""
+
+
 class PodId(NamedTuple):
     """A pod by namespace and name."""
 
@@ -66,7 +81,8 @@ class Point:
 
     t: float
     gpu_util: float | None = None
-    """NVML utilization.gpu, percent (or the sum of a pod's per-process SM utilization on a shared GPU)."""
+    """Percent: NVML utilization.gpu, or on a shared GPU the sum of the subject's per-process SM
+    utilization (``util_source`` says which)."""
     sm_active: float | None = None
     """GPM SM activity, percent."""
     mem_used: float | None = None
@@ -75,6 +91,8 @@ class Point:
     """Bytes of GPU memory on the card (or MIG instance)."""
     power_w: float | None = None
     """Power draw in watts."""
+    util_source: UtilizationSource = UtilizationSource.DEVICE
+    """What ``gpu_util`` is made of."""
 
 
 class Column(enum.IntEnum):
@@ -117,6 +135,7 @@ class Window:
         "_t",
         "max_points",
         "mem_total",
+        "util_source",
     )
 
     def __init__(self, max_points: int) -> None:
@@ -132,6 +151,8 @@ class Window:
         self._gap_len: array[float] = array("d")
         self.mem_total: float | None = None
         """The card's total memory from the latest point that reported it."""
+        self.util_source = UtilizationSource.DEVICE
+        """What the latest ``gpu_util`` reading was made of."""
 
     def __len__(self) -> int:
         return len(self._t) - self._head
@@ -211,6 +232,7 @@ class Window:
                     mem_used=_none_if_nan(cols[Column.MEM_USED][i]),
                     mem_total=self.mem_total,
                     power_w=_none_if_nan(cols[Column.POWER_W][i]),
+                    util_source=self.util_source,
                 )
             )
         return out
@@ -247,6 +269,7 @@ class Window:
             last_nan[0] = index
         else:
             gpu_util.append(v)
+            self.util_source = point.util_source
         v = point.sm_active
         if v is None or v != v:
             sm_active.append(math.nan)

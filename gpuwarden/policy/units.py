@@ -12,7 +12,6 @@ from fractions import Fraction
 
 __all__ = [
     "DURATION_PATTERN",
-    "QUANTITY_PATTERN",
     "RATE_PATTERN",
     "format_duration",
     "parse_duration",
@@ -20,14 +19,12 @@ __all__ = [
     "parse_rate",
 ]
 
-# Gateway API GEP-2257; the CRD carries this exact string on every duration field.
+# Gateway API GEP-2257; the CRD's CEL rule on every duration field matches this exact string.
 DURATION_PATTERN = r"^([0-9]{1,5}(h|m|s|ms)){1,4}$"
-# The OpenAPI pattern Kubernetes publishes for resource.Quantity (what the CRD's `bytes` carries).
-QUANTITY_PATTERN = (
-    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
-    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
-)
-RATE_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?/(s|m|h)$"
+# The CRD's CEL rule on memoryGrowth.rate matches this exact string ([.] rather than an escaped dot,
+# which would need double escaping in CEL). The CRD checks `bytes` with CEL's isQuantity(), the
+# Kubernetes parser itself, whose grammar _QUANTITY_RE below implements.
+RATE_PATTERN = r"^[0-9]+([.][0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?/(s|m|h)$"
 
 _DURATION_RE = re.compile(DURATION_PATTERN)
 # "ms" must be tried before "m": both the CRD pattern and this tokenizer read "5ms" as milliseconds.
@@ -35,7 +32,7 @@ _DURATION_PART_RE = re.compile(r"([0-9]{1,5})(ms|h|m|s)")
 _DURATION_UNIT_MS = {"h": 3_600_000, "m": 60_000, "s": 1_000, "ms": 1}
 
 # The quantity grammar the Kubernetes parser implements (resource.ParseQuantity): the exponent is an
-# integer, although the published OpenAPI pattern is looser.
+# integer, although the OpenAPI pattern Kubernetes publishes for Quantity is looser.
 _QUANTITY_RE = re.compile(
     r"(?P<sign>[+-])?(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
     r"(?:(?P<binary>[KMGTPE]i)|(?P<decimal>[numkMGTPE])|[eE](?P<exponent>[+-]?[0-9]+))?"

@@ -5,7 +5,13 @@ Semantics (the window, coverage and as-of time are in :mod:`gpuwarden.policy.rul
 - **Signal.** ``smActive`` or ``gpuUtil`` as the rule says; ``auto`` uses a GPU's
   smActive readings when it has any in the window, else its gpuUtil readings.
   (gpuUtil reads near 100 under a trickle of tiny kernels; SM activity is the
-  share of SM cycles doing work.)
+  share of SM cycles doing work.) What a reading is made of depends on the
+  subject, and the message says it: smActive is the device's GPM SM activity;
+  gpuUtil is the device counter (utilization.gpu) for a subject alone on its GPU,
+  and on a shared GPU the sum of the subject's per-process SM utilization, 0 for
+  a process NVML's per-process reading leaves out (it ran no kernel). GPM
+  cannot be split per process, so on a shared GPU ``auto`` judges per-process
+  SM utilization and ``smActive`` has nothing to judge.
 - **Noise floor** (floor only). A reading at or below ``noiseFloor`` counts as 0.
 - **Value.** Per GPU, the mean of its readings over ``[end - for, end]``; for the
   pod, the mean of its GPUs' means (the same as averaging the GPUs at each
@@ -39,10 +45,18 @@ from gpuwarden.policy.rules import (
     readings,
     unknown,
 )
-from gpuwarden.policy.series import Column, PodId, SeriesKey, Window
+from gpuwarden.policy.series import Column, PodId, SeriesKey, UtilizationSource, Window
 from gpuwarden.policy.units import format_duration
 
 UNIT = "percent"
+
+SIGNAL_NAMES = {
+    UtilizationSource.DEVICE: "GPU utilization (device counter)",
+    UtilizationSource.PROCESSES: "per-process SM utilization",
+    UtilizationSource.NO_PROCESS: "per-process SM utilization (no process of its own on the shared GPU)",
+}
+"""How a message names a gpuUtil reading, by what it is made of."""
+GPM_SIGNAL = "SM activity (GPM)"
 
 
 @dataclass(slots=True)
@@ -52,6 +66,8 @@ class GpuActivity:
     gpu: str
     column: Column
     """The reading used (SM_ACTIVE or GPU_UTIL)."""
+    signal: str
+    """What that reading is made of, in words (see :data:`SIGNAL_NAMES`)."""
     mean: float | None
     """None when the window has no reading of ``column``."""
     covered: bool
@@ -80,12 +96,14 @@ def gpu_activity(
     if with_power:
         watts = readings(window, Column.POWER_W, start, end).values
         power = sum(watts) / len(watts) if watts else None
+    signal_name = GPM_SIGNAL if column is Column.SM_ACTIVE else SIGNAL_NAMES[window.util_source]
     if not r.values:
-        return GpuActivity(gpu, column, None, covered=False, power_w=power)
+        return GpuActivity(gpu, column, signal_name, None, covered=False, power_w=power)
     total = sum(filter(noise_floor.__lt__, r.values)) if noise_floor > 0 else sum(r.values)
     return GpuActivity(
         gpu,
         column,
+        signal_name,
         total / len(r.values),
         covered=covered(r, start, end, max_gap),
         power_w=power,
@@ -124,12 +142,11 @@ def pod_activity(
 
 
 def _signal_name(gpus: Sequence[GpuActivity]) -> str:
-    columns = {g.column for g in gpus if g.mean is not None}
-    if columns == {Column.SM_ACTIVE}:
-        return "SM activity"
-    if columns == {Column.GPU_UTIL}:
-        return "GPU utilization"
-    return "GPU activity"
+    """The signal that decided, in words; several when the pod's GPUs were judged on different ones."""
+    names = list(dict.fromkeys(g.signal for g in gpus if g.mean is not None))
+    if len(names) == 1:
+        return names[0]
+    return f"GPU activity ({'; '.join(names)})"
 
 
 def _mean_over(o: Outcome) -> str:
@@ -138,7 +155,7 @@ def _mean_over(o: Outcome) -> str:
 
 
 def floor_message(o: Outcome) -> str:
-    """``mean SM activity 3% over 5m, floor 20%`` (``; busy by power (310 W)`` when it is)."""
+    """``mean SM activity (GPM) 3% over 5m, floor 20%`` (``; busy by power (310 W)`` when it is)."""
     text = f"{_mean_over(o)}, floor {percent(o.threshold)}"
     if o.busy_watts is not None:
         text += f"; busy by power ({o.busy_watts:.0f} W)"
@@ -146,7 +163,7 @@ def floor_message(o: Outcome) -> str:
 
 
 def ceiling_message(o: Outcome) -> str:
-    """``mean SM activity 97% over 2m, ceiling 95%``."""
+    """``mean per-process SM utilization 97% over 2m, ceiling 95%``."""
     return f"{_mean_over(o)}, ceiling {percent(o.threshold)}"
 
 

@@ -6,7 +6,12 @@ its memory (the allocator's reservation plus the CUDA context, ~500 MiB) at ever
 and real activity while it computes: utilization.gpu, GPM SM activity where the GPU
 has GPM, and the child's per-process SM utilization.
 
+Then two processes on one GPU, one busy, one holding memory and computing nothing: the idle
+one must read 0% SM utilization (NVML's per-process reading leaves it out, or lists it at 0),
+not unknown, and the busy one must read busy.
+
     pytest -m gpu tests/gpu -s        # GPUWARDEN_GPU_REPORT=path.json keeps the readings
+                                      # (GPUWARDEN_GPU_SHARED_REPORT for the shared-GPU test)
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import IO, Any
 
 import pytest
 
+from gpuwarden.agent.backend import device_key, merge_process_utilization
 from gpuwarden.agent.nvml import NvmlBackend
 from gpuwarden.nodereport import DeviceState, GpuSample
 
@@ -200,3 +206,44 @@ def test_nvml_backend_reports_a_real_cuda_process(backend: NvmlBackend, child: C
         active = [r["sm_active"] for r in computing[1:]]
         assert all(a is not None for a in active)
         assert max(active) >= 20
+
+
+def test_an_idle_process_beside_a_busy_one_reads_0_not_unknown(
+    backend: NvmlBackend, busy_job: subprocess.Popen[str], idle_job: subprocess.Popen[str]
+) -> None:
+    backend.sample_process_utilization(time.time())  # start the per-process window here
+    time.sleep(3.0)  # the window the reading covers: pacing, not waiting for an event
+    now = time.time()
+    devices = backend.sample_devices(now)
+    raw = backend.sample_process_utilization(now)
+    merged = merge_process_utilization(devices, raw)
+    gpu, _ = find(merged, idle_job.pid)
+    busy_gpu, _ = find(merged, busy_job.pid)
+    assert device_key(gpu) == device_key(busy_gpu), "the two jobs were meant to share one GPU"
+    by_pid = {p.pid: p for p in gpu.processes}
+    idle, busy = by_pid[idle_job.pid], by_pid[busy_job.pid]
+    listed = raw.get(device_key(gpu), {})
+    report = {
+        "device": device_key(gpu),
+        "listed_by_nvml": {str(pid): util for pid, util in listed.items()},
+        "idle": {
+            "pid": idle.pid,
+            "sm_util": idle.sm_util,
+            "memory_mib": (idle.used_memory_bytes or 0) // MIB,
+        },
+        "busy": {
+            "pid": busy.pid,
+            "sm_util": busy.sm_util,
+            "memory_mib": (busy.used_memory_bytes or 0) // MIB,
+        },
+        "device_util": gpu.utilization_gpu,
+        "device_sm_active": gpu.sm_active,
+    }
+    print(json.dumps(report, indent=1))
+    if path := os.environ.get("GPUWARDEN_GPU_SHARED_REPORT"):
+        with open(path, "w") as f:
+            json.dump(report, f, indent=1)
+    assert idle.sm_util == 0.0  # left out of a good reading (or listed at 0): ran no kernel
+    assert busy.sm_util is not None
+    assert busy.sm_util >= 50
+    assert (idle.used_memory_bytes or 0) >= 2 * 2**30

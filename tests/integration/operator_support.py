@@ -17,7 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -358,8 +358,16 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
+LOCAL_COMMAND: tuple[str, ...] = (sys.executable, "-m", "gpuwarden")
+"""The `gpuwarden` command of this checkout; tests/integration/images.py makes one that runs an image."""
+
+
 class Operator(Proc):
-    """``python -m gpuwarden operator`` watching one namespace, on free loopback ports."""
+    """``gpuwarden operator`` watching one namespace, on free loopback ports.
+
+    ``command`` runs `gpuwarden` (default: this checkout's, in this interpreter); it is given the
+    environment the operator needs (``KUBECONFIG``, ``POD_NAME``, ``POD_NAMESPACE``).
+    """
 
     def __init__(
         self,
@@ -372,12 +380,13 @@ class Operator(Proc):
         priority: int | None = None,
         extra_args: Iterable[str] = (),
         ports: tuple[int, int] | None = None,
+        command: Sequence[str] = LOCAL_COMMAND,
     ) -> None:
         self.ingest_port, self.metrics_port = ports or free_ports(2)
         self.namespace = namespace
         self.pod_name = pod_name
         argv = [
-            sys.executable, "-m", "gpuwarden", "operator",
+            *command, "operator",
             f"--namespace={namespace}",
             f"--ingest-address=127.0.0.1:{self.ingest_port}",
             f"--metrics-address=127.0.0.1:{self.metrics_port}",
@@ -432,17 +441,26 @@ class Operator(Proc):
 
 
 class Agent(Proc):
-    """``python -m gpuwarden agent --backend scripted`` reporting to an operator."""
+    """``gpuwarden agent --backend scripted`` reporting to an operator (``command``: as for Operator)."""
 
     def __init__(
-        self, cp: ControlPlane, workdir: Path, scenario: Path, url: str, token_file: Path, node: str
+        self,
+        cp: ControlPlane,
+        workdir: Path,
+        scenario: Path,
+        url: str,
+        token_file: Path,
+        node: str,
+        command: Sequence[str] = LOCAL_COMMAND,
     ) -> None:
-        (port,) = free_ports(1)
+        (self.port,) = free_ports(1)
         argv = [
-            sys.executable, "-m", "gpuwarden", "agent",
+            *command, "agent",
             "--backend=scripted", f"--scenario={scenario}",
             f"--operator-url={url}", f"--token-file={token_file}", f"--node-name={node}",
-            f"--listen=127.0.0.1:{port}", "--sample-interval=1s",
+            f"--listen=127.0.0.1:{self.port}", "--sample-interval=1s",
+            # Per-process utilization as often as the device: a shared GPU's 10 s rule needs it.
+            "--process-interval=1s",
         ]  # fmt: skip
         super().__init__(
             f"agent {node}", argv, _python_env(cp, {}), workdir / f"agent-{node}-{time.time():.0f}.log"
@@ -498,6 +516,7 @@ class Setup(InNamespace):
         priority: int | None = None,
         extra_args: Iterable[str] = (),
         ports: tuple[int, int] | None = None,
+        command: Sequence[str] = LOCAL_COMMAND,
     ) -> Operator:
         """An operator replica in this namespace, in the shared peering (started, not yet ready)."""
         return Operator(
@@ -509,11 +528,18 @@ class Setup(InNamespace):
             priority=priority,
             extra_args=extra_args,
             ports=ports,
+            command=command,
         )
 
-    def agent(self, scenario: Path, operator: Operator, node: str = "gpu-node-1") -> Agent:
+    def agent(
+        self,
+        scenario: Path,
+        operator: Operator,
+        node: str = "gpu-node-1",
+        command: Sequence[str] = LOCAL_COMMAND,
+    ) -> Agent:
         """A scripted agent reporting to ``operator`` with the ServiceAccount token."""
-        return Agent(self.cp, self.workdir, scenario, operator.url, self.token_file, node)
+        return Agent(self.cp, self.workdir, scenario, operator.url, self.token_file, node, command)
 
 
 def prepare(
@@ -589,6 +615,7 @@ __all__ = [
     "AUDIENCE",
     "GI",
     "IDLE_RULE",
+    "LOCAL_COMMAND",
     "OPERATOR_POD",
     "PEERING",
     "Agent",

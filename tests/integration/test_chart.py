@@ -30,6 +30,7 @@ from controlplane import REPO_ROOT, ControlPlane
 pytestmark = pytest.mark.integration
 
 CHART = REPO_ROOT / "charts" / "gpuwarden"
+CHART_HOME = yaml.safe_load((CHART / "Chart.yaml").read_text())["home"]
 CI_FILES = sorted((CHART / "ci").glob("*-values.yaml"))
 CRD_NAMES = (
     "gpumonitorpolicies.gpuwarden.dev",
@@ -228,13 +229,13 @@ def test_default_install_objects(control_plane: ControlPlane, namespace: str) ->
     cp = control_plane
     release = install(cp, namespace)
     try:
-        # NOTES.txt: the next commands to run.
+        # NOTES.txt: the next commands to run (test_notes_commands_work_without_the_repository runs them).
         for command in (
             f"kubectl -n {namespace} get pods -l app.kubernetes.io/instance={release.name}",
-            "examples/gpumonitorpolicy.yaml",
+            "kubectl apply -f - <<'EOF'",
             "kubectl get gpumonitorpolicies -A",
             "kubectl get events -A --field-selector reason=GPUUnderutilized",
-            "kubectl apply --server-side -f charts/gpuwarden/crds/",
+            "helm show crds <chart> | kubectl apply --server-side -f -",
         ):
             assert command in release.output, release.output
 
@@ -396,6 +397,95 @@ FORBIDDEN_EVERYWHERE: list[tuple[str, ...]] = [
 ]
 
 
+# ------------------------------------------------------------------------- NOTES.txt
+
+
+def notes_policy(output: str) -> str:
+    """The here-document that NOTES.txt gives for a first policy, as a shell command."""
+    start = output.index("kubectl apply -f - <<'EOF'\n")
+    end = output.index("\nEOF\n", start) + len("\nEOF\n")
+    return output[start:end]
+
+
+def shell(cp: ControlPlane, command: str, cwd: Path) -> str:
+    """Run a command line as a user would paste it (kubectl and helm on PATH, pointed at ``cp``)."""
+    env = {**cp.env, "PATH": f"{cp.kubectl_path.parent}:{cp.helm.parent}:{os.environ['PATH']}"}
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", command], env=env, capture_output=True, text=True, cwd=cwd
+    )
+    return ok(done, command)
+
+
+def test_notes_commands_work_without_the_repository(
+    control_plane: ControlPlane, namespace: str, tmp_path: Path
+) -> None:
+    """A chart-repository user has the chart only: NOTES must name no file of this repository, and the
+    policy and CRD-upgrade commands they print must work as printed."""
+    cp = control_plane
+    release = install(cp, namespace, "--set", f"operator.watchNamespaces={{{namespace}}}")
+    try:
+        for path in ("examples/", "charts/gpuwarden", "crds/", "docs/"):
+            assert path not in release.output.replace(f"{CHART_HOME}/blob/main/docs/", ""), release.output
+        policy = notes_policy(release.output)
+        assert f"namespace: {namespace}\n" in policy, policy  # the namespace the operator watches
+        assert "gpumonitorpolicy.gpuwarden.dev/idle-gpus created" in shell(cp, policy, tmp_path)
+        # The upgrade step as printed, with <chart> the chart directory (a repository reference reads the
+        # same chart).
+        upgrade = "helm show crds <chart> | kubectl apply --server-side -f -"
+        assert upgrade in release.output, release.output
+        applied = shell(cp, upgrade.replace("<chart>", str(CHART)), tmp_path)
+        assert "gpumonitorpolicies.gpuwarden.dev serverside-applied" in applied, applied
+    finally:
+        uninstall(cp, release)
+
+
+def _node(name: str, labels: dict[str, str]) -> str:
+    return yaml.safe_dump({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}})
+
+
+def test_notes_warn_when_no_node_carries_the_agents_label(
+    control_plane: ControlPlane, namespace: str, tmp_path: Path
+) -> None:
+    """NOTES ask the cluster which nodes carry agent.nodeSelector's label; without a cluster to ask
+    (client-side --dry-run, as `helm template`) they say it was not checked."""
+    cp = control_plane
+    value = secrets.token_hex(4)
+    label = f"gpuwarden.test/gpu={value}"
+    values = tmp_path / "values.yaml"
+    # null drops the default label: Helm merges maps.
+    values.write_text(
+        yaml.safe_dump(
+            {"agent": {"nodeSelector": {"nvidia.com/gpu.present": None, "gpuwarden.test/gpu": value}}}
+        )
+    )
+    release = install(cp, namespace, "-f", str(values))
+    try:
+        assert f"WARNING: no node carries the label {label} that agent.nodeSelector selects" in release.output
+        assert "node(s) carry the label" not in release.output
+        node = unique("gpu-node")
+        ok(cp.kubectl("create", "-f", "-", input=_node(node, {"gpuwarden.test/gpu": value})), "create node")
+        try:
+            upgraded = ok(
+                cp.run_helm("upgrade", release.name, str(CHART), "--namespace", namespace, "-f", str(values)),
+                "helm upgrade",
+            )
+            assert f"1 node(s) carry the label {label} that agent.nodeSelector selects." in upgraded, upgraded
+            assert "WARNING: no node" not in upgraded, upgraded
+        finally:
+            ok(cp.kubectl("delete", "node", node), "delete node")
+        offline = ok(
+            cp.run_helm("install", unique("offline"), str(CHART), "--namespace", namespace, "-f", str(values),
+                        "--dry-run"),
+            "helm install --dry-run",
+        )  # fmt: skip
+        said = " ".join(offline.split())
+        not_checked = "Not checked (no cluster to ask: helm template or a client-side --dry-run)"
+        assert f"{not_checked}: whether any node carries the label {label} that" in said, offline
+        assert "WARNING: no node" not in offline, offline
+    finally:
+        uninstall(cp, release)
+
+
 @pytest.fixture(scope="module")
 def cluster_release(control_plane: ControlPlane) -> Iterator[Release]:
     """A default (all namespaces) install, for the RBAC checks."""
@@ -434,6 +524,10 @@ def test_operator_is_allowed_what_it_needs(control_plane: ControlPlane, cluster_
         ("list", "namespaces"),
         ("watch", "namespaces"),
         ("patch", "pods", *own),  # its own ingest-active label
+        # operator.nodeHealth (on by default): a node's uid and GPUHealthy condition, Events about nodes.
+        ("get", "nodes"),
+        ("patch", "nodes", "--subresource=status"),
+        ("create", "events", "-n", "default"),
     ]
     assert _missing(control_plane, r.namespace, r.operator_sa, needed) == []
 
@@ -452,6 +546,10 @@ def test_operator_is_denied_the_rest(control_plane: ControlPlane, cluster_releas
         ("patch", "deployments.apps", "--subresource=status", "-n", "team-a"),
         ("patch", "replicasets.apps", "--subresource=scale", "-n", "team-a"),
         ("update", "namespaces"),
+        ("list", "nodes"),  # only the reporting nodes, by name
+        ("update", "nodes", "--subresource=status"),
+        ("delete", "nodes"),
+        ("create", "pods", "--subresource=eviction", "-n", "team-a"),
     ]
     assert _denied(control_plane, r.namespace, r.operator_sa, forbidden) == []
 
@@ -516,6 +614,57 @@ def test_single_namespace_rbac(control_plane: ControlPlane) -> None:
         (ds,) = release.objects("DaemonSet")
         assert ds["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
         assert _denied(cp, ns, release.agent_sa, [("list", "pods", "--all-namespaces")]) == []
+    finally:
+        uninstall(cp, release)
+
+
+NODE_HEALTH = [
+    ("get", "nodes"),
+    ("patch", "nodes", "--subresource=status"),
+    ("create", "events", "-n", "default"),
+]
+CORDON = [("patch", "nodes")]
+
+
+@pytest.mark.parametrize(
+    ("settings", "flags", "allowed", "denied"),
+    [
+        (["operator.nodeHealth.enabled=false"], [], [], NODE_HEALTH + CORDON),
+        (
+            ["operator.nodeHealth.cordon.enabled=true"],
+            ["--node-health", "--cordon=dry-run"],
+            NODE_HEALTH,
+            CORDON,
+        ),
+        (
+            ["operator.nodeHealth.cordon.enabled=true", "operator.nodeHealth.cordon.dryRun=false"],
+            ["--node-health", "--cordon=on"],
+            NODE_HEALTH + CORDON,
+            [],
+        ),
+    ],
+    ids=["node-health-off", "cordon-dry-run", "cordon-on"],
+)
+def test_node_health_rbac_follows_the_values(
+    control_plane: ControlPlane,
+    settings: list[str],
+    flags: list[str],
+    allowed: list[tuple[str, ...]],
+    denied: list[tuple[str, ...]],
+) -> None:
+    """Watching one namespace (so nothing cluster-wide covers `default`): the node view's rules are there
+    only when it is on, nodes patch only when cordoning for real (a dry run gets none)."""
+    cp = control_plane
+    ns = cp.create_namespace(unique("rbac-nodes"))
+    watched = cp.create_namespace(unique("rbac-nodes-watched"))
+    sets = [arg for setting in settings for arg in ("--set", setting)]
+    release = install(cp, ns, "--set", f"operator.watchNamespaces={{{watched}}}", *sets)
+    try:
+        assert _missing(cp, ns, release.operator_sa, allowed) == []
+        assert _denied(cp, ns, release.operator_sa, denied) == []
+        (deployment,) = release.objects("Deployment")
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert [a for a in args if a in ("--node-health", "--cordon=dry-run", "--cordon=on")] == flags
     finally:
         uninstall(cp, release)
 

@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from controlplane import REPO_ROOT, ControlPlane
+from controlplane import REPO_ROOT, ControlPlane, wait_for
+
+from gpuwarden.policy.model import GpuHealthRule
+from gpuwarden.policy.parse import parse_spec
+from gpuwarden.policy.xids import CRITICAL_XIDS
 
 pytestmark = pytest.mark.integration
 
@@ -36,6 +41,12 @@ def crd(control_plane: ControlPlane) -> str:
     assert applied.returncode == 0, applied.stderr
     waited = control_plane.kubectl("wait", "--for=condition=established", "--timeout=60s", f"crd/{CRD_NAME}")
     assert waited.returncode == 0, waited.stderr + control_plane.logs()
+    # Established is not yet published: `kubectl explain` needs the OpenAPI, which follows a moment later.
+    wait_for(
+        lambda: control_plane.kubectl("explain", "gmp.spec").returncode == 0,
+        timeout=60,
+        what="the CRD's OpenAPI schema",
+    )
     return CRD_NAME
 
 
@@ -150,6 +161,24 @@ def test_base_policy_is_valid_and_defaulted(control_plane: ControlPlane, crd: st
     assert spec["rules"][0]["utilizationFloor"]["signal"] == "auto"
 
 
+def test_gpu_health_is_defaulted(control_plane: ControlPlane, crd: str, namespace: str) -> None:
+    policy = base_policy()
+    policy["spec"]["rules"].append({"name": "broken-gpu", "gpuHealth": {}})
+    created = create(control_plane, namespace, policy)
+    assert created.returncode == 0, created.stderr
+    stored = get_json(control_plane, namespace, "p")["spec"]["rules"][4]["gpuHealth"]
+    assert stored == {  # no xids: left out, they are the critical ones (the parser's, below)
+        "gpuLost": True,
+        "memoryErrors": True,
+        "for": "5m",
+        "clearAfter": "10m",
+    }
+    parsed = parse_spec(get_json(control_plane, namespace, "p")["spec"]).rules[4]
+    assert parsed == GpuHealthRule("broken-gpu")
+    assert isinstance(parsed, GpuHealthRule)
+    assert parsed.xids == CRITICAL_XIDS
+
+
 def test_memory_ceiling_accepts_bytes_quantity(control_plane: ControlPlane, crd: str, namespace: str) -> None:
     policy = base_policy()
     policy["spec"]["rules"][2]["memoryCeiling"] = {"bytes": "120Gi", "for": "1m"}
@@ -190,6 +219,16 @@ def _delete(*paths: str) -> Callable[[Policy], None]:
     return mutate
 
 
+def _all(*mutations: Callable[[Policy], None]) -> Callable[[Policy], None]:
+    """Mutation: several, in order."""
+
+    def mutate(p: Policy) -> None:
+        for m in mutations:
+            m(p)
+
+    return mutate
+
+
 def _many_rules(p: Policy) -> None:
     p["spec"]["rules"] = [{"name": f"r{i}", "utilizationFloor": {"percent": 10}} for i in range(33)]
     p["spec"]["actions"]["scale"]["scaleUpOn"] = ["r0"]
@@ -209,7 +248,7 @@ INVALID: list[tuple[str, Callable[[Policy], None], str]] = [
     (
         "rule-name-not-dns-label",
         _set("spec.rules.3.name", "Leak_Rule"),
-        "spec.rules[3].name in body should match '^[a-z0-9]([-a-z0-9]*[a-z0-9])?$'",
+        'spec.rules[3].name: Invalid value: "Leak_Rule": must be a DNS label such as idle-gpu',
     ),
     (
         "rule-without-kind",
@@ -242,7 +281,8 @@ INVALID: list[tuple[str, Callable[[Policy], None], str]] = [
     (
         "duration-bad-format",
         _set("spec.evaluationInterval", "10 seconds"),
-        "spec.evaluationInterval in body should match '^([0-9]{1,5}(h|m|s|ms)){1,4}$'",
+        'spec.evaluationInterval: Invalid value: "10 seconds": '
+        "must be a duration such as 5m or 1h30m (units h, m, s, ms)",
     ),
     (
         "evaluation-interval-below-1s",
@@ -252,7 +292,18 @@ INVALID: list[tuple[str, Callable[[Policy], None], str]] = [
     (
         "rule-for-bad-format",
         _set("spec.rules.2.memoryCeiling.for", "1 minute"),
-        "spec.rules[2].memoryCeiling.for in body should match",
+        'spec.rules[2].memoryCeiling.for: Invalid value: "1 minute": must be a duration such as 5m',
+    ),
+    (
+        "utilization-floor-for-0s",
+        _set("spec.rules.0.utilizationFloor.for", "0s"),
+        "spec.rules: Invalid value: rule idle-gpu: utilizationFloor.for must be at least "
+        "evaluationInterval (10s): a shorter window leaves samples that no evaluation reads",
+    ),
+    (
+        "memory-ceiling-for-below-interval",
+        _set("spec.rules.2.memoryCeiling.for", "5s"),
+        "rule near-oom: memoryCeiling.for must be at least evaluationInterval (10s)",
     ),
     (
         "memory-ceiling-percent-and-bytes",
@@ -267,12 +318,24 @@ INVALID: list[tuple[str, Callable[[Policy], None], str]] = [
     (
         "memory-ceiling-bytes-zero",
         _set("spec.rules.2.memoryCeiling", {"bytes": "0"}),
-        "bytes must be a positive whole number of bytes",
+        'spec.rules[2].memoryCeiling.bytes: Invalid value: "0": '
+        "must be a whole number of bytes greater than zero: an integer, or a quantity such as 120Gi",
+    ),
+    (
+        "memory-ceiling-bytes-fraction",
+        _set("spec.rules.2.memoryCeiling", {"bytes": "1.5"}),
+        'spec.rules[2].memoryCeiling.bytes: Invalid value: "1.5": must be a whole number of bytes',
+    ),
+    (
+        "memory-ceiling-bytes-not-a-quantity",
+        _set("spec.rules.2.memoryCeiling", {"bytes": "120GB"}),
+        'spec.rules[2].memoryCeiling.bytes: Invalid value: "120GB": must be a whole number of bytes',
     ),
     (
         "memory-growth-rate-bad-format",
         _set("spec.rules.3.memoryGrowth.rate", "100MB per minute"),
-        "spec.rules[3].memoryGrowth.rate in body should match",
+        'spec.rules[3].memoryGrowth.rate: Invalid value: "100MB per minute": '
+        "must be a rate such as 100Mi/m, 2Gi/h or 500k/s",
     ),
     (
         "memory-growth-rate-zero",
@@ -283,6 +346,20 @@ INVALID: list[tuple[str, Callable[[Policy], None], str]] = [
         "memory-growth-window-below-1m",
         _set("spec.rules.3.memoryGrowth.window", "30s"),
         'spec.rules[3].memoryGrowth.window: Invalid value: "30s": window must be at least 1m',
+    ),
+    (
+        "rule-windows-below-interval",
+        _set("spec.evaluationInterval", "1h"),  # the first rule whose window is shorter is named
+        "rule idle-gpu: utilizationFloor.for must be at least evaluationInterval (1h)",
+    ),
+    (
+        "memory-growth-window-below-interval",
+        _all(
+            _set("spec.evaluationInterval", "2m"),
+            _set("spec.rules.2.memoryCeiling.for", "2m"),
+            _set("spec.rules.3.memoryGrowth.window", "1m"),
+        ),
+        "rule leak: memoryGrowth.window must be at least evaluationInterval (2m)",
     ),
     (
         "memory-growth-minfit-above-1",
@@ -299,6 +376,18 @@ INVALID: list[tuple[str, Callable[[Policy], None], str]] = [
         "min-replicas-above-max",
         _set("spec.actions.scale.minReplicas", 9),
         "minReplicas must not exceed maxReplicas",
+    ),
+    (
+        "scale-up-min-pods-percent-above-100",
+        _set("spec.actions.scale.scaleUpMinPods", "150%"),
+        'spec.actions.scale.scaleUpMinPods: Invalid value: "150%": '
+        "must be a count such as 1 or a percentage from 1% to 100%",
+    ),
+    (
+        "step-percent-zero",
+        _set("spec.actions.scale.behavior", {"scaleDown": {"step": "0%"}}),
+        'spec.actions.scale.behavior.scaleDown.step: Invalid value: "0%": '
+        "must be a count such as 1 or a percentage from 1% to 999%",
     ),
     (
         "scale-up-on-unknown-rule",
@@ -331,6 +420,28 @@ INVALID: list[tuple[str, Callable[[Policy], None], str]] = [
         "renotifyInterval must be at least 1m",
     ),
     (
+        "gpu-health-counts-nothing",
+        _set(
+            "spec.rules.3", {"name": "h", "gpuHealth": {"xids": [], "gpuLost": False, "memoryErrors": False}}
+        ),
+        "gpuHealth counts nothing: set xids, gpuLost, memoryErrors or throttling",
+    ),
+    (
+        "gpu-health-clear-after-zero",
+        _set("spec.rules.3", {"name": "h", "gpuHealth": {"clearAfter": "0s"}}),
+        "clearAfter must be at least 1s",
+    ),
+    (
+        "gpu-health-xid-twice",
+        _set("spec.rules.3", {"name": "h", "gpuHealth": {"xids": [79, 79]}}),
+        "spec.rules[3].gpuHealth.xids[1]: Duplicate value: 79",
+    ),
+    (
+        "gpu-health-unknown-throttling",
+        _set("spec.rules.3", {"name": "h", "gpuHealth": {"throttling": ["hot"]}}),
+        'spec.rules[3].gpuHealth.throttling[0]: Unsupported value: "hot"',
+    ),
+    (
         "match-expression-in-without-values",
         _set("spec.selector.matchExpressions", [{"key": "tier", "operator": "In"}]),
         "values must be non-empty when operator is In or NotIn",
@@ -343,26 +454,108 @@ INVALID: list[tuple[str, Callable[[Policy], None], str]] = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("mutate", "fragment"), [(m, f) for _, m, f in INVALID], ids=[i for i, _, _ in INVALID]
-)
+SUBMIT = {
+    "create": ("create",),
+    # What the docs recommend for CRDs, and what GitOps tools (Flux, Argo CD's ServerSideApply) use.
+    "server-side-apply": ("apply", "--server-side"),
+}
+# Server-side apply refuses duplicate keys of a list-map (or entries of a list-set) while building its
+# typed patch, before any validation, in words of its own: test_duplicate_rule_names_under_server_side_apply
+# ("duplicate entries for key [=79]" for gpuHealth.xids).
+TYPED_PATCH_CASES = {"rule-name-duplicate", "gpu-health-xid-twice"}
+CASES = [
+    pytest.param(mutate, fragment, how, id=f"{case}-{how}")
+    for case, mutate, fragment in INVALID
+    for how in SUBMIT
+    if not (how == "server-side-apply" and case in TYPED_PATCH_CASES)
+]
+
+
+def submit(cp: ControlPlane, namespace: str, obj: Policy, how: str) -> Any:
+    return cp.kubectl(*SUBMIT[how], "-n", namespace, "-f", "-", input=yaml.safe_dump(obj))
+
+
+def api_errors(stderr: str) -> list[str]:
+    """The API server's errors for a rejected object, less its notice that CEL rules were skipped."""
+    _, _, rest = stderr.partition(" is invalid: ")
+    lines = [line[2:] for line in rest.splitlines() if line.startswith("* ")] or [rest.strip()]
+    return [line for line in lines if "some validation rules were not checked" not in line]
+
+
+@pytest.mark.parametrize(("mutate", "fragment", "how"), CASES)
 def test_invalid_policy_is_rejected(
     control_plane: ControlPlane,
     crd: str,
     namespace: str,
     mutate: Callable[[Policy], None],
     fragment: str,
+    how: str,
 ) -> None:
     policy = copy.deepcopy(base_policy("bad"))
     mutate(policy)
-    created = create(control_plane, namespace, policy)
+    created = submit(control_plane, namespace, policy, how)
     assert created.returncode != 0, f"accepted an invalid policy:\n{yaml.safe_dump(policy)}"
-    # The API server's rejection, not a client-side error.
+    # The API server's rejection, not a client-side error, and not server-side apply's typed patch.
     assert 'The GPUMonitorPolicy "bad" is invalid' in created.stderr, created.stderr
     assert fragment in created.stderr, created.stderr
+    # Written for people: no regex.
+    assert "should match '" not in created.stderr, created.stderr
     absent = control_plane.kubectl("get", "-n", namespace, "gmp", "bad")
     assert absent.returncode != 0
     assert "NotFound" in absent.stderr
+
+
+def test_duplicate_rule_names_under_server_side_apply(
+    control_plane: ControlPlane, crd: str, namespace: str
+) -> None:
+    policy = base_policy("bad")
+    policy["spec"]["rules"][3] = {"name": "idle-gpu", "utilizationCeiling": {"percent": 95}}
+    applied = submit(control_plane, namespace, policy, "server-side-apply")
+    assert applied.returncode != 0
+    assert '.spec.rules: duplicate entries for key [name="idle-gpu"]' in applied.stderr, applied.stderr
+    assert "valueUnstructured" not in applied.stderr, applied.stderr
+
+
+@pytest.mark.parametrize("how", SUBMIT)
+def test_a_value_neither_integer_nor_string_is_one_error(
+    control_plane: ControlPlane, crd: str, namespace: str, how: str
+) -> None:
+    """An int-or-string field given 1.5: one error, not the anyOf's three more."""
+    policy = base_policy("bad")
+    policy["spec"]["rules"][2]["memoryCeiling"] = {"bytes": 1.5}
+    created = submit(control_plane, namespace, policy, how)
+    assert created.returncode != 0
+    assert api_errors(created.stderr) == [
+        'spec.rules[2].memoryCeiling.bytes: Invalid value: "number": '
+        'spec.rules[2].memoryCeiling.bytes in body must be of type integer,string: "number"'
+    ], created.stderr
+
+
+@pytest.mark.parametrize("how", SUBMIT)
+def test_max_replicas_zero_is_one_error(
+    control_plane: ControlPlane, crd: str, namespace: str, how: str
+) -> None:
+    """minReplicas was never set (its default is 1): only maxReplicas is wrong."""
+    policy = base_policy("bad")
+    del policy["spec"]["actions"]["scale"]["minReplicas"]
+    policy["spec"]["actions"]["scale"]["maxReplicas"] = 0
+    created = submit(control_plane, namespace, policy, how)
+    assert created.returncode != 0
+    assert api_errors(created.stderr) == [
+        "spec.actions.scale.maxReplicas: Invalid value: 0: "
+        "spec.actions.scale.maxReplicas in body should be greater than or equal to 1"
+    ], created.stderr
+
+
+def test_rule_window_equal_to_the_interval_is_accepted(
+    control_plane: ControlPlane, crd: str, namespace: str
+) -> None:
+    policy = base_policy()
+    policy["spec"]["evaluationInterval"] = "1m"
+    policy["spec"]["rules"][2]["memoryCeiling"]["for"] = "60s"  # the same duration, written otherwise
+    policy["spec"]["rules"][3]["memoryGrowth"]["window"] = "1m"
+    created = create(control_plane, namespace, policy)
+    assert created.returncode == 0, created.stderr
 
 
 # ----------------------------------------------------------------- kubectl features
@@ -379,6 +572,28 @@ def test_explain_prints_descriptions(control_plane: ControlPlane, crd: str) -> N
         assert f"  {field}\t" in out or f"  {field} " in out, out
     nested = control_plane.kubectl("explain", "gmp.spec.rules.memoryGrowth.minFit", check=True)
     assert "How straight the growth must be" in " ".join(nested.stdout.split())
+
+
+def explained(cp: ControlPlane, field: str) -> str:
+    """`kubectl explain` of a field, its whitespace collapsed."""
+    return " ".join(cp.kubectl("explain", field, check=True).stdout.split())
+
+
+def test_explain_shows_defaults_and_int_or_string(control_plane: ControlPlane, crd: str) -> None:
+    """`kubectl explain` prints descriptions only (no `default`, and `<Object>` for an int-or-string
+    field): the descriptions carry both."""
+    spec = explained(control_plane, "gmp.spec")
+    assert re.search(r"evaluationInterval <string> [^<]* Default: 10s\. ", spec), spec
+    floor = explained(control_plane, "gmp.spec.rules.utilizationFloor")
+    assert re.search(r"for <string> [^<]*at least evaluationInterval[^<]* Default: 5m\. ", floor), floor
+    assert re.search(r"signal <string> enum: [^<]* Default: auto\.", floor), floor
+    up = explained(control_plane, "gmp.spec.actions.scale.behavior.scaleUp")
+    assert re.search(
+        r"step <Object> Integer or string: replicas added per scaling step[^<]* Default: 1\.", up
+    )
+    assert re.search(r"cooldown <string> [^<]* Default: 1m\.", up), up
+    memory = explained(control_plane, "gmp.spec.rules.memoryCeiling.bytes")
+    assert "Integer or string: the threshold as an absolute size" in memory, memory
 
 
 def test_printer_columns(control_plane: ControlPlane, crd: str, namespace: str) -> None:
@@ -491,22 +706,25 @@ def test_service_account_token_request_and_review(control_plane: ControlPlane, n
     assert denied.stdout.strip() == "no"
 
 
+@pytest.mark.parametrize("how", SUBMIT)
 @pytest.mark.parametrize(
-    ("path", "value"),
+    ("path", "field", "value"),
     [
-        ("spec.evaluationInterval", "10 seconds"),
-        ("spec.rules.3.memoryGrowth.window", "half an hour"),
-        ("spec.actions.renotifyInterval", "1 hour"),
+        ("spec.evaluationInterval", "spec.evaluationInterval", "10 seconds"),
+        ("spec.rules.3.memoryGrowth.window", "spec.rules[3].memoryGrowth.window", "half an hour"),
+        ("spec.rules.0.utilizationFloor.for", "spec.rules[0].utilizationFloor.for", "5 minutes"),
+        ("spec.actions.renotifyInterval", "spec.actions.renotifyInterval", "1 hour"),
     ],
 )
 def test_malformed_duration_is_reported_once(
-    control_plane: ControlPlane, crd: str, namespace: str, path: str, value: str
+    control_plane: ControlPlane, crd: str, namespace: str, path: str, field: str, value: str, how: str
 ) -> None:
-    """A malformed duration gets the pattern's message only: the minimum's CEL rule must not
-    also fail with a type-conversion error the user cannot act on."""
+    """One error, in words: neither the minimum's rule nor the window >= evaluationInterval rule also
+    fails (with a type-conversion error the user cannot act on), and no regex."""
     policy = copy.deepcopy(base_policy("bad"))
     _set(path, value)(policy)
-    created = create(control_plane, namespace, policy)
+    created = submit(control_plane, namespace, policy, how)
     assert created.returncode != 0
-    assert "should match '^([0-9]{1,5}(h|m|s|ms)){1,4}$'" in created.stderr, created.stderr
-    assert "type conversion error" not in created.stderr, created.stderr
+    assert api_errors(created.stderr) == [
+        f'{field}: Invalid value: "{value}": must be a duration such as 5m or 1h30m (units h, m, s, ms)'
+    ], created.stderr

@@ -34,6 +34,8 @@ from gpuwarden.nodereport import GpuSample, NodeReport, PodRef, Snapshot, dump_r
 pytestmark = pytest.mark.integration
 
 MAX_BODY = 64 * 1024
+SHARED = ("shared-busy", "shared-idle")
+"""Two pods on one time-sliced GPU: the idle one must be found beside the busy one."""
 
 
 @dataclass
@@ -66,13 +68,22 @@ def good_report(node: str = "test-node", seq: int = 0, t: float = 1_800_000_000.
 @pytest.fixture(scope="module")
 def world(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ingest]:
     cp = control_plane
-    setup = prepare(cp, tmp_path_factory, "ingest", gpu_pods=["notebook-0"], labels={"app": "notebook"})
+    pods = ["notebook-0", *SHARED]
+    setup = prepare(cp, tmp_path_factory, "ingest", gpu_pods=pods, labels={"app": "notebook"})
     setup.apply(monitor_policy(setup.namespace, "idle", [IDLE_RULE]))
     uuid = "GPU-1f00aa00-0000-4000-8000-000000000001"
+    # A saturated GPU time-sliced by two pods, one of which holds memory and runs no kernel.
+    shared = "GPU-1f00aa00-0000-4000-8000-000000000002"
+    busy = pod(setup.namespace, "shared-busy", shared, {"app": "notebook"}, 4300)
+    idle = pod(setup.namespace, "shared-idle", shared, {"app": "notebook"}, 4301)
+    idle["processes"][0]["kernels"] = False
     scenario = setup.scenario(
         "ingest",
-        [gpu(uuid, 0, [{"kind": "idle", "level": 2, "noise": 1}], [{"kind": "idle", "level": "4Gi"}])],
-        [pod(setup.namespace, "notebook-0", uuid, {"app": "notebook"}, 4242)],
+        [
+            gpu(uuid, 0, [{"kind": "idle", "level": 2, "noise": 1}], [{"kind": "idle", "level": "4Gi"}]),
+            gpu(shared, 1, [{"kind": "saturated"}], [{"kind": "idle", "level": "20Gi"}]),
+        ],
+        [pod(setup.namespace, "notebook-0", uuid, {"app": "notebook"}, 4242), busy, idle],
     )
     limits = [f"--max-body-bytes={MAX_BODY}", "--node-rate=2"]
     with operator_and_agent(setup, scenario, extra_args=limits) as (operator, agent):
@@ -164,3 +175,17 @@ def test_good_agent_is_served_through_all_that(world: Ingest) -> None:
     assert metrics['gpuwarden_operator_reports_rejected_total{reason="internal"}'] == 0
     assert metrics["gpuwarden_operator_points_total"] >= 5
     assert world.operator.alive() is None
+
+
+def test_the_idle_pod_beside_a_busy_one_on_a_shared_gpu_is_warned_and_the_busy_one_is_not(
+    world: Ingest,
+) -> None:
+    (warning, *_) = wait_until(
+        lambda: world.events("Pod", "shared-idle", "GPUUnderutilized"),
+        timeout=60,
+        what="the idle pod's Warning on the shared GPU",
+        alive=world.alive,
+    )
+    assert "mean per-process SM utilization 0% over 10s, floor 20%" in warning["message"]
+    assert world.events("Pod", "shared-busy", "GPUUnderutilized") == []
+    assert "shared-busy" not in {v["pod"] for v in world.violations("idle")}

@@ -41,6 +41,7 @@ from operator_support import (
 )
 from test_chart import can_i  # the chart tests' `kubectl auth can-i` as a ServiceAccount
 
+from gpuwarden.operator.claims import policy_claim
 from gpuwarden.operator.evaluation import GROUP, PLURAL, VERSION
 from gpuwarden.operator.kubeapi import KubeApi
 from gpuwarden.operator.scaleapi import KubeScaleApi
@@ -108,7 +109,7 @@ def policy(
     target: dict[str, str] | None = None,
     scale_up: dict[str, Any] | None = None,
     scale_down: dict[str, Any] | None = None,
-    interval: str = "10s",
+    interval: str = "5s",  # no longer than the rules' 5s windows, as the CRD demands
 ) -> dict[str, Any]:
     return {
         "apiVersion": "gpuwarden.dev/v1alpha1",
@@ -203,10 +204,19 @@ class Bench(InNamespace):
     async def round(
         self, obj: dict[str, Any], findings: Sequence[F], matched: int = len(PODS), *, advance: bool = True
     ) -> ScaleOutcome:
-        """One evaluation: the Scaler reconciles, then the status is written as the operator writes it."""
+        """One evaluation: the Scaler reconciles, then the status is written as the operator writes it.
+
+        The Scaler is given the namespace's policies as listed now: what the operator's index holds.
+        """
         name = obj["metadata"]["name"]
+        listing = await self.kube.get(f"/apis/{GROUP}/{VERSION}/namespaces/{self.namespace}/{PLURAL}")
         outcome = await self.scaler.reconcile(
-            PolicyKey(self.namespace, name), action_of(obj), findings, matched, self.now
+            PolicyKey(self.namespace, name),
+            action_of(obj),
+            findings,
+            matched,
+            self.now,
+            [policy_claim(item) for item in listing["items"]],
         )
         result = outcome.result()
         verdict = PolicyVerdict(
@@ -553,8 +563,9 @@ async def test_the_chart_service_account_scales_through_scale_only(
     kube = KubeApi(admin_info(cp, token))
     api = KubeScaleApi(kube)
     try:
+        indexed = [policy_claim(get(cp, "gmp", "llm-serving", "-n", namespace))]
         outcome = await Scaler(api, api).reconcile(
-            PolicyKey(namespace, "llm-serving"), action_of(obj), SATURATED, 2, T0
+            PolicyKey(namespace, "llm-serving"), action_of(obj), SATURATED, 2, T0, indexed
         )
         assert (outcome.applied, outcome.condition.reason) == (True, "Active"), outcome.condition
         status = build_status(

@@ -159,6 +159,12 @@ def test_per_process_utilization_shows_the_last_reading_between_reads(
     sample_at(ring, 31, with_processes=False)
     stays = {"uuid": UUID0, "pid": "10", "pod": "stays"}
     assert series(scrape(registry), "gpuwarden_process_sm_utilization_ratio", **stays) == [pytest.approx(0.2)]
+    # A process the last reading of its GPU left out ran no kernel: 0 until the next reading, not no series.
+    ring.record_process_utilization({UUID0: {10: 20.0}}, ORIGIN + 30)
+    leaves = {"uuid": UUID0, "pid": "20", "pod": "leaves"}
+    assert series(scrape(registry), "gpuwarden_process_sm_utilization_ratio", **leaves) == [0.0]
+    ring.record_process_utilization({}, ORIGIN + 30)  # the GPU could not be read: no series
+    assert series(scrape(registry), "gpuwarden_process_sm_utilization_ratio", **leaves) == []
 
 
 def test_series_of_a_pod_that_left_vanish(ring: SnapshotRing, registry: CollectorRegistry) -> None:

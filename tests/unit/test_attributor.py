@@ -25,6 +25,7 @@ from gpuwarden.agent.attribution import (
 from gpuwarden.agent.podresources import podresources_pb2 as pb
 from gpuwarden.agent.podresources import podresources_pb2_grpc as pb_grpc
 from gpuwarden.nodereport import GpuSample, PodHostMemory, PodRef, ProcessSample, Snapshot
+from gpuwarden.policy import SeriesKey, points_from_snapshot
 
 GPU0 = "GPU-00000000-0000-0000-0000-000000000000"  # whole, to trainer-0
 GPU1 = "GPU-11111111-1111-1111-1111-111111111111"  # time-sliced: notebook-a and notebook-b
@@ -256,6 +257,33 @@ async def test_a_pod_list_attributes_shared_gpus_and_outsiders(node: CgroupReade
     assert {(m.name, m.memory_bytes) for m in out.pod_host_memory} == {
         (name, MEMORY[name]) for name in ["trainer-0", "debug", "notebook-a", "notebook-b"]
     }
+
+
+async def test_pods_time_slicing_one_gpu_each_get_their_own_series(node: CgroupReader) -> None:
+    # Replicas GPU1::0 and GPU1::1 are one GPU: both notebooks are on it, each with its own process's
+    # memory and per-process SM utilization, and the one that runs no kernel (0%) is the idle one.
+    attributor = PodAttributor(StaticAllocations(), cgroups=node, pod_lookup=lookup)
+    await attributor.refresh()
+    shared = GpuSample(
+        uuid=GPU1,
+        index=1,
+        utilization_gpu=95.0,
+        memory_used_bytes=12 << 30,
+        memory_total_bytes=80 << 30,
+        processes=[
+            ProcessSample(pid=101, used_memory_bytes=8 << 30, sm_util=95.0),
+            ProcessSample(pid=102, used_memory_bytes=3 << 30, sm_util=0.0),
+        ],
+    )
+    points = dict(points_from_snapshot(attributor.annotate(snapshot(shared))))
+    a, b = (points[SeriesKey("ml", name, GPU1)] for name in ("notebook-a", "notebook-b"))
+    assert (a.mem_used, a.gpu_util) == (8 << 30, 95.0)
+    assert (b.mem_used, b.gpu_util) == (3 << 30, 0.0)
+    # Without the pod list nobody's process can be named on a shared GPU: unknown, not idle.
+    blind = PodAttributor(StaticAllocations(), cgroups=node)
+    await blind.refresh()
+    points = dict(points_from_snapshot(blind.annotate(snapshot(shared))))
+    assert [p.gpu_util for p in points.values()] == [None, None]
 
 
 async def test_a_pod_directory_is_refreshed_and_names_containers(node: CgroupReader) -> None:

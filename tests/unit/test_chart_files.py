@@ -5,7 +5,8 @@
   declared in values.schema.json, and the defaults and every ci/ scenario validate against the schema;
 - the flags the chart passes are the ones docs/deployment-contract.md lists;
 - both Dockerfiles build the wheel and install it through hack/install-runtime.sh, and that script
-  really works: it is run against a fresh virtual environment with a wheel built from this checkout.
+  really works: it is run for each component against a fresh virtual environment with a wheel built
+  from this checkout, and leaves that component's dependencies only.
 
 Rendering, linting and installing the chart need helm and a kube-apiserver:
 tests/integration/test_chart.py.
@@ -57,6 +58,13 @@ def test_top_level_crds_include_gpuwarden_and_kopf_peering() -> None:
         "clusterkopfpeerings.kopf.dev",
         "kopfpeerings.kopf.dev",
     } <= names
+
+
+@pytest.mark.parametrize("path", sorted(CRDS.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_crd_file_starts_a_document(path: Path) -> None:
+    """`helm show crds` concatenates the chart's CRD files as they are: a file that does not open with
+    `---` runs into the one before it, and `kubectl apply` then sees one document whose later keys win."""
+    assert path.read_text().startswith("---\n"), path
 
 
 @pytest.mark.parametrize("copy_dir", ["charts/gpuwarden/crds", "deploy/crds"])
@@ -307,11 +315,12 @@ def test_contract_names_match_the_chart(values: Values) -> None:
 @pytest.mark.parametrize("component", sorted(DOCKERFILES))
 def test_dockerfile_builds_a_wheel_and_uses_the_install_script(component: str) -> None:
     text = DOCKERFILES[component].read_text()
-    assert re.search(r"^FROM python:\$\{PYTHON_VERSION\}-slim AS builder$", text, re.M)
-    assert re.search(r"^ARG PYTHON_VERSION=3\.12$", text, re.M)
+    # The base is a build argument (CI has no registry and passes a local one); users get python:3.12-slim.
+    assert re.search(r"^ARG BASE=docker\.io/library/python:3\.12-slim$", text, re.M)
+    assert re.findall(r"^FROM .*$", text, re.M) == ["FROM ${BASE} AS builder", "FROM ${BASE}"]
     assert "pip wheel --no-cache-dir --no-deps" in text
     assert re.search(rf"^COPY {re.escape(INSTALL_SCRIPT)} ", text, re.M)
-    assert re.search(r"install-runtime\.sh /wheels", text)
+    assert re.search(rf"install-runtime\.sh /wheels {component}\b", text)
     assert 'ENTRYPOINT ["gpuwarden"]' in text
     assert f'CMD ["{component}"]' in text
     for label in ("title", "version", "revision", "source", "licenses"):
@@ -345,24 +354,39 @@ def test_dockerignore_lets_the_build_inputs_through() -> None:
                 assert source in allowed, f"{source} is copied but excluded by .dockerignore"
 
 
-def test_install_script_installs_a_working_runtime(tmp_path: Path) -> None:
-    """What both images run, for real: wheel from this checkout, fresh venv, the install script."""
-    wheels = tmp_path / "wheels"
-    env = {k: v for k, v in os.environ.items() if k not in {"VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"}}
+@pytest.fixture(scope="module")
+def wheel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The gpuwarden wheel built from this checkout, as the Dockerfiles' builder stage builds it."""
+    wheels = tmp_path_factory.mktemp("wheels")
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(wheels), str(ROOT)],
         capture_output=True,
         text=True,
-        env=env,
+        env=_clean_env(),
         timeout=300,
         check=False,
     )
     assert built.returncode == 0, built.stderr
+    return wheels
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in {"VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"}}
+
+
+# What each component's command needs that the other's does not: the image of one must not carry it.
+_OWN_FRAMEWORK = {"agent": "grpc", "operator": "kopf"}
+
+
+@pytest.mark.parametrize("component", sorted(DOCKERFILES))
+def test_install_script_installs_a_working_runtime(component: str, wheel_dir: Path, tmp_path: Path) -> None:
+    """What each image runs, for real: wheel from this checkout, fresh venv, the install script."""
+    env = _clean_env()
     target = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(target)
     python = target / "bin" / "python"
     installed = subprocess.run(
-        ["bash", str(ROOT / INSTALL_SCRIPT), str(wheels)],
+        ["bash", str(ROOT / INSTALL_SCRIPT), str(wheel_dir), component],
         capture_output=True,
         text=True,
         env={**env, "PYTHON": str(python)},
@@ -381,25 +405,34 @@ def test_install_script_installs_a_working_runtime(tmp_path: Path) -> None:
     )
     assert version.returncode == 0, version.stderr
     assert version.stdout.startswith("gpuwarden ")
+    (other,) = set(_OWN_FRAMEWORK) - {component}
+    probe = (
+        f"import importlib.util, gpuwarden.{component}.command\n"
+        "print(gpuwarden.__file__)\n"
+        f"print([m for m in ('pip', 'setuptools', {_OWN_FRAMEWORK[component]!r}, {_OWN_FRAMEWORK[other]!r})"
+        " if importlib.util.find_spec(m)])"
+    )
     where = subprocess.run(
-        [
-            str(python),
-            "-c",
-            "import gpuwarden.agent.command, gpuwarden.operator.command\nprint(gpuwarden.__file__)",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        check=False,
+        [str(python), "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=env, check=False
     )
     assert where.returncode == 0, where.stderr
-    assert Path(where.stdout.strip()).is_relative_to(target), where.stdout
+    location, present = where.stdout.splitlines()
+    assert Path(location).is_relative_to(target), location
+    # The installers are gone, the component's own framework is there, the other's is not.
+    assert present == repr([_OWN_FRAMEWORK[component]])
 
 
-def test_install_script_refuses_an_empty_wheel_dir(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("component", "says"),
+    [("agent", "exactly one gpuwarden-*.whl"), ("agnet", "unknown component 'agnet'")],
+)
+def test_install_script_refuses_bad_arguments(tmp_path: Path, component: str, says: str) -> None:
+    """An empty wheel directory, a misspelt component: refused with the reason."""
     result = subprocess.run(
-        ["bash", str(ROOT / INSTALL_SCRIPT), str(tmp_path)], capture_output=True, text=True, check=False
+        ["bash", str(ROOT / INSTALL_SCRIPT), str(tmp_path), component],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert result.returncode != 0
-    assert "exactly one gpuwarden-*.whl" in result.stderr
+    assert says in result.stderr

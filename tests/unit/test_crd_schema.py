@@ -17,8 +17,10 @@ import jsonschema
 import pytest
 import yaml
 
-from gpuwarden.policy.parse import SpecError, parse_spec
-from gpuwarden.policy.units import DURATION_PATTERN, QUANTITY_PATTERN, RATE_PATTERN
+from gpuwarden.policy.model import Throttling
+from gpuwarden.policy.parse import DEFAULTS, SpecError, parse_spec
+from gpuwarden.policy.units import DURATION_PATTERN, RATE_PATTERN
+from gpuwarden.policy.xids import CRITICAL_XIDS
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "gpuwarden.dev_gpumonitorpolicies.yaml"
@@ -153,8 +155,10 @@ def test_root_metadata_is_only_typed() -> None:
 def test_schema_is_structural() -> None:
     for path, node in NODES.items():
         if node.get("x-kubernetes-int-or-string"):
+            # No anyOf either: the API server derives it, and an explicit one adds three anyOf lines to
+            # the error for a value that is neither (`bytes: 1.5`).
             assert "type" not in node, path
-            assert node["anyOf"] == [{"type": "integer"}, {"type": "string"}], path
+            assert "anyOf" not in node, path
         else:
             assert node.get("type") in ("object", "array", "string", "integer", "number", "boolean"), path
         if node.get("type") == "array":
@@ -187,6 +191,8 @@ DURATION_FIELDS = {
     ".spec.rules[].memoryCeiling.for": "1m",
     ".spec.rules[].memoryGrowth.window": "30m",
     ".spec.rules[].memoryGrowth.for": "0s",
+    ".spec.rules[].gpuHealth.for": "5m",
+    ".spec.rules[].gpuHealth.clearAfter": "10m",
     ".spec.actions.renotifyInterval": "1h",
     ".spec.actions.scale.behavior.scaleUp.stabilizationWindow": "0s",
     ".spec.actions.scale.behavior.scaleUp.cooldown": "1m",
@@ -195,20 +201,87 @@ DURATION_FIELDS = {
 }
 
 
-def test_every_duration_field_carries_the_same_pattern() -> None:
-    with_pattern = {p for p, n in NODES.items() if n.get("pattern") == DURATION_PATTERN}
-    assert with_pattern == set(DURATION_FIELDS)
+DURATION_RULE = {
+    "rule": f"self.matches('{DURATION_PATTERN}')",
+    "message": "must be a duration such as 5m or 1h30m (units h, m, s, ms)",
+}
+
+
+def test_every_duration_field_carries_the_same_rule() -> None:
+    """A CEL rule, not `pattern`: the API server's message for a pattern is the regex itself."""
+    with_rule = {p for p, n in NODES.items() if DURATION_RULE in n.get("x-kubernetes-validations", [])}
+    assert with_rule == set(DURATION_FIELDS)
     for path, default in DURATION_FIELDS.items():
         node = NODES[path]
         assert node["type"] == "string", path
         assert node["maxLength"] == 32, path
         assert node["default"] == default, path
         assert "duration" in node["description"], path
+        # Any further rule (a minimum) must not also fail, unreadably, on a malformed duration.
+        for validation in node["x-kubernetes-validations"][1:]:
+            assert validation["rule"].startswith(f"!self.matches('{DURATION_PATTERN}') || "), path
 
 
-def test_quantity_and_rate_patterns_match_the_parser() -> None:
-    assert NODES[".spec.rules[].memoryCeiling.bytes"]["pattern"] == QUANTITY_PATTERN
-    assert NODES[".spec.rules[].memoryGrowth.rate"]["pattern"] == RATE_PATTERN
+def test_rate_and_quantity_rules_match_the_parser() -> None:
+    rate = NODES[".spec.rules[].memoryGrowth.rate"]["x-kubernetes-validations"]
+    assert rate[0]["rule"] == f"self.matches('{RATE_PATTERN}')"
+    assert rate[1]["rule"].startswith(f"!self.matches('{RATE_PATTERN}') || ")
+    # isQuantity() is resource.ParseQuantity, whose grammar parse_quantity implements.
+    assert "isQuantity(self)" in cel_rules(".spec.rules[].memoryCeiling.bytes")[0]
+
+
+def test_no_regex_in_messages_for_values_people_type() -> None:
+    """`pattern` is left only on Kubernetes names and labels, whose grammar is the API's own."""
+    with_pattern = {p for p, n in NODES.items() if "pattern" in n and p.startswith(".spec")}
+    assert with_pattern == {
+        ".spec.selector.matchLabels{}",
+        ".spec.selector.matchExpressions[].key",
+        ".spec.selector.matchExpressions[].values[]",
+        ".spec.actions.scale.targetRef.kind",
+        ".spec.actions.scale.targetRef.name",
+    }
+
+
+def scalar_defaults() -> dict[str, Any]:
+    """The CRD's defaults that are not empty objects or lists, by schema path."""
+    return {
+        path: node["default"]
+        for path, node in NODES.items()
+        if "default" in node and not isinstance(node["default"], dict | list)
+    }
+
+
+def test_parser_defaults_are_the_crds() -> None:
+    """One set of defaults: parse_spec's table holds exactly the CRD's (types included: 1 is not True)."""
+    table = {f"{obj}.{name}": value for obj, fields in DEFAULTS.items() for name, value in fields.items()}
+    assert {k: repr(v) for k, v in table.items()} == {k: repr(v) for k, v in scalar_defaults().items()}
+    for node in NODES.values():
+        if isinstance(node.get("default"), dict | list):
+            assert not node["default"], "a non-empty object or list default needs a place in DEFAULTS"
+
+
+def _yaml(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def test_descriptions_state_the_default() -> None:
+    """`kubectl explain` prints descriptions, never `default`: each says its default in the same words."""
+    for path, default in scalar_defaults().items():
+        text = " ".join(NODES[path]["description"].split())
+        assert text.endswith(f"Default: {_yaml(default)}."), (path, text)
+
+
+def test_int_or_string_descriptions_say_so() -> None:
+    """`kubectl explain` types a CRD's int-or-string field `<Object>`: the description must say what it is."""
+    nodes = {p: n for p, n in NODES.items() if n.get("x-kubernetes-int-or-string")}
+    assert set(nodes) == {
+        ".spec.rules[].memoryCeiling.bytes",
+        ".spec.actions.scale.scaleUpMinPods",
+        ".spec.actions.scale.behavior.scaleUp.step",
+        ".spec.actions.scale.behavior.scaleDown.step",
+    }
+    for path, node in nodes.items():
+        assert node["description"].startswith("Integer or string: "), path
 
 
 # --- CEL rules ------------------------------------------------------------------------------------------
@@ -224,12 +297,19 @@ def cel_rules(path: str) -> list[str]:
         (".spec.rules[]", "has(self.utilizationFloor), has(self.utilizationCeiling)"),
         (".spec.rules[]", ".filter(k, k).size() == 1"),
         (".spec.rules[].memoryCeiling", "has(self.percent) != has(self.bytes)"),
-        (".spec.rules[].memoryCeiling", "quantity(string(self.bytes)).isInteger()"),
-        (".spec.rules[].memoryGrowth", "!self.rate.matches("),
+        (".spec.rules[].memoryCeiling.bytes", "quantity(self).isInteger()"),
+        (".spec.rules[].memoryGrowth.rate", "!self.matches('^[0.]+[A-Za-z]*/')"),
         (".spec.rules[].memoryGrowth.window", "duration(self) >= duration('1m')"),
+        (".spec.rules[]", "has(self.memoryGrowth), has(self.gpuHealth)]"),
+        (".spec.rules[].gpuHealth", "!has(self.xids) || size(self.xids) > 0 || !has(self.gpuLost)"),
+        (".spec.rules[].gpuHealth.clearAfter", "duration(self) >= duration('1s')"),
+        (".spec.rules[].name", "self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')"),
         (".spec.evaluationInterval", "duration(self) >= duration('1s')"),
+        (".spec", "duration(w) >= duration(self.evaluationInterval)"),
         (".spec.actions.renotifyInterval", "duration(self) >= duration('1m')"),
-        (".spec.actions.scale", "self.minReplicas <= self.maxReplicas"),
+        (".spec.actions.scale", "self.maxReplicas < 1 || self.minReplicas <= self.maxReplicas"),
+        (".spec.actions.scale.scaleUpMinPods", "self.matches('^(100|[1-9][0-9]?)%$')"),
+        (".spec.actions.scale.behavior.scaleUp.step", "self.matches('^[1-9][0-9]{0,2}%$')"),
         (".spec.actions.scale", "!self.scaleUpOn.exists(n, n in self.scaleDownOn)"),
         (".spec.actions.scale", "size(self.scaleUpOn) > 0"),
         (".spec", "self.actions.scale.scaleUpOn.all(n, self.rules.exists(r, r.name == n))"),
@@ -239,6 +319,16 @@ def cel_rules(path: str) -> list[str]:
 )
 def test_cel_rule_present(path: str, fragment: str) -> None:
     assert any(fragment in rule for rule in cel_rules(path)), cel_rules(path)
+
+
+def test_gpu_health_xids_left_out_are_the_critical_ones() -> None:
+    """No list default (the CRD's defaults are scalars); left out, the parser counts the critical XIDs,
+    which the description lists."""
+    node = NODES[".spec.rules[].gpuHealth.xids"]
+    assert "default" not in node
+    assert ", ".join(map(str, CRITICAL_XIDS)) in " ".join(node["description"].split())
+    assert node["x-kubernetes-list-type"] == "set"
+    assert NODES[".spec.rules[].gpuHealth.throttling[]"]["enum"] == [t.value for t in Throttling]
 
 
 def test_every_cel_rule_has_a_message() -> None:
@@ -285,6 +375,11 @@ def test_conditions_are_standard() -> None:
 # --- the schema against policies --------------------------------------------------------------------------
 
 
+def test_there_are_examples_to_check() -> None:
+    # The parametrized test below runs once per file: no file would be no test, not a failure.
+    assert EXAMPLES
+
+
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_examples_are_accepted(path: Path) -> None:
     policies = [
@@ -292,6 +387,7 @@ def test_examples_are_accepted(path: Path) -> None:
         for doc in yaml.safe_load_all(path.read_text(encoding="utf-8"))
         if isinstance(doc, dict) and doc.get("kind") == "GPUMonitorPolicy"
     ]
+    assert policies, f"{path.name} holds no GPUMonitorPolicy"
     for doc in policies:
         VALIDATOR.validate(doc)
         parse_spec(doc["spec"])
@@ -400,11 +496,7 @@ SCHEMA_REJECTS: dict[str, Mutation] = {
     ),
     "unknown spec field": _set("spec.evaluationIntervall", "10s"),
     "unknown rule field": _set("spec.rules[0].utilizationFloor.precent", 20),
-    "bad duration unit": _set("spec.evaluationInterval", "10sec"),
     "duration as number": _set("spec.rules[0].utilizationFloor.for", 300),
-    "duration with days": _set("spec.rules[1].utilizationCeiling.for", "1d"),
-    "duration too many digits": _set("spec.actions.renotifyInterval", "100000s"),
-    "duration five parts": _set("spec.rules[2].memoryCeiling.for", "1h1m1s1ms1s"),
     "percent above 100": _set("spec.rules[0].utilizationFloor.percent", 101),
     "negative percent": _set("spec.rules[1].utilizationCeiling.percent", -1),
     "percent as string": _set("spec.rules[0].utilizationFloor.percent", "20"),
@@ -412,11 +504,7 @@ SCHEMA_REJECTS: dict[str, Mutation] = {
     "noise floor above 100": _set("spec.rules[0].utilizationFloor.noiseFloor", 150),
     "negative power": _set("spec.rules[0].utilizationFloor.powerThresholdWatts", -5),
     "hysteresis above 50": _set("spec.rules[1].utilizationCeiling.hysteresis", 60),
-    "rule name uppercase": _set("spec.rules[0].name", "Idle"),
     "rule name too long": _set("spec.rules[0].name", "a" * 64),
-    "bad bytes": _set("spec.rules[2].memoryCeiling", {"bytes": "120GB"}),
-    "bad rate unit": _set("spec.rules[3].memoryGrowth.rate", "100Mb/m"),
-    "rate per day": _set("spec.rules[3].memoryGrowth.rate", "100Mi/d"),
     "missing rate": _delete("spec.rules[3].memoryGrowth.rate"),
     "minFit above 1": _set("spec.rules[3].memoryGrowth.minFit", 1.5),
     "events not bool": _set("spec.actions.events", "yes"),
@@ -424,10 +512,7 @@ SCHEMA_REJECTS: dict[str, Mutation] = {
     "minReplicas zero": _set("spec.actions.scale.minReplicas", 0),
     "missing maxReplicas": _delete("spec.actions.scale.maxReplicas"),
     "missing targetRef name": _delete("spec.actions.scale.targetRef.name"),
-    "scaleUpMinPods percent above 100": _set("spec.actions.scale.scaleUpMinPods", "150%"),
     "scaleUpMinPods zero": _set("spec.actions.scale.scaleUpMinPods", 0),
-    "step zero percent": _set("spec.actions.scale.behavior.scaleUp.step", "0%"),
-    "step as word": _set("spec.actions.scale.behavior.scaleDown.step", "one"),
     "bad operator": _set("spec.selector.matchExpressions[0].operator", "Equals"),
     "bad label value": _set("spec.selector.matchLabels.app", "llm server"),
     "label value not string": _set("spec.selector.matchLabels.app", 7),
@@ -462,6 +547,22 @@ CEL_REJECTS: dict[str, Mutation] = {
     "rule in both directions": _set("spec.actions.scale.scaleDownOn", ["saturated"]),
     "no scaling rules": _set("spec.actions.scale.scaleUpOn", []),
     "In without values": _set("spec.selector.matchExpressions[0]", {"key": "a", "operator": "In"}),
+    # What a pattern used to reject: a CEL rule does now, with a message written for people.
+    "bad duration unit": _set("spec.evaluationInterval", "10sec"),
+    "duration with days": _set("spec.rules[1].utilizationCeiling.for", "1d"),
+    "duration too many digits": _set("spec.actions.renotifyInterval", "100000s"),
+    "duration five parts": _set("spec.rules[2].memoryCeiling.for", "1h1m1s1ms1s"),
+    "rule name uppercase": _set("spec.rules[0].name", "Idle"),
+    "bad bytes": _set("spec.rules[2].memoryCeiling", {"bytes": "120GB"}),
+    "bad rate unit": _set("spec.rules[3].memoryGrowth.rate", "100Mb/m"),
+    "rate per day": _set("spec.rules[3].memoryGrowth.rate", "100Mi/d"),
+    "scaleUpMinPods percent above 100": _set("spec.actions.scale.scaleUpMinPods", "150%"),
+    "step zero percent": _set("spec.actions.scale.behavior.scaleUp.step", "0%"),
+    "step as word": _set("spec.actions.scale.behavior.scaleDown.step", "one"),
+    # A rule's window shorter than the evaluation interval (for: 0s is one).
+    "for 0s": _set("spec.rules[0].utilizationFloor.for", "0s"),
+    "for below the interval": _set("spec.rules[2].memoryCeiling.for", "5s"),
+    "window below the interval": _set("spec.evaluationInterval", "1h"),
 }
 
 

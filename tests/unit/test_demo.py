@@ -1,4 +1,7 @@
-"""`gpuwarden demo`: the four stories found (and the plateau not), in time, through the real command."""
+"""`gpuwarden demo`: the four stories found (and the plateau not), through the real command.
+
+What it costs in wall time (the README's "under a minute") is measured by bench/demo.py.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import pytest
 
 from gpuwarden import cli
 from gpuwarden.agent.scenario import DEFAULT_ORIGIN, load_scenario
-from gpuwarden.local.demo import DEFAULT_SPEED, ScenarioRun
+from gpuwarden.local.demo import ScenarioRun
 from gpuwarden.local.display import (
     LiveDisplay,
     PlainDisplay,
@@ -33,15 +36,6 @@ from gpuwarden.nodereport import DeviceState
 from gpuwarden.policy import Resolution, RuleKind
 from gpuwarden.policy.parse import SpecError
 from gpuwarden.policy.scaling import Direction, ScaleDecision
-
-UNPACED_LIMIT_S = 30.0
-"""A --no-pace run of the 30-minute demo, interpreter start included.
-
-Measured 4.0 s on a 2-core machine at load 8 (the loop itself: 2.1 s); the default paced
-run took 33.6 s there (30.0 s of it the scenario at 60x).
-"""
-DEMO_BUDGET_S = 60.0
-"""What the README promises for `make demo`."""
 
 MIN = 60.0
 
@@ -63,14 +57,12 @@ def starts(run: ScenarioRun) -> dict[tuple[str, str], float]:
 
 
 def test_demo_finds_idle_leak_and_saturation_but_not_the_plateau_and_the_idle_gpu_clears() -> None:
-    began = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "gpuwarden", "demo", "--no-pace"],
         capture_output=True,
         text=True,
         timeout=120,
     )
-    wall = time.monotonic() - began
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
 
@@ -94,7 +86,7 @@ def test_demo_finds_idle_leak_and_saturation_but_not_the_plateau_and_the_idle_gp
     # The notebook gets to work at 22m: the idle finding clears, in the engine's words, before the end.
     assert re.search(
         r"\[2[2-9]:\d\d\] CLEARED idle-gpu research/notebook-idle-0 on GPU 0: Recovered: "
-        r"mean SM activity \d+% over 5m, floor 20%",
+        r"mean SM activity \(GPM\) \d+% over 5m, floor 20%",
         out,
     )
     summary = out[out.index("Summary:") :]
@@ -108,10 +100,6 @@ def test_demo_finds_idle_leak_and_saturation_but_not_the_plateau_and_the_idle_gp
         "Deployment inference/llm-server: 1 -> 7 replicas (simulated; dry run in local mode), 6 scale-ups; "
         "policy inference/llm-serving" in summary
     )
-
-    assert wall < UNPACED_LIMIT_S
-    # Paced, the demo sleeps only to hold `speed`: the scenario's length over it, plus the work.
-    assert load_scenario("demo").duration / DEFAULT_SPEED + wall < DEMO_BUDGET_S
 
 
 def test_paced_run_holds_its_speed() -> None:
@@ -199,7 +187,7 @@ def test_the_idle_finding_clears_once_the_notebook_works(demo_run: ScenarioRun) 
     assert idle.end - DEFAULT_ORIGIN == pytest.approx(24 * MIN, abs=30)
     assert idle.resolution is Resolution.RECOVERED
     # The summary says why it cleared: the clearing message, not the last one while active.
-    assert re.fullmatch(r"mean SM activity (2[5-9]|3\d)% over 5m, floor 20%", idle.last_message)
+    assert re.fullmatch(r"mean SM activity \(GPM\) (2[5-9]|3\d)% over 5m, floor 20%", idle.last_message)
     assert [s.rule for s in demo_run.history.active()] == ["saturated", "leak", "near-oom"]
 
 

@@ -138,7 +138,7 @@ def test_lifecycle_started_ongoing_resolved() -> None:
         ("GPU-a",),
     )
     assert started.started_at == T0 + 300
-    assert started.message == "mean SM activity 3% over 5m, floor 20%"
+    assert started.message == "mean SM activity (GPM) 3% over 5m, floor 20%"
 
     assert set(kinds(sc.run(100))) == {Transition.ONGOING}
     assert sc.evaluator.active()[0].started_at == started.started_at

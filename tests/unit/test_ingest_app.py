@@ -10,10 +10,14 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpuwarden.nodereport import GpuSample, NodeReport, PodRef, Snapshot, dump_report
+from gpuwarden.agent.scenario import ScenarioAttributor, ScriptedBackend, load_scenario
+from gpuwarden.agent.snapshots import Sampler, SnapshotRing
+from gpuwarden.nodereport import SCHEMA_VERSION, GpuSample, NodeReport, PodRef, Snapshot, dump_report
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.ingest import make_ingest_app
 from gpuwarden.operator.state import OperatorState, PolicyKey
+from gpuwarden.policy import PodView, PolicyEvaluator
+from gpuwarden.policy.parse import parse_spec
 from gpuwarden.policy.series import SeriesKey
 
 AGENT = "system:serviceaccount:gpuwarden-system:gpuwarden-agent"
@@ -126,8 +130,8 @@ async def test_basic_auth_is_no_bearer_token(setup: Any) -> None:
         (b"[]", "body"),
         (json.dumps({"schemaVersion": 1, "node": "n"}).encode(), "agentId"),
         (
-            dump_report(report()).replace(b'"schemaVersion":1', b'"schemaVersion":2'),
-            "schemaVersion: 2 is not supported",
+            dump_report(report()).replace(b'"schemaVersion":1', b'"schemaVersion":99'),
+            "schemaVersion: 99 is not supported",
         ),
         (dump_report(report()).replace(b'"uuid"', b'"uuidx"'), "uuid"),
     ],
@@ -243,3 +247,51 @@ async def test_namespaces_out_of_scope_are_not_kept() -> None:
     state = OperatorState(OperatorConfig(namespaces=("other",)), api=FakeApi())  # type: ignore[arg-type]
     assert state.accept(report()) == 0
     assert len(state.store) == 0
+
+
+async def test_an_idle_pod_beside_a_busy_one_on_a_shared_gpu_is_found_through_the_ingest(setup: Any) -> None:
+    # The agent's own loop (the scripted backend, per-process utilization every 10 s, the
+    # scenario's attribution) sends shared-gpu to the ingest; the operator's engine judges the
+    # store. On GPU 0 the notebook's process runs no kernel beside the saturated server, and
+    # embed-0 was allocated a replica it runs nothing on; on GPU 1 nothing is read per process.
+    client, state, _ = setup
+    clock = [T0]
+    backend = ScriptedBackend(load_scenario("shared-gpu"), origin=T0)
+    backend.open()
+    sampler = Sampler(backend, SnapshotRing(), clock=lambda: clock[0])
+    attributor = ScenarioAttributor(backend)
+    snapshots = []
+    for t in range(91):
+        clock[0] = T0 + t
+        snapshots.append(attributor.annotate(sampler.sample_once(with_processes=t % 10 == 0).snapshot))
+    for seq, start in enumerate(range(0, 91, 30)):  # batched, as the agent sends after an outage
+        batch = snapshots[start : start + 30]
+        body = dump_report(
+            NodeReport(schema_version=SCHEMA_VERSION, node="n", agent_id="a", seq=seq, snapshots=batch)
+        )
+        assert (await post(client, body))[0] == 200
+    spec = parse_spec(
+        {
+            "selector": {},
+            "rules": [
+                {"name": "idle", "utilizationFloor": {"percent": 10, "for": "1m"}},
+                {"name": "hot", "utilizationCeiling": {"percent": 90, "for": "1m"}},
+            ],
+        }
+    )
+    pods = [PodView(p.ref.namespace, p.ref.name) for p in backend.scenario.pods]
+    evaluation = PolicyEvaluator("default/shared", spec).evaluate(pods, state.store, T0 + 90)
+    found = {(f.rule, f.pod): f.message for f in evaluation.active}
+    assert sorted(found) == [("hot", "llm-server-0"), ("idle", "embed-0"), ("idle", "notebook-0")]
+    assert found["idle", "notebook-0"] == "mean per-process SM utilization 0% over 1m, floor 10%"
+    nothing = (
+        "mean per-process SM utilization (no process of its own on the shared GPU) 0% over 1m, floor 10%"
+    )
+    assert found["idle", "embed-0"] == nothing
+    assert found["hot", "llm-server-0"].startswith("mean per-process SM utilization 9")
+    # Each pod's memory on the shared GPU is its processes' sum, not the device's.
+    window = state.store.window(
+        SeriesKey("research", "notebook-0", "GPU-5a1b2c3d-0e1f-4a2b-8c3d-4e5f6a7b8c01")
+    )
+    assert window is not None
+    assert window.points()[-1].mem_used == pytest.approx(10 * 2**30, rel=1e-3)

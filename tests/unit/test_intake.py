@@ -11,7 +11,13 @@ from gpuwarden.nodereport import (
     ProcessSample,
     Snapshot,
 )
-from gpuwarden.policy import SeriesKey, SeriesStore, points_from_processes, points_from_report
+from gpuwarden.policy import (
+    SeriesKey,
+    SeriesStore,
+    UtilizationSource,
+    points_from_processes,
+    points_from_report,
+)
 from gpuwarden.policy.intake import pods_of, points_from_snapshot
 
 T = 1_750_000_000.0
@@ -104,6 +110,19 @@ def test_shared_gpu_reading_absent_when_a_process_lacks_it() -> None:
     unread = gpu(pods=[A, B], utilization_gpu=None, sm_active=None, memory_used_bytes=None)
     b2 = dict(points_from_snapshot(snapshot(unread)))[SeriesKey("ml", "serve-b", "GPU-1")]
     assert (b2.mem_used, b2.gpu_util) == (None, None)
+
+
+def test_a_pod_without_a_process_of_its_own_is_unknown_while_a_process_there_is_nobodys() -> None:
+    # Time-slicing without the pod list: the agent cannot tell whose pid 10 is, so neither
+    # allocated pod is idle on the evidence; once it can, the one without a process is.
+    unowned = gpu(pods=[A, B], processes=[proc(10, None, 3 * GI, 90.0)])
+    points = dict(points_from_snapshot(snapshot(unowned)))
+    assert [(p.gpu_util, p.mem_used) for p in points.values()] == [(None, None), (None, None)]
+    owned = gpu(pods=[A, B], processes=[proc(10, A, 3 * GI, 90.0)])
+    points = dict(points_from_snapshot(snapshot(owned)))
+    assert points[SeriesKey("ml", "serve-b", "GPU-1")].gpu_util == 0.0
+    assert points[SeriesKey("ml", "serve-b", "GPU-1")].util_source is UtilizationSource.NO_PROCESS
+    assert points[SeriesKey("ml", "train-a", "GPU-1")].util_source is UtilizationSource.PROCESSES
 
 
 def test_sm_util_sum_is_capped() -> None:

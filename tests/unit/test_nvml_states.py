@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.agent.backend import BackendError
+from gpuwarden.agent.backend import BackendError, merge_process_utilization
 from gpuwarden.agent.nvml import NvmlBackend
 from gpuwarden.nodereport import DeviceState, GpuSample
 
@@ -62,6 +62,7 @@ class FakeDevice:
     ecc: int = 0
     procs: list[Proc] = field(default_factory=list)
     util_samples: list[UtilSample] = field(default_factory=list)
+    mps_procs: list[Proc] = field(default_factory=list)
     mig_mode: int | None = None  # None: not MIG-capable
     migs: dict[int, FakeDevice] = field(default_factory=dict)
     gpu_instance_id: int = 0
@@ -188,6 +189,10 @@ class FakeNvml:
     def nvmlDeviceGetComputeRunningProcesses(self, d: FakeDevice) -> list[Proc]:
         self._call("nvmlDeviceGetComputeRunningProcesses", d)
         return list(d.procs)
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, d: FakeDevice) -> list[Proc]:
+        self._call("nvmlDeviceGetMPSComputeRunningProcesses", d)
+        return list(d.mps_procs)
 
     def nvmlDeviceGetProcessUtilization(self, d: FakeDevice, since: int) -> list[UtilSample]:
         self._call("nvmlDeviceGetProcessUtilization", d, since)
@@ -486,6 +491,55 @@ def test_process_utilization_not_supported_is_skipped_afterwards() -> None:
     assert backend.sample_process_utilization(NOW) == {}
     assert backend.sample_process_utilization(NOW + 10) == {}
     assert fake.count("nvmlDeviceGetProcessUtilization") == 1
+
+
+def test_a_process_left_out_of_a_good_reading_ran_no_kernel_and_reads_0() -> None:
+    # Two processes on one GPU; NVML's per-process reading lists only the one that ran a kernel.
+    us = int(NOW * 1e6)
+    shared = gpu(0, procs=[Proc(4242, GIB), Proc(7, 8 * GIB)], util_samples=[UtilSample(4242, us - 1, 97)])
+    nothing_ran = gpu(1, procs=[Proc(8, GIB)])  # no sample at all: NVML_ERROR_NOT_FOUND
+    broken = gpu(2, procs=[Proc(9, GIB)], errors={"nvmlDeviceGetProcessUtilization": UNKNOWN})
+    backend, _ = opened([shared, nothing_ran, broken])
+    devices = backend.sample_devices(NOW)
+    utilization = backend.sample_process_utilization(NOW)
+    assert utilization == {shared.uuid: {4242: 97.0}, nothing_ran.uuid: {}}
+    merged = merge_process_utilization(devices, utilization)
+    assert [[(p.pid, p.sm_util) for p in g.processes] for g in merged] == [
+        [(4242, 97.0), (7, 0.0)],  # the idle one beside the busy one: 0%, not unknown
+        [(8, 0.0)],
+        [(9, None)],  # the reading failed: no data
+    ]
+
+
+def test_process_utilization_is_not_asked_in_mig_mode_and_is_again_once_mig_is_off() -> None:
+    mig = FakeDevice(uuid="MIG-aaaa", gpu_instance_id=1, procs=[Proc(11, GIB)])
+    parent = gpu(0, mig_mode=1, migs={0: mig})
+    backend, fake = opened([parent])
+    devices = backend.sample_devices(NOW)
+    assert backend.sample_process_utilization(NOW) == {}
+    assert fake.count("nvmlDeviceGetProcessUtilization") == 0
+    on_mig = merge_process_utilization(devices, {})[1]
+    assert [p.sm_util for p in on_mig.processes] == [None]  # no per-process reading on a MIG device
+    parent.mig_mode = 0
+    backend.sample_devices(NOW + 61)  # the mode is re-read once a minute
+    assert backend.sample_process_utilization(NOW + 61) == {parent.uuid: {}}
+
+
+def test_a_gpu_with_mps_clients_has_no_per_process_reading() -> None:
+    # Under MPS the clients' kernels run in the server's context: an absent client is not an idle one.
+    us = int(NOW * 1e6)
+    mps = gpu(0, procs=[Proc(10, GIB), Proc(11, GIB)], mps_procs=[Proc(10, GIB), Proc(11, GIB)])
+    mps.util_samples = [UtilSample(10, us - 1, 90)]
+    unsure = gpu(1, procs=[Proc(12, GIB)], errors={"nvmlDeviceGetMPSComputeRunningProcesses": UNKNOWN})
+    no_mps = gpu(2, procs=[Proc(13, GIB)], errors={"nvmlDeviceGetMPSComputeRunningProcesses": NOT_SUPPORTED})
+    backend, fake = opened([mps, unsure, no_mps])
+    devices = backend.sample_devices(NOW)
+    utilization = backend.sample_process_utilization(NOW)
+    assert utilization == {no_mps.uuid: {}}
+    merged = merge_process_utilization(devices, utilization)
+    assert [[p.sm_util for p in g.processes] for g in merged] == [[None, None], [None], [0.0]]
+    backend.sample_process_utilization(NOW + 10)
+    assert fake.count("nvmlDeviceGetMPSComputeRunningProcesses") == 5  # not asked again where unsupported
 
 
 def test_close_is_idempotent() -> None:

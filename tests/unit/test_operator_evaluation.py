@@ -10,9 +10,10 @@ import pytest
 from gpuwarden.operator import evaluation as evaluation_module
 from gpuwarden.operator import events as events_module
 from gpuwarden.operator.config import OperatorConfig
-from gpuwarden.operator.evaluation import PolicyRunner
+from gpuwarden.operator.evaluation import PolicyRunner, ScaleResult
 from gpuwarden.operator.state import OperatorState, Pacing, PodRecord, PolicyKey
 from gpuwarden.policy.engine import PodView
+from gpuwarden.policy.model import PolicySpec
 from gpuwarden.policy.series import Point, SeriesKey
 
 T0 = 1_800_000_000.0
@@ -223,25 +224,72 @@ async def test_status_is_not_rewritten_when_another_replica_left_it_right(world:
     assert len(api.patches) == 1
 
 
+@pytest.mark.looptime
 async def test_run_survives_a_failing_round_and_cleans_up(
     world: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     state, _, _, _ = world
     runner = PolicyRunner(state, PolicyKey("ns", "pol"))
-    calls = 0
+    rounds: asyncio.Queue[float] = asyncio.Queue()
+    loop = asyncio.get_running_loop()
 
     async def failing(**_: Any) -> None:
-        nonlocal calls
-        calls += 1
+        rounds.put_nowait(loop.time())
         raise RuntimeError("bug")
 
     monkeypatch.setattr(runner, "round", failing)
-    task = asyncio.create_task(runner.run(body=POLICY, pods=PODS))
-    await asyncio.sleep(0.05)
-    state.nudge_policy(runner.key)  # wake it: another round despite the failure
-    await asyncio.sleep(0.05)
-    assert calls == 2
+    task = asyncio.create_task(runner.run(body=POLICY, pods=PODS, policies={}))
+    first = await rounds.get()
+    assert list(state.running_policies()) == [runner.key]
+    state.nudge_policy(runner.key)  # wake it: another round despite the failure, at once
+    async with asyncio.timeout(1):  # the next unprompted round is an interval (10 s) away
+        second = await rounds.get()
+    assert second == pytest.approx(first)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     assert list(state.running_policies()) == []
+
+
+# -- scaling ----------------------------------------------------------------------------------------
+
+
+class MissingTarget:
+    """A scaler whose target does not exist, as the real one reports it; None without actions.scale."""
+
+    async def scale(
+        self, policy: PolicyKey, spec: PolicySpec, evaluation: Any, now: float, policies: Any
+    ) -> ScaleResult | None:
+        if spec.actions.scale is None:
+            return None
+        message = "Deployment web not found"
+        return ScaleResult(
+            status={"currentReplicas": None, "desiredReplicas": None},
+            problem=("ScaleTargetNotFound", message),
+            condition=("False", "ScaleTargetNotFound", message),
+        )
+
+
+def conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status["conditions"]}
+
+
+async def test_removing_the_scale_action_clears_its_status_at_the_next_round(world: Any) -> None:
+    state, api, _, _ = world
+    runner = PolicyRunner(state, PolicyKey("ns", "pol"), scaler=MissingTarget())
+    pacing = state.open_policy(runner.key)
+    scale = {"targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}, "maxReplicas": 3}
+    scaling = dict(POLICY, spec={**POLICY["spec"], "actions": {"scale": {**scale, "scaleDownOn": ["idle"]}}})
+    await runner.round(body=scaling, pods=PODS["ns"], pacing=pacing)
+    before = conditions(api.patches[-1])
+    assert (before["Ready"]["status"], before["Ready"]["reason"]) == ("False", "ScaleTargetNotFound")
+    assert before["ScalingActive"]["reason"] == "ScaleTargetNotFound"
+
+    plain = dict(POLICY, metadata={**POLICY["metadata"], "generation": 2})
+    await runner.round(body=plain, pods=PODS["ns"], pacing=pacing)
+    after = conditions(api.patches[-1])
+    assert (after["Ready"]["status"], after["Ready"]["reason"]) == ("True", "Evaluating")
+    assert "ScalingActive" not in after  # the list replaces the old one: the condition goes
+    assert api.patches[-1]["scale"] is None  # a merge patch's null removes status.scale
+    await runner.round(body=plain, pods=PODS["ns"], pacing=pacing)
+    assert len(api.patches) == 2  # and then nothing is left to write

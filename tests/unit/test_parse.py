@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from gpuwarden.policy.model import (
     Actions,
+    GpuHealthRule,
     LabelRequirement,
     LabelSelector,
     MemoryCeiling,
@@ -32,7 +33,6 @@ from gpuwarden.policy.model import (
 from gpuwarden.policy.parse import SpecError, load_policy_file, parse_spec
 from gpuwarden.policy.units import (
     DURATION_PATTERN,
-    QUANTITY_PATTERN,
     format_duration,
     parse_duration,
     parse_quantity,
@@ -83,6 +83,7 @@ def test_example_round_trip() -> None:
                 min_fit=0.8,
                 for_seconds=0.0,
             ),
+            GpuHealthRule(name="broken-gpu", clear_after_seconds=600.0),
         ),
         actions=Actions(
             events=True,
@@ -201,6 +202,16 @@ def drop(path: str) -> Edit:
     return edit
 
 
+def edits(*steps: Edit) -> Edit:
+    """Several edits, in order."""
+
+    def edit(spec: dict[str, Any]) -> None:
+        for step in steps:
+            step(spec)
+
+    return edit
+
+
 def _walk(spec: dict[str, Any], path: str) -> tuple[Any, Any]:
     tokens: list[Any] = [int(t) if t.isdigit() else t for t in re.split(r"\.|\[|\]\.?", path) if t]
     target: Any = spec
@@ -209,7 +220,7 @@ def _walk(spec: dict[str, Any], path: str) -> tuple[Any, Any]:
     return target, tokens[-1]
 
 
-KINDS = "utilizationFloor, utilizationCeiling, memoryCeiling, memoryGrowth"
+KINDS = "utilizationFloor, utilizationCeiling, memoryCeiling, memoryGrowth, gpuHealth"
 ONE_TWO_ONE_TWO = "must be between 1 and 2147483647"
 
 INVALID: list[tuple[str, Edit, str]] = [
@@ -256,6 +267,27 @@ INVALID: list[tuple[str, Edit, str]] = [
         "empty window",
         put("rules[3].memoryGrowth.window", "59s"),
         'spec.rules[3].memoryGrowth.window: "59s" is too short; must be at least 1m',
+    ),
+    (
+        "floor window of nothing",
+        put("rules[0].utilizationFloor.for", "0s"),
+        "spec.rules[0].utilizationFloor.for: 0s is shorter than evaluationInterval (10s):"
+        " a shorter window leaves samples that no evaluation reads",
+    ),
+    (
+        "memory window below the interval",
+        put("rules[2].memoryCeiling.for", "5s"),
+        "spec.rules[2].memoryCeiling.for: 5s is shorter than evaluationInterval (10s):"
+        " a shorter window leaves samples that no evaluation reads",
+    ),
+    (
+        "growth window below the interval",
+        edits(
+            put("evaluationInterval", "1h"),
+            *(put(f"rules[{i}].{kind}.for", "1h") for i, kind in enumerate(KINDS.split(", ")[:3])),
+        ),
+        "spec.rules[3].memoryGrowth.window: 30m is shorter than evaluationInterval (1h):"
+        " a shorter window leaves samples that no evaluation reads",
     ),
     # rates
     (
@@ -415,8 +447,8 @@ INVALID: list[tuple[str, Edit, str]] = [
     (
         "unknown rule kind",
         put("rules[0]", {"name": "x", "powerCeiling": {"watts": 500}}),
-        "spec.rules[0].powerCeiling: unknown field (expected one of: memoryCeiling, memoryGrowth, name, "
-        "utilizationCeiling, utilizationFloor)",
+        "spec.rules[0].powerCeiling: unknown field (expected one of: gpuHealth, memoryCeiling, memoryGrowth, "
+        "name, utilizationCeiling, utilizationFloor)",
     ),
     (
         "no kind",
@@ -827,6 +859,14 @@ def test_parse_quantity_milli_is_whole_only_in_thousands(n: int) -> None:
     else:
         with pytest.raises(ValueError, match="whole number"):
             parse_quantity(f"{n}m")
+
+
+# The OpenAPI pattern Kubernetes publishes for resource.Quantity: looser than the parser (a decimal
+# exponent), so a good source of near-misses.
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
 
 
 @given(st.from_regex(QUANTITY_PATTERN, fullmatch=True))

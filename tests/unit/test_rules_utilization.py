@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from dataclasses import dataclass
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from gpuwarden.nodereport import GpuSample, PodRef, ProcessSample, Snapshot
+from gpuwarden.policy.intake import points_from_snapshot
 from gpuwarden.policy.model import Signal, UtilizationCeiling, UtilizationFloor
-from gpuwarden.policy.rules import WindowParams, covered, readings
-from gpuwarden.policy.series import Column, PodId, Point, SeriesKey, SeriesStore
+from gpuwarden.policy.rules import Outcome, WindowParams, covered, readings
+from gpuwarden.policy.series import Column, PodId, Point, SeriesKey, SeriesStore, UtilizationSource
 from gpuwarden.policy.utilization import evaluate_ceiling, evaluate_floor
 
 T0 = 1_750_000_000.0
@@ -51,7 +55,7 @@ def test_idle_gpu_trips_the_floor_with_a_readable_message() -> None:
     assert out.value is not None
     assert abs(out.value - 3.0) < 1e-6
     # auto prefers SM activity: gpuUtil reads 100 under a trickle of tiny kernels.
-    assert out.message == "mean SM activity 3% over 5m, floor 20%"
+    assert out.message == "mean SM activity (GPM) 3% over 5m, floor 20%"
     assert out.gpus == ("GPU-1",)
 
 
@@ -60,7 +64,7 @@ def test_auto_falls_back_to_gpu_util_and_explicit_signal_is_obeyed() -> None:
     now = feed(store, "GPU-1", 400, util=lambda i: 5.0)
     out = evaluate_floor(FLOOR, POD, store.series_of("ns", "pod"), now, PARAMS)
     assert out.holds
-    assert out.message.startswith("mean GPU utilization 5%")
+    assert out.message.startswith("mean GPU utilization (device counter) 5%")
     store2 = new_store()
     now = feed(store2, "GPU-1", 400, sm=lambda i: 5.0, util=lambda i: 60.0)
     rule = UtilizationFloor(name="idle", percent=20, for_seconds=300, signal=Signal.GPU_UTIL)
@@ -151,7 +155,7 @@ def test_ceiling_holds_above_and_clears_below_the_margin() -> None:
     now = feed(store, "GPU-1", 200, sm=lambda i: 97.0)
     out = evaluate_ceiling(CEILING, POD, store.series_of("ns", "pod"), now, PARAMS)
     assert out.holds
-    assert out.message == "mean SM activity 97% over 2m, ceiling 90%"
+    assert out.message == "mean SM activity (GPM) 97% over 2m, ceiling 90%"
     store2 = new_store()
     now = feed(store2, "GPU-1", 200, sm=lambda i: 87.0)
     out = evaluate_ceiling(CEILING, POD, store2.series_of("ns", "pod"), now, PARAMS)
@@ -286,3 +290,86 @@ def test_the_windows_start_is_covered_by_one_interval_or_by_the_reading_before_i
     assert covers(ten)
     assert not covers([t + 2.0 for t in ten])  # 11 s before the first reading, intervals of 10 s
     assert covers([window_start - 19.0, *[t + 2.0 for t in ten]])  # 30 s across the start: 3 intervals
+
+
+# -- shared GPUs: each pod judged on its own processes, and the message says on what ----------
+
+
+@dataclass
+class Shared:
+    """Pods a (busy), b (holds memory, runs no kernel), c (allocated, runs nothing) on one GPU, 400 s.
+
+    The device is sampled every second, per-process utilization every 10 s (as the agent
+    does): b is left out of NVML's per-process reading, which the agent turns into 0%.
+    """
+
+    store: SeriesStore
+    now: float
+
+    def judge(self, pod: str, rule: UtilizationFloor | UtilizationCeiling = FLOOR) -> Outcome:
+        series = self.store.series_of("ns", pod)
+        if isinstance(rule, UtilizationFloor):
+            return evaluate_floor(rule, PodId("ns", pod), series, self.now, PARAMS)
+        return evaluate_ceiling(rule, PodId("ns", pod), series, self.now, PARAMS)
+
+
+@pytest.fixture(scope="module")
+def shared() -> Shared:
+    store = new_store()
+    a, b, c = (PodRef(namespace="ns", name=n) for n in "abc")
+    for i in range(400):
+        read = i % 10 == 0
+        gpu = GpuSample(
+            uuid="GPU-1",
+            index=0,
+            utilization_gpu=95.0,
+            sm_active=80.0,
+            memory_used_bytes=20 * 2**30,
+            memory_total_bytes=80 * 2**30,
+            pods=[a, b, c],
+            processes=[
+                ProcessSample(pid=1, pod=a, used_memory_bytes=4 * 2**30, sm_util=95.0 if read else None),
+                ProcessSample(pid=2, pod=b, used_memory_bytes=8 * 2**30, sm_util=0.0 if read else None),
+            ],
+        )
+        store.extend(points_from_snapshot(Snapshot(timestamp=T0 + i, gpus=[gpu])))
+    return Shared(store, T0 + 399)
+
+
+def test_on_a_shared_gpu_the_process_that_runs_no_kernel_is_idle_and_the_busy_one_is_not(
+    shared: Shared,
+) -> None:
+    idle = shared.judge("b")
+    assert idle.holds
+    assert idle.message == "mean per-process SM utilization 0% over 5m, floor 20%"
+    busy = shared.judge("a")
+    assert not busy.holds
+    assert busy.value == 95.0  # its own share, not the device's 80% SM activity
+    hot = shared.judge("a", CEILING)
+    assert hot.holds
+    assert hot.message == "mean per-process SM utilization 95% over 2m, ceiling 90%"
+
+
+def test_a_pod_allocated_a_shared_gpu_without_a_process_on_it_is_idle(shared: Shared) -> None:
+    nothing = shared.judge("c")
+    assert nothing.holds
+    assert nothing.message == (
+        "mean per-process SM utilization (no process of its own on the shared GPU) 0% over 5m, floor 20%"
+    )
+
+
+def test_smactive_cannot_be_split_per_process_so_a_shared_gpu_has_nothing_to_judge(shared: Shared) -> None:
+    gpm_only = UtilizationFloor(name="idle", percent=20, for_seconds=300, signal=Signal.SM_ACTIVE)
+    assert shared.judge("b", gpm_only).value is None
+
+
+def test_a_pod_judged_on_different_signals_on_its_gpus_names_each() -> None:
+    store = new_store()
+    now = feed(store, "GPU-1", 400, sm=lambda i: 3.0)
+    key = SeriesKey(POD.namespace, POD.name, "GPU-2")
+    for i in range(0, 400, 10):
+        store.add(key, Point(T0 + i, gpu_util=1.0, util_source=UtilizationSource.PROCESSES))
+    out = evaluate_floor(FLOOR, POD, store.series_of("ns", "pod"), now, PARAMS)
+    assert out.holds
+    signals = "GPU activity (SM activity (GPM); per-process SM utilization)"
+    assert out.message == f"mean {signals} 2% over 5m across 2 GPUs, floor 20%"

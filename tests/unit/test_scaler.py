@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gpuwarden.operator.claims import PolicyClaim, policy_claim
 from gpuwarden.operator.evaluation import ScaleResult
 from gpuwarden.operator.kubeapi import JsonObject
 from gpuwarden.operator.scaleapi import (
@@ -97,6 +98,11 @@ class FakeCluster:
     policies: list[JsonObject] = field(default_factory=lambda: [policy_object("llm-serving")])
     patch_error: ScaleApiError | None = None
     list_error: ScaleApiError | None = None
+    indexed: list[JsonObject] | None = None
+    """The policies the operator's index holds; None: those the API lists."""
+    lists: int = 0
+    """Calls of list_policies."""
+    policies_error: ScaleApiError | None = None
 
     async def get_scale(self, namespace: str, ref: ScaleTargetRef) -> Scale:
         if ref.name not in self.replicas:
@@ -121,7 +127,14 @@ class FakeCluster:
         return list(self.hpas)
 
     async def list_policies(self, namespace: str) -> list[JsonObject]:
+        self.lists += 1
+        if self.policies_error is not None:
+            raise self.policies_error
         return list(self.policies)
+
+    def claims(self) -> list[PolicyClaim]:
+        """What the Scaler is given: the policies of the operator's index."""
+        return [policy_claim(p) for p in (self.policies if self.indexed is None else self.indexed)]
 
     async def post(self, regarding: ObjectRef, type_: str, reason: str, message: str) -> None:
         self.events.append((f"{regarding.kind}/{regarding.name}", type_, reason, message))
@@ -167,7 +180,7 @@ def desired(registry: CollectorRegistry, name: str = "llm-serving") -> float | N
 async def test_scales_up_and_announces_on_both_objects(
     scaler: Scaler, cluster: FakeCluster, registry: CollectorRegistry
 ) -> None:
-    out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0)
+    out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0, cluster.claims())
     assert out.applied
     assert cluster.patches == [("llm-server", 3)]
     assert cluster.events == [
@@ -199,19 +212,19 @@ async def test_scales_up_and_announces_on_both_objects(
 
 
 async def test_cooldown_then_next_step(scaler: Scaler, cluster: FakeCluster) -> None:
-    await scaler.reconcile(policy(), action(), SATURATED, 2, T0)
-    held = await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + 30)
+    await scaler.reconcile(policy(), action(), SATURATED, 2, T0, cluster.claims())
+    held = await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + 30, cluster.claims())
     assert not held.applied
     assert "cooling down" in held.condition.message
     assert held.status.last_scale_time == "2027-01-15T08:00:00Z"  # the last change, kept
-    await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + 60)
+    await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + 60, cluster.claims())
     assert cluster.patches == [("llm-server", 3), ("llm-server", 4)]
 
 
 async def test_dry_run_announces_and_changes_nothing(
     scaler: Scaler, cluster: FakeCluster, registry: CollectorRegistry
 ) -> None:
-    out = await scaler.reconcile(policy(), action(dry_run=True), SATURATED, 2, T0)
+    out = await scaler.reconcile(policy(), action(dry_run=True), SATURATED, 2, T0, cluster.claims())
     assert not out.applied
     assert cluster.patches == []
     assert cluster.reasons() == [
@@ -223,7 +236,7 @@ async def test_dry_run_announces_and_changes_nothing(
     assert (out.condition.status, out.condition.reason) == ("False", "DryRun")
     assert desired(registry) == 3
     # The cooldown applies to announcements too: no Event every evaluation.
-    held = await scaler.reconcile(policy(), action(dry_run=True), SATURATED, 2, T0 + 10)
+    held = await scaler.reconcile(policy(), action(dry_run=True), SATURATED, 2, T0 + 10, cluster.claims())
     assert len(cluster.events) == 2
     # ... and the policy keeps asking for 3 meanwhile (what an HPA fed with the metric must see).
     assert (held.status.current_replicas, held.status.desired_replicas) == (2, 3)
@@ -236,7 +249,7 @@ async def test_hpa_conflict_blocks_and_warns_once(scaler: Scaler, cluster: FakeC
         HpaRef("llm-hpa", "apps/v1", "Deployment", "llm-server"),
     ]
     for t in (0, 10, 20):
-        out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + t)
+        out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + t, cluster.claims())
         assert (out.condition.status, out.condition.reason) == ("False", "HPAConflict")
         assert out.status.desired_replicas == 3  # still computed and published
     assert cluster.patches == []
@@ -246,7 +259,7 @@ async def test_hpa_conflict_blocks_and_warns_once(scaler: Scaler, cluster: FakeC
     ]
     assert "HorizontalPodAutoscaler llm-hpa also scales it" in cluster.events[0][3]
     cluster.hpas = []
-    assert (await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + 30)).applied
+    assert (await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + 30, cluster.claims())).applied
 
 
 @pytest.mark.parametrize(
@@ -259,20 +272,20 @@ def test_hpa_target_matching(hpa_api_version: str, conflicts: bool) -> None:
 
 async def test_hpa_feeding_on_a_dry_run_policy_is_no_conflict(scaler: Scaler, cluster: FakeCluster) -> None:
     cluster.hpas = [HpaRef("llm-hpa", "apps/v1", "Deployment", "llm-server")]
-    out = await scaler.reconcile(policy(), action(dry_run=True), SATURATED, 2, T0)
+    out = await scaler.reconcile(policy(), action(dry_run=True), SATURATED, 2, T0, cluster.claims())
     assert out.condition.reason == "DryRun"
 
 
 async def test_unknown_hpas_mean_no_action(scaler: Scaler, cluster: FakeCluster) -> None:
     cluster.list_error = ScaleApiError("HPAs in inference: 403: forbidden", 403)
-    out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0)
+    out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0, cluster.claims())
     assert (out.condition.reason, cluster.patches) == ("FailedListHPAs", [])
 
 
 async def test_two_policies_on_one_target_both_stop(scaler: Scaler, cluster: FakeCluster) -> None:
     cluster.policies = [policy_object("a"), policy_object("b")]
     for name in ("b", "a", "b"):
-        out = await scaler.reconcile(policy(name), action(), SATURATED, 2, T0)
+        out = await scaler.reconcile(policy(name), action(), SATURATED, 2, T0, cluster.claims())
         assert (out.condition.status, out.condition.reason) == ("False", "PolicyConflict")
         assert "policies a, b all target it" in out.condition.message
     assert cluster.patches == []
@@ -281,7 +294,48 @@ async def test_two_policies_on_one_target_both_stop(scaler: Scaler, cluster: Fak
         ("GPUMonitorPolicy/a", "PolicyConflict"),
     ]
     cluster.policies = [policy_object("a")]  # b deleted
-    assert (await scaler.reconcile(policy("a"), action(), SATURATED, 2, T0 + 1)).applied
+    assert (await scaler.reconcile(policy("a"), action(), SATURATED, 2, T0 + 1, cluster.claims())).applied
+
+
+async def test_the_policies_come_from_the_index_not_from_a_list_per_round(
+    scaler: Scaler, cluster: FakeCluster
+) -> None:
+    cluster.replicas.update({f"other-{i}": 1 for i in range(8)})
+    cluster.policies = [
+        policy_object("llm-serving"),
+        policy_object("watcher", dry_run=True),
+        *(policy_object(f"p{i}", target=f"other-{i}") for i in range(8)),
+    ]
+    for t in range(0, 300, 10):
+        for key, act in [
+            (policy(), action()),
+            (policy("watcher"), action(dry_run=True)),
+            *(
+                (policy(f"p{i}"), action(target=ScaleTargetRef("apps/v1", "Deployment", f"other-{i}")))
+                for i in range(8)
+            ),
+        ]:
+            out = await scaler.reconcile(key, act, SATURATED, 2, T0 + t, cluster.claims())
+            assert out.condition.reason in {"Active", "DryRun"}
+    assert cluster.lists == 0
+    assert cluster.replicas["llm-server"] == 4  # it acted: no rival among ten policies
+
+
+async def test_a_rival_only_the_index_still_holds_stops_nobody(scaler: Scaler, cluster: FakeCluster) -> None:
+    # b was deleted while this replica stood by: its index saw no DELETED event.
+    cluster.indexed = [policy_object("a"), policy_object("b")]
+    cluster.policies = [policy_object("a")]
+    assert (await scaler.reconcile(policy("a"), action(), SATURATED, 2, T0, cluster.claims())).applied
+    assert cluster.lists == 1  # the list confirms a rival the index shows, and only then
+
+
+async def test_a_rival_that_cannot_be_confirmed_means_no_action(scaler: Scaler, cluster: FakeCluster) -> None:
+    cluster.policies = [policy_object("a"), policy_object("b")]
+    cluster.policies_error = ScaleApiError("GPUMonitorPolicies in inference: 503: unavailable", 503)
+    out = await scaler.reconcile(policy("a"), action(), SATURATED, 2, T0, cluster.claims())
+    assert (out.condition.status, out.condition.reason) == ("False", "FailedListPolicies")
+    assert "cannot list policies to confirm a conflict" in out.condition.message
+    assert cluster.patches == []
 
 
 @pytest.mark.parametrize(
@@ -300,7 +354,7 @@ async def test_policies_that_do_not_act_on_the_target_are_no_rivals(
     scaler: Scaler, cluster: FakeCluster, other: JsonObject
 ) -> None:
     cluster.policies = [policy_object("a"), other]
-    assert (await scaler.reconcile(policy("a"), action(), SATURATED, 2, T0)).applied
+    assert (await scaler.reconcile(policy("a"), action(), SATURATED, 2, T0, cluster.claims())).applied
 
 
 async def test_events_name_the_policy_by_uid(scaler: Scaler, cluster: FakeCluster) -> None:
@@ -310,17 +364,17 @@ async def test_events_name_the_policy_by_uid(scaler: Scaler, cluster: FakeCluste
         uids.append(regarding.uid)
 
     cluster.post = post  # type: ignore[method-assign]
-    await scaler.reconcile(policy(), action(), SATURATED, 2, T0)
+    await scaler.reconcile(policy(), action(), SATURATED, 2, T0, cluster.claims())
     assert uids == ["uid-llm-serving", "uid-target"]
 
 
 async def test_missing_target_makes_the_policy_not_ready(
     scaler: Scaler, cluster: FakeCluster, registry: CollectorRegistry
 ) -> None:
-    await scaler.reconcile(policy(), action(), SATURATED, 2, T0)
+    await scaler.reconcile(policy(), action(), SATURATED, 2, T0, cluster.claims())
     assert desired(registry) == 3
     del cluster.replicas["llm-server"]
-    out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + 60)
+    out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + 60, cluster.claims())
     assert (out.condition.reason, out.decision) == ("ScaleTargetNotFound", None)
     assert out.status.current_replicas is None
     assert out.status.desired_replicas is None
@@ -331,18 +385,18 @@ async def test_missing_target_makes_the_policy_not_ready(
 
 async def test_conflicting_write_is_retried(scaler: Scaler, cluster: FakeCluster) -> None:
     cluster.patch_error = ScaleConflict("changed meanwhile", 409)
-    out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0)
+    out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0, cluster.claims())
     assert not out.applied
     assert out.status.last_scale_time is None
     cluster.patch_error = None
     # No cooldown started by the change that did not happen.
-    assert (await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + 1)).applied
+    assert (await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + 1, cluster.claims())).applied
 
 
 async def test_failed_write_warns_once(scaler: Scaler, cluster: FakeCluster) -> None:
     cluster.patch_error = ScaleApiError("Deployment inference/llm-server: 403: forbidden", 403)
     for t in (0, 10):
-        out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + t)
+        out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + t, cluster.claims())
         assert (out.condition.status, out.condition.reason) == ("False", "FailedUpdateScale")
     assert [r for _, _, r, _ in cluster.events] == [
         "FailedUpdateScale",
@@ -352,7 +406,7 @@ async def test_failed_write_warns_once(scaler: Scaler, cluster: FakeCluster) -> 
 
 async def test_scaled_to_zero_is_left_alone(scaler: Scaler, cluster: FakeCluster) -> None:
     cluster.replicas["llm-server"] = 0
-    out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0)
+    out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0, cluster.claims())
     assert (out.condition.reason, cluster.patches) == ("ScaledToZero", [])
 
 
@@ -366,16 +420,16 @@ async def test_status_carries_the_cooldown_over_a_restart(scaler: Scaler, cluste
             },
         )
     ]
-    out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + 30)
+    out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + 30, cluster.claims())
     assert not out.applied
     assert out.status.last_scale_reason == "scaled llm-server 1→2: saturated"
-    assert (await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + 60)).applied
+    assert (await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + 60, cluster.claims())).applied
 
 
 async def test_series_of_a_policy_no_longer_reconciled_goes(
-    scaler: Scaler, registry: CollectorRegistry, clock: Clock
+    scaler: Scaler, cluster: FakeCluster, registry: CollectorRegistry, clock: Clock
 ) -> None:
-    await scaler.reconcile(policy(), action(), IDLE, 2, T0, expires_after=30)
+    await scaler.reconcile(policy(), action(), IDLE, 2, T0, cluster.claims(), expires_after=30)
     assert desired(registry) == 1
     clock.now = T0 + 30
     assert desired(registry) == 1

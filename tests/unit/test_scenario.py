@@ -190,6 +190,28 @@ def test_processes_share_memory_above_the_reserved_part_and_utilization() -> Non
     assert scenario.process_utilization(30) == {UUID: {10: 40.0, 20: 20.0}}
 
 
+def test_a_process_that_runs_no_kernel_is_left_out_of_the_per_process_reading() -> None:
+    spec = two_pods()
+    spec["pods"][1]["processes"] = [{"pid": 20, "kernels": False}]
+    scenario = parse_scenario(spec)
+    # It holds its memory; the GPU's utilization is all the busy one's, and NVML does not list it.
+    (sample,) = scenario.gpu_samples(30)
+    assert {p.pid: p.used_memory_bytes for p in sample.processes} == {10: 6 * GI, 20: 3 * GI}
+    assert scenario.process_utilization(30) == {UUID: {10: 60.0}}
+    # The snapshot (what the demo plays) reads it as the agent does: 0%, not unknown.
+    (gpu,) = scenario.snapshot(30).gpus
+    assert {p.pid: p.sm_util for p in gpu.processes} == {10: 60.0, 20: 0.0}
+
+
+def test_a_gpu_without_per_process_readings_leaves_its_processes_unknown() -> None:
+    spec = two_pods()
+    spec["gpus"][0]["processUtilization"] = False
+    scenario = parse_scenario(spec)
+    assert scenario.process_utilization(30) == {}
+    (gpu,) = scenario.snapshot(30).gpus
+    assert {p.pid: p.sm_util for p in gpu.processes} == {10: None, 20: None}
+
+
 def test_scenario_attributor_names_pods_processes_and_host_memory_and_pods_leave() -> None:
     backend = ScriptedBackend(parse_scenario(two_pods()), origin=1_000_000.0)
     backend.open()
@@ -212,9 +234,14 @@ def test_scenario_attributor_names_pods_processes_and_host_memory_and_pods_leave
 
 
 async def test_scenario_attributor_refresh_is_a_no_op() -> None:
-    backend = ScriptedBackend(parse_scenario(two_pods()))
+    backend = ScriptedBackend(parse_scenario(two_pods()), origin=1_000_000.0)
     backend.open()
-    await ScenarioAttributor(backend).refresh()
+    attributor = ScenarioAttributor(backend)
+    snapshot = Snapshot(timestamp=1_000_030.0, gpus=backend.sample_devices(1_000_030.0))
+    before = attributor.annotate(snapshot)
+    assert [p.name for p in before.gpus[0].pods] == ["a", "b"]  # named without any refresh
+    await attributor.refresh()  # nothing to fetch (no kubelet): it neither fails nor changes anything
+    assert attributor.annotate(snapshot) == before
 
 
 def test_scripted_backend_is_a_device_backend_playing_from_its_origin() -> None:
@@ -267,7 +294,7 @@ def test_packaged_scenarios_load_by_name_and_by_path(name: str) -> None:
     by_name = load_scenario(name)
     by_path = load_scenario(packaged_scenario(name))
     assert by_name.snapshot(42) == by_path.snapshot(42)
-    assert len(by_name.snapshot(0).gpus) == 4
+    assert len(by_name.snapshot(0).gpus) == len(by_name.spec.gpus) >= 2
 
 
 def pod_gpu(snapshot: Snapshot, pod: str) -> Any:

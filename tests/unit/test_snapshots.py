@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from gpuwarden.agent.backend import ProcessUtilization
-from gpuwarden.agent.snapshots import Sampler, SnapshotRing, merge_process_utilization
+from gpuwarden.agent.backend import ProcessUtilization, merge_process_utilization
+from gpuwarden.agent.snapshots import Sampler, SnapshotRing
 from gpuwarden.nodereport import DeviceState, GpuSample, PodRef, ProcessSample, Snapshot
 
 EPOCH = 1_800_000_000.0
@@ -100,8 +100,10 @@ async def test_devices_every_interval_and_processes_at_their_own_lower_rate() ->
     assert len(events.durations) == 36
     with_util = [s for s in ring.recent() if s.gpus[0].processes[0].sm_util is not None]
     assert [s.timestamp - EPOCH for s in with_util] == [0.0, 10.0, 20.0, 30.0]
-    # a PID missing from the per-process reading keeps sm_util None: unknown, not 0
-    assert with_util[0].gpus[0].processes[1].sm_util is None
+    # a PID the per-process reading of its GPU leaves out ran no kernel in the window: 0, not unknown
+    assert [s.gpus[0].processes[1].sm_util for s in with_util] == [0.0] * 4
+    # between per-process readings, nothing is known of either process's SM utilization
+    assert all(p.sm_util is None for s in ring.recent() if s not in with_util for p in s.gpus[0].processes)
     assert ring.process_utilization == {UUID: {10: 33.0}}
     assert ring.process_utilization_at == EPOCH + 30.0
 
@@ -212,14 +214,17 @@ async def test_devices_in_a_bad_state_are_counted_once_per_sample(state: DeviceS
     assert latest.gpus[0].state is state
 
 
-def test_merge_leaves_other_devices_and_unknown_pids_alone() -> None:
+def test_merge_reads_a_pid_left_out_of_a_good_reading_as_0_and_an_unread_device_as_unknown() -> None:
     gpus = [
         GpuSample(uuid=UUID, index=0, processes=[ProcessSample(pid=1), ProcessSample(pid=2)]),
         GpuSample(uuid="GPU-parent", index=1, mig_id="MIG-a", processes=[ProcessSample(pid=3)]),
         GpuSample(uuid="GPU-other", index=2, processes=[ProcessSample(pid=4)]),
+        GpuSample(uuid="GPU-quiet", index=3, processes=[ProcessSample(pid=5)]),
     ]
-    merged = merge_process_utilization(gpus, {UUID: {1: 12.5}, "MIG-a": {3: 80.0}})
-    assert [[p.sm_util for p in g.processes] for g in merged] == [[12.5, None], [80.0], [None]]
+    merged = merge_process_utilization(gpus, {UUID: {1: 12.5}, "MIG-a": {3: 80.0}, "GPU-quiet": {}})
+    # pid 2 ran no kernel in the window (NVML lists only those that did): 0%. GPU-other was not
+    # read at all: unknown. GPU-quiet was read and nothing ran there (NVML_ERROR_NOT_FOUND).
+    assert [[p.sm_util for p in g.processes] for g in merged] == [[12.5, 0.0], [80.0], [None], [0.0]]
     assert merged[2] is gpus[2]
 
 

@@ -175,6 +175,66 @@ def test_watching_a_scenario_finds_what_the_demo_finds(fast_policy: Path, tmp_pa
     assert plot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 
 
+SHARED_POLICY = """\
+apiVersion: gpuwarden.dev/v1alpha1
+kind: GPUMonitorPolicy
+metadata: {name: shared}
+spec:
+  selector: {}
+  evaluationInterval: 5s
+  rules:
+    - name: idle
+      utilizationFloor: {percent: 10, for: 1m}
+    - name: saturated
+      utilizationCeiling: {percent: 90, for: 1m}
+"""
+
+
+def test_an_idle_process_beside_a_busy_one_on_a_shared_gpu_is_found(tmp_path: Path) -> None:
+    # shared-gpu: on GPU 0, pid 51001 saturates the SMs and pid 51002 holds 10Gi and runs no kernel
+    # (NVML's per-process reading leaves it out). On GPU 1 nothing can be read per process.
+    policy = tmp_path / "shared.yaml"
+    policy.write_text(SHARED_POLICY)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuwarden",
+            "watch",
+            f"--policy={policy}",
+            "--scenario=shared-gpu",
+            "--speed=20",
+            "--duration=90s",
+            "--listen=127.0.0.1:0",
+            "--plain",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    started = [line for line in out.splitlines() if "STARTED" in line]
+    assert any(
+        re.search(r"STARTED idle pid 51002 python -m ipykernel_launcher on GPU 0: GPUUnderutilized: ", line)
+        and line.endswith("mean per-process SM utilization 0% over 1m, floor 10%")
+        for line in started
+    ), out
+    assert any(
+        re.search(
+            r"STARTED saturated pid 51001 .* on GPU 0: GPUSaturated: mean per-process SM utilization 9\d%",
+            line,
+        )
+        for line in started
+    ), out
+    assert not [line for line in started if "idle pid 51001" in line]
+    # No per-process reading: neither process is judged, and neither is called idle.
+    assert not [line for line in started if "pid 5200" in line]
+    # The status lines list each process under its GPU, with its own share.
+    assert "]   pid 51002 python -m ipykernel_launcher: util 0%, mem 10Gi; findings: none\n" in out
+    assert "]   pid 52001 python -m ipykernel_launcher: util -, mem 10Gi; findings: none\n" in out
+
+
 async def test_metrics_while_watching_and_sigint_stops_with_a_summary(fast_policy: Path) -> None:
     async with asyncio.timeout(90):
         process = await asyncio.create_subprocess_exec(
@@ -323,3 +383,35 @@ def test_a_pid_that_runs_something_else_is_named_again() -> None:
     (row,) = session.observe(Snapshot(timestamp=1_800_000_001.0, gpus=[gpu])).rows
     assert row.subjects == ("pid 474 sleep 9",)
     assert session.command("", "pid/474") == "sleep 9"
+
+
+async def test_a_second_ctrl_c_while_the_summary_and_plot_are_written_cuts_neither(
+    fast_policy: Path, tmp_path: Path
+) -> None:
+    # A user who presses Ctrl-C twice: the second arrives while the summary is printed and the plot drawn
+    # (drawing takes a second or so). It must not become a KeyboardInterrupt that drops them with exit 0.
+    plot = tmp_path / "watch.png"
+    async with asyncio.timeout(90):
+        process = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "gpuwarden", "watch", f"--policy={fast_policy}", "--scenario=e2e-fast"),
+            *("--speed=10", "--listen=127.0.0.1:0", "--plain", f"--plot={plot}"),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        assert process.stdout is not None
+        out: list[str] = []
+        while not any("STARTED idle-gpu" in line for line in out):
+            line = (await process.stdout.readline()).decode()
+            assert line, "watch exited early:\n" + "".join(out)
+            out.append(line)
+        process.send_signal(signal.SIGINT)
+        while not any(line.startswith("Summary:") for line in out):
+            line = (await process.stdout.readline()).decode()
+            assert line, "watch exited without a summary:\n" + "".join(out)
+            out.append(line)
+        process.send_signal(signal.SIGINT)
+        rest = (await process.stdout.read()).decode()
+        code = await process.wait()
+    assert code == 0, "".join(out) + rest
+    assert f"Plot: {plot}" in rest, "".join(out) + rest
+    assert plot.stat().st_size > 0

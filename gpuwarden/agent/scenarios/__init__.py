@@ -5,5 +5,5 @@ can list them in its ``--help`` without importing the scenario models and YAML, 
 only ``--backend scripted`` needs.
 """
 
-PACKAGED = ("demo", "e2e-fast")
+PACKAGED = ("demo", "e2e-fast", "shared-gpu")
 """Scenarios shipped in this directory as ``<name>.yaml``."""
