@@ -125,7 +125,7 @@ class Outcome:
     gpu_count: int = 0
     """How many of the pod's GPUs were judged."""
     window_seconds: float = 0.0
-    """The rule's window: ``for``, or ``window`` for memoryGrowth."""
+    """The rule's window: ``for``; for memoryGrowth the evidence span it spoke on (at most ``window``)."""
     signal: str = ""
     """Utilization rules: the signal that decided, in words (``SM activity (GPM)``,
     ``GPU utilization (device counter)``, ``per-process SM utilization``)."""
