@@ -15,7 +15,7 @@ $(BIN)/.installed: pyproject.toml
 demo: $(BIN)/.installed
 	$(BIN)/gpuwarden demo
 
-## test: lint, type-check, and run every test (unit + integration against a real kube-apiserver and the images)
+## test: lint, type-check, and run every test (unit + integration against a real kube-apiserver, the images and a real node)
 test: $(BIN)/.installed control-plane images
 	./hack/ensure-system-deps.sh >/dev/null
 	$(MAKE) lint
@@ -30,7 +30,7 @@ lint: $(BIN)/.installed
 demo-cluster: $(BIN)/.installed control-plane
 	./hack/demo-cluster.sh
 
-## control-plane: build (once, cached outside the tree) kube-apiserver, etcd, kubectl and helm
+## control-plane: build (once, cached outside the tree) kube-apiserver, etcd, kubectl, helm and the test node's binaries
 control-plane:
 	./hack/build-control-plane.sh >/dev/null
 

@@ -3,7 +3,8 @@
 Started by a ``@kopf.on.startup`` handler and stopped by ``@kopf.on.cleanup``:
 the ingest server (``POST /v1/reports``), the metrics server (``/metrics``,
 ``/healthz``, ``/readyz``), the leadership loop (peering verdict → pod label), the
-Event poster, and the series store's pruning.
+Event poster, the pruning of the series and health stores, and with ``--node-health``
+the node view of GPU health (:mod:`.nodehealth`).
 """
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ import asyncio
 import contextlib
 import logging
 import ssl
+from collections.abc import Iterable, Mapping
 
 from aiohttp import web
 
 from gpuwarden.operator.config import Address
 from gpuwarden.operator.ingest import make_ingest_app
 from gpuwarden.operator.metrics import make_metrics_app
-from gpuwarden.operator.state import OperatorState
+from gpuwarden.operator.nodehealth import NodeHealthMonitor
+from gpuwarden.operator.state import OperatorState, PodRecord
 
 __all__ = ["Services"]
 
@@ -31,15 +34,28 @@ DRAIN_SECONDS = 5.0
 class Services:
     """Servers and tasks the operator runs besides Kopf's own."""
 
-    def __init__(self, state: OperatorState) -> None:
+    def __init__(
+        self, state: OperatorState, *, pods: Mapping[str, Iterable[PodRecord]] | None = None
+    ) -> None:
         self.state = state
         self._runners: list[web.AppRunner] = []
-        self._leadership: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        """Cancelled at exit, last started first; the Event poster is apart: it is drained first."""
         self._posting: asyncio.Task[None] | None = None
-        self._pruning: asyncio.Task[None] | None = None
+        self.node_health: NodeHealthMonitor | None = None
+        if state.config.node_health:
+            self.node_health = NodeHealthMonitor(
+                state.config,
+                state.api,
+                state.health,
+                state.metrics,
+                pods={} if pods is None else pods,  # an Index: empty (falsy) this early, filled later
+                acting=lambda: state.leadership.active,
+            )
 
     async def start(self) -> None:
-        """Listen on the ingest and metrics addresses; start the leadership, Event and pruning tasks."""
+        """Listen on the ingest and metrics addresses; follow the peering verdict; post Events;
+        prune the stores; judge node health."""
         config = self.state.config
         tls = None
         if config.tls_cert_file and config.tls_key_file:
@@ -49,9 +65,11 @@ class Services:
         await self._serve(
             make_metrics_app(self.state.metrics, lambda: self.state.started), config.metrics, None, "metrics"
         )
-        self._leadership = asyncio.create_task(self.state.leadership.run(), name="gpuwarden leadership")
+        self._tasks.append(asyncio.create_task(self.state.leadership.run(), name="gpuwarden leadership"))
+        self._tasks.append(asyncio.create_task(self.state.prune(), name="gpuwarden pruning"))
+        if self.node_health is not None:
+            self._tasks.append(asyncio.create_task(self.node_health.run(), name="gpuwarden node health"))
         self._posting = asyncio.create_task(self.state.events.run(), name="gpuwarden events")
-        self._pruning = asyncio.create_task(self.state.prune(), name="gpuwarden series pruning")
         self.state.started = True
 
     async def _serve(
@@ -67,8 +85,9 @@ class Services:
     async def stop(self) -> None:
         """Stand down (remove the pod label), post queued Events, stop the servers, close the API client."""
         self.state.started = False
-        await _cancel(self._pruning)
-        await _cancel(self._leadership)
+        for task in reversed(self._tasks):
+            await _cancel(task)
+        self._tasks.clear()
         await self.state.leadership.step_down()
         if self._posting is not None:
             with contextlib.suppress(TimeoutError):

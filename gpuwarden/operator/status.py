@@ -45,7 +45,7 @@ VIOLATING = "Violating"
 SCALING_ACTIVE = "ScalingActive"
 OWNED_CONDITIONS = (READY, VIOLATING)
 
-_PER_GPU_KINDS = (RuleKind.MEMORY_CEILING, RuleKind.MEMORY_GROWTH)
+_PER_GPU_KINDS = (RuleKind.MEMORY_CEILING, RuleKind.MEMORY_GROWTH, RuleKind.GPU_HEALTH)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from gpuwarden.policy.model import (
     Actions,
+    GpuHealthRule,
     LabelRequirement,
     LabelSelector,
     MemoryCeiling,
@@ -82,6 +83,7 @@ def test_example_round_trip() -> None:
                 min_fit=0.8,
                 for_seconds=0.0,
             ),
+            GpuHealthRule(name="broken-gpu", clear_after_seconds=600.0),
         ),
         actions=Actions(
             events=True,
@@ -218,7 +220,7 @@ def _walk(spec: dict[str, Any], path: str) -> tuple[Any, Any]:
     return target, tokens[-1]
 
 
-KINDS = "utilizationFloor, utilizationCeiling, memoryCeiling, memoryGrowth"
+KINDS = "utilizationFloor, utilizationCeiling, memoryCeiling, memoryGrowth, gpuHealth"
 ONE_TWO_ONE_TWO = "must be between 1 and 2147483647"
 
 INVALID: list[tuple[str, Edit, str]] = [
@@ -445,8 +447,8 @@ INVALID: list[tuple[str, Edit, str]] = [
     (
         "unknown rule kind",
         put("rules[0]", {"name": "x", "powerCeiling": {"watts": 500}}),
-        "spec.rules[0].powerCeiling: unknown field (expected one of: memoryCeiling, memoryGrowth, name, "
-        "utilizationCeiling, utilizationFloor)",
+        "spec.rules[0].powerCeiling: unknown field (expected one of: gpuHealth, memoryCeiling, memoryGrowth, "
+        "name, utilizationCeiling, utilizationFloor)",
     ),
     (
         "no kind",
