@@ -311,7 +311,14 @@ def test_an_api_server_restart_under_load_loses_no_report_and_no_announcement(
                 what="the violation found while the API server is away",
                 alive=operator.alive,
             )
-            assert load.answered[200] > before + 25, load.answered  # a second's load and more
+            # And the reports keep being taken: a second's load and more, the API server still away.
+            wait_until(
+                lambda: load.answered[200] > before + 25,
+                timeout=30,
+                what=f"25 more reports taken while the API server is away (answered: {load.answered})",
+                alive=operator.alive,
+            )
+            assert cp.apiserver is None
         finally:
             cp.start_apiserver()
         converged(setup, operator, agent, load)
