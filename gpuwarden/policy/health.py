@@ -19,7 +19,8 @@ the last ``stale_after`` seconds) has a problem, and clears as soon as none has;
 value is the number of problems, its message the first problem GPU's, in words (XIDs with
 their meaning and the recommended action, :mod:`gpuwarden.policy.xids`).
 
-**Throttling beside utilization** (:func:`throttling_note`): a GPU held down by thermal,
+**Throttling beside utilization** (:func:`throttling_note`): a GPU read by its device-wide
+utilization (not a shared GPU's per-process readings: see :func:`with_throttling`) and held down by thermal,
 power or hardware slowdown reasons for at least :data:`THROTTLED_SHARE` of a utilization
 rule's window is not idle: its utilization measures the throttling, not the workload. So a
 utilizationFloor does not hold for its pod, and an active finding clears, with the reason in
@@ -38,7 +39,7 @@ from gpuwarden.policy.healthstore import GpuRecord, HealthStore
 from gpuwarden.policy.humanize import approx_duration, time_of_day
 from gpuwarden.policy.model import GpuHealthRule, Throttling
 from gpuwarden.policy.rules import Outcome, RuleKind, WindowParams, pod_end, unknown
-from gpuwarden.policy.series import PodId, SeriesKey, Window
+from gpuwarden.policy.series import PodId, SeriesKey, UtilizationSource, Window
 from gpuwarden.policy.xids import describe_xid
 
 __all__ = [
@@ -237,7 +238,13 @@ def with_throttling(
     end = pod_end(series, now, params)
     if end is None:
         return outcome
-    note, throttled = throttling_note(health, outcome.gpus, end - outcome.window_seconds, end)
+    # Only a device-wide reading measures the throttling. A process's own share of SM time on a
+    # shared GPU does not drop when the clocks do, and a process that ran no kernel is idle
+    # however the GPU is held down (its clocks are the other processes' doing: an H200 at full
+    # load sits at its power cap).
+    device_read = {key.gpu for key, window in series if window.util_source is UtilizationSource.DEVICE}
+    gpus = [gpu for gpu in outcome.gpus if gpu in device_read]
+    note, throttled = throttling_note(health, gpus, end - outcome.window_seconds, end)
     if not throttled:
         return outcome
     outcome.note = note

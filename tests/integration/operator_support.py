@@ -648,9 +648,21 @@ class Setup(InNamespace):
             command=command,
         )
 
-    def agent(self, scenario: Path, operator: Operator, command: Sequence[str] = LOCAL_COMMAND) -> Agent:
-        """A scripted agent on :data:`AGENT_NODE` reporting to ``operator`` with its pod's token."""
-        return Agent(self.cp, self.workdir, scenario, operator.url, self.token_file, AGENT_NODE, command)
+    def agent(
+        self,
+        scenario: Path,
+        operator: Operator,
+        command: Sequence[str] = LOCAL_COMMAND,
+        *,
+        node: str = AGENT_NODE,
+    ) -> Agent:
+        """A scripted agent on ``node`` reporting to ``operator`` with its pod's token (on another
+        node than :data:`AGENT_NODE`, a token bound to an agent pod made there)."""
+        token_file = self.token_file
+        if node != AGENT_NODE:
+            token = agent_token(self.cp, self.namespace, node)
+            token_file = write_token(self.workdir / f"token-{node}", token)
+        return Agent(self.cp, self.workdir, scenario, operator.url, token_file, node, command)
 
 
 def prepare(

@@ -29,7 +29,8 @@ from operator_support import (
     IDLE_RULE,
     Setup,
     World,
-    apply,
+    create_gpu_pod,
+    create_node,
     events,
     get,
     gpu,
@@ -92,9 +93,13 @@ class NodeWorld(World):
 
 
 def _start(cp: ControlPlane, factory: pytest.TempPathFactory, cordon: str, stack: list[Any]) -> NodeWorld:
-    setup: Setup = prepare(cp, factory, f"nodehealth-{cordon}", gpu_pods=["broken-0", "hot-0"], labels=LABELS)
+    setup: Setup = prepare(cp, factory, f"nodehealth-{cordon}")
+    # A Node of its own (cordoned, its condition written) with the pods on it: the operator takes
+    # a pod's readings only from the agent of the node the pod runs on.
     node = f"gw-gpu-node-{cordon}-{secrets.token_hex(3)}"
-    apply(cp, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+    create_node(cp, node)
+    for name in ("broken-0", "hot-0"):
+        create_gpu_pod(cp, setup.namespace, name, LABELS, node)
     rules = [IDLE_RULE, {"name": "gpu-health", "gpuHealth": {"clearAfter": HOLD}}]
     setup.apply(monitor_policy(setup.namespace, "health", rules, selector={"matchLabels": LABELS}))
     gpus, pods = scenario(setup.namespace, secrets.token_hex(2))

@@ -18,6 +18,7 @@ from gpuwarden.nodereport import (
     GpuSample,
     NodeReport,
     PodRef,
+    ProcessSample,
     ReportError,
     Snapshot,
     XidEvent,
@@ -243,6 +244,35 @@ def test_the_same_gpu_unthrottled_is_idle() -> None:
     world = World(policy(FLOOR))
     world.feed(90, util=10.0)
     (start,) = started(world.evaluate())
+    assert "throttled" not in start.finding.message
+
+
+def test_throttling_does_not_excuse_an_idle_process_beside_a_busy_one_on_a_shared_gpu() -> None:
+    # Measured on the H200: a busy job's matmuls hold the GPU at its power cap (SW_POWER_CAP all
+    # along), and the job beside it that runs no kernel must still be flagged: its own share of
+    # SM time is 0 whatever the clocks.
+    busy, idle = PodRef(namespace="ns", name="serve-0"), POD
+    store, health = SeriesStore(retention_seconds=3600, max_points=3600), HealthStore(retention_seconds=3600)
+    evaluator = PolicyEvaluator("ns/p", parse_spec(policy(FLOOR)), namespace="ns")
+    for i in range(90):
+        gpu = sample(i, util=99.0, health={"clock_event_reasons": [ClockEventReason.SW_POWER_CAP]})
+        gpu = gpu.model_copy(
+            update={
+                "pods": [busy, idle],
+                "processes": [
+                    ProcessSample(pid=1, used_memory_bytes=2**30, sm_util=99.0, pod=busy),
+                    ProcessSample(pid=2, used_memory_bytes=2**31, sm_util=0.0, pod=idle),
+                ],
+            }
+        )
+        snapshot = Snapshot(timestamp=T0 + i, gpus=[gpu])
+        store.extend(points_from_snapshot(snapshot))
+        health.observe(snapshot, node="node-1")
+    views = [VIEW, PodView("ns", "serve-0", {"app": "x"})]
+    evaluation = evaluator.evaluate(views, store, T0 + 89, health)
+    (start,) = started(evaluation)
+    assert start.finding.pod == "job-0"
+    assert "per-process SM utilization" in start.finding.message
     assert "throttled" not in start.finding.message
 
 
