@@ -23,9 +23,10 @@ on the acting replica:
   ``gpuwarden.dev/cordoned``) and posts ``GPUNodeCordoned``. Never uncordoned automatically: a person
   decides the GPU is fixed (``kubectl uncordon``).
 
-Node Events go through :class:`~gpuwarden.operator.kubeapi.KubeApi`, not Kopf: Kopf files an Event
-about a cluster-scoped object under its own namespace with that namespace in ``involvedObject``,
-which ``kubectl describe node`` does not find. Pod Events go the same way, for one path here.
+Events, on the Node and on the pods, go through the operator's one Event poster
+(:class:`~gpuwarden.operator.posting.EventPoster`): in the background, and under a fixed name, so a
+retry after a lost answer never posts one twice. A Node's go to ``default`` with no namespace in
+``involvedObject``, where ``kubectl describe node`` finds them.
 """
 
 from __future__ import annotations
@@ -35,12 +36,12 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpuwarden.operator.config import CordonMode, OperatorConfig
 from gpuwarden.operator.kubeapi import ApiError, KubeApi
 from gpuwarden.operator.metrics import OperatorMetrics
+from gpuwarden.operator.posting import EventSink, ObjectRef
 from gpuwarden.operator.status import rfc3339
 from gpuwarden.policy.health import Problem, gpu_name, gpu_problems
 from gpuwarden.policy.healthstore import GpuRecord, HealthStore, Incident, IncidentKind
@@ -56,7 +57,6 @@ logger = logging.getLogger(__name__)
 
 CONDITION = "GPUHealthy"
 FIELD_MANAGER = "gpuwarden-operator"
-EVENT_NAMESPACE = "default"
 """Where Events about Nodes go (the kubelet's too): a cluster-scoped object has no namespace of its own."""
 CORDON_ANNOTATION = "gpuwarden.dev/cordoned"
 REPEAT_SECONDS = 60.0
@@ -133,28 +133,6 @@ def incident_event(incident: Incident, settings: NodeSettings) -> tuple[str, str
     return None
 
 
-def event_body(
-    involved: Mapping[str, Any], type: str, reason: str, message: str, *, instance: str, now: float
-) -> dict[str, Any]:
-    """A core/v1 Event, shaped as Kopf posts its own (so both read alike in ``kubectl get events``)."""
-    when = datetime.fromtimestamp(now, UTC).isoformat()
-    name = involved.get("name", "gpu")
-    return {
-        "metadata": {"generateName": f"{name}."},
-        "action": "Action?",
-        "type": type,
-        "reason": reason,
-        "message": _clip(message),
-        "reportingComponent": FIELD_MANAGER,
-        "reportingInstance": instance,
-        "source": {"component": FIELD_MANAGER},
-        "involvedObject": dict(involved),
-        "firstTimestamp": when,
-        "lastTimestamp": when,
-        "eventTime": when,
-    }
-
-
 def _clip(text: str) -> str:
     return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 1] + "…"
 
@@ -187,6 +165,7 @@ class NodeHealthMonitor:
         api: KubeApi,
         health: HealthStore,
         metrics: OperatorMetrics,
+        events: EventSink,
         *,
         pods: Mapping[str, Iterable[PodRecord]],
         acting: Callable[[], bool] = lambda: True,
@@ -195,8 +174,8 @@ class NodeHealthMonitor:
     ) -> None:
         self.settings = NodeSettings(xids=config.node_health_xids, hold=config.node_health_hold)
         self.cordon = config.cordon
-        self.instance = config.identity
         self.api = api
+        self.events = events
         self.health = health
         self.metrics = metrics
         self.pods = pods
@@ -242,17 +221,13 @@ class NodeHealthMonitor:
         reason, message = event
         state = await self._node(incident.node, now)
         if state is not None:
-            await self._post(self._node_ref(incident.node, state), "Warning", reason, message, now)
+            await self._post(self._node_ref(incident.node, state), "Warning", reason, message)
         for pod in incident.pods:
             record = self._pod(pod.namespace, pod.name)
             if record is not None:
-                ref = record.object_ref()
-                body = {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid},
-                }
-                await self._post(body, "Warning", reason, f"on node {incident.node}: {message}", now)
+                await self._post(
+                    record.object_ref(), "Warning", reason, f"on node {incident.node}: {message}"
+                )
 
     def _pod(self, namespace: str, name: str) -> PodRecord | None:
         for record in self.pods.get(namespace, ()):
@@ -261,26 +236,11 @@ class NodeHealthMonitor:
         return None
 
     @staticmethod
-    def _node_ref(node: str, state: _Node) -> dict[str, Any]:
-        return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "uid": state.uid}}
+    def _node_ref(node: str, state: _Node) -> ObjectRef:
+        return ObjectRef("v1", "Node", "", node, state.uid)
 
-    async def _post(
-        self, target: Mapping[str, Any], type: str, reason: str, message: str, now: float
-    ) -> None:
-        """Post an Event about ``target`` (a body: apiVersion, kind, metadata name/uid[/namespace])."""
-        meta = target["metadata"]
-        involved = {"apiVersion": target["apiVersion"], "kind": target["kind"], "name": meta["name"]}
-        if meta.get("uid"):
-            involved["uid"] = meta["uid"]
-        if meta.get("namespace"):
-            involved["namespace"] = meta["namespace"]
-        namespace = meta.get("namespace") or EVENT_NAMESPACE
-        body = event_body(involved, type, reason, message, instance=self.instance, now=now)
-        try:
-            await self.api.create_event(namespace, body)
-        except ApiError as exc:
-            logger.warning("Cannot post %s about %s %s: %s", reason, involved["kind"], involved["name"], exc)
-            return
+    async def _post(self, regarding: ObjectRef, type: str, reason: str, message: str) -> None:
+        await self.events.post(regarding, type, reason, message)
         self.metrics.events.labels(type, reason).inc()
 
     # -- the condition and the cordon -----------------------------------------------------------
@@ -362,7 +322,6 @@ class NodeHealthMonitor:
                 "Normal",
                 "GPUHealthRecovered",
                 f"GPUs healthy again{lasted}",
-                now,
             )
 
     async def _cordon(self, node: str, state: _Node, verdict: Verdict, now: float) -> None:
@@ -370,7 +329,7 @@ class NodeHealthMonitor:
         ref = self._node_ref(node, state)
         if self.cordon is CordonMode.DRY_RUN:
             text = f"would cordon the node (--cordon=dry-run; nothing changed): {why}"
-            await self._post(ref, "Normal", "GPUNodeCordonDryRun", text, now)
+            await self._post(ref, "Normal", "GPUNodeCordonDryRun", text)
             return
         if self.cordon is not CordonMode.ON:
             return
@@ -386,4 +345,4 @@ class NodeHealthMonitor:
             return
         logger.warning("Cordoned node %s: %s", node, why)
         text = f"cordoned: {why}; uncordon it (kubectl uncordon {node}) once its GPUs are fixed"
-        await self._post(ref, "Warning", "GPUNodeCordoned", text, now)
+        await self._post(ref, "Warning", "GPUNodeCordoned", text)

@@ -1,8 +1,8 @@
 """Kubernetes Events: what one looks like, and a poster that sends them in the background, never twice.
 
 :func:`event_body` is the one shape of every Event the operator posts (the policies' announcements,
-the scaler's): a core/v1 Event named ``<object>.<random>`` as kubectl users know them, about an
-:class:`ObjectRef` (by uid, so ``kubectl describe`` finds it).
+the scaler's, the node view's): a core/v1 Event named ``<object>.<random>`` as kubectl users know
+them, about an :class:`ObjectRef` (by uid, so ``kubectl describe`` finds it).
 
 :class:`EventPoster` sends the announcements: :meth:`~EventPoster.post` builds the Event at once (its
 time and its name) and queues it; one worker posts the queue in order. What the API server may not
@@ -47,6 +47,9 @@ ACTION = "Evaluate"
 
 MAX_MESSAGE = 1024
 
+CLUSTER_EVENTS_NAMESPACE = "default"
+"""Where Events about cluster-scoped objects are posted, as the kubelet posts a Node's."""
+
 DROP_REASONS = ("queue_full", "expired", "refused")
 
 
@@ -72,22 +75,25 @@ class EventSink(Protocol):
 def event_body(
     regarding: ObjectRef, type_: str, reason: str, message: str, *, instance: str, now: float
 ) -> JsonObject:
-    """A core/v1 Event about ``regarding``, stamped ``now``, named ``<object>.<random>``."""
+    """A core/v1 Event about ``regarding``, stamped ``now``, named ``<object>.<random>``.
+
+    Events about a cluster-scoped object (a Node) go to :data:`CLUSTER_EVENTS_NAMESPACE`, where
+    ``kubectl describe node`` looks for them.
+    """
+    involved = {"apiVersion": regarding.api_version, "kind": regarding.kind, "name": regarding.name}
+    if regarding.namespace:
+        involved["namespace"] = regarding.namespace
+    if regarding.uid:
+        involved["uid"] = regarding.uid
     return {
         "apiVersion": "v1",
         "kind": "Event",
         "metadata": {
             # 253 characters at most; the suffix takes 17.
             "name": f"{regarding.name[:236]}.{secrets.token_hex(8)}",
-            "namespace": regarding.namespace,
+            "namespace": regarding.namespace or CLUSTER_EVENTS_NAMESPACE,
         },
-        "involvedObject": {
-            "apiVersion": regarding.api_version,
-            "kind": regarding.kind,
-            "namespace": regarding.namespace,
-            "name": regarding.name,
-            "uid": regarding.uid,
-        },
+        "involvedObject": involved,
         "type": type_,
         "reason": reason,
         "message": message[:MAX_MESSAGE],

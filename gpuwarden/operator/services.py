@@ -49,6 +49,7 @@ class Services:
                 state.api,
                 state.health,
                 state.metrics,
+                state.events,
                 pods={} if pods is None else pods,  # an Index: empty (falsy) this early, filled later
                 acting=lambda: state.leadership.active,
             )

@@ -30,6 +30,7 @@ from gpuwarden.operator.nodehealth import (
     incident_event,
     node_verdict,
 )
+from gpuwarden.operator.posting import ObjectRef, event_body
 from gpuwarden.operator.state import PodRecord
 from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.healthstore import HealthStore
@@ -43,7 +44,8 @@ SETTINGS = NodeSettings(xids=CRITICAL_XIDS, hold=60.0)
 
 
 class FakeApi:
-    """Nodes by name and the Events posted, with the API server's answers for what the monitor calls."""
+    """Nodes by name and the Events posted, with the API server's answers for what the monitor calls
+    (and the Event sink's: what the poster would create)."""
 
     def __init__(self, *nodes: str) -> None:
         self.nodes: dict[str, dict[str, Any]] = {
@@ -75,9 +77,10 @@ class FakeApi:
         body["metadata"]["annotations"].update(annotations)
         return {}
 
-    async def create_event(self, namespace: str, event: Mapping[str, Any]) -> Any:
-        self.events.append((namespace, dict(event)))
-        return {}
+    async def post(self, regarding: ObjectRef, type_: str, reason: str, message: str) -> None:
+        """The operator's Event sink: the Event as the poster would create it, at once."""
+        body = event_body(regarding, type_, reason, message, instance="op-0", now=T0)
+        self.events.append((body["metadata"]["namespace"], body))
 
     def condition(self, node: str = NODE) -> dict[str, Any] | None:
         found = [c for c in self._node(node)["status"].get("conditions", []) if c["type"] == CONDITION]
@@ -108,6 +111,7 @@ class World:
             self.api,
             self.health,
             OperatorMetrics(),
+            self.api,
             pods=self.pods,
             clock=lambda: self.now,  # type: ignore[arg-type]
         )
