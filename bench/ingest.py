@@ -45,7 +45,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aiohttp import web
 
-from gpuwarden.nodereport import GpuSample, NodeReport, PodRef, ProcessSample, Snapshot, dump_report
+from gpuwarden.nodereport import (
+    SCHEMA_VERSION,
+    GpuHealth,
+    GpuSample,
+    NodeReport,
+    PodRef,
+    ProcessSample,
+    Snapshot,
+    dump_report,
+)
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.evaluation import PolicyRunner
 from gpuwarden.operator.ingest import make_ingest_app
@@ -63,6 +72,8 @@ TOKEN_PREFIX = "bench-token/"
 class Layout:
     nodes: int
     nodes_per_policy: int
+    health: bool = True
+    """Each GPU reading carries the health an H200's agent sends (schema 2); False: schema 1, none."""
 
     def namespace(self, node: int) -> str:
         return f"team-{node // self.nodes_per_policy}"
@@ -159,7 +170,7 @@ def prefill(state: OperatorState, layout: Layout, history: float, now: float) ->
 
 
 async def serve(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> None:
-    layout = Layout(args.nodes, args.nodes_per_policy)
+    layout = Layout(args.nodes, args.nodes_per_policy, health=not args.no_health)
     api = BenchApi()
     config = OperatorConfig(node_rate=20.0, max_body_bytes=8 * 2**20)
     state = OperatorState(config, api=api)  # type: ignore[arg-type]
@@ -270,6 +281,16 @@ def server_main(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> N
 # -- the load -----------------------------------------------------------------------------------
 
 
+HEALTHY_H200 = GpuHealth(
+    clock_event_reasons=[],
+    ecc_uncorrected_aggregate=0,
+    remapped_rows_uncorrectable=0,
+    row_remap_pending=False,
+    row_remap_failed=False,
+)
+"""What an H200's agent reads besides utilization and memory, every second (tests/gpu's health run)."""
+
+
 def node_gpus(layout: Layout, node: int) -> list[GpuSample]:
     """A node's 8 GPUs, one pod each, as the agent reports them."""
     gpus = []
@@ -290,6 +311,7 @@ def node_gpus(layout: Layout, node: int) -> list[GpuSample]:
                 power_watts=350.0,
                 sm_clock_mhz=1980,
                 ecc_uncorrected=0,
+                health=HEALTHY_H200 if layout.health else None,
                 pods=[pod],
                 processes=[
                     ProcessSample(
@@ -316,7 +338,7 @@ class Template:
     def __init__(self, layout: Layout, node: int) -> None:
         mark_t, mark_seq = 1_234_567_890.25, 987_654_321
         report = NodeReport(
-            schema_version=1,
+            schema_version=SCHEMA_VERSION if layout.health else 1,
             node=layout.node(node),
             agent_id=f"bench-{node}",
             seq=mark_seq,
@@ -500,6 +522,11 @@ def main() -> int:
     parser.add_argument("--server-cpu", type=int, default=0)
     parser.add_argument("--no-policies", action="store_true", help="ingest only (no evaluation loops)")
     parser.add_argument("--no-growth", action="store_true", help="policies without the memoryGrowth rule")
+    parser.add_argument(
+        "--no-health",
+        action="store_true",
+        help="schema 1 reports, no GPU health (as before issue 17)",
+    )
     parser.add_argument("--profile", action="store_true", help="print the server's profile (stderr)")
     parser.add_argument("--load-processes", type=int, default=0, help="default: one per other CPU")
     args = parser.parse_args()
@@ -518,7 +545,7 @@ def main() -> int:
     seconds = args.seconds
     args.seconds = args.warmup + seconds
     start = time.time() + 2.0
-    bodies = Bodies(Layout(args.nodes, args.nodes_per_policy))
+    bodies = Bodies(Layout(args.nodes, args.nodes_per_policy, health=not args.no_health))
     loaders = start_load(ctx, args, port, others, result_queue, start, bodies)
     time.sleep(max(0.0, start + args.warmup - time.time()))
     before = fetch_stats(port, mark=True)
@@ -544,7 +571,7 @@ def main() -> int:
         "mode": args.mode,
         "nodes": args.nodes,
         "gpus_per_node": GPUS,
-        "policies": len(Layout(args.nodes, args.nodes_per_policy).namespaces),
+        "policies": len(Layout(args.nodes, args.nodes_per_policy, health=not args.no_health).namespaces),
         "interval": args.interval,
         "series": after["series"],
         "reports_per_s": round(received / wall, 1),
