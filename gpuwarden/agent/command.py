@@ -30,7 +30,7 @@ from gpuwarden.agent.attribution import (
 )
 from gpuwarden.agent.backend import BackendError, DeviceBackend
 from gpuwarden.agent.http import CleanupContext, background_task, build_app
-from gpuwarden.agent.metrics import build_registry
+from gpuwarden.agent.metrics import PodResourcesCollector, build_registry
 from gpuwarden.agent.nvml import NvmlBackend
 from gpuwarden.agent.scenarios import PACKAGED
 from gpuwarden.agent.sender import DEFAULT_BUFFER_LIMIT, DEFAULT_REPORT_INTERVAL, ReportSender
@@ -328,6 +328,8 @@ async def serve(
     registry, metrics = build_registry(ring, backend=backend.name, node=config.node)
     closer = _Closer()
     attributor = _attributor(config, backend, closer)
+    if isinstance(attributor, PodAttributor):
+        registry.register(PodResourcesCollector(lambda: attributor.pod_resources_state))
     sender = (
         ReportSender(
             url=config.operator_url,

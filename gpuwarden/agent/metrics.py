@@ -20,7 +20,7 @@ pod, each with the whole device's reading: don't ``sum`` them across pods.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -28,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gpuwarden import __version__
+from gpuwarden.agent.attribution.kubelet import PodResourcesState
 from gpuwarden.agent.backend import device_key
 from gpuwarden.agent.health import CLOCK_EVENT_BITS
 from gpuwarden.agent.snapshots import ERROR_KINDS, SnapshotRing
@@ -347,6 +348,27 @@ class AgentCollector(Collector):
         if snapshot is not None:
             last.add_metric([], snapshot.timestamp)
         yield last
+
+
+class PodResourcesCollector(Collector):
+    """The kubelet's PodResources API as the attributor last found it: one series per state, the
+    current one 1 (alert on ``gpuwarden_agent_pod_resources_state{state="ok"} == 0``: GPUs are then
+    attributed from the last answer, or not at all)."""
+
+    def __init__(self, state: Callable[[], PodResourcesState]) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        """Every state, 1 for the current one."""
+        family = GaugeMetricFamily(
+            "gpuwarden_agent_pod_resources_state",
+            "The kubelet PodResources API's state at the last attribution refresh (1: current).",
+            labels=["state"],
+        )
+        current = self._state()
+        for state in PodResourcesState:
+            family.add_metric([state.value], 1.0 if state is current else 0.0)
+        yield family
 
 
 def build_registry(ring: SnapshotRing, *, backend: str, node: str) -> tuple[CollectorRegistry, AgentMetrics]:

@@ -79,7 +79,6 @@ class SnapshotRing:
         self._ring: deque[Snapshot] = deque(maxlen=capacity)
         self.process_utilization: ProcessUtilization = {}
         """The last per-process reading, by device key then PID; kept between the lower-rate reads."""
-        self.process_utilization_at: float | None = None
         self.first_sample = asyncio.Event()
         """Set once the first snapshot is in: what ``/readyz`` waits for."""
 
@@ -99,10 +98,9 @@ class SnapshotRing:
         """Every snapshot held, oldest first."""
         return list(self._ring)
 
-    def record_process_utilization(self, utilization: ProcessUtilization, at: float) -> None:
+    def record_process_utilization(self, utilization: ProcessUtilization) -> None:
         """Remember a per-process reading until the next one (the collectors show it in between)."""
         self.process_utilization = utilization
-        self.process_utilization_at = at
 
     @property
     def ready(self) -> bool:
@@ -179,7 +177,7 @@ class Sampler:
             return None
         snapshot = tick.snapshot
         if tick.utilization is not None:
-            self.ring.record_process_utilization(tick.utilization, snapshot.timestamp)
+            self.ring.record_process_utilization(tick.utilization)
         if self._annotate is not None:
             try:
                 snapshot = self._annotate(snapshot)

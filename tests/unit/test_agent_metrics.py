@@ -14,8 +14,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuwarden.agent.attribution.kubelet import PodResourcesState
 from gpuwarden.agent.http import background_task, build_app
-from gpuwarden.agent.metrics import build_registry
+from gpuwarden.agent.metrics import PodResourcesCollector, build_registry
 from gpuwarden.agent.scenario import ScenarioAttributor, ScriptedBackend, parse_scenario
 from gpuwarden.agent.snapshots import ERROR_KINDS, Sampler, SnapshotRing
 from gpuwarden.nodereport import DeviceState, GpuSample, Snapshot
@@ -75,7 +76,7 @@ def sample_at(ring: SnapshotRing, t: float, *, with_processes: bool = True) -> S
             }
         )
     else:
-        ring.record_process_utilization(scenario.process_utilization(t), ORIGIN + t)
+        ring.record_process_utilization(scenario.process_utilization(t))
     ring.append(snapshot)
     return snapshot
 
@@ -160,10 +161,10 @@ def test_per_process_utilization_shows_the_last_reading_between_reads(
     stays = {"uuid": UUID0, "pid": "10", "pod": "stays"}
     assert series(scrape(registry), "gpuwarden_process_sm_utilization_ratio", **stays) == [pytest.approx(0.2)]
     # A process the last reading of its GPU left out ran no kernel: 0 until the next reading, not no series.
-    ring.record_process_utilization({UUID0: {10: 20.0}}, ORIGIN + 30)
+    ring.record_process_utilization({UUID0: {10: 20.0}})
     leaves = {"uuid": UUID0, "pid": "20", "pod": "leaves"}
     assert series(scrape(registry), "gpuwarden_process_sm_utilization_ratio", **leaves) == [0.0]
-    ring.record_process_utilization({}, ORIGIN + 30)  # the GPU could not be read: no series
+    ring.record_process_utilization({})  # the GPU could not be read: no series
     assert series(scrape(registry), "gpuwarden_process_sm_utilization_ratio", **leaves) == []
 
 
@@ -311,3 +312,22 @@ async def test_background_tasks_run_with_the_app_and_report_an_early_end(
         assert not stopped.is_set()
     assert stopped.is_set()
     assert ended == [("crashes", "RuntimeError('boom')")]  # a cancelled task is no "early end"
+
+
+def test_the_pod_resources_state_is_one_series_per_state_the_current_one_1() -> None:
+    state = [PodResourcesState.NOT_ASKED]
+    registry = CollectorRegistry()
+    registry.register(PodResourcesCollector(lambda: state[0]))
+
+    def current() -> dict[str, float]:
+        (family,) = text_string_to_metric_families(generate_latest(registry).decode())
+        assert family.name == "gpuwarden_agent_pod_resources_state"
+        return {s.labels["state"]: s.value for s in family.samples}
+
+    assert current() == {s.value: float(s is PodResourcesState.NOT_ASKED) for s in PodResourcesState}
+    state[0] = PodResourcesState.SOCKET_MISSING  # the kubelet socket not mounted
+    assert current()["socket_missing"] == 1.0
+    assert sum(current().values()) == 1.0
+    state[0] = PodResourcesState.OK
+    assert current()["ok"] == 1.0
+    assert current()["socket_missing"] == 0.0

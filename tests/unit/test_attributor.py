@@ -161,7 +161,6 @@ class StaticAllocations:
         self.response = response
         self.fail: PodResourcesState | None = None
         self.state = PodResourcesState.NOT_ASKED
-        self.last_error = ""
 
     async def list(self) -> Allocations:
         if self.fail is not None:

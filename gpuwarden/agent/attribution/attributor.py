@@ -37,7 +37,6 @@ class AllocationSource(Protocol):
     """Where GPU allocations come from: :class:`~gpuwarden.agent.attribution.kubelet.PodResourcesClient`."""
 
     state: PodResourcesState
-    last_error: str
 
     async def list(self) -> Allocations:
         """Every pod's allocations; raises PodResourcesError when the kubelet cannot answer."""

@@ -128,7 +128,7 @@ class PodResourcesClient:
         self._channel: grpc.aio.Channel | None = None
         self._list_rpc: grpc.aio.UnaryUnaryMultiCallable | None = None
         self.state = PodResourcesState.NOT_ASKED
-        self.last_error = ""
+        """What the last call found (``gpuwarden_agent_pod_resources_state``); its error is raised."""
 
     @property
     def target(self) -> str:
@@ -140,9 +140,9 @@ class PodResourcesClient:
         try:
             response = await self._list()
         except PodResourcesError as exc:
-            self.state, self.last_error = exc.state, str(exc)
+            self.state = exc.state
             raise
-        self.state, self.last_error = PodResourcesState.OK, ""
+        self.state = PodResourcesState.OK
         return allocations_from_response(response)
 
     async def _list(self) -> podresources_pb2.ListPodResourcesResponse:
