@@ -14,7 +14,7 @@ import math
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import lru_cache
 from operator import itemgetter, le, sub, truediv
 from typing import Any
 
@@ -79,7 +79,9 @@ def sen_lower_bound(slopes: Sequence[float], n: int, z: float) -> float:
     return slopes[rank - 1] if rank >= 1 else -math.inf
 
 
-@cache
+# Bounded: the engine asks for a few sizes only (bucket counts up to BUCKETS, quarters of them), but
+# an entry for n points holds n(n-1) indexes, and a caller with ever new sizes must not grow it for good.
+@lru_cache(maxsize=64)
 def _pairs(n: int) -> tuple[itemgetter[Any], itemgetter[Any]]:
     """For ``n >= 3`` points: getters of each pair's later and earlier point, lag 1 first, then lag 2, …."""
     pairs = [(i + lag, i) for lag in range(1, n) for i in range(n - lag)]

@@ -404,3 +404,13 @@ def _window(store: SeriesStore, key: SeriesKey) -> Window:
     window = store.window(key)
     assert window is not None
     return window
+
+
+def test_the_pairs_cache_of_theil_sen_stays_bounded() -> None:
+    from gpuwarden.policy import slope as slope_module
+
+    for n in range(3, 300):
+        theil_sen([float(i) for i in range(n)], [2.0 * i for i in range(n)])
+    info = slope_module._pairs.cache_info()
+    assert info.maxsize is not None
+    assert info.currsize <= info.maxsize
