@@ -331,11 +331,9 @@ def test_a_killed_operator_restarts_and_the_agent_replays_its_buffer(installed: 
     )  # fmt: skip
 
     def buffering() -> bool:
-        agent = installed.agent_metrics()
-        return (
-            total(agent, "gpuwarden_agent_report_errors_total") > errors_before
-            and total(agent, "gpuwarden_agent_report_buffer_snapshots") >= 2
-        )
+        # A failed POST keeps its snapshots buffered. The counter, not the buffer's gauge: a
+        # container restart can take the kubelet a second, an outage shorter than one poll.
+        return total(installed.agent_metrics(), "gpuwarden_agent_report_errors_total") > errors_before
 
     def restarted() -> bool:
         (s,) = get(installed.cp, "pod", name, "-n", SYSTEM)["status"]["containerStatuses"]
