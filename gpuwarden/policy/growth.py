@@ -35,7 +35,7 @@ the same account for users):
     allocator step in it (or one at its edge) does not grow. Five medians make
     a noisy slope: ``part_margins`` say how far each may fall short by noise
     alone (:data:`CONFIDENCE_Z` standard errors, the medians' ``noise`` from
-    the readings' differences: :func:`median_noise`);
+    the readings' second differences: :func:`median_noise`);
   - ``jumps``: the part of the rise made in bucket-to-bucket rises beyond
     :data:`STEP_SIGMAS` robust sigmas of the others (a load, an allocator's step);
   - ``seconds to full``: ``(total - used) / slope``.
@@ -104,6 +104,8 @@ MIN_PART_BUCKETS = 3
 """Fewer bucket medians than this in some quarter: the span cannot hold."""
 HOLD_PART = 0.5
 """No quarter's slope may be significantly below this share of the span's for the span to hold."""
+NOISE_PAIRS = 60
+"""Second differences of readings a span's noise is estimated from (:func:`median_noise`)."""
 CONFIDENCE_Z = 2.33
 """Standard deviations of the slope's lower bound: one-sided 99%."""
 URGENT_SPANS = 2.0
@@ -232,15 +234,20 @@ def median_noise(values: Sequence[float], buckets: int) -> float:
     """The standard deviation of a bucket median of ``values`` (consecutive readings) by noise alone.
 
     From the readings themselves, not the medians: the medians' scatter about a line is a
-    staircase's or a leak onset's shape as much as noise. A reading-to-reading difference is free
-    of the trend and has sqrt(2) times the readings' noise; its robust spread ignores the few that
-    hold a step or a transient. A median of ``m`` readings has about 1.25 / sqrt(m) of their noise.
+    staircase's or a leak onset's shape as much as noise. A second difference of consecutive
+    readings, ``y[i+1] - 2 y[i] + y[i-1]``, is free of the trend, even where it changes (a leak's
+    onset, sparse samples), and has sqrt(6) times the readings' noise; the interquartile range of
+    :data:`NOISE_PAIRS` of them, evenly spread over the span, ignores the few that hold a step or
+    a transient, at a fraction of the cost of all of them. A median of ``m`` readings has about
+    1.25 / sqrt(m) of their noise.
     """
-    if len(values) < 3:
+    stride = max(1, len(values) // NOISE_PAIRS)
+    triples = zip(values[::stride], values[1::stride], values[2::stride], strict=False)
+    curvatures = sorted([a - 2 * b + c for a, b, c in triples])
+    if len(curvatures) < 4:
         return 0.0
-    differences = list(map(sub, values[1:], values[:-1]))
-    typical = median(differences)
-    sigma = 1.4826 * median([abs(d - typical) for d in differences]) / math.sqrt(2)
+    quarter = len(curvatures) // 4
+    sigma = (curvatures[-1 - quarter] - curvatures[quarter]) / 1.349 / math.sqrt(6)
     return 1.2533 * sigma / math.sqrt(max(1.0, len(values) / buckets))
 
 
