@@ -32,7 +32,10 @@ the same account for users):
     (allocate/free) or a staircase that stopped climbing;
   - ``parts``: the Theil-Sen slope of each quarter of the span (5 buckets); the
     last is the ``recent slope``. A leak grows all along; a quarter with no
-    allocator step in it (or one at its edge) does not grow;
+    allocator step in it (or one at its edge) does not grow. Five medians make
+    a noisy slope: ``part_margins`` say how far each may fall short by noise
+    alone (:data:`CONFIDENCE_Z` standard errors, the medians' ``noise`` from
+    the readings' second differences: :func:`median_noise`);
   - ``jumps``: the part of the rise made in bucket-to-bucket rises beyond
     :data:`STEP_SIGMAS` robust sigmas of the others (a load, an allocator's step);
   - ``seconds to full``: ``(total - used) / slope``.
@@ -45,8 +48,9 @@ the same account for users):
 - **Holds** for a span when the GPU covers it, ``lower >= rate`` (the evidence
   excludes rates below ``rate``; when *urgent*, the card full within
   :data:`URGENT_SPANS` times the span at ``slope``, ``slope >= rate`` instead:
-  there is no time to wait for more evidence), ``fit >= minFit``, every
-  quarter grows at least :data:`HOLD_PART` of the span's slope, the jumps are
+  there is no time to wait for more evidence), ``fit >= minFit``, no
+  quarter grows significantly (by more than its margin) slower than
+  :data:`HOLD_PART` of the span's slope, the jumps are
   at most :data:`JUMP_SHARE` of its rise, and memory was not higher before.
   For a GPU when some span holds (the window first, then the shorter ones,
   longest first); for the pod when some GPU does. With ``for``, it must hold
@@ -81,7 +85,7 @@ from gpuwarden.policy.humanize import approx_duration, format_bytes
 from gpuwarden.policy.model import MemoryGrowth
 from gpuwarden.policy.rules import Outcome, RuleKind, WindowParams, covered, pod_end, readings, unknown
 from gpuwarden.policy.series import Column, PodId, SeriesKey, Window
-from gpuwarden.policy.slope import bucket_medians, fit_line, median, pairwise_slopes
+from gpuwarden.policy.slope import bucket_medians, fit_line, median, theil_sen
 from gpuwarden.policy.units import format_duration
 
 MIN_SPAN_SECONDS = 240.0
@@ -99,7 +103,9 @@ PARTS = 4
 MIN_PART_BUCKETS = 3
 """Fewer bucket medians than this in some quarter: the span cannot hold."""
 HOLD_PART = 0.5
-"""Each quarter's slope must be at least this share of the span's for the span to hold."""
+"""No quarter's slope may be significantly below this share of the span's for the span to hold."""
+NOISE_PAIRS = 60
+"""Second differences of readings a span's noise is estimated from (:func:`median_noise`)."""
 CONFIDENCE_Z = 2.33
 """Standard deviations of the slope's lower bound: one-sided 99%."""
 URGENT_SPANS = 2.0
@@ -130,12 +136,16 @@ def evidence_spans(window_seconds: float) -> tuple[float, ...]:
     return tuple(spans)
 
 
+_Shape = tuple[tuple[float, ...], tuple[float, ...], float, float]
+"""A span's ``(parts, part margins, recent slope, jumps)``."""
+
+
 @dataclass(slots=True)
 class GpuGrowth:
     """One GPU's memory trend over one span.
 
-    ``parts``, ``recent_slope`` and ``jumps`` are worked out from ``levels`` when
-    first read: most trends are judged on their slope alone (not growing), and
+    ``parts``, ``part_margins``, ``recent_slope`` and ``jumps`` are worked out from
+    ``levels`` when first read: most trends are judged on their slope alone (not growing), and
     never need them.
     """
 
@@ -152,7 +162,9 @@ class GpuGrowth:
     total_bytes: float | None
     covered: bool
     span_seconds: float
-    _shape: tuple[tuple[float, ...], float, float] | None = field(default=None, compare=False, repr=False)
+    noise: float = 0.0
+    """A bucket median's standard deviation by noise alone, bytes (see :func:`median_noise`)."""
+    _shape: _Shape | None = field(default=None, compare=False, repr=False)
 
     @property
     def parts(self) -> tuple[float, ...]:
@@ -160,14 +172,19 @@ class GpuGrowth:
         return self._shaped()[0]
 
     @property
+    def part_margins(self) -> tuple[float, ...]:
+        """How far each quarter's slope may fall short by noise alone: :data:`CONFIDENCE_Z` errors."""
+        return self._shaped()[1]
+
+    @property
     def recent_slope(self) -> float:
         """The last quarter's slope (of the last quarter's buckets there are, when it has too few)."""
-        return self._shaped()[1]
+        return self._shaped()[2]
 
     @property
     def jumps(self) -> float:
         """Bytes of the rise made in jumps: bucket-to-bucket rises beyond what the others' spread explains."""
-        return self._shaped()[2]
+        return self._shaped()[3]
 
     @property
     def seconds_to_full(self) -> float | None:
@@ -176,14 +193,14 @@ class GpuGrowth:
             return None
         return max(0.0, (self.total_bytes - self.used_bytes) / self.slope)
 
-    def _shaped(self) -> tuple[tuple[float, ...], float, float]:
+    def _shaped(self) -> _Shape:
         if self._shape is None:
-            self._shape = _shape(self.levels, self.span_seconds)
+            self._shape = _shape(self.levels, self.span_seconds, self.noise)
         return self._shape
 
 
-def _shape(levels: Sequence[float], span: float) -> tuple[tuple[float, ...], float, float]:
-    """``(parts, recent slope, jumps)`` of a span's bucket medians (see :class:`GpuGrowth`)."""
+def _shape(levels: Sequence[float], span: float, noise: float) -> _Shape:
+    """``(parts, part margins, recent slope, jumps)`` of a span's bucket medians (see :class:`GpuGrowth`)."""
     width = span / BUCKETS
     per_part = BUCKETS // PARTS
     quarters: list[tuple[list[float], list[float]]] = []
@@ -192,23 +209,46 @@ def _shape(levels: Sequence[float], span: float) -> tuple[tuple[float, ...], flo
         ys = [y for y in levels[q * per_part : (q + 1) * per_part] if y == y]
         quarters.append((xs, ys))
     parts: tuple[float, ...] = ()
+    margins: tuple[float, ...] = ()
     if all(len(xs) >= MIN_PART_BUCKETS for xs, _ in quarters):
-        parts = tuple(_slope(xs, ys) for xs, ys in quarters)
+        parts = tuple(theil_sen(xs, ys)[0] for xs, ys in quarters)
+        # A straight line's slope error through the quarter's points, the medians' noise known.
+        margins = tuple(CONFIDENCE_Z * noise / math.sqrt(_spread_of(xs)) for xs, _ in quarters)
     xs, ys = quarters[-1]
-    recent = parts[-1] if parts else _slope(xs, ys) if len(xs) >= 2 else 0.0
+    recent = parts[-1] if parts else theil_sen(xs, ys)[0] if len(xs) >= 2 else 0.0
     present = [y for y in levels if y == y]
     rises = list(map(sub, present[1:], present[:-1]))
     typical = median(rises)
     spread = 1.4826 * median([abs(rise - typical) for rise in rises])
     jumps = sum(rise - typical for rise in rises if rise > typical + STEP_SIGMAS * spread)
-    return parts, recent, jumps
+    return parts, margins, recent, jumps
 
 
-def _slope(xs: Sequence[float], ys: Sequence[float]) -> float:
-    """The Theil-Sen slope alone (no intercept)."""
-    slopes = pairwise_slopes(xs, ys)
-    mid = len(slopes) // 2
-    return slopes[mid] if len(slopes) % 2 else (slopes[mid - 1] + slopes[mid]) / 2
+def _spread_of(xs: Sequence[float]) -> float:
+    """The sum of squared deviations of ``xs`` from their mean."""
+    mean = sum(xs) / len(xs)
+    return sum((x - mean) ** 2 for x in xs)
+
+
+def median_noise(values: Sequence[float], buckets: int) -> float:
+    """The standard deviation of a bucket median of ``values`` (consecutive readings) by noise alone.
+
+    From the readings themselves, not the medians: the medians' scatter about a line is a
+    staircase's or a leak onset's shape as much as noise. A second difference of consecutive
+    readings, ``y[i+1] - 2 y[i] + y[i-1]``, is free of the trend, even where it changes (a leak's
+    onset, sparse samples), and has sqrt(6) times the readings' noise; the interquartile range of
+    :data:`NOISE_PAIRS` of them, evenly spread over the span, ignores the few that hold a step or
+    a transient, at a fraction of the cost of all of them. A median of ``m`` readings has about
+    1.25 / sqrt(m) of their noise.
+    """
+    stride = max(1, len(values) // NOISE_PAIRS)
+    triples = zip(values[::stride], values[1::stride], values[2::stride], strict=False)
+    curvatures = sorted([a - 2 * b + c for a, b, c in triples])
+    if len(curvatures) < 4:
+        return 0.0
+    quarter = len(curvatures) // 4
+    sigma = (curvatures[-1 - quarter] - curvatures[quarter]) / 1.349 / math.sqrt(6)
+    return 1.2533 * sigma / math.sqrt(max(1.0, len(values) / buckets))
 
 
 @dataclass(slots=True)
@@ -282,7 +322,8 @@ def gpu_growth(
     if not r.values:
         return None
     step = -(-len(r.values) // MAX_POINTS)
-    xs, ys = bucket_medians(r.times[::step], r.values[::step], start, end, BUCKETS)
+    values = r.values[::step]
+    xs, ys = bucket_medians(r.times[::step], values, start, end, BUCKETS)
     if len(xs) < MIN_BUCKETS:
         return None
     span = end - start
@@ -302,6 +343,7 @@ def gpu_growth(
         total_bytes=window.mem_total,
         covered=covered(r, start, end, max_gap),
         span_seconds=span,
+        noise=median_noise(values, len(xs)),
     )
 
 
@@ -392,7 +434,10 @@ def _holds(g: GpuGrowth, rule: MemoryGrowth) -> bool:
     rate = rule.rate_bytes_per_second
     if not (g.covered and g.slope >= rate and g.fit >= rule.min_fit and g.parts):
         return False
-    if min(g.parts) < HOLD_PART * g.slope or g.jumps > JUMP_SHARE * g.slope * g.span_seconds:
+    floor = HOLD_PART * g.slope
+    if any(part < floor - margin for part, margin in zip(g.parts, g.part_margins, strict=True)):
+        return False  # some quarter grew significantly slower than the span: a plateau, not a leak
+    if g.jumps > JUMP_SHARE * g.slope * g.span_seconds:
         return False
     if g.lower >= rate:
         return True

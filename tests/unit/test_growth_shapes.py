@@ -86,6 +86,9 @@ def test_the_example_leak_is_found_within_five_minutes_and_says_over_what() -> N
     seed=st.integers(0, 2**32 - 1),
 )
 @example(times_rate=2.0, start=124.0, load=0.0, onset=60, noise=4.0, seed=0)  # the demo's leak
+# 40 flat minutes, then 500Mi/m: found 2 minutes in, on a span half flat, when the quarters' noise
+# was taken from the spread of the rises (which the onset inflates) instead of their curvature.
+@example(times_rate=5.0, start=1.0, load=0.0, onset=2400, noise=7.0, seed=1)
 def test_a_steady_leak_is_found_within_five_minutes_of_its_onset(
     times_rate: float, start: float, load: float, onset: int, noise: float, seed: int
 ) -> None:
@@ -143,6 +146,9 @@ def test_a_leak_about_to_fill_the_card_is_announced_without_waiting_for_the_boun
     seed=st.integers(0, 2**32 - 1),
 )
 @example(steps=4, height=16.0, every=90, at=0, noise=2.0, seed=0)  # the demo's caching allocator
+# Steps every 3 buckets of the 16m span, flat before: its first quarter (a step at its edge) must
+# refuse the span, which a quarter's noise taken from the medians' own scatter would excuse.
+@example(steps=5, height=1.0, every=144, at=2400, noise=0.0, seed=0)
 def test_a_caching_allocator_that_steps_up_and_plateaus_never_fires(
     steps: int, height: float, every: int, at: int, noise: float, seed: int
 ) -> None:
