@@ -154,7 +154,9 @@ def run(args: argparse.Namespace) -> int:
         kopf.run(
             clusterwide=config.clusterwide,
             namespaces=list(config.namespaces),
-            peering_name=config.peering,
+            # Sharded mode runs Kopf standalone; a peering name would make peering mandatory in Kopf,
+            # which then pauses every watch for want of the peering objects it does not use.
+            peering_name=None if config.shards else config.peering,
             priority=config.priority,
             identity=cast(Any, config.identity),  # Kopf's Identity is a NewType of str
             # Sharded mode: every replica runs every policy's daemon; the ring says which one acts.
