@@ -45,9 +45,8 @@ def main() -> None:
         started = time.perf_counter()
         for node in nodes:
             cold.owner(node)
-        print(
-            f"owner uncached over {count} replicas: {(time.perf_counter() - started) / len(nodes) * 1e6:.1f} us"
-        )
+        each = (time.perf_counter() - started) / len(nodes)
+        print(f"owner uncached over {count} replicas: {each * 1e6:.1f} us")
 
 
 if __name__ == "__main__":
