@@ -26,6 +26,11 @@ What happens on each answer:
 - 408, 429, 5xx, connection errors, timeouts: retried with capped exponential backoff
   and full jitter, honouring ``Retry-After``;
 - 413: the report is halved and the halves sent in order; later reports stay that small;
+- 421 (the operator is sharded and another replica owns this node): sent again at once, same
+  ``seq``, to the ``url`` the answer names; later reports go there too, until a POST there fails
+  (connection, timeout, 401/403, 429, 5xx, a 421 without a URL), when they go back to ``url``,
+  which redirects again (docs/scaling-out.md). At most :data:`MAX_REDIRECTS` in a row: two
+  replicas that disagree for a moment cost a backoff, not a loop;
 - any other 4xx: the report itself is bad and retrying cannot help: dropped, counted, logged.
 
 A retry resends the same ``seq`` with the same snapshots (or, if the buffer overflowed
@@ -70,6 +75,9 @@ DEFAULT_MAX_REPORT_BYTES = 1024 * 1024
 
 _ENVELOPE_BYTES = 1024  # room for everything in a body but the snapshots
 
+MAX_REDIRECTS = 3
+"""421s followed in a row before the report backs off like any failed POST."""
+
 DROP_REASONS = ("buffer_full", "rejected")
 """``buffer_full``: pushed out by newer snapshots; ``rejected``: in a report the operator refused (4xx)."""
 
@@ -81,6 +89,7 @@ ERROR_REASONS = (
     "throttled",  # 429
     "server_error",  # 5xx, 408
     "too_large",  # 413: the report was split
+    "misdirected",  # 421: another operator replica owns this node; followed
     "rejected",  # another 4xx: the report was dropped
     "unexpected_status",  # 1xx/3xx: a misrouted URL
 )
@@ -103,6 +112,7 @@ class _Outcome:
     retry: bool = False
     retry_after: float | None = None
     split: bool = False
+    redirected: bool = False
 
 
 class ReportSender:
@@ -161,6 +171,9 @@ class ReportSender:
         self._failures = 0  # consecutive failed POSTs: drives the backoff and the logging
         self._refusing = False  # whether the last delivered report had readings refused
         self._session: aiohttp.ClientSession | None = None
+        self.owner_url: str | None = None
+        """Where reports go while a sharded operator named this node's owner (else ``url``)."""
+        self._redirects = 0  # 421s followed in a row
         # One delivery at a time: run's rounds and flush share the report in flight.
         self._lock = asyncio.Lock()
         self._running = False
@@ -277,7 +290,7 @@ class ReportSender:
             if outcome.retry:
                 await asyncio.sleep(self._backoff(outcome.retry_after))
                 continue
-            if outcome.split:
+            if outcome.split or outcome.redirected:
                 continue
             self._inflight = None
             self._buffer_gauge.set(self.buffered)
@@ -326,17 +339,18 @@ class ReportSender:
             except OSError as exc:
                 return self._failed("token", f"cannot read the token {self._token_path}: {exc}")
         body = self._body(report)
+        url = self.owner_url or self.url
         try:
             async with session.post(
-                self.url, data=body, headers=headers, timeout=self._timeout, allow_redirects=False
+                url, data=body, headers=headers, timeout=self._timeout, allow_redirects=False
             ) as response:
                 status = response.status
                 text = (await response.text(errors="replace"))[:500]
                 retry_after = _retry_after(response.headers.get("Retry-After"))
         except TimeoutError:
-            return self._failed("timeout", f"no answer from {self.url} within {self._timeout.total} s")
+            return self._failed("timeout", f"no answer from {url} within {self._timeout.total} s")
         except aiohttp.ClientError as exc:
-            return self._failed("connection", f"{self.url}: {type(exc).__name__}: {exc}")
+            return self._failed("connection", f"{url}: {type(exc).__name__}: {exc}")
         return self._answer(report, status, text, retry_after)
 
     def _answer(self, report: _Report, status: int, text: str, retry_after: float | None) -> _Outcome:
@@ -345,6 +359,7 @@ class ReportSender:
             if self._failures:
                 log.info("operator reachable again after %d failed attempts", self._failures)
             self._failures = 0
+            self._redirects = 0
             self._sent.inc()
             self._count_refused(report, text)
             return _Outcome(delivered=True)
@@ -354,6 +369,8 @@ class ReportSender:
             return self._failed("throttled", f"HTTP 429: {text}", retry_after)
         if status == 408 or status >= 500:
             return self._failed("server_error", f"HTTP {status}: {text}", retry_after)
+        if status == 421:
+            return self._redirect(text)
         if status == 413 and size > 1:
             self._errors.labels("too_large").inc()
             self._max_batch = max(1, size // 2)
@@ -380,6 +397,25 @@ class ReportSender:
             return _Outcome()
         return self._failed("unexpected_status", f"HTTP {status} from {self.url}: {text}")
 
+    def _redirect(self, text: str) -> _Outcome:
+        """A sharded operator's replica does not own this node: follow its hint to the owner."""
+        try:
+            hint = json.loads(text)
+            url = hint.get("url")
+        except (ValueError, AttributeError):
+            url = None
+        self._redirects += 1
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            return self._failed("misdirected", f"HTTP 421 without the owner's URL: {text}")
+        if self._redirects > MAX_REDIRECTS:
+            self._redirects = 0
+            return self._failed("misdirected", f"HTTP 421 {MAX_REDIRECTS + 1} times in a row: {text}")
+        self._errors.labels("misdirected").inc()
+        if url != self.owner_url:
+            log.info("operator replica %s owns this node; reporting to %s", hint.get("owner"), url)
+        self.owner_url = url
+        return _Outcome(redirected=True)
+
     def _count_refused(self, report: _Report, text: str) -> None:
         try:
             refused = json.loads(text).get("refused") or {}
@@ -396,6 +432,10 @@ class ReportSender:
 
     def _failed(self, reason: str, message: str, retry_after: float | None = None) -> _Outcome:
         self._errors.labels(reason).inc()
+        if self.owner_url is not None:
+            # The owner failed us (gone, or no longer the owner): the Service names the next one.
+            log.info("report to the owner %s failed (%s); back to %s", self.owner_url, reason, self.url)
+            self.owner_url = None
         self._failures += 1
         # The first failure of a streak is news; the next ones are the same news.
         level = logging.WARNING if self._failures == 1 else logging.DEBUG

@@ -57,6 +57,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--priority", type=int, default=None, help="Kopf peering priority; default: derived from POD_NAME"
     )
     parser.add_argument(
+        "--shards",
+        action="store_true",
+        help="sharded mode: every replica acts on its share of nodes and policies (Leases, no peering)",
+    )
+    parser.add_argument(
+        "--advertise-url",
+        default=None,
+        help="with --shards: where agents reach this replica; default http(s)://$POD_IP:PORT/v1/reports",
+    )
+    parser.add_argument(
         "--max-body-bytes",
         default=DEFAULTS["max_body_bytes"],
         help="larger report bodies get 413 (%(default)s)",
@@ -116,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
             node_health_xids=args.node_health_xids,
             node_health_hold=args.node_health_hold,
             cordon=args.cordon,
+            shards=args.shards,
+            advertise_url=args.advertise_url,
             verbose=args.verbose,
             debug=args.debug,
         )
@@ -131,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
     kopf.configure(debug=config.debug, verbose=config.verbose, log_format=kopf.LogFormat.PLAIN)
     log = logging.getLogger("gpuwarden.operator")
     log.info(
-        "Peering %r as %r with priority %d, %s.",
+        "%s %r as %r with priority %d, %s.",
+        "Sharding (Leases of group)" if config.shards else "Peering",
         config.peering,
         config.identity,
         config.priority,
@@ -141,10 +154,13 @@ def run(args: argparse.Namespace) -> int:
         kopf.run(
             clusterwide=config.clusterwide,
             namespaces=list(config.namespaces),
-            peering_name=config.peering,
+            # Sharded mode runs Kopf standalone; a peering name would make peering mandatory in Kopf,
+            # which then pauses every watch for want of the peering objects it does not use.
+            peering_name=None if config.shards else config.peering,
             priority=config.priority,
             identity=cast(Any, config.identity),  # Kopf's Identity is a NewType of str
-            standalone=False,
+            # Sharded mode: every replica runs every policy's daemon; the ring says which one acts.
+            standalone=config.shards,
             memo=kopf.Memo(state=OperatorState(config)),
         )
     except Exception as exc:

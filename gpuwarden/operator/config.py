@@ -117,6 +117,12 @@ class OperatorConfig:
     """Seconds an XID or a new uncorrected ECC error keeps a node unhealthy after it."""
     cordon: CordonMode = CordonMode.OFF
     """Cordon a node whose GPUs turn unhealthy: off, dry-run (say so only), on (needs nodes patch)."""
+    shards: bool = False
+    """Sharded mode (``--shards``, docs/scaling-out.md): every live replica acts, on the nodes and
+    policies the ring gives it; membership through Leases in ``pod_namespace``, no Kopf peering."""
+    advertise_url: str | None = None
+    """Sharded mode: where agents reach this replica directly (``--advertise-url``; default from
+    ``POD_IP``), published on its Lease and in the 421 answers of the other replicas."""
     verbose: bool = False
     debug: bool = False
 
@@ -206,6 +212,16 @@ def default_identity(env: Mapping[str, str]) -> str:
     return pod or f"{socket.gethostname()}/{os.getpid()}"
 
 
+def default_advertise_url(env: Mapping[str, str], ingest_address: str, *, tls: bool) -> str | None:
+    """``http(s)://POD_IP:PORT/v1/reports`` (the ingest port), or None without ``POD_IP``."""
+    ip = env.get("POD_IP", "").strip()
+    if not ip:
+        return None
+    port = parse_address(ingest_address, flag="--ingest-address").port
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"{'https' if tls else 'http'}://{host}:{port}/v1/reports"
+
+
 def build_config(
     *,
     namespaces: Sequence[str],
@@ -224,6 +240,8 @@ def build_config(
     node_health_xids: str = "",
     node_health_hold: str = "10m",
     cordon: str = "off",
+    shards: bool = False,
+    advertise_url: str | None = None,
     verbose: bool = False,
     debug: bool = False,
     env: Mapping[str, str] | None = None,
@@ -251,6 +269,14 @@ def build_config(
         raise ConfigError(f"--cordon: {cordon!r} is not one of off, dry-run, on") from None
     if cordon_mode is not CordonMode.OFF and not node_health:
         raise ConfigError("--cordon needs --node-health (it acts on the GPUHealthy condition)")
+    if shards and not pod_namespace:
+        raise ConfigError("--shards needs POD_NAMESPACE (the replicas' Leases live there)")
+    if advertise_url and not shards:
+        raise ConfigError("--advertise-url goes with --shards")
+    if shards and not advertise_url:
+        advertise_url = default_advertise_url(env, ingest_address, tls=bool(tls_cert_file))
+    if advertise_url and not advertise_url.startswith(("http://", "https://")):
+        raise ConfigError(f"--advertise-url: {advertise_url!r} is not an http(s) URL")
     xids = parse_xids(node_health_xids, flag="--node-health-xids") if node_health_xids else CRITICAL_XIDS
     return OperatorConfig(
         namespaces=tuple(dict.fromkeys(namespaces)),
@@ -271,6 +297,8 @@ def build_config(
         node_health_xids=xids,
         node_health_hold=parse_hold(node_health_hold, flag="--node-health-hold"),
         cordon=cordon_mode,
+        shards=shards,
+        advertise_url=advertise_url or None,
         verbose=verbose,
         debug=debug,
     )

@@ -147,6 +147,9 @@ class PolicyRunner:
 
         ``policies``: the namespace's (this one included), for the scaler's conflict check.
         """
+        if not self.state.acts_on(self.key):
+            self._stand_aside()
+            return
         now = time.time()
         meta = body.get("metadata") or {}
         status = body.get("status") or {}
@@ -171,6 +174,19 @@ class PolicyRunner:
                 # removed action takes its last result (a problem, the condition) with it.
                 self.scale_result = await self._scale(evaluation, now, policies)
         await self.write_status(status, now)
+
+    def _stand_aside(self) -> None:
+        """Sharded mode, another replica owns the policy: forget it here, so that owning it again
+        starts as a takeover does (findings restored from its status, not announced again)."""
+        if not self.parsed:
+            return
+        self.log.info("Another replica owns this policy now; it is evaluated there.")
+        self.state.metrics.set_findings(self.key.namespace, self.key.name, {}, self._rules_counted)
+        self.state.set_horizon(self.key, None)
+        self.generation = self.spec = self.spec_error = self.evaluator = self.announcer = None
+        self.evaluation = self.scale_result = self.written = None
+        self.parsed = False
+        self._rules_counted = set()
 
     def sync_spec(
         self, generation: int | None, spec: Mapping[str, Any], status: Mapping[str, Any], now: float

@@ -7,6 +7,8 @@ In order, each request is answered with the first that applies:
 401   ``Unauthenticated``      no bearer token, or TokenReview does not accept it for our audience
 403   ``Forbidden``            a valid token of another ServiceAccount, or one bound to no pod
 503   ``AuthUnavailable``      TokenReview could not be made; the agent retries
+421   ``NotOwner``             sharded mode: another replica owns the token's node; the body names it
+                               (``owner``) and where to send the report (``url``, when advertised)
 429   ``RateLimited``          the token's node sent more than ``--node-rate`` a second (``Retry-After``)
 413   ``TooLarge``             Content-Length above ``--max-body-bytes``
 415   ``UnsupportedEncoding``  a Content-Encoding other than gzip or deflate
@@ -52,7 +54,15 @@ from gpuwarden.operator.metrics import OperatorMetrics
 from gpuwarden.operator.ratelimit import NodeRateLimiter
 from gpuwarden.operator.tokenreview import TokenAuthenticator, Verdict
 
-__all__ = ["INGEST", "MAX_FUTURE_SKEW", "Intake", "ReportBook", "ReportIngest", "make_ingest_app"]
+__all__ = [
+    "INGEST",
+    "MAX_FUTURE_SKEW",
+    "Elsewhere",
+    "Intake",
+    "ReportBook",
+    "ReportIngest",
+    "make_ingest_app",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +116,14 @@ class ReportBook:
         return len(self._last)
 
 
+@dataclass(frozen=True, slots=True)
+class Elsewhere:
+    """Sharded mode: the replica that owns a node, and where its agent should send the reports."""
+
+    owner: str
+    url: str | None = None
+
+
 @dataclass(slots=True)
 class ReportIngest:
     """The endpoint's collaborators; :meth:`handle` is the request handler."""
@@ -121,6 +139,8 @@ class ReportIngest:
     max_body_bytes: int
     clock: Callable[[], float] = time.time
     """The operator's clock, which snapshots' timestamps are held against."""
+    route: Callable[[str], Elsewhere | None] | None = None
+    """Sharded mode: None when the token's node is ours, else its owner (a 421). None: every node is ours."""
     _large: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
 
     async def handle(self, request: web.Request) -> web.Response:
@@ -141,6 +161,10 @@ class ReportIngest:
             raise _Refusal(503, "Standby", "this replica stands by; retry", "standby", retry_after="1")
 
         node = await self._authenticate(request)
+        if self.route is not None and (elsewhere := self.route(node)) is not None:
+            hint = {"owner": elsewhere.owner} | ({"url": elsewhere.url} if elsewhere.url else {})
+            message = f"node {node} reports to replica {elsewhere.owner}"
+            raise _Refusal(421, "NotOwner", message, "not_owner", hint=hint)
         wait = self.limiter.acquire(node)
         if wait > 0:
             message = f"node {node} sends more than {self.limiter.rate:g} reports a second"
@@ -249,7 +273,13 @@ def _undecodable(request: web.Request) -> _Refusal:
 
 class _Refusal(Exception):
     def __init__(
-        self, status: int, reason: str, message: str, metric: str, retry_after: str | None = None
+        self,
+        status: int,
+        reason: str,
+        message: str,
+        metric: str,
+        retry_after: str | None = None,
+        hint: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -257,16 +287,23 @@ class _Refusal(Exception):
         self.message = message
         self.metric = metric
         self.retry_after = retry_after
+        self.hint = hint
 
     def response(self) -> web.Response:
         headers = {"Retry-After": self.retry_after} if self.retry_after else None
         if self.status == 401:
             headers = {**(headers or {}), "WWW-Authenticate": 'Bearer realm="gpuwarden"'}
-        return _error(self.status, self.reason, self.message, headers)
+        return _error(self.status, self.reason, self.message, headers, self.hint)
 
 
-def _error(status: int, reason: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
-    body: dict[str, Any] = {"reason": reason, "message": message}
+def _error(
+    status: int,
+    reason: str,
+    message: str,
+    headers: dict[str, str] | None = None,
+    hint: dict[str, str] | None = None,
+) -> web.Response:
+    body: dict[str, Any] = {"reason": reason, "message": message} | (hint or {})
     return web.Response(
         status=status, text=json.dumps(body), content_type="application/json", headers=headers
     )

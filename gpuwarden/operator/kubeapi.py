@@ -4,7 +4,7 @@ Kopf watches, indexes and runs handlers. The operator itself also needs
 TokenReviews (to authenticate agents), status writes from a long-running daemon
 (Kopf applies a daemon's ``patch`` only when the daemon function returns), its
 Events (posted under names of their own: :mod:`.posting`), its own pod's label,
-and reads of the peering object. Those go through this
+reads of the peering object, and in sharded mode the replicas' Leases. Those go through this
 client, which shares the credentials Kopf would use: in-cluster ServiceAccount
 first, else ``$KUBECONFIG`` (see :func:`kopf.login_with_service_account` and
 :func:`kopf.login_with_kubeconfig`).
@@ -224,6 +224,38 @@ class KubeApi:
             params={"fieldManager": manager},
             content_type="application/merge-patch+json",
         )
+
+    async def list_leases(self, namespace: str, selector: str) -> list[JsonObject]:
+        """The Leases of ``namespace`` matching the label ``selector``."""
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        rsp = await self.request("GET", path, params={"labelSelector": selector})
+        items = rsp.get("items")
+        return [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
+
+    async def renew_lease(self, namespace: str, lease: Mapping[str, Any], *, manager: str) -> JsonObject:
+        """Merge-patch a Lease with ``lease`` (a whole object), creating it when it does not exist."""
+        name = lease["metadata"]["name"]
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        try:
+            return await self.request(
+                "PATCH",
+                f"{path}/{name}",
+                body=lease,
+                params={"fieldManager": manager},
+                content_type="application/merge-patch+json",
+            )
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+        return await self.request("POST", path, body=lease, params={"fieldManager": manager})
+
+    async def delete_lease(self, namespace: str, name: str) -> None:
+        """Delete a Lease (gone already is fine)."""
+        try:
+            await self.request("DELETE", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}")
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
 
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> JsonObject:
         """POST a core/v1 Event into ``namespace``."""

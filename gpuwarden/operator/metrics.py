@@ -40,6 +40,7 @@ REJECT_REASONS = (
     "rate_limited",  # 429
     "standby",  # 503: this replica does not act (peering)
     "unavailable",  # 503: TokenReview could not be made
+    "not_owner",  # 421: sharded mode, another replica owns the node
     "internal",  # 500: a bug; nothing of the report is recorded as seen, so its retry is taken
 )
 

@@ -23,6 +23,7 @@ from gpuwarden.operator.leadership import Leadership
 from gpuwarden.operator.metrics import OperatorMetrics, store_gauges
 from gpuwarden.operator.posting import EventPoster, ObjectRef
 from gpuwarden.operator.ratelimit import NodeRateLimiter
+from gpuwarden.operator.sharding import Sharding
 from gpuwarden.operator.tokenreview import TokenAuthenticator
 from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.healthstore import HealthStore
@@ -167,7 +168,9 @@ class OperatorState:
         """Running evaluation daemons: namespace -> policy name -> pacing."""
         self.horizons: dict[PolicyKey, float] = {}
         """The store retention each running policy needs."""
-        self.leadership = Leadership(config, self.api)
+        self.sharding = Sharding(config, self.api) if config.shards else None
+        """Sharded mode (``--shards``): membership, and which nodes and policies are ours."""
+        self.leadership = self.sharding or Leadership(config, self.api)
         self.authenticator = TokenAuthenticator(
             self._review,
             audience=config.token_audience,
@@ -180,9 +183,10 @@ class OperatorState:
             book=self.book,
             metrics=self.metrics,
             accept=self.accept,
-            acting=lambda: self.leadership.active,
+            acting=self.sharding.acting if self.sharding else lambda: self.leadership.active,
             max_body_bytes=config.max_body_bytes,
             clock=clock,
+            route=self.sharding.route if self.sharding else None,
         )
         self.started = False
         """True once the servers listen (``/readyz``)."""
@@ -326,6 +330,10 @@ class OperatorState:
         wanted = max(self.horizons.values(), default=MIN_RETENTION)
         self.store.retention_seconds = min(MAX_RETENTION, max(MIN_RETENTION, wanted))
         self.health.retention_seconds = self.store.retention_seconds
+
+    def acts_on(self, key: PolicyKey) -> bool:
+        """Whether this replica evaluates ``key`` (always, but in sharded mode: its owner only)."""
+        return self.sharding is None or self.sharding.acts_on_policy(key.namespace, key.name)
 
     def running_policies(self) -> Iterable[PolicyKey]:
         """Policies whose daemons run here."""

@@ -25,7 +25,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gpuwarden.agent.backend import ProcessUtilization
-from gpuwarden.agent.sender import DROP_REASONS, ERROR_REASONS, ReportSender
+from gpuwarden.agent.sender import DROP_REASONS, ERROR_REASONS, MAX_REDIRECTS, ReportSender
 from gpuwarden.agent.snapshots import Sampler, SnapshotRing
 from gpuwarden.nodereport import (
     MAX_SNAPSHOTS_PER_REPORT,
@@ -68,6 +68,7 @@ class Operator:
     answers: deque[tuple[int, dict[str, str]]] = field(default_factory=deque)
     max_snapshots: int | None = None  # answer 413 above this many
     refused: dict[str, int] = field(default_factory=dict)  # what a 200 says it did not store
+    owner: str | None = None  # a sharded replica's hint: a 421 names this URL
     requests: list[Request] = field(default_factory=list)
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     runner: web.AppRunner | None = None
@@ -110,6 +111,8 @@ class Operator:
         if status == 200:
             answer = {"accepted": len(report.snapshots), "duplicate": False, "refused": self.refused}
             return web.json_response(answer, headers=headers)
+        if status == 421 and self.owner is not None:
+            return web.json_response({"reason": "NotOwner", "owner": "op-b", "url": self.owner}, status=421)
         return web.Response(status=status, headers=headers, text=f"answered {status}")
 
     async def wait_for(self, predicate: Callable[[], bool]) -> None:
@@ -535,6 +538,58 @@ async def test_other_answers_are_retried(
     assert [r.status for r in operator.requests] == [302, 408, 403, 200]
     for reason in ("unexpected_status", "server_error", "unauthorized"):
         assert metric(registry, "gpuwarden_agent_report_errors_total", reason=reason) == 1
+
+
+async def test_a_421_is_followed_to_the_owner_at_once_until_the_owner_fails(
+    operator: Operator, make_sender: Callable[..., ReportSender], registry: CollectorRegistry
+) -> None:
+    owner = Operator()
+    await owner.start()
+    try:
+        operator.owner = owner.url
+        operator.answers.extend([(421, {}), (421, {})])
+        sender = make_sender()
+        sender.submit(snap(0))
+        await owner.wait_for(lambda: len(owner.delivered) == 1)
+        (misdirected,) = operator.requests
+        assert misdirected.body == owner.requests[0].body  # the same report, same seq
+        assert owner.requests[0].at - misdirected.at < 0.5  # at once, no backoff
+        sender.submit(snap(1))
+        await owner.wait_for(lambda: len(owner.delivered) == 2)
+        assert len(operator.requests) == 1  # remembered: straight to the owner
+
+        # The owner goes away: back to the Service, which names the owner again.
+        await owner.stop()
+        sender.submit(snap(2))
+        # (The owner is still away when the Service names it; then the Service takes the report.)
+        await operator.wait_for(lambda: len(operator.delivered) == 1)
+        assert [r.status for r in operator.requests] == [421, 421, 200]
+        assert numbers([r.report for r in operator.requests]) == [0, 2, 2]
+    finally:
+        if owner.runner is not None:
+            await owner.stop()
+    assert metric(registry, "gpuwarden_agent_report_errors_total", reason="misdirected") == 2
+    assert metric(registry, "gpuwarden_agent_report_errors_total", reason="connection") == 2
+
+
+@pytest.mark.looptime
+async def test_421s_without_a_url_or_in_a_loop_back_off(
+    operator: Operator, make_sender: Callable[..., ReportSender], registry: CollectorRegistry
+) -> None:
+    operator.answers.append((421, {}))  # no hint: like a 503
+    operator.owner = None
+    sender = make_sender()
+    sender.submit(snap(0))
+    await operator.wait_for(lambda: len(operator.delivered) == 1)
+    assert metric(registry, "gpuwarden_agent_report_errors_total", reason="misdirected") == 1
+    # Two replicas naming each other: MAX_REDIRECTS followed, then a backoff.
+    operator.owner = operator.url
+    operator.answers.extend([(421, {})] * (MAX_REDIRECTS + 1))
+    sender.submit(snap(1))
+    await operator.wait_for(lambda: len(operator.delivered) == 2)
+    times = [r.at for r in operator.requests[2:]]
+    assert times[MAX_REDIRECTS] - times[0] < 0.01  # followed at once
+    assert metric(registry, "gpuwarden_agent_report_errors_total", reason="misdirected") == 2 + MAX_REDIRECTS
 
 
 @pytest.mark.looptime

@@ -1,0 +1,229 @@
+"""Sharded mode in the operator (docs/scaling-out.md): the Lease loop against an in-memory API, ingest
+answering 421 for nodes another replica owns, and a policy evaluated by its owner only."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from test_ingest_app import Clock, report
+from test_ingest_app import FakeApi as ReviewApi
+from test_operator_evaluation import PODS, POLICY, T0, feed
+from test_operator_evaluation import FakeApi as StatusApi
+
+from gpuwarden.nodereport import dump_report
+from gpuwarden.operator import evaluation as evaluation_module
+from gpuwarden.operator.config import ConfigError, OperatorConfig, build_config, default_config
+from gpuwarden.operator.evaluation import PolicyRunner
+from gpuwarden.operator.ingest import make_ingest_app
+from gpuwarden.operator.membership import URL_ANNOTATION, Member, ShardView, lease_name
+from gpuwarden.operator.posting import ObjectRef
+from gpuwarden.operator.shards import policy_key
+from gpuwarden.operator.state import OperatorState, PolicyKey
+
+URL_B = "http://10.0.0.2:8443/v1/reports"
+
+
+def sharded(identity: str = "op-a") -> OperatorConfig:
+    return OperatorConfig(
+        shards=True,
+        identity=identity,
+        pod_name=identity,
+        pod_namespace="gw",
+        advertise_url=f"http://{identity}:8443/v1/reports",
+    )
+
+
+def view(identity: str, *members: Member, settle: float = 0.0) -> ShardView:
+    v = ShardView(identity, settle_seconds=settle)
+    v.update({m.identity: m for m in members}, time.monotonic())
+    return v
+
+
+class LeaseApi:
+    """Leases in memory, as the API server keeps them; also takes pod label patches."""
+
+    def __init__(self) -> None:
+        self.leases: dict[str, dict[str, Any]] = {}
+        self.labels: dict[str, str | None] = {}
+        self.down = False
+
+    async def renew_lease(self, namespace: str, lease: Mapping[str, Any], *, manager: str) -> Any:
+        if self.down:
+            from gpuwarden.operator.kubeapi import ApiError
+
+            raise ApiError(0, "away")
+        self.leases[lease["metadata"]["name"]] = dict(lease)
+        return lease
+
+    async def list_leases(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        if self.down:
+            from gpuwarden.operator.kubeapi import ApiError
+
+            raise ApiError(0, "away")
+        key, _, value = selector.partition("=")
+        return [le for le in self.leases.values() if le["metadata"]["labels"].get(key) == value]
+
+    async def delete_lease(self, namespace: str, name: str) -> None:
+        self.leases.pop(name, None)
+
+    async def patch_pod_labels(self, namespace: str, name: str, labels: Any, *, manager: str) -> Any:
+        self.labels.update(labels)
+        return {}
+
+
+def test_the_flags_build_a_sharded_config() -> None:
+    env = {"POD_NAME": "op-a", "POD_NAMESPACE": "gw", "POD_IP": "10.0.0.1"}
+    base = default_config(env)
+    assert not base.shards
+    args: dict[str, Any] = {
+        "namespaces": (),
+        "all_namespaces": True,
+        "ingest_address": "0.0.0.0:8443",
+        "tls_cert_file": None,
+        "tls_key_file": None,
+        "metrics_address": "0.0.0.0:8080",
+        "token_audience": "a",
+        "agent_service_account": "gw:agent",
+        "peering": "gpuwarden",
+        "priority": None,
+        "max_body_bytes": "1Mi",
+        "node_rate": 20.0,
+    }
+    config = build_config(**args, shards=True, env=env)
+    assert (config.shards, config.advertise_url) == (True, "http://10.0.0.1:8443/v1/reports")
+    with pytest.raises(ConfigError, match="POD_NAMESPACE"):
+        build_config(**args, shards=True, env={})
+    with pytest.raises(ConfigError, match="goes with --shards"):
+        build_config(**args, advertise_url="http://x/v1/reports", env=env)
+
+
+async def test_the_loop_renews_its_lease_sees_the_others_and_hands_over_on_exit() -> None:
+    api = LeaseApi()
+    a = OperatorState(sharded("op-a"), api=api)  # type: ignore[arg-type]
+    b = OperatorState(sharded("op-b"), api=api)  # type: ignore[arg-type]
+    assert a.sharding is not None
+    assert b.sharding is not None
+    await a.sharding._follow()
+    assert a.sharding.active
+    assert set(a.sharding.view.members) == {"op-a"}
+    lease = api.leases[lease_name("gpuwarden", "op-a")]
+    assert lease["metadata"]["annotations"] == {URL_ANNOTATION: "http://op-a:8443/v1/reports"}
+    await b.sharding._follow()
+    await a.sharding._follow()
+    assert set(a.sharding.view.members) == {"op-a", "op-b"}
+    assert a.sharding.view.members["op-b"].url == "http://op-b:8443/v1/reports"
+
+    await b.sharding.step_down()
+    assert lease_name("gpuwarden", "op-b") not in api.leases
+    await a.sharding._follow()
+    assert set(a.sharding.view.members) == {"op-a"}
+
+    # The API away: the view goes stale and the replica stops acting, though it was active.
+    api.down = True
+    clock = [time.monotonic() + 10]
+    a.sharding._clock = lambda: clock[0]
+    with pytest.raises(Exception, match="away"):
+        await a.sharding._follow()
+    assert not a.sharding.active
+    assert not a.sharding.acting()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[tuple[TestClient[Any, Any], OperatorState]]:
+    state = OperatorState(sharded("op-a"), api=ReviewApi(), clock=Clock())  # type: ignore[arg-type]
+    state.pod_nodes = {("ns", "pod-a"): ["node-1"], ("ns", "pod-b"): ["node-2"]}
+    state.pods_synced = True
+    c = TestClient(TestServer(make_ingest_app(state.ingest)))
+    await c.start_server()
+    try:
+        yield c, state
+    finally:
+        await c.close()
+
+
+async def post(c: TestClient[Any, Any], node: str, token: str) -> tuple[int, dict[str, Any]]:
+    rsp = await c.post(
+        "/v1/reports", data=dump_report(report(node=node)), headers={"Authorization": f"Bearer {token}"}
+    )
+    return rsp.status, await rsp.json()
+
+
+async def test_ingest_answers_421_with_the_owner_for_nodes_it_does_not_own(client: Any) -> None:
+    c, state = client
+    assert (await post(c, "node-1", "good"))[0] == 503  # no listing yet: acts on nothing
+    members = [Member("op-a", "http://op-a:8443/v1/reports"), Member("op-b", URL_B)]
+    state.sharding.view = view("op-a", *members)
+    ring = state.sharding.view.ring
+    assert {ring.owner("node-1"), ring.owner("node-2")} == {"op-a", "op-b"}  # (the names were picked so)
+    ours, theirs = ("good", "node-1"), ("good-2", "node-2")
+    if ring.owner("node-1") == "op-b":
+        ours, theirs = theirs, ours
+    status, payload = await post(c, theirs[1], theirs[0])
+    assert (status, payload["reason"], payload["owner"], payload["url"]) == (421, "NotOwner", "op-b", URL_B)
+    status, payload = await post(c, ours[1], ours[0])
+    assert (status, payload["duplicate"]) == (200, False)
+    rejected = state.metrics.registry.get_sample_value(
+        "gpuwarden_operator_reports_rejected_total", {"reason": "not_owner"}
+    )
+    assert rejected == 1
+
+
+@pytest.fixture
+def world(monkeypatch: pytest.MonkeyPatch) -> tuple[OperatorState, StatusApi, list[str], list[float]]:
+    api = StatusApi()
+    state = OperatorState(sharded("op-a"), api=api)  # type: ignore[arg-type]
+    posted: list[str] = []
+
+    class Sink:
+        async def post(self, regarding: ObjectRef, type_: str, reason: str, message: str) -> None:
+            posted.append(f"{regarding.kind} {reason}")
+
+    state.events = Sink()  # type: ignore[assignment]
+    clock = [T0]
+    monkeypatch.setattr(evaluation_module.time, "time", lambda: clock[0])
+    return state, api, posted, clock
+
+
+def owner_of_pol(*identities: str) -> str:
+    return view(identities[0], *(Member(i) for i in identities)).ring.owner(policy_key("ns", "pol")) or ""
+
+
+async def test_only_the_policys_owner_evaluates_and_a_new_owner_does_not_announce_again(world: Any) -> None:
+    state, api, posted, clock = world
+    other = next(o for o in (f"op-{c}" for c in "bcdefgh") if owner_of_pol("op-a", o) == o)
+    state.sharding.view = view("op-a", Member("op-a"), Member(other))
+    runner = PolicyRunner(state, PolicyKey("ns", "pol"))
+    pacing = state.open_policy(runner.key)
+    feed(state, T0 - 20, T0, util=3)
+    await runner.round(body=dict(POLICY, status={}), pods=PODS["ns"], pacing=pacing)
+    assert (posted, api.patches) == ([], [])  # the other replica's policy
+
+    # The owner announced it and wrote the status; then it left, and op-a takes the policy over.
+    owner = OperatorState(sharded(other), api=api)  # type: ignore[arg-type]
+    owner.events = state.events
+    owner.sharding.view = view(other, Member("op-a"), Member(other))
+    feed(owner, T0 - 20, T0, util=3)
+    theirs = PolicyRunner(owner, PolicyKey("ns", "pol"))
+    await theirs.round(body=dict(POLICY, status={}), pods=PODS["ns"], pacing=owner.open_policy(theirs.key))
+    assert len(posted) == 2
+    written = api.patches[-1]
+
+    state.sharding.view = view("op-a", Member("op-a"), settle=6.0)
+    clock[0] += 1
+    feed(state, T0, clock[0], util=3)
+    await runner.round(body=dict(POLICY, status=written), pods=PODS["ns"], pacing=pacing)
+    assert len(api.patches) == 1  # not yet settled: nothing written
+    state.sharding.view = view("op-a", Member("op-a"))
+    await runner.round(body=dict(POLICY, status=written), pods=PODS["ns"], pacing=pacing)
+    assert len(posted) == 2  # resumed from status, not announced again
+    assert runner.evaluation is not None
+    assert len(runner.evaluation.active) == 1
+
+    # And it stands aside again when the ring gives the policy back.
+    state.sharding.view = view("op-a", Member("op-a"), Member(other))
+    await runner.round(body=dict(POLICY, status=written), pods=PODS["ns"], pacing=pacing)
+    assert runner.evaluator is None
