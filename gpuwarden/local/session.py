@@ -31,7 +31,7 @@ Pure apart from the clock-free bookkeeping: no I/O, no sleeping.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from gpuwarden.agent.backend import device_key
@@ -40,6 +40,7 @@ from gpuwarden.local.policies import LocalPolicy
 from gpuwarden.nodereport import DeviceState, GpuSample, ProcessSample, Snapshot
 from gpuwarden.policy import (
     PROCESS_NAMESPACE,
+    Evaluation,
     Finding,
     FindingTransition,
     PodId,
@@ -314,7 +315,7 @@ class Session:
                 announced = self._track(transition)
                 if announced is not None:
                     announcements.append(announced)
-            note = self._decide_scale(entry, evaluation.active, len(evaluation.matched_pods), now)
+            note = self._decide_scale(entry, evaluation, now)
             if note is not None:
                 scaling.append(note)
         return Step(
@@ -440,10 +441,9 @@ class Session:
             return None
         return Announcement(transition, subject, devices)
 
-    def _decide_scale(
-        self, entry: _Policy, active: Iterable[Finding], matched: int, now: float
-    ) -> ScaleNote | None:
+    def _decide_scale(self, entry: _Policy, evaluation: Evaluation, now: float) -> ScaleNote | None:
         action = entry.policy.spec.actions.scale
+        matched = len(evaluation.matched_pods)
         if action is None or entry.decider is None:
             return None
         target = entry.target
@@ -462,7 +462,9 @@ class Session:
             )
         # The operator's sequence (gpuwarden.operator.scaler): decide on the current replicas,
         # apply a change unless dryRun, then record it so that its cooldown starts.
-        decision = entry.decider.decide(action, target.replicas, findings_by_pod(active), matched, now)
+        decision = entry.decider.decide(
+            action, target.replicas, findings_by_pod(evaluation.active), matched, now, evaluation.load
+        )
         if not decision.changes:
             return None
         if not action.dry_run:

@@ -46,6 +46,7 @@ from gpuwarden.policy.model import (
     UtilizationCeiling,
     UtilizationFloor,
 )
+from gpuwarden.policy.predictive import WorkloadLoad, workload_load
 from gpuwarden.policy.rules import Outcome, RuleKind, WindowParams
 from gpuwarden.policy.selector import selector_matches
 from gpuwarden.policy.series import PodId, SeriesKey, SeriesStore, Window
@@ -92,6 +93,8 @@ class Evaluation:
     """Selected pods with at least one active finding, sorted."""
     outcomes: tuple[Outcome, ...] = ()
     """Every rule's verdict on every selected, unsnoozed pod (for metrics and local mode's display)."""
+    load: WorkloadLoad | None = None
+    """With ``actions.scale.forecast``: the selected pods' load over the last interval, for the forecast."""
 
     def announcements(self) -> list[FindingTransition]:
         """Transitions that announce something: STARTED, RENOTIFY and RESOLVED (ONGOING left out)."""
@@ -277,6 +280,16 @@ class PolicyEvaluator:
                 tracker.forget_pending(key)
 
         self._growth_cache.sweep()
+        scale = self.spec.actions.scale
+        load = None
+        if scale is not None and scale.forecast is not None:
+            load = workload_load(
+                (store.series_of(*pod_id) for pod_id in sorted(selected)),
+                scale.forecast,
+                now,
+                self.spec.evaluation_interval_seconds,
+                self.params,
+            )
         active = tracker.active()
         violating = sorted({PodId(f.namespace, f.pod) for f in active})
         return Evaluation(
@@ -286,6 +299,7 @@ class PolicyEvaluator:
             matched_pods=tuple(sorted(selected)),
             violating_pods=tuple(violating),
             outcomes=tuple(outcomes),
+            load=load,
         )
 
 

@@ -109,6 +109,26 @@ class ScaleDirection:
 
 
 @dataclass(frozen=True, slots=True)
+class ScaleForecast:
+    """spec.actions.scale.forecast, with the thresholds it compares against resolved from the rules.
+
+    ``ceiling_*`` come from the first utilizationCeiling rule in scaleUpOn, ``floor_*`` from the
+    first utilizationFloor rule in scaleDownOn (none: the forecast never holds a scale-down back).
+    """
+
+    ceiling_rule: str
+    ceiling_percent: float
+    signal: Signal
+    """The ceiling rule's signal: the utilization reading the load is summed from."""
+    floor_rule: str | None = None
+    floor_percent: float | None = None
+    horizon_seconds: float | None = None
+    """How far ahead to look; None: the workload's observed replica start-up time."""
+    max_uncertainty: float = 20.0
+    """The widest 80% interval (percentage points of per-replica utilization) the forecast may act on."""
+
+
+@dataclass(frozen=True, slots=True)
 class ScaleAction:
     """spec.actions.scale."""
 
@@ -123,6 +143,7 @@ class ScaleAction:
     """How many pods must violate a scaleUpOn rule; ``None`` with ``scale_up_min_pods_percent`` set."""
     scale_up_min_pods_percent: float | None = None
     dry_run: bool = False
+    forecast: ScaleForecast | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from gpuwarden.policy.forecast import BUCKET_SECONDS, MAX_STEPS
 from gpuwarden.policy.model import (
     Actions,
     LabelRequirement,
@@ -26,6 +27,7 @@ from gpuwarden.policy.model import (
     Rule,
     ScaleAction,
     ScaleDirection,
+    ScaleForecast,
     ScaleTargetRef,
     Signal,
     UtilizationCeiling,
@@ -60,6 +62,9 @@ MIN_EVALUATION_INTERVAL = 1.0
 MIN_RENOTIFY_INTERVAL = 60.0
 # The engine fits a line through 20 bucket medians (window/20 each): under a minute, that is noise.
 MIN_GROWTH_WINDOW = 60.0
+# A forecast looks at least one evaluation ahead and at most as far as it forecasts (forecast.MAX_STEPS).
+MIN_FORECAST_HORIZON = 10.0
+MAX_FORECAST_HORIZON = MAX_STEPS * BUCKET_SECONDS
 
 # The CRD's scalar defaults, by the schema path of the object that holds them. The API server fills them
 # in; local mode's policy files never went through one, so the parser does. tests/unit/test_crd_schema.py
@@ -75,6 +80,7 @@ DEFAULTS: Mapping[str, Mapping[str, Any]] = {
     ".spec.actions.scale": {"minReplicas": 1, "scaleUpMinPods": 1, "dryRun": False},
     ".spec.actions.scale.behavior.scaleUp": {"stabilizationWindow": "0s", "step": 1, "cooldown": "1m"},
     ".spec.actions.scale.behavior.scaleDown": {"stabilizationWindow": "5m", "step": 1, "cooldown": "5m"},
+    ".spec.actions.scale.forecast": {"maxUncertainty": 20},
 }
 _SPEC = DEFAULTS[".spec"]
 _FLOOR = DEFAULTS[".spec.rules[].utilizationFloor"]
@@ -85,6 +91,7 @@ _ACTIONS = DEFAULTS[".spec.actions"]
 _SCALE = DEFAULTS[".spec.actions.scale"]
 _SCALE_UP = DEFAULTS[".spec.actions.scale.behavior.scaleUp"]
 _SCALE_DOWN = DEFAULTS[".spec.actions.scale.behavior.scaleDown"]
+_FORECAST = DEFAULTS[".spec.actions.scale.forecast"]
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -128,7 +135,7 @@ def parse_spec(spec: Mapping[str, Any], *, path: str = "spec") -> PolicySpec:
     )
     rules = _rules(spec["rules"], f"{path}.rules")
     _check_windows(rules, interval, f"{path}.rules")
-    actions = _actions(spec.get("actions"), f"{path}.actions", tuple(r.name for r in rules))
+    actions = _actions(spec.get("actions"), f"{path}.actions", rules)
     return PolicySpec(selector=selector, rules=rules, evaluation_interval_seconds=interval, actions=actions)
 
 
@@ -371,8 +378,8 @@ def _signal(obj: Mapping[str, Any], path: str, default: str) -> Signal:
 # --- actions -----------------------------------------------------------------------------------------
 
 
-def _actions(value: Any, path: str, rule_names: Sequence[str]) -> Actions:
-    """spec.actions; ``rule_names`` lets scale check the rules it names."""
+def _actions(value: Any, path: str, rules: Sequence[Rule]) -> Actions:
+    """spec.actions; ``rules`` lets scale check the rules it names."""
     if value is None:
         return Actions()
     obj = _object(value, path)
@@ -381,12 +388,13 @@ def _actions(value: Any, path: str, rule_names: Sequence[str]) -> Actions:
     renotify = _duration(
         obj, "renotifyInterval", path, _ACTIONS["renotifyInterval"], minimum=MIN_RENOTIFY_INTERVAL
     )
-    scale = None if obj.get("scale") is None else _scale(obj["scale"], f"{path}.scale", rule_names)
+    scale = None if obj.get("scale") is None else _scale(obj["scale"], f"{path}.scale", rules)
     return Actions(events=events, renotify_seconds=renotify, scale=scale)
 
 
-def _scale(value: Any, path: str, rule_names: Sequence[str]) -> ScaleAction:
+def _scale(value: Any, path: str, rules: Sequence[Rule]) -> ScaleAction:
     obj = _object(value, path)
+    rule_names = tuple(r.name for r in rules)
     _check_fields(
         obj,
         path,
@@ -399,6 +407,7 @@ def _scale(value: Any, path: str, rule_names: Sequence[str]) -> ScaleAction:
             "scaleUpMinPods",
             "behavior",
             "dryRun",
+            "forecast",
         ),
         ("targetRef", "maxReplicas"),
     )
@@ -434,6 +443,41 @@ def _scale(value: Any, path: str, rule_names: Sequence[str]) -> ScaleAction:
         scale_up_min_pods=min_pods,
         scale_up_min_pods_percent=min_pods_percent,
         dry_run=_bool(obj, "dryRun", path, _SCALE["dryRun"]),
+        forecast=None
+        if obj.get("forecast") is None
+        else _forecast(obj["forecast"], f"{path}.forecast", rules, up_on, down_on),
+    )
+
+
+def _forecast(
+    value: Any, path: str, rules: Sequence[Rule], up_on: Sequence[str], down_on: Sequence[str]
+) -> ScaleForecast:
+    """scale.forecast, its ceiling and floor taken from the first utilization rules scale names."""
+    obj = _object(value, path)
+    _check_fields(obj, path, ("horizon", "maxUncertainty"))
+    by_name = {r.name: r for r in rules}
+    ceilings = [r for n in up_on if isinstance(r := by_name[n], UtilizationCeiling)]
+    floors = [r for n in down_on if isinstance(r := by_name[n], UtilizationFloor)]
+    if not ceilings:
+        raise SpecError(
+            path,
+            "forecast needs a utilizationCeiling rule in scaleUpOn: its ceiling is what it forecasts against",
+        )
+    ceiling = ceilings[0]
+    floor = floors[0] if floors else None
+    horizon = None
+    if obj.get("horizon") is not None:
+        horizon = _duration(obj, "horizon", path, "0s", minimum=MIN_FORECAST_HORIZON)
+        if horizon > MAX_FORECAST_HORIZON:
+            raise SpecError(f"{path}.horizon", f"must be at most {format_duration(MAX_FORECAST_HORIZON)}")
+    return ScaleForecast(
+        ceiling_rule=ceiling.name,
+        ceiling_percent=ceiling.percent,
+        signal=ceiling.signal,
+        floor_rule=None if floor is None else floor.name,
+        floor_percent=None if floor is None else floor.percent,
+        horizon_seconds=horizon,
+        max_uncertainty=_number(obj, "maxUncertainty", path, _FORECAST["maxUncertainty"], 1, 100),
     )
 
 
