@@ -48,6 +48,7 @@ FINDING_COLORS = {
     RuleKind.UTILIZATION_CEILING: "tab:red",
     RuleKind.MEMORY_CEILING: "tab:orange",
     RuleKind.MEMORY_GROWTH: "tab:red",
+    RuleKind.ANOMALY: "tab:brown",
 }
 
 

@@ -45,7 +45,7 @@ VIOLATING = "Violating"
 SCALING_ACTIVE = "ScalingActive"
 OWNED_CONDITIONS = (READY, VIOLATING)
 
-_PER_GPU_KINDS = (RuleKind.MEMORY_CEILING, RuleKind.MEMORY_GROWTH)
+_PER_GPU_KINDS = (RuleKind.MEMORY_CEILING, RuleKind.MEMORY_GROWTH, RuleKind.ANOMALY)
 
 
 @dataclass(frozen=True, slots=True)

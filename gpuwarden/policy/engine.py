@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from gpuwarden.policy.anomaly import evaluate_anomaly
 from gpuwarden.policy.findings import (
     Finding,
     FindingKey,
@@ -39,6 +40,7 @@ from gpuwarden.policy.growth import BUCKETS as GROWTH_BUCKETS
 from gpuwarden.policy.growth import GrowthCache, evaluate_growth
 from gpuwarden.policy.memory import evaluate_memory_ceiling
 from gpuwarden.policy.model import (
+    Anomaly,
     MemoryCeiling,
     MemoryGrowth,
     PolicySpec,
@@ -112,6 +114,8 @@ def rule_kind(rule: Rule) -> RuleKind:
             return RuleKind.MEMORY_CEILING
         case MemoryGrowth():
             return RuleKind.MEMORY_GROWTH
+        case Anomaly():
+            return RuleKind.ANOMALY
 
 
 def horizon_seconds(spec: PolicySpec, params: WindowParams | None = None) -> float:
@@ -131,6 +135,8 @@ def rule_reach_seconds(rule: Rule) -> float:
     """How far back before the pod's newest sample a rule reads."""
     if isinstance(rule, MemoryGrowth):
         return rule.window_seconds * (1 + 1 / GROWTH_BUCKETS)
+    if isinstance(rule, Anomaly):
+        return rule.window_seconds
     return rule.for_seconds
 
 
@@ -152,6 +158,8 @@ def evaluate_rule(
             return evaluate_memory_ceiling(rule, pod, series, now, params)
         case MemoryGrowth():
             return evaluate_growth(rule, pod, series, now, params, growth_cache)
+        case Anomaly():
+            return evaluate_anomaly(rule, pod, series, now, params)
 
 
 def snoozed_until(annotations: Mapping[str, str], rule_name: str) -> float | None:

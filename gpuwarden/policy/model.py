@@ -86,7 +86,27 @@ class MemoryGrowth:
     for_seconds: float = 0.0
 
 
-Rule = UtilizationFloor | UtilizationCeiling | MemoryCeiling | MemoryGrowth
+class AnomalyMetric(enum.StrEnum):
+    """Which reading an anomaly rule watches."""
+
+    UTILIZATION = "utilization"  # smActive where the GPU reports it, else gpuUtil (as signal: auto)
+    MEMORY = "memory"
+
+
+@dataclass(frozen=True, slots=True)
+class Anomaly:
+    """Fires on sudden deviations from a GPU's usual readings: robust z-score over a rolling window."""
+
+    name: str
+    metric: AnomalyMetric
+    window_seconds: float
+    threshold: float
+    """The robust z-score (|x - median| / (1.4826 MAD)) a reading must pass to deviate."""
+    min_deviation: float
+    """The least deviation that counts: percentage points (utilization) or percent of the card (memory)."""
+
+
+Rule = UtilizationFloor | UtilizationCeiling | MemoryCeiling | MemoryGrowth | Anomaly
 
 
 @dataclass(frozen=True, slots=True)

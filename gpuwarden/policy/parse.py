@@ -19,6 +19,8 @@ import yaml
 from gpuwarden.policy.forecast import BUCKET_SECONDS, MAX_STEPS
 from gpuwarden.policy.model import (
     Actions,
+    Anomaly,
+    AnomalyMetric,
     LabelRequirement,
     LabelSelector,
     MemoryCeiling,
@@ -62,6 +64,8 @@ MIN_EVALUATION_INTERVAL = 1.0
 MIN_RENOTIFY_INTERVAL = 60.0
 # The engine fits a line through 20 bucket medians (window/20 each): under a minute, that is noise.
 MIN_GROWTH_WINDOW = 60.0
+# A baseline of readings needs a few minutes of them to say what is usual.
+MIN_ANOMALY_WINDOW = 300.0
 # A forecast looks at least one evaluation ahead and at most as far as it forecasts (forecast.MAX_STEPS).
 MIN_FORECAST_HORIZON = 10.0
 MAX_FORECAST_HORIZON = MAX_STEPS * BUCKET_SECONDS
@@ -76,6 +80,7 @@ DEFAULTS: Mapping[str, Mapping[str, Any]] = {
     ".spec.rules[].utilizationCeiling": {"for": "2m", "signal": "auto", "hysteresis": 5},
     ".spec.rules[].memoryCeiling": {"for": "1m", "hysteresis": 2},
     ".spec.rules[].memoryGrowth": {"window": "30m", "minFit": 0.8, "for": "0s"},
+    ".spec.rules[].anomaly": {"window": "30m", "threshold": 5, "minDeviation": 5},
     ".spec.actions": {"events": True, "renotifyInterval": "1h"},
     ".spec.actions.scale": {"minReplicas": 1, "scaleUpMinPods": 1, "dryRun": False},
     ".spec.actions.scale.behavior.scaleUp": {"stabilizationWindow": "0s", "step": 1, "cooldown": "1m"},
@@ -87,6 +92,7 @@ _FLOOR = DEFAULTS[".spec.rules[].utilizationFloor"]
 _CEILING = DEFAULTS[".spec.rules[].utilizationCeiling"]
 _MEMORY = DEFAULTS[".spec.rules[].memoryCeiling"]
 _GROWTH = DEFAULTS[".spec.rules[].memoryGrowth"]
+_ANOMALY = DEFAULTS[".spec.rules[].anomaly"]
 _ACTIONS = DEFAULTS[".spec.actions"]
 _SCALE = DEFAULTS[".spec.actions.scale"]
 _SCALE_UP = DEFAULTS[".spec.actions.scale.behavior.scaleUp"]
@@ -102,7 +108,7 @@ _MIN_PODS_PERCENT = re.compile(r"(100|[1-9][0-9]?)%")
 _STEP_PERCENT = re.compile(r"[1-9][0-9]{0,2}%")
 
 _OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
-_RULE_KINDS = ("utilizationFloor", "utilizationCeiling", "memoryCeiling", "memoryGrowth")
+_RULE_KINDS = ("utilizationFloor", "utilizationCeiling", "memoryCeiling", "memoryGrowth", "anomaly")
 
 _T = TypeVar("_T")
 
@@ -247,6 +253,8 @@ def _check_windows(rules: Sequence[Rule], interval: float, path: str) -> None:
     for i, rule in enumerate(rules):
         if isinstance(rule, MemoryGrowth):
             field, seconds = "memoryGrowth.window", rule.window_seconds
+        elif isinstance(rule, Anomaly):
+            field, seconds = "anomaly.window", rule.window_seconds
         else:
             field, seconds = f"{_WINDOW_KINDS[type(rule)]}.for", rule.for_seconds
         if seconds < interval:
@@ -358,11 +366,29 @@ def _memory_growth(name: str, obj: Mapping[str, Any], path: str) -> Rule:
     )
 
 
+def _anomaly(name: str, obj: Mapping[str, Any], path: str) -> Rule:
+    _check_fields(obj, path, ("metric", "window", "threshold", "minDeviation"), ("metric",))
+    raw = obj["metric"]
+    try:
+        metric = AnomalyMetric(raw)
+    except ValueError:
+        choices = ", ".join(m.value for m in AnomalyMetric)
+        raise SpecError(f"{path}.metric", f"{_show(raw)} is not one of {choices}") from None
+    return Anomaly(
+        name=name,
+        metric=metric,
+        window_seconds=_duration(obj, "window", path, _ANOMALY["window"], minimum=MIN_ANOMALY_WINDOW),
+        threshold=_number(obj, "threshold", path, _ANOMALY["threshold"], 1, 100),
+        min_deviation=_number(obj, "minDeviation", path, _ANOMALY["minDeviation"], 0, 100),
+    )
+
+
 _RULE_BUILDERS: dict[str, Callable[[str, Mapping[str, Any], str], Rule]] = {
     "utilizationFloor": _utilization_floor,
     "utilizationCeiling": _utilization_ceiling,
     "memoryCeiling": _memory_ceiling,
     "memoryGrowth": _memory_growth,
+    "anomaly": _anomaly,
 }
 
 

@@ -67,6 +67,7 @@ class RuleKind(enum.StrEnum):
     UTILIZATION_CEILING = "utilizationCeiling"
     MEMORY_CEILING = "memoryCeiling"
     MEMORY_GROWTH = "memoryGrowth"
+    ANOMALY = "anomaly"
 
     @property
     def reason(self) -> str:
@@ -79,7 +80,9 @@ _REASONS = {
     RuleKind.UTILIZATION_CEILING: "GPUSaturated",
     RuleKind.MEMORY_CEILING: "GPUMemoryNearLimit",
     RuleKind.MEMORY_GROWTH: "GPUMemoryLeakSuspected",
+    RuleKind.ANOMALY: "GPUAnomaly",
 }
+"""The reason of a kind's findings; an anomaly finding names its pattern instead (Outcome.reason)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +140,10 @@ class Outcome:
     """memoryGrowth: R² of the worst GPU's trend."""
     seconds_to_full: float | None = None
     """memoryGrowth: projected seconds until the worst GPU's card is full."""
+    reason: str | None = None
+    """The finding's reason when it is not the kind's (anomaly: its pattern, ``GPUPeriodicSpikes``)."""
+    extra: object = None
+    """Kind-specific figures its ``describe`` reads (anomaly: the worst GPU's episode)."""
     describe: Callable[[Outcome], str] = field(default=_no_message, compare=False, repr=False)
     """Builds :attr:`message` from the fields above."""
 

@@ -189,6 +189,7 @@ DURATION_FIELDS: dict[str, str | None] = {
     ".spec.rules[].memoryCeiling.for": "1m",
     ".spec.rules[].memoryGrowth.window": "30m",
     ".spec.rules[].memoryGrowth.for": "0s",
+    ".spec.rules[].anomaly.window": "30m",
     ".spec.actions.renotifyInterval": "1h",
     ".spec.actions.scale.behavior.scaleUp.stabilizationWindow": "0s",
     ".spec.actions.scale.behavior.scaleUp.cooldown": "1m",
