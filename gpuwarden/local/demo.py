@@ -182,6 +182,10 @@ class ScenarioRun:
             snapshot = self.sample(t)
             step = self.session.observe(snapshot)
             self.scaling.extend(step.scaling)
+            for note in step.scaling:
+                if note.applied:
+                    # What the Deployment controller would do: replicas come and go, then serve.
+                    self.scenario.scale(note.namespace, note.name, note.decision.desired, t)
             yield t, snapshot, step
 
     def sample(self, t: float) -> Snapshot:

@@ -20,10 +20,15 @@ Scaling is decided as the operator decides it: the pure
 target's current replicas, and a decision that changes them is applied and starts its
 cooldown. There is no cluster, so the target is a :class:`SimulatedTarget`: it starts
 with one replica per pod the policy matches (when it first matches any) and follows the
-decisions, 1 -> 2 -> 3 within ``minReplicas``/``maxReplicas``. No pod is added (the
-scenario's load never spreads out), so a saturated server keeps asking, once per
-cooldown, up to ``maxReplicas``. A ``dryRun: true`` policy leaves the replicas as they
-are, as the operator would, and its wish comes back once per cooldown unchanged.
+decisions, 1 -> 2 -> 3 within ``minReplicas``/``maxReplicas``. Whoever plays the snapshots
+makes the replicas real: the demo scales the scenario's Deployment of that name
+(:meth:`gpuwarden.agent.scenario.Scenario.scale`), whose load then spreads over the new
+pods once they start, so scaling out lowers each pod's utilization and stops when it is
+low enough. A target with no such Deployment gets no pods: a saturated server then keeps
+asking, once per cooldown, up to ``maxReplicas``. A ``dryRun: true`` policy leaves the
+replicas as they are, as the operator would, and its wish comes back once per cooldown
+unchanged. A policy with ``forecast`` is asked with each evaluation's load sample, as
+the operator asks it.
 
 Pure apart from the clock-free bookkeeping: no I/O, no sleeping.
 """
@@ -165,6 +170,10 @@ class ScaleNote:
     at: float
     applied: bool
     """Whether the simulated target took it (False: the policy is ``dryRun``, its replicas stay)."""
+    namespace: str = ""
+    """The target's namespace (the policy's; ``""`` for a policy without one)."""
+    name: str = ""
+    """The target's name."""
 
 
 @dataclass(slots=True)
@@ -470,7 +479,15 @@ class Session:
         if not action.dry_run:
             target.apply(decision)
         entry.decider.record_scale(decision, now)
-        return ScaleNote(entry.policy.key, target.target, decision, now, applied=not action.dry_run)
+        return ScaleNote(
+            entry.policy.key,
+            target.target,
+            decision,
+            now,
+            applied=not action.dry_run,
+            namespace=entry.policy.namespace or "",
+            name=action.target_ref.name,
+        )
 
     def _rows(
         self,

@@ -14,7 +14,8 @@ Semantics (the window, coverage and as-of time are in :mod:`gpuwarden.policy.rul
   deviates (an episode still going on), the baseline is taken again from the
   readings before that episode, when there are enough: a lasting change must not
   become its own baseline.
-- **Pattern**, named in the finding's reason and message:
+- **Pattern**, named in the finding's reason (the pattern it started with: its Events
+  and status agree for its whole life) and message (the pattern now):
 
   - ``GPUSteadyClimb``: the episode is still going on, has lasted at least
     :data:`SUSTAINED_FRACTION` of the window, and its readings keep rising (the
@@ -231,6 +232,12 @@ def gpu_anomaly(
     )
 
 
+_CLIMB_LIKE = {
+    AnomalyMetric.MEMORY: "like an unbounded cache",
+    AnomalyMetric.UTILIZATION: "like load that keeps growing",
+}
+
+
 def _level(metric: AnomalyMetric, value: float) -> str:
     return format_bytes(value) if metric is AnomalyMetric.MEMORY else percent(max(0.0, value))
 
@@ -256,7 +263,7 @@ def anomaly_message(o: Outcome) -> str:
     elif o.reason == Pattern.CLIMB:
         text = (
             f"{f.signal} climbs steadily: {_level(m, e.peak)}, {apart} {way} its median {median}, for the "
-            f"last {approx_duration(f.end - e.start)} ({z}), like an unbounded cache"
+            f"last {approx_duration(f.end - e.start)} ({z}), {_CLIMB_LIKE[m]}"
         )
     elif o.reason == Pattern.SHIFT:
         text = (

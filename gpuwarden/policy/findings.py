@@ -123,15 +123,15 @@ class FindingState:
 def finding_from(policy: str, outcome: Outcome, started_at: float, reason: str | None = None) -> Finding:
     """A finding stating ``outcome`` (which must carry a value).
 
-    Its reason is the outcome's, else ``reason`` (the finding's so far: an anomaly that clears keeps
-    the pattern it was announced with), else the kind's.
+    Its reason is ``reason`` (the finding's so far: an anomaly keeps the pattern it was announced
+    with, so that its Events and status agree), else the outcome's, else the kind's.
     """
     assert outcome.value is not None
     return Finding(
         policy=policy,
         rule=outcome.rule,
         kind=outcome.kind,
-        reason=outcome.reason or reason or outcome.kind.reason,
+        reason=reason or outcome.reason or outcome.kind.reason,
         namespace=outcome.pod.namespace,
         pod=outcome.pod.name,
         gpus=outcome.gpus,
