@@ -13,7 +13,9 @@ Semantics (the window, coverage and as-of time are in :mod:`gpuwarden.policy.rul
   :data:`MERGE_SECONDS` apart form one **episode**. While the newest reading
   deviates (an episode still going on), the baseline is taken again from the
   readings before that episode, when there are enough: a lasting change must not
-  become its own baseline.
+  become its own baseline. An episode still going on that is younger than
+  :data:`SUSTAINED_FRACTION` of the window is not judged yet (a spike and the start
+  of a climb look alike); once over, or lasting, it is.
 - **Pattern**, named in the finding's reason (the pattern it started with: its Events
   and status agree for its whole life) and message (the pattern now):
 
@@ -65,8 +67,8 @@ UNIT = "z"
 MAD_SCALE = 1.4826
 """MAD times this estimates the standard deviation of normal noise."""
 
-MERGE_SECONDS = 30.0
-"""Deviating readings of one sign closer than this belong to one episode."""
+MERGE_SECONDS = 5.0
+"""Deviating readings of one sign closer than this belong to one episode (a noisy burst may dip for a reading)."""
 
 SUSTAINED_FRACTION = 0.1
 """An episode still going on after this share of the window is a lasting change, not a spike."""
@@ -181,7 +183,12 @@ def _pattern(
     if not episodes:
         return None, None
     last = episodes[-1]
-    if last.ongoing and last.end - last.start >= SUSTAINED_FRACTION * window_seconds:
+    lasting = last.end - last.start >= SUSTAINED_FRACTION * window_seconds
+    if last.ongoing and not lasting:
+        # Too young to tell a spike from the start of a climb: judge the settled ones meanwhile.
+        settled = episodes[:-1]
+        return _pattern(settled, times, values, window_seconds, band) if settled else (None, None)
+    if last.ongoing:
         inside = [v for t, v in zip(times, values, strict=True) if t >= last.start]
         third = max(1, len(inside) // 3)
         first, final = sum(inside[:third]) / third, sum(inside[-third:]) / third

@@ -64,8 +64,8 @@ MIN_EVALUATION_INTERVAL = 1.0
 MIN_RENOTIFY_INTERVAL = 60.0
 # The engine fits a line through 20 bucket medians (window/20 each): under a minute, that is noise.
 MIN_GROWTH_WINDOW = 60.0
-# A baseline of readings needs a few minutes of them to say what is usual.
-MIN_ANOMALY_WINDOW = 300.0
+# A baseline needs readings enough to say what is usual: a minute of them, at the agent's 1 s.
+MIN_ANOMALY_WINDOW = 60.0
 # A forecast looks at least one evaluation ahead and at most as far as it forecasts (forecast.MAX_STEPS).
 MIN_FORECAST_HORIZON = 10.0
 MAX_FORECAST_HORIZON = MAX_STEPS * BUCKET_SECONDS

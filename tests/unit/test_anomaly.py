@@ -66,7 +66,8 @@ def test_quiet_noise_is_no_anomaly() -> None:
     o = judge(noisy(40, 3))
     assert not o.holds
     assert o.clears
-    assert o.value is not None and o.value < 5
+    assert o.value is not None
+    assert o.value < 5
 
 
 def test_one_spike_is_a_spike() -> None:
@@ -76,9 +77,11 @@ def test_one_spike_is_a_spike() -> None:
         return 80.0 if 1500 <= i < 1520 else base(i)
 
     o = judge(util)
-    assert o.holds and not o.clears
+    assert o.holds
+    assert not o.clears
     assert o.reason == Pattern.SPIKE
-    assert o.value is not None and o.value > 20
+    assert o.value is not None
+    assert o.value > 20
     assert o.message.startswith("GPU utilization spiked to 80%")
     assert "once in 30m" in o.message
 
@@ -95,7 +98,8 @@ def test_the_spike_does_not_widen_its_own_band() -> None:
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
     assert (60 - mean) / sd < 5  # a plain z-score would not call it a deviation
     o = judge(util)
-    assert o.holds and o.reason == Pattern.SPIKE
+    assert o.holds
+    assert o.reason == Pattern.SPIKE
 
 
 def test_periodic_spikes_are_a_scheduled_job() -> None:
@@ -108,7 +112,8 @@ def test_periodic_spikes_are_a_scheduled_job() -> None:
     o = judge(util, seconds=2100)
     assert o.holds
     assert o.reason == Pattern.PERIODIC
-    assert "every 7m" in o.message and "like a scheduled job" in o.message
+    assert "every 7m" in o.message
+    assert "like a scheduled job" in o.message
 
 
 def test_irregular_spikes_are_not_periodic() -> None:
@@ -119,7 +124,8 @@ def test_irregular_spikes_are_not_periodic() -> None:
         return 30.0 if any(s <= i < s + 15 for s in starts) else base(i)
 
     o = judge(util)
-    assert o.holds and o.reason == Pattern.SPIKE
+    assert o.holds
+    assert o.reason == Pattern.SPIKE
     assert "4 times in 30m" in o.message
 
 
@@ -145,12 +151,13 @@ def test_a_step_to_a_new_level_is_a_level_shift() -> None:
         return (12 * GI if i < 1500 else 40 * GI) + rng.gauss(0, 16 * 2**20)
 
     o = judge(lambda i: 50.0, rule(AnomalyMetric.MEMORY), mem=mem)
-    assert o.holds and o.reason == Pattern.SHIFT
+    assert o.holds
+    assert o.reason == Pattern.SHIFT
     assert o.message.startswith("GPU memory moved to a new level: 40Gi")
 
 
 def test_min_deviation_guards_a_flat_series() -> None:
-    """Memory flat to the byte has MAD 0: a 1% wobble is not a deviation with minDeviation 5 (% of the card)."""
+    """Memory flat to the byte has MAD 0: a 1% wobble is no deviation with minDeviation 5 (% of the card)."""
 
     def mem(i: int) -> float:
         return 12 * GI + (0.01 * CARD if 1500 <= i < 1510 else 0.0)
@@ -162,8 +169,10 @@ def test_min_deviation_guards_a_flat_series() -> None:
 def test_dips_count_too() -> None:
     base = noisy(70, 2)
     o = judge(lambda i: 5.0 if 1500 <= i < 1530 else base(i))
-    assert o.holds and o.reason == Pattern.SPIKE
-    assert "dipped to 5%" in o.message and "below its median" in o.message
+    assert o.holds
+    assert o.reason == Pattern.SPIKE
+    assert "dipped to 5%" in o.message
+    assert "below its median" in o.message
 
 
 def test_uncovered_window_does_not_hold() -> None:
@@ -221,7 +230,7 @@ def test_gaussian_noise_never_holds(level: float, sd: float, seed: int) -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("metric", "power"), ("window", "4m"), ("threshold", 0.5), ("minDeviation", 101)],
+    [("metric", "power"), ("window", "59s"), ("threshold", 0.5), ("minDeviation", 101)],
 )
 def test_parser_rejects(field: str, value: object) -> None:
     body: dict[str, object] = {"metric": "memory", field: value}
