@@ -275,7 +275,6 @@ INVALID: list[tuple[str, Callable[[Policy], None], str]] = [
         _forecast(maxUncertainty=0),
         "spec.actions.scale.forecast.maxUncertainty in body should be greater than or equal to 1",
     ),
-    ("forecast-unknown-field", _forecast(season="24h"), 'unknown field "spec.actions.scale.forecast.season"'),
     (
         "anomaly-metric-unknown",
         _set("spec.rules.3", {"name": "leak", "anomaly": {"metric": "power"}}),
