@@ -68,7 +68,7 @@ MAD_SCALE = 1.4826
 """MAD times this estimates the standard deviation of normal noise."""
 
 MERGE_SECONDS = 5.0
-"""Deviating readings of one sign closer than this belong to one episode (a noisy burst may dip for a reading)."""
+"""Deviating readings of one sign closer than this are one episode (a noisy burst may dip for a reading)."""
 
 SUSTAINED_FRACTION = 0.1
 """An episode still going on after this share of the window is a lasting change, not a spike."""

@@ -6,8 +6,10 @@ import random
 
 import pytest
 
+from gpuwarden.policy.engine import PodView, PolicyEvaluator
 from gpuwarden.policy.forecast import BUCKET_SECONDS
 from gpuwarden.policy.model import ScaleForecast, Signal
+from gpuwarden.policy.parse import parse_spec
 from gpuwarden.policy.predictive import (
     DEFAULT_HORIZON_SECONDS,
     MAX_STARTUP_SECONDS,
@@ -128,3 +130,27 @@ def test_a_noisy_load_is_too_unsure_to_act_on() -> None:
     assert verdict.view is View.UNSURE
     assert not verdict.has_say
     assert verdict.summary(FORECAST) == "forecast unsure: the rules decide"
+
+
+def test_the_evaluation_carries_a_load_sample_only_for_a_forecasting_policy() -> None:
+    base = {
+        "selector": {},
+        "rules": [{"name": "saturated", "utilizationCeiling": {"percent": 95, "signal": "gpuUtil"}}],
+        "actions": {
+            "scale": {
+                "targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "x"},
+                "maxReplicas": 4,
+                "scaleUpOn": ["saturated"],
+            }
+        },
+    }
+    store = SeriesStore(retention_seconds=600, max_points=1000)
+    for i in range(30):
+        store.add(SeriesKey("ns", "a", "GPU-1"), Point(T0 + i, gpu_util=60.0, sm_active=10.0))
+        store.add(SeriesKey("ns", "b", "GPU-2"), Point(T0 + i, gpu_util=70.0, sm_active=10.0))
+    pods = [PodView("ns", "a"), PodView("ns", "b")]
+    plain = PolicyEvaluator("ns/p", parse_spec(base)).evaluate(pods, store, T0 + 29)
+    assert plain.load is None
+    base["actions"]["scale"]["forecast"] = {}  # type: ignore[index]
+    ahead = PolicyEvaluator("ns/p", parse_spec(base)).evaluate(pods, store, T0 + 29)
+    assert ahead.load == WorkloadLoad(total=pytest.approx(130.0), serving=2, pods=2)  # on gpuUtil, the rule's
