@@ -9,8 +9,9 @@ Semantics (the window, coverage and as-of time are in :mod:`gpuwarden.policy.rul
   ``minDeviation / threshold``: a flat series (MAD 0) would otherwise call any wobble
   a deviation.
 - **Deviation.** A reading deviates when its robust z-score ``(x - median) / scale``
-  passes ``threshold`` either way. Deviating readings of one sign less than
-  :data:`MERGE_SECONDS` apart form one **episode**. While the newest reading
+  passes ``threshold`` either way. An **episode** starts there and goes on while
+  the readings stay past :data:`EPISODE_HOLD` of the threshold, the same way;
+  deviating readings of one sign less than :data:`MERGE_SECONDS` apart are one too. While the newest reading
   deviates (an episode still going on), the baseline is taken again from the
   readings before that episode, when there are enough: a lasting change must not
   become its own baseline. An episode still going on that is younger than
@@ -21,8 +22,8 @@ Semantics (the window, coverage and as-of time are in :mod:`gpuwarden.policy.rul
 
   - ``GPUSteadyClimb``: the episode is still going on, has lasted at least
     :data:`SUSTAINED_FRACTION` of the window, and its readings keep rising (the
-    last third's mean exceeds the first third's by half the band): an unbounded
-    cache, a queue that never drains;
+    last third's mean exceeds the first third's by :data:`RISE_SIGMAS` standard
+    errors): an unbounded cache, a queue that never drains;
   - ``GPULevelShift``: still going on and lasting, but flat: the readings moved to a
     new level (a second model loaded, a new tenant);
   - ``GPUPeriodicSpikes``: at least :data:`MIN_PERIODIC` episodes starting at a
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -70,8 +72,16 @@ MAD_SCALE = 1.4826
 MERGE_SECONDS = 5.0
 """Deviating readings of one sign closer than this are one episode (a noisy burst may dip for a reading)."""
 
+EPISODE_HOLD = 0.5
+"""An episode goes on while its readings stay past this share of the threshold: a value wobbling at the
+threshold (a noisy ramp crossing it) is one episode, not a string of spikes."""
+
 SUSTAINED_FRACTION = 0.1
 """An episode still going on after this share of the window is a lasting change, not a spike."""
+
+RISE_SIGMAS = 3.0
+"""A lasting episode climbs when its last third's mean exceeds its first third's by this many standard
+errors of their difference; else it is a new level."""
 
 MIN_PERIODIC = 3
 """Episodes needed to call a pattern periodic."""
@@ -157,19 +167,24 @@ def _episodes(
 ) -> list[Episode]:
     out: list[Episode] = []
     last_t = times[-1]
+    inside = False
+    """Whether the previous reading belonged to the latest episode (it then holds at a lower bar)."""
     for t, v in zip(times, values, strict=True):
         z = (v - median) / scale
-        if abs(z) <= threshold:
-            continue
         prev = out[-1] if out else None
-        if prev is not None and t - prev.end <= MERGE_SECONDS and (z > 0) == (prev.z > 0):
+        same_way = prev is not None and (z > 0) == (prev.z > 0)
+        if abs(z) <= (threshold * EPISODE_HOLD if inside and same_way else threshold):
+            inside = False
+            continue
+        inside = True
+        if prev is not None and same_way and t - prev.end <= MERGE_SECONDS:
             prev.end = t
             if abs(z) > abs(prev.z):
                 prev.peak, prev.z = v, z
         else:
             out.append(Episode(t, t, v, z))
-    if out and out[-1].end == last_t:
-        out[-1].ongoing = True
+    if out and last_t - out[-1].end <= MERGE_SECONDS:
+        out[-1].ongoing = True  # a reading or two back inside the band may yet be merged into it
     return out
 
 
@@ -178,7 +193,7 @@ def _pattern(
     times: Sequence[float],
     values: Sequence[float],
     window_seconds: float,
-    band: float,
+    scale: float,
 ) -> tuple[Pattern | None, float | None]:
     if not episodes:
         return None, None
@@ -187,13 +202,14 @@ def _pattern(
     if last.ongoing and not lasting:
         # Too young to tell a spike from the start of a climb: judge the settled ones meanwhile.
         settled = episodes[:-1]
-        return _pattern(settled, times, values, window_seconds, band) if settled else (None, None)
+        return _pattern(settled, times, values, window_seconds, scale) if settled else (None, None)
     if last.ongoing:
         inside = [v for t, v in zip(times, values, strict=True) if t >= last.start]
         third = max(1, len(inside) // 3)
         first, final = sum(inside[:third]) / third, sum(inside[-third:]) / third
         rise = (final - first) if last.z > 0 else (first - final)
-        return (Pattern.CLIMB if rise > band / 2 else Pattern.SHIFT), None
+        # A flat new level leaves the two thirds' means equal within their noise (scale / sqrt(third)).
+        return (Pattern.CLIMB if rise > RISE_SIGMAS * scale * math.sqrt(2 / third) else Pattern.SHIFT), None
     if len(episodes) >= MIN_PERIODIC:
         gaps = [b.start - a.start for a, b in itertools.pairwise(episodes)]
         period = statistics.median(gaps)
@@ -232,7 +248,7 @@ def gpu_anomaly(
             median, mad = _median_mad(before)
             scale = max(MAD_SCALE * mad, floor)
             episodes = _episodes(times, values, median, scale, rule.threshold)
-    pattern, period = _pattern(episodes, times, values, rule.window_seconds, rule.threshold * scale)
+    pattern, period = _pattern(episodes, times, values, rule.window_seconds, scale)
     return (
         GpuAnomaly(gpu, covered(r, start, end, max_gap), median, episodes, pattern, period),
         signal,

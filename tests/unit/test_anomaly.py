@@ -206,7 +206,7 @@ def test_spike_clears_once_it_left_the_window() -> None:
         (Transition.RESOLVED, "GPUSpike"),
     ]
     started, resolved = seen[0][0], seen[1][0]
-    assert 1000 <= started <= 1010
+    assert 1010 < started <= 1020  # once the 10 s spike is over (an episode going on is not judged yet)
     assert 1600 <= resolved <= 1620  # the window (10m) after the spike
     assert evaluator.active() == []
 
@@ -224,8 +224,12 @@ def test_finding_reason_is_the_pattern_not_the_kind() -> None:
 @settings(max_examples=30, deadline=None)
 @given(level=st.floats(5, 90), sd=st.floats(0.1, 4), seed=st.integers(0, 10_000))
 def test_gaussian_noise_never_holds(level: float, sd: float, seed: int) -> None:
-    """Normal noise passes 5 robust sigmas about once in 1.7 million readings: 1800 of them stay quiet."""
-    assert not judge(noisy(level, sd, seed), seconds=1900).holds
+    """Normal noise passes 6.5 robust sigmas about once in 10^10 readings: 1800 of them stay quiet.
+
+    (At the default 5, once in 1.7 million: a search over seeds finds the window that has one, and
+    rightly calls it a spike.)
+    """
+    assert not judge(noisy(level, sd, seed), rule(threshold=6.5), seconds=1900).holds
 
 
 @pytest.mark.parametrize(
@@ -236,3 +240,18 @@ def test_parser_rejects(field: str, value: object) -> None:
     body: dict[str, object] = {"metric": "memory", field: value}
     with pytest.raises(ValueError, match=field):
         parse_spec({"selector": {}, "rules": [{"name": "odd", "anomaly": body}]})
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_noisy_ramp_across_the_threshold_is_one_climb_not_a_string_of_spikes(seed: int) -> None:
+    """Noise makes a ramp cross the band back and forth at first: the episode holds at a lower bar."""
+    rng = random.Random(seed)
+
+    def util(i: int) -> float:
+        return 40 + max(0, i - 1400) * 0.05 + rng.gauss(0, 3)  # +3 points a minute from 1400 s
+
+    o = judge(util, seconds=2000)
+    assert o.holds
+    assert o.reason == Pattern.CLIMB
+    assert o.message.startswith("GPU utilization climbs steadily")
+    assert "like load that keeps growing" in o.message
