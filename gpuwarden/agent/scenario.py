@@ -441,6 +441,8 @@ class _Deployment:
         self.changes: list[tuple[float, int]] = [(-spec.startup, spec.replicas)]
         digest = hashlib.blake2b(f"{seed}/{spec.namespace}/{spec.name}".encode(), digest_size=8).hexdigest()
         self.template_hash = "".join(_POD_NAME_CHARS[int(c, 16)] for c in digest[:9])
+        self.pods: dict[tuple[int, float], ScenarioPod] = {}
+        """Replica pods by (index, when it appeared): read at every sample, built once."""
 
     def replicas(self, t: float) -> int:
         i = bisect_right([at for at, _ in self.changes], t) - 1
@@ -557,14 +559,17 @@ class Scenario:
     def _replica_pods(self, d: _Deployment, t: float) -> list[ScenarioPod]:
         out = []
         spec = d.spec
-        for i, uuid in enumerate(spec.gpus):
+        for i, uuid in enumerate(spec.gpus[: d.replicas(t)]):
             since = d.since(i, t)
             if since is None:
                 continue
-            ref = PodRef(namespace=spec.namespace, name=d.pod_name(i), container=spec.container)
-            labels = {**spec.labels, "pod-template-hash": d.template_hash}
-            process = ScenarioProcess(pid=spec.pid + i, command=spec.command, gpu=uuid, share=1.0, pod=ref)
-            out.append(ScenarioPod(ref, labels, {}, (uuid,), (process,), since, None, None))
+            pod = d.pods.get((i, since))
+            if pod is None:
+                ref = PodRef(namespace=spec.namespace, name=d.pod_name(i), container=spec.container)
+                labels = {**spec.labels, "pod-template-hash": d.template_hash}
+                process = ScenarioProcess(spec.pid + i, spec.command, uuid, 1.0, ref)
+                pod = d.pods[i, since] = ScenarioPod(ref, labels, {}, (uuid,), (process,), since, None, None)
+            out.append(pod)
         return out
 
     def scale(self, namespace: str, name: str, replicas: int, t: float) -> bool:

@@ -166,14 +166,22 @@ def _episodes(
     times: Sequence[float], values: Sequence[float], median: float, scale: float, threshold: float
 ) -> list[Episode]:
     out: list[Episode] = []
-    last_t = times[-1]
+    # Only readings past the lower bar can start or continue an episode: find them at C speed first.
+    hold = threshold * EPISODE_HOLD * scale
+    low, high = median - hold, median + hold
+    candidates = [i for i, v in enumerate(values) if v > high or v < low]
     inside = False
-    """Whether the previous reading belonged to the latest episode (it then holds at a lower bar)."""
-    for t, v in zip(times, values, strict=True):
+    """Whether the previous reading belonged to the latest episode (it then holds at the lower bar)."""
+    before = -2
+    for i in candidates:
+        if i != before + 1:
+            inside = False  # the reading before this one was inside the lower bar
+        before = i
+        t, v = times[i], values[i]
         z = (v - median) / scale
         prev = out[-1] if out else None
         same_way = prev is not None and (z > 0) == (prev.z > 0)
-        if abs(z) <= (threshold * EPISODE_HOLD if inside and same_way else threshold):
+        if not (inside and same_way) and abs(z) <= threshold:
             inside = False
             continue
         inside = True
@@ -183,7 +191,7 @@ def _episodes(
                 prev.peak, prev.z = v, z
         else:
             out.append(Episode(t, t, v, z))
-    if out and last_t - out[-1].end <= MERGE_SECONDS:
+    if out and times[-1] - out[-1].end <= MERGE_SECONDS:
         out[-1].ongoing = True  # a reading or two back inside the band may yet be merged into it
     return out
 
