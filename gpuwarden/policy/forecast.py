@@ -134,7 +134,7 @@ class ErrorTracker:
     __slots__ = ("_count", "_mse", "_paths")
 
     def __init__(self) -> None:
-        self._paths: deque[list[float]] = deque(maxlen=MAX_STEPS)
+        self._paths: deque[array[float]] = deque(maxlen=MAX_STEPS)
         """Recent forecast paths, newest last: the one made ``k`` buckets ago predicted this bucket at k."""
         self._mse = [0.0] * MAX_STEPS
         self._count = [0] * MAX_STEPS
@@ -151,7 +151,7 @@ class ErrorTracker:
 
     def made(self, path: list[float]) -> None:
         """The forecast made after the latest bucket (it predicts the next buckets)."""
-        self._paths.append(path)
+        self._paths.append(array("d", path))  # 8 bytes a step, not a float object's 32
 
     def half_width(self, steps: int) -> float | None:
         """The 80% interval's half width ``steps`` ahead; None with too few errors seen."""

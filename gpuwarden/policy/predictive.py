@@ -210,18 +210,18 @@ class Predictor:
             return ForecastVerdict(View.NO_HISTORY, horizon)
         steps = max(1, math.ceil((now - last + horizon) / BUCKET_SECONDS))
         path = self.load.path(steps)
-        at = self.load.at(steps)
-        per_replica = at.value / replicas
-        if at.half_width is None:
+        half_width = self.load.errors.half_width(steps)
+        per_replica = path[-1] / replicas
+        if half_width is None:
             return ForecastVerdict(View.NO_HISTORY, horizon, per_replica)
-        half = at.half_width / replicas
+        half = half_width / replicas
         if 2 * half > forecast.max_uncertainty:
             return ForecastVerdict(View.UNSURE, horizon, per_replica, half)
         if per_replica > forecast.ceiling_percent:
             return ForecastVerdict(View.UP, horizon, per_replica, half)
         if forecast.floor_percent is not None:
             peak = max(
-                (value + (self.load.errors.half_width(k) or at.half_width)) / replicas
+                (value + (self.load.errors.half_width(k) or half_width)) / replicas
                 for k, value in enumerate(path, start=1)
             )
             if peak >= forecast.floor_percent:
