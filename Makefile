@@ -11,11 +11,11 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
-## demo: play the scripted four-GPU scenario through the agent and the engine (about a minute)
+## demo: play the scripted eight-GPU scenario through the agent and the engine (about a minute)
 demo: $(BIN)/.installed
 	$(BIN)/gpuwarden demo
 
-## test: lint, type-check, and run every test (unit + integration against a real kube-apiserver and the images)
+## test: lint, type-check, and run every test (unit + integration against a real kube-apiserver, the images and a real node)
 test: $(BIN)/.installed control-plane images
 	./hack/ensure-system-deps.sh >/dev/null
 	$(MAKE) lint
@@ -30,7 +30,7 @@ lint: $(BIN)/.installed
 demo-cluster: $(BIN)/.installed control-plane
 	./hack/demo-cluster.sh
 
-## control-plane: build (once, cached outside the tree) kube-apiserver, etcd, kubectl and helm
+## control-plane: build (once, cached outside the tree) kube-apiserver, etcd, kubectl, helm and the test node's binaries
 control-plane:
 	./hack/build-control-plane.sh >/dev/null
 

@@ -153,13 +153,12 @@ def pct(values: list[float], q: float) -> float:
 
 def run_round(cp: Any, workdir: Path, args: argparse.Namespace, round_no: int) -> list[tuple[float, ...]]:
     from operator_support import (
-        AGENT_SA,
         Operator,
+        agent_token,
         apply,
         apply_crds,
         create_gpu_pod,
         create_peering,
-        service_account_token,
         write_token,
     )
 
@@ -173,7 +172,9 @@ def run_round(cp: Any, workdir: Path, args: argparse.Namespace, round_no: int) -
     }
     for node in range(args.nodes):
         for i in range(args.gpus):
-            create_gpu_pod(cp, namespace, f"job-{node}-{i}", {"bench": "detection"})
+            create_gpu_pod(
+                cp, namespace, f"job-{node}-{i}", {"bench": "detection"}, node=f"bench-node-{node}"
+            )
     apply(
         cp,
         {
@@ -187,7 +188,10 @@ def run_round(cp: Any, workdir: Path, args: argparse.Namespace, round_no: int) -
             },
         },
     )
-    token = write_token(workdir / f"token-{round_no}", service_account_token(cp, namespace, AGENT_SA))
+    tokens = [
+        write_token(workdir / f"token-{round_no}-{node}", agent_token(cp, namespace, f"bench-node-{node}"))
+        for node in range(args.nodes)
+    ]
     operator = Operator(cp, workdir, namespace, peering="gpuwarden", pod_name=f"bench-operator-{round_no}")
     agents: list[subprocess.Popen[bytes]] = []
     seen: dict[str, float] = {}
@@ -201,7 +205,7 @@ def run_round(cp: Any, workdir: Path, args: argparse.Namespace, round_no: int) -
             spec_file.write_text(json.dumps(scenario(namespace, node, args.gpus, onsets[node])))
             argv = [
                 sys.executable, __file__, "agent", f"--scenario={spec_file}", f"--url={operator.url}",
-                f"--token-file={token}", f"--node=bench-node-{node}", f"--origin={origin!r}",
+                f"--token-file={tokens[node]}", f"--node=bench-node-{node}", f"--origin={origin!r}",
                 f"--samples={workdir / f'samples-{round_no}-{node}.txt'}",
                 *([f"--report-interval={args.report_interval}"] if args.report_interval else []),
             ]  # fmt: skip

@@ -56,7 +56,8 @@ from gpuwarden.policy.series import Point, SeriesKey
 
 AGENT = "system:serviceaccount:gpuwarden-system:gpuwarden-agent"
 GPUS = 8
-TOKEN = "bench-token"
+TOKEN_PREFIX = "bench-token/"
+"""A node's token is this and its name: the review binds it to that node, as a pod-bound token is."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ class Layout:
 
 
 class BenchApi:
-    """The API server's part: every TokenReview accepts the agent (the operator caches it)."""
+    """The API server's part: each TokenReview accepts the agent's pod on its node (then cached)."""
 
     def __init__(self) -> None:
         self.reviews = 0
@@ -94,7 +95,8 @@ class BenchApi:
     async def create_token_review(self, token: str, audiences: list[str]) -> dict[str, Any]:
         self.reviews += 1
         await asyncio.sleep(0.005)  # a TokenReview's round trip
-        return {"authenticated": True, "audiences": audiences, "user": {"username": AGENT}}
+        extra = {"authentication.kubernetes.io/node-name": [token.removeprefix(TOKEN_PREFIX)]}
+        return {"authenticated": True, "audiences": audiences, "user": {"username": AGENT, "extra": extra}}
 
     async def patch_status(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         self.status_writes += 1
@@ -170,6 +172,7 @@ async def serve(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> N
         for gpu in range(GPUS):
             name = layout.pod(node, gpu)
             pods.setdefault(ns, []).append(PodRecord(PodView(ns, name, {"gpu": "yes"}), f"uid-{name}"))
+    state.pod_nodes, state.pods_synced = pod_nodes(layout), True
 
     delays: list[float] = []
     durations: list[float] = []
@@ -257,63 +260,77 @@ def server_main(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> N
 # -- the load -----------------------------------------------------------------------------------
 
 
+def node_gpus(layout: Layout, node: int) -> list[GpuSample]:
+    """A node's 8 GPUs, one pod each, as the agent reports them."""
+    gpus = []
+    for gpu in range(GPUS):
+        util, mem = reading(node, gpu, 0)
+        pod = PodRef(namespace=layout.namespace(node), name=layout.pod(node, gpu), container="main")
+        gpus.append(
+            GpuSample(
+                uuid=layout.uuid(node, gpu),
+                index=gpu,
+                model="NVIDIA H200",
+                utilization_gpu=util,
+                sm_active=util,
+                sm_occupancy=util / 2,
+                memory_used_bytes=int(mem),
+                memory_total_bytes=141 * 2**30,
+                temperature_c=54.0,
+                power_watts=350.0,
+                sm_clock_mhz=1980,
+                ecc_uncorrected=0,
+                pods=[pod],
+                processes=[
+                    ProcessSample(
+                        pid=1000 + gpu, used_memory_bytes=int(mem), command="python train.py", pod=pod
+                    )
+                ],
+            )
+        )
+    return gpus
+
+
+def pod_nodes(layout: Layout) -> dict[tuple[str, str], list[str]]:
+    """What Kopf's gpu_pod_nodes index holds for the layout, synced."""
+    return {
+        (layout.namespace(node), layout.pod(node, gpu)): [layout.node(node)]
+        for node in range(layout.nodes)
+        for gpu in range(GPUS)
+    }
+
+
 class Template:
     """A node's report with its seq and timestamp left open, so each request costs a join, not a dump."""
 
     def __init__(self, layout: Layout, node: int) -> None:
         mark_t, mark_seq = 1_234_567_890.25, 987_654_321
-        gpus = []
-        for gpu in range(GPUS):
-            util, mem = reading(node, gpu, 0)
-            pod = PodRef(namespace=layout.namespace(node), name=layout.pod(node, gpu), container="main")
-            gpus.append(
-                GpuSample(
-                    uuid=layout.uuid(node, gpu),
-                    index=gpu,
-                    model="NVIDIA H200",
-                    utilization_gpu=util,
-                    sm_active=util,
-                    sm_occupancy=util / 2,
-                    memory_used_bytes=int(mem),
-                    memory_total_bytes=141 * 2**30,
-                    temperature_c=54.0,
-                    power_watts=350.0,
-                    sm_clock_mhz=1980,
-                    ecc_uncorrected=0,
-                    pods=[pod],
-                    processes=[
-                        ProcessSample(
-                            pid=1000 + gpu, used_memory_bytes=int(mem), command="python train.py", pod=pod
-                        )
-                    ],
-                )
-            )
         report = NodeReport(
             schema_version=1,
             node=layout.node(node),
             agent_id=f"bench-{node}",
             seq=mark_seq,
-            snapshots=[Snapshot(timestamp=mark_t, gpus=gpus)],
+            snapshots=[Snapshot(timestamp=mark_t, gpus=node_gpus(layout, node))],
         )
         text = dump_report(report)
         head, _, rest = text.partition(str(mark_seq).encode())
         middle, _, tail = rest.partition(repr(mark_t).encode())
         self.parts = (head, middle, tail)
+        self.token = TOKEN_PREFIX + layout.node(node)
 
     def body(self, seq: int, t: float) -> bytes:
         head, middle, tail = self.parts
         return b"%s%d%s%.3f%s" % (head, seq, middle, t, tail)
 
 
-def request_bytes(body: bytes) -> bytes:
-    return (
+async def exchange(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes, token: str
+) -> int:
+    """One POST /v1/reports on an open connection; its status."""
+    writer.write(
         b"POST /v1/reports HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-        b"Authorization: Bearer " + TOKEN.encode() + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+        b"Authorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s" % (token.encode(), len(body), body)
     )
-
-
-async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes) -> int:
-    writer.write(request_bytes(body))
     head = await reader.readuntil(b"\r\n\r\n")
     status = int(head[9:12])
     length = 0
@@ -353,7 +370,8 @@ async def load(
                 if delay > 0:
                     await asyncio.sleep(delay)
                 sent = time.perf_counter()
-                status = await exchange(reader, writer, templates[node].body(seq, time.time()))
+                template = templates[node]
+                status = await exchange(reader, writer, template.body(seq, time.time()), template.token)
                 latencies.append(time.perf_counter() - sent)
                 statuses[status] = statuses.get(status, 0) + 1
             seq += 1
@@ -366,7 +384,8 @@ async def load(
         while time.time() < end_at:
             node = mine[seq % len(mine)]
             sent = time.perf_counter()
-            status = await exchange(reader, writer, templates[node].body(seq, time.time()))
+            template = templates[node]
+            status = await exchange(reader, writer, template.body(seq, time.time()), template.token)
             latencies.append(time.perf_counter() - sent)
             statuses[status] = statuses.get(status, 0) + 1
             seq += 1

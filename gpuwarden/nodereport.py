@@ -7,6 +7,11 @@ offending field. Field names on the wire are camelCase, as in the Kubernetes API
 
 A report batches the snapshots sampled since the last one that was delivered,
 oldest first, so a replay after an outage arrives as a few large, in-order reports.
+
+The operator parses strictly (JSON types as declared: ``1.0`` or ``"1"`` is no integer) and
+every number is bounded: floats are finite, integers below what any GPU or node reads, so no
+value of a valid report can overflow a conversion further down (float(), Prometheus' text
+format). Timestamps are bounded by the operator's clock, not here (the agent has its own).
 """
 
 from __future__ import annotations
@@ -17,11 +22,27 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-SCHEMA_VERSION = 1
-"""The only ``schemaVersion`` this build speaks; bumped on any incompatible change."""
+SCHEMA_VERSION = 2
+"""The ``schemaVersion`` this build sends; bumped on any change an older operator would refuse."""
+
+ACCEPTED_SCHEMA_VERSIONS = frozenset({1, 2})
+"""What the operator accepts: version 2 added ``GpuSample.health``, which a version 1 report lacks.
+Upgrade the operator before the agents (an older operator refuses version 2 by its number)."""
 
 MAX_SNAPSHOTS_PER_REPORT = 3600
 """A report carries at most an hour of 1 s snapshots; replays are split into several reports."""
+
+MAX_BYTES = 2**50
+"""Memory readings above a pebibyte are no reading (an H200 has 141 GB; a node a few TiB)."""
+MAX_PID = 2**31 - 1
+MAX_COUNT = 2**53
+"""Counters and sequence numbers: every one below this is exact as a float64 too."""
+MAX_WATTS = 100_000.0
+MAX_MHZ = 100_000
+MAX_DEVICES = 4096
+"""GPU indexes (and MIG instances) per node."""
+MAX_TIMESTAMP = 2.0**53
+"""Seconds since the epoch: absurd, but in milliseconds it still fits an int64 (Prometheus' timestamps)."""
 
 
 class _Wire(BaseModel):
@@ -32,6 +53,8 @@ class _Wire(BaseModel):
         populate_by_name=True,
         extra="forbid",
         frozen=True,
+        # NaN and infinities are no readings: None says "not read"; built or parsed, they are refused.
+        allow_inf_nan=False,
     )
 
 
@@ -43,6 +66,52 @@ class DeviceState(enum.StrEnum):
     UNKNOWN = "unknown"  # NVML answered with an error we could not classify
 
 
+class ClockEventReason(enum.StrEnum):
+    """Why the GPU's clocks are held below their maximum (nvmlDeviceGetCurrentClocksEventReasons)."""
+
+    GPU_IDLE = "gpuIdle"
+    APPLICATIONS_CLOCKS_SETTING = "applicationsClocksSetting"
+    SW_POWER_CAP = "swPowerCap"
+    HW_SLOWDOWN = "hwSlowdown"
+    SYNC_BOOST = "syncBoost"
+    SW_THERMAL_SLOWDOWN = "swThermalSlowdown"
+    HW_THERMAL_SLOWDOWN = "hwThermalSlowdown"
+    HW_POWER_BRAKE_SLOWDOWN = "hwPowerBrakeSlowdown"
+    DISPLAY_CLOCK_SETTING = "displayClockSetting"
+
+
+class XidEvent(_Wire):
+    """One XID the driver raised on a GPU (an NVML XidCriticalError event)."""
+
+    code: int = Field(ge=0, le=2**32 - 1)
+    timestamp: float = Field(gt=0, le=MAX_TIMESTAMP)
+    """Seconds since the Unix epoch, when the agent received the event."""
+
+
+class GpuHealth(_Wire):
+    """A GPU's health beside its readings (schema version 2). ``None`` means not supported or not read.
+
+    Device-wide: on the GPU's own entry, never on a MIG device's.
+    """
+
+    xids: list[XidEvent] = Field(default_factory=list, max_length=256)
+    """XIDs received since the previous snapshot (each rides exactly one snapshot), oldest first."""
+    ecc_uncorrected_aggregate: int | None = Field(default=None, ge=0, le=MAX_COUNT)
+    """Uncorrected ECC errors over the GPU's life (the volatile count is ``GpuSample.ecc_uncorrected``)."""
+    retired_pages_double_bit: int | None = Field(default=None, ge=0, le=MAX_COUNT)
+    """Pages retired for double-bit ECC errors (before Ampere; row remapping replaced it)."""
+    retired_pages_pending: bool | None = None
+    """A page retirement waits for the next GPU reset (before Ampere)."""
+    remapped_rows_uncorrectable: int | None = Field(default=None, ge=0, le=MAX_COUNT)
+    """Memory rows remapped for uncorrectable errors (Ampere and later)."""
+    row_remap_pending: bool | None = None
+    """A row remapping waits for the next GPU reset."""
+    row_remap_failed: bool | None = None
+    """A row remapping failed at some point: the memory cannot heal itself."""
+    clock_event_reasons: list[ClockEventReason] | None = Field(default=None, max_length=16)
+    """Why the clocks are held down right now; empty when nothing holds them."""
+
+
 class PodRef(_Wire):
     """A container (or a whole pod when ``container`` is empty) on this node."""
 
@@ -52,13 +121,13 @@ class PodRef(_Wire):
 
 
 Percent = Annotated[float, Field(ge=0, le=100)]
-Bytes = Annotated[int, Field(ge=0)]
+Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES)]
 
 
 class ProcessSample(_Wire):
     """One process with a CUDA context on a GPU."""
 
-    pid: int = Field(ge=0)
+    pid: int = Field(ge=0, le=MAX_PID)
     used_memory_bytes: Bytes | None = None
     sm_util: Percent | None = None
     """Per-process SM utilization (nvmlDeviceGetProcessUtilization); sampled less often, so often None."""
@@ -71,7 +140,7 @@ class GpuSample(_Wire):
     """One GPU (or MIG device) at one instant. ``None`` means not supported or not read, never zero."""
 
     uuid: str = Field(min_length=1, max_length=128)
-    index: int = Field(ge=0)
+    index: int = Field(ge=0, le=MAX_DEVICES)
     model: str = Field(default="", max_length=256)
     mig_id: str | None = Field(default=None, max_length=128)
     """The MIG device UUID when this entry is a MIG instance; ``uuid`` is then the parent GPU's."""
@@ -86,10 +155,12 @@ class GpuSample(_Wire):
     dram_active: Percent | None = None
     memory_used_bytes: Bytes | None = None
     memory_total_bytes: Bytes | None = None
-    temperature_c: float | None = None
-    power_watts: float | None = Field(default=None, ge=0)
-    sm_clock_mhz: int | None = Field(default=None, ge=0)
-    ecc_uncorrected: int | None = Field(default=None, ge=0)
+    temperature_c: float | None = Field(default=None, ge=-273.15, le=1000.0)
+    power_watts: float | None = Field(default=None, ge=0, le=MAX_WATTS)
+    sm_clock_mhz: int | None = Field(default=None, ge=0, le=MAX_MHZ)
+    ecc_uncorrected: int | None = Field(default=None, ge=0, le=MAX_COUNT)
+    health: GpuHealth | None = None
+    """XIDs, memory errors and clock events (schema version 2)."""
 
     pods: list[PodRef] = Field(default_factory=list, max_length=64)
     """Pods the kubelet allocated this device to (PodResources). Several under time-slicing."""
@@ -107,8 +178,12 @@ class PodHostMemory(_Wire):
 class Snapshot(_Wire):
     """Every GPU of the node at one instant."""
 
-    timestamp: float = Field(gt=0)
-    """Seconds since the Unix epoch, taken by the agent when the sample was read."""
+    timestamp: float = Field(gt=0, le=MAX_TIMESTAMP)
+    """Seconds since the Unix epoch, taken by the agent when the sample was read.
+
+    The operator keeps only those within its skew bounds of its own clock (see
+    :mod:`gpuwarden.operator.ingest`); this bound only keeps the number a plausible time.
+    """
     gpus: list[GpuSample] = Field(max_length=64)
     pod_host_memory: list[PodHostMemory] = Field(default_factory=list, max_length=1024)
 
@@ -116,13 +191,19 @@ class Snapshot(_Wire):
 class NodeReport(_Wire):
     """A batch of snapshots from one node's agent."""
 
-    schema_version: int
+    schema_version: int = Field(ge=0, le=MAX_COUNT)
     node: str = Field(min_length=1, max_length=253)
     agent_id: str = Field(min_length=1, max_length=128)
     """Random per agent process; with ``seq`` it lets the operator drop duplicates after a retry."""
-    seq: int = Field(ge=0)
+    seq: int = Field(ge=0, le=MAX_COUNT)
     """Increases by one per report an agent process builds."""
     snapshots: list[Snapshot] = Field(min_length=1, max_length=MAX_SNAPSHOTS_PER_REPORT)
+
+
+REFUSALS = ("future", "past", "foreignPod", "unknownPod")
+"""Why the operator leaves readings of an accepted report unstored (its answer's ``refused``): a
+timestamp ahead of its clock by more than its skew, or older than its retention; a pod the API
+places on another node than the reporting one, or does not know."""
 
 
 class ReportError(ValueError):
@@ -130,18 +211,21 @@ class ReportError(ValueError):
 
 
 def parse_report(body: bytes | str) -> NodeReport:
-    """Parse and validate a JSON body; raise :class:`ReportError` with a short, field-naming reason."""
+    """Parse a JSON body strictly (see the module doc); raise :class:`ReportError` naming the field."""
     try:
-        report = NodeReport.model_validate_json(body)
+        report = NodeReport.model_validate_json(body, strict=True)
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise ReportError(f"{where}: {first['msg']}{more}") from None
-    if report.schema_version != SCHEMA_VERSION:
+    if report.schema_version not in ACCEPTED_SCHEMA_VERSIONS:
+        speaks = ", ".join(str(v) for v in sorted(ACCEPTED_SCHEMA_VERSIONS))
         raise ReportError(
-            f"schemaVersion: {report.schema_version} is not supported; this operator speaks {SCHEMA_VERSION}"
+            f"schemaVersion: {report.schema_version} is not supported; this operator speaks {speaks}"
         )
+    if report.schema_version < 2 and any(g.health is not None for s in report.snapshots for g in s.gpus):
+        raise ReportError("health: not part of schemaVersion 1 (send schemaVersion 2)")
     return report
 
 

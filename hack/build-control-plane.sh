@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Build the Kubernetes control-plane binaries used by the integration tests
-# (kube-apiserver, kubectl, etcd, helm) from their Go modules, into a cache keyed by
-# version outside the work tree:
+# Build the Kubernetes binaries used by the integration tests from their Go modules, into
+# a cache keyed by version outside the work tree:
 #
 #   ${GPUWARDEN_TOOLS_CACHE:-$HOME/.cache/gpuwarden/tools}/<name>-<version>/<binary>
+#
+# The control plane: kube-apiserver, kubectl, etcd, helm. The test node
+# (tests/integration/node.py): kubelet, kube-proxy, kube-scheduler,
+# kube-controller-manager (the same k8s.io/kubernetes module and build cache as
+# kube-apiserver) and CoreDNS (plugins as the node's Corefile uses them).
 #
 # Only what is missing is built; a warm cache makes this a no-op. The versions are
 # pinned by the wrapper modules under hack/tools/<name>/ (go.mod + go.sum).
@@ -20,7 +24,8 @@
 #   GPUWARDEN_K8S_GIT_COMMIT  commit injected into the Kubernetes version info
 #                          (the module proxy does not serve it; default: unknown)
 #
-# Output (stdout): KUBE_APISERVER=..., KUBECTL=..., ETCD=..., HELM=...,
+# Output (stdout): KUBE_APISERVER=..., KUBECTL=..., ETCD=..., HELM=..., KUBELET=...,
+# KUBE_PROXY=..., KUBE_SCHEDULER=..., KUBE_CONTROLLER_MANAGER=..., COREDNS=...,
 # plus <NAME>_VERSION=... lines. Build progress goes to stderr.
 set -euo pipefail
 
@@ -55,11 +60,17 @@ pinned_version() {
 K8S_VERSION="$(pinned_version kubernetes k8s.io/kubernetes)"
 ETCD_VERSION="$(pinned_version etcd go.etcd.io/etcd/server/v3)"
 HELM_VERSION="$(pinned_version helm helm.sh/helm/v3)"
+COREDNS_VERSION="$(pinned_version coredns github.com/coredns/coredns)"
 
 KUBE_APISERVER="${CACHE}/kube-apiserver-${K8S_VERSION}/kube-apiserver"
 KUBECTL="${CACHE}/kubectl-${K8S_VERSION}/kubectl"
 ETCD="${CACHE}/etcd-${ETCD_VERSION}/etcd"
 HELM="${CACHE}/helm-${HELM_VERSION}/helm"
+KUBELET="${CACHE}/kubelet-${K8S_VERSION}/kubelet"
+KUBE_PROXY="${CACHE}/kube-proxy-${K8S_VERSION}/kube-proxy"
+KUBE_SCHEDULER="${CACHE}/kube-scheduler-${K8S_VERSION}/kube-scheduler"
+KUBE_CONTROLLER_MANAGER="${CACHE}/kube-controller-manager-${K8S_VERSION}/kube-controller-manager"
+COREDNS="${CACHE}/coredns-${COREDNS_VERSION}/coredns"
 
 mkdir -p "${CACHE}"
 
@@ -145,7 +156,27 @@ if needs_build "${HELM}"; then
 	go_build helm "${helm_ldflags}" "${HELM}:helm.sh/helm/v3/cmd/helm"
 fi
 
-if needs_build "${KUBE_APISERVER}" "${KUBECTL}"; then
+if needs_build "${COREDNS}"; then
+	# The wrapper's own main package (hack/tools/coredns/main.go) links the plugins the
+	# node's Corefile uses, as CoreDNS documents for builds outside its repository.
+	go_build coredns "-s -w" "${COREDNS}:gpuwarden.dev/hack/tools/coredns"
+fi
+
+# Every binary of k8s.io/kubernetes goes through one `go build`, so the packages they
+# share are compiled once; only the missing ones are linked.
+k8s_specs=()
+for spec in \
+	"${KUBE_APISERVER}:k8s.io/kubernetes/cmd/kube-apiserver" \
+	"${KUBECTL}:k8s.io/kubernetes/cmd/kubectl" \
+	"${KUBELET}:k8s.io/kubernetes/cmd/kubelet" \
+	"${KUBE_PROXY}:k8s.io/kubernetes/cmd/kube-proxy" \
+	"${KUBE_SCHEDULER}:k8s.io/kubernetes/cmd/kube-scheduler" \
+	"${KUBE_CONTROLLER_MANAGER}:k8s.io/kubernetes/cmd/kube-controller-manager"; do
+	if needs_build "${spec%%:*}"; then
+		k8s_specs+=("${spec}")
+	fi
+done
+if [[ ${#k8s_specs[@]} -gt 0 ]]; then
 	k8s_info="$(cd "${TOOLS_DIR}/kubernetes" && go mod download -json "k8s.io/kubernetes@${K8S_VERSION}")" \
 		|| die "go mod download k8s.io/kubernetes@${K8S_VERSION} failed"
 	k8s_info_file="$(sed -n 's/^[[:space:]]*"Info": "\(.*\)",$/\1/p' <<<"${k8s_info}")"
@@ -163,9 +194,7 @@ if needs_build "${KUBE_APISERVER}" "${KUBECTL}"; then
 		k8s_ldflags+=" -X ${pkg}.gitCommit=${GPUWARDEN_K8S_GIT_COMMIT:-unknown}"
 		k8s_ldflags+=" -X ${pkg}.buildDate=${build_date}"
 	done
-	go_build kubernetes "${k8s_ldflags}" \
-		"${KUBE_APISERVER}:k8s.io/kubernetes/cmd/kube-apiserver" \
-		"${KUBECTL}:k8s.io/kubernetes/cmd/kubectl"
+	go_build kubernetes "${k8s_ldflags}" "${k8s_specs[@]}"
 fi
 
 cat <<OUT
@@ -173,7 +202,13 @@ KUBE_APISERVER=${KUBE_APISERVER}
 KUBECTL=${KUBECTL}
 ETCD=${ETCD}
 HELM=${HELM}
+KUBELET=${KUBELET}
+KUBE_PROXY=${KUBE_PROXY}
+KUBE_SCHEDULER=${KUBE_SCHEDULER}
+KUBE_CONTROLLER_MANAGER=${KUBE_CONTROLLER_MANAGER}
+COREDNS=${COREDNS}
 KUBERNETES_VERSION=${K8S_VERSION}
 ETCD_VERSION=${ETCD_VERSION}
 HELM_VERSION=${HELM_VERSION}
+COREDNS_VERSION=${COREDNS_VERSION}
 OUT

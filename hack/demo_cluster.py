@@ -35,13 +35,13 @@ sys.path.insert(0, str(REPO))
 from controlplane import ControlPlane, free_ports, locate_binaries, running_control_plane  # noqa: E402
 from operator_support import (  # noqa: E402
     Proc,
+    agent_token,
     apply,
     apply_crds,
     create_gpu_pod,
     get,
     http,
     parse_metrics,
-    service_account_token,
     wait_until,
     write_token,
 )
@@ -184,7 +184,7 @@ def play(cp: ControlPlane, workdir: Path, args: argparse.Namespace) -> int:
         create_gpu_pod(cp, p.ref.namespace, p.ref.name, p.labels)
     apply(cp, _deployment())
     apply(cp, {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "gpuwarden"}})
-    token = write_token(workdir / "agent-token", service_account_token(cp, SYSTEM_NAMESPACE, AGENT_SA))
+    token = write_token(workdir / "agent-token", agent_token(cp, SYSTEM_NAMESPACE, NODE))
     print(
         f"namespaces {', '.join(namespaces)}; {len(scenario.pods)} GPU pods on {NODE} (Pending: no kubelet)"
     )

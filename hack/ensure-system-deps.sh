@@ -1,17 +1,41 @@
 #!/usr/bin/env bash
-# Installs the system tools the test suite checks our output with, when they are missing.
-# promtool comes from Debian's `prometheus` package; we only need the binary, so no
-# recommends and the service is never started.
+# Installs the system tools the test suite needs, when they are missing, from Debian's packages:
+#
+#   promtool                      checks our alert rules          (prometheus; only the binary is used)
+#   containerd, ctr, runc         the test node's container runtime (containerd, runc)
+#   /usr/lib/cni/{bridge,...}     the test node's pod network     (containernetworking-plugins)
+#   iptables, conntrack           kube-proxy's Service routing    (iptables, conntrack)
+#
+# No recommends, and no service is left running: the harness (tests/integration/node.py) starts its
+# own containerd with its own root, state and socket.
 set -euo pipefail
-if ! command -v promtool >/dev/null 2>&1; then
+
+packages=()
+want() { # want <command or absolute path> <Debian package>
+  if [[ "$1" == /* ]]; then [[ -e "$1" ]] || packages+=("$2"); else command -v "$1" >/dev/null 2>&1 || packages+=("$2"); fi
+}
+want promtool prometheus
+want containerd containerd
+want ctr containerd
+want runc runc
+want /usr/lib/cni/bridge containernetworking-plugins
+want /usr/lib/cni/host-local containernetworking-plugins
+want /usr/lib/cni/loopback containernetworking-plugins
+want iptables iptables
+want conntrack conntrack
+mapfile -t packages < <(printf '%s\n' "${packages[@]}" | sort -u | sed '/^$/d')
+
+if [[ ${#packages[@]} -gt 0 ]]; then
   if [ "$(id -u)" != 0 ]; then
-    echo "promtool is missing: install Debian's 'prometheus' package (apt-get install prometheus)" >&2
+    echo "missing Debian packages: ${packages[*]} (apt-get install --no-install-recommends ${packages[*]})" >&2
     exit 1
   fi
   export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 \
-    || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends prometheus >/dev/null; }
-  # the package's postinst may start a server we do not want
+  # Another apt on the machine (a parallel job) holds the lock for a while; wait for it.
+  apt=(apt-get -o DPkg::Lock::Timeout=600 -y -q --no-install-recommends)
+  "${apt[@]}" install "${packages[@]}" >/dev/null 2>&1 \
+    || { apt-get -o DPkg::Lock::Timeout=600 update -q >/dev/null && "${apt[@]}" install "${packages[@]}" >/dev/null; }
+  # the prometheus package's postinst may start a server we do not want
   pkill -x prometheus 2>/dev/null || true
 fi
-command -v promtool
+command -v promtool containerd ctr runc iptables conntrack

@@ -35,6 +35,7 @@ from gpuwarden.agent.nvml import NvmlBackend
 from gpuwarden.agent.scenarios import PACKAGED
 from gpuwarden.agent.sender import DEFAULT_BUFFER_LIMIT, DEFAULT_REPORT_INTERVAL, ReportSender
 from gpuwarden.agent.snapshots import Attributor, Sampler, SnapshotRing
+from gpuwarden.nodereport import Snapshot
 from gpuwarden.policy.units import parse_duration
 
 log = logging.getLogger("gpuwarden.agent")
@@ -105,6 +106,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"scenario file for --backend scripted, or a packaged one by name ({', '.join(PACKAGED)})",
     )
     add(
+        "--attribution",
+        choices=("kubelet", "scenario"),
+        default=None,
+        help="where pods come from: the kubelet's PodResources API and /proc (the default with "
+        "--backend nvml), or the scenario's own pods (the default with --backend scripted; nvml "
+        "has no scenario). A scripted backend on a real node takes kubelet: the scripted GPUs are "
+        "then attributed to the pods the kubelet allocated them to",
+    )
+    add(
         "--node-name",
         default=os.environ.get("NODE_NAME", ""),
         help="this node's name (default: $NODE_NAME)",
@@ -167,6 +177,7 @@ class AgentConfig:
 
     backend: str
     scenario: str | None
+    attribution: str
     node: str
     operator_url: str
     token_file: Path
@@ -190,6 +201,9 @@ class AgentConfig:
             )
         if args.backend == "nvml" and args.scenario:
             raise UsageError("--scenario only applies to --backend scripted")
+        if args.backend == "nvml" and args.attribution == "scenario":
+            raise UsageError("--attribution scenario needs --backend scripted")
+        attribution = args.attribution or ("scenario" if args.backend == "scripted" else "kubelet")
         node = args.node_name
         if not node:
             if args.operator_url:
@@ -199,6 +213,7 @@ class AgentConfig:
         return cls(
             backend=args.backend,
             scenario=args.scenario,
+            attribution=attribution,
             node=node,
             operator_url=args.operator_url,
             token_file=args.token_file,
@@ -281,7 +296,7 @@ class _Closer:
 
 
 def _attributor(config: AgentConfig, backend: DeviceBackend, closer: _Closer) -> Attributor:
-    if config.backend == "scripted":
+    if config.attribution == "scenario":
         # Loaded already (whoever built the backend imported it); here for the reason given
         # in open_backend.
         from gpuwarden.agent.scenario import ScenarioAttributor, ScriptedBackend
@@ -325,13 +340,19 @@ async def serve(
         if config.operator_url
         else None
     )
+
+    def deliver(snapshot: Snapshot) -> None:
+        metrics.count_xids(snapshot)  # XIDs are events: each is counted as its snapshot passes
+        if sender is not None:
+            sender.submit(snapshot)
+
     sampler = Sampler(
         backend,
         ring,
         interval=config.sample_interval,
         process_interval=config.process_interval,
         annotate=attributor.annotate,
-        deliver=sender.submit if sender is not None else None,
+        deliver=deliver,
         events=metrics,
     )
 

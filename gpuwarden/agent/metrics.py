@@ -1,8 +1,9 @@
 """Prometheus metrics of the agent, built from the latest snapshot at each scrape.
 
 One collector per concern on a dedicated registry: :class:`DeviceCollector` (per GPU),
-:class:`ProcessCollector` (per process and per pod's host memory) and the agent's own
-(:class:`AgentMetrics`, :class:`AgentCollector`). A scrape reads
+:class:`ProcessCollector` (per process and per pod's host memory), :class:`HealthCollector`
+(GPU health states) and the agent's own (:class:`AgentMetrics`, with the XID counts,
+:class:`AgentCollector`). A scrape reads
 :meth:`SnapshotRing.latest` and never calls NVML; every series is rebuilt from that
 snapshot, so a pod's series vanish with the first snapshot it is no longer in.
 
@@ -28,8 +29,9 @@ from prometheus_client.registry import Collector
 
 from gpuwarden import __version__
 from gpuwarden.agent.backend import device_key
+from gpuwarden.agent.health import CLOCK_EVENT_BITS
 from gpuwarden.agent.snapshots import ERROR_KINDS, SnapshotRing
-from gpuwarden.nodereport import DeviceState, GpuSample, PodRef
+from gpuwarden.nodereport import DeviceState, GpuSample, PodRef, Snapshot
 
 GPU_LABELS = ("uuid", "index", "model", "mig_id")
 POD_LABELS = ("namespace", "pod", "container")
@@ -188,10 +190,96 @@ class ProcessCollector(Collector):
         return [memory, sm, host]
 
 
+class HealthCollector(Collector):
+    """Health states of every GPU in the latest snapshot."""
+
+    def __init__(self, ring: SnapshotRing) -> None:
+        self._ring = ring
+
+    def _families(
+        self,
+    ) -> tuple[
+        GaugeMetricFamily,
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        GaugeMetricFamily,
+        GaugeMetricFamily,
+        GaugeMetricFamily,
+    ]:
+        labels = [*GPU_LABELS, *POD_LABELS]
+        return (
+            GaugeMetricFamily(
+                "gpuwarden_gpu_clock_event_active",
+                "1 while the reason holds the GPU's clocks down (NVML clock event reasons), else 0.",
+                labels=[*labels, "reason"],
+            ),
+            CounterMetricFamily(
+                "gpuwarden_gpu_ecc_uncorrected_aggregate_errors",
+                "Uncorrected ECC errors over the GPU's life (aggregate).",
+                labels=labels,
+            ),
+            GaugeMetricFamily(
+                "gpuwarden_gpu_retired_pages",
+                "Device memory pages retired (before Ampere), by cause.",
+                labels=[*labels, "cause"],
+            ),
+            GaugeMetricFamily(
+                "gpuwarden_gpu_remapped_rows",
+                "Device memory rows remapped (Ampere and later), by cause.",
+                labels=[*labels, "cause"],
+            ),
+            GaugeMetricFamily(
+                "gpuwarden_gpu_memory_repair_pending",
+                "1 while a page retirement or row remapping waits for a GPU reset, else 0.",
+                labels=[*labels, "mechanism"],
+            ),
+            GaugeMetricFamily(
+                "gpuwarden_gpu_row_remap_failed",
+                "1 if a row remapping ever failed on the GPU (its memory cannot heal itself), else 0.",
+                labels=labels,
+            ),
+        )
+
+    def describe(self) -> Iterable[Metric]:
+        """The families this collector yields."""
+        return list(self._families())
+
+    def collect(self) -> Iterable[Metric]:
+        """Build every health series from the latest snapshot."""
+        clock, aggregate, retired, remapped, pending, failed = self._families()
+        snapshot = self._ring.latest()
+        for gpu in snapshot.gpus if snapshot is not None else ():
+            health = gpu.health
+            if health is None:
+                continue
+            pods: list[PodRef | None] = [*gpu.pods] or [None]
+            for pod in pods:
+                labels = _gpu_labels(gpu) + _pod_labels(pod)
+                if health.clock_event_reasons is not None:
+                    active = set(health.clock_event_reasons)
+                    for _, reason in CLOCK_EVENT_BITS:
+                        clock.add_metric([*labels, reason.value], 1.0 if reason in active else 0.0)
+                if health.ecc_uncorrected_aggregate is not None:
+                    aggregate.add_metric(labels, health.ecc_uncorrected_aggregate)
+                if health.retired_pages_double_bit is not None:
+                    retired.add_metric([*labels, "double_bit_ecc"], health.retired_pages_double_bit)
+                if health.retired_pages_pending is not None:
+                    pending.add_metric([*labels, "page_retirement"], float(health.retired_pages_pending))
+                if health.remapped_rows_uncorrectable is not None:
+                    remapped.add_metric([*labels, "uncorrectable"], health.remapped_rows_uncorrectable)
+                if health.row_remap_pending is not None:
+                    pending.add_metric([*labels, "row_remap"], float(health.row_remap_pending))
+                if health.row_remap_failed is not None:
+                    failed.add_metric(labels, float(health.row_remap_failed))
+        return [clock, aggregate, retired, remapped, pending, failed]
+
+
 class AgentMetrics:
     """The agent's own counters and histogram; implements :class:`gpuwarden.agent.snapshots.SamplerEvents`.
 
-    Every error kind is created at 0, so a rate() over it works before the first error.
+    Every error kind is created at 0, so a rate() over it works before the first error. The XID
+    counter lives here rather than in a collector: XIDs are events, each in one snapshot only,
+    so they are counted as snapshots pass (:meth:`count_xids`), not rebuilt from the latest.
     """
 
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -210,6 +298,12 @@ class AgentMetrics:
             buckets=SAMPLE_DURATION_BUCKETS,
             registry=registry,
         )
+        self.xids = Counter(
+            "gpuwarden_gpu_xid_errors",
+            "XID errors the NVIDIA driver raised on a GPU since the agent started, by XID code.",
+            ["uuid", "index", "model", "xid"],
+            registry=registry,
+        )
 
     def sampled(self, seconds: float) -> None:
         """Record one device sample's duration."""
@@ -219,6 +313,13 @@ class AgentMetrics:
     def error(self, kind: str) -> None:
         """Count one error of ``kind``."""
         self.errors.labels(kind=kind).inc()
+
+    def count_xids(self, snapshot: Snapshot) -> None:
+        """Count the XIDs a snapshot carries (call it once per snapshot, as it is taken)."""
+        for gpu in snapshot.gpus:
+            if gpu.health is not None:
+                for xid in gpu.health.xids:
+                    self.xids.labels(gpu.uuid, str(gpu.index), gpu.model, str(xid.code)).inc()
 
 
 class AgentCollector(Collector):
@@ -253,5 +354,6 @@ def build_registry(ring: SnapshotRing, *, backend: str, node: str) -> tuple[Coll
     registry = CollectorRegistry(auto_describe=True)
     registry.register(DeviceCollector(ring))
     registry.register(ProcessCollector(ring))
+    registry.register(HealthCollector(ring))
     registry.register(AgentCollector(ring, backend=backend, node=node))
     return registry, AgentMetrics(registry)

@@ -18,6 +18,11 @@ alone costs ~360 µs on an H200 and changes only with a GPU reset.
 GPM (Hopper and later) metrics are rates between two GPM samples: each device keeps
 its previous sample, so the first device sample after start has no GPM values and
 each later one covers the time since the one before.
+
+Health (XIDs, memory errors, clock events) is :mod:`gpuwarden.agent.health`'s: an
+:class:`~gpuwarden.agent.health.XidWatcher` thread from :meth:`NvmlBackend.open` to
+:meth:`NvmlBackend.close`, and :func:`~gpuwarden.agent.health.read_health` on each GPU's
+own entry.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuwarden.agent.backend import BackendError, ProcessUtilization
+from gpuwarden.agent.health import XidWatcher, read_health, with_xids
 from gpuwarden.nodereport import DeviceState, GpuSample, ProcessSample
 
 log = logging.getLogger(__name__)
@@ -163,6 +169,8 @@ class NvmlBackend:
         self._commands: dict[int, str] = {}
         self._logged: set[tuple[str, str, int]] = set()
         self._open = False
+        self.xids: XidWatcher | None = None
+        """The XID event thread, while open."""
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -189,6 +197,8 @@ class NvmlBackend:
             self.close()
             raise BackendError("NVML found no GPUs on this host")
         self._gpus = [self._enumerate(index) for index in range(count)]
+        self.xids = XidWatcher(nvml)
+        self.xids.start((g.uuid, g.handle) for g in self._gpus if not g.lost_at_open)
         for gpu in self._gpus:
             log.info(
                 "GPU %d %s (%s): MIG %s, GPM %s",
@@ -258,6 +268,9 @@ class NvmlBackend:
         """Free GPM buffers and shut NVML down; safe to call twice."""
         if not self._open:
             return
+        if self.xids is not None:
+            self.xids.stop()  # before nvmlShutdown: its thread waits in NVML
+            self.xids = None
         for gpu in self._gpus:
             for device in (gpu, *gpu.migs.values()):
                 if device.gpm is not None:
@@ -310,6 +323,15 @@ class NvmlBackend:
         samples: list[GpuSample] = []
         for gpu in self._gpus:
             samples.extend(self._sample_gpu(gpu, now))
+        xids = self.xids.drain() if self.xids is not None else {}
+        if xids:
+            # On the GPU's own entry (a lost one too: XID 79 is why it is lost), never a MIG device's.
+            samples = [
+                s
+                if s.mig_id is not None or s.uuid not in xids
+                else s.model_copy(update={"health": with_xids(s.health, xids[s.uuid])})
+                for s in samples
+            ]
         live = {p.pid for s in samples for p in s.processes}
         for pid in self._commands.keys() - live:
             del self._commands[pid]
@@ -432,6 +454,7 @@ class NvmlBackend:
                 nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
                 nvml.NVML_VOLATILE_ECC,
             )
+            fields["health"] = read_health(nvml, handle, read)
 
         processes: list[ProcessSample] = []
         if per_instance:

@@ -25,6 +25,9 @@ Kubernetes quantities, ``6Gi``; rates as ``200Mi/m``)::
         health:                    # optional
           - {kind: lost, at: 20m}
           - {kind: recover, at: 22m}
+          - {kind: xid, at: 20m, code: 79}
+          - {kind: ecc, at: 25m, uncorrected: 2, remapPending: true}
+          - {kind: throttle, at: 26m, reasons: [hwThermalSlowdown]}
     pods:
       - namespace: research
         name: notebook-0
@@ -40,8 +43,11 @@ Kubernetes quantities, ``6Gi``; rates as ``200Mi/m``)::
 Pieces: ``idle`` (level, noise, optional spikes), ``leak`` (start, rate, noise, max),
 ``staircase`` (start, step, every, steps: steps then a plateau), ``sawtooth`` (low, high,
 period), ``saturated`` (level, default 98). ``start`` may be left out to continue from
-where the previous piece was. Health events ``lost`` and ``recover`` take the GPU off the
-bus and back. See docs/agent.md for the derived readings (GPM, power, clocks).
+where the previous piece was. Health pieces: ``lost`` and ``recover`` take the GPU off the
+bus and back; ``xid`` raises one XID at ``at`` (what NVML's event thread would deliver; no
+XID can be injected on a real GPU); ``ecc`` sets the memory-error readings from ``at`` on;
+``throttle`` sets the clock event reasons from ``at`` on (``reasons: []`` clears them). See
+docs/agent.md for the derived readings (GPM, power, clocks).
 
 Per-process utilization is the GPU's utilization split by ``share`` among the processes
 that run kernels; one with ``kernels: false`` is left out of the per-process reading, as
@@ -70,7 +76,17 @@ from pydantic.alias_generators import to_camel
 
 from gpuwarden.agent.backend import BackendError, ProcessUtilization, device_key, merge_process_utilization
 from gpuwarden.agent.scenarios import PACKAGED as PACKAGED  # re-exported: the names load_scenario takes
-from gpuwarden.nodereport import DeviceState, GpuSample, PodHostMemory, PodRef, ProcessSample, Snapshot
+from gpuwarden.nodereport import (
+    ClockEventReason,
+    DeviceState,
+    GpuHealth,
+    GpuSample,
+    PodHostMemory,
+    PodRef,
+    ProcessSample,
+    Snapshot,
+    XidEvent,
+)
 from gpuwarden.policy.units import parse_duration, parse_quantity, parse_rate
 
 DEFAULT_ORIGIN = 1_800_000_000.0
@@ -215,6 +231,38 @@ class HealthEvent(_Spec):
     at: Seconds
 
 
+class Xid(_Spec):
+    """One XID raised at ``at`` (it rides the first sample at or after it)."""
+
+    kind: Literal["xid"]
+    at: Seconds
+    code: int = Field(ge=1, le=2**32 - 1)
+
+
+class Ecc(_Spec):
+    """The GPU's memory-error readings from ``at`` on (until the next ``ecc``)."""
+
+    kind: Literal["ecc"]
+    at: Seconds
+    uncorrected: int = Field(default=0, ge=0)
+    """Uncorrected ECC errors: the volatile count, and as many more over the card's life."""
+    remapped_rows: int = Field(default=0, ge=0)
+    """Rows remapped for uncorrectable errors."""
+    remap_pending: bool = False
+    remap_failed: bool = False
+
+
+class Throttle(_Spec):
+    """The clock event reasons from ``at`` on (until the next ``throttle``; ``[]`` clears them)."""
+
+    kind: Literal["throttle"]
+    at: Seconds
+    reasons: list[ClockEventReason] = Field(max_length=16)
+
+
+HealthPiece = Annotated[HealthEvent | Xid | Ecc | Throttle, Field(discriminator="kind")]
+
+
 class GpuSpec(_Spec):
     """One scripted GPU."""
 
@@ -231,7 +279,7 @@ class GpuSpec(_Spec):
     memory: list[Piece] = Field(min_length=1)
     sm_active: list[Piece] | None = None
     """If left out, SM activity is derived from utilization (see docs/agent.md)."""
-    health: list[HealthEvent] = Field(default_factory=list)
+    health: list[HealthPiece] = Field(default_factory=list)
     process_utilization: bool = True
     """Whether per-process utilization can be read (False: as on a MIG device, no reading at all)."""
 
@@ -421,10 +469,36 @@ class _Gpu:
     sm_active: _Signal | None
     health_ats: tuple[float, ...]
     health: tuple[str, ...]
+    xids: tuple[Xid, ...] = ()
+    ecc: tuple[Ecc, ...] = ()
+    throttle: tuple[Throttle, ...] = ()
 
     def lost(self, t: float) -> bool:
         i = bisect_right(self.health_ats, t) - 1
         return i >= 0 and self.health[i] == "lost"
+
+    def xids_between(self, since: float, t: float, origin: float) -> list[XidEvent]:
+        """The XIDs raised in ``(since, t]``, stamped ``origin`` + their ``at``."""
+        return [XidEvent(code=x.code, timestamp=origin + x.at) for x in self.xids if since < x.at <= t]
+
+    def readings(self, t: float) -> GpuHealth:
+        """The memory-error and clock-event readings at ``t`` (no XIDs)."""
+        ecc = _latest(self.ecc, t)
+        throttle = _latest(self.throttle, t)
+        uncorrected = ecc.uncorrected if ecc is not None else 0
+        return GpuHealth(
+            ecc_uncorrected_aggregate=uncorrected,
+            remapped_rows_uncorrectable=ecc.remapped_rows if ecc is not None else 0,
+            row_remap_pending=ecc.remap_pending if ecc is not None else False,
+            row_remap_failed=ecc.remap_failed if ecc is not None else False,
+            clock_event_reasons=list(throttle.reasons) if throttle is not None else [],
+        )
+
+
+def _latest(pieces: tuple[Any, ...], t: float) -> Any:
+    """The last of ``pieces`` (sorted by ``at``) at or before ``t``, or None."""
+    i = bisect_right([p.at for p in pieces], t) - 1
+    return pieces[i] if i >= 0 else None
 
 
 _REPLICA_LOADING_UTILIZATION = 2.0
@@ -506,7 +580,8 @@ class Scenario:
         seed = spec.seed
         self._gpus: list[_Gpu] = []
         for position, g in enumerate(spec.gpus):
-            events = sorted(g.health, key=lambda e: e.at)
+            pieces = sorted(g.health, key=lambda e: e.at)
+            events = [e for e in pieces if isinstance(e, HealthEvent)]
             self._gpus.append(
                 _Gpu(
                     spec=g,
@@ -518,6 +593,9 @@ class Scenario:
                     else _Signal.build(seed, f"{g.uuid}/smActive", g.sm_active, 0.0, 100.0),
                     health_ats=tuple(e.at for e in events),
                     health=tuple(e.kind for e in events),
+                    xids=tuple(e for e in pieces if isinstance(e, Xid)),
+                    ecc=tuple(e for e in pieces if isinstance(e, Ecc)),
+                    throttle=tuple(e for e in pieces if isinstance(e, Throttle)),
                 )
             )
         self.deployments = [_Deployment(d, seed) for d in spec.deployments]
@@ -597,14 +675,28 @@ class Scenario:
     def _processes_on(self, uuid: str, t: float) -> list[ScenarioProcess]:
         return [proc for pod in self.pods_at(t) for proc in pod.processes if proc.gpu == uuid]
 
-    def gpu_samples(self, t: float) -> list[GpuSample]:
-        """Every GPU at scenario time ``t``, as the NVML backend would read it (no pods, no sm_util)."""
-        return [self._gpu_sample(gpu, t) for gpu in self._gpus]
+    def gpu_samples(
+        self, t: float, *, xids_since: float | None = None, origin: float = DEFAULT_ORIGIN
+    ) -> list[GpuSample]:
+        """Every GPU at scenario time ``t``, as the NVML backend would read it (no pods, no sm_util).
 
-    def _gpu_sample(self, gpu: _Gpu, t: float) -> GpuSample:
+        With ``xids_since``, each GPU's health carries the XIDs raised in ``(xids_since, t]``
+        (what NVML's event thread delivered since the previous sample), stamped ``origin + at``.
+        """
+        return [self._gpu_sample(gpu, t, xids_since, origin) for gpu in self._gpus]
+
+    def _gpu_sample(self, gpu: _Gpu, t: float, xids_since: float | None, origin: float) -> GpuSample:
         spec = gpu.spec
+        xids = gpu.xids_between(xids_since, t, origin) if xids_since is not None else []
         if gpu.lost(t):
-            return GpuSample(uuid=spec.uuid, index=gpu.index, model=spec.model, state=DeviceState.LOST)
+            return GpuSample(
+                uuid=spec.uuid,
+                index=gpu.index,
+                model=spec.model,
+                state=DeviceState.LOST,
+                health=GpuHealth(xids=xids) if xids else None,
+            )
+        health = gpu.readings(t)
         util, used = self._readings(gpu, t)
         procs = self._processes_on(spec.uuid, t)
         shares = sum(p.share for p in procs)
@@ -622,7 +714,8 @@ class Scenario:
             temperature_c=round(32.0 + 0.4 * util + 0.5 * jitter, 1),
             power_watts=round(spec.idle_watts + (spec.max_watts - spec.idle_watts) * util / 100.0, 1),
             sm_clock_mhz=round(_IDLE_CLOCK_MHZ + (_BOOST_CLOCK_MHZ - _IDLE_CLOCK_MHZ) * min(1.0, util / 20)),
-            ecc_uncorrected=0,
+            ecc_uncorrected=health.ecc_uncorrected_aggregate,
+            health=health.model_copy(update={"xids": xids}),
             processes=[
                 ProcessSample(
                     pid=p.pid,
@@ -723,6 +816,8 @@ class ScriptedBackend:
         self.scenario = scenario
         self.origin = origin
         self._clock = clock
+        self._sampled_at: float | None = None
+        """Scenario time of the previous device sample: XIDs after it ride the next one."""
 
     def open(self) -> None:
         """Fix the origin if none was given."""
@@ -736,8 +831,12 @@ class ScriptedBackend:
         return max(0.0, now - self.origin)
 
     def sample_devices(self, now: float) -> list[GpuSample]:
-        """The scenario's GPUs at ``now - origin``."""
-        return self.scenario.gpu_samples(self.scenario_time(now))
+        """The scenario's GPUs at ``now - origin``, with the XIDs raised since the previous call."""
+        t = self.scenario_time(now)
+        since = -1.0 if self._sampled_at is None else self._sampled_at
+        self._sampled_at = t
+        assert self.origin is not None  # scenario_time() checked it
+        return self.scenario.gpu_samples(t, xids_since=since, origin=self.origin)
 
     def sample_process_utilization(self, now: float) -> ProcessUtilization:
         """The scenario's per-process utilization at ``now - origin``."""

@@ -19,7 +19,9 @@ moment it is taken, in a report of its own; sampling faster than the interval ba
 
 What happens on each answer:
 
-- 2xx: delivered;
+- 2xx: delivered; readings the operator refused to store (``refused`` in the answer: a
+  timestamp out of its clock's bounds, a pod the API places on another node) are counted
+  by reason and logged, since retrying cannot help: this node's clock, or its pods, are off;
 - 401, 403: retried; the token is re-read for every attempt (the kubelet rotates it);
 - 408, 429, 5xx, connection errors, timeouts: retried with capped exponential backoff
   and full jitter, honouring ``Retry-After``;
@@ -47,7 +49,7 @@ from pathlib import Path
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpuwarden.nodereport import MAX_SNAPSHOTS_PER_REPORT, SCHEMA_VERSION, Snapshot
+from gpuwarden.nodereport import MAX_SNAPSHOTS_PER_REPORT, REFUSALS, SCHEMA_VERSION, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +65,8 @@ at most two reports a second per node (the operator allows 20 by default).
 DEFAULT_BUFFER_LIMIT = 900
 """15 minutes at 1 Hz: about 4.5 MB of JSON for 8 GPUs, inside the agent's memory budget."""
 
-DEFAULT_MAX_REPORT_BYTES = 8 * 1024 * 1024
-"""The operator's default ``--max-body-bytes`` (8Mi): larger bodies would only earn a 413."""
+DEFAULT_MAX_REPORT_BYTES = 1024 * 1024
+"""The operator's default ``--max-body-bytes`` (1Mi): larger bodies would only earn a 413."""
 
 _ENVELOPE_BYTES = 1024  # room for everything in a body but the snapshots
 
@@ -157,6 +159,7 @@ class ReportSender:
         self._max_batch = MAX_SNAPSHOTS_PER_REPORT
         self._max_bytes = max_report_bytes - _ENVELOPE_BYTES
         self._failures = 0  # consecutive failed POSTs: drives the backoff and the logging
+        self._refusing = False  # whether the last delivered report had readings refused
         self._session: aiohttp.ClientSession | None = None
         # One delivery at a time: run's rounds and flush share the report in flight.
         self._lock = asyncio.Lock()
@@ -193,7 +196,15 @@ class ReportSender:
             ["reason"],
             registry=registry,
         )
+        self._refused = Counter(
+            "gpuwarden_agent_report_refused_readings_total",
+            "Readings of delivered reports the operator did not store, by its reason.",
+            ["reason"],
+            registry=registry,
+        )
         # Pre-created so that every series reads 0 before the first event.
+        for reason in REFUSALS:
+            self._refused.labels(reason)
         for reason in DROP_REASONS:
             self._dropped.labels(reason)
         for reason in ERROR_REASONS:
@@ -320,7 +331,7 @@ class ReportSender:
                 self.url, data=body, headers=headers, timeout=self._timeout, allow_redirects=False
             ) as response:
                 status = response.status
-                text = (await response.text(errors="replace"))[:500] if status >= 300 else ""
+                text = (await response.text(errors="replace"))[:500]
                 retry_after = _retry_after(response.headers.get("Retry-After"))
         except TimeoutError:
             return self._failed("timeout", f"no answer from {self.url} within {self._timeout.total} s")
@@ -335,6 +346,7 @@ class ReportSender:
                 log.info("operator reachable again after %d failed attempts", self._failures)
             self._failures = 0
             self._sent.inc()
+            self._count_refused(report, text)
             return _Outcome(delivered=True)
         if status in (401, 403):
             return self._failed("unauthorized", f"HTTP {status}: {text}")
@@ -367,6 +379,20 @@ class ReportSender:
             )
             return _Outcome()
         return self._failed("unexpected_status", f"HTTP {status} from {self.url}: {text}")
+
+    def _count_refused(self, report: _Report, text: str) -> None:
+        try:
+            refused = json.loads(text).get("refused") or {}
+        except (ValueError, AttributeError):
+            refused = {}
+        counts = {k: v for k, v in refused.items() if k in REFUSALS and isinstance(v, int) and v > 0}
+        for reason, count in counts.items():
+            self._refused.labels(reason).inc(count)
+        if counts and not self._refusing:
+            # The first of a streak is news (a clock off by more than the operator's skew, a pod
+            # the API places elsewhere); the next ones are the same news.
+            log.warning("operator refused readings of report seq=%d: %s", report.seq, counts)
+        self._refusing = bool(counts)
 
     def _failed(self, reason: str, message: str, retry_after: float | None = None) -> _Outcome:
         self._errors.labels(reason).inc()

@@ -48,6 +48,7 @@ FINDING_COLORS = {
     RuleKind.UTILIZATION_CEILING: "tab:red",
     RuleKind.MEMORY_CEILING: "tab:orange",
     RuleKind.MEMORY_GROWTH: "tab:red",
+    RuleKind.GPU_HEALTH: "black",
     RuleKind.ANOMALY: "tab:brown",
 }
 
@@ -280,6 +281,8 @@ def _value_text(span: FindingSpan) -> str:
         return f"+{format_bytes(span.value * 60)}/m"
     if span.unit == "bytes":
         return format_bytes(span.value)
+    if span.unit == "problems":
+        return ""  # gpuHealth: the problem is in the rule's name and the log, not a figure
     return f"{span.value:.0f}%"
 
 

@@ -59,6 +59,8 @@ from gpuwarden.policy import (
     points_from_snapshot,
     process_subject,
 )
+from gpuwarden.policy.healthstore import HealthStore
+from gpuwarden.policy.intake import pods_of
 from gpuwarden.policy.scaling import ScaleDecider, ScaleDecision, findings_by_pod
 
 POINT_SLACK = 1.25
@@ -282,6 +284,7 @@ class Session:
         self.store = SeriesStore(
             retention_seconds=retention, max_points=int(retention / sample_interval * POINT_SLACK) + 16
         )
+        self.health = HealthStore(retention_seconds=retention)
         self.history = history if history is not None else History()
         self.subject_names: dict[PodId, str] = {}
         """Display name of every subject seen: ``research/notebook-0``, ``pid 4242 python train.py``."""
@@ -303,6 +306,7 @@ class Session:
         subjects_by_device = self._subjects_by_device(snapshot)
         points = list(self._points(snapshot))
         self.store.extend(points)
+        self.health.observe(snapshot, subjects=self._health_subjects)
         shares = self._shares(points)
         self._record(snapshot, subjects_by_device, shares)
 
@@ -318,7 +322,8 @@ class Session:
             if pods is None:
                 pods = self._pods_of(snapshot)
                 self.store.prune(now)
-            evaluation = entry.evaluator.evaluate(pods, self.store, now)
+                self.health.prune(now)
+            evaluation = entry.evaluator.evaluate(pods, self.store, now, self.health)
             entry.active = evaluation.active
             for transition in evaluation.transitions:
                 announced = self._track(transition)
@@ -353,6 +358,11 @@ class Session:
         return self.subject_names.get(PodId(namespace, pod)) or (f"{namespace}/{pod}" if namespace else pod)
 
     # -- internals --------------------------------------------------------------------------------
+
+    def _health_subjects(self, gpu: GpuSample) -> list[PodId]:
+        if self.subjects is SubjectKind.PROCESSES:
+            return [PodId(PROCESS_NAMESPACE, process_subject(p.pid)) for p in gpu.processes]
+        return pods_of(gpu)
 
     def _points(self, snapshot: Snapshot) -> Iterator[tuple[SeriesKey, Point]]:
         if self.subjects is SubjectKind.PROCESSES:

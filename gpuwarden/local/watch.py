@@ -246,6 +246,7 @@ async def watch(
     title = f"gpuwarden watch: {source}, policies {', '.join(p.key for p in config.policies)}"
 
     def deliver(snapshot: Snapshot) -> None:
+        metrics.count_xids(snapshot)
         try:
             step = session.observe(snapshot)
             display.show(step, f"{title}, {label(snapshot.timestamp)}")
@@ -272,14 +273,16 @@ async def watch(
     # Before anything is served: SIGINT/SIGTERM from here on stop the watch with its summary.
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+    # The handlers stay in place through the summary and the plot: a Ctrl-C that comes while they are
+    # written (the stop already set) must not cut them off with a KeyboardInterrupt.
     try:
         code = await _serve_until_stopped(config, sampler, registry, ring, display, stop, source)
+        if code is not None:
+            return code
+        _summarise(history, label, config, title)
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
-    if code is not None:
-        return code
-    _summarise(history, label, config, title)
     if failed:
         print(f"gpuwarden watch: stopped: {failed[0]}", file=sys.stderr)
         return EXIT_FAILED

@@ -11,7 +11,8 @@ import logging
 import sys
 from typing import Any, cast
 
-from gpuwarden.operator.config import DEFAULTS, ConfigError, build_config
+from gpuwarden.operator.config import DEFAULTS, ConfigError, CordonMode, build_config
+from gpuwarden.policy.xids import CRITICAL_XIDS
 
 __all__ = ["add_arguments", "run"]
 
@@ -66,6 +67,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULTS["node_rate"],
         help="reports a second per node before 429 (%(default)s)",
     )
+    parser.add_argument(
+        "--node-health",
+        action="store_true",
+        help="keep each reporting node's GPUHealthy condition and post GPU health Events on nodes and pods",
+    )
+    parser.add_argument(
+        "--node-health-xids",
+        default="",
+        metavar="CODES",
+        help="comma-separated XIDs that make a node unhealthy (default: "
+        + ",".join(str(c) for c in CRITICAL_XIDS)
+        + ")",
+    )
+    parser.add_argument(
+        "--node-health-hold",
+        default="10m",
+        metavar="DURATION",
+        help="how long an XID or a new uncorrected ECC error keeps a node unhealthy (%(default)s)",
+    )
+    parser.add_argument(
+        "--cordon",
+        choices=[m.value for m in CordonMode],
+        default="off",
+        help="cordon a node whose GPUs turn unhealthy: off (default), dry-run (an Event says it would), on",
+    )
     parser.add_argument("--verbose", action="store_true", help="log more (Kopf's verbose mode)")
     parser.add_argument("--debug", action="store_true", help="log everything, including each API call")
 
@@ -86,6 +112,10 @@ def run(args: argparse.Namespace) -> int:
             priority=args.priority,
             max_body_bytes=args.max_body_bytes,
             node_rate=args.node_rate,
+            node_health=args.node_health,
+            node_health_xids=args.node_health_xids,
+            node_health_hold=args.node_health_hold,
+            cordon=args.cordon,
             verbose=args.verbose,
             debug=args.debug,
         )

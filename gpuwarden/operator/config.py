@@ -7,17 +7,20 @@ the environment variable at fault.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpuwarden.policy.units import parse_quantity
+from gpuwarden.policy.units import parse_duration, parse_quantity
+from gpuwarden.policy.xids import CRITICAL_XIDS
 
 __all__ = [
     "Address",
     "ConfigError",
+    "CordonMode",
     "OperatorConfig",
     "ServiceAccountRef",
     "build_config",
@@ -33,6 +36,15 @@ INGEST_ACTIVE_LABEL = "gpuwarden.dev/ingest-active"
 
 class ConfigError(ValueError):
     """A flag or environment variable that cannot be used; the message names it."""
+
+
+class CordonMode(enum.StrEnum):
+    """``--cordon``: what the node view does to a node whose GPUs turn unhealthy."""
+
+    OFF = "off"
+    DRY_RUN = "dry-run"
+    """Post the Event saying it would cordon the node, and change nothing."""
+    ON = "on"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,14 +99,24 @@ class OperatorConfig:
     """Kopf peering priority: the live replica with the highest one acts."""
     identity: str = ""
     """This replica's Kopf peering identity (the pod name in a cluster)."""
-    max_body_bytes: int = 8 * 2**20
-    """Report bodies above this get 413 (8Mi holds many minutes of 1 s snapshots of 8 GPUs)."""
+    max_body_bytes: int = 2**20
+    """Report bodies above this get 413: 1Mi holds about 4 minutes of 1 s snapshots of 8 GPUs, and
+    bounds how long one report holds the event loop (parsing is one block; see ingest.LARGE_BODY)."""
     node_rate: float = 20.0
     """Reports per second a node may send before 429; agents report once a second and replay in batches."""
     pod_name: str | None = None
     """This replica's pod (downward API ``POD_NAME``); labelled while it acts. None outside a cluster."""
     pod_namespace: str | None = None
     """This replica's namespace (downward API ``POD_NAMESPACE``)."""
+    node_health: bool = False
+    """Keep the ``GPUHealthy`` condition of each reporting node, and post GPU health Events on nodes
+    and pods (``--node-health``; needs nodes get, nodes/status patch and events in ``default``)."""
+    node_health_xids: tuple[int, ...] = CRITICAL_XIDS
+    """The XIDs that make a node unhealthy (and get Events)."""
+    node_health_hold: float = 600.0
+    """Seconds an XID or a new uncorrected ECC error keeps a node unhealthy after it."""
+    cordon: CordonMode = CordonMode.OFF
+    """Cordon a node whose GPUs turn unhealthy: off, dry-run (say so only), on (needs nodes patch)."""
     verbose: bool = False
     debug: bool = False
 
@@ -143,6 +165,30 @@ def parse_size(text: str, *, flag: str) -> int:
     return size
 
 
+def parse_xids(text: str, *, flag: str) -> tuple[int, ...]:
+    """A comma-separated list of XID codes (``48,79``); empty for none."""
+    codes: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if not part.isdigit() or not 1 <= int(part) <= 2**32 - 1:
+            raise ConfigError(f"{flag}: {part!r} is not an XID code (a whole number from 1)")
+        if int(part) not in codes:
+            codes.append(int(part))
+    return tuple(codes)
+
+
+def parse_hold(text: str, *, flag: str) -> float:
+    """A duration of at least a second (``10m``)."""
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise ConfigError(f"{flag}: {exc}") from None
+    if seconds < 1:
+        raise ConfigError(f"{flag}: {text!r} must be at least 1s")
+    return seconds
+
+
 def derive_priority(name: str) -> int:
     """A stable peering priority from a replica's name, in ``[1, 2**31 - 1]``.
 
@@ -174,6 +220,10 @@ def build_config(
     priority: int | None,
     max_body_bytes: str,
     node_rate: float,
+    node_health: bool = False,
+    node_health_xids: str = "",
+    node_health_hold: str = "10m",
+    cordon: str = "off",
     verbose: bool = False,
     debug: bool = False,
     env: Mapping[str, str] | None = None,
@@ -195,6 +245,13 @@ def build_config(
     if pod_name and not pod_namespace:
         raise ConfigError("POD_NAME is set but POD_NAMESPACE is not (set both from the downward API)")
     identity = default_identity(env)
+    try:
+        cordon_mode = CordonMode(cordon)
+    except ValueError:
+        raise ConfigError(f"--cordon: {cordon!r} is not one of off, dry-run, on") from None
+    if cordon_mode is not CordonMode.OFF and not node_health:
+        raise ConfigError("--cordon needs --node-health (it acts on the GPUHealthy condition)")
+    xids = parse_xids(node_health_xids, flag="--node-health-xids") if node_health_xids else CRITICAL_XIDS
     return OperatorConfig(
         namespaces=tuple(dict.fromkeys(namespaces)),
         ingest=parse_address(ingest_address, flag="--ingest-address"),
@@ -210,6 +267,10 @@ def build_config(
         node_rate=node_rate,
         pod_name=pod_name,
         pod_namespace=pod_namespace,
+        node_health=node_health,
+        node_health_xids=xids,
+        node_health_hold=parse_hold(node_health_hold, flag="--node-health-hold"),
+        cordon=cordon_mode,
         verbose=verbose,
         debug=debug,
     )
@@ -221,7 +282,7 @@ DEFAULTS: dict[str, str] = {
     "token_audience": "gpuwarden-operator",
     "agent_service_account": "gpuwarden-system:gpuwarden-agent",
     "peering": "gpuwarden",
-    "max_body_bytes": "8Mi",
+    "max_body_bytes": "1Mi",
     "node_rate": "20",
 }
 """The contract's defaults (docs/deployment-contract.md), shared by the flags and :func:`default_config`."""

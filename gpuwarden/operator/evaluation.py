@@ -153,7 +153,9 @@ class PolicyRunner:
         pacing.interval = self.spec.evaluation_interval_seconds if self.spec else pacing.interval
         if self.spec_error is None and self.evaluator is not None and self.announcer is not None:
             records = list(pods)
-            evaluation = self.evaluator.evaluate((r.view for r in records), self.state.store, now)
+            evaluation = self.evaluator.evaluate(
+                (r.view for r in records), self.state.store, now, self.state.health
+            )
             self.evaluation = evaluation
             assert self.spec is not None
             specs = self.announcer.plan(evaluation, events=self.spec.actions.events)

@@ -2,8 +2,8 @@
 
 A violation that starts is announced with a ``Warning`` on the pod and on the
 policy, reason the rule kind's CamelCase word (``GPUUnderutilized``,
-``GPUSaturated``, ``GPUMemoryNearLimit``, ``GPUMemoryLeakSuspected``; an anomaly
-names its pattern: ``GPUSpike``, ``GPUPeriodicSpikes``, ``GPUSteadyClimb``,
+``GPUSaturated``, ``GPUMemoryNearLimit``, ``GPUMemoryLeakSuspected``, ``GPUUnhealthy``; an
+anomaly names its pattern: ``GPUSpike``, ``GPUPeriodicSpikes``, ``GPUSteadyClimb``,
 ``GPULevelShift``), the figure, and what it means. While it lasts it is announced again (same reason,
 "still ...") once every ``actions.renotifyInterval``, never more often. When it
 ends, a ``Normal`` Event with reason ``<Reason>Resolved`` (``GPUSaturatedResolved``)
@@ -36,6 +36,7 @@ MEANING: Mapping[RuleKind, str] = {
     RuleKind.UTILIZATION_CEILING: "its GPUs are fully busy: it may need more replicas",
     RuleKind.MEMORY_CEILING: "it is close to running out of GPU memory",
     RuleKind.MEMORY_GROWTH: "steady growth like this usually means a leak, heading for out-of-memory",
+    RuleKind.GPU_HEALTH: "its GPU is failing: its work may have crashed or be wrong; move it elsewhere",
     RuleKind.ANOMALY: "its GPU readings left their usual band",
 }
 

@@ -2,6 +2,7 @@
 
 - startup: tune Kopf (one place, a reason per value), start the ingest and metrics servers;
 - ``gpu_pods`` index: GPU pods by namespace, for the policies' selectors;
+- ``gpu_pod_nodes`` index: the node each GPU pod runs on, for the reports' pods;
 - ``policy_claims`` index: each policy's parsed scale action by namespace, for the scaler's
   conflict check (parsed once per change, not by every policy at every round);
 - pod deletion: forget the pod's series;
@@ -65,8 +66,12 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
 
 
 @kopf.on.startup()
-async def start_services(memo: kopf.Memo, **_: Any) -> None:
-    memo.services = Services(_state(memo))
+async def start_services(memo: kopf.Memo, **kwargs: Any) -> None:
+    # The indexes by their names (empty this early, filled live by Kopf): which node each GPU pod runs
+    # on, for the reports' pods; the pods' uids, for the node view.
+    _state(memo).pod_nodes = kwargs["gpu_pod_nodes"]
+    pods: kopf.Index[str, PodRecord] = kwargs["gpu_pods"]
+    memo.services = Services(_state(memo), pods=pods)
     await memo.services.start()
 
 
@@ -89,13 +94,26 @@ def gpu_pods(
     return {namespace: record}
 
 
+def _scheduled_gpu_pod(spec: kopf.Spec, **_: Any) -> bool:
+    return bool(spec.get("nodeName")) and requests_gpu(spec)
+
+
+@kopf.index("pods", when=_scheduled_gpu_pod)
+def gpu_pod_nodes(namespace: str | None, name: str, spec: kopf.Spec, **_: Any) -> dict[tuple[str, str], str]:
+    assert namespace is not None
+    return {(namespace, name): str(spec["nodeName"])}
+
+
 @kopf.index(GROUP, VERSION, PLURAL)
 def policy_claims(namespace: str | None, body: kopf.Body, **_: Any) -> dict[str, PolicyClaim]:
     assert namespace is not None  # policies are namespaced
     return {namespace: policy_claim(body)}
 
 
-def _gpu_pod_gone(type: str, spec: kopf.Spec, **_: Any) -> bool:
+def _gpu_pod_gone(type: str, spec: kopf.Spec, memo: kopf.Memo, **_: Any) -> bool:
+    # Kopf calls a non-index handler's filter only once every index has been filled from the
+    # initial listing: from the first pod event on, the pod indexes hold every pod.
+    _state(memo).pods_synced = True
     # Filtered here, not in the handler: Kopf logs every handler call, and pods change often.
     return type == "DELETED" and requests_gpu(spec)
 

@@ -2,28 +2,47 @@
 
 In order, each request is answered with the first that applies:
 
-====  ====================  =====================================================
-503   ``Standby``           this replica does not act (peering); the agent retries
-401   ``Unauthenticated``   no bearer token, or TokenReview does not accept it for our audience
-403   ``Forbidden``         a valid token of another ServiceAccount, or bound to another node
-503   ``AuthUnavailable``   TokenReview could not be made; the agent retries
-413   ``TooLarge``          Content-Length, or the bytes actually read, above ``--max-body-bytes``
-400   ``InvalidReport``     not JSON, not the schema, or another schemaVersion (message: the field)
-429   ``RateLimited``       the node sent more than ``--node-rate`` a second (``Retry-After``)
-200                         accepted (``duplicate: true`` when the same agent sent that seq before)
-====  ====================  =====================================================
+====  =======================  ===================================================
+503   ``Standby``              this replica does not act (peering); the agent retries
+401   ``Unauthenticated``      no bearer token, or TokenReview does not accept it for our audience
+403   ``Forbidden``            a valid token of another ServiceAccount, or one bound to no pod
+503   ``AuthUnavailable``      TokenReview could not be made; the agent retries
+429   ``RateLimited``          the token's node sent more than ``--node-rate`` a second (``Retry-After``)
+413   ``TooLarge``             Content-Length above ``--max-body-bytes``
+415   ``UnsupportedEncoding``  a Content-Encoding other than gzip or deflate
+413   ``TooLarge``             more bytes arrive than that, or the body decodes to more
+400   ``InvalidReport``        a gzip/deflate body that does not decode; not JSON, not the schema,
+                               or another schemaVersion (the message names the field)
+403   ``Forbidden``            the report names another node than the one the token's pod runs on
+200                            ``{"accepted": N, "duplicate": false, "refused": {...}}``
+====  =======================  ===================================================
+
+The identity is the node the token is bound to: the rate limit and the duplicate
+book are keyed by it, so names a report claims cost nothing. ``refused`` counts
+the readings of an accepted report that were not stored, by reason: ``future``
+(more than :data:`MAX_FUTURE_SKEW` ahead of the operator's clock), ``past``
+(older than the longest retention), ``foreignPod`` (the pod runs on another
+node), ``unknownPod`` (no such GPU pod is watched); empty when all were.
+``duplicate: true`` answers a seq the same agent already had stored.
 
 Error bodies are JSON ``{"reason": ..., "message": ...}``. A request is
-independent of every other: one bad report never costs a good one, and an
-unexpected error is a 500 for that request only.
+independent of every other: one bad report never costs a good one; an
+unexpected error is a 500 for that request only, counted, and its seq is not
+recorded (so the agent's retry is taken, not answered as a duplicate). A large
+body is parsed and stored only after the other large ones before it and a turn
+of the event loop, so small reports are served in between.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import time
+import zlib
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -33,27 +52,55 @@ from gpuwarden.operator.metrics import OperatorMetrics
 from gpuwarden.operator.ratelimit import NodeRateLimiter
 from gpuwarden.operator.tokenreview import TokenAuthenticator, Verdict
 
-__all__ = ["INGEST", "ReportBook", "ReportIngest", "make_ingest_app"]
+__all__ = ["INGEST", "MAX_FUTURE_SKEW", "Intake", "ReportBook", "ReportIngest", "make_ingest_app"]
 
 logger = logging.getLogger(__name__)
 
 REPORTS_PATH = "/v1/reports"
 
+MAX_FUTURE_SKEW = 30.0
+"""Seconds a snapshot may be ahead of the operator's clock (NTP keeps nodes within milliseconds).
+
+A series keeps only points newer than its latest, so a reading from the future hides the
+real ones that follow it until the clock catches up: at most this long.
+"""
+
+LARGE_BODY = 64 * 1024
+"""Bodies above this (a replay; a live report of 8 GPUs is about 5 kB) are parsed one at a time."""
+
+
+@dataclass(slots=True)
+class Intake:
+    """What became of an accepted report's readings."""
+
+    stored: int = 0
+    refused: dict[str, int] = field(default_factory=dict)
+    """Readings not stored, by reason (one of :data:`~gpuwarden.nodereport.REFUSALS`)."""
+
 
 class ReportBook:
-    """The newest (agent, seq) per node: a report not newer than that is a duplicate (a retry)."""
+    """The newest (agent, seq) stored per node: a report not newer than that is a duplicate (a retry).
 
-    def __init__(self) -> None:
-        self._last: dict[str, tuple[str, int]] = {}
+    Keyed by the node the token is bound to; an LRU of at most ``max_nodes`` (the node
+    heard from least recently is forgotten first: its next report is simply stored).
+    """
 
-    def admit(self, report: NodeReport) -> bool:
-        """Record ``report``; False when its agent already sent this seq or a later one."""
-        last = self._last.get(report.node)
-        if last is not None and last[0] == report.agent_id and report.seq <= last[1]:
-            return False
+    def __init__(self, max_nodes: int = 50_000) -> None:
+        self.max_nodes = max_nodes
+        self._last: OrderedDict[str, tuple[str, int]] = OrderedDict()
+
+    def is_duplicate(self, node: str, report: NodeReport) -> bool:
+        """Whether ``report``'s agent already had this seq, or a later one, stored for ``node``."""
+        last = self._last.get(node)
         # A new agent_id on a node is a restarted agent: its seqs start again.
-        self._last[report.node] = (report.agent_id, report.seq)
-        return True
+        return last is not None and last[0] == report.agent_id and report.seq <= last[1]
+
+    def record(self, node: str, report: NodeReport) -> None:
+        """Remember ``report`` as stored: call it only once its readings are in the store."""
+        self._last[node] = (report.agent_id, report.seq)
+        self._last.move_to_end(node)
+        if len(self._last) > self.max_nodes:
+            self._last.popitem(last=False)
 
     def __len__(self) -> int:
         return len(self._last)
@@ -67,11 +114,14 @@ class ReportIngest:
     limiter: NodeRateLimiter
     book: ReportBook
     metrics: OperatorMetrics
-    accept: Callable[[NodeReport], int]
-    """Stores an admitted report's points; returns how many were kept."""
+    accept: Callable[[NodeReport, str, float], Intake]
+    """Stores an admitted report's readings (report, the token's node, now); says what it kept."""
     acting: Callable[[], bool]
     """Whether this replica acts (else 503)."""
     max_body_bytes: int
+    clock: Callable[[], float] = time.time
+    """The operator's clock, which snapshots' timestamps are held against."""
+    _large: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
 
     async def handle(self, request: web.Request) -> web.Response:
         """Answer one POST /v1/reports."""
@@ -82,7 +132,7 @@ class ReportIngest:
             self.metrics.rejected.labels(refusal.metric).inc()
             return refusal.response()
         except Exception:
-            logger.exception("Unexpected error while handling a report; it is dropped.")
+            logger.exception("Unexpected error while handling a report; the agent will retry it.")
             self.metrics.rejected.labels("internal").inc()
             return _error(500, "InternalError", "the operator failed on this report; see its log")
 
@@ -90,6 +140,23 @@ class ReportIngest:
         if not self.acting():
             raise _Refusal(503, "Standby", "this replica stands by; retry", "standby", retry_after="1")
 
+        node = await self._authenticate(request)
+        wait = self.limiter.acquire(node)
+        if wait > 0:
+            message = f"node {node} sends more than {self.limiter.rate:g} reports a second"
+            raise _Refusal(429, "RateLimited", message, "rate_limited", self.limiter.retry_after(wait))
+
+        body = await self._read_body(request)
+        if len(body) > LARGE_BODY:
+            async with self._large:
+                response = self._ingest(node, body)
+                # Still holding the lock: the next large body waits for the small ones that came meanwhile.
+                await asyncio.sleep(0)
+            return response
+        return self._ingest(node, body)
+
+    async def _authenticate(self, request: web.Request) -> str:
+        """The node the request's token is bound to (its pod's), or a refusal."""
         token = _bearer(request.headers.get("Authorization", ""))
         if token is None:
             raise _Refusal(401, "Unauthenticated", "a bearer token is required", "unauthenticated")
@@ -104,31 +171,32 @@ class ReportIngest:
             raise _Refusal(401, "Unauthenticated", review.message, "unauthenticated")
         if review.verdict is Verdict.FORBIDDEN:
             raise _Refusal(403, "Forbidden", review.message, "forbidden")
+        return review.node
 
-        body = await self._read_body(request)
+    def _ingest(self, node: str, body: bytes) -> web.Response:
         try:
             report = parse_report(body)
         except ReportError as exc:
             raise _Refusal(400, "InvalidReport", str(exc), "invalid") from None
-        if review.node is not None and review.node != report.node:
-            message = f"the token belongs to a pod on node {review.node}, not {report.node}"
+        if report.node != node:
+            message = f"the token belongs to a pod on node {node}, not {report.node}"
             raise _Refusal(403, "Forbidden", message, "forbidden")
-
-        wait = self.limiter.acquire(report.node)
-        if wait > 0:
-            message = f"node {report.node} sends more than {self.limiter.rate:g} reports a second"
-            raise _Refusal(429, "RateLimited", message, "rate_limited", self.limiter.retry_after(wait))
-
-        if not self.book.admit(report):
+        if self.book.is_duplicate(node, report):
             self.metrics.duplicates.inc()
-            return web.json_response({"accepted": 0, "duplicate": True})
-        kept = self.accept(report)
-        self.metrics.points.inc(kept)
-        # What json_response() would send for {"accepted": kept, "duplicate": False}, without
-        # json.dumps: this answers every report.
-        return web.Response(
-            text=f'{{"accepted": {kept}, "duplicate": false}}', content_type="application/json"
-        )
+            return web.json_response({"accepted": 0, "duplicate": True, "refused": {}})
+        intake = self.accept(report, node, self.clock())
+        self.book.record(node, report)
+        self.metrics.points.inc(intake.stored)
+        refused = intake.refused
+        if not refused:
+            # What json_response() would send, without json.dumps: this answers every report.
+            return web.Response(
+                text=f'{{"accepted": {intake.stored}, "duplicate": false, "refused": {{}}}}',
+                content_type="application/json",
+            )
+        for reason, count in refused.items():
+            self.metrics.refused.labels(reason).inc(count)
+        return web.json_response({"accepted": intake.stored, "duplicate": False, "refused": refused})
 
     async def _read_body(self, request: web.Request) -> bytes:
         limit = self.max_body_bytes
@@ -137,15 +205,46 @@ class ReportIngest:
             raise _Refusal(
                 413, "TooLarge", f"the body is {declared} bytes; at most {limit} are accepted", "too_large"
             )
-        # Content-Length may be absent (chunked) or lie: count what actually arrives.
+        decoder = _decoder(request.headers.get("Content-Encoding", ""))
+        # Content-Length may be absent (chunked) or lie, and a compressed body inflates: count what
+        # actually arrives, and what it decodes to, inflating no more than the limit allows.
         chunks: list[bytes] = []
-        size = 0
-        while chunk := await request.content.read(min(limit + 1 - size, 1 << 16) or 1):
+        received = size = 0
+        while chunk := await request.content.read(1 << 16):
+            received += len(chunk)
+            if decoder is not None:
+                try:
+                    chunk = decoder.decompress(chunk, limit + 1 - size)
+                except zlib.error:
+                    raise _undecodable(request) from None
             size += len(chunk)
-            if size > limit:
+            if size > limit or received > limit:
                 raise _Refusal(413, "TooLarge", f"the body exceeds {limit} bytes", "too_large")
             chunks.append(chunk)
+        if decoder is not None and not decoder.eof:
+            raise _undecodable(request)
         return b"".join(chunks)
+
+
+def _decoder(encoding: str) -> Any:
+    """A bounded decompressor for a Content-Encoding (None for identity), or a 415."""
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return None
+    if encoding in ("gzip", "x-gzip"):
+        return zlib.decompressobj(16 + zlib.MAX_WBITS)
+    if encoding == "deflate":
+        return zlib.decompressobj(zlib.MAX_WBITS)
+    raise _Refusal(
+        415, "UnsupportedEncoding", f"Content-Encoding {encoding} is not one of gzip, deflate", "invalid"
+    )
+
+
+def _undecodable(request: web.Request) -> _Refusal:
+    encoding = request.headers.get("Content-Encoding", "")
+    return _Refusal(
+        400, "InvalidReport", f"the body does not decode as Content-Encoding {encoding}", "invalid"
+    )
 
 
 class _Refusal(Exception):
@@ -184,8 +283,10 @@ INGEST = web.AppKey("ingest", ReportIngest)
 
 def make_ingest_app(ingest: ReportIngest) -> web.Application:
     """The ingest server's app: POST /v1/reports, and nothing else."""
-    # client_max_size guards aiohttp's own readers; ours enforces the limit while streaming.
-    app = web.Application(client_max_size=ingest.max_body_bytes + 1)
+    # client_max_size guards aiohttp's own readers; ours enforces the limit while streaming. We decode
+    # Content-Encoding ourselves, bounded: aiohttp's decoder inflates before any limit applies, and
+    # fails again on a corrupt body it drains after a refusal, as an unhandled error.
+    app = web.Application(client_max_size=ingest.max_body_bytes + 1, handler_args={"auto_decompress": False})
     app[INGEST] = ingest
     app.router.add_post(REPORTS_PATH, ingest.handle)
     return app

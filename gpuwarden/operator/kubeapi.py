@@ -202,6 +202,32 @@ class KubeApi:
         """GET one object."""
         return await self.request("GET", path)
 
+    async def patch_node_condition(
+        self, node: str, condition: Mapping[str, Any], *, manager: str
+    ) -> JsonObject:
+        """Set one condition of a Node's status (a strategic merge: the other conditions stay)."""
+        return await self.request(
+            "PATCH",
+            f"/api/v1/nodes/{node}/status",
+            body={"status": {"conditions": [dict(condition)]}},
+            params={"fieldManager": manager},
+            content_type="application/strategic-merge-patch+json",
+        )
+
+    async def cordon_node(self, node: str, annotations: Mapping[str, str], *, manager: str) -> JsonObject:
+        """Mark a Node unschedulable (``kubectl cordon``), with ``annotations`` saying who and why."""
+        return await self.request(
+            "PATCH",
+            f"/api/v1/nodes/{node}",
+            body={"metadata": {"annotations": dict(annotations)}, "spec": {"unschedulable": True}},
+            params={"fieldManager": manager},
+            content_type="application/merge-patch+json",
+        )
+
+    async def create_event(self, namespace: str, event: Mapping[str, Any]) -> JsonObject:
+        """POST a core/v1 Event into ``namespace``."""
+        return await self.request("POST", f"/api/v1/namespaces/{namespace}/events", body=event)
+
 
 def _status_message(text: str) -> str:
     """The ``message`` of a metav1.Status body, else the raw text (shortened)."""

@@ -10,6 +10,7 @@ with its pod. These are what prometheus-adapter or KEDA scale on.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 
@@ -19,7 +20,10 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
+from gpuwarden.nodereport import REFUSALS
 from gpuwarden.policy.series import Point, SeriesKey, SeriesStore
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "REJECT_REASONS",
@@ -36,7 +40,7 @@ REJECT_REASONS = (
     "rate_limited",  # 429
     "standby",  # 503: this replica does not act (peering)
     "unavailable",  # 503: TokenReview could not be made
-    "internal",  # 500: a bug; the report is dropped, the server goes on
+    "internal",  # 500: a bug; nothing of the report is recorded as seen, so its retry is taken
 )
 
 
@@ -149,6 +153,14 @@ class OperatorMetrics:
         self.points = Counter(
             "gpuwarden_operator_points", "GPU readings stored from accepted reports.", registry=r
         )
+        self.refused = Counter(
+            "gpuwarden_operator_points_refused",
+            "GPU readings of accepted reports not stored, by reason (each answer says how many).",
+            ["reason"],
+            registry=r,
+        )
+        for reason in REFUSALS:
+            self.refused.labels(reason)
         self.evaluation_seconds = Histogram(
             "gpuwarden_operator_evaluation_duration_seconds",
             "Time one evaluation of one policy takes (rules, events, status).",
@@ -216,20 +228,47 @@ def store_gauges(store: SeriesStore) -> dict[str, tuple[str, float]]:
     }
 
 
+class _Exposition:
+    """The exposition, remembering whether the last one failed (so that readiness can say so)."""
+
+    def __init__(self, metrics: OperatorMetrics) -> None:
+        self._metrics = metrics
+        self.failing: str | None = None
+        """Why the last exposition failed; None while it works."""
+
+    def render(self) -> bytes | None:
+        try:
+            body = self._metrics.exposition()
+        except Exception as exc:
+            # Nothing a report carries can get here (the wire bounds every value and timestamp);
+            # if a bug does, the scrape fails and so does readiness, instead of a silent blind spot.
+            logger.exception("The metrics exposition failed.")
+            self.failing = f"{type(exc).__name__}: {exc}"
+            return None
+        self.failing = None
+        return body
+
+
 def make_metrics_app(metrics: OperatorMetrics, ready: Callable[[], bool]) -> web.Application:
-    """``/metrics``, ``/healthz`` (the event loop answers) and ``/readyz`` (``ready()``)."""
+    """``/metrics``, ``/healthz`` (the event loop answers) and ``/readyz`` (``ready()``, and the
+    exposition works: after a failed scrape, readiness renders it again until it succeeds)."""
+    exposition = _Exposition(metrics)
 
     async def serve_metrics(_: web.Request) -> web.Response:
-        body = metrics.exposition()
+        body = exposition.render()
+        if body is None:
+            return web.Response(status=500, text=f"the metrics exposition failed: {exposition.failing}\n")
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
     async def readyz(_: web.Request) -> web.Response:
-        if ready():
-            return web.Response(text="ok\n")
-        return web.Response(status=503, text="starting\n")
+        if not ready():
+            return web.Response(status=503, text="starting\n")
+        if exposition.failing is not None and exposition.render() is None:
+            return web.Response(status=503, text=f"the metrics exposition fails: {exposition.failing}\n")
+        return web.Response(text="ok\n")
 
     app = web.Application()
     app.router.add_get("/metrics", serve_metrics)

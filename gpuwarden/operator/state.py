@@ -10,26 +10,27 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden.nodereport import NodeReport
 from gpuwarden.operator.config import OperatorConfig
-from gpuwarden.operator.ingest import ReportBook, ReportIngest
+from gpuwarden.operator.ingest import MAX_FUTURE_SKEW, Intake, ReportBook, ReportIngest
 from gpuwarden.operator.kubeapi import KubeApi
 from gpuwarden.operator.leadership import Leadership
 from gpuwarden.operator.metrics import OperatorMetrics, store_gauges
 from gpuwarden.operator.ratelimit import NodeRateLimiter
 from gpuwarden.operator.tokenreview import TokenAuthenticator
 from gpuwarden.policy.engine import PodView
-from gpuwarden.policy.intake import points_from_report
+from gpuwarden.policy.healthstore import HealthStore
+from gpuwarden.policy.intake import points_from_snapshot
 from gpuwarden.policy.series import SeriesStore
 
 if TYPE_CHECKING:
     from gpuwarden.operator.evaluation import Scaler
 
-__all__ = ["MAX_RETENTION", "MIN_RETENTION", "OperatorState", "PodRecord", "PolicyKey"]
+__all__ = ["MAX_REPORT_AGE", "MAX_RETENTION", "MIN_RETENTION", "OperatorState", "PodRecord", "PolicyKey"]
 
 MIN_RETENTION = 600.0
 """Seconds of readings kept even when no policy needs them (a replay may land before the policies load)."""
@@ -37,6 +38,13 @@ MAX_RETENTION = 6 * 3600.0
 """Seconds of readings kept at most, whatever a policy asks for (memory: 24 B a reading)."""
 MAX_POINTS = int(MAX_RETENTION)
 """Readings kept per series at most: 6 h at the agents' 1 s sampling."""
+MAX_REPORT_AGE = MAX_RETENTION
+"""Readings older than this (by the operator's clock) are refused: no window could use them."""
+HEALTH_PRUNE_SECONDS = 60.0
+"""How often the health store forgets what aged out (GPUs gone quiet); it is small, and bounded anyway."""
+
+_OUT_OF_SCOPE = "out_of_scope"
+"""A pod of a namespace not watched: its readings are dropped without a word (not a refusal)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,11 +137,20 @@ async def _sleep_on(event: asyncio.Event, seconds: float) -> None:
 class OperatorState:
     """Everything the operator keeps between handler calls; one per process, in ``memo.state``."""
 
-    def __init__(self, config: OperatorConfig, *, api: KubeApi | None = None) -> None:
+    def __init__(
+        self, config: OperatorConfig, *, api: KubeApi | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
         self.config = config
         self.api = api or KubeApi()
+        self.pod_nodes: Mapping[tuple[str, str], Collection[str]] = {}
+        """GPU pods by (namespace, name) -> the node they run on: Kopf's ``gpu_pod_nodes`` index."""
+        self.pods_synced = False
+        """Whether ``pod_nodes`` holds every pod (Kopf listed them); until then unknown pods are let in."""
         self.metrics = OperatorMetrics()
         self.store = SeriesStore(retention_seconds=MIN_RETENTION, max_points=MAX_POINTS)
+        self.health = HealthStore(retention_seconds=MIN_RETENTION)
+        """The GPUs' health (gpuHealth rules, throttling, the node view), kept as long as the series."""
+        self._health_pruned = 0.0
         self.book = ReportBook()
         self.pacing: dict[str, dict[str, Pacing]] = {}
         """Running evaluation daemons: namespace -> policy name -> pacing."""
@@ -154,6 +171,7 @@ class OperatorState:
             accept=self.accept,
             acting=lambda: self.leadership.active,
             max_body_bytes=config.max_body_bytes,
+            clock=clock,
         )
         self.started = False
         """True once the servers listen (``/readyz``)."""
@@ -189,34 +207,70 @@ class OperatorState:
         """Whether pods of ``namespace`` are watched (their readings are worth keeping)."""
         return self.config.clusterwide or namespace in self.config.namespaces
 
-    def accept(self, report: NodeReport) -> int:
-        """Store a report's readings and wake the policies of their namespaces; return how many were kept."""
+    def accept(self, report: NodeReport, node: str, now: float) -> Intake:
+        """Store the readings of ``report`` from the agent of ``node``, received at ``now`` (our clock).
+
+        Readings of unwatched namespaces are dropped; refused, and counted by reason: those
+        of a snapshot more than :data:`MAX_FUTURE_SKEW` ahead of ``now`` or more than
+        :data:`MAX_REPORT_AGE` behind it, and those of a pod that the pod index places on
+        another node or (once it is synced) does not know. The policies of the namespaces
+        that got readings are woken. The GPUs' health of every timely snapshot goes into the
+        health store whatever the namespaces (the node view needs all), as ``node``'s.
+        """
+        if now - self._health_pruned >= HEALTH_PRUNE_SECONDS:
+            self.health.prune(now)
+            self._health_pruned = now
         add, update = self.store.add, self.metrics.latest.update
-        kept = 0
+        intake = Intake()
+        refused = intake.refused
         namespaces: set[str] = set()
-        # A report's GPUs mostly share a namespace or a few: ask in_scope once for each.
-        scope: dict[str, bool] = {}
-        for key, point in points_from_report(report):
-            namespace = key.namespace
-            wanted = scope.get(namespace)
-            if wanted is None:
-                wanted = scope[namespace] = self.in_scope(namespace)
-            if not wanted:
-                continue
-            update(key, point)
-            if add(key, point):
-                kept += 1
-                namespaces.add(namespace)
+        earliest, latest = now - MAX_REPORT_AGE, now + MAX_FUTURE_SKEW
+        # A report's GPUs mostly share a few pods: judge each pod once per report.
+        verdicts: dict[tuple[str, str], str | None] = {}
+        for snapshot in report.snapshots:
+            t = snapshot.timestamp
+            untimely = "future" if t > latest else "past" if t < earliest else None
+            if untimely is None:
+                # A GPU's health, too, keeps only what is newer than its latest: nothing from the future.
+                self.health.observe(snapshot, node=node)
+            for key, point in points_from_snapshot(snapshot):
+                pod = (key.namespace, key.pod)
+                if pod in verdicts:
+                    verdict = verdicts[pod]
+                else:
+                    verdict = verdicts[pod] = self._pod_verdict(node, pod)
+                if verdict == _OUT_OF_SCOPE:
+                    continue
+                reason = untimely or verdict
+                if reason is not None:
+                    refused[reason] = refused.get(reason, 0) + 1
+                    continue
+                update(key, point)
+                if add(key, point):
+                    intake.stored += 1
+                    namespaces.add(key.namespace)
         if namespaces and self.pacing:
-            now = asyncio.get_running_loop().time()
+            loop_now = asyncio.get_running_loop().time()
             for namespace in namespaces:
                 for pacing in self.pacing.get(namespace, {}).values():
-                    pacing.nudge_data(now)
-        return kept
+                    pacing.nudge_data(loop_now)
+        return intake
+
+    def _pod_verdict(self, node: str, pod: tuple[str, str]) -> str | None:
+        """None when ``node``'s agent may report for ``pod``; else why not (or that it is out of scope)."""
+        if not self.in_scope(pod[0]):
+            return _OUT_OF_SCOPE
+        where = self.pod_nodes.get(pod)
+        if not where:
+            # Before the index is synced (the operator just started, the agents replay their
+            # buffers) a pod it does not know yet is not held against the report.
+            return "unknownPod" if self.pods_synced else None
+        return None if node in where else "foreignPod"
 
     def forget_pod(self, namespace: str, name: str) -> None:
         """A pod was deleted: drop its series and its per-pod metrics."""
         self.store.forget_pod(namespace, name)
+        self.health.forget_pod(namespace, name)
         self.metrics.latest.forget_pod(namespace, name)
 
     # -- policies --
@@ -248,6 +302,7 @@ class OperatorState:
             self.horizons[key] = seconds
         wanted = max(self.horizons.values(), default=MIN_RETENTION)
         self.store.retention_seconds = min(MAX_RETENTION, max(MIN_RETENTION, wanted))
+        self.health.retention_seconds = self.store.retention_seconds
 
     def running_policies(self) -> Iterable[PolicyKey]:
         """Policies whose daemons run here."""

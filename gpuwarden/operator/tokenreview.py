@@ -6,6 +6,11 @@ second: a verdict is kept for ``ttl`` seconds (a projected token lives at least
 for ``negative_ttl`` (so a flood of bad tokens costs one review per token per
 few seconds), and concurrent requests carrying the same unknown token share a
 single review. Tokens are never stored, only their SHA-256.
+
+Only pod-bound tokens are accepted (what a projected ServiceAccount token volume
+mounts): the API server names the node their pod runs on, and that node is the
+only one the token may report for. A token without a pod binding (``kubectl
+create token`` without ``--bound-object-kind Pod``) could claim any node: 403.
 """
 
 from __future__ import annotations
@@ -43,12 +48,12 @@ class Verdict(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Review:
-    """A verdict, the user it is about, and, for pod-bound tokens, the node the agent's pod runs on."""
+    """A verdict and, when accepted, the user and the node the token's pod runs on (its identity)."""
 
     verdict: Verdict
     message: str
     username: str = ""
-    node: str | None = None
+    node: str = ""
 
 
 def judge(status: Mapping[str, Any], *, audience: str, username: str) -> Review:
@@ -64,8 +69,12 @@ def judge(status: Mapping[str, Any], *, audience: str, username: str) -> Review:
     if name != username:
         return Review(Verdict.FORBIDDEN, f"{name or 'this user'} may not post reports; only {username} may")
     nodes = (user.get("extra") or {}).get(NODE_NAME_EXTRA) or []
-    node = str(nodes[0]) if nodes else None
-    return Review(Verdict.ACCEPTED, "ok", username=name, node=node)
+    if not nodes or not nodes[0]:
+        return Review(
+            Verdict.FORBIDDEN,
+            "the token is bound to no pod on a node; agents must show a projected ServiceAccount token",
+        )
+    return Review(Verdict.ACCEPTED, "ok", username=name, node=str(nodes[0]))
 
 
 class TokenAuthenticator:

@@ -38,9 +38,12 @@ from gpuwarden.policy.findings import (
 )
 from gpuwarden.policy.growth import BUCKETS as GROWTH_BUCKETS
 from gpuwarden.policy.growth import GrowthCache, evaluate_growth
+from gpuwarden.policy.health import evaluate_health, with_throttling
+from gpuwarden.policy.healthstore import HealthStore
 from gpuwarden.policy.memory import evaluate_memory_ceiling
 from gpuwarden.policy.model import (
     Anomaly,
+    GpuHealthRule,
     MemoryCeiling,
     MemoryGrowth,
     PolicySpec,
@@ -116,6 +119,8 @@ def rule_kind(rule: Rule) -> RuleKind:
             return RuleKind.MEMORY_GROWTH
         case Anomaly():
             return RuleKind.ANOMALY
+        case GpuHealthRule():
+            return RuleKind.GPU_HEALTH
 
 
 def horizon_seconds(spec: PolicySpec, params: WindowParams | None = None) -> float:
@@ -137,6 +142,8 @@ def rule_reach_seconds(rule: Rule) -> float:
         return rule.window_seconds * (1 + 1 / GROWTH_BUCKETS)
     if isinstance(rule, Anomaly):
         return rule.window_seconds
+    if isinstance(rule, GpuHealthRule):
+        return max(rule.for_seconds, rule.clear_after_seconds)
     return rule.for_seconds
 
 
@@ -147,19 +154,29 @@ def evaluate_rule(
     now: float,
     params: WindowParams,
     growth_cache: GrowthCache | None = None,
+    health: HealthStore | None = None,
 ) -> Outcome:
-    """Judge one rule for one pod (dispatches on its kind); ``growth_cache`` memoizes memoryGrowth fits."""
+    """Judge one rule for one pod (dispatches on its kind); ``growth_cache`` memoizes memoryGrowth fits.
+
+    ``health`` is what gpuHealth judges, and what puts throttling beside utilization findings
+    (:mod:`gpuwarden.policy.health`); without it gpuHealth has nothing to judge.
+    """
     match rule:
         case UtilizationFloor():
-            return evaluate_floor(rule, pod, series, now, params)
+            return with_throttling(
+                evaluate_floor(rule, pod, series, now, params), series, now, params, health
+            )
         case UtilizationCeiling():
-            return evaluate_ceiling(rule, pod, series, now, params)
+            outcome = evaluate_ceiling(rule, pod, series, now, params)
+            return with_throttling(outcome, series, now, params, health)
         case MemoryCeiling():
             return evaluate_memory_ceiling(rule, pod, series, now, params)
         case MemoryGrowth():
             return evaluate_growth(rule, pod, series, now, params, growth_cache)
         case Anomaly():
             return evaluate_anomaly(rule, pod, series, now, params)
+        case GpuHealthRule():
+            return evaluate_health(rule, pod, health, now, params)
 
 
 def snoozed_until(annotations: Mapping[str, str], rule_name: str) -> float | None:
@@ -232,8 +249,13 @@ class PolicyEvaluator:
         """The store retention this policy needs (see :func:`horizon_seconds`)."""
         return horizon_seconds(self.spec, self.params)
 
-    def evaluate(self, pods: Iterable[PodView], store: SeriesStore, now: float) -> Evaluation:
-        """Apply every rule to every selected pod as of ``now``; return the transitions and verdicts."""
+    def evaluate(
+        self, pods: Iterable[PodView], store: SeriesStore, now: float, health: HealthStore | None = None
+    ) -> Evaluation:
+        """Apply every rule to every selected pod as of ``now``; return the transitions and verdicts.
+
+        ``health``: the GPUs' health (gpuHealth rules, throttling beside utilization findings).
+        """
         tracker = self._tracker
         rules = {r.name: r for r in self.spec.rules}
         # Per rule, once: its kind and the `for` the tracker applies (memoryGrowth only).
@@ -268,7 +290,7 @@ class PolicyEvaluator:
                     if until is not None and now < until:
                         _append(transitions, tracker.resolve(key, Resolution.SNOOZED, now))
                         continue
-                outcome = evaluate_rule(rule, pod_id, series, now, self.params, self._growth_cache)
+                outcome = evaluate_rule(rule, pod_id, series, now, self.params, self._growth_cache, health)
                 outcomes.append(outcome)
                 _append(transitions, tracker.observe(outcome, now, for_seconds, key=key))
 

@@ -1,8 +1,9 @@
-"""Numbers as people read them in findings' messages: ``212Mi``, ``1.5Gi``, about ``14m``."""
+"""Numbers as people read them in findings' messages: ``212Mi``, ``1.5Gi``, about ``14m``, ``12:03:04Z``."""
 
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime
 
 _BINARY = (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))
 
@@ -42,3 +43,11 @@ def approx_duration(seconds: float) -> str:
         if count:
             parts.append(f"{count}{suffix}")
     return "".join(parts[:2])
+
+
+def time_of_day(epoch: float) -> str:
+    """When something happened, for a message: UTC to the second, ``12:03:04Z``.
+
+    Absolute, not "4m ago": a message that does not change with time is written once.
+    """
+    return datetime.fromtimestamp(epoch, UTC).strftime("%H:%M:%SZ")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from gpuwarden.policy.xids import CRITICAL_XIDS
+
 
 class Signal(enum.StrEnum):
     """Which utilization reading a utilization rule compares against its threshold."""
@@ -106,7 +108,33 @@ class Anomaly:
     """The least deviation that counts: percentage points (utilization) or percent of the card (memory)."""
 
 
-Rule = UtilizationFloor | UtilizationCeiling | MemoryCeiling | MemoryGrowth | Anomaly
+class Throttling(enum.StrEnum):
+    """A class of clock event reasons a gpuHealth rule can count (see :mod:`gpuwarden.policy.health`)."""
+
+    THERMAL = "thermal"  # swThermalSlowdown, hwThermalSlowdown
+    POWER = "power"  # swPowerCap, hwPowerBrakeSlowdown
+    HW_SLOWDOWN = "hwSlowdown"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuHealthRule:
+    """Fires while one of a pod's GPUs is broken: lost, a counted XID, memory errors, or long throttling."""
+
+    name: str
+    xids: tuple[int, ...] = CRITICAL_XIDS
+    """XID codes that count; each keeps the finding up for ``clear_after_seconds``."""
+    gpu_lost: bool = True
+    """A GPU off the bus counts, for as long as it is."""
+    memory_errors: bool = True
+    """A new uncorrected ECC error counts for ``clear_after_seconds``; a failed or pending memory repair
+    (row remapping, page retirement) for as long as the GPU reports it."""
+    throttling: tuple[Throttling, ...] = ()
+    """Clock event classes that count once they held without a break for ``for_seconds``."""
+    for_seconds: float = 300.0
+    clear_after_seconds: float = 600.0
+
+
+Rule = UtilizationFloor | UtilizationCeiling | MemoryCeiling | MemoryGrowth | GpuHealthRule | Anomaly
 
 
 @dataclass(frozen=True, slots=True)

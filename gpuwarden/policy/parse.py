@@ -21,6 +21,7 @@ from gpuwarden.policy.model import (
     Actions,
     Anomaly,
     AnomalyMetric,
+    GpuHealthRule,
     LabelRequirement,
     LabelSelector,
     MemoryCeiling,
@@ -32,10 +33,12 @@ from gpuwarden.policy.model import (
     ScaleForecast,
     ScaleTargetRef,
     Signal,
+    Throttling,
     UtilizationCeiling,
     UtilizationFloor,
 )
 from gpuwarden.policy.units import format_duration, parse_duration, parse_quantity, parse_rate
+from gpuwarden.policy.xids import CRITICAL_XIDS
 
 __all__ = [
     "API_VERSION",
@@ -81,6 +84,7 @@ DEFAULTS: Mapping[str, Mapping[str, Any]] = {
     ".spec.rules[].memoryCeiling": {"for": "1m", "hysteresis": 2},
     ".spec.rules[].memoryGrowth": {"window": "30m", "minFit": 0.8, "for": "0s"},
     ".spec.rules[].anomaly": {"window": "30m", "threshold": 5, "minDeviation": 5},
+    ".spec.rules[].gpuHealth": {"gpuLost": True, "memoryErrors": True, "for": "5m", "clearAfter": "10m"},
     ".spec.actions": {"events": True, "renotifyInterval": "1h"},
     ".spec.actions.scale": {"minReplicas": 1, "scaleUpMinPods": 1, "dryRun": False},
     ".spec.actions.scale.behavior.scaleUp": {"stabilizationWindow": "0s", "step": 1, "cooldown": "1m"},
@@ -93,6 +97,7 @@ _CEILING = DEFAULTS[".spec.rules[].utilizationCeiling"]
 _MEMORY = DEFAULTS[".spec.rules[].memoryCeiling"]
 _GROWTH = DEFAULTS[".spec.rules[].memoryGrowth"]
 _ANOMALY = DEFAULTS[".spec.rules[].anomaly"]
+_HEALTH = DEFAULTS[".spec.rules[].gpuHealth"]
 _ACTIONS = DEFAULTS[".spec.actions"]
 _SCALE = DEFAULTS[".spec.actions.scale"]
 _SCALE_UP = DEFAULTS[".spec.actions.scale.behavior.scaleUp"]
@@ -108,7 +113,16 @@ _MIN_PODS_PERCENT = re.compile(r"(100|[1-9][0-9]?)%")
 _STEP_PERCENT = re.compile(r"[1-9][0-9]{0,2}%")
 
 _OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
-_RULE_KINDS = ("utilizationFloor", "utilizationCeiling", "memoryCeiling", "memoryGrowth", "anomaly")
+_RULE_KINDS = (
+    "utilizationFloor",
+    "utilizationCeiling",
+    "memoryCeiling",
+    "memoryGrowth",
+    "gpuHealth",
+    "anomaly",
+)
+MAX_XIDS = 64
+MAX_XID = 2**32 - 1  # NVML reports an XID as an unsigned 32-bit number
 
 _T = TypeVar("_T")
 
@@ -245,12 +259,15 @@ def _rules(value: Any, path: str) -> tuple[Rule, ...]:
 
 
 def _check_windows(rules: Sequence[Rule], interval: float, path: str) -> None:
-    """Every rule's window (``for``, memoryGrowth's ``window``) spans at least one evaluation interval.
+    """Every rule's window (``for``, memoryGrowth's and anomaly's ``window``) spans an evaluation interval.
 
     A shorter window leaves samples between two evaluations that no evaluation reads: an idle spell or
-    a leak could come and go unjudged. The CRD's CEL rule on spec enforces the same.
+    a leak could come and go unjudged. The CRD's CEL rule on spec enforces the same (gpuHealth, which
+    reads no window, is left out of both).
     """
     for i, rule in enumerate(rules):
+        if isinstance(rule, GpuHealthRule):
+            continue  # no window of samples: it judges states and events as they are reported
         if isinstance(rule, MemoryGrowth):
             field, seconds = "memoryGrowth.window", rule.window_seconds
         elif isinstance(rule, Anomaly):
@@ -383,12 +400,58 @@ def _anomaly(name: str, obj: Mapping[str, Any], path: str) -> Rule:
     )
 
 
+def _gpu_health(name: str, obj: Mapping[str, Any], path: str) -> Rule:
+    _check_fields(obj, path, ("xids", "gpuLost", "memoryErrors", "throttling", "for", "clearAfter"))
+    raw_xids = obj.get("xids")
+    xids = CRITICAL_XIDS  # absent; the CRD has no list default (its defaults are scalars: DEFAULTS)
+    if raw_xids is not None:
+        items = _list(raw_xids, f"{path}.xids", max_items=MAX_XIDS)
+        codes: list[int] = []
+        for i, code in enumerate(items):
+            item_path = f"{path}.xids[{i}]"
+            if isinstance(code, float) and code.is_integer():
+                code = int(code)  # JSON has one number type (as _integer says)
+            if isinstance(code, bool) or not isinstance(code, int):
+                raise SpecError(item_path, f"must be an XID code (a whole number), not {_kind(code)}")
+            if not 1 <= code <= MAX_XID:
+                raise SpecError(item_path, f"{code} is out of range; must be between 1 and {MAX_XID}")
+            if code in codes:
+                raise SpecError(item_path, f"duplicate XID {code}")
+            codes.append(code)
+        xids = tuple(codes)
+    raw_throttling = obj.get("throttling")
+    throttling: list[Throttling] = []
+    items = [] if raw_throttling is None else _list(raw_throttling, f"{path}.throttling", max_items=3)
+    for i, item in enumerate(items):
+        try:
+            value = Throttling(item)
+        except ValueError:
+            choices = ", ".join(t.value for t in Throttling)
+            raise SpecError(f"{path}.throttling[{i}]", f"{_show(item)} is not one of {choices}") from None
+        if value in throttling:
+            raise SpecError(f"{path}.throttling[{i}]", f'duplicate entry "{value}"')
+        throttling.append(value)
+    rule = GpuHealthRule(
+        name=name,
+        xids=xids,
+        gpu_lost=_bool(obj, "gpuLost", path, _HEALTH["gpuLost"]),
+        memory_errors=_bool(obj, "memoryErrors", path, _HEALTH["memoryErrors"]),
+        throttling=tuple(throttling),
+        for_seconds=_duration(obj, "for", path, _HEALTH["for"]),
+        clear_after_seconds=_duration(obj, "clearAfter", path, _HEALTH["clearAfter"], minimum=1.0),
+    )
+    if not (rule.xids or rule.gpu_lost or rule.memory_errors or rule.throttling):
+        raise SpecError(path, "gpuHealth counts nothing: set xids, gpuLost, memoryErrors or throttling")
+    return rule
+
+
 _RULE_BUILDERS: dict[str, Callable[[str, Mapping[str, Any], str], Rule]] = {
     "utilizationFloor": _utilization_floor,
     "utilizationCeiling": _utilization_ceiling,
     "memoryCeiling": _memory_ceiling,
     "memoryGrowth": _memory_growth,
     "anomaly": _anomaly,
+    "gpuHealth": _gpu_health,
 }
 
 

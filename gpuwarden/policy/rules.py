@@ -67,6 +67,7 @@ class RuleKind(enum.StrEnum):
     UTILIZATION_CEILING = "utilizationCeiling"
     MEMORY_CEILING = "memoryCeiling"
     MEMORY_GROWTH = "memoryGrowth"
+    GPU_HEALTH = "gpuHealth"
     ANOMALY = "anomaly"
 
     @property
@@ -80,6 +81,7 @@ _REASONS = {
     RuleKind.UTILIZATION_CEILING: "GPUSaturated",
     RuleKind.MEMORY_CEILING: "GPUMemoryNearLimit",
     RuleKind.MEMORY_GROWTH: "GPUMemoryLeakSuspected",
+    RuleKind.GPU_HEALTH: "GPUUnhealthy",
     RuleKind.ANOMALY: "GPUAnomaly",
 }
 """The reason of a kind's findings; an anomaly finding names its pattern instead (Outcome.reason)."""
@@ -126,7 +128,7 @@ class Outcome:
     gpu_count: int = 0
     """How many of the pod's GPUs were judged."""
     window_seconds: float = 0.0
-    """The rule's window: ``for``, or ``window`` for memoryGrowth."""
+    """The rule's window: ``for``; for memoryGrowth the evidence span it spoke on (at most ``window``)."""
     signal: str = ""
     """Utilization rules: the signal that decided, in words (``SM activity (GPM)``,
     ``GPU utilization (device counter)``, ``per-process SM utilization``)."""
@@ -144,13 +146,18 @@ class Outcome:
     """The finding's reason when it is not the kind's (anomaly: its pattern, ``GPUPeriodicSpikes``)."""
     extra: object = None
     """Kind-specific figures its ``describe`` reads (anomaly: the worst GPU's episode)."""
+    detail: str = ""
+    """gpuHealth: the problems in words (built as they are found: there is no figure to build them from)."""
     describe: Callable[[Outcome], str] = field(default=_no_message, compare=False, repr=False)
     """Builds :attr:`message` from the fields above."""
+    note: str = ""
+    """What else bears on the verdict, appended to the message (utilization rules: throttling)."""
 
     @property
     def message(self) -> str:
         """The verdict in words, e.g. ``mean SM activity (GPM) 3% over 5m, floor 20%``."""
-        return self.describe(self)
+        text = self.describe(self)
+        return f"{text}; {self.note}" if self.note else text
 
 
 def unknown(rule: str, kind: RuleKind, pod: PodId, threshold: float, unit: str) -> Outcome:

@@ -10,6 +10,7 @@ bucket's median shrugs off transient allocations.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,11 +21,35 @@ from typing import Any
 
 @dataclass(slots=True)
 class LineFit:
-    """``y ≈ intercept + slope * x``, with ``fit`` the R² of that line, clipped to 0..1."""
+    """``y ≈ intercept + slope * x``, with ``fit`` the R² of that line, clipped to 0..1.
+
+    ``lower`` is a one-sided lower confidence bound on the slope (see :func:`sen_lower_bound`).
+    """
 
     slope: float
     intercept: float
     fit: float
+    lower: float
+
+
+def pairwise_slopes(xs: Sequence[float], ys: Sequence[float]) -> list[float]:
+    """The slopes between every pair of points, ascending.
+
+    ``xs`` must be strictly ascending, at least two of them.
+    """
+    n = len(xs)
+    xl, yl = list(xs), list(ys)
+    # Each x against its predecessor, C-level (a generator over pairwise() cost a fifth of a fit).
+    if n < 2 or any(map(le, xl[1:], xl[:-1])):
+        raise ValueError("theil_sen needs at least two strictly ascending x values")
+    if n < 3:
+        return [(yl[1] - yl[0]) / (xl[1] - xl[0])]
+    # Every pair at once, C-level: a cached itemgetter picks each pair's later and earlier
+    # points, ~20 ns a pair.
+    later, earlier = _pairs(n)
+    slopes = list(map(truediv, map(sub, later(yl), earlier(yl)), map(sub, later(xl), earlier(xl))))
+    slopes.sort()
+    return slopes
 
 
 def theil_sen(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
@@ -33,21 +58,25 @@ def theil_sen(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     ``xs`` must be strictly ascending, at least two of them. Center them near
     zero (e.g. seconds before the window's end) to keep the intercept precise.
     """
-    n = len(xs)
-    xl, yl = list(xs), list(ys)
-    # Each x against its predecessor, C-level (a generator over pairwise() cost a fifth of a fit).
-    if n < 2 or any(map(le, xl[1:], xl[:-1])):
-        raise ValueError("theil_sen needs at least two strictly ascending x values")
-    if n < 3:
-        slopes = [(yl[1] - yl[0]) / (xl[1] - xl[0])]
-    else:
-        # Every pair at once, C-level: a cached itemgetter picks each pair's later and earlier
-        # points (lag by lag, the order the median has always seen), ~20 ns a pair.
-        later, earlier = _pairs(n)
-        slopes = list(map(truediv, map(sub, later(yl), earlier(yl)), map(sub, later(xl), earlier(xl))))
-    slope = median(slopes)
-    intercept = median([y - slope * x for x, y in zip(xl, yl, strict=True)])
-    return slope, intercept
+    slope = _median_sorted(pairwise_slopes(xs, ys))
+    return slope, _intercept(xs, ys, slope)
+
+
+def _intercept(xs: Sequence[float], ys: Sequence[float], slope: float) -> float:
+    return median([y - slope * x for x, y in zip(xs, ys, strict=True)])
+
+
+def sen_lower_bound(slopes: Sequence[float], n: int, z: float) -> float:
+    """Sen's one-sided lower confidence bound on the Theil-Sen slope of ``n`` points.
+
+    ``slopes`` are the ``n (n - 1) / 2`` pairwise slopes, ascending. Under
+    independent residuals the number of pairwise slopes below the true slope
+    has the variance of Kendall's S, ``n (n - 1) (2n + 5) / 18``; the bound is
+    the slope ``z`` of its standard deviations below the median rank (Sen
+    1968). -inf when ``n`` is too small for that confidence.
+    """
+    rank = int((len(slopes) - z * math.sqrt(n * (n - 1) * (2 * n + 5) / 18)) / 2)
+    return slopes[rank - 1] if rank >= 1 else -math.inf
 
 
 @cache
@@ -59,7 +88,10 @@ def _pairs(n: int) -> tuple[itemgetter[Any], itemgetter[Any]]:
 
 def median(values: Sequence[float]) -> float:
     """The median of a non-empty sequence (the mean of the two middle values for an even count)."""
-    ordered = sorted(values)
+    return _median_sorted(sorted(values))
+
+
+def _median_sorted(ordered: Sequence[float]) -> float:
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
@@ -80,10 +112,15 @@ def r_squared(xs: Sequence[float], ys: Sequence[float], slope: float, intercept:
     return min(1.0, max(0.0, 1.0 - residual / total))
 
 
-def fit_line(xs: Sequence[float], ys: Sequence[float]) -> LineFit:
-    """Theil-Sen line through the points and its R² (see :func:`r_squared`)."""
-    slope, intercept = theil_sen(xs, ys)
-    return LineFit(slope, intercept, r_squared(xs, ys, slope, intercept))
+def fit_line(xs: Sequence[float], ys: Sequence[float], z: float) -> LineFit:
+    """Theil-Sen line through the points, its R² (see :func:`r_squared`) and its slope's lower bound.
+
+    ``z`` sets the bound's confidence in standard deviations (see :func:`sen_lower_bound`).
+    """
+    slopes = pairwise_slopes(xs, ys)
+    slope = _median_sorted(slopes)
+    intercept = _intercept(xs, ys, slope)
+    return LineFit(slope, intercept, r_squared(xs, ys, slope, intercept), sen_lower_bound(slopes, len(xs), z))
 
 
 def bucket_medians(

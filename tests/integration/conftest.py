@@ -1,12 +1,18 @@
-"""Fixtures for integration tests against a real etcd + kube-apiserver.
+"""Fixtures for integration tests against a real etcd + kube-apiserver, and a real node.
 
 ``control_plane`` (session): a :class:`ControlPlane` (kubeconfig, server, ca_path,
 admin_token, kubectl(), helm).  ``namespace`` (function): a fresh namespace per test.
 ``images`` (session): the container images, built with podman (:mod:`images`).
 
+``node`` (session): a :class:`node.Node`, a kubelet with containerd, kube-proxy, CoreDNS,
+the scheduler, the controller-manager and a device plugin for ``nvidia.com/gpu``, on a
+control plane of its own (``node.control_plane``).  ``node_namespace`` (function): a fresh
+namespace on it, with its ``default`` ServiceAccount.
+
 Binaries come from ``hack/build-control-plane.sh --print-env``, images from
 ``hack/build-images.sh --print-env`` (each builds what is missing).
-Under ``CI=true`` a failed build or a failed start is a test failure, never a skip.
+Under ``CI=true`` a failed build, a missing prerequisite or a failed start is a test
+failure, never a skip.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import re
 import secrets
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,6 +41,7 @@ from controlplane import (  # noqa: E402
     locate_binaries,
 )
 from images import Images, locate_images  # noqa: E402
+from node import Node, missing_prerequisites  # noqa: E402
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -113,6 +121,12 @@ def control_plane(
 _NOT_DNS = re.compile(r"[^a-z0-9-]+")
 
 
+def _unique_name(request: pytest.FixtureRequest) -> str:
+    stem = _NOT_DNS.sub("-", request.node.name.lower()).strip("-")
+    suffix = secrets.token_hex(3)
+    return f"{stem[: 63 - len(suffix) - 1].rstrip('-')}-{suffix}".lstrip("-")
+
+
 @pytest.fixture
 def namespace(control_plane: ControlPlane, request: pytest.FixtureRequest) -> str:
     """A new, uniquely named namespace for this test.
@@ -120,7 +134,45 @@ def namespace(control_plane: ControlPlane, request: pytest.FixtureRequest) -> st
     Namespaces are not deleted afterwards: without kube-controller-manager a deleted
     namespace stays Terminating forever, so uniqueness is what isolates tests.
     """
-    stem = _NOT_DNS.sub("-", request.node.name.lower()).strip("-")
-    suffix = secrets.token_hex(3)
-    name = f"{stem[: 63 - len(suffix) - 1].rstrip('-')}-{suffix}".lstrip("-")
-    return control_plane.create_namespace(name)
+    return control_plane.create_namespace(_unique_name(request))
+
+
+@pytest.fixture(scope="session")
+def node(
+    control_plane_binaries: Binaries, images: Images, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Node]:
+    """A running node and its control plane for the whole session, always torn down."""
+    if missing := ", ".join(missing_prerequisites()):
+        if in_ci():
+            pytest.fail(f"CI=true: this machine cannot run the test node: {missing}", pytrace=False)
+        pytest.skip(f"this machine cannot run the test node: {missing}")
+    started = Node(control_plane_binaries, images, tmp_path_factory.mktemp("node"))
+    try:
+        started.start()
+    except ControlPlaneError as exc:
+        pytest.fail(f"node did not start: {exc}", pytrace=False)
+    phases = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in started.phase_seconds.items())
+    _STARTUPS.append(f"node {started.name} ready in {started.startup_seconds:.1f}s ({phases})")
+    try:
+        yield started
+    finally:
+        t = time.monotonic()
+        started.stop()
+        steps = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in started.teardown_seconds.items())
+        _STARTUPS.append(f"node {started.name} torn down in {time.monotonic() - t:.1f}s ({steps})")
+
+
+@pytest.fixture
+def node_namespace(node: Node, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A new namespace on the node's cluster, once its ``default`` ServiceAccount exists.
+
+    Pods are admitted only then (the ServiceAccount admission plugin); the namespace is
+    deleted afterwards, which the node's controller-manager carries out.
+    """
+    cp = node.control_plane
+    name = cp.create_namespace(_unique_name(request))
+    cp.kubectl(
+        "wait", "--for=create", "serviceaccount/default", "-n", name, "--timeout=60s", check=True, timeout=90
+    )
+    yield name
+    cp.kubectl("delete", "namespace", name, "--wait=false")

@@ -1,7 +1,7 @@
 """A real, throwaway Kubernetes control plane (etcd + kube-apiserver) for tests.
 
 The binaries come from ``hack/build-control-plane.sh --print-env``, which builds
-kube-apiserver, kubectl, etcd and helm from their Go modules into a cache outside the
+kube-apiserver, kubectl, etcd, helm and the node's binaries from their Go modules into a cache outside the
 work tree (only what is missing).  :class:`ControlPlane` then
 
 * generates a throwaway CA, a serving certificate for localhost/127.0.0.1 and a
@@ -12,7 +12,9 @@ work tree (only what is missing).  :class:`ControlPlane` then
 * waits for ``/readyz`` and the ``default`` namespace, and writes an admin kubeconfig.
 
 There is no kube-controller-manager, scheduler or kubelet: namespaces never finish
-terminating, ServiceAccounts are not auto-created, and pods are never scheduled.
+terminating, ServiceAccounts are not auto-created, and pods are never scheduled. A
+control plane made with ``with_nodes=True`` is ready for them (``node.py`` runs them,
+logging in with :meth:`ControlPlane.client_kubeconfig` certificates).
 
 Processes are started in their own process group with ``PR_SET_PDEATHSIG`` (they die
 with the test process even on SIGKILL), are killed by :meth:`ControlPlane.stop`
@@ -30,6 +32,7 @@ import functools
 import ipaddress
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -89,18 +92,33 @@ def in_ci() -> bool:
 
 @dataclass(frozen=True)
 class Binaries:
-    """Paths of the control-plane binaries and their versions."""
+    """Paths of the control-plane and node binaries, and their versions."""
 
     kube_apiserver: Path
     kubectl: Path
     etcd: Path
     helm: Path
+    kubelet: Path
+    kube_proxy: Path
+    kube_scheduler: Path
+    kube_controller_manager: Path
+    coredns: Path
     versions: Mapping[str, str] = field(default_factory=dict)
 
     def missing(self) -> list[Path]:
         return [
             p
-            for p in (self.kube_apiserver, self.kubectl, self.etcd, self.helm)
+            for p in (
+                self.kube_apiserver,
+                self.kubectl,
+                self.etcd,
+                self.helm,
+                self.kubelet,
+                self.kube_proxy,
+                self.kube_scheduler,
+                self.kube_controller_manager,
+                self.coredns,
+            )
             if not (p.is_file() and os.access(p, os.X_OK))
         ]
 
@@ -148,15 +166,22 @@ def locate_binaries(timeout: float = BUILD_TIMEOUT_S) -> Binaries:
     report every binary.
     """
     env = run_print_env(BUILD_SCRIPT, timeout)
-    keys = ("KUBE_APISERVER", "KUBECTL", "ETCD", "HELM")
-    absent = [k for k in keys if not env.get(k)]
+    keys = {
+        "kube_apiserver": "KUBE_APISERVER",
+        "kubectl": "KUBECTL",
+        "etcd": "ETCD",
+        "helm": "HELM",
+        "kubelet": "KUBELET",
+        "kube_proxy": "KUBE_PROXY",
+        "kube_scheduler": "KUBE_SCHEDULER",
+        "kube_controller_manager": "KUBE_CONTROLLER_MANAGER",
+        "coredns": "COREDNS",
+    }
+    absent = [k for k in keys.values() if not env.get(k)]
     if absent:
         raise BuildError(f"{BUILD_SCRIPT} --print-env did not report {absent}: {env}")
     binaries = Binaries(
-        kube_apiserver=Path(env["KUBE_APISERVER"]),
-        kubectl=Path(env["KUBECTL"]),
-        etcd=Path(env["ETCD"]),
-        helm=Path(env["HELM"]),
+        **{field_name: Path(env[key]) for field_name, key in keys.items()},
         versions={k: v for k, v in env.items() if k.endswith("_VERSION")},
     )
     if missing := binaries.missing():
@@ -179,6 +204,7 @@ class Pki:
     """File paths of the throwaway PKI."""
 
     ca_cert: Path
+    ca_key: Path
     serving_cert: Path
     serving_key: Path
     sa_private_key: Path
@@ -206,12 +232,15 @@ def _key_usage(*, ca: bool) -> x509.KeyUsage:
     )
 
 
-def generate_pki(directory: Path) -> Pki:
-    """A CA, a serving certificate for localhost/127.0.0.1 and a service-account key."""
-    directory.mkdir(parents=True, exist_ok=True)
+def _validity() -> tuple[datetime.datetime, datetime.datetime]:
     now = datetime.datetime.now(datetime.UTC)
-    not_before = now - datetime.timedelta(minutes=5)
-    not_after = now + datetime.timedelta(days=2)
+    return now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=2)
+
+
+def generate_pki(directory: Path, address: str = "127.0.0.1") -> Pki:
+    """A CA, a serving certificate for localhost, 127.0.0.1 and ``address``, and a service-account key."""
+    directory.mkdir(parents=True, exist_ok=True)
+    not_before, not_after = _validity()
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpuwarden-test-ca")])
@@ -237,7 +266,7 @@ def generate_pki(directory: Path) -> Pki:
         x509.DNSName("kubernetes.default"),
         x509.DNSName("kubernetes.default.svc"),
         x509.DNSName("kubernetes.default.svc.cluster.local"),
-        x509.IPAddress(ipaddress.IPv4Address("127.0.0.1")),
+        *(x509.IPAddress(ipaddress.IPv4Address(ip)) for ip in sorted({"127.0.0.1", address})),
         x509.IPAddress(service_ip),
     ]
     serving_cert = (
@@ -262,6 +291,7 @@ def generate_pki(directory: Path) -> Pki:
 
     pki = Pki(
         ca_cert=directory / "ca.crt",
+        ca_key=directory / "ca.key",
         serving_cert=directory / "apiserver.crt",
         serving_key=directory / "apiserver.key",
         sa_private_key=directory / "sa.key",
@@ -271,6 +301,7 @@ def generate_pki(directory: Path) -> Pki:
     pkcs8 = serialization.PrivateFormat.PKCS8
     nocrypt = serialization.NoEncryption()
     pki.ca_cert.write_bytes(ca_cert.public_bytes(pem))
+    _write_private(pki.ca_key, ca_key.private_bytes(pem, pkcs8, nocrypt))
     pki.serving_cert.write_bytes(serving_cert.public_bytes(pem))
     _write_private(pki.serving_key, serving_key.private_bytes(pem, pkcs8, nocrypt))
     _write_private(pki.sa_private_key, sa_key.private_bytes(pem, pkcs8, nocrypt))
@@ -278,6 +309,52 @@ def generate_pki(directory: Path) -> Pki:
         sa_key.public_key().public_bytes(pem, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
     return pki
+
+
+def issue_client_certificate(
+    pki: Pki, directory: Path, common_name: str, organizations: Sequence[str] = ()
+) -> tuple[Path, Path]:
+    """A client certificate signed by the CA: the API server maps CN to the user, O to its groups.
+
+    Returns the certificate's and key's paths, named after the common name.
+    """
+    ca_cert = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, org) for org in organizations]
+    subject.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
+    not_before, not_after = _validity()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name(subject))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_key_usage(ca=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    stem = _NOT_FILENAME.sub("-", common_name)
+    cert_path, key_path = directory / f"{stem}.crt", directory / f"{stem}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_private(
+        key_path,
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        ),
+    )
+    return cert_path, key_path
+
+
+_NOT_FILENAME = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 # ------------------------------------------------------------------------- processes
@@ -471,6 +548,12 @@ def wait_for(
 class ControlPlane:
     """etcd + kube-apiserver on loopback, with an admin kubeconfig.
 
+    ``address`` is where kube-apiserver listens and what it advertises (loopback unless a
+    node's pods must reach it). ``with_nodes`` configures it for kubelets and controllers
+    (tests/integration/node.py): the Node authorizer and NodeRestriction, the
+    ServiceAccount admission plugin (which needs kube-controller-manager to create each
+    namespace's ``default`` ServiceAccount), and a client certificate for the kubelets.
+
     Attributes available after :meth:`start`:
 
     ``kubeconfig``  path of the admin kubeconfig (static token, CA-verified TLS)
@@ -481,8 +564,17 @@ class ControlPlane:
     ``startup_seconds`` time from starting etcd to a ready API server
     """
 
-    def __init__(self, binaries: Binaries, workdir: Path | None = None) -> None:
+    def __init__(
+        self,
+        binaries: Binaries,
+        workdir: Path | None = None,
+        *,
+        address: str = "127.0.0.1",
+        with_nodes: bool = False,
+    ) -> None:
         self.binaries = binaries
+        self.address = address
+        self.with_nodes = with_nodes
         self._own_workdir = workdir is None
         self.workdir = workdir if workdir is not None else Path(tempfile.mkdtemp(prefix="gpuwarden-cp-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -496,6 +588,7 @@ class ControlPlane:
         self.startup_seconds = 0.0
         self.etcd: ManagedProcess | None = None
         self.apiserver: ManagedProcess | None = None
+        self.pki: Pki | None = None
         self._ssl: ssl.SSLContext | None = None
 
     # -- lifecycle -------------------------------------------------------------------
@@ -511,7 +604,7 @@ class ControlPlane:
         """Start etcd and kube-apiserver; return once the API server is ready."""
         t0 = time.monotonic()
         try:
-            pki = generate_pki(self.workdir / "pki")
+            pki = self.pki = generate_pki(self.workdir / "pki", self.address)
             self.ca_path = pki.ca_cert
             self._ssl = ssl.create_default_context(cafile=str(pki.ca_cert))
             self._start_etcd()
@@ -578,29 +671,26 @@ class ControlPlane:
         _write_private(tokens, f'{self.admin_token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n'.encode())
         for attempt in range(1, attempts + 1):
             port = free_port()
-            self.server = f"https://127.0.0.1:{port}"
+            self.server = f"https://{self.address}:{port}"
             self.apiserver = ManagedProcess(
                 "kube-apiserver",
                 [
                     str(self.binaries.kube_apiserver),
                     f"--etcd-servers={self.etcd_url}",
-                    "--advertise-address=127.0.0.1",
-                    "--bind-address=127.0.0.1",
+                    f"--advertise-address={self.address}",
+                    f"--bind-address={self.address}",
                     f"--secure-port={port}",
                     f"--cert-dir={self.workdir / 'apiserver-certs'}",
                     f"--tls-cert-file={pki.serving_cert}",
                     f"--tls-private-key-file={pki.serving_key}",
                     f"--client-ca-file={pki.ca_cert}",
                     f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
-                    "--authorization-mode=RBAC",
                     f"--token-auth-file={tokens}",
                     f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
                     f"--service-account-key-file={pki.sa_public_key}",
                     f"--service-account-signing-key-file={pki.sa_private_key}",
                     f"--api-audiences={','.join(API_AUDIENCES)}",
-                    "--disable-admission-plugins=ServiceAccount",
-                    # The endpoint reconciler refuses a loopback advertise address.
-                    "--endpoint-reconciler-type=none",
+                    *self._apiserver_node_flags(pki),
                     "--profiling=false",
                     "--v=1",
                 ],
@@ -627,6 +717,28 @@ class ControlPlane:
                     continue
                 raise ControlPlaneError(f"{exc}\n--- kube-apiserver log ---\n{log}") from exc
             return
+
+    def _apiserver_node_flags(self, pki: Pki) -> list[str]:
+        """The flags that differ between an API server for kubelets and one without any."""
+        flags = []
+        if ipaddress.ip_address(self.address).is_loopback:
+            # The endpoint reconciler refuses a loopback advertise address; otherwise it keeps
+            # the `kubernetes` Service's endpoints at this server, as in any cluster.
+            flags.append("--endpoint-reconciler-type=none")
+        if not self.with_nodes:
+            # No kube-controller-manager creates `default` ServiceAccounts for the admission plugin.
+            return [*flags, "--authorization-mode=RBAC", "--disable-admission-plugins=ServiceAccount"]
+        kubelet_cert, kubelet_key = issue_client_certificate(
+            pki, self.workdir / "pki", "kube-apiserver-kubelet-client", ["system:masters"]
+        )
+        return [
+            *flags,
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            f"--kubelet-client-certificate={kubelet_cert}",
+            f"--kubelet-client-key={kubelet_key}",
+            "--kubelet-preferred-address-types=InternalIP",
+        ]
 
     @staticmethod
     def _exited(proc: ManagedProcess | None) -> Callable[[], str | None]:
@@ -659,7 +771,21 @@ class ControlPlane:
         except OSError:
             return 0
 
+    def get_json(self, path: str) -> Any:
+        """An authenticated GET of an API path as the admin; None when absent or unreachable."""
+        req = urllib.request.Request(
+            self.server + path, headers={"Authorization": f"Bearer {self.admin_token}"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=5, context=self._ssl) as resp:
+                return json.loads(resp.read())
+        except (OSError, ValueError):
+            return None
+
     def _write_kubeconfig(self) -> None:
+        self._write_kubeconfig_for(self.kubeconfig, ADMIN_USER, {"token": self.admin_token})
+
+    def _write_kubeconfig_for(self, path: Path, user_name: str, user: Mapping[str, str]) -> None:
         config = {
             "apiVersion": "v1",
             "kind": "Config",
@@ -669,15 +795,31 @@ class ControlPlane:
                     "cluster": {"server": self.server, "certificate-authority": str(self.ca_path)},
                 }
             ],
-            "users": [{"name": ADMIN_USER, "user": {"token": self.admin_token}}],
+            "users": [{"name": user_name, "user": dict(user)}],
             "contexts": [
-                {"name": "gpuwarden-test", "context": {"cluster": "gpuwarden-test", "user": ADMIN_USER}}
+                {"name": "gpuwarden-test", "context": {"cluster": "gpuwarden-test", "user": user_name}}
             ],
             "current-context": "gpuwarden-test",
         }
-        fd = os.open(self.kubeconfig, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             yaml.safe_dump(config, f)
+
+    def client_kubeconfig(self, common_name: str, organizations: Sequence[str] = ()) -> Path:
+        """A kubeconfig authenticating as user ``common_name`` in ``organizations`` (client certificate).
+
+        How the node's components log in: the kubelet as ``system:node:<name>`` in
+        ``system:nodes``, the scheduler as ``system:kube-scheduler``, and so on, each
+        authorized by the bootstrap RBAC roles (and the Node authorizer) like in any cluster.
+        """
+        assert self.pki is not None, "start() first"
+        directory = self.workdir / "clients"
+        cert, key = issue_client_certificate(self.pki, directory, common_name, organizations)
+        path = directory / f"{cert.stem}.kubeconfig"
+        self._write_kubeconfig_for(
+            path, common_name, {"client-certificate": str(cert), "client-key": str(key)}
+        )
+        return path
 
     # -- clients ---------------------------------------------------------------------
 

@@ -35,6 +35,8 @@ T = TypeVar("T")
 
 AUDIENCE = "gpuwarden-operator"
 AGENT_SA = "gpuwarden-agent"
+AGENT_NODE = "gpu-node-1"
+"""The node the tests' agent (and its GPU pods) run on."""
 PEERING = "gpuwarden"
 """The KopfPeering every test's operators share (one namespace per test keeps them apart)."""
 OPERATOR_POD = "gpuwarden-operator-0"
@@ -136,7 +138,9 @@ def create_peering(cp: ControlPlane, namespace: str, name: str) -> None:
     )
 
 
-def create_gpu_pod(cp: ControlPlane, namespace: str, name: str, labels: Mapping[str, str]) -> None:
+def create_gpu_pod(
+    cp: ControlPlane, namespace: str, name: str, labels: Mapping[str, str], node: str = AGENT_NODE
+) -> None:
     """A pod that asks for a GPU; bound to a node by name (no scheduler), it stays Pending (no kubelet)."""
     apply(
         cp,
@@ -145,7 +149,7 @@ def create_gpu_pod(cp: ControlPlane, namespace: str, name: str, labels: Mapping[
             "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
             "spec": {
-                "nodeName": "gpu-node-1",
+                "nodeName": node,
                 "containers": [
                     {
                         "name": "main",
@@ -174,14 +178,49 @@ def create_plain_pod(cp: ControlPlane, namespace: str, name: str) -> None:
     )
 
 
-def service_account_token(cp: ControlPlane, namespace: str, name: str, audience: str = AUDIENCE) -> str:
-    """A TokenRequest token (``kubectl create token``) for a ServiceAccount, created if missing."""
+def service_account_token(
+    cp: ControlPlane, namespace: str, name: str, audience: str = AUDIENCE, *, pod: str | None = None
+) -> str:
+    """A TokenRequest token (``kubectl create token``) for a ServiceAccount, created if missing;
+    bound to ``pod`` (as a projected token is to its pod) when given, else to nothing."""
     if get(cp, "serviceaccount", name, "-n", namespace) is None:
         cp.kubectl("create", "serviceaccount", name, "-n", namespace, check=True)
+    binding = ["--bound-object-kind=Pod", f"--bound-object-name={pod}"] if pod else []
     proc = cp.kubectl(
-        "create", "token", name, "-n", namespace, f"--audience={audience}", "--duration=2h", check=True
-    )
+        "create", "token", name, "-n", namespace, f"--audience={audience}", "--duration=2h", *binding,
+        check=True,
+    )  # fmt: skip
     return proc.stdout.strip()
+
+
+def create_node(cp: ControlPlane, name: str) -> None:
+    """A Node object (no kubelet behind it): what a pod-bound token names as its pod's node."""
+    apply(cp, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+
+
+def agent_token(cp: ControlPlane, namespace: str, node: str = AGENT_NODE, audience: str = AUDIENCE) -> str:
+    """The agent's token on ``node``, as its DaemonSet pod gets it: bound to an agent pod on that node.
+
+    Creates the Node, the ServiceAccount and the (Pending) agent pod when missing.
+    """
+    create_node(cp, node)
+    if get(cp, "serviceaccount", AGENT_SA, "-n", namespace) is None:
+        cp.kubectl("create", "serviceaccount", AGENT_SA, "-n", namespace, check=True)
+    pod = f"{AGENT_SA}-{node}"
+    apply(
+        cp,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": pod, "namespace": namespace, "labels": {"app": AGENT_SA}},
+            "spec": {
+                "nodeName": node,
+                "serviceAccountName": AGENT_SA,
+                "containers": [{"name": "agent", "image": "example.invalid/agent:1"}],
+            },
+        },
+    )
+    return service_account_token(cp, namespace, AGENT_SA, audience, pod=pod)
 
 
 def write_token(path: Path, token: str) -> Path:
@@ -499,7 +538,8 @@ class Setup(InNamespace):
     workdir: Path
     namespace: str
     token: str
-    """A TokenRequest token of the agent's ServiceAccount (audience gpuwarden-operator)."""
+    """The agent's token: its ServiceAccount's, audience gpuwarden-operator, bound to its pod on
+    :data:`AGENT_NODE` (see :func:`agent_token`)."""
     token_file: Path
     """``token``, written where an agent's ``--token-file`` can read it."""
 
@@ -531,15 +571,9 @@ class Setup(InNamespace):
             command=command,
         )
 
-    def agent(
-        self,
-        scenario: Path,
-        operator: Operator,
-        node: str = "gpu-node-1",
-        command: Sequence[str] = LOCAL_COMMAND,
-    ) -> Agent:
-        """A scripted agent reporting to ``operator`` with the ServiceAccount token."""
-        return Agent(self.cp, self.workdir, scenario, operator.url, self.token_file, node, command)
+    def agent(self, scenario: Path, operator: Operator, command: Sequence[str] = LOCAL_COMMAND) -> Agent:
+        """A scripted agent on :data:`AGENT_NODE` reporting to ``operator`` with its pod's token."""
+        return Agent(self.cp, self.workdir, scenario, operator.url, self.token_file, AGENT_NODE, command)
 
 
 def prepare(
@@ -561,7 +595,7 @@ def prepare(
     for pod_name in gpu_pods:
         create_gpu_pod(cp, namespace, pod_name, labels or {})
     create_peering(cp, namespace, PEERING)
-    token = service_account_token(cp, namespace, AGENT_SA)
+    token = agent_token(cp, namespace)
     return Setup(cp, workdir, namespace, token, write_token(workdir / "token", token))
 
 
@@ -611,6 +645,7 @@ class World(InNamespace):
 
 
 __all__ = [
+    "AGENT_NODE",
     "AGENT_SA",
     "AUDIENCE",
     "GI",
@@ -625,9 +660,11 @@ __all__ = [
     "Setup",
     "Timeout",
     "World",
+    "agent_token",
     "apply",
     "apply_crds",
     "create_gpu_pod",
+    "create_node",
     "create_peering",
     "create_plain_pod",
     "events",

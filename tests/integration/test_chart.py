@@ -524,6 +524,10 @@ def test_operator_is_allowed_what_it_needs(control_plane: ControlPlane, cluster_
         ("list", "namespaces"),
         ("watch", "namespaces"),
         ("patch", "pods", *own),  # its own ingest-active label
+        # operator.nodeHealth (on by default): a node's uid and GPUHealthy condition, Events about nodes.
+        ("get", "nodes"),
+        ("patch", "nodes", "--subresource=status"),
+        ("create", "events", "-n", "default"),
     ]
     assert _missing(control_plane, r.namespace, r.operator_sa, needed) == []
 
@@ -542,6 +546,10 @@ def test_operator_is_denied_the_rest(control_plane: ControlPlane, cluster_releas
         ("patch", "deployments.apps", "--subresource=status", "-n", "team-a"),
         ("patch", "replicasets.apps", "--subresource=scale", "-n", "team-a"),
         ("update", "namespaces"),
+        ("list", "nodes"),  # only the reporting nodes, by name
+        ("update", "nodes", "--subresource=status"),
+        ("delete", "nodes"),
+        ("create", "pods", "--subresource=eviction", "-n", "team-a"),
     ]
     assert _denied(control_plane, r.namespace, r.operator_sa, forbidden) == []
 
@@ -606,6 +614,57 @@ def test_single_namespace_rbac(control_plane: ControlPlane) -> None:
         (ds,) = release.objects("DaemonSet")
         assert ds["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
         assert _denied(cp, ns, release.agent_sa, [("list", "pods", "--all-namespaces")]) == []
+    finally:
+        uninstall(cp, release)
+
+
+NODE_HEALTH = [
+    ("get", "nodes"),
+    ("patch", "nodes", "--subresource=status"),
+    ("create", "events", "-n", "default"),
+]
+CORDON = [("patch", "nodes")]
+
+
+@pytest.mark.parametrize(
+    ("settings", "flags", "allowed", "denied"),
+    [
+        (["operator.nodeHealth.enabled=false"], [], [], NODE_HEALTH + CORDON),
+        (
+            ["operator.nodeHealth.cordon.enabled=true"],
+            ["--node-health", "--cordon=dry-run"],
+            NODE_HEALTH,
+            CORDON,
+        ),
+        (
+            ["operator.nodeHealth.cordon.enabled=true", "operator.nodeHealth.cordon.dryRun=false"],
+            ["--node-health", "--cordon=on"],
+            NODE_HEALTH + CORDON,
+            [],
+        ),
+    ],
+    ids=["node-health-off", "cordon-dry-run", "cordon-on"],
+)
+def test_node_health_rbac_follows_the_values(
+    control_plane: ControlPlane,
+    settings: list[str],
+    flags: list[str],
+    allowed: list[tuple[str, ...]],
+    denied: list[tuple[str, ...]],
+) -> None:
+    """Watching one namespace (so nothing cluster-wide covers `default`): the node view's rules are there
+    only when it is on, nodes patch only when cordoning for real (a dry run gets none)."""
+    cp = control_plane
+    ns = cp.create_namespace(unique("rbac-nodes"))
+    watched = cp.create_namespace(unique("rbac-nodes-watched"))
+    sets = [arg for setting in settings for arg in ("--set", setting)]
+    release = install(cp, ns, "--set", f"operator.watchNamespaces={{{watched}}}", *sets)
+    try:
+        assert _missing(cp, ns, release.operator_sa, allowed) == []
+        assert _denied(cp, ns, release.operator_sa, denied) == []
+        (deployment,) = release.objects("Deployment")
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert [a for a in args if a in ("--node-health", "--cordon=dry-run", "--cordon=on")] == flags
     finally:
         uninstall(cp, release)
 

@@ -17,7 +17,9 @@ import pytest
 import yaml
 from controlplane import REPO_ROOT, ControlPlane, wait_for
 
+from gpuwarden.policy.model import GpuHealthRule
 from gpuwarden.policy.parse import parse_spec
+from gpuwarden.policy.xids import CRITICAL_XIDS
 
 pytestmark = pytest.mark.integration
 
@@ -190,6 +192,24 @@ def test_forecast_and_anomaly_are_valid_and_defaulted(
         95.0,
     )
     assert (f.floor_rule, f.floor_percent) == ("idle-gpu", 20.0)
+
+
+def test_gpu_health_is_defaulted(control_plane: ControlPlane, crd: str, namespace: str) -> None:
+    policy = base_policy()
+    policy["spec"]["rules"].append({"name": "broken-gpu", "gpuHealth": {}})
+    created = create(control_plane, namespace, policy)
+    assert created.returncode == 0, created.stderr
+    stored = get_json(control_plane, namespace, "p")["spec"]["rules"][4]["gpuHealth"]
+    assert stored == {  # no xids: left out, they are the critical ones (the parser's, below)
+        "gpuLost": True,
+        "memoryErrors": True,
+        "for": "5m",
+        "clearAfter": "10m",
+    }
+    parsed = parse_spec(get_json(control_plane, namespace, "p")["spec"]).rules[4]
+    assert parsed == GpuHealthRule("broken-gpu")
+    assert isinstance(parsed, GpuHealthRule)
+    assert parsed.xids == CRITICAL_XIDS
 
 
 def test_memory_ceiling_accepts_bytes_quantity(control_plane: ControlPlane, crd: str, namespace: str) -> None:
@@ -494,6 +514,28 @@ INVALID: list[tuple[str, Callable[[Policy], None], str]] = [
         "renotifyInterval must be at least 1m",
     ),
     (
+        "gpu-health-counts-nothing",
+        _set(
+            "spec.rules.3", {"name": "h", "gpuHealth": {"xids": [], "gpuLost": False, "memoryErrors": False}}
+        ),
+        "gpuHealth counts nothing: set xids, gpuLost, memoryErrors or throttling",
+    ),
+    (
+        "gpu-health-clear-after-zero",
+        _set("spec.rules.3", {"name": "h", "gpuHealth": {"clearAfter": "0s"}}),
+        "clearAfter must be at least 1s",
+    ),
+    (
+        "gpu-health-xid-twice",
+        _set("spec.rules.3", {"name": "h", "gpuHealth": {"xids": [79, 79]}}),
+        "spec.rules[3].gpuHealth.xids[1]: Duplicate value: 79",
+    ),
+    (
+        "gpu-health-unknown-throttling",
+        _set("spec.rules.3", {"name": "h", "gpuHealth": {"throttling": ["hot"]}}),
+        'spec.rules[3].gpuHealth.throttling[0]: Unsupported value: "hot"',
+    ),
+    (
         "match-expression-in-without-values",
         _set("spec.selector.matchExpressions", [{"key": "tier", "operator": "In"}]),
         "values must be non-empty when operator is In or NotIn",
@@ -511,9 +553,10 @@ SUBMIT = {
     # What the docs recommend for CRDs, and what GitOps tools (Flux, Argo CD's ServerSideApply) use.
     "server-side-apply": ("apply", "--server-side"),
 }
-# Server-side apply refuses duplicate keys of a list-map while building its typed patch, before any
-# validation, in words of its own: test_duplicate_rule_names_under_server_side_apply.
-TYPED_PATCH_CASES = {"rule-name-duplicate"}
+# Server-side apply refuses duplicate keys of a list-map (or entries of a list-set) while building its
+# typed patch, before any validation, in words of its own: test_duplicate_rule_names_under_server_side_apply
+# ("duplicate entries for key [=79]" for gpuHealth.xids).
+TYPED_PATCH_CASES = {"rule-name-duplicate", "gpu-health-xid-twice"}
 CASES = [
     pytest.param(mutate, fragment, how, id=f"{case}-{how}")
     for case, mutate, fragment in INVALID

@@ -54,7 +54,7 @@ def test_only_the_acting_replica_writes_and_the_other_takes_over(
         # The stand-by refuses reports (the agent would retry); the acting one takes them.
         status, payload = http("POST", b.url, b"{}", {"Authorization": f"Bearer {setup.token}"})
         assert (status, payload["reason"]) == (503, "Standby")
-        running.enter_context(setup.agent(scenario, a, "gpu-node-1"))
+        running.enter_context(setup.agent(scenario, a))
         (warning,) = wait_until(warnings, timeout=60, what="the Warning", alive=a.alive)
         assert warning["reportingInstance"] == "operator-a"
         wait_until(lambda: setup.violations("idle"), timeout=30, what="the violation in status")
@@ -71,7 +71,7 @@ def test_only_the_acting_replica_writes_and_the_other_takes_over(
         a.stop()
         b.wait_ready(active=True, timeout=60)
         assert wait_until(lambda: labelled() == {"operator-b"}, timeout=30, what="operator-b labelled")
-        running.enter_context(setup.agent(scenario, b, "gpu-node-2"))
+        running.enter_context(setup.agent(scenario, b))  # (the first one keeps trying operator-a)
         wait_until(
             lambda: b.evaluated(20, points=15),
             timeout=90,

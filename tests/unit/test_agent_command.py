@@ -47,6 +47,7 @@ def test_nvml_failing_exits_non_zero_and_names_the_scripted_backend(
     [
         (["--backend", "scripted"], "--backend scripted needs --scenario"),
         (["--scenario", "demo"], "--scenario only applies to --backend scripted"),
+        (["--attribution", "scenario"], "--attribution scenario needs --backend scripted"),
         (["--operator-url", "http://op/v1/reports"], "needs --node-name"),
         (["--backend", "scripted", "--scenario", "demo", "--listen", "9400"], "expected \\[HOST\\]:PORT"),
     ],
@@ -65,6 +66,32 @@ def test_a_missing_scenario_file_is_a_backend_error(
     argv = ["agent", "--backend", "scripted", "--scenario", str(tmp_path / "nope.yaml"), "--node-name", "n"]
     assert cli.main(argv) == 1
     assert "cannot read" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "attribution", "attributor"),
+    [
+        (["--backend", "scripted", "--scenario", "demo"], "scenario", "ScenarioAttributor"),
+        (
+            ["--backend", "scripted", "--scenario", "demo", "--attribution", "kubelet"],
+            "kubelet",
+            "PodAttributor",
+        ),
+        ([], "kubelet", "PodAttributor"),
+    ],
+)
+def test_pods_come_from_the_scenario_only_when_scripted_and_not_told_otherwise(
+    argv: list[str], attribution: str, attributor: str, tmp_path: Path
+) -> None:
+    """A scripted backend on a real node (the chart's e2e) attributes its GPUs through the kubelet."""
+    args = cli.build_parser(["agent"]).parse_args(
+        ["agent", *argv, "--node-name", "n", f"--pod-resources-socket={tmp_path / 'kubelet.sock'}"]
+    )
+    config = command.AgentConfig.from_args(args)
+    assert config.attribution == attribution
+    backend = command.open_backend(config) if config.backend == "scripted" else BrokenNvml()
+    chosen = command._attributor(config, backend, command._Closer())  # type: ignore[arg-type]
+    assert type(chosen).__name__ == attributor
 
 
 @pytest.mark.parametrize(

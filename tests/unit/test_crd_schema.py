@@ -17,8 +17,10 @@ import jsonschema
 import pytest
 import yaml
 
+from gpuwarden.policy.model import Throttling
 from gpuwarden.policy.parse import DEFAULTS, SpecError, parse_spec
 from gpuwarden.policy.units import DURATION_PATTERN, RATE_PATTERN
+from gpuwarden.policy.xids import CRITICAL_XIDS
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "gpuwarden.dev_gpumonitorpolicies.yaml"
@@ -190,6 +192,8 @@ DURATION_FIELDS: dict[str, str | None] = {
     ".spec.rules[].memoryGrowth.window": "30m",
     ".spec.rules[].memoryGrowth.for": "0s",
     ".spec.rules[].anomaly.window": "30m",
+    ".spec.rules[].gpuHealth.for": "5m",
+    ".spec.rules[].gpuHealth.clearAfter": "10m",
     ".spec.actions.renotifyInterval": "1h",
     ".spec.actions.scale.behavior.scaleUp.stabilizationWindow": "0s",
     ".spec.actions.scale.behavior.scaleUp.cooldown": "1m",
@@ -298,6 +302,9 @@ def cel_rules(path: str) -> list[str]:
         (".spec.rules[].memoryCeiling.bytes", "quantity(self).isInteger()"),
         (".spec.rules[].memoryGrowth.rate", "!self.matches('^[0.]+[A-Za-z]*/')"),
         (".spec.rules[].memoryGrowth.window", "duration(self) >= duration('1m')"),
+        (".spec.rules[]", "has(self.memoryGrowth), has(self.gpuHealth), has(self.anomaly)]"),
+        (".spec.rules[].gpuHealth", "!has(self.xids) || size(self.xids) > 0 || !has(self.gpuLost)"),
+        (".spec.rules[].gpuHealth.clearAfter", "duration(self) >= duration('1s')"),
         (".spec.rules[].name", "self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')"),
         (".spec.evaluationInterval", "duration(self) >= duration('1s')"),
         (".spec", "duration(w) >= duration(self.evaluationInterval)"),
@@ -314,6 +321,16 @@ def cel_rules(path: str) -> list[str]:
 )
 def test_cel_rule_present(path: str, fragment: str) -> None:
     assert any(fragment in rule for rule in cel_rules(path)), cel_rules(path)
+
+
+def test_gpu_health_xids_left_out_are_the_critical_ones() -> None:
+    """No list default (the CRD's defaults are scalars); left out, the parser counts the critical XIDs,
+    which the description lists."""
+    node = NODES[".spec.rules[].gpuHealth.xids"]
+    assert "default" not in node
+    assert ", ".join(map(str, CRITICAL_XIDS)) in " ".join(node["description"].split())
+    assert node["x-kubernetes-list-type"] == "set"
+    assert NODES[".spec.rules[].gpuHealth.throttling[]"]["enum"] == [t.value for t in Throttling]
 
 
 def test_every_cel_rule_has_a_message() -> None:

@@ -325,9 +325,10 @@ def test_growth_for_must_hold_at_every_evaluation() -> None:
     leak = MemoryGrowth("leak", 100 * MI / 60, 1800, 0.8, for_seconds=300)
     sc = Scenario(PolicyEvaluator("ns/p", spec(leak)))
     sc.pod("a", lambda t: Point(t, sm_active=50.0, mem_used=GI + 3 * MI * (t - T0), mem_total=CARD))
-    sc.run(1900)
+    sc.run(200)
+    assert not any(o.holds for e in sc.evaluations for o in e.outcomes)
+    transitions = sc.run(600)
     first_hold = next(e.at for e in sc.evaluations if any(o.holds for o in e.outcomes))
-    transitions = sc.run(400)
     (started,) = [t for t in transitions if t.transition is Transition.STARTED]
     assert started.at == first_hold + 300
     assert started.finding.reason == "GPUMemoryLeakSuspected"

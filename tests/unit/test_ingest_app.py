@@ -1,9 +1,12 @@
-"""POST /v1/reports against the real aiohttp app: every refusal with its status and reason, and good
-reports served in between."""
+"""POST /v1/reports against the real aiohttp app: every refusal with its status and reason, the wire's
+bounds (types, timestamps, the reporting node and its pods), and good reports served in between."""
 
 from __future__ import annotations
 
+import gzip
 import json
+import logging
+import zlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,10 +15,19 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gpuwarden.agent.scenario import ScenarioAttributor, ScriptedBackend, load_scenario
 from gpuwarden.agent.snapshots import Sampler, SnapshotRing
-from gpuwarden.nodereport import GpuSample, NodeReport, PodRef, Snapshot, dump_report
+from gpuwarden.nodereport import (
+    SCHEMA_VERSION,
+    GpuHealth,
+    GpuSample,
+    NodeReport,
+    PodRef,
+    Snapshot,
+    XidEvent,
+    dump_report,
+)
 from gpuwarden.operator.config import OperatorConfig
-from gpuwarden.operator.ingest import make_ingest_app
-from gpuwarden.operator.state import OperatorState, PolicyKey
+from gpuwarden.operator.ingest import MAX_FUTURE_SKEW, make_ingest_app
+from gpuwarden.operator.state import MAX_REPORT_AGE, OperatorState, PolicyKey
 from gpuwarden.policy import PodView, PolicyEvaluator
 from gpuwarden.policy.parse import parse_spec
 from gpuwarden.policy.series import SeriesKey
@@ -24,11 +36,19 @@ AGENT = "system:serviceaccount:gpuwarden-system:gpuwarden-agent"
 T0 = 1_800_000_000.0
 
 
+NODE_EXTRA = "authentication.kubernetes.io/node-name"
+
+
 class FakeApi:
-    """Answers TokenReviews from a table: token -> username (None: not authenticated)."""
+    """Answers TokenReviews from a table: token -> (username, the node its pod runs on, or None: unbound)."""
 
     def __init__(self) -> None:
-        self.users: dict[str, str | None] = {"good": AGENT, "other": "system:serviceaccount:default:intruder"}
+        self.users: dict[str, tuple[str, str | None]] = {
+            "good": (AGENT, "node-1"),
+            "good-2": (AGENT, "node-2"),
+            "unbound": (AGENT, None),
+            "other": ("system:serviceaccount:default:intruder", "node-1"),
+        }
         self.reviews = 0
         self.down = False
 
@@ -36,10 +56,23 @@ class FakeApi:
         self.reviews += 1
         if self.down:
             raise ConnectionError("the API server is away")
-        user = self.users.get(token)
-        if user is None:
+        if token not in self.users:
             return {"authenticated": False, "error": "invalid bearer token"}
-        return {"authenticated": True, "audiences": audiences, "user": {"username": user}}
+        username, node = self.users[token]
+        user: dict[str, Any] = {"username": username}
+        if node is not None:
+            user["extra"] = {NODE_EXTRA: [node], "authentication.kubernetes.io/pod-name": ["agent-x"]}
+        return {"authenticated": True, "audiences": audiences, "user": user}
+
+
+class Clock:
+    """The operator's clock: a minute after T0, when the tests' reports were taken."""
+
+    def __init__(self) -> None:
+        self.now = T0 + 60
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def report(
@@ -51,18 +84,27 @@ def report(
         utilization_gpu=kw.get("util", 42.0),
         memory_used_bytes=2**30,
         memory_total_bytes=80 * 2**30,
+        temperature_c=kw.get("temperature"),
+        power_watts=kw.get("power"),
         pods=[PodRef(namespace="ns", name=kw.get("pod", "pod-a"))],
     )
     snaps = [Snapshot(timestamp=t + i, gpus=[gpu]) for i in range(kw.get("snapshots", 1))]
     return NodeReport(schema_version=1, node=node, agent_id=agent, seq=seq, snapshots=snaps)
 
 
+def pod_index(state: OperatorState) -> None:
+    """What Kopf's pod index says, synced: pod-a runs on node-1, pod-b on node-2."""
+    state.pod_nodes = {("ns", "pod-a"): ["node-1"], ("ns", "pod-b"): ["node-2"]}
+    state.pods_synced = True
+
+
 @pytest.fixture
 async def setup() -> AsyncIterator[tuple[TestClient[Any, Any], OperatorState, FakeApi]]:
     api = FakeApi()
     config = OperatorConfig(max_body_bytes=64 * 1024, node_rate=5.0)
-    state = OperatorState(config, api=api)  # type: ignore[arg-type]
+    state = OperatorState(config, api=api, clock=Clock())  # type: ignore[arg-type]
     state.leadership.active = True
+    pod_index(state)
     client = TestClient(TestServer(make_ingest_app(state.ingest)))
     await client.start_server()
     try:
@@ -90,10 +132,20 @@ def rejected(state: OperatorState, reason: str) -> float:
     )
 
 
+def refused(state: OperatorState, reason: str) -> float:
+    get = state.metrics.registry.get_sample_value
+    return get("gpuwarden_operator_points_refused_total", {"reason": reason}) or 0
+
+
+def stored(state: OperatorState, pod: str = "pod-a") -> list[float]:
+    window = state.store.window(SeriesKey("ns", pod, "GPU-1"))
+    return [] if window is None else [p.t for p in window.points()]
+
+
 async def test_a_good_report_is_stored(setup: Any) -> None:
     client, state, _ = setup
     status, body, _ = await post(client, dump_report(report(snapshots=3)))
-    assert (status, body) == (200, {"accepted": 3, "duplicate": False})
+    assert (status, body) == (200, {"accepted": 3, "duplicate": False, "refused": {}})
     window = state.store.window(SeriesKey("ns", "pod-a", "GPU-1"))
     assert window is not None
     assert len(window) == 3
@@ -106,6 +158,7 @@ async def test_a_good_report_is_stored(setup: Any) -> None:
         (None, 401, "Unauthenticated", "unauthenticated"),
         ("nonsense", 401, "Unauthenticated", "unauthenticated"),
         ("other", 403, "Forbidden", "forbidden"),
+        ("unbound", 403, "Forbidden", "forbidden"),  # could claim any node
     ],
 )
 async def test_tokens(setup: Any, token: str | None, status: int, reason: str, metric: str) -> None:
@@ -130,8 +183,8 @@ async def test_basic_auth_is_no_bearer_token(setup: Any) -> None:
         (b"[]", "body"),
         (json.dumps({"schemaVersion": 1, "node": "n"}).encode(), "agentId"),
         (
-            dump_report(report()).replace(b'"schemaVersion":1', b'"schemaVersion":2'),
-            "schemaVersion: 2 is not supported",
+            dump_report(report()).replace(b'"schemaVersion":1', b'"schemaVersion":99'),
+            "schemaVersion: 99 is not supported",
         ),
         (dump_report(report()).replace(b'"uuid"', b'"uuidx"'), "uuid"),
     ],
@@ -171,18 +224,33 @@ async def test_rate_limited_per_node_with_retry_after(setup: Any) -> None:
     assert (status, payload["reason"]) == (429, "RateLimited")
     assert int(headers["Retry-After"]) >= 1
     # Another node is not affected.
-    assert (await post(client, dump_report(report(node="node-2"))))[0] == 200
+    assert (await post(client, dump_report(report(node="node-2", pod="pod-b")), token="good-2"))[0] == 200
     assert rejected(state, "rate_limited") == 1
+
+
+async def test_claimed_node_names_cost_no_state_and_do_not_escape_the_limit(setup: Any) -> None:
+    """Issue 19 (3): one token, thousands of node names. Limit and duplicate book are the token's node's."""
+    client, state, _ = setup
+    statuses = [
+        (await post(client, dump_report(report(node=f"claimed-{i}", seq=i, t=T0 + i))))[0]
+        for i in range(2000)
+    ]
+    assert statuses[:5] == [403] * 5  # a name not the token's node's: refused...
+    assert 200 not in statuses
+    assert statuses.count(429) > 1500  # ...and counted against the token's node, like any report
+    assert len(state.limiter) == 1
+    assert len(state.book) == 0
+    assert len(state.store) == 0
 
 
 async def test_duplicates_are_acknowledged_and_ignored_and_replays_accepted(setup: Any) -> None:
     client, state, _ = setup
     first = dump_report(report(seq=7, t=T0 + 10))
-    assert (await post(client, first))[1] == {"accepted": 1, "duplicate": False}
-    assert (await post(client, first))[1] == {"accepted": 0, "duplicate": True}
+    assert (await post(client, first))[1] == {"accepted": 1, "duplicate": False, "refused": {}}
+    assert (await post(client, first))[1] == {"accepted": 0, "duplicate": True, "refused": {}}
     # A restarted agent (new id) replays older snapshots: accepted, stored only where newer.
     replay = dump_report(report(seq=0, t=T0 + 5, agent="agent-b", snapshots=10))
-    assert (await post(client, replay))[1] == {"accepted": 4, "duplicate": False}  # T0+11..14
+    assert (await post(client, replay))[1] == {"accepted": 4, "duplicate": False, "refused": {}}
     assert state.metrics.registry.get_sample_value("gpuwarden_operator_reports_duplicate_total") == 1
 
 
@@ -205,33 +273,251 @@ async def test_token_review_outage_is_503_and_not_cached(setup: Any) -> None:
 async def test_reviews_are_cached(setup: Any) -> None:
     client, _, api = setup
     for i in range(5):
-        await post(client, dump_report(report(node=f"n{i}")))
+        assert (await post(client, dump_report(report(seq=i, t=T0 + i))))[0] == 200
     assert api.reviews == 1
 
 
 async def test_bad_reports_never_cost_good_ones(setup: Any) -> None:
     client, state, _ = setup
-    bodies = [b"{", dump_report(report(node="a")), b"x" * 70_000, dump_report(report(node="b"))]
+    bodies = [b"{", dump_report(report()), b"x" * 70_000, dump_report(report(seq=1, t=T0 + 1))]
     results = [(await post(client, b))[0] for b in bodies]
     assert results == [400, 200, 413, 200]
-    window = state.store.window(SeriesKey("ns", "pod-a", "GPU-1"))
-    assert window is not None
-    assert len(window) == 1
+    assert stored(state) == [T0, T0 + 1]
 
 
-async def test_an_internal_error_is_a_500_for_that_report_only(
+async def test_an_internal_error_is_a_500_counted_and_its_retry_is_stored(
     setup: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Issue 19 (5): a 500 must not record the seq, or the agent's retry is answered duplicate and lost."""
     client, state, _ = setup
 
-    def explode(_: NodeReport) -> int:
+    def explode(*_: Any) -> Any:
         raise RuntimeError("bug")
 
+    body = dump_report(report(seq=3))
     monkeypatch.setattr(state.ingest, "accept", explode)
-    status, payload, _ = await post(client, dump_report(report()))
+    status, payload, _ = await post(client, body)
     assert (status, payload["reason"]) == (500, "InternalError")
+    assert rejected(state, "internal") == 1
     monkeypatch.undo()
-    assert (await post(client, dump_report(report(seq=1, t=T0 + 1))))[0] == 200
+    status, payload, _ = await post(client, body)  # the agent's retry: same seq, same snapshots
+    assert (status, payload) == (200, {"accepted": 1, "duplicate": False, "refused": {}})
+    assert stored(state) == [T0]
+
+
+async def test_a_4000_digit_integer_is_a_400_not_a_500_and_loses_nothing(setup: Any) -> None:
+    """Issue 19 (5): it overflowed float() in intake after the seq was booked."""
+    client, _, _ = setup
+    huge = dump_report(report(seq=3)).replace(
+        b'"memoryUsedBytes":1073741824', b'"memoryUsedBytes":' + b"9" * 4000
+    )
+    status, payload, _ = await post(client, huge)
+    assert (status, payload["reason"]) == (400, "InvalidReport")
+    assert "memoryUsedBytes" in payload["message"]
+    # The same seq, now valid, is stored: nothing was booked for the refused one.
+    assert (await post(client, dump_report(report(seq=3))))[1]["accepted"] == 1
+
+
+@pytest.mark.parametrize("encoding", ["deflate", "gzip"])
+async def test_a_corrupt_compressed_body_is_a_400(setup: Any, encoding: str) -> None:
+    client, state, _ = setup
+    packed = zlib.compress(dump_report(report()))
+    corrupt = packed[:10] + bytes(b ^ 0x5A for b in packed[10:])
+    status, payload, _ = await post(client, corrupt, **{"Content-Encoding": encoding})
+    assert (status, payload["reason"]) == (400, "InvalidReport")
+    assert encoding in payload["message"]
+    assert rejected(state, "internal") == 0
+    # The client's next request is served (on a new connection: that one was closed).
+    assert (await post(client, dump_report(report())))[0] == 200
+
+
+async def test_a_compression_bomb_is_413_after_inflating_no_more_than_the_limit(setup: Any) -> None:
+    client, _, _ = setup
+    bomb = gzip.compress(b" " * (64 * 2**20))  # 64 MiB of spaces in 64 KiB
+    assert len(bomb) < 64 * 1024
+    status, payload, _ = await post(client, bomb, **{"Content-Encoding": "gzip"})
+    assert (status, payload["reason"]) == (413, "TooLarge")
+
+
+@pytest.mark.parametrize(
+    ("body", "encoding", "status", "reason"),
+    [
+        (zlib.compress(b"{}")[:-3], "deflate", 400, "InvalidReport"),  # truncated
+        (b"{}", "br", 415, "UnsupportedEncoding"),
+    ],
+)
+async def test_encodings_we_cannot_decode(
+    setup: Any, body: bytes, encoding: str, status: int, reason: str
+) -> None:
+    client, _, _ = setup
+    got, payload, _ = await post(client, body, **{"Content-Encoding": encoding})
+    assert (got, payload["reason"]) == (status, reason)
+
+
+async def test_a_corrupt_body_refused_before_reading_it_costs_the_connection_nothing(
+    setup: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by the fuzzer: aiohttp drained the unread body after our 403, failed to decode it, logged an
+    unhandled error and dropped the connection the client was about to reuse."""
+    client, _, _ = setup
+    corrupt = b"x\x9c" + bytes(range(256)) * 40
+    for _ in range(3):
+        assert (await post(client, corrupt, token="other", **{"Content-Encoding": "deflate"}))[0] == 403
+        assert (await post(client, dump_report(report())))[0] == 200
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_a_compressed_body_is_read(setup: Any) -> None:
+    client, state, _ = setup
+    status, _, _ = await post(client, zlib.compress(dump_report(report())), **{"Content-Encoding": "deflate"})
+    assert status == 200
+    assert stored(state) == [T0]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field"),
+    [
+        (b'"temperatureC":50.0', b'"temperatureC":NaN', "temperatureC"),
+        (b'"temperatureC":50.0', b'"temperatureC":Infinity', "temperatureC"),
+        (b'"temperatureC":50.0', b'"temperatureC":-Infinity', "temperatureC"),
+        (b'"powerWatts":300.0', b'"powerWatts":NaN', "powerWatts"),
+        (b'"powerWatts":300.0', b'"powerWatts":Infinity', "powerWatts"),
+        (b'"powerWatts":300.0', b'"powerWatts":1e400', "powerWatts"),  # parses as infinity
+        (b'"schemaVersion":1', b'"schemaVersion":"1"', "schemaVersion"),
+        (b'"schemaVersion":1', b'"schemaVersion":1.0', "schemaVersion"),
+        (b'"schemaVersion":1', b'"schemaVersion":true', "schemaVersion"),
+        (
+            b'"memoryUsedBytes":1073741824',
+            b'"memoryUsedBytes":1000000000000000000000000000000',
+            "memoryUsedBytes",
+        ),
+        (b'"memoryTotalBytes":85899345920', b'"memoryTotalBytes":-1', "memoryTotalBytes"),
+        (b'"seq":0', b'"seq":1' + b"0" * 30, "seq"),
+        (b'"timestamp":1800000000.0', b'"timestamp":1e308', "timestamp"),
+        (b'"timestamp":1800000000.0', b'"timestamp":"1800000000"', "timestamp"),
+        (b'"index":0', b'"index":0.0', "index"),
+    ],
+)
+async def test_wire_types_are_strict_and_bounded(setup: Any, old: bytes, new: bytes, field: str) -> None:
+    """Issue 19 (6), and (2)'s 1e308 timestamp that overflowed the Prometheus client."""
+    client, state, _ = setup
+    body = dump_report(report(temperature=50.0, power=300.0))
+    assert old in body
+    status, payload, _ = await post(client, body.replace(old, new))
+    assert (status, payload["reason"]) == (400, "InvalidReport")
+    assert field in payload["message"]
+    assert len(state.store) == 0
+
+
+def health_report(t: float = T0, xid_t: float = T0) -> NodeReport:
+    """Version 2: GPU-1 with an XID 79 and an uncorrected ECC count."""
+    gpu = (
+        report()
+        .snapshots[0]
+        .gpus[0]
+        .model_copy(
+            update={
+                "health": GpuHealth(xids=[XidEvent(code=79, timestamp=xid_t)], ecc_uncorrected_aggregate=1)
+            }
+        )
+    )
+    return NodeReport(
+        schema_version=2, node="node-1", agent_id="a", seq=0, snapshots=[Snapshot(timestamp=t, gpus=[gpu])]
+    )
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field"),
+    [
+        (b'"code":79,"timestamp":1800000000.0', b'"code":79,"timestamp":1e308', "timestamp"),
+        (b'"code":79,"timestamp":1800000000.0', b'"code":79,"timestamp":NaN', "timestamp"),
+        (
+            b'"eccUncorrectedAggregate":1',
+            b'"eccUncorrectedAggregate":' + b"9" * 4000,
+            "eccUncorrectedAggregate",
+        ),
+        (b'"eccUncorrectedAggregate":1', b'"eccUncorrectedAggregate":1.0', "eccUncorrectedAggregate"),
+    ],
+)
+async def test_health_is_bounded_too(setup: Any, old: bytes, new: bytes, field: str) -> None:
+    client, state, _ = setup
+    body = dump_report(health_report())
+    assert old in body
+    status, payload, _ = await post(client, body.replace(old, new))
+    assert (status, payload["reason"]) == (400, "InvalidReport")
+    assert field in payload["message"]
+    assert state.health.gpu("GPU-1") is None
+
+
+async def test_a_snapshot_from_the_future_gives_the_health_store_nothing(setup: Any) -> None:
+    client, state, _ = setup
+    assert (await post(client, dump_report(health_report(t=1e12))))[1]["refused"] == {"future": 1}
+    assert state.health.gpu("GPU-1") is None
+    assert (await post(client, dump_report(health_report().model_copy(update={"seq": 1}))))[0] == 200
+    record = state.health.gpu("GPU-1")
+    assert record is not None
+    assert (record.node, [code for _, code in record.xids]) == ("node-1", [79])
+
+
+async def test_a_timestamp_from_the_future_is_refused_and_never_freezes_a_series(setup: Any) -> None:
+    """Issue 19 (1): one report at 1e12 made every later real report store nothing."""
+    client, state, _ = setup
+    status, payload, _ = await post(client, dump_report(report(seq=0, t=1e12)))
+    assert (status, payload) == (200, {"accepted": 0, "duplicate": False, "refused": {"future": 1}})
+    assert refused(state, "future") == 1
+    for i in range(1, 4):
+        assert (await post(client, dump_report(report(seq=i, t=T0 + i))))[1]["accepted"] == 1
+    assert stored(state) == [T0 + 1, T0 + 2, T0 + 3]
+    assert "1000000000000" not in (state.metrics.exposition()).decode()
+
+
+async def test_the_skew_bounds_are_those_stated(setup: Any) -> None:
+    client, state, _ = setup
+    now = state.ingest.clock()
+    times = [
+        now - MAX_REPORT_AGE - 1,
+        now - MAX_REPORT_AGE + 1,
+        now + MAX_FUTURE_SKEW - 1,
+        now + MAX_FUTURE_SKEW + 1,
+    ]
+    snapshots = [Snapshot(timestamp=t, gpus=report().snapshots[0].gpus) for t in times]
+    body = dump_report(NodeReport(schema_version=1, node="node-1", agent_id="a", seq=0, snapshots=snapshots))
+    status, payload, _ = await post(client, body)
+    assert (status, payload) == (
+        200,
+        {"accepted": 2, "duplicate": False, "refused": {"past": 1, "future": 1}},
+    )
+    assert stored(state) == [times[2]]  # (times[1] aged out of the 10-minute retention at once)
+
+
+async def test_a_pod_on_another_node_is_refused(setup: Any) -> None:
+    """Issue 19 (1): any agent could write any pod's series."""
+    client, state, _ = setup
+    status, payload, _ = await post(client, dump_report(report(pod="pod-b")))  # pod-b runs on node-2
+    assert (status, payload) == (200, {"accepted": 0, "duplicate": False, "refused": {"foreignPod": 1}})
+    assert refused(state, "foreignPod") == 1
+    assert stored(state, "pod-b") == []
+    assert (await post(client, dump_report(report(node="node-2", pod="pod-b")), token="good-2"))[1][
+        "accepted"
+    ] == 1
+
+
+async def test_an_unknown_pod_is_refused_once_the_index_is_synced(setup: Any) -> None:
+    client, state, _ = setup
+    state.pods_synced = False  # just started: the agents' replays name pods Kopf has not listed yet
+    assert (await post(client, dump_report(report(pod="new"))))[1]["accepted"] == 1
+    state.pods_synced = True
+    status, payload, _ = await post(client, dump_report(report(seq=1, t=T0 + 1, pod="ghost")))
+    assert (status, payload) == (200, {"accepted": 0, "duplicate": False, "refused": {"unknownPod": 1}})
+    assert refused(state, "unknownPod") == 1
+
+
+async def test_a_report_for_another_node_than_the_tokens_is_403(setup: Any) -> None:
+    client, state, _ = setup
+    status, payload, _ = await post(client, dump_report(report(node="node-2", pod="pod-b")))
+    assert (status, payload["reason"]) == (403, "Forbidden")
+    assert "node-1, not node-2" in payload["message"]
+    assert len(state.store) == 0
 
 
 async def test_reports_wake_the_policies_of_their_namespace(setup: Any) -> None:
@@ -243,9 +529,11 @@ async def test_reports_wake_the_policies_of_their_namespace(setup: Any) -> None:
     assert not there.data_pending
 
 
-async def test_namespaces_out_of_scope_are_not_kept() -> None:
+async def test_namespaces_out_of_scope_are_not_kept_nor_refused() -> None:
     state = OperatorState(OperatorConfig(namespaces=("other",)), api=FakeApi())  # type: ignore[arg-type]
-    assert state.accept(report()) == 0
+    pod_index(state)
+    intake = state.accept(report(), "node-1", T0)
+    assert (intake.stored, intake.refused) == (0, {})
     assert len(state.store) == 0
 
 
@@ -264,9 +552,16 @@ async def test_an_idle_pod_beside_a_busy_one_on_a_shared_gpu_is_found_through_th
     for t in range(91):
         clock[0] = T0 + t
         snapshots.append(attributor.annotate(sampler.sample_once(with_processes=t % 10 == 0).snapshot))
+    # The scenario's pods run on the token's node.
+    state.pod_nodes = {
+        **state.pod_nodes,
+        **{(p.ref.namespace, p.ref.name): ["node-1"] for p in backend.scenario.pods},
+    }
     for seq, start in enumerate(range(0, 91, 30)):  # batched, as the agent sends after an outage
         batch = snapshots[start : start + 30]
-        body = dump_report(NodeReport(schema_version=1, node="n", agent_id="a", seq=seq, snapshots=batch))
+        body = dump_report(
+            NodeReport(schema_version=SCHEMA_VERSION, node="node-1", agent_id="a", seq=seq, snapshots=batch)
+        )
         assert (await post(client, body))[0] == 200
     spec = parse_spec(
         {

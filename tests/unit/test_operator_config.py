@@ -48,7 +48,7 @@ def test_defaults_are_the_contracts() -> None:
     assert config.agent_service_account == ServiceAccountRef("gpuwarden-system", "gpuwarden-agent")
     assert config.agent_service_account.username == "system:serviceaccount:gpuwarden-system:gpuwarden-agent"
     assert config.peering == "gpuwarden"
-    assert config.max_body_bytes == 8 * 2**20
+    assert config.max_body_bytes == 2**20
     assert config.node_rate == 20
     assert config.identity == "gpuwarden-operator-abc"
     assert config.priority == derive_priority("gpuwarden-operator-abc")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp.test_utils import TestClient, TestServer
 
+from gpuwarden.nodereport import REFUSALS
 from gpuwarden.operator.metrics import REJECT_REASONS, OperatorMetrics, make_metrics_app
 from gpuwarden.policy.series import Point, SeriesKey
 
@@ -15,6 +16,11 @@ def test_rejection_reasons_read_zero_before_the_first() -> None:
     for reason in REJECT_REASONS:
         assert (
             metrics.registry.get_sample_value("gpuwarden_operator_reports_rejected_total", {"reason": reason})
+            == 0
+        )
+    for reason in REFUSALS:
+        assert (
+            metrics.registry.get_sample_value("gpuwarden_operator_points_refused_total", {"reason": reason})
             == 0
         )
 
@@ -67,3 +73,21 @@ async def test_endpoints() -> None:
         rsp = await client.get("/metrics")
         assert rsp.status == 200
         assert "gpuwarden_operator_reports_total 0.0" in await rsp.text()
+
+
+async def test_an_exposition_that_fails_fails_readiness_until_it_works_again() -> None:
+    """Issue 19 (2): a scrape answering 500 while /readyz said 200, so nothing noticed."""
+    metrics = OperatorMetrics()
+    metrics.watch_pods(clock=lambda: T0)
+    async with TestClient(TestServer(make_metrics_app(metrics, lambda: True))) as client:
+        assert (await client.get("/readyz")).status == 200
+        # Past the wire's bounds (which no report can cross) a reading would break the exposition.
+        metrics.latest.update(SeriesKey("ns", "p", "GPU-1"), Point(t=1e308, gpu_util=1))
+        rsp = await client.get("/metrics")
+        assert rsp.status == 500
+        assert "OverflowError" in await rsp.text()
+        assert (await client.get("/readyz")).status == 503
+        assert (await client.get("/healthz")).status == 200
+        metrics.latest.forget_pod("ns", "p")
+        assert (await client.get("/readyz")).status == 200
+        assert (await client.get("/metrics")).status == 200

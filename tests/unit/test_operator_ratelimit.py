@@ -57,14 +57,16 @@ def test_retry_after_is_whole_seconds_at_least_one() -> None:
     assert NodeRateLimiter.retry_after(1.2) == "2"
 
 
-def test_full_buckets_are_dropped_when_the_map_is_full() -> None:
+def test_the_map_is_bounded_and_forgets_the_least_recently_heard() -> None:
     clock = Clock()
-    limiter = NodeRateLimiter(rate=1.0, burst=2.0, clock=clock, max_nodes=3)
+    limiter = NodeRateLimiter(rate=1.0, burst=1.0, clock=clock, max_nodes=3)
     for node in ("a", "b", "c"):
         limiter.acquire(node)
-    clock.now += 10  # every bucket refilled: they carry nothing
-    limiter.acquire("d")
-    assert len(limiter) == 1
+    limiter.acquire("a")  # heard again: "b" is now the least recent
+    for i in range(10_000):  # none of them has refilled: the bound holds all the same
+        limiter.acquire(f"flood-{i}")
+        assert len(limiter) <= 3
+    assert limiter.acquire("flood-9999") > 0  # the newest is still limited
 
 
 def test_rejects_nonsense_settings() -> None:

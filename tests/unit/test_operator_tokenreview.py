@@ -13,23 +13,20 @@ AUDIENCE = "gpuwarden-operator"
 AGENT = "system:serviceaccount:gpuwarden-system:gpuwarden-agent"
 
 
-def status(username: str = AGENT, audiences: list[str] | None = None, **extra: Any) -> dict[str, Any]:
-    return {
-        "authenticated": True,
-        "audiences": [AUDIENCE] if audiences is None else audiences,
-        "user": {"username": username, **extra},
-    }
+def status(
+    username: str = AGENT, audiences: list[str] | None = None, node: str | None = "node-7"
+) -> dict[str, Any]:
+    """What the API server says of a token; a pod-bound one names its pod's node in ``extra``."""
+    user: dict[str, Any] = {"username": username}
+    if node is not None:
+        user["extra"] = {"authentication.kubernetes.io/node-name": [node]}
+    return {"authenticated": True, "audiences": [AUDIENCE] if audiences is None else audiences, "user": user}
 
 
-def test_accepts_the_agent_for_our_audience() -> None:
+def test_accepts_the_agent_for_our_audience_as_its_pods_node() -> None:
     review = judge(status(), audience=AUDIENCE, username=AGENT)
     assert review.verdict is Verdict.ACCEPTED
-    assert review.node is None
-
-
-def test_reads_the_node_of_a_pod_bound_token() -> None:
-    extra = {"extra": {"authentication.kubernetes.io/node-name": ["node-7"]}}
-    assert judge(status(**extra), audience=AUDIENCE, username=AGENT).node == "node-7"
+    assert review.node == "node-7"
 
 
 @pytest.mark.parametrize(
@@ -41,6 +38,9 @@ def test_reads_the_node_of_a_pod_bound_token() -> None:
         (status(audiences=[]), Verdict.UNAUTHENTICATED, "audience"),
         (status(username="system:serviceaccount:default:intruder"), Verdict.FORBIDDEN, "default:intruder"),
         (status(username="admin"), Verdict.FORBIDDEN, "only " + AGENT),
+        # Not bound to a pod (kubectl create token): it could claim to be any node.
+        (status(node=None), Verdict.FORBIDDEN, "bound to no pod"),
+        (status(node=""), Verdict.FORBIDDEN, "bound to no pod"),
     ],
 )
 def test_refusals(review: dict[str, Any], verdict: Verdict, says: str) -> None:

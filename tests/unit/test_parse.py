@@ -19,6 +19,7 @@ from gpuwarden.policy.model import (
     Actions,
     Anomaly,
     AnomalyMetric,
+    GpuHealthRule,
     LabelRequirement,
     LabelSelector,
     MemoryCeiling,
@@ -85,6 +86,7 @@ def test_example_round_trip() -> None:
                 min_fit=0.8,
                 for_seconds=0.0,
             ),
+            GpuHealthRule(name="broken-gpu", clear_after_seconds=600.0),
             Anomaly(
                 name="unusual-memory",
                 metric=AnomalyMetric.MEMORY,
@@ -237,7 +239,7 @@ def _walk(spec: dict[str, Any], path: str) -> tuple[Any, Any]:
     return target, tokens[-1]
 
 
-KINDS = "utilizationFloor, utilizationCeiling, memoryCeiling, memoryGrowth, anomaly"
+KINDS = "utilizationFloor, utilizationCeiling, memoryCeiling, memoryGrowth, gpuHealth, anomaly"
 ONE_TWO_ONE_TWO = "must be between 1 and 2147483647"
 
 INVALID: list[tuple[str, Edit, str]] = [
@@ -464,8 +466,8 @@ INVALID: list[tuple[str, Edit, str]] = [
     (
         "unknown rule kind",
         put("rules[0]", {"name": "x", "powerCeiling": {"watts": 500}}),
-        "spec.rules[0].powerCeiling: unknown field (expected one of: anomaly, memoryCeiling, memoryGrowth, "
-        "name, utilizationCeiling, utilizationFloor)",
+        "spec.rules[0].powerCeiling: unknown field (expected one of: anomaly, gpuHealth, memoryCeiling, "
+        "memoryGrowth, name, utilizationCeiling, utilizationFloor)",
     ),
     (
         "no kind",

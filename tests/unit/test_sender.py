@@ -29,6 +29,7 @@ from gpuwarden.agent.sender import DROP_REASONS, ERROR_REASONS, ReportSender
 from gpuwarden.agent.snapshots import Sampler, SnapshotRing
 from gpuwarden.nodereport import (
     MAX_SNAPSHOTS_PER_REPORT,
+    REFUSALS,
     SCHEMA_VERSION,
     GpuSample,
     NodeReport,
@@ -66,6 +67,7 @@ class Operator:
     port: int = 0
     answers: deque[tuple[int, dict[str, str]]] = field(default_factory=deque)
     max_snapshots: int | None = None  # answer 413 above this many
+    refused: dict[str, int] = field(default_factory=dict)  # what a 200 says it did not store
     requests: list[Request] = field(default_factory=list)
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     runner: web.AppRunner | None = None
@@ -105,6 +107,9 @@ class Operator:
         self.requests.append(Request(loop.time(), report, body, request.headers.get("Authorization"), status))
         async with self.changed:
             self.changed.notify_all()
+        if status == 200:
+            answer = {"accepted": len(report.snapshots), "duplicate": False, "refused": self.refused}
+            return web.json_response(answer, headers=headers)
         return web.Response(status=status, headers=headers, text=f"answered {status}")
 
     async def wait_for(self, predicate: Callable[[], bool]) -> None:
@@ -197,6 +202,8 @@ def test_metrics_are_there_before_anything_happens(registry: CollectorRegistry) 
         assert metric(registry, "gpuwarden_agent_report_dropped_snapshots_total", reason=reason) == 0
     for reason in ERROR_REASONS:
         assert metric(registry, "gpuwarden_agent_report_errors_total", reason=reason) == 0
+    for reason in REFUSALS:
+        assert metric(registry, "gpuwarden_agent_report_refused_readings_total", reason=reason) == 0
 
 
 @pytest.mark.looptime
@@ -458,6 +465,27 @@ async def test_a_bad_report_is_dropped_counted_and_not_retried(
     ]
     assert metric(registry, "gpuwarden_agent_report_dropped_snapshots_total", reason="rejected") == 3
     assert metric(registry, "gpuwarden_agent_report_errors_total", reason="rejected") == 1
+
+
+@pytest.mark.looptime
+async def test_readings_the_operator_refused_are_counted_logged_once_and_not_retried(
+    operator: Operator,
+    make_sender: Callable[..., ReportSender],
+    registry: CollectorRegistry,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    operator.refused = {"future": 2, "foreignPod": 1}
+    sender = make_sender()
+    for i in range(2):
+        sender.submit(snap(i))
+        await operator.wait_for(lambda n=i + 1: len(operator.delivered) == n)
+    await sender.flush()
+
+    assert numbers(operator.delivered) == [0, 1]  # delivered once each: a retry cannot help
+    assert metric(registry, "gpuwarden_agent_report_refused_readings_total", reason="future") == 4
+    assert metric(registry, "gpuwarden_agent_report_refused_readings_total", reason="foreignPod") == 2
+    warnings = [r for r in caplog.records if "refused readings" in r.getMessage()]
+    assert len(warnings) == 1  # the first of a streak
 
 
 @pytest.mark.looptime

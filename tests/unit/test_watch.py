@@ -383,3 +383,35 @@ def test_a_pid_that_runs_something_else_is_named_again() -> None:
     (row,) = session.observe(Snapshot(timestamp=1_800_000_001.0, gpus=[gpu])).rows
     assert row.subjects == ("pid 474 sleep 9",)
     assert session.command("", "pid/474") == "sleep 9"
+
+
+async def test_a_second_ctrl_c_while_the_summary_and_plot_are_written_cuts_neither(
+    fast_policy: Path, tmp_path: Path
+) -> None:
+    # A user who presses Ctrl-C twice: the second arrives while the summary is printed and the plot drawn
+    # (drawing takes a second or so). It must not become a KeyboardInterrupt that drops them with exit 0.
+    plot = tmp_path / "watch.png"
+    async with asyncio.timeout(90):
+        process = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "gpuwarden", "watch", f"--policy={fast_policy}", "--scenario=e2e-fast"),
+            *("--speed=10", "--listen=127.0.0.1:0", "--plain", f"--plot={plot}"),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        assert process.stdout is not None
+        out: list[str] = []
+        while not any("STARTED idle-gpu" in line for line in out):
+            line = (await process.stdout.readline()).decode()
+            assert line, "watch exited early:\n" + "".join(out)
+            out.append(line)
+        process.send_signal(signal.SIGINT)
+        while not any(line.startswith("Summary:") for line in out):
+            line = (await process.stdout.readline()).decode()
+            assert line, "watch exited without a summary:\n" + "".join(out)
+            out.append(line)
+        process.send_signal(signal.SIGINT)
+        rest = (await process.stdout.read()).decode()
+        code = await process.wait()
+    assert code == 0, "".join(out) + rest
+    assert f"Plot: {plot}" in rest, "".join(out) + rest
+    assert plot.stat().st_size > 0

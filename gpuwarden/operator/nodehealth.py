@@ -1,0 +1,383 @@
+"""The node view of GPU health (``--node-health``): a ``GPUHealthy`` condition on each reporting Node,
+Warning Events on the Node and on the pods of the affected GPU, and an optional cordon.
+
+From the health store the agents' reports fill (:mod:`gpuwarden.policy.healthstore`), once a second
+on the acting replica:
+
+- **Condition** ``GPUHealthy`` on the Node's status (:func:`node_verdict`): ``False`` while one of its
+  GPUs is lost, raised one of ``--node-health-xids`` in the last ``--node-health-hold``, had a new
+  uncorrected ECC error in that time, or reports a failed or pending memory repair; reason the most
+  serious of ``GPULost``, ``GPUXidError``, ``GPUMemoryError``, the message every problem in words.
+  ``True`` (``GPUsHealthy``) otherwise. Written only when status, reason or message change, with a
+  ``lastTransitionTime`` that moves only with the status; a node whose GPUs went unreported for a
+  minute is left as it was (the kubelet's ``Ready`` covers a node that is down).
+- **Events** (:func:`incident_event`), Warning, on the Node (namespace ``default``, where Events about
+  cluster-scoped objects live, so ``kubectl describe node`` shows them) and on the pods that were on
+  the GPU: ``GPULost``, ``GPUXidError`` (a counted XID, with its meaning and the recommended action
+  from :mod:`gpuwarden.policy.xids`), ``GPUMemoryError``, ``GPUThrottled`` (the hardware slows the
+  clocks: overheating, a power brake). At most one per GPU and kind (and XID code) a minute; an
+  incident older than the hold when it arrives (a replay after an outage) gets none. Normal
+  ``GPUHealthRecovered`` on the Node when the condition turns ``True`` again.
+- **Cordon** (``--cordon``), when the condition turns ``False``: ``dry-run`` posts
+  ``GPUNodeCordonDryRun`` and changes nothing; ``on`` marks the Node unschedulable (annotated
+  ``gpuwarden.dev/cordoned``) and posts ``GPUNodeCordoned``. Never uncordoned automatically: a person
+  decides the GPU is fixed (``kubectl uncordon``).
+
+Node Events go through :class:`~gpuwarden.operator.kubeapi.KubeApi`, not Kopf: Kopf files an Event
+about a cluster-scoped object under its own namespace with that namespace in ``involvedObject``,
+which ``kubectl describe node`` does not find. Pod Events go the same way, for one path here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from gpuwarden.operator.config import CordonMode, OperatorConfig
+from gpuwarden.operator.kubeapi import ApiError, KubeApi
+from gpuwarden.operator.metrics import OperatorMetrics
+from gpuwarden.operator.status import rfc3339
+from gpuwarden.policy.health import Problem, gpu_name, gpu_problems
+from gpuwarden.policy.healthstore import GpuRecord, HealthStore, Incident, IncidentKind
+from gpuwarden.policy.humanize import approx_duration
+from gpuwarden.policy.xids import describe_xid
+
+if TYPE_CHECKING:
+    from gpuwarden.operator.state import PodRecord
+
+__all__ = ["CONDITION", "NodeHealthMonitor", "NodeSettings", "Verdict", "incident_event", "node_verdict"]
+
+logger = logging.getLogger(__name__)
+
+CONDITION = "GPUHealthy"
+FIELD_MANAGER = "gpuwarden-operator"
+EVENT_NAMESPACE = "default"
+"""Where Events about Nodes go (the kubelet's too): a cluster-scoped object has no namespace of its own."""
+CORDON_ANNOTATION = "gpuwarden.dev/cordoned"
+REPEAT_SECONDS = 60.0
+"""The least time between two Events for the same GPU and kind of incident (and XID code)."""
+RETRY_MISSING_SECONDS = 60.0
+"""A node the API server does not know (404) is looked up again after this long."""
+MAX_MESSAGE = 1024
+
+_SEVERITY = ("GPULost", "GPUXidError", "GPUMemoryError")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSettings:
+    """What makes a node unhealthy: the counted XIDs, how long an XID or ECC error counts, staleness."""
+
+    xids: tuple[int, ...]
+    hold: float
+    stale_after: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The ``GPUHealthy`` condition a node should carry."""
+
+    status: str
+    reason: str
+    message: str
+
+
+def node_verdict(records: Sequence[GpuRecord], now: float, settings: NodeSettings) -> Verdict | None:
+    """The condition for a node's GPUs (see the module doc); None when none was reported lately."""
+    fresh = [r for r in records if r.fresh(now, settings.stale_after)]
+    if not fresh:
+        return None
+    problems: list[Problem] = []
+    for record in fresh:
+        problems.extend(gpu_problems(record, now, xids=settings.xids, hold=settings.hold))
+    if not problems:
+        count = f"{len(fresh)} GPU{'s' if len(fresh) != 1 else ''}"
+        return Verdict("True", "GPUsHealthy", f"The {count} the gpuwarden agent reports on are healthy.")
+    reason = min((p.reason for p in problems), key=_SEVERITY.index)
+    message = "; ".join(f"{gpu_name(p.gpu)}: {p.text}" for p in problems)
+    return Verdict("False", reason, _clip(message))
+
+
+def incident_event(incident: Incident, settings: NodeSettings) -> tuple[str, str] | None:
+    """The Warning Event's ``(reason, message)`` for an incident, or None when it gets none."""
+    name = f"GPU {incident.index} ({incident.uuid})"
+    match incident.kind:
+        case IncidentKind.LOST:
+            return (
+                "GPULost",
+                f"{name} has fallen off the bus (NVML cannot reach it): the work on it has stopped; "
+                "drain and reboot the node, check power, cooling and the PCIe slot",
+            )
+        case IncidentKind.XID if incident.xid is not None and incident.xid in settings.xids:
+            return "GPUXidError", f"{name}: {describe_xid(incident.xid)}"
+        case IncidentKind.ECC:
+            count = int(incident.detail or "1")
+            return (
+                "GPUMemoryError",
+                f"{name}: {count} new uncorrected ECC error{'s' if count != 1 else ''}: data in GPU memory "
+                "was lost and the work on it may be wrong; reset the GPU, replace it if it recurs",
+            )
+        case IncidentKind.MEMORY_REPAIR:
+            then = "replace the GPU if it recurs" if "failed" in incident.detail else "it applies the repair"
+            return "GPUMemoryError", f"{name}: {incident.detail}; reset the GPU ({then})"
+        case IncidentKind.HW_SLOWDOWN:
+            return (
+                "GPUThrottled",
+                f"{name}: the hardware holds its clocks down ({incident.detail}): it is overheating or its "
+                "power is braked; check cooling and power",
+            )
+    return None
+
+
+def event_body(
+    involved: Mapping[str, Any], type: str, reason: str, message: str, *, instance: str, now: float
+) -> dict[str, Any]:
+    """A core/v1 Event, shaped as Kopf posts its own (so both read alike in ``kubectl get events``)."""
+    when = datetime.fromtimestamp(now, UTC).isoformat()
+    name = involved.get("name", "gpu")
+    return {
+        "metadata": {"generateName": f"{name}."},
+        "action": "Action?",
+        "type": type,
+        "reason": reason,
+        "message": _clip(message),
+        "reportingComponent": FIELD_MANAGER,
+        "reportingInstance": instance,
+        "source": {"component": FIELD_MANAGER},
+        "involvedObject": dict(involved),
+        "firstTimestamp": when,
+        "lastTimestamp": when,
+        "eventTime": when,
+    }
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 1] + "…"
+
+
+@dataclass(slots=True)
+class _Node:
+    """What this replica knows of one Node object."""
+
+    uid: str = ""
+    status: str | None = None
+    reason: str = ""
+    message: str = ""
+    since: str | None = None
+    """The condition's lastTransitionTime."""
+    unhealthy_at: float | None = None
+    missing_at: float | None = None
+    """When the API server said it has no such node (looked up again after a while)."""
+
+
+class NodeHealthMonitor:
+    """Keeps the node view up to date from the health store (see the module doc).
+
+    ``pods`` is the operator's GPU pod index (namespace → records), for the pods' uids; ``acting``
+    says whether this replica acts (peering), as only the acting one receives reports.
+    """
+
+    def __init__(
+        self,
+        config: OperatorConfig,
+        api: KubeApi,
+        health: HealthStore,
+        metrics: OperatorMetrics,
+        *,
+        pods: Mapping[str, Iterable[PodRecord]],
+        acting: Callable[[], bool] = lambda: True,
+        clock: Callable[[], float] = time.time,
+        interval: float = 1.0,
+    ) -> None:
+        self.settings = NodeSettings(xids=config.node_health_xids, hold=config.node_health_hold)
+        self.cordon = config.cordon
+        self.instance = config.identity
+        self.api = api
+        self.health = health
+        self.metrics = metrics
+        self.pods = pods
+        self._acting = acting
+        self._clock = clock
+        self.interval = interval
+        self._nodes: dict[str, _Node] = {}
+        self._seen = 0
+        self._posted: dict[tuple[str, str, str, int | None], float] = {}
+
+    async def run(self) -> None:
+        """Judge every reporting node once per interval, until cancelled."""
+        while True:
+            if self._acting():
+                try:
+                    await self.step()
+                except Exception:
+                    logger.exception("Judging node health failed; it is retried in a second.")
+            await asyncio.sleep(self.interval)
+
+    async def step(self) -> None:
+        """Announce the incidents that came in since the last step, then judge every node."""
+        now = self._clock()
+        for key in [k for k, at in self._posted.items() if now - at >= REPEAT_SECONDS]:
+            del self._posted[key]
+        for incident in list(self.health.incidents(after=self._seen)):
+            self._seen = incident.seq
+            await self._announce(incident, now)
+        for node in sorted(self.health.nodes()):
+            if node:
+                await self._judge(node, now)
+
+    # -- Events ---------------------------------------------------------------------------------
+
+    async def _announce(self, incident: Incident, now: float) -> None:
+        event = incident_event(incident, self.settings)
+        if event is None or not incident.node or now - incident.at > self.settings.hold:
+            return
+        key = (incident.node, incident.uuid, incident.kind.value, incident.xid)
+        if key in self._posted:
+            return
+        self._posted[key] = now
+        reason, message = event
+        state = await self._node(incident.node, now)
+        if state is not None:
+            await self._post(self._node_ref(incident.node, state), "Warning", reason, message, now)
+        for pod in incident.pods:
+            record = self._pod(pod.namespace, pod.name)
+            if record is not None:
+                await self._post(record.ref(), "Warning", reason, f"on node {incident.node}: {message}", now)
+
+    def _pod(self, namespace: str, name: str) -> PodRecord | None:
+        for record in self.pods.get(namespace, ()):
+            if record.view.name == name:
+                return record
+        return None
+
+    @staticmethod
+    def _node_ref(node: str, state: _Node) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "uid": state.uid}}
+
+    async def _post(
+        self, target: Mapping[str, Any], type: str, reason: str, message: str, now: float
+    ) -> None:
+        """Post an Event about ``target`` (a body: apiVersion, kind, metadata name/uid[/namespace])."""
+        meta = target["metadata"]
+        involved = {"apiVersion": target["apiVersion"], "kind": target["kind"], "name": meta["name"]}
+        if meta.get("uid"):
+            involved["uid"] = meta["uid"]
+        if meta.get("namespace"):
+            involved["namespace"] = meta["namespace"]
+        namespace = meta.get("namespace") or EVENT_NAMESPACE
+        body = event_body(involved, type, reason, message, instance=self.instance, now=now)
+        try:
+            await self.api.create_event(namespace, body)
+        except ApiError as exc:
+            logger.warning("Cannot post %s about %s %s: %s", reason, involved["kind"], involved["name"], exc)
+            return
+        self.metrics.events.labels(type, reason).inc()
+
+    # -- the condition and the cordon -----------------------------------------------------------
+
+    async def _node(self, node: str, now: float) -> _Node | None:
+        """This replica's record of a Node, read from the API server at first sight; None if it has none."""
+        state = self._nodes.get(node)
+        if state is not None and (state.missing_at is None or now - state.missing_at < RETRY_MISSING_SECONDS):
+            return None if state.missing_at is not None else state
+        try:
+            body = await self.api.get(f"/api/v1/nodes/{node}")
+        except ApiError as exc:
+            if exc.status == 404:
+                if state is None:
+                    logger.warning("Node %s reports GPUs but has no Node object; its condition waits.", node)
+                self._nodes[node] = _Node(missing_at=now)
+            else:
+                logger.warning("Cannot read node %s: %s", node, exc)
+            return None
+        state = _Node(uid=str((body.get("metadata") or {}).get("uid", "")))
+        for condition in (body.get("status") or {}).get("conditions") or ():
+            if isinstance(condition, Mapping) and condition.get("type") == CONDITION:
+                state.status = str(condition.get("status"))
+                state.reason = str(condition.get("reason", ""))
+                state.message = str(condition.get("message", ""))
+                state.since = condition.get("lastTransitionTime")
+        self._nodes[node] = state
+        return state
+
+    async def _judge(self, node: str, now: float) -> None:
+        verdict = node_verdict(self.health.gpus_on(node), now, self.settings)
+        if verdict is None:
+            return
+        state = await self._node(node, now)
+        if state is None:
+            return
+        if (state.status, state.reason, state.message) == (verdict.status, verdict.reason, verdict.message):
+            return
+        turned = state.status != verdict.status
+        since = state.since if not turned and state.since else rfc3339(now)
+        condition = {
+            "type": CONDITION,
+            "status": verdict.status,
+            "reason": verdict.reason,
+            "message": verdict.message,
+            "lastHeartbeatTime": rfc3339(now),
+            "lastTransitionTime": since,
+        }
+        try:
+            await self.api.patch_node_condition(node, condition, manager=FIELD_MANAGER)
+        except ApiError as exc:
+            logger.warning("Cannot set %s on node %s: %s", CONDITION, node, exc)
+            if exc.status == 404:
+                self._nodes[node] = _Node(missing_at=now)
+            return
+        was_unhealthy_at = state.unhealthy_at
+        was = state.status
+        state.status, state.reason, state.message, state.since = (
+            verdict.status,
+            verdict.reason,
+            verdict.message,
+            since,
+        )
+        logger.info(
+            "Node %s: %s=%s (%s) %s", node, CONDITION, verdict.status, verdict.reason, verdict.message
+        )
+        if not turned:
+            return
+        if verdict.status == "False":
+            state.unhealthy_at = now
+            await self._cordon(node, state, verdict, now)
+        elif was == "False":  # not at first sight of a healthy node: nothing recovered
+            state.unhealthy_at = None
+            lasted = (
+                f" after {approx_duration(now - was_unhealthy_at)}" if was_unhealthy_at is not None else ""
+            )
+            await self._post(
+                self._node_ref(node, state),
+                "Normal",
+                "GPUHealthRecovered",
+                f"GPUs healthy again{lasted}",
+                now,
+            )
+
+    async def _cordon(self, node: str, state: _Node, verdict: Verdict, now: float) -> None:
+        why = f"{verdict.reason}: {verdict.message}"
+        ref = self._node_ref(node, state)
+        if self.cordon is CordonMode.DRY_RUN:
+            text = f"would cordon the node (--cordon=dry-run; nothing changed): {why}"
+            await self._post(ref, "Normal", "GPUNodeCordonDryRun", text, now)
+            return
+        if self.cordon is not CordonMode.ON:
+            return
+        try:
+            body = await self.api.get(f"/api/v1/nodes/{node}")
+            if (body.get("spec") or {}).get("unschedulable"):
+                return  # cordoned already, by someone or by us: leave it as it is
+            await self.api.cordon_node(
+                node, {CORDON_ANNOTATION: f"{rfc3339(now)} {verdict.reason}"}, manager=FIELD_MANAGER
+            )
+        except ApiError as exc:
+            logger.warning("Cannot cordon node %s: %s", node, exc)
+            return
+        logger.warning("Cordoned node %s: %s", node, why)
+        text = f"cordoned: {why}; uncordon it (kubectl uncordon {node}) once its GPUs are fixed"
+        await self._post(ref, "Warning", "GPUNodeCordoned", text, now)

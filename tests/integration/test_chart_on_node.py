@@ -1,0 +1,366 @@
+"""The chart installed with ``helm install`` on the real test node, as a user installs it.
+
+The values are the local images (``global.imageRegistry`` and the two tags) and the scripted
+backend playing ``e2e-fast`` (the same four GPU UUIDs the node's device plugin advertises), with
+``--attribution kubelet``: nothing else of the chart changes. The node's label
+``nvidia.com/gpu.present=true`` is what NVIDIA's GPU feature discovery puts on a GPU node, and
+what the chart's default ``agent.nodeSelector`` asks for.
+
+What runs for real: the agent DaemonSet pod and both operator replicas (their probes, ``hostPID``,
+the read-only root filesystems, the projected token), the kubelet's GPU allocation through the
+device plugin and its PodResources socket, the ingest Service through kube-proxy and CoreDNS, the
+TokenReview, the Events and the ``/scale`` patch. Only NVML is scripted. The scenario's processes
+have made-up PIDs, so ``/proc/<pid>/cgroup`` under ``hostPID`` finds no container for them: GPU to
+pod attribution here is the kubelet's PodResources answer, not per-process attribution.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+from controlplane import REPO_ROOT
+from node import CONTAINERD_SOCKET, Node
+from operator_support import Timeout, events, get, wait_until
+from prometheus_client.parser import text_string_to_metric_families
+from test_node import apply, container, deployment, describe, wait
+from test_operator_scaling import APP, policy  # idle-gpu < 20%, saturated > 90%, each for 5s
+
+pytestmark = pytest.mark.integration
+
+CHART = REPO_ROOT / "charts" / "gpuwarden"
+RELEASE = "gpuwarden"
+SYSTEM = "gpuwarden-system"
+REPLICAS = 4
+"""One pod per GPU of the node: every GPU is allocated, whichever way the kubelet hands them out."""
+GPU_PRESENT = "nvidia.com/gpu.present"
+IDLE_GPU = "GPU-0d3f5a1e-7c21-4b8e-9a0f-3e1d2c4b5a60"
+"""GPU 0 of e2e-fast: ~3% busy from the start."""
+SATURATED_GPU = "GPU-3e8f0a4b-6c5d-4d73-8e9f-1a2b3c4d5e93"
+"""GPU 3 of e2e-fast: ~98% busy."""
+TIMEOUT = 120.0
+POLICY = "llm-serving"
+"""test_operator_scaling's policy: one more replica when a pod is saturated, at most REPLICAS + 1."""
+T = TypeVar("T")
+
+
+def values(node: Node) -> dict[str, Any]:
+    images = node.images
+    return {
+        "global": {"imageRegistry": images.registry},
+        "operator": {"image": {"tag": images.operator_tag}},
+        "agent": {
+            "image": {"tag": images.agent_tag},
+            "backend": "scripted",
+            "extraArgs": ["--scenario=e2e-fast", "--attribution=kubelet"],
+        },
+    }
+
+
+def scrape(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """A Prometheus text page: sample name -> [(labels, value)]."""
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples.setdefault(s.name, []).append((s.labels, s.value))
+    return samples
+
+
+def total(samples: dict[str, list[tuple[dict[str, str], float]]], name: str) -> float:
+    return sum(v for _, v in samples.get(name, []))
+
+
+@dataclass
+class Installed:
+    node: Node
+    namespace: str
+    """The workloads' namespace (the policy's)."""
+    installed_at: float
+    """Wall-clock time ``helm install`` started."""
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def cp(self) -> Any:
+        return self.node.control_plane
+
+    def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return list(get(self.cp, "pods", "-n", namespace, "-l", selector)["items"])
+
+    def agent_pod(self) -> dict[str, Any]:
+        (agent,) = self.pods(SYSTEM, "app.kubernetes.io/component=agent")
+        return agent
+
+    def active_operator(self) -> dict[str, Any] | None:
+        active = self.pods(SYSTEM, "app.kubernetes.io/component=operator,gpuwarden.dev/ingest-active=true")
+        return active[0] if len(active) == 1 and active[0]["status"].get("podIP") else None
+
+    def agent_metrics(self) -> dict[str, list[tuple[dict[str, str], float]]]:
+        return scrape(f"http://{self.agent_pod()['status']['podIP']}:9400/metrics")
+
+    def attributed(self) -> dict[str, str]:
+        """GPU UUID -> pod, as the agent's ``/metrics`` attributes them (pods of the namespace only)."""
+        return {
+            labels["uuid"]: labels["pod"]
+            for labels, _ in self.agent_metrics().get("gpuwarden_gpu_up", [])
+            if labels.get("namespace") == self.namespace
+        }
+
+    def operator_pods(self) -> dict[str, set[str]]:
+        """Pod -> GPU UUIDs in the active operator's per-pod series (built from the agent's reports)."""
+        active = self.active_operator()
+        if active is None:
+            return {}
+        samples = scrape(f"http://{active['status']['podIP']}:8080/metrics")
+        series: dict[str, set[str]] = {}
+        for labels, _ in samples.get("gpuwarden_pod_gpu_utilization_percent", []):
+            if labels["namespace"] == self.namespace:
+                series.setdefault(labels["pod"], set()).add(labels["gpu"])
+        return series
+
+    def allocated(self) -> dict[str, str]:
+        """GPU UUID -> pod, as the kubelet allocated them (each container's NVIDIA_VISIBLE_DEVICES)."""
+        out: dict[str, str] = {}
+        for p in self.pods(self.namespace, f"app={APP}"):
+            if p["status"].get("phase") != "Running":
+                continue
+            name = p["metadata"]["name"]
+            env = self.cp.kubectl(
+                "exec", "-n", self.namespace, name, "--", "printenv", "NVIDIA_VISIBLE_DEVICES"
+            )
+            if env.returncode == 0:
+                out[env.stdout.strip()] = name
+        return out
+
+    def replicas(self) -> int:
+        return int(get(self.cp, "deployment", APP, "-n", self.namespace)["spec"]["replicas"])
+
+    def until(self, probe: Callable[[], T | None], what: str, timeout: float = TIMEOUT) -> T:
+        """:func:`wait_until`, failing with the pods, their logs and the node's on a timeout."""
+        try:
+            return wait_until(probe, timeout=timeout, what=what)
+        except Timeout as exc:
+            raise AssertionError(f"{exc}\n{self.diagnose()}") from None
+
+    def diagnose(self) -> str:
+        agent_log = self.cp.kubectl(
+            "logs", "-n", SYSTEM, "-l", "app.kubernetes.io/component=agent", "--tail=40"
+        )
+        operator_log = self.cp.kubectl(
+            "logs", "-n", SYSTEM, "-l", "app.kubernetes.io/component=operator", "--tail=60", "--prefix"
+        )
+        return (
+            f"{describe(self.node, SYSTEM)}\n--- agent ---\n{agent_log.stdout}\n"
+            f"--- operator ---\n{operator_log.stdout}"
+        )
+
+
+@pytest.fixture(scope="module")
+def installed(node: Node) -> Iterator[Installed]:
+    cp = node.control_plane
+    for image in (node.images.agent, node.images.operator):
+        node.import_image(image.archive)
+    cp.kubectl("label", "node", node.name, f"{GPU_PRESENT}=true", "--overwrite", check=True)
+    namespace = cp.create_namespace(f"inference-{int(time.time()) % 100000}")
+    cp.kubectl("wait", "--for=create", "serviceaccount/default", "-n", namespace, "--timeout=60s", check=True)
+    apply(
+        node,
+        namespace,
+        deployment(
+            APP,
+            REPLICAS,
+            container(
+                "server",
+                node.images.workload.name,
+                ["sleep", "infinity"],
+                resources={"limits": {"nvidia.com/gpu": 1}},
+            ),
+        ),
+    )
+    wait(node, namespace, "--for=condition=Available", f"deployment/{APP}")
+
+    installed_at = time.time()
+    helm = cp.run_helm(
+        "install", RELEASE, str(CHART), "--namespace", SYSTEM, "--create-namespace", "-f", "-",
+        input=yaml.safe_dump(values(node)), timeout=180,
+    )  # fmt: skip
+    assert helm.returncode == 0, f"helm install: {helm.stderr}"
+    # helm installs the CRDs first and waits for them to be Established: the policy is accepted now.
+    apply(node, namespace, policy(namespace, hi=REPLICAS + 1, interval="1s"))
+    world = Installed(node, namespace, installed_at)
+    try:
+        yield world
+    finally:
+        # The policy first, while the operator runs: its finalizer is the operator's to remove.
+        cp.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=90s", timeout=120)
+        cp.run_helm("uninstall", RELEASE, "--namespace", SYSTEM, "--wait", "--timeout=90s", timeout=120)
+        cp.kubectl("delete", "namespace", SYSTEM, "--wait=false")
+        cp.kubectl("label", "node", node.name, f"{GPU_PRESENT}-")
+
+
+def test_the_agent_and_the_operator_pods_become_ready(installed: Installed) -> None:
+    """Ready by their own readiness probes (`/readyz`: the agent's first snapshot, Kopf running)."""
+    for selector in ("app.kubernetes.io/component=agent", "app.kubernetes.io/component=operator"):
+        wait(installed.node, SYSTEM, "--for=condition=Ready", "pod", "-l", selector)
+    installed.timings["pods ready"] = time.time() - installed.installed_at
+    agent = installed.agent_pod()
+    assert agent["spec"]["nodeName"] == installed.node.name
+    assert agent["spec"]["hostPID"] is True
+    operators = installed.pods(SYSTEM, "app.kubernetes.io/component=operator")
+    assert len(operators) == 2  # the chart's default: one active, one standing by
+    installed.until(installed.active_operator, "an active operator replica", TIMEOUT)
+
+
+def test_the_agent_attributes_the_scripted_gpus_to_the_pods_the_kubelet_allocated(
+    installed: Installed,
+) -> None:
+    allocated = installed.allocated()
+    assert sorted(allocated) == sorted(installed.node.gpu_uuids)
+    # The agent's attribution refreshes every 5 s from the kubelet's PodResources socket.
+    installed.until(lambda: installed.attributed() == allocated, f"the agent attributing {allocated}", 60)
+    # The reports reach the active operator through the ingest Service, with the projected token
+    # (TokenReview, bound to this node): its per-pod series are made of them. Both replicas start
+    # together and one may act first, then pause in favour of the other: reports answered
+    # "503 Standby" meanwhile are retried with a backoff of up to 30 s, hence TIMEOUT here.
+    installed.until(
+        lambda: installed.operator_pods() == {pod: {uuid} for uuid, pod in allocated.items()},
+        "the operator's per-pod series from the agent's reports",
+        TIMEOUT,
+    )
+    agent = installed.agent_metrics()
+    assert total(agent, "gpuwarden_agent_reports_sent_total") > 0
+    assert {labels["backend"] for labels, _ in agent["gpuwarden_agent_info"]} == {"scripted"}
+
+
+def test_the_operator_warns_about_the_idle_pod_and_scales_the_deployment(installed: Installed) -> None:
+    allocated = installed.allocated()
+    idle = allocated[IDLE_GPU]
+
+    def underutilized() -> list[Any]:
+        return events(installed.cp, installed.namespace, kind="Pod", name=idle, reason="GPUUnderutilized")
+
+    (first, *_) = installed.until(underutilized, f"GPUUnderutilized on {idle}", TIMEOUT)
+    installed.timings["first Event"] = time.time() - installed.installed_at
+    assert "policy llm-serving, rule idle-gpu" in first["message"]
+    assert first["type"] == "Warning"
+    # Only the idle GPU's pod is underutilized (e2e-fast's others run at 55% and more); the policy
+    # has its own copy of the Event.
+    assert events(
+        installed.cp, installed.namespace, kind="GPUMonitorPolicy", name=POLICY, reason="GPUUnderutilized"
+    )
+    idle_pods = {
+        e["involvedObject"]["name"]
+        for e in events(installed.cp, installed.namespace, kind="Pod", reason="GPUUnderutilized")
+    }
+    assert idle_pods == {idle}
+
+    saturated = allocated[SATURATED_GPU]
+    installed.until(
+        lambda: events(installed.cp, installed.namespace, kind="Pod", name=saturated, reason="GPUSaturated"),
+        f"GPUSaturated on {saturated}",
+        TIMEOUT,
+    )
+    installed.until(lambda: installed.replicas() == REPLICAS + 1, "one replica more", TIMEOUT)
+    (up,) = installed.until(
+        lambda: events(installed.cp, installed.namespace, kind="Deployment", name=APP, reason="ScaledUp"),
+        "the ScaledUp Event",
+        30,
+    )
+    assert f"scaled {APP} {REPLICAS}→{REPLICAS + 1}" in up["message"]
+    print(f"\nhelm install → {installed.timings}")
+
+
+def test_a_deleted_pod_leaves_the_agents_series_and_its_reports(installed: Installed) -> None:
+    allocated = installed.allocated()
+    gone = allocated[IDLE_GPU]
+    installed.cp.kubectl(
+        "delete",
+        "pod",
+        "-n",
+        installed.namespace,
+        gone,
+        "--grace-period=1",
+        "--wait=true",
+        check=True,
+        timeout=90,
+    )
+
+    deleted_at = time.monotonic()
+
+    def reattributed() -> bool:
+        attributed = installed.attributed()
+        return gone not in attributed.values() and attributed.get(IDLE_GPU, gone) != gone
+
+    # The freed GPU goes to another pod of the Deployment (its replacement, or the one that was
+    # Pending for want of a GPU), and the deleted pod is in neither the agent's nor the operator's series.
+    installed.until(reattributed, f"{gone} gone from the agent's /metrics", 60)
+    timings = {"agent": time.monotonic() - deleted_at}
+    successor = installed.attributed()[IDLE_GPU]
+    assert successor == installed.allocated()[IDLE_GPU]
+    # The operator forgets a pod on its DELETED event, but a report the agent sent before its next
+    # PodResources refresh (every 5 s) can still name the pod after that: the operator then keeps its
+    # series until they are stale (60 s without a reading), hence the longer wait.
+    installed.until(
+        lambda: gone not in (series := installed.operator_pods()) and series.get(successor) == {IDLE_GPU},
+        f"{gone} gone from the operator's series, {successor} in them",
+        TIMEOUT,
+    )
+    timings["operator"] = time.monotonic() - deleted_at
+    print(f"\npod deleted → gone from the series of {timings}")
+
+
+def test_a_killed_operator_restarts_and_the_agent_replays_its_buffer(installed: Installed) -> None:
+    active = installed.until(installed.active_operator, "an active operator replica", TIMEOUT)
+    name = active["metadata"]["name"]
+    (status,) = active["status"]["containerStatuses"]
+    restarts = status["restartCount"]
+    errors_before = total(installed.agent_metrics(), "gpuwarden_agent_report_errors_total")
+    killed_at = time.monotonic()
+    # SIGKILL from the node's containerd: no graceful hand-over, the ingest endpoint just vanishes.
+    subprocess.run(
+        ["ctr", f"--address={CONTAINERD_SOCKET}", "-n", "k8s.io", "tasks", "kill", "--signal=SIGKILL",
+         status["containerID"].removeprefix("containerd://")],
+        check=True, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+
+    def buffering() -> bool:
+        agent = installed.agent_metrics()
+        return (
+            total(agent, "gpuwarden_agent_report_errors_total") > errors_before
+            and total(agent, "gpuwarden_agent_report_buffer_snapshots") >= 2
+        )
+
+    def restarted() -> bool:
+        (s,) = get(installed.cp, "pod", name, "-n", SYSTEM)["status"]["containerStatuses"]
+        return bool(s["restartCount"] > restarts and s["ready"])
+
+    def replayed() -> bool:
+        agent = installed.agent_metrics()
+        return (
+            total(agent, "gpuwarden_agent_report_buffer_snapshots") == 0
+            and total(agent, "gpuwarden_agent_reports_sent_total") > sent_then
+        )
+
+    installed.until(buffering, "the agent failing to deliver and buffering its snapshots", 60)
+    timings = {"buffering": time.monotonic() - killed_at}
+    installed.until(restarted, f"{name} restarted and Ready again", TIMEOUT)
+    timings["restarted, Ready"] = time.monotonic() - killed_at
+    sent_then = total(installed.agent_metrics(), "gpuwarden_agent_reports_sent_total")
+    installed.until(replayed, "the agent's buffer delivered", TIMEOUT)
+    timings["buffer delivered"] = time.monotonic() - killed_at
+    # Nothing was lost: the buffer held every snapshot of the outage (its limit is 900).
+    assert total(installed.agent_metrics(), "gpuwarden_agent_report_dropped_snapshots_total") == 0
+    # The active replica (the restarted one or the other) has every pod's series again.
+    installed.until(
+        lambda: len(installed.operator_pods()) >= REPLICAS,
+        "the operator's per-pod series after the restart",
+        TIMEOUT,
+    )
+    print(f"\nSIGKILL of the active operator → {timings}")
