@@ -328,7 +328,7 @@ INVALID: list[tuple[str, Callable[[Policy], None], str]] = [
         "anomaly-and-another-kind",
         _set("spec.rules.3.anomaly", {"metric": "memory"}),
         "a rule must set exactly one of utilizationFloor, utilizationCeiling, memoryCeiling, memoryGrowth, "
-        "anomaly",
+        "gpuHealth, anomaly",
     ),
     ("selector-missing", _delete("spec.selector"), "spec.selector: Required value"),
     ("rules-missing", _delete("spec.rules"), "spec.rules: Required value"),
