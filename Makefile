@@ -11,7 +11,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
-## demo: play the scripted four-GPU scenario through the agent and the engine (about a minute)
+## demo: play the scripted eight-GPU scenario through the agent and the engine (about a minute)
 demo: $(BIN)/.installed
 	$(BIN)/gpuwarden demo
 

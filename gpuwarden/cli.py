@@ -19,7 +19,7 @@ from gpuwarden import __version__
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("gpuwarden.agent.command", "run the node agent (NVML sampling, /metrics, reports)"),
     "operator": ("gpuwarden.operator.command", "run the Kopf operator (ingestion, evaluation, events)"),
-    "demo": ("gpuwarden.local.demo", "play the scripted four-GPU scenario through the engine"),
+    "demo": ("gpuwarden.local.demo", "play the scripted eight-GPU scenario through the engine"),
     "watch": ("gpuwarden.local.watch", "watch this host's GPUs with a policy file, no Kubernetes"),
 }
 

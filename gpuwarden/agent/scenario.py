@@ -207,7 +207,21 @@ class Saturated(_Piece):
         return self.level
 
 
-Piece = Annotated[Idle | Leak | Staircase | Sawtooth | Saturated, Field(discriminator="kind")]
+class Ramp(_Piece):
+    """A straight line from where the previous piece ended (or ``start``) to ``to`` in ``over``; then flat."""
+
+    kind: Literal["ramp"]
+    start: Amount | None = None
+    to: Amount
+    over: Annotated[float, BeforeValidator(_seconds), Field(gt=0)]
+
+    def base(self, tau: float, start: float) -> float:
+        """Linear for ``over`` seconds, then ``to``."""
+        begin = self.start if self.start is not None else start
+        return begin + (self.to - begin) * min(1.0, tau / self.over)
+
+
+Piece = Annotated[Idle | Leak | Staircase | Sawtooth | Saturated | Ramp, Field(discriminator="kind")]
 
 
 class HealthEvent(_Spec):
@@ -298,6 +312,28 @@ class PodSpec(_Spec):
     """The pod's host (CPU) memory over time, reported as ``podHostMemory``."""
 
 
+class DeploymentSpec(_Spec):
+    """A Deployment whose replicas share one load: replica ``i`` is a pod on ``gpus[i]``.
+
+    ``load`` is in replica percent (100: one replica fully busy), split evenly over the
+    replicas that serve; a new replica serves ``startup`` after it appears, loading its
+    model (memory rising to ``memory``, utilization near 0) until then.
+    """
+
+    namespace: str = Field(min_length=1, max_length=253)
+    name: str = Field(min_length=1, max_length=200)
+    container: str = Field(default="server", max_length=253)
+    labels: dict[str, str] = Field(default_factory=dict)
+    gpus: list[str] = Field(min_length=1)
+    replicas: int = Field(default=1, ge=0)
+    startup: Seconds = 90.0
+    load: list[Piece] = Field(min_length=1)
+    memory: Amount
+    command: str = Field(default="", max_length=4096)
+    pid: int = Field(ge=1)
+    """The first replica's process id; replica ``i`` runs ``pid + i``."""
+
+
 class ScenarioSpec(_Spec):
     """A whole scenario file."""
 
@@ -307,6 +343,7 @@ class ScenarioSpec(_Spec):
     seed: int = 0
     gpus: list[GpuSpec] = Field(min_length=1, max_length=64)
     pods: list[PodSpec] = Field(default_factory=list)
+    deployments: list[DeploymentSpec] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _consistent(self) -> ScenarioSpec:
@@ -326,6 +363,23 @@ class ScenarioSpec(_Spec):
                 if runs_on is None or runs_on not in pod.gpus:
                     where = f"{pod.namespace}/{pod.name}"
                     raise ValueError(f"pods: {where} pid {proc.pid} must run on one of the pod's gpus")
+        allocated = {uuid for pod in self.pods for uuid in pod.gpus}
+        for d in self.deployments:
+            where = f"deployments: {d.namespace}/{d.name}"
+            for uuid in d.gpus:
+                if uuid not in uuids:
+                    raise ValueError(f"{where} places replicas on {uuid}, not a GPU here")
+                if uuid in allocated:
+                    raise ValueError(f"{where}: {uuid} is already allocated to a pod or a Deployment")
+                allocated.add(uuid)
+            if d.replicas > len(d.gpus):
+                raise ValueError(f"{where}: {d.replicas} replicas need as many gpus")
+            theirs = set(range(d.pid, d.pid + len(d.gpus)))
+            if pids & theirs:
+                raise ValueError(f"{where}: pids {d.pid}.. overlap another process's")
+            pids.update(theirs)
+            if d.load[0].at != 0 or [p.at for p in d.load] != sorted(p.at for p in d.load):
+                raise ValueError(f"{where} load: pieces must start at 0 and go forward")
         for spec in self.gpus:
             for label, pieces in (("utilization", spec.utilization), ("memory", spec.memory)):
                 ats = [p.at for p in pieces]
@@ -447,6 +501,64 @@ def _latest(pieces: tuple[Any, ...], t: float) -> Any:
     return pieces[i] if i >= 0 else None
 
 
+_REPLICA_LOADING_UTILIZATION = 2.0
+"""A replica loading its model: a trickle of kernels (weight conversion, warm-up), nothing served."""
+
+
+class _Deployment:
+    """A Deployment's replicas over time: each count it was scaled to, and when (:meth:`Scenario.scale`)."""
+
+    def __init__(self, spec: DeploymentSpec, seed: int) -> None:
+        self.spec = spec
+        self.load = _Signal.build(seed, f"{spec.namespace}/{spec.name}/load", spec.load, 0.0, 1e9)
+        # The replicas the file starts with are up already: they appeared a start-up time before t = 0.
+        self.changes: list[tuple[float, int]] = [(-spec.startup, spec.replicas)]
+        digest = hashlib.blake2b(f"{seed}/{spec.namespace}/{spec.name}".encode(), digest_size=8).hexdigest()
+        self.template_hash = "".join(_POD_NAME_CHARS[int(c, 16)] for c in digest[:9])
+        self.pods: dict[tuple[int, float], ScenarioPod] = {}
+        """Replica pods by (index, when it appeared): read at every sample, built once."""
+
+    def replicas(self, t: float) -> int:
+        i = bisect_right([at for at, _ in self.changes], t) - 1
+        return self.changes[max(0, i)][1]
+
+    def since(self, index: int, t: float) -> float | None:
+        """When replica ``index`` (0-based) last appeared at or before ``t``; None if it does not exist."""
+        if self.replicas(t) <= index:
+            return None
+        since = self.changes[0][0]
+        count = 0
+        for at, replicas in self.changes:
+            if at > t:
+                break
+            if count <= index < replicas:
+                since = at
+            count = replicas
+        return since
+
+    def serving(self, t: float) -> int:
+        n = min(self.replicas(t), len(self.spec.gpus))
+        starts = (self.since(i, t) for i in range(n))
+        return sum(1 for since in starts if since is not None and t - since >= self.spec.startup)
+
+    def pod_name(self, index: int) -> str:
+        suffix = hashlib.blake2b(f"{self.template_hash}/{index}".encode(), digest_size=5).digest()
+        return f"{self.spec.name}-{self.template_hash}-{''.join(_POD_NAME_CHARS[b % 27] for b in suffix)}"
+
+    def readings(self, index: int, t: float) -> tuple[float, float] | None:
+        """Replica ``index``'s (utilization, memory used) at ``t``; None when it does not exist."""
+        since = self.since(index, t)
+        if since is None:
+            return None
+        age = t - since
+        if age < self.spec.startup:
+            return _REPLICA_LOADING_UTILIZATION, self.spec.memory * age / self.spec.startup
+        return min(100.0, self.load(t) / max(1, self.serving(t))), self.spec.memory
+
+
+_POD_NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
+"""The alphabet of generated Kubernetes name suffixes (no vowels, no look-alikes)."""
+
 # Derived GPM readings as shares of utilization: "utilization" counts time with any kernel
 # running, SM activity is always lower, occupancy and tensor/DRAM activity lower still.
 _SM_ACTIVE_SHARE = 0.85
@@ -486,6 +598,8 @@ class Scenario:
                     throttle=tuple(e for e in pieces if isinstance(e, Throttle)),
                 )
             )
+        self.deployments = [_Deployment(d, seed) for d in spec.deployments]
+        self._replica_gpus = {uuid: (d, i) for d in self.deployments for i, uuid in enumerate(d.spec.gpus)}
         self.pods: list[ScenarioPod] = []
         for p in spec.pods:
             ref = PodRef(namespace=p.namespace, name=p.name, container=p.container)
@@ -515,8 +629,48 @@ class Scenario:
             )
 
     def pods_at(self, t: float) -> list[ScenarioPod]:
-        """The pods that exist at scenario time ``t``."""
-        return [p for p in self.pods if p.active(t)]
+        """The pods that exist at scenario time ``t``, the Deployments' replicas included."""
+        return [p for p in self.pods if p.active(t)] + [
+            pod for d in self.deployments for pod in self._replica_pods(d, t)
+        ]
+
+    def _replica_pods(self, d: _Deployment, t: float) -> list[ScenarioPod]:
+        out = []
+        spec = d.spec
+        for i, uuid in enumerate(spec.gpus[: d.replicas(t)]):
+            since = d.since(i, t)
+            if since is None:
+                continue
+            pod = d.pods.get((i, since))
+            if pod is None:
+                ref = PodRef(namespace=spec.namespace, name=d.pod_name(i), container=spec.container)
+                labels = {**spec.labels, "pod-template-hash": d.template_hash}
+                process = ScenarioProcess(spec.pid + i, spec.command, uuid, 1.0, ref)
+                pod = d.pods[i, since] = ScenarioPod(ref, labels, {}, (uuid,), (process,), since, None, None)
+            out.append(pod)
+        return out
+
+    def scale(self, namespace: str, name: str, replicas: int, t: float) -> bool:
+        """Set a Deployment's replicas from scenario time ``t`` on (local mode's simulated target).
+
+        Replicas beyond its GPUs stay unscheduled (no pod). Returns False when the scenario has
+        no such Deployment. Times must not go back: a scenario is replayed forward.
+        """
+        for d in self.deployments:
+            if (d.spec.namespace, d.spec.name) == (namespace, name):
+                if replicas != d.replicas(t):
+                    d.changes.append((t, max(0, replicas)))
+                return True
+        return False
+
+    def _readings(self, gpu: _Gpu, t: float) -> tuple[float, float]:
+        """A GPU's (utilization, memory used) at ``t``: its replica's, if a Deployment placed one on it."""
+        placed = self._replica_gpus.get(gpu.spec.uuid)
+        if placed is not None:
+            got = placed[0].readings(placed[1], t)
+            if got is not None:
+                return got
+        return gpu.utilization(t), gpu.memory(t)
 
     def _processes_on(self, uuid: str, t: float) -> list[ScenarioProcess]:
         return [proc for pod in self.pods_at(t) for proc in pod.processes if proc.gpu == uuid]
@@ -543,8 +697,7 @@ class Scenario:
                 health=GpuHealth(xids=xids) if xids else None,
             )
         health = gpu.readings(t)
-        util = gpu.utilization(t)
-        used = gpu.memory(t)
+        util, used = self._readings(gpu, t)
         procs = self._processes_on(spec.uuid, t)
         shares = sum(p.share for p in procs)
         attributable = max(0.0, used - spec.reserved_memory)
@@ -586,7 +739,7 @@ class Scenario:
                 continue
             procs = [p for p in self._processes_on(gpu.spec.uuid, t) if p.kernels]
             shares = sum(p.share for p in procs)
-            util = gpu.utilization(t)
+            util = self._readings(gpu, t)[0]
             out[gpu.spec.uuid] = {p.pid: util * p.share / shares for p in procs}
         return out
 

@@ -1,4 +1,4 @@
-"""``gpuwarden demo``: a scripted four-GPU node played through the policy engine, in under a minute.
+"""``gpuwarden demo``: a scripted eight-GPU node played through the policy engine, in under a minute.
 
 The scripted backend (the agent's, :class:`~gpuwarden.agent.scenario.ScriptedBackend`)
 is read at scenario time ``t`` directly, one sample per ``--interval`` of scenario time,
@@ -66,8 +66,9 @@ EXIT_INTERRUPTED = 130
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the demo's flags."""
     parser.description = (
-        "Play a scripted four-GPU node (an idle pod, a leaking training job, a caching allocator "
-        "that plateaus, a saturated inference server) through the policy engine, in under a minute."
+        "Play a scripted eight-GPU node (an idle pod with a scheduled job, a leaking training job, a "
+        "caching allocator that plateaus, an inference Deployment scaled ahead of a ramp) through the "
+        "policy engine, in under a minute."
     )
     add = parser.add_argument
     add(
@@ -182,6 +183,10 @@ class ScenarioRun:
             snapshot = self.sample(t)
             step = self.session.observe(snapshot)
             self.scaling.extend(step.scaling)
+            for note in step.scaling:
+                if note.applied:
+                    # What the Deployment controller would do: replicas come and go, then serve.
+                    self.scenario.scale(note.namespace, note.name, note.decision.desired, t)
             yield t, snapshot, step
 
     def sample(self, t: float) -> Snapshot:

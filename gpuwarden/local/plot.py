@@ -49,7 +49,18 @@ FINDING_COLORS = {
     RuleKind.MEMORY_CEILING: "tab:orange",
     RuleKind.MEMORY_GROWTH: "tab:red",
     RuleKind.GPU_HEALTH: "black",
+    RuleKind.ANOMALY: "tab:brown",
 }
+
+
+def judges_utilization(span: FindingSpan) -> bool:
+    """Whether a finding speaks of utilization (its panel), else of memory.
+
+    An anomaly rule watches either; its message names the reading first (``GPU memory ...``).
+    """
+    if span.kind is RuleKind.ANOMALY:
+        return not span.message.startswith("GPU memory")
+    return span.kind in UTILIZATION_KINDS
 
 
 class PlotUnavailable(RuntimeError):
@@ -119,7 +130,7 @@ def build_figure(history: History, title: str) -> Figure:
             _share_lines(util_ax, mem_ax, device, colors, x)
         marked = {id(util_ax): 0, id(mem_ax): 0}
         for span in (s for s in history.spans if key in s.devices):
-            ax = util_ax if span.kind in UTILIZATION_KINDS else mem_ax
+            ax = util_ax if judges_utilization(span) else mem_ax
             shared = span.subject in colors
             end = x(span.end) if span.end is not None else end_x
             _mark(ax, span, x(span.start), end, marked[id(ax)], _who(span.subject) if shared else "")
@@ -192,7 +203,7 @@ def _share_lines(
 
 def _dot(ax: Axes, span: FindingSpan, start: float, share: ShareHistory) -> None:
     """The finding's mark on the line of the pod or process it concerns, where it started."""
-    if span.kind in UTILIZATION_KINDS:
+    if judges_utilization(span):
         value = share.utilization_at(span.start)
     else:
         memory = share.memory_at(span.start)

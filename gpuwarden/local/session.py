@@ -20,10 +20,15 @@ Scaling is decided as the operator decides it: the pure
 target's current replicas, and a decision that changes them is applied and starts its
 cooldown. There is no cluster, so the target is a :class:`SimulatedTarget`: it starts
 with one replica per pod the policy matches (when it first matches any) and follows the
-decisions, 1 -> 2 -> 3 within ``minReplicas``/``maxReplicas``. No pod is added (the
-scenario's load never spreads out), so a saturated server keeps asking, once per
-cooldown, up to ``maxReplicas``. A ``dryRun: true`` policy leaves the replicas as they
-are, as the operator would, and its wish comes back once per cooldown unchanged.
+decisions, 1 -> 2 -> 3 within ``minReplicas``/``maxReplicas``. Whoever plays the snapshots
+makes the replicas real: the demo scales the scenario's Deployment of that name
+(:meth:`gpuwarden.agent.scenario.Scenario.scale`), whose load then spreads over the new
+pods once they start, so scaling out lowers each pod's utilization and stops when it is
+low enough. A target with no such Deployment gets no pods: a saturated server then keeps
+asking, once per cooldown, up to ``maxReplicas``. A ``dryRun: true`` policy leaves the
+replicas as they are, as the operator would, and its wish comes back once per cooldown
+unchanged. A policy with ``forecast`` is asked with each evaluation's load sample, as
+the operator asks it.
 
 Pure apart from the clock-free bookkeeping: no I/O, no sleeping.
 """
@@ -31,7 +36,7 @@ Pure apart from the clock-free bookkeeping: no I/O, no sleeping.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from gpuwarden.agent.backend import device_key
@@ -40,6 +45,7 @@ from gpuwarden.local.policies import LocalPolicy
 from gpuwarden.nodereport import DeviceState, GpuSample, ProcessSample, Snapshot
 from gpuwarden.policy import (
     PROCESS_NAMESPACE,
+    Evaluation,
     Finding,
     FindingTransition,
     PodId,
@@ -166,6 +172,10 @@ class ScaleNote:
     at: float
     applied: bool
     """Whether the simulated target took it (False: the policy is ``dryRun``, its replicas stay)."""
+    namespace: str = ""
+    """The target's namespace (the policy's; ``""`` for a policy without one)."""
+    name: str = ""
+    """The target's name."""
 
 
 @dataclass(slots=True)
@@ -319,7 +329,7 @@ class Session:
                 announced = self._track(transition)
                 if announced is not None:
                     announcements.append(announced)
-            note = self._decide_scale(entry, evaluation.active, len(evaluation.matched_pods), now)
+            note = self._decide_scale(entry, evaluation, now)
             if note is not None:
                 scaling.append(note)
         return Step(
@@ -450,10 +460,9 @@ class Session:
             return None
         return Announcement(transition, subject, devices)
 
-    def _decide_scale(
-        self, entry: _Policy, active: Iterable[Finding], matched: int, now: float
-    ) -> ScaleNote | None:
+    def _decide_scale(self, entry: _Policy, evaluation: Evaluation, now: float) -> ScaleNote | None:
         action = entry.policy.spec.actions.scale
+        matched = len(evaluation.matched_pods)
         if action is None or entry.decider is None:
             return None
         target = entry.target
@@ -472,13 +481,23 @@ class Session:
             )
         # The operator's sequence (gpuwarden.operator.scaler): decide on the current replicas,
         # apply a change unless dryRun, then record it so that its cooldown starts.
-        decision = entry.decider.decide(action, target.replicas, findings_by_pod(active), matched, now)
+        decision = entry.decider.decide(
+            action, target.replicas, findings_by_pod(evaluation.active), matched, now, evaluation.load
+        )
         if not decision.changes:
             return None
         if not action.dry_run:
             target.apply(decision)
         entry.decider.record_scale(decision, now)
-        return ScaleNote(entry.policy.key, target.target, decision, now, applied=not action.dry_run)
+        return ScaleNote(
+            entry.policy.key,
+            target.target,
+            decision,
+            now,
+            applied=not action.dry_run,
+            namespace=entry.policy.namespace or "",
+            name=action.target_ref.name,
+        )
 
     def _rows(
         self,

@@ -2,8 +2,9 @@
 
 A violation that starts is announced with a ``Warning`` on the pod and on the
 policy, reason the rule kind's CamelCase word (``GPUUnderutilized``,
-``GPUSaturated``, ``GPUMemoryNearLimit``, ``GPUMemoryLeakSuspected``, ``GPUUnhealthy``), the
-figure, and what it means. While it lasts it is announced again (same reason,
+``GPUSaturated``, ``GPUMemoryNearLimit``, ``GPUMemoryLeakSuspected``, ``GPUUnhealthy``; an
+anomaly names its pattern: ``GPUSpike``, ``GPUPeriodicSpikes``, ``GPUSteadyClimb``,
+``GPULevelShift``), the figure, and what it means. While it lasts it is announced again (same reason,
 "still ...") once every ``actions.renotifyInterval``, never more often. When it
 ends, a ``Normal`` Event with reason ``<Reason>Resolved`` (``GPUSaturatedResolved``)
 says why; on the policy only when the pod is gone.
@@ -21,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from gpuwarden.operator.posting import EventSink, ObjectRef
+from gpuwarden.policy.anomaly import Pattern
 from gpuwarden.policy.engine import Evaluation
 from gpuwarden.policy.findings import Finding, FindingKey, FindingTransition, Resolution, Transition
 from gpuwarden.policy.humanize import approx_duration
@@ -34,7 +36,16 @@ MEANING: Mapping[RuleKind, str] = {
     RuleKind.MEMORY_CEILING: "it is close to running out of GPU memory",
     RuleKind.MEMORY_GROWTH: "steady growth like this usually means a leak, heading for out-of-memory",
     RuleKind.GPU_HEALTH: "its GPU is failing: its work may have crashed or be wrong; move it elsewhere",
+    RuleKind.ANOMALY: "its GPU readings left their usual band",
 }
+
+PATTERN_MEANING: Mapping[str, str] = {
+    Pattern.SPIKE: "a sudden departure from its usual readings",
+    Pattern.PERIODIC: "something on a schedule (a cron job, a batch) drives it at a regular interval",
+    Pattern.CLIMB: "readings that keep climbing do not come back by themselves (an unbounded cache or queue)",
+    Pattern.SHIFT: "its readings settled at a new level (a second model, a new tenant)",
+}
+"""An anomaly finding's meaning, by its pattern (its reason)."""
 
 WHY_RESOLVED: Mapping[Resolution, str] = {
     Resolution.RECOVERED: "back within the rule",
@@ -68,6 +79,10 @@ class EventSpec:
 class _Announcement:
     at: float
     message: str
+
+
+def _meaning(f: Finding) -> str:
+    return PATTERN_MEANING.get(f.reason) or MEANING[f.kind]
 
 
 def resolved_reason(reason: str) -> str:
@@ -113,13 +128,13 @@ class Announcer:
                 return []
             case Transition.STARTED:
                 self._announced[f.key] = _Announcement(step.at, f.message)
-                return self._warning(f, f"{f.message}; {MEANING[f.kind]}")
+                return self._warning(f, f"{f.message}; {_meaning(f)}")
             case Transition.RENOTIFY if known is not None and step.at - known.at < self.renotify_seconds:
                 return []
             case Transition.RENOTIFY:
                 self._announced[f.key] = _Announcement(step.at, f.message)
                 lasted = approx_duration(step.at - f.started_at)
-                return self._warning(f, f"still, for {lasted}: {f.message}; {MEANING[f.kind]}")
+                return self._warning(f, f"still, for {lasted}: {f.message}; {_meaning(f)}")
             case Transition.ONGOING:
                 if known is None:  # restored without a book entry: remember it as announced now
                     self._announced[f.key] = _Announcement(step.at, f.message)

@@ -51,6 +51,7 @@ from gpuwarden.operator.state import OperatorState, PolicyKey
 from gpuwarden.operator.status import SCALING_ACTIVE, parse_rfc3339, rfc3339
 from gpuwarden.policy.engine import Evaluation
 from gpuwarden.policy.model import PolicySpec, ScaleAction, ScaleTargetRef
+from gpuwarden.policy.predictive import WorkloadLoad
 from gpuwarden.policy.scaling import (
     ActiveFinding,
     Blocker,
@@ -178,6 +179,7 @@ class Scaler:
             now,
             policies,
             expires_after=max(STALE_MIN_SECONDS, STALE_INTERVALS * spec.evaluation_interval_seconds),
+            load=evaluation.load,
         )
         return outcome.result()
 
@@ -201,10 +203,12 @@ class Scaler:
         policies: Iterable[PolicyClaim],
         *,
         expires_after: float = 600.0,
+        load: WorkloadLoad | None = None,
     ) -> ScaleOutcome:
         """Decide and act for ``policy`` after an evaluation whose active findings are ``findings``.
 
-        ``policies`` are the namespace's as the operator's index has them, this one included.
+        ``policies`` are the namespace's as the operator's index has them, this one included;
+        ``load`` is the evaluation's load sample, for ``actions.scale.forecast``.
         """
         self._expire(now)
         state = self._policies.get(policy)
@@ -235,7 +239,9 @@ class Scaler:
                 state, me, None, None, "FailedGetScale", f"reading {what}/scale: {exc}"
             )
 
-        decision = state.decider.decide(action, scale.replicas, findings_by_pod(findings), matched_pods, now)
+        decision = state.decider.decide(
+            action, scale.replicas, findings_by_pod(findings), matched_pods, now, load
+        )
         state.desired = decision.wanted
 
         if not action.dry_run:

@@ -45,7 +45,12 @@ VIOLATING = "Violating"
 SCALING_ACTIVE = "ScalingActive"
 OWNED_CONDITIONS = (READY, VIOLATING)
 
-_PER_GPU_KINDS = (RuleKind.MEMORY_CEILING, RuleKind.MEMORY_GROWTH, RuleKind.GPU_HEALTH)
+_PER_GPU_KINDS = (
+    RuleKind.MEMORY_CEILING,
+    RuleKind.MEMORY_GROWTH,
+    RuleKind.GPU_HEALTH,
+    RuleKind.ANOMALY,
+)
 
 
 @dataclass(frozen=True, slots=True)

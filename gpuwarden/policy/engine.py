@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from gpuwarden.policy.anomaly import evaluate_anomaly
 from gpuwarden.policy.findings import (
     Finding,
     FindingKey,
@@ -41,6 +42,7 @@ from gpuwarden.policy.health import evaluate_health, with_throttling
 from gpuwarden.policy.healthstore import HealthStore
 from gpuwarden.policy.memory import evaluate_memory_ceiling
 from gpuwarden.policy.model import (
+    Anomaly,
     GpuHealthRule,
     MemoryCeiling,
     MemoryGrowth,
@@ -49,6 +51,7 @@ from gpuwarden.policy.model import (
     UtilizationCeiling,
     UtilizationFloor,
 )
+from gpuwarden.policy.predictive import WorkloadLoad, workload_load
 from gpuwarden.policy.rules import Outcome, RuleKind, WindowParams
 from gpuwarden.policy.selector import selector_matches
 from gpuwarden.policy.series import PodId, SeriesKey, SeriesStore, Window
@@ -95,6 +98,8 @@ class Evaluation:
     """Selected pods with at least one active finding, sorted."""
     outcomes: tuple[Outcome, ...] = ()
     """Every rule's verdict on every selected, unsnoozed pod (for metrics and local mode's display)."""
+    load: WorkloadLoad | None = None
+    """With ``actions.scale.forecast``: the selected pods' load over the last interval, for the forecast."""
 
     def announcements(self) -> list[FindingTransition]:
         """Transitions that announce something: STARTED, RENOTIFY and RESOLVED (ONGOING left out)."""
@@ -112,6 +117,8 @@ def rule_kind(rule: Rule) -> RuleKind:
             return RuleKind.MEMORY_CEILING
         case MemoryGrowth():
             return RuleKind.MEMORY_GROWTH
+        case Anomaly():
+            return RuleKind.ANOMALY
         case GpuHealthRule():
             return RuleKind.GPU_HEALTH
 
@@ -133,6 +140,8 @@ def rule_reach_seconds(rule: Rule) -> float:
     """How far back before the pod's newest sample a rule reads."""
     if isinstance(rule, MemoryGrowth):
         return rule.window_seconds * (1 + 1 / GROWTH_BUCKETS)
+    if isinstance(rule, Anomaly):
+        return rule.window_seconds
     if isinstance(rule, GpuHealthRule):
         return max(rule.for_seconds, rule.clear_after_seconds)
     return rule.for_seconds
@@ -164,6 +173,8 @@ def evaluate_rule(
             return evaluate_memory_ceiling(rule, pod, series, now, params)
         case MemoryGrowth():
             return evaluate_growth(rule, pod, series, now, params, growth_cache)
+        case Anomaly():
+            return evaluate_anomaly(rule, pod, series, now, params)
         case GpuHealthRule():
             return evaluate_health(rule, pod, health, now, params)
 
@@ -299,6 +310,16 @@ class PolicyEvaluator:
                 tracker.forget_pending(key)
 
         self._growth_cache.sweep()
+        scale = self.spec.actions.scale
+        load = None
+        if scale is not None and scale.forecast is not None:
+            load = workload_load(
+                (store.series_of(*pod_id) for pod_id in sorted(selected)),
+                scale.forecast,
+                now,
+                self.spec.evaluation_interval_seconds,
+                self.params,
+            )
         active = tracker.active()
         violating = sorted({PodId(f.namespace, f.pod) for f in active})
         return Evaluation(
@@ -308,6 +329,7 @@ class PolicyEvaluator:
             matched_pods=tuple(sorted(selected)),
             violating_pods=tuple(violating),
             outcomes=tuple(outcomes),
+            load=load,
         )
 
 

@@ -120,14 +120,18 @@ class FindingState:
         return interval > 0 and now - self.notified_at >= interval
 
 
-def finding_from(policy: str, outcome: Outcome, started_at: float) -> Finding:
-    """A finding stating ``outcome`` (which must carry a value)."""
+def finding_from(policy: str, outcome: Outcome, started_at: float, reason: str | None = None) -> Finding:
+    """A finding stating ``outcome`` (which must carry a value).
+
+    Its reason is ``reason`` (the finding's so far: an anomaly keeps the pattern it was announced
+    with, so that its Events and status agree), else the outcome's, else the kind's.
+    """
     assert outcome.value is not None
     return Finding(
         policy=policy,
         rule=outcome.rule,
         kind=outcome.kind,
-        reason=outcome.kind.reason,
+        reason=reason or outcome.reason or outcome.kind.reason,
         namespace=outcome.pod.namespace,
         pod=outcome.pod.name,
         gpus=outcome.gpus,
@@ -187,7 +191,9 @@ class FindingTracker:
                 return FindingTransition(Transition.RESOLVED, state.finding, now, Resolution.NO_DATA)
             return self._ongoing(state, state.finding, now)
 
-        finding = finding_from(self.policy, outcome, started_at=state.finding.started_at)
+        finding = finding_from(
+            self.policy, outcome, started_at=state.finding.started_at, reason=state.finding.reason
+        )
         state.data_at = now
         if outcome.clears:
             del self._active[key]

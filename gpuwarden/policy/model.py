@@ -88,6 +88,26 @@ class MemoryGrowth:
     for_seconds: float = 0.0
 
 
+class AnomalyMetric(enum.StrEnum):
+    """Which reading an anomaly rule watches."""
+
+    UTILIZATION = "utilization"  # smActive where the GPU reports it, else gpuUtil (as signal: auto)
+    MEMORY = "memory"
+
+
+@dataclass(frozen=True, slots=True)
+class Anomaly:
+    """Fires on sudden deviations from a GPU's usual readings: robust z-score over a rolling window."""
+
+    name: str
+    metric: AnomalyMetric
+    window_seconds: float
+    threshold: float
+    """The robust z-score (|x - median| / (1.4826 MAD)) a reading must pass to deviate."""
+    min_deviation: float
+    """The least deviation that counts: percentage points (utilization) or percent of the card (memory)."""
+
+
 class Throttling(enum.StrEnum):
     """A class of clock event reasons a gpuHealth rule can count (see :mod:`gpuwarden.policy.health`)."""
 
@@ -114,7 +134,7 @@ class GpuHealthRule:
     clear_after_seconds: float = 600.0
 
 
-Rule = UtilizationFloor | UtilizationCeiling | MemoryCeiling | MemoryGrowth | GpuHealthRule
+Rule = UtilizationFloor | UtilizationCeiling | MemoryCeiling | MemoryGrowth | GpuHealthRule | Anomaly
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +157,26 @@ class ScaleDirection:
 
 
 @dataclass(frozen=True, slots=True)
+class ScaleForecast:
+    """spec.actions.scale.forecast, with the thresholds it compares against resolved from the rules.
+
+    ``ceiling_*`` come from the first utilizationCeiling rule in scaleUpOn, ``floor_*`` from the
+    first utilizationFloor rule in scaleDownOn (none: the forecast never holds a scale-down back).
+    """
+
+    ceiling_rule: str
+    ceiling_percent: float
+    signal: Signal
+    """The ceiling rule's signal: the utilization reading the load is summed from."""
+    floor_rule: str | None = None
+    floor_percent: float | None = None
+    horizon_seconds: float | None = None
+    """How far ahead to look; None: the workload's observed replica start-up time."""
+    max_uncertainty: float = 20.0
+    """The widest 80% interval (percentage points of per-replica utilization) the forecast may act on."""
+
+
+@dataclass(frozen=True, slots=True)
 class ScaleAction:
     """spec.actions.scale."""
 
@@ -151,6 +191,7 @@ class ScaleAction:
     """How many pods must violate a scaleUpOn rule; ``None`` with ``scale_up_min_pods_percent`` set."""
     scale_up_min_pods_percent: float | None = None
     dry_run: bool = False
+    forecast: ScaleForecast | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,8 +16,11 @@ from typing import Any, TypeVar
 
 import yaml
 
+from gpuwarden.policy.forecast import BUCKET_SECONDS, MAX_STEPS
 from gpuwarden.policy.model import (
     Actions,
+    Anomaly,
+    AnomalyMetric,
     GpuHealthRule,
     LabelRequirement,
     LabelSelector,
@@ -27,6 +30,7 @@ from gpuwarden.policy.model import (
     Rule,
     ScaleAction,
     ScaleDirection,
+    ScaleForecast,
     ScaleTargetRef,
     Signal,
     Throttling,
@@ -63,6 +67,11 @@ MIN_EVALUATION_INTERVAL = 1.0
 MIN_RENOTIFY_INTERVAL = 60.0
 # The engine fits a line through 20 bucket medians (window/20 each): under a minute, that is noise.
 MIN_GROWTH_WINDOW = 60.0
+# A baseline needs readings enough to say what is usual: a minute of them, at the agent's 1 s.
+MIN_ANOMALY_WINDOW = 60.0
+# A forecast looks at least one evaluation ahead and at most as far as it forecasts (forecast.MAX_STEPS).
+MIN_FORECAST_HORIZON = 10.0
+MAX_FORECAST_HORIZON = MAX_STEPS * BUCKET_SECONDS
 
 # The CRD's scalar defaults, by the schema path of the object that holds them. The API server fills them
 # in; local mode's policy files never went through one, so the parser does. tests/unit/test_crd_schema.py
@@ -74,22 +83,26 @@ DEFAULTS: Mapping[str, Mapping[str, Any]] = {
     ".spec.rules[].utilizationCeiling": {"for": "2m", "signal": "auto", "hysteresis": 5},
     ".spec.rules[].memoryCeiling": {"for": "1m", "hysteresis": 2},
     ".spec.rules[].memoryGrowth": {"window": "30m", "minFit": 0.8, "for": "0s"},
+    ".spec.rules[].anomaly": {"window": "30m", "threshold": 5, "minDeviation": 5},
     ".spec.rules[].gpuHealth": {"gpuLost": True, "memoryErrors": True, "for": "5m", "clearAfter": "10m"},
     ".spec.actions": {"events": True, "renotifyInterval": "1h"},
     ".spec.actions.scale": {"minReplicas": 1, "scaleUpMinPods": 1, "dryRun": False},
     ".spec.actions.scale.behavior.scaleUp": {"stabilizationWindow": "0s", "step": 1, "cooldown": "1m"},
     ".spec.actions.scale.behavior.scaleDown": {"stabilizationWindow": "5m", "step": 1, "cooldown": "5m"},
+    ".spec.actions.scale.forecast": {"maxUncertainty": 20},
 }
 _SPEC = DEFAULTS[".spec"]
 _FLOOR = DEFAULTS[".spec.rules[].utilizationFloor"]
 _CEILING = DEFAULTS[".spec.rules[].utilizationCeiling"]
 _MEMORY = DEFAULTS[".spec.rules[].memoryCeiling"]
 _GROWTH = DEFAULTS[".spec.rules[].memoryGrowth"]
+_ANOMALY = DEFAULTS[".spec.rules[].anomaly"]
 _HEALTH = DEFAULTS[".spec.rules[].gpuHealth"]
 _ACTIONS = DEFAULTS[".spec.actions"]
 _SCALE = DEFAULTS[".spec.actions.scale"]
 _SCALE_UP = DEFAULTS[".spec.actions.scale.behavior.scaleUp"]
 _SCALE_DOWN = DEFAULTS[".spec.actions.scale.behavior.scaleDown"]
+_FORECAST = DEFAULTS[".spec.actions.scale.forecast"]
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -100,7 +113,14 @@ _MIN_PODS_PERCENT = re.compile(r"(100|[1-9][0-9]?)%")
 _STEP_PERCENT = re.compile(r"[1-9][0-9]{0,2}%")
 
 _OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
-_RULE_KINDS = ("utilizationFloor", "utilizationCeiling", "memoryCeiling", "memoryGrowth", "gpuHealth")
+_RULE_KINDS = (
+    "utilizationFloor",
+    "utilizationCeiling",
+    "memoryCeiling",
+    "memoryGrowth",
+    "gpuHealth",
+    "anomaly",
+)
 MAX_XIDS = 64
 MAX_XID = 2**32 - 1  # NVML reports an XID as an unsigned 32-bit number
 
@@ -135,7 +155,7 @@ def parse_spec(spec: Mapping[str, Any], *, path: str = "spec") -> PolicySpec:
     )
     rules = _rules(spec["rules"], f"{path}.rules")
     _check_windows(rules, interval, f"{path}.rules")
-    actions = _actions(spec.get("actions"), f"{path}.actions", tuple(r.name for r in rules))
+    actions = _actions(spec.get("actions"), f"{path}.actions", rules)
     return PolicySpec(selector=selector, rules=rules, evaluation_interval_seconds=interval, actions=actions)
 
 
@@ -239,7 +259,7 @@ def _rules(value: Any, path: str) -> tuple[Rule, ...]:
 
 
 def _check_windows(rules: Sequence[Rule], interval: float, path: str) -> None:
-    """Every rule's window (``for``, memoryGrowth's ``window``) spans at least one evaluation interval.
+    """Every rule's window (``for``, memoryGrowth's and anomaly's ``window``) spans an evaluation interval.
 
     A shorter window leaves samples between two evaluations that no evaluation reads: an idle spell or
     a leak could come and go unjudged. The CRD's CEL rule on spec enforces the same (gpuHealth, which
@@ -250,6 +270,8 @@ def _check_windows(rules: Sequence[Rule], interval: float, path: str) -> None:
             continue  # no window of samples: it judges states and events as they are reported
         if isinstance(rule, MemoryGrowth):
             field, seconds = "memoryGrowth.window", rule.window_seconds
+        elif isinstance(rule, Anomaly):
+            field, seconds = "anomaly.window", rule.window_seconds
         else:
             field, seconds = f"{_WINDOW_KINDS[type(rule)]}.for", rule.for_seconds
         if seconds < interval:
@@ -361,6 +383,23 @@ def _memory_growth(name: str, obj: Mapping[str, Any], path: str) -> Rule:
     )
 
 
+def _anomaly(name: str, obj: Mapping[str, Any], path: str) -> Rule:
+    _check_fields(obj, path, ("metric", "window", "threshold", "minDeviation"), ("metric",))
+    raw = obj["metric"]
+    try:
+        metric = AnomalyMetric(raw)
+    except ValueError:
+        choices = ", ".join(m.value for m in AnomalyMetric)
+        raise SpecError(f"{path}.metric", f"{_show(raw)} is not one of {choices}") from None
+    return Anomaly(
+        name=name,
+        metric=metric,
+        window_seconds=_duration(obj, "window", path, _ANOMALY["window"], minimum=MIN_ANOMALY_WINDOW),
+        threshold=_number(obj, "threshold", path, _ANOMALY["threshold"], 1, 100),
+        min_deviation=_number(obj, "minDeviation", path, _ANOMALY["minDeviation"], 0, 100),
+    )
+
+
 def _gpu_health(name: str, obj: Mapping[str, Any], path: str) -> Rule:
     _check_fields(obj, path, ("xids", "gpuLost", "memoryErrors", "throttling", "for", "clearAfter"))
     raw_xids = obj.get("xids")
@@ -411,6 +450,7 @@ _RULE_BUILDERS: dict[str, Callable[[str, Mapping[str, Any], str], Rule]] = {
     "utilizationCeiling": _utilization_ceiling,
     "memoryCeiling": _memory_ceiling,
     "memoryGrowth": _memory_growth,
+    "anomaly": _anomaly,
     "gpuHealth": _gpu_health,
 }
 
@@ -427,8 +467,8 @@ def _signal(obj: Mapping[str, Any], path: str, default: str) -> Signal:
 # --- actions -----------------------------------------------------------------------------------------
 
 
-def _actions(value: Any, path: str, rule_names: Sequence[str]) -> Actions:
-    """spec.actions; ``rule_names`` lets scale check the rules it names."""
+def _actions(value: Any, path: str, rules: Sequence[Rule]) -> Actions:
+    """spec.actions; ``rules`` lets scale check the rules it names."""
     if value is None:
         return Actions()
     obj = _object(value, path)
@@ -437,12 +477,13 @@ def _actions(value: Any, path: str, rule_names: Sequence[str]) -> Actions:
     renotify = _duration(
         obj, "renotifyInterval", path, _ACTIONS["renotifyInterval"], minimum=MIN_RENOTIFY_INTERVAL
     )
-    scale = None if obj.get("scale") is None else _scale(obj["scale"], f"{path}.scale", rule_names)
+    scale = None if obj.get("scale") is None else _scale(obj["scale"], f"{path}.scale", rules)
     return Actions(events=events, renotify_seconds=renotify, scale=scale)
 
 
-def _scale(value: Any, path: str, rule_names: Sequence[str]) -> ScaleAction:
+def _scale(value: Any, path: str, rules: Sequence[Rule]) -> ScaleAction:
     obj = _object(value, path)
+    rule_names = tuple(r.name for r in rules)
     _check_fields(
         obj,
         path,
@@ -455,6 +496,7 @@ def _scale(value: Any, path: str, rule_names: Sequence[str]) -> ScaleAction:
             "scaleUpMinPods",
             "behavior",
             "dryRun",
+            "forecast",
         ),
         ("targetRef", "maxReplicas"),
     )
@@ -490,6 +532,41 @@ def _scale(value: Any, path: str, rule_names: Sequence[str]) -> ScaleAction:
         scale_up_min_pods=min_pods,
         scale_up_min_pods_percent=min_pods_percent,
         dry_run=_bool(obj, "dryRun", path, _SCALE["dryRun"]),
+        forecast=None
+        if obj.get("forecast") is None
+        else _forecast(obj["forecast"], f"{path}.forecast", rules, up_on, down_on),
+    )
+
+
+def _forecast(
+    value: Any, path: str, rules: Sequence[Rule], up_on: Sequence[str], down_on: Sequence[str]
+) -> ScaleForecast:
+    """scale.forecast, its ceiling and floor taken from the first utilization rules scale names."""
+    obj = _object(value, path)
+    _check_fields(obj, path, ("horizon", "maxUncertainty"))
+    by_name = {r.name: r for r in rules}
+    ceilings = [r for n in up_on if isinstance(r := by_name[n], UtilizationCeiling)]
+    floors = [r for n in down_on if isinstance(r := by_name[n], UtilizationFloor)]
+    if not ceilings:
+        raise SpecError(
+            path,
+            "forecast needs a utilizationCeiling rule in scaleUpOn: its ceiling is what it forecasts against",
+        )
+    ceiling = ceilings[0]
+    floor = floors[0] if floors else None
+    horizon = None
+    if obj.get("horizon") is not None:
+        horizon = _duration(obj, "horizon", path, "0s", minimum=MIN_FORECAST_HORIZON)
+        if horizon > MAX_FORECAST_HORIZON:
+            raise SpecError(f"{path}.horizon", f"must be at most {format_duration(MAX_FORECAST_HORIZON)}")
+    return ScaleForecast(
+        ceiling_rule=ceiling.name,
+        ceiling_percent=ceiling.percent,
+        signal=ceiling.signal,
+        floor_rule=None if floor is None else floor.name,
+        floor_percent=None if floor is None else floor.percent,
+        horizon_seconds=horizon,
+        max_uncertainty=_number(obj, "maxUncertainty", path, _FORECAST["maxUncertainty"], 1, 100),
     )
 
 

@@ -68,6 +68,7 @@ class RuleKind(enum.StrEnum):
     MEMORY_CEILING = "memoryCeiling"
     MEMORY_GROWTH = "memoryGrowth"
     GPU_HEALTH = "gpuHealth"
+    ANOMALY = "anomaly"
 
     @property
     def reason(self) -> str:
@@ -81,7 +82,9 @@ _REASONS = {
     RuleKind.MEMORY_CEILING: "GPUMemoryNearLimit",
     RuleKind.MEMORY_GROWTH: "GPUMemoryLeakSuspected",
     RuleKind.GPU_HEALTH: "GPUUnhealthy",
+    RuleKind.ANOMALY: "GPUAnomaly",
 }
+"""The reason of a kind's findings; an anomaly finding names its pattern instead (Outcome.reason)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +142,10 @@ class Outcome:
     """memoryGrowth: R² of the worst GPU's trend."""
     seconds_to_full: float | None = None
     """memoryGrowth: projected seconds until the worst GPU's card is full."""
+    reason: str | None = None
+    """The finding's reason when it is not the kind's (anomaly: its pattern, ``GPUPeriodicSpikes``)."""
+    extra: object = None
+    """Kind-specific figures its ``describe`` reads (anomaly: the worst GPU's episode)."""
     detail: str = ""
     """gpuHealth: the problems in words (built as they are found: there is no figure to build them from)."""
     describe: Callable[[Outcome], str] = field(default=_no_message, compare=False, repr=False)

@@ -42,7 +42,8 @@ from fractions import Fraction
 from typing import Protocol
 
 from gpuwarden.policy.humanize import approx_duration
-from gpuwarden.policy.model import ScaleAction, ScaleDirection
+from gpuwarden.policy.model import ScaleAction, ScaleDirection, ScaleForecast
+from gpuwarden.policy.predictive import ForecastVerdict, Predictor, View, WorkloadLoad
 from gpuwarden.policy.units import format_duration
 
 
@@ -129,6 +130,8 @@ class _Signal:
     direction: Direction
     text: str
     """E.g. ``saturated on 2/3 pods``; for NONE, what was seen and what would be needed."""
+    detail: str = ""
+    """Figures for the Events only (the forecast's), left out of the steady summary."""
 
 
 def step_size(direction: ScaleDirection, current: int) -> int:
@@ -168,6 +171,19 @@ def _signal(action: ScaleAction, by_pod: Mapping[str, Collection[str]], matched_
     return _Signal(Direction.NONE, "no scaling signal: " + "; ".join(seen))
 
 
+def _with_forecast(
+    signal: _Signal, verdict: ForecastVerdict | None, forecast: ScaleForecast | None
+) -> _Signal:
+    """The reactive signal, with the forecast's say where it has one (see :mod:`.predictive`)."""
+    if verdict is None or forecast is None or not verdict.has_say or signal.direction is Direction.UP:
+        return signal
+    if verdict.view is View.UP:
+        return _Signal(Direction.UP, verdict.summary(forecast), verdict.detail())
+    if verdict.view is View.HOLD_DOWN and signal.direction is Direction.DOWN:
+        return _Signal(Direction.NONE, f"{signal.text}, but {verdict.summary(forecast)}", verdict.detail())
+    return signal
+
+
 def _violated(rules: Iterable[str], by_pod: Mapping[str, Collection[str]]) -> str:
     """The named rules that some pod violates, in spec order, joined for a message."""
     return _names([r for r in rules if any(r in pod_rules for pod_rules in by_pod.values())])
@@ -189,6 +205,10 @@ class ScaleDecider:
         self._last_scale: dict[Direction, float] = {}
         self._last_target: tuple[Direction, int] | None = None
         """The direction and replicas of the last change made (or, in dryRun, announced)."""
+        self.predictor: Predictor | None = None
+        """The load forecast, once a decision with ``forecast`` set was asked for."""
+        self.verdict: ForecastVerdict | None = None
+        """The forecast's say at the latest decision (None without ``forecast``)."""
 
     def restore(self, last_scale_at: float) -> None:
         """Seed both cooldowns from a change made before a restart (``status.scale.lastScaleTime``).
@@ -205,6 +225,8 @@ class ScaleDecider:
             direction = Direction.UP if decision.desired > decision.current else Direction.DOWN
             self._last_scale[direction] = now
             self._last_target = (direction, decision.desired)
+            if self.predictor is not None:
+                self.predictor.startup.scaled(now, decision.current, decision.desired)
 
     def decide(
         self,
@@ -213,15 +235,26 @@ class ScaleDecider:
         findings_by_pod: Mapping[str, Collection[str]],
         matched_pods: int,
         now: float,
+        load: WorkloadLoad | None = None,
     ) -> ScaleDecision:
         """Decide the target's replicas from the active findings of the ``matched_pods`` selected pods.
 
         ``findings_by_pod`` maps a pod's name to the names of the rules it
-        currently violates (see :func:`findings_by_pod`). Records this
+        currently violates (see :func:`findings_by_pod`). With ``action.forecast``,
+        ``load`` is this evaluation's load sample (the Evaluation's ``load``),
+        and the forecast has its say (:mod:`gpuwarden.policy.predictive`). Records this
         evaluation's wish for the stabilization windows; does not start a
         cooldown (:meth:`record_scale` does, once the change is made).
         """
         signal = _signal(action, findings_by_pod, matched_pods)
+        if action.forecast is None:
+            self.predictor = self.verdict = None
+        else:
+            if self.predictor is None:
+                self.predictor = Predictor()
+            self.predictor.observe(load, now)
+            self.verdict = self.predictor.verdict(action.forecast, current_replicas, now)
+            signal = _with_forecast(signal, self.verdict, action.forecast)
         held_for = self._observe(signal.direction, now)
         current = current_replicas
         lo, hi = action.min_replicas, action.max_replicas
@@ -239,11 +272,16 @@ class ScaleDecider:
         if current < lo:
             return ScaleDecision(current, lo, Direction.UP, f"{current} replicas are below minReplicas {lo}")
         if signal.direction is Direction.NONE:
+            if signal.detail:
+                reason = f"{signal.text}: {signal.detail}"
+                return ScaleDecision(current, current, Direction.NONE, reason, summary=signal.text)
             return ScaleDecision(current, current, Direction.NONE, signal.text)
 
         up = signal.direction is Direction.UP
         behavior = action.scale_up if up else action.scale_down
         timed = signal.text if held_for < 1 else f"{signal.text} for {approx_duration(held_for)}"
+        if signal.detail:
+            timed += f": {signal.detail}"
 
         def held_back(
             note: str, blocker: Blocker, timed_note: str | None = None, standing: int | None = None

@@ -161,6 +161,39 @@ def test_base_policy_is_valid_and_defaulted(control_plane: ControlPlane, crd: st
     assert spec["rules"][0]["utilizationFloor"]["signal"] == "auto"
 
 
+def test_forecast_and_anomaly_are_valid_and_defaulted(
+    control_plane: ControlPlane, crd: str, namespace: str
+) -> None:
+    policy = base_policy("ahead")
+    policy["spec"]["rules"].append({"name": "odd", "anomaly": {"metric": "utilization"}})
+    policy["spec"]["actions"]["scale"]["forecast"] = {}
+    created = create(control_plane, namespace, policy)
+    assert created.returncode == 0, created.stderr
+    spec = get_json(control_plane, namespace, "ahead")["spec"]
+    assert spec["actions"]["scale"]["forecast"] == {"maxUncertainty": 20}
+    assert spec["rules"][4]["anomaly"] == {
+        "metric": "utilization",
+        "window": "30m",
+        "threshold": 5,
+        "minDeviation": 5,
+    }
+    # With a horizon; the parser reads what the API server stored as the operator will.
+    policy = base_policy("ahead-3m")
+    policy["spec"]["actions"]["scale"]["forecast"] = {"horizon": "3m", "maxUncertainty": 15}
+    assert create(control_plane, namespace, policy).returncode == 0
+    scale = parse_spec(get_json(control_plane, namespace, "ahead-3m")["spec"]).actions.scale
+    assert scale is not None
+    assert scale.forecast is not None
+    f = scale.forecast
+    assert (f.horizon_seconds, f.max_uncertainty, f.ceiling_rule, f.ceiling_percent) == (
+        180.0,
+        15.0,
+        "saturated",
+        95.0,
+    )
+    assert (f.floor_rule, f.floor_percent) == ("idle-gpu", 20.0)
+
+
 def test_gpu_health_is_defaulted(control_plane: ControlPlane, crd: str, namespace: str) -> None:
     policy = base_policy()
     policy["spec"]["rules"].append({"name": "broken-gpu", "gpuHealth": {}})
@@ -235,7 +268,68 @@ def _many_rules(p: Policy) -> None:
     p["spec"]["actions"]["scale"]["scaleDownOn"] = ["r1"]
 
 
+def _forecast(**fields: Any) -> Callable[[Policy], None]:
+    return _set("spec.actions.scale.forecast", dict(fields))
+
+
 INVALID: list[tuple[str, Callable[[Policy], None], str]] = [
+    (
+        "forecast-without-a-ceiling-rule",
+        _all(_forecast(), _set("spec.actions.scale.scaleUpOn", ["near-oom"])),
+        "actions.scale.forecast needs a utilizationCeiling rule in scaleUpOn: its percent is the ceiling",
+    ),
+    (
+        "forecast-without-scale-up-rules",
+        _all(_forecast(), _delete("spec.actions.scale.scaleUpOn")),
+        "actions.scale.forecast needs a utilizationCeiling rule in scaleUpOn",
+    ),
+    ("forecast-horizon-too-long", _forecast(horizon="2h"), "horizon must be between 10s and 1h"),
+    ("forecast-horizon-too-short", _forecast(horizon="5s"), "horizon must be between 10s and 1h"),
+    (
+        "forecast-horizon-malformed",
+        _forecast(horizon="3 min"),
+        "must be a duration such as 5m or 1h30m (units h, m, s, ms)",
+    ),
+    (
+        "forecast-uncertainty-zero",
+        _forecast(maxUncertainty=0),
+        "spec.actions.scale.forecast.maxUncertainty in body should be greater than or equal to 1",
+    ),
+    (
+        "anomaly-metric-unknown",
+        _set("spec.rules.3", {"name": "leak", "anomaly": {"metric": "power"}}),
+        'spec.rules[3].anomaly.metric: Unsupported value: "power": supported values: "utilization", "memory"',
+    ),
+    (
+        "anomaly-metric-missing",
+        _set("spec.rules.3", {"name": "leak", "anomaly": {"window": "10m"}}),
+        "spec.rules[3].anomaly.metric: Required value",
+    ),
+    (
+        "anomaly-window-below-1m",
+        _set("spec.rules.3", {"name": "leak", "anomaly": {"metric": "memory", "window": "30s"}}),
+        "window must be at least 1m",
+    ),
+    (
+        "anomaly-window-below-the-interval",
+        _all(
+            _set("spec.evaluationInterval", "5m"),
+            _set("spec.rules", [{"name": "odd", "anomaly": {"metric": "memory", "window": "2m"}}]),
+            _delete("spec.actions.scale"),
+        ),
+        "rule odd: anomaly.window must be at least evaluationInterval (5m)",
+    ),
+    (
+        "anomaly-threshold-below-1",
+        _set("spec.rules.3", {"name": "leak", "anomaly": {"metric": "memory", "threshold": 0.5}}),
+        "spec.rules[3].anomaly.threshold in body should be greater than or equal to 1",
+    ),
+    (
+        "anomaly-and-another-kind",
+        _set("spec.rules.3.anomaly", {"metric": "memory"}),
+        "a rule must set exactly one of utilizationFloor, utilizationCeiling, memoryCeiling, memoryGrowth, "
+        "gpuHealth, anomaly",
+    ),
     ("selector-missing", _delete("spec.selector"), "spec.selector: Required value"),
     ("rules-missing", _delete("spec.rules"), "spec.rules: Required value"),
     ("rules-empty", _set("spec.rules", []), "spec.rules in body should have at least 1 items"),
@@ -594,6 +688,14 @@ def test_explain_shows_defaults_and_int_or_string(control_plane: ControlPlane, c
     assert re.search(r"cooldown <string> [^<]* Default: 1m\.", up), up
     memory = explained(control_plane, "gmp.spec.rules.memoryCeiling.bytes")
     assert "Integer or string: the threshold as an absolute size" in memory, memory
+    forecast = explained(control_plane, "gmp.spec.actions.scale.forecast")
+    assert "Scale ahead of the load" in forecast, forecast
+    assert re.search(r"horizon <string> [^<]*observed replica start-up time", forecast), forecast
+    assert re.search(r"maxUncertainty <number> [^<]* Default: 20\.", forecast), forecast
+    anomaly = explained(control_plane, "gmp.spec.rules.anomaly")
+    assert "robust z-score" in anomaly, anomaly
+    assert "GPUPeriodicSpikes" in anomaly, anomaly
+    assert re.search(r"metric <string> -required- enum: utilization, memory", anomaly), anomaly
 
 
 def test_printer_columns(control_plane: ControlPlane, crd: str, namespace: str) -> None:

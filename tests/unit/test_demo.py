@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import itertools
 import re
 import signal
 import subprocess
@@ -56,7 +55,7 @@ def starts(run: ScenarioRun) -> dict[tuple[str, str], float]:
 # -- the command ----------------------------------------------------------------------------------
 
 
-def test_demo_finds_idle_leak_and_saturation_but_not_the_plateau_and_the_idle_gpu_clears() -> None:
+def test_demo_finds_idle_leak_and_patterns_scales_ahead_but_not_the_plateau_and_the_idle_gpu_clears() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "gpuwarden", "demo", "--no-pace"],
         capture_output=True,
@@ -72,14 +71,21 @@ def test_demo_finds_idle_leak_and_saturation_but_not_the_plateau_and_the_idle_gp
         r"GPU memory grows 2\d\dMi/m over 4m, fit (0\.9\d|1\.00); the card \(140Gi\) is full in \d",
         out,
     )
-    assert re.search(r"STARTED saturated inference/llm-server-7d9f8b6c4-x2x7q on GPU 3: GPUSaturated", out)
-    # The serving policy scales its simulated Deployment, one replica per 5m cooldown.
+    # The notebook's scheduled bursts and the serving replicas' ramp are told apart.
     assert re.search(
-        r"\[02:00\] SCALE   scaled Deployment inference/llm-server 1 -> 2 \(simulated\): "
-        r"saturated on 1/1 pods",
+        r"STARTED unusual-activity research/notebook-idle-0 on GPU 0: GPUPeriodicSpikes: "
+        r"SM activity spikes to \d+% \(median \d.*\) every 4m: 3 times in 15m, like a scheduled job",
         out,
     )
-    assert "SCALE   scaled Deployment inference/llm-server 2 -> 3 (simulated)" in out
+    assert re.search(r"STARTED unusual-activity inference/llm-server-\S+ on GPU 3: GPUSteadyClimb: ", out)
+    # The forecast scales the Deployment out ahead of the ramp, once: before any pod is saturated.
+    assert re.search(
+        r"\[1[3-5]:\d\d\] SCALE   scaled Deployment inference/llm-server 2 -> 3 \(simulated\): "
+        r"forecast above saturated's ceiling \(95%\) in 3m: \d+% per replica \(80% interval ",
+        out,
+    )
+    assert "inference/llm-server 3 -> 4" not in out
+    assert "GPUSaturated" not in out
     assert "would scale" not in out
     # The caching allocator plateaus: no finding, live or in the summary.
     assert not [line for line in out.splitlines() if "STARTED" in line and "vision-train-0" in line]
@@ -95,9 +101,9 @@ def test_demo_finds_idle_leak_and_saturation_but_not_the_plateau_and_the_idle_gp
     counts = re.search(r"(\d+) findings started, (\d+) cleared, (\d+) active at the end\.", summary)
     assert counts is not None
     assert int(counts[2]) >= 1
-    assert (counts[1], counts[2], counts[3]) == ("4", "1", "3")
+    assert (counts[1], counts[2], counts[3]) == ("6", "2", "4")
     assert (
-        "Deployment inference/llm-server: 1 -> 7 replicas (simulated; dry run in local mode), 6 scale-ups; "
+        "Deployment inference/llm-server: 2 -> 3 replicas (simulated; dry run in local mode), 1 scale-up; "
         "policy inference/llm-serving" in summary
     )
 
@@ -169,15 +175,17 @@ def test_speed_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_each_story_starts_when_its_window_allows(demo_run: ScenarioRun) -> None:
     found = starts(demo_run)
-    server = "inference/llm-server-7d9f8b6c4-x2x7q"
-    assert found[("saturated", server)] == pytest.approx(2 * MIN, abs=10)
     assert found[("idle-gpu", "research/notebook-idle-0")] == pytest.approx(5 * MIN, abs=10)
+    # Bursts at 3m45s, 7m45s and 11m45s: three, once the 15m window is covered.
+    assert found[("unusual-activity", "research/notebook-idle-0")] == pytest.approx(15 * MIN, abs=10)
+    servers = [s.subject for s in demo_run.history.spans if s.subject.startswith("inference/")]
+    assert len(servers) == 2  # the two replicas that see the ramp from its start
     # The leak: once the 4-minute span lies past the model load (done at 0:30); it leaks from 1m.
     assert 4.5 * MIN <= found[("leak", "training/llm-finetune-0")] <= 5 * MIN
     # ...and it runs into 90% of the card at about 13m; near-oom needs 1m of it.
     assert 13 * MIN <= found[("near-oom", "training/llm-finetune-0")] <= 16 * MIN
     assert not [s for s in demo_run.history.spans if "vision-train-0" in s.subject]
-    assert len(found) == 4
+    assert len(found) == 6
 
 
 def test_the_idle_finding_clears_once_the_notebook_works(demo_run: ScenarioRun) -> None:
@@ -188,7 +196,12 @@ def test_the_idle_finding_clears_once_the_notebook_works(demo_run: ScenarioRun) 
     assert idle.resolution is Resolution.RECOVERED
     # The summary says why it cleared: the clearing message, not the last one while active.
     assert re.fullmatch(r"mean SM activity \(GPM\) (2[5-9]|3\d)% over 5m, floor 20%", idle.last_message)
-    assert [s.rule for s in demo_run.history.active()] == ["saturated", "leak", "near-oom"]
+    assert [s.rule for s in demo_run.history.active()] == [
+        "leak",
+        "near-oom",
+        "unusual-activity",
+        "unusual-activity",
+    ]
 
 
 def test_leak_message_projects_the_time_to_full(demo_run: ScenarioRun) -> None:
@@ -199,20 +212,23 @@ def test_leak_message_projects_the_time_to_full(demo_run: ScenarioRun) -> None:
     )
 
 
-def test_scaling_moves_the_simulated_deployment_one_step_per_cooldown(demo_run: ScenarioRun) -> None:
-    decisions = demo_run.scaling
-    assert decisions, "the saturated server should make the serving policy want another replica"
-    first = decisions[0]
-    assert first.target == "Deployment inference/llm-server"
-    assert first.at - DEFAULT_ORIGIN == pytest.approx(2 * MIN, abs=10)
-    # Each decision starts from the replicas the last one set: 1 -> 2 -> 3 ..., all applied.
-    assert [(n.decision.current, n.decision.desired) for n in decisions] == [(i, i + 1) for i in range(1, 7)]
-    assert all(n.applied for n in decisions)
-    # The one pod stays saturated (the new replicas are not pods), so it asks again after each cooldown.
-    gaps = [b.at - a.at for a, b in itertools.pairwise(decisions)]
-    assert all(g == pytest.approx(5 * MIN, abs=10) for g in gaps)
+def test_the_forecast_scales_out_ahead_of_the_ramp_and_the_load_spreads(demo_run: ScenarioRun) -> None:
+    """Two replicas at ~75% until the ramp (12m-20m); they would saturate at 16m, the rule hold at 18m."""
+    (note,) = demo_run.scaling
+    assert note.target == "Deployment inference/llm-server"
+    assert (note.decision.current, note.decision.desired, note.applied) == (2, 3, True)
+    assert 12 * MIN < note.at - DEFAULT_ORIGIN < 16 * MIN
+    assert note.decision.reason.startswith("forecast above saturated's ceiling (95%) in 3m: ")
     (target,) = demo_run.session.targets()
-    assert (target.initial, target.replicas, target.scaled_up, target.scaled_down) == (1, 7, 6, 0)
+    assert (target.initial, target.replicas, target.scaled_up, target.scaled_down) == (2, 3, 1, 0)
+    # The third replica serves 90 s after it was asked for: the load (230%) splits three ways.
+    after = note.at - DEFAULT_ORIGIN + 90 + 60
+    scenario = demo_run.scenario
+    busy = [g.utilization_gpu for g in scenario.snapshot(after + 10 * MIN).gpus[3:6]]
+    assert all(b == pytest.approx(230 / 3, abs=6) for b in busy), busy
+    assert [len(g.pods) for g in scenario.snapshot(after).gpus[3:]] == [1, 1, 1, 0, 0]
+    # No pod was saturated, so no reactive step followed: the forecast's was the one needed.
+    assert not [s for s in demo_run.history.spans if s.rule == "saturated"]
 
 
 # Saturated for 10s in e2e-fast (the server is saturated from its first second), 30s apart.
@@ -411,9 +427,10 @@ def test_scale_repeats_let_a_changed_wish_through() -> None:
 def test_demo_policy_file_holds_a_node_wide_and_a_serving_policy() -> None:
     hygiene, serving = load_policies(demo_policy_path())
     assert (hygiene.key, hygiene.namespace) == ("gpu-hygiene", None)
-    assert [r.name for r in hygiene.spec.rules] == ["idle-gpu", "near-oom", "leak"]
+    assert [r.name for r in hygiene.spec.rules] == ["idle-gpu", "near-oom", "leak", "unusual-activity"]
     assert serving.key == "inference/llm-serving"
     assert serving.spec.actions.scale is not None
+    assert serving.spec.actions.scale.forecast is not None
 
 
 def test_policy_errors_name_the_document(tmp_path: Path) -> None:

@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 
 from gpuwarden.policy.model import (
     Actions,
+    Anomaly,
+    AnomalyMetric,
     GpuHealthRule,
     LabelRequirement,
     LabelSelector,
@@ -25,6 +27,7 @@ from gpuwarden.policy.model import (
     PolicySpec,
     ScaleAction,
     ScaleDirection,
+    ScaleForecast,
     ScaleTargetRef,
     Signal,
     UtilizationCeiling,
@@ -84,6 +87,13 @@ def test_example_round_trip() -> None:
                 for_seconds=0.0,
             ),
             GpuHealthRule(name="broken-gpu", clear_after_seconds=600.0),
+            Anomaly(
+                name="unusual-memory",
+                metric=AnomalyMetric.MEMORY,
+                window_seconds=1800.0,
+                threshold=5.0,
+                min_deviation=5.0,
+            ),
         ),
         actions=Actions(
             events=True,
@@ -103,6 +113,15 @@ def test_example_round_trip() -> None:
                 scale_up_min_pods=None,
                 scale_up_min_pods_percent=50.0,
                 dry_run=False,
+                forecast=ScaleForecast(
+                    ceiling_rule="saturated",
+                    ceiling_percent=95.0,
+                    signal=Signal.AUTO,
+                    floor_rule="idle-gpu",
+                    floor_percent=20.0,
+                    horizon_seconds=None,
+                    max_uncertainty=20.0,
+                ),
             ),
         ),
     )
@@ -220,7 +239,7 @@ def _walk(spec: dict[str, Any], path: str) -> tuple[Any, Any]:
     return target, tokens[-1]
 
 
-KINDS = "utilizationFloor, utilizationCeiling, memoryCeiling, memoryGrowth, gpuHealth"
+KINDS = "utilizationFloor, utilizationCeiling, memoryCeiling, memoryGrowth, gpuHealth, anomaly"
 ONE_TWO_ONE_TWO = "must be between 1 and 2147483647"
 
 INVALID: list[tuple[str, Edit, str]] = [
@@ -447,8 +466,8 @@ INVALID: list[tuple[str, Edit, str]] = [
     (
         "unknown rule kind",
         put("rules[0]", {"name": "x", "powerCeiling": {"watts": 500}}),
-        "spec.rules[0].powerCeiling: unknown field (expected one of: gpuHealth, memoryCeiling, memoryGrowth, "
-        "name, utilizationCeiling, utilizationFloor)",
+        "spec.rules[0].powerCeiling: unknown field (expected one of: anomaly, gpuHealth, memoryCeiling, "
+        "memoryGrowth, name, utilizationCeiling, utilizationFloor)",
     ),
     (
         "no kind",

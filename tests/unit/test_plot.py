@@ -14,12 +14,9 @@ from gpuwarden.local.history import History
 from gpuwarden.local.plot import build_figure, save_plot
 from gpuwarden.local.policies import demo_policy_path, load_policies
 
-PODS = (
-    "research/notebook-idle-0",
-    "training/llm-finetune-0",
-    "training/vision-train-0",
-    "inference/llm-server-7d9f8b6c4-x2x7q",
-)
+PODS = ("research/notebook-idle-0", "training/llm-finetune-0", "training/vision-train-0")
+"""GPUs 0-2; 3-5 carry the serving Deployment's replicas (names generated), 6-7 never run anything."""
+GPUS = 8
 
 
 @pytest.fixture(scope="module")
@@ -44,26 +41,31 @@ def marks(ax: object, kind: str) -> list[str]:
 
 def test_a_panel_pair_per_gpu_titled_with_its_pod(figure: Figure) -> None:
     axes = figure.axes
-    assert len(axes) == 2 * len(PODS)
+    assert len(axes) == 2 * GPUS
     for i, pod in enumerate(PODS):
         util, mem = axes[2 * i], axes[2 * i + 1]
         assert util.get_title(loc="left") == f"GPU {i}: {pod}  (utilization)"
         assert mem.get_title(loc="left") == f"GPU {i}: {pod}  (memory)"
-        assert util.get_ylabel() == "utilization (%)"
-        assert mem.get_ylabel() == "memory (GiB)"
+    for i in range(GPUS):
+        assert axes[2 * i].get_ylabel() == "utilization (%)"
+        assert axes[2 * i + 1].get_ylabel() == "memory (GiB)"
+    assert axes[6].get_title(loc="left").startswith("GPU 3: inference/llm-server-")
+    assert axes[12].get_title(loc="left") == "GPU 6: (nothing ran on it)  (utilization)"
     assert [ax.get_xlabel() for ax in axes[-2:]] == ["minutes since start"] * 2
     assert figure.get_suptitle() == "gpuwarden demo: scenario demo"
 
 
 def test_findings_are_marked_on_the_panel_of_what_they_judged(figure: Figure) -> None:
     axes = figure.axes
-    assert marks(axes[0], "start") == ["idle-gpu"]  # GPU 0 utilization
+    assert marks(axes[0], "start") == ["idle-gpu", "unusual-activity"]  # GPU 0 utilization
     assert marks(axes[1], "start") == []
     assert marks(axes[2], "start") == []
     assert marks(axes[3], "start") == ["leak", "near-oom"]  # GPU 1 memory
     assert marks(axes[4], "start") == marks(axes[5], "start") == []  # the plateau: nothing
-    assert marks(axes[6], "start") == ["saturated"]
-    assert marks(axes[0], "span") == ["idle-gpu"]
+    # The ramp the replicas on GPUs 3 and 4 see begin: an anomaly of utilization, on its panel.
+    assert marks(axes[6], "start") == marks(axes[8], "start") == ["unusual-activity"]
+    assert marks(axes[7], "start") == marks(axes[9], "start") == []
+    assert marks(axes[0], "span") == ["idle-gpu", "unusual-activity"]
     assert marks(axes[3], "span") == ["leak", "near-oom"]
 
 

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import itertools
+import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuwarden.policy.model import ScaleAction, ScaleDirection, ScaleTargetRef
+from gpuwarden.policy.model import ScaleAction, ScaleDirection, ScaleForecast, ScaleTargetRef, Signal
 from gpuwarden.policy.parse import parse_spec
+from gpuwarden.policy.predictive import View, WorkloadLoad
 from gpuwarden.policy.scaling import (
     Blocker,
     Direction,
@@ -349,12 +351,22 @@ class Run:
     decisions: list[ScaleDecision]
 
 
-def simulate(a: ScaleAction, replicas: int, steps: Sequence[tuple[float, Findings]], matched: int = 2) -> Run:
-    """Feed ``steps`` to a decider and apply each change at once, as the Scaler does."""
+def simulate(
+    a: ScaleAction,
+    replicas: int,
+    steps: Sequence[tuple[float, Findings]],
+    matched: int = 2,
+    loads: Sequence[float] = (),
+) -> Run:
+    """Feed ``steps`` to a decider and apply each change at once, as the Scaler does.
+
+    With ``loads`` (cycled), each evaluation also brings a load sample, for ``a.forecast``.
+    """
     decider = ScaleDecider()
     run = Run([], [])
-    for now, by_pod in steps:
-        d = decider.decide(a, replicas, by_pod, matched, now)
+    for i, (now, by_pod) in enumerate(steps):
+        load = WorkloadLoad(loads[i % len(loads)], replicas, replicas) if loads else None
+        d = decider.decide(a, replicas, by_pod, matched, now, load)
         run.decisions.append(d)
         if d.changes:
             decider.record_scale(d, now)
@@ -412,10 +424,33 @@ def histories(draw: st.DrawFn) -> list[tuple[float, Findings]]:
     return steps
 
 
-@settings(max_examples=300)
-@given(a=actions(), start=st.integers(1, 20), steps=histories())
-def test_desired_always_within_range(a: ScaleAction, start: int, steps: list[tuple[float, Findings]]) -> None:
-    run = simulate(a, start, steps)
+FORECAST = ScaleForecast("saturated", 95.0, Signal.AUTO, "idle-gpu", 20.0)
+
+
+@st.composite
+def loads(draw: st.DrawFn) -> list[float]:
+    """Nothing (a policy without forecast), or a random walk of the load: ramps, plateaus, noise."""
+    if not draw(st.booleans()):
+        return []
+    level = draw(st.floats(0, 1200))
+    out = []
+    for step in draw(st.lists(st.floats(-40, 40), min_size=1, max_size=120)):
+        level = max(0.0, level + step)
+        out.append(level)
+    return out
+
+
+def with_forecast(a: ScaleAction, walk: list[float]) -> ScaleAction:
+    return replace(a, forecast=FORECAST) if walk else a
+
+
+@settings(max_examples=300, deadline=None)
+@given(a=actions(), start=st.integers(1, 20), steps=histories(), walk=loads())
+def test_desired_always_within_range(
+    a: ScaleAction, start: int, steps: list[tuple[float, Findings]], walk: list[float]
+) -> None:
+    a = with_forecast(a, walk)
+    run = simulate(a, start, steps, loads=walk)
     for d in run.decisions:
         assert a.min_replicas <= d.desired <= a.max_replicas
         assert a.min_replicas <= d.wanted <= a.max_replicas
@@ -423,11 +458,14 @@ def test_desired_always_within_range(a: ScaleAction, start: int, steps: list[tup
     assert all(a.min_replicas <= r <= a.max_replicas for _, r in run.changes)
 
 
-@settings(max_examples=300)
-@given(a=actions(), start=st.integers(1, 12), steps=histories())
-def test_cooldown_respected(a: ScaleAction, start: int, steps: list[tuple[float, Findings]]) -> None:
+@settings(max_examples=300, deadline=None)
+@given(a=actions(), start=st.integers(1, 12), steps=histories(), walk=loads())
+def test_cooldown_respected(
+    a: ScaleAction, start: int, steps: list[tuple[float, Findings]], walk: list[float]
+) -> None:
     start = min(max(start, a.min_replicas), a.max_replicas)  # range restoration is exempt by design
-    run = simulate(a, start, steps)
+    a = with_forecast(a, walk)
+    run = simulate(a, start, steps, loads=walk)
     last: dict[Direction, float] = {}
     for d, (now, _) in zip(run.decisions, steps, strict=True):
         if d.changes:
@@ -437,14 +475,15 @@ def test_cooldown_respected(a: ScaleAction, start: int, steps: list[tuple[float,
             last[d.direction] = now
 
 
-@settings(max_examples=300)
-@given(a=actions(), start=st.integers(1, 12), steps=histories())
+@settings(max_examples=300, deadline=None)
+@given(a=actions(), start=st.integers(1, 12), steps=histories(), walk=loads())
 def test_no_direction_change_inside_the_window(
-    a: ScaleAction, start: int, steps: list[tuple[float, Findings]]
+    a: ScaleAction, start: int, steps: list[tuple[float, Findings]], walk: list[float]
 ) -> None:
     """A change against the previous one comes at least its direction's stabilization window later."""
     start = min(max(start, a.min_replicas), a.max_replicas)
-    run = simulate(a, start, steps)
+    a = with_forecast(a, walk)
+    run = simulate(a, start, steps, loads=walk)
     changes = [(now, d.direction) for d, (now, _) in zip(run.decisions, steps, strict=True) if d.changes]
     for (t1, d1), (t2, d2) in itertools.pairwise(changes):
         if d1 is not d2:
@@ -452,7 +491,7 @@ def test_no_direction_change_inside_the_window(
             assert t2 - t1 >= window
 
 
-@settings(max_examples=200)
+@settings(max_examples=200, deadline=None)
 @given(
     period=st.integers(1, 29),
     phase=st.integers(0, 1),
@@ -476,3 +515,90 @@ def test_oscillating_signal_does_not_flap(period: int, phase: int, jitter: list[
     run = simulate(a, 4, alternating)
     assert run.changes, "saturation still scales up"
     assert all(d.direction is Direction.UP for d in run.decisions if d.changes)
+
+
+# --- forecast-driven scaling --------------------------------------------------------------------------
+
+
+def every_10s(minutes: float, findings: Findings, start: float = 0.0) -> list[tuple[float, Findings]]:
+    return [(start + 10.0 * i, findings) for i in range(int(minutes * 6))]
+
+
+def ramp_then(flat_minutes: int, level: float, slope_per_minute: float, minutes: int) -> list[float]:
+    """Per 10 s evaluation: ``level`` for ``flat_minutes``, then rising by ``slope_per_minute``."""
+    return [level] * (flat_minutes * 6) + [level + slope_per_minute * i / 6 for i in range(minutes * 6)]
+
+
+def test_the_forecast_scales_up_before_any_pod_is_saturated() -> None:
+    a = replace(action(), forecast=FORECAST)
+    walk = ramp_then(15, 150.0, 10.0, 10)  # two replicas at 75%, then +10 a minute
+    run = simulate(a, 2, every_10s(25, {}), loads=walk)
+    (first, *_) = [d for d in run.decisions if d.changes]
+    assert (first.current, first.desired, first.direction) == (2, 3, Direction.UP)
+    assert first.summary == "forecast above saturated's ceiling (95%) in 3m"
+    assert first.reason.startswith("forecast above saturated's ceiling (95%) in 3m: ")
+    assert "% per replica (80% interval " in first.reason
+    at = run.changes[0][0]
+    assert walk[int(at / 10)] / 2 < 95  # still under the ceiling when it acted
+
+
+def test_the_forecast_holds_a_scale_down_back_while_the_load_is_coming_back() -> None:
+    a = replace(action(), forecast=FORECAST)
+    # Idle by the rules (10% each on four), but rising: 40 -> 100 over the next minutes.
+    walk = ramp_then(15, 40.0, 0.0, 0) + ramp_then(0, 40.0, 6.0, 15)
+    run = simulate(a, 4, every_10s(15, IDLE_2) + every_10s(15, IDLE_2, start=900.0), loads=walk)
+    held = [d for d in run.decisions[90:] if d.direction is Direction.NONE and "but the forecast" in d.reason]
+    assert held
+    assert (
+        held[-1].summary
+        == "idle-gpu on 2/2 pods, but the forecast rises above idle-gpu's floor (20%) within 3m"
+    )
+    # Without the forecast the rules alone step down, one per cooldown.
+    assert simulate(action(), 4, every_10s(30, IDLE_2)).changes
+
+
+def test_a_flat_low_forecast_lets_the_rules_scale_down() -> None:
+    a = replace(action(), forecast=FORECAST)
+    run = simulate(a, 4, every_10s(30, IDLE_2), loads=[20.0])
+    assert run.changes[0] == (300.0, 3)  # as the rules alone: after the 5m window
+
+
+def test_an_unsure_forecast_leaves_the_decision_to_the_rules() -> None:
+    a = replace(action(), forecast=FORECAST)
+    rng = random.Random(4)
+    noisy = [rng.choice((10.0, 300.0)) for _ in range(180)]
+    alone = simulate(action(), 4, every_10s(30, IDLE_2))
+    run = simulate(a, 4, every_10s(30, IDLE_2), loads=noisy)
+    assert run.changes == alone.changes
+
+
+def test_a_saturated_pod_scales_up_whatever_the_forecast_says() -> None:
+    a = replace(action(), forecast=FORECAST)
+    steps = every_10s(15, {}) + every_10s(1, SATURATED_2, start=900.0)
+    run = simulate(a, 2, steps, loads=[20.0])  # a forecast of 10% per replica
+    assert run.changes == [(900.0, 3)]
+    assert run.decisions[-6].reason == "saturated on 2/2 pods"
+
+
+def test_decisions_without_forecast_keep_no_predictor() -> None:
+    decider = ScaleDecider()
+    decider.decide(replace(action(), forecast=FORECAST), 2, {}, 2, 0.0, WorkloadLoad(100, 2, 2))
+    assert decider.verdict is not None
+    assert decider.verdict.view is View.NO_HISTORY
+    decider.decide(action(), 2, {}, 2, 10.0, WorkloadLoad(100, 2, 2))
+    assert (decider.predictor, decider.verdict) == (None, None)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_forecast_does_not_flap_on_a_flat_noisy_load(seed: int) -> None:
+    """Six hours of two replicas at ~80% with noise and no finding: the forecast never scales down, and
+    each scale-up it asks for lowers the per-replica forecast, so they do not pile up."""
+    rng = random.Random(seed)
+    a = replace(action(), forecast=FORECAST)
+    walk, ar = [], 0.0
+    for _ in range(6 * 360):
+        ar = 0.98 * ar + rng.gauss(0, 2)
+        walk.append(160 * (1 + ar / 100) + rng.gauss(0, 5))
+    run = simulate(a, 2, every_10s(360, {}), loads=walk)
+    assert all(d.direction is not Direction.DOWN for d in run.decisions if d.changes)
+    assert len(run.changes) <= 1

@@ -312,8 +312,10 @@ def test_demo_tells_its_four_stories() -> None:
     demo = load_scenario("demo")
     assert demo.duration == 30 * 60
     snapshots = [demo.snapshot(t) for t in range(0, 1800, 10)]
-    assert all(len(s.gpus) == 4 for s in snapshots)
-    assert all(g.state is DeviceState.OK and len(g.pods) == 1 for s in snapshots for g in s.gpus)
+    assert all(len(s.gpus) == 8 for s in snapshots)
+    assert all(g.state is DeviceState.OK for s in snapshots for g in s.gpus)
+    # Played alone (no one scales it), the Deployment keeps its two replicas on GPUs 3 and 4.
+    assert all([len(g.pods) for g in s.gpus] == [1, 1, 1, 1, 1, 0, 0, 0] for s in snapshots)
 
     def series(pod: str, field: str) -> list[float]:
         return [getattr(pod_gpu(s, pod), field) for s in snapshots]
@@ -335,18 +337,126 @@ def test_demo_tells_its_four_stories() -> None:
     cache = series("vision-train-0", "memory_used_bytes")
     assert cache[0] < cache[30]
     assert max(cache[30:]) - min(cache[30:]) < 64 * MI
-    # a saturated server: ~98% busy and SM activity above 95%
-    server = "llm-server-7d9f8b6c4-x2x7q"
-    assert statistics.mean(series(server, "utilization_gpu")) == pytest.approx(98, abs=1)
-    assert min(series("llm-server-7d9f8b6c4-x2x7q", "sm_active")) > 93
+    # a server of two replicas sharing a load: ~75% each, until the ramp (12m-20m) saturates both
+    servers = [p.ref.name for p in demo.pods_at(0) if p.labels.get("app") == "llm-server"]
+    assert len(servers) == 2
+    for server in servers:
+        busy = series(server, "utilization_gpu")
+        assert statistics.mean(busy[: 12 * 6]) == pytest.approx(75, abs=2)
+        assert min(busy[18 * 6 :]) == 100.0
 
 
 def test_e2e_fast_has_the_demos_cases_within_seconds() -> None:
     fast = load_scenario("e2e-fast")
     demo = load_scenario("demo")
-    assert [g.uuid for g in fast.snapshot(0).gpus] == [g.uuid for g in demo.snapshot(0).gpus]
-    assert [p.ref for p in fast.pods] == [p.ref for p in demo.pods]
+    assert [g.uuid for g in fast.snapshot(0).gpus] == [g.uuid for g in demo.snapshot(0).gpus][:4]
+    assert [p.ref for p in fast.pods][:3] == [p.ref for p in demo.pods]
     assert slope_mib_per_min(fast, "llm-finetune-0", 0, 60) == pytest.approx(3 * 1024, rel=0.02)
     cache = [pod_gpu(fast.snapshot(t), "vision-train-0").memory_used_bytes for t in range(0, 60)]
     assert cache[0] < cache[10]
     assert max(cache[10:]) - min(cache[10:]) < 64 * MI
+
+
+# -- Deployments: replicas that share a load --------------------------------------------------------
+
+
+def serving(**deployment: Any) -> dict[str, Any]:
+    """Three spare GPUs and a Deployment of one replica on them, 150% of a replica's load."""
+    gpus = [
+        {
+            "uuid": f"GPU-{i}",
+            "memoryTotal": "80Gi",
+            "utilization": [{"kind": "idle", "level": 0}],
+            "memory": [{"kind": "idle", "level": 0}],
+        }
+        for i in range(3)
+    ]
+    spec: dict[str, Any] = {
+        "namespace": "inference",
+        "name": "llm",
+        "labels": {"app": "llm"},
+        "gpus": [g["uuid"] for g in gpus],
+        "startup": "60s",
+        "memory": "40Gi",
+        "pid": 100,
+        "load": [{"kind": "idle", "level": 150}],
+    }
+    spec.update(deployment)
+    return {"name": "t", "duration": "10m", "gpus": gpus, "deployments": [spec]}
+
+
+def utilization(scenario: Any, t: float) -> list[float]:
+    return [g.utilization_gpu for g in scenario.snapshot(t).gpus]
+
+
+def test_a_deployment_splits_its_load_over_the_replicas_that_serve() -> None:
+    scenario = parse_scenario(serving())
+    assert utilization(scenario, 10) == [100.0, 0.0, 0.0]  # one replica cannot carry 150%
+    assert scenario.scale("inference", "llm", 2, 100)
+    # The new replica loads its model for a minute: memory rising, no load taken yet.
+    loading = scenario.snapshot(130).gpus[1]
+    assert loading.utilization_gpu == pytest.approx(2.0)
+    assert loading.memory_used_bytes == pytest.approx(20 * GI, rel=0.01)
+    assert utilization(scenario, 130)[0] == 100.0
+    # Serving: the load splits; the first replica is no longer saturated.
+    assert utilization(scenario, 160) == [75.0, 75.0, 0.0]
+    pods = scenario.pods_at(160)
+    assert [p.gpus for p in pods] == [("GPU-0",), ("GPU-1",)]
+    assert len({p.ref.name for p in pods}) == 2
+    assert all(p.ref.name.startswith("llm-") and p.labels["app"] == "llm" for p in pods)
+    assert [proc.pid for p in pods for proc in p.processes] == [100, 101]
+    # Back to one: the newest replica goes, its GPU is idle again and the load is one pod's.
+    scenario.scale("inference", "llm", 1, 300)
+    assert utilization(scenario, 310) == [100.0, 0.0, 0.0]
+    assert [p.ref.name for p in scenario.pods_at(310)] == [pods[0].ref.name]
+
+
+def test_a_deployment_keeps_its_pod_names_and_is_deterministic() -> None:
+    a, b = parse_scenario(serving(replicas=2)), parse_scenario(serving(replicas=2))
+    assert [p.ref for p in a.pods_at(0)] == [p.ref for p in b.pods_at(0)]
+    assert a.snapshot(42) == b.snapshot(42)
+    # The replicas the file starts with serve from t = 0.
+    assert utilization(a, 0) == [75.0, 75.0, 0.0]
+
+
+def test_replicas_beyond_the_gpus_stay_unscheduled_and_unknown_deployments_are_refused() -> None:
+    scenario = parse_scenario(serving())
+    scenario.scale("inference", "llm", 5, 0)
+    assert len(scenario.pods_at(100)) == 3
+    assert utilization(scenario, 100) == [50.0, 50.0, 50.0]
+    assert not scenario.scale("inference", "other", 2, 0)
+
+
+def test_ramp_goes_from_the_previous_level_to_its_target() -> None:
+    spec = serving(
+        load=[{"kind": "idle", "level": 100}, {"kind": "ramp", "at": "1m", "to": 200, "over": "2m"}]
+    )
+    scenario = parse_scenario(spec)
+    scenario.scale("inference", "llm", 3, 0)
+    assert [round(sum(utilization(scenario, t))) for t in (60, 120, 180, 300)] == [100, 150, 200, 200]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"gpus": ["GPU-9"]}, "places replicas on GPU-9, not a GPU here"),
+        ({"replicas": 4}, "4 replicas need as many gpus"),
+        ({"load": [{"kind": "idle", "at": "1m", "level": 1}]}, "pieces must start at 0"),
+    ],
+)
+def test_deployment_errors_name_the_deployment(change: dict[str, Any], message: str) -> None:
+    with pytest.raises(ScenarioError, match=message):
+        parse_scenario(serving(**change))
+
+
+def test_a_deployment_gpu_cannot_also_be_a_pods() -> None:
+    spec = serving()
+    spec["pods"] = [{"namespace": "a", "name": "b", "gpus": ["GPU-0"]}]
+    with pytest.raises(ScenarioError, match="GPU-0 is already allocated"):
+        parse_scenario(spec)
+    spec = serving()
+    spec["pods"] = [{"namespace": "a", "name": "b", "gpus": [], "processes": []}]
+    spec["gpus"].append({**spec["gpus"][0], "uuid": "GPU-x"})
+    spec["pods"] = [{"namespace": "a", "name": "b", "gpus": ["GPU-x"], "processes": [{"pid": 101}]}]
+    with pytest.raises(ScenarioError, match="overlap"):
+        parse_scenario(spec)
