@@ -28,57 +28,26 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from gpuwarden.operator.claims import PolicyClaim
 from gpuwarden.operator.events import Announcer, announce
 from gpuwarden.operator.kubeapi import ApiError
 from gpuwarden.operator.posting import object_ref
+from gpuwarden.operator.scaling import Scaler, ScaleResult
 from gpuwarden.operator.state import OperatorState, Pacing, PodRecord, PolicyKey
 from gpuwarden.operator.status import PolicyVerdict, build_status, findings_from_status, owned_part
 from gpuwarden.policy.engine import Evaluation, PolicyEvaluator
 from gpuwarden.policy.model import PolicySpec
 from gpuwarden.policy.parse import SpecError, parse_spec
 
-__all__ = ["GROUP", "PLURAL", "VERSION", "PolicyRunner", "ScaleResult", "Scaler"]
+__all__ = ["GROUP", "PLURAL", "VERSION", "PolicyRunner"]
 
 GROUP = "gpuwarden.dev"
 VERSION = "v1alpha1"
 PLURAL = "gpumonitorpolicies"
 
 FIELD_MANAGER = "gpuwarden-operator"
-
-
-@dataclass(frozen=True, slots=True)
-class ScaleResult:
-    """What a scaler reports back into the policy's status."""
-
-    status: Mapping[str, Any] | None = None
-    """``status.scale`` (currentReplicas, desiredReplicas, lastScaleTime, lastScaleReason)."""
-    problem: tuple[str, str] | None = None
-    """``(reason, message)`` making the policy not Ready, e.g. ``ScaleTargetNotFound``."""
-    condition: tuple[str, str, str] | None = None
-    """``(status, reason, message)`` of the ``ScalingActive`` condition."""
-
-
-class Scaler(Protocol):
-    """Acts on ``spec.actions.scale`` after each evaluation (a separate component plugs in here).
-
-    Called after every evaluation, also of a policy without ``actions.scale``: the answer is then
-    None, and the scaler forgets what it kept of the policy.
-    """
-
-    async def scale(
-        self,
-        policy: PolicyKey,
-        spec: PolicySpec,
-        evaluation: Evaluation,
-        now: float,
-        policies: Iterable[PolicyClaim],
-    ) -> ScaleResult | None:
-        """Act on ``policy`` after ``evaluation``; ``policies``: the namespace's, from the index."""
-        ...
 
 
 class PolicyRunner:

@@ -1,7 +1,7 @@
-"""Scaler: acts on a policy's scale decisions, after each evaluation of the policy.
+"""WorkloadScaler: scales a policy's workload through its /scale subresource, after each evaluation.
 
 Plugged into the operator as ``OperatorState.scaler`` (the evaluation loop calls
-:meth:`Scaler.scale`). Per call, in order:
+:meth:`WorkloadScaler.scale`). Per call, in order:
 
 1. look the namespace's policies up in the operator's index (:mod:`.claims`, passed in):
    this one's uid (for its Events) and, after a restart, its ``status.scale.lastScaleTime``
@@ -20,7 +20,7 @@ Plugged into the operator as ``OperatorState.scaler`` (the evaluation loop calls
    Event on the target and on the policy; in dryRun, post "would scale" Events instead.
 
 What the status writer needs comes back as a :class:`ScaleOutcome`: ``status.scale``
-and the ``ScalingActive`` condition. The Scaler holds no clock of its own: ``now``
+and the ``ScalingActive`` condition. The WorkloadScaler holds no clock of its own: ``now``
 (epoch seconds) is passed in, and cooldowns and windows are measured on it.
 """
 
@@ -35,7 +35,6 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpuwarden.operator.claims import PolicyClaim, policy_claim
-from gpuwarden.operator.evaluation import ScaleResult
 from gpuwarden.operator.posting import EventSink, ObjectRef
 from gpuwarden.operator.scaleapi import (
     KubeScaleApi,
@@ -47,6 +46,7 @@ from gpuwarden.operator.scaleapi import (
     ScaleConflict,
     group_of,
 )
+from gpuwarden.operator.scaling import ScaleResult
 from gpuwarden.operator.state import OperatorState, PolicyKey
 from gpuwarden.operator.status import SCALING_ACTIVE, parse_rfc3339, rfc3339
 from gpuwarden.policy.engine import Evaluation
@@ -61,7 +61,14 @@ from gpuwarden.policy.scaling import (
     findings_by_pod,
 )
 
-__all__ = ["Condition", "DesiredReplicasCollector", "ScaleOutcome", "ScaleStatus", "Scaler", "attach_scaler"]
+__all__ = [
+    "Condition",
+    "DesiredReplicasCollector",
+    "ScaleOutcome",
+    "ScaleStatus",
+    "WorkloadScaler",
+    "attach_scaler",
+]
 
 POLICY_API_VERSION = "gpuwarden.dev/v1alpha1"
 POLICY_KIND = "GPUMonitorPolicy"
@@ -70,7 +77,7 @@ STALE_INTERVALS = 3
 STALE_MIN_SECONDS = 60.0
 """A policy not reconciled for this many of its evaluation intervals (and at least this long) is gone
 (deleted, or evaluated by the other replica now): its state and metric series go. One that drops its
-scale action goes at its next evaluation (:meth:`Scaler.scale` is called without one)."""
+scale action goes at its next evaluation (:meth:`WorkloadScaler.scale` is called without one)."""
 
 NOT_READY_REASONS = frozenset({"ScaleTargetNotFound", "ScaleTargetNotScalable"})
 """Problems in the policy itself (its targetRef), which make it ``Ready=False``; the rest are passing."""
@@ -128,7 +135,7 @@ class ScaleOutcome:
 
 @dataclass(slots=True)
 class _PolicyScaling:
-    """What the Scaler keeps per policy."""
+    """What the WorkloadScaler keeps per policy."""
 
     target: ScaleTargetRef
     decider: ScaleDecider = field(default_factory=ScaleDecider)
@@ -145,7 +152,7 @@ class _PolicyScaling:
     """Seconds after ``seen_at`` when this policy counts as gone."""
 
 
-class Scaler:
+class WorkloadScaler:
     """Scales the targets of every policy with ``spec.actions.scale``; one per operator."""
 
     def __init__(self, api: ScaleApi, events: EventSink) -> None:
@@ -412,23 +419,23 @@ def _outcome(
     )
 
 
-def attach_scaler(state: OperatorState) -> Scaler:
-    """Give the operator its Scaler (over its API client) and export the desired replicas on its registry."""
+def attach_scaler(state: OperatorState) -> WorkloadScaler:
+    """Give the operator its scaler (over its API client) and export the desired replicas on its registry."""
     api = KubeScaleApi(state.api, reporting_instance=state.config.identity)
-    state.scaler = scaler = Scaler(api, api)
+    state.scaler = scaler = WorkloadScaler(api, api)
     state.metrics.registry.register(DesiredReplicasCollector(scaler))
     return scaler
 
 
 class DesiredReplicasCollector(Collector):
-    """``gpuwarden_policy_desired_replicas{namespace,policy}``, read from the Scaler at scrape time.
+    """``gpuwarden_policy_desired_replicas{namespace,policy}``, read from the WorkloadScaler at scrape time.
 
     A policy that stops being reconciled (deleted, or now evaluated by the other
     replica) drops out after :data:`STALE_INTERVALS` of its
     intervals, so a stale value never keeps driving an HPA.
     """
 
-    def __init__(self, scaler: Scaler, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, scaler: WorkloadScaler, clock: Callable[[], float] = time.time) -> None:
         self._scaler = scaler
         self._clock = clock
 

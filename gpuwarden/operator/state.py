@@ -31,7 +31,7 @@ from gpuwarden.policy.intake import points_from_snapshot
 from gpuwarden.policy.series import SeriesStore
 
 if TYPE_CHECKING:
-    from gpuwarden.operator.evaluation import Scaler
+    from gpuwarden.operator.scaling import Scaler
 
 __all__ = [
     "MAX_REPORT_AGE",

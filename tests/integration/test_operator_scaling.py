@@ -1,12 +1,12 @@
-"""Scaling against a real kube-apiserver: the Scaler's calls, the chart's RBAC, and the operator end to end.
+"""Scaling against a real kube-apiserver: the scaler's calls, the chart's RBAC, and the operator end to end.
 
-Most tests drive :class:`Scaler` directly over the operator's own API client, with the
+Most tests drive :class:`WorkloadScaler` directly over the operator's own API client, with the
 decider fed synthetic findings and an injected clock (ten seconds of "time" per round,
 no sleeping): the step-by-step climb to maxReplicas, the stabilized descent to
 minReplicas, no flapping, HPA and policy conflicts, dryRun, a custom resource found
 through discovery, and the chart's ServiceAccount. Each round writes the status the
 way the operator does (``build_status`` + a ``/status`` merge patch), so the CRD's
-schema judges what the Scaler reports. The last test runs the operator and a scripted
+schema judges what the WorkloadScaler reports. The last test runs the operator and a scripted
 agent as processes and watches a Deployment scale up to its maximum and back down.
 
 There is no controller-manager: a Deployment's ``spec.replicas`` is all that changes,
@@ -45,7 +45,7 @@ from gpuwarden.operator.claims import policy_claim
 from gpuwarden.operator.evaluation import GROUP, PLURAL, VERSION
 from gpuwarden.operator.kubeapi import KubeApi
 from gpuwarden.operator.scaleapi import KubeScaleApi
-from gpuwarden.operator.scaler import ScaleOutcome, Scaler
+from gpuwarden.operator.scaler import ScaleOutcome, WorkloadScaler
 from gpuwarden.operator.state import PolicyKey
 from gpuwarden.operator.status import PolicyVerdict, build_status
 from gpuwarden.policy.model import ScaleAction
@@ -64,7 +64,7 @@ DOCS = REPO_ROOT / "docs" / "scaling.md"
 
 @dataclass(frozen=True)
 class F:
-    """A synthetic active finding: what the Scaler reads of one."""
+    """A synthetic active finding: what the WorkloadScaler reads of one."""
 
     rule: str
     pod: str
@@ -174,17 +174,17 @@ def messages(found: Sequence[Any]) -> list[str]:
     return sorted(e["message"] for e in found)
 
 
-# --- the bench: the Scaler over a real API server --------------------------------------------------
+# --- the bench: the WorkloadScaler over a real API server --------------------------------------------------
 
 
 @dataclass
 class Bench(InNamespace):
-    """A namespace with the CRDs, a Scaler over the operator's API client, and the clock it is given."""
+    """A namespace with the CRDs, a WorkloadScaler over the operator's API client, and its clock."""
 
     cp: ControlPlane
     namespace: str
     kube: KubeApi
-    scaler: Scaler
+    scaler: WorkloadScaler
     now: float = T0
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
@@ -204,9 +204,9 @@ class Bench(InNamespace):
     async def round(
         self, obj: dict[str, Any], findings: Sequence[F], matched: int = len(PODS), *, advance: bool = True
     ) -> ScaleOutcome:
-        """One evaluation: the Scaler reconciles, then the status is written as the operator writes it.
+        """One evaluation: the scaler reconciles, then the status is written as the operator writes it.
 
-        The Scaler is given the namespace's policies as listed now: what the operator's index holds.
+        The WorkloadScaler is given the namespace's policies as listed now: what the operator's index holds.
         """
         name = obj["metadata"]["name"]
         listing = await self.kube.get(f"/apis/{GROUP}/{VERSION}/namespaces/{self.namespace}/{PLURAL}")
@@ -257,7 +257,7 @@ async def bench(control_plane: ControlPlane, namespace: str, crds: None) -> Asyn
     kube = KubeApi(admin_info(control_plane))
     api = KubeScaleApi(kube, reporting_instance="test")
     try:
-        yield Bench(control_plane, namespace, kube, Scaler(api, api))
+        yield Bench(control_plane, namespace, kube, WorkloadScaler(api, api))
     finally:
         await kube.close()
 
@@ -555,7 +555,7 @@ async def test_the_chart_service_account_scales_through_scale_only(
     assert can_i(cp, home, sa, "list", "gpumonitorpolicies.gpuwarden.dev", "-n", namespace)
     assert can_i(cp, home, sa, "create", "events", "-n", namespace)
 
-    # And the Scaler, running as that ServiceAccount, does everything it does with nothing more.
+    # And the WorkloadScaler, running as that ServiceAccount, does everything it does with nothing more.
     token = cp.kubectl("create", "token", sa, "-n", home, "--duration=1h", check=True).stdout.strip()
     apply(cp, deployment(namespace, replicas=1))
     obj = policy(namespace)
@@ -564,7 +564,7 @@ async def test_the_chart_service_account_scales_through_scale_only(
     api = KubeScaleApi(kube)
     try:
         indexed = [policy_claim(get(cp, "gmp", "llm-serving", "-n", namespace))]
-        outcome = await Scaler(api, api).reconcile(
+        outcome = await WorkloadScaler(api, api).reconcile(
             PolicyKey(namespace, "llm-serving"), action_of(obj), SATURATED, 2, T0, indexed
         )
         assert (outcome.applied, outcome.condition.reason) == (True, "Active"), outcome.condition

@@ -9,8 +9,9 @@ import pytest
 
 from gpuwarden.operator import evaluation as evaluation_module
 from gpuwarden.operator.config import OperatorConfig
-from gpuwarden.operator.evaluation import PolicyRunner, ScaleResult
+from gpuwarden.operator.evaluation import PolicyRunner
 from gpuwarden.operator.posting import ObjectRef
+from gpuwarden.operator.scaling import ScaleResult
 from gpuwarden.operator.state import OperatorState, Pacing, PodRecord, PolicyKey
 from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.model import PolicySpec

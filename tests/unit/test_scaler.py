@@ -1,4 +1,4 @@
-"""Scaler against an in-memory API: what it patches, which Events and conditions come out, conflicts.
+"""WorkloadScaler against an in-memory API: what it patches, which Events and conditions come out, conflicts.
 
 The same paths run against a real kube-apiserver in tests/integration/test_scaling.py;
 here are the ones a real API server cannot easily be made to take (409s, failed
@@ -14,7 +14,6 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpuwarden.operator.claims import PolicyClaim, policy_claim
-from gpuwarden.operator.evaluation import ScaleResult
 from gpuwarden.operator.kubeapi import JsonObject
 from gpuwarden.operator.scaleapi import (
     HpaRef,
@@ -24,7 +23,8 @@ from gpuwarden.operator.scaleapi import (
     ScaleApiError,
     ScaleConflict,
 )
-from gpuwarden.operator.scaler import DesiredReplicasCollector, Scaler
+from gpuwarden.operator.scaler import DesiredReplicasCollector, WorkloadScaler
+from gpuwarden.operator.scaling import ScaleResult
 from gpuwarden.operator.state import PolicyKey
 from gpuwarden.policy.model import ScaleAction, ScaleDirection, ScaleTargetRef
 
@@ -133,7 +133,7 @@ class FakeCluster:
         return list(self.policies)
 
     def claims(self) -> list[PolicyClaim]:
-        """What the Scaler is given: the policies of the operator's index."""
+        """What the WorkloadScaler is given: the policies of the operator's index."""
         return [policy_claim(p) for p in (self.policies if self.indexed is None else self.indexed)]
 
     async def post(self, regarding: ObjectRef, type_: str, reason: str, message: str) -> None:
@@ -167,8 +167,8 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def scaler(cluster: FakeCluster, registry: CollectorRegistry, clock: Clock) -> Scaler:
-    scaler = Scaler(cluster, cluster)
+def scaler(cluster: FakeCluster, registry: CollectorRegistry, clock: Clock) -> WorkloadScaler:
+    scaler = WorkloadScaler(cluster, cluster)
     registry.register(DesiredReplicasCollector(scaler, clock))
     return scaler
 
@@ -178,7 +178,7 @@ def desired(registry: CollectorRegistry, name: str = "llm-serving") -> float | N
 
 
 async def test_scales_up_and_announces_on_both_objects(
-    scaler: Scaler, cluster: FakeCluster, registry: CollectorRegistry
+    scaler: WorkloadScaler, cluster: FakeCluster, registry: CollectorRegistry
 ) -> None:
     out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0, cluster.claims())
     assert out.applied
@@ -211,7 +211,7 @@ async def test_scales_up_and_announces_on_both_objects(
     assert desired(registry) == 3
 
 
-async def test_cooldown_then_next_step(scaler: Scaler, cluster: FakeCluster) -> None:
+async def test_cooldown_then_next_step(scaler: WorkloadScaler, cluster: FakeCluster) -> None:
     await scaler.reconcile(policy(), action(), SATURATED, 2, T0, cluster.claims())
     held = await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + 30, cluster.claims())
     assert not held.applied
@@ -222,7 +222,7 @@ async def test_cooldown_then_next_step(scaler: Scaler, cluster: FakeCluster) -> 
 
 
 async def test_dry_run_announces_and_changes_nothing(
-    scaler: Scaler, cluster: FakeCluster, registry: CollectorRegistry
+    scaler: WorkloadScaler, cluster: FakeCluster, registry: CollectorRegistry
 ) -> None:
     out = await scaler.reconcile(policy(), action(dry_run=True), SATURATED, 2, T0, cluster.claims())
     assert not out.applied
@@ -243,7 +243,7 @@ async def test_dry_run_announces_and_changes_nothing(
     assert desired(registry) == 3
 
 
-async def test_hpa_conflict_blocks_and_warns_once(scaler: Scaler, cluster: FakeCluster) -> None:
+async def test_hpa_conflict_blocks_and_warns_once(scaler: WorkloadScaler, cluster: FakeCluster) -> None:
     cluster.hpas = [
         HpaRef("other-hpa", "apps/v1", "Deployment", "unrelated"),
         HpaRef("llm-hpa", "apps/v1", "Deployment", "llm-server"),
@@ -270,19 +270,21 @@ def test_hpa_target_matching(hpa_api_version: str, conflicts: bool) -> None:
     assert HpaRef("h", hpa_api_version, "Deployment", "llm-server").targets(TARGET) is conflicts
 
 
-async def test_hpa_feeding_on_a_dry_run_policy_is_no_conflict(scaler: Scaler, cluster: FakeCluster) -> None:
+async def test_hpa_feeding_on_a_dry_run_policy_is_no_conflict(
+    scaler: WorkloadScaler, cluster: FakeCluster
+) -> None:
     cluster.hpas = [HpaRef("llm-hpa", "apps/v1", "Deployment", "llm-server")]
     out = await scaler.reconcile(policy(), action(dry_run=True), SATURATED, 2, T0, cluster.claims())
     assert out.condition.reason == "DryRun"
 
 
-async def test_unknown_hpas_mean_no_action(scaler: Scaler, cluster: FakeCluster) -> None:
+async def test_unknown_hpas_mean_no_action(scaler: WorkloadScaler, cluster: FakeCluster) -> None:
     cluster.list_error = ScaleApiError("HPAs in inference: 403: forbidden", 403)
     out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0, cluster.claims())
     assert (out.condition.reason, cluster.patches) == ("FailedListHPAs", [])
 
 
-async def test_two_policies_on_one_target_both_stop(scaler: Scaler, cluster: FakeCluster) -> None:
+async def test_two_policies_on_one_target_both_stop(scaler: WorkloadScaler, cluster: FakeCluster) -> None:
     cluster.policies = [policy_object("a"), policy_object("b")]
     for name in ("b", "a", "b"):
         out = await scaler.reconcile(policy(name), action(), SATURATED, 2, T0, cluster.claims())
@@ -298,7 +300,7 @@ async def test_two_policies_on_one_target_both_stop(scaler: Scaler, cluster: Fak
 
 
 async def test_the_policies_come_from_the_index_not_from_a_list_per_round(
-    scaler: Scaler, cluster: FakeCluster
+    scaler: WorkloadScaler, cluster: FakeCluster
 ) -> None:
     cluster.replicas.update({f"other-{i}": 1 for i in range(8)})
     cluster.policies = [
@@ -321,7 +323,9 @@ async def test_the_policies_come_from_the_index_not_from_a_list_per_round(
     assert cluster.replicas["llm-server"] == 4  # it acted: no rival among ten policies
 
 
-async def test_a_rival_only_the_index_still_holds_stops_nobody(scaler: Scaler, cluster: FakeCluster) -> None:
+async def test_a_rival_only_the_index_still_holds_stops_nobody(
+    scaler: WorkloadScaler, cluster: FakeCluster
+) -> None:
     # b was deleted while this replica stood by: its index saw no DELETED event.
     cluster.indexed = [policy_object("a"), policy_object("b")]
     cluster.policies = [policy_object("a")]
@@ -329,7 +333,9 @@ async def test_a_rival_only_the_index_still_holds_stops_nobody(scaler: Scaler, c
     assert cluster.lists == 1  # the list confirms a rival the index shows, and only then
 
 
-async def test_a_rival_that_cannot_be_confirmed_means_no_action(scaler: Scaler, cluster: FakeCluster) -> None:
+async def test_a_rival_that_cannot_be_confirmed_means_no_action(
+    scaler: WorkloadScaler, cluster: FakeCluster
+) -> None:
     cluster.policies = [policy_object("a"), policy_object("b")]
     cluster.policies_error = ScaleApiError("GPUMonitorPolicies in inference: 503: unavailable", 503)
     out = await scaler.reconcile(policy("a"), action(), SATURATED, 2, T0, cluster.claims())
@@ -351,13 +357,13 @@ async def test_a_rival_that_cannot_be_confirmed_means_no_action(scaler: Scaler, 
     ],
 )
 async def test_policies_that_do_not_act_on_the_target_are_no_rivals(
-    scaler: Scaler, cluster: FakeCluster, other: JsonObject
+    scaler: WorkloadScaler, cluster: FakeCluster, other: JsonObject
 ) -> None:
     cluster.policies = [policy_object("a"), other]
     assert (await scaler.reconcile(policy("a"), action(), SATURATED, 2, T0, cluster.claims())).applied
 
 
-async def test_events_name_the_policy_by_uid(scaler: Scaler, cluster: FakeCluster) -> None:
+async def test_events_name_the_policy_by_uid(scaler: WorkloadScaler, cluster: FakeCluster) -> None:
     uids: list[str] = []
 
     async def post(regarding: ObjectRef, type_: str, reason: str, message: str) -> None:
@@ -369,7 +375,7 @@ async def test_events_name_the_policy_by_uid(scaler: Scaler, cluster: FakeCluste
 
 
 async def test_missing_target_makes_the_policy_not_ready(
-    scaler: Scaler, cluster: FakeCluster, registry: CollectorRegistry
+    scaler: WorkloadScaler, cluster: FakeCluster, registry: CollectorRegistry
 ) -> None:
     await scaler.reconcile(policy(), action(), SATURATED, 2, T0, cluster.claims())
     assert desired(registry) == 3
@@ -383,7 +389,7 @@ async def test_missing_target_makes_the_policy_not_ready(
     assert out.result().problem == ("ScaleTargetNotFound", "Deployment llm-server not found")
 
 
-async def test_conflicting_write_is_retried(scaler: Scaler, cluster: FakeCluster) -> None:
+async def test_conflicting_write_is_retried(scaler: WorkloadScaler, cluster: FakeCluster) -> None:
     cluster.patch_error = ScaleConflict("changed meanwhile", 409)
     out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0, cluster.claims())
     assert not out.applied
@@ -393,7 +399,7 @@ async def test_conflicting_write_is_retried(scaler: Scaler, cluster: FakeCluster
     assert (await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + 1, cluster.claims())).applied
 
 
-async def test_failed_write_warns_once(scaler: Scaler, cluster: FakeCluster) -> None:
+async def test_failed_write_warns_once(scaler: WorkloadScaler, cluster: FakeCluster) -> None:
     cluster.patch_error = ScaleApiError("Deployment inference/llm-server: 403: forbidden", 403)
     for t in (0, 10):
         out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + t, cluster.claims())
@@ -404,13 +410,15 @@ async def test_failed_write_warns_once(scaler: Scaler, cluster: FakeCluster) -> 
     ]  # policy + target
 
 
-async def test_scaled_to_zero_is_left_alone(scaler: Scaler, cluster: FakeCluster) -> None:
+async def test_scaled_to_zero_is_left_alone(scaler: WorkloadScaler, cluster: FakeCluster) -> None:
     cluster.replicas["llm-server"] = 0
     out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0, cluster.claims())
     assert (out.condition.reason, cluster.patches) == ("ScaledToZero", [])
 
 
-async def test_status_carries_the_cooldown_over_a_restart(scaler: Scaler, cluster: FakeCluster) -> None:
+async def test_status_carries_the_cooldown_over_a_restart(
+    scaler: WorkloadScaler, cluster: FakeCluster
+) -> None:
     cluster.policies = [
         policy_object(
             "llm-serving",
@@ -427,7 +435,7 @@ async def test_status_carries_the_cooldown_over_a_restart(scaler: Scaler, cluste
 
 
 async def test_series_of_a_policy_no_longer_reconciled_goes(
-    scaler: Scaler, cluster: FakeCluster, registry: CollectorRegistry, clock: Clock
+    scaler: WorkloadScaler, cluster: FakeCluster, registry: CollectorRegistry, clock: Clock
 ) -> None:
     await scaler.reconcile(policy(), action(), IDLE, 2, T0, cluster.claims(), expires_after=30)
     assert desired(registry) == 1
