@@ -174,10 +174,9 @@ class PolicyRunner:
             return
         self.spec_error = None
         self.spec = parsed
-        renotify = parsed.actions.renotify_seconds
         if self.evaluator is None or self.announcer is None:
             self.evaluator = PolicyEvaluator(str(self.key), parsed, namespace=self.key.namespace)
-            self.announcer = Announcer(self.key.name, renotify_seconds=renotify)
+            self.announcer = Announcer(self.key.name)
             restored = findings_from_status(
                 status, parsed, policy=str(self.key), namespace=self.key.namespace
             )
@@ -187,7 +186,6 @@ class PolicyRunner:
                 self.log.info("Resumed %d ongoing violation(s) from status.", len(restored))
         else:
             self.evaluator.update_spec(parsed)
-            self.announcer.renotify_seconds = renotify
         self.state.set_horizon(self.key, self.evaluator.horizon_seconds())
 
     async def _scale(

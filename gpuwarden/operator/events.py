@@ -93,15 +93,14 @@ def resolved_reason(reason: str) -> str:
 class Announcer:
     """One policy's announcements: which findings were announced, when, and with what message.
 
-    The engine decides when a finding starts, re-notifies or resolves; this book
-    is the last line against repeating it: a ``STARTED`` for a finding announced
-    less than ``renotify_seconds`` ago (an engine rebuilt from a partial status,
-    a spec toggled invalid and back) is not announced again.
+    The engine alone decides when a finding starts, re-notifies or resolves
+    (:class:`~gpuwarden.policy.findings.FindingTracker` owns the re-notify timing, and a
+    restart or takeover restores it from the status); this book keeps what each active
+    finding was announced with, for the status.
     """
 
-    def __init__(self, policy: str, *, renotify_seconds: float) -> None:
+    def __init__(self, policy: str) -> None:
         self.policy = policy
-        self.renotify_seconds = renotify_seconds
         self._announced: dict[FindingKey, _Announcement] = {}
 
     def restore(self, findings: Iterable[Finding], now: float) -> None:
@@ -124,13 +123,9 @@ class Announcer:
         f = step.finding
         known = self._announced.get(f.key)
         match step.transition:
-            case Transition.STARTED if known is not None and step.at - known.at < self.renotify_seconds:
-                return []
             case Transition.STARTED:
                 self._announced[f.key] = _Announcement(step.at, f.message)
                 return self._warning(f, f"{f.message}; {_meaning(f)}")
-            case Transition.RENOTIFY if known is not None and step.at - known.at < self.renotify_seconds:
-                return []
             case Transition.RENOTIFY:
                 self._announced[f.key] = _Announcement(step.at, f.message)
                 lasted = approx_duration(step.at - f.started_at)

@@ -45,7 +45,7 @@ def step(
 
 
 def test_a_start_warns_on_the_pod_and_the_policy_with_the_figure_and_its_meaning() -> None:
-    book = Announcer("pol", renotify_seconds=3600)
+    book = Announcer("pol")
     planned = book.plan(ev(step(Transition.STARTED, T0)))
     assert [(e.target, e.type, e.reason) for e in planned] == [
         (Target.POD, "Warning", "GPUUnderutilized"),
@@ -68,7 +68,7 @@ def test_a_start_warns_on_the_pod_and_the_policy_with_the_figure_and_its_meaning
     ],
 )
 def test_reasons_are_camel_case_per_kind(kind: RuleKind, reason: str) -> None:
-    book = Announcer("pol", renotify_seconds=3600)
+    book = Announcer("pol")
     f = finding(kind=kind)
     started = book.plan(ev(step(Transition.STARTED, T0, f)))
     resolved = book.plan(ev(step(Transition.RESOLVED, T0 + 60, f, Resolution.RECOVERED)))
@@ -77,7 +77,7 @@ def test_reasons_are_camel_case_per_kind(kind: RuleKind, reason: str) -> None:
 
 
 def test_ongoing_is_silent_and_renotify_says_still() -> None:
-    book = Announcer("pol", renotify_seconds=60)
+    book = Announcer("pol")
     book.plan(ev(step(Transition.STARTED, T0)))
     assert book.plan(ev(step(Transition.ONGOING, T0 + 30))) == []
     again = book.plan(ev(step(Transition.RENOTIFY, T0 + 60)))
@@ -85,23 +85,16 @@ def test_ongoing_is_silent_and_renotify_says_still() -> None:
     assert "still, for 1m" in again[0].message
 
 
-def test_a_repeated_start_or_an_early_renotify_is_not_announced() -> None:
-    book = Announcer("pol", renotify_seconds=60)
-    assert len(book.plan(ev(step(Transition.STARTED, T0)))) == 2
-    assert book.plan(ev(step(Transition.STARTED, T0 + 10))) == []
-    assert book.plan(ev(step(Transition.RENOTIFY, T0 + 59))) == []
-    assert len(book.plan(ev(step(Transition.RENOTIFY, T0 + 60)))) == 2
-
-
-def test_a_restart_restores_the_book_so_nothing_is_announced_again() -> None:
-    book = Announcer("pol", renotify_seconds=3600)
+def test_a_restart_restores_the_messages_announced_before() -> None:
+    # Whether to announce again is the engine's (its restored tracker says ONGOING, not STARTED).
+    book = Announcer("pol")
     book.restore([finding(message="as announced before")], T0)
-    assert book.plan(ev(step(Transition.STARTED, T0 + 5))) == []
+    assert book.plan(ev(step(Transition.ONGOING, T0 + 5))) == []
     assert book.messages()[finding().key] == "as announced before"
 
 
 def test_resolution_says_why_and_a_gone_pod_gets_no_event() -> None:
-    book = Announcer("pol", renotify_seconds=3600)
+    book = Announcer("pol")
     book.plan(ev(step(Transition.STARTED, T0)))
     recovered = book.plan(
         ev(step(Transition.RESOLVED, T0 + 125, finding(message="63% over 5m"), Resolution.RECOVERED))
@@ -116,7 +109,7 @@ def test_resolution_says_why_and_a_gone_pod_gets_no_event() -> None:
 
 
 def test_events_off_plans_nothing_but_keeps_the_book() -> None:
-    book = Announcer("pol", renotify_seconds=3600)
+    book = Announcer("pol")
     assert book.plan(ev(step(Transition.STARTED, T0)), events=False) == []
     assert finding().key in book.messages()
 
