@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -23,10 +24,14 @@ from prometheus_client.registry import Collector
 from gpuwarden.nodereport import REFUSALS
 from gpuwarden.policy.series import Point, SeriesKey, SeriesStore
 
+EVENT_DROP_REASONS = ("queue_full", "expired", "refused")
+"""Why the Event poster gave an Event up: its queue was full, it waited too long, the API refused it."""
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "REJECT_REASONS",
+    "DesiredReplicasCollector",
     "LatestReadings",
     "OperatorMetrics",
     "make_metrics_app",
@@ -120,14 +125,31 @@ class _PodGpuCollector(Collector):
         return [util, sm, used, total]
 
 
+STATE_GAUGES = {
+    "gpuwarden_operator_active": "1 while this replica acts (peering), else 0.",
+    "gpuwarden_operator_tokenreviews": (
+        "TokenReviews sent since start (the rest were answered from the cache)."
+    ),
+    "gpuwarden_operator_policies": "Policies this replica evaluates.",
+    "gpuwarden_operator_retention_seconds": "Seconds of readings kept.",
+    "gpuwarden_operator_series": "Pod-GPU series held in memory.",
+    "gpuwarden_operator_series_points": "Readings held in memory, over all series.",
+    "gpuwarden_operator_series_bytes": "Bytes the series windows hold.",
+    "gpuwarden_operator_points_ignored": (
+        "Readings not stored: not newer than their series' latest (retries, overlaps), since start."
+    ),
+}
+"""The gauges read from the operator's state at scrape time, and their help."""
+
+
 class _StateCollector(Collector):
     """Gauges read from the operator's state at scrape time (no bookkeeping on the hot path)."""
 
-    def __init__(self, read: Callable[[], dict[str, tuple[str, float]]]) -> None:
+    def __init__(self, read: Callable[[], Mapping[str, float]]) -> None:
         self._read = read
 
     def collect(self) -> Iterable[Metric]:
-        return [GaugeMetricFamily(name, doc, value=value) for name, (doc, value) in self._read().items()]
+        return [GaugeMetricFamily(name, STATE_GAUGES[name], value=v) for name, v in self._read().items()]
 
 
 class OperatorMetrics:
@@ -186,6 +208,14 @@ class OperatorMetrics:
             ["type", "reason"],
             registry=r,
         )
+        self.events_dropped = Counter(
+            "gpuwarden_operator_events_dropped",
+            "Events never posted, by reason: the queue was full, they waited too long, the API refused them.",
+            ["reason"],
+            registry=r,
+        )
+        for reason in EVENT_DROP_REASONS:
+            self.events_dropped.labels(reason)
         self.status_writes = Counter(
             "gpuwarden_operator_status_writes",
             "Policy status patches sent (unchanged status is not written).",
@@ -197,8 +227,9 @@ class OperatorMetrics:
         """Export the per-pod GPU series from :attr:`latest`."""
         self.registry.register(_PodGpuCollector(self.latest, stale_after, clock))
 
-    def watch_state(self, read: Callable[[], dict[str, tuple[str, float]]]) -> None:
-        """Export gauges computed at scrape time by ``read`` (name -> (help, value))."""
+    def watch_state(self, read: Callable[[], Mapping[str, float]]) -> None:
+        """Export gauges computed at scrape time by ``read`` (name -> value; each named in
+        :data:`STATE_GAUGES`)."""
         self.registry.register(_StateCollector(read))
 
     def set_findings(
@@ -215,17 +246,14 @@ class OperatorMetrics:
         return generate_latest(self.registry)
 
 
-def store_gauges(store: SeriesStore) -> dict[str, tuple[str, float]]:
+def store_gauges(store: SeriesStore) -> dict[str, float]:
     """The series store's size, for :meth:`OperatorMetrics.watch_state`."""
     stats = store.stats()
     return {
-        "gpuwarden_operator_series": ("Pod-GPU series held in memory.", stats.series),
-        "gpuwarden_operator_series_points": ("Readings held in memory, over all series.", stats.points),
-        "gpuwarden_operator_series_bytes": ("Bytes the series windows hold.", stats.nbytes),
-        "gpuwarden_operator_points_ignored": (
-            "Readings not stored: not newer than their series' latest (retries, overlaps), since start.",
-            stats.ignored,
-        ),
+        "gpuwarden_operator_series": stats.series,
+        "gpuwarden_operator_series_points": stats.points,
+        "gpuwarden_operator_series_bytes": stats.nbytes,
+        "gpuwarden_operator_points_ignored": stats.ignored,
     }
 
 
@@ -276,3 +304,30 @@ def make_metrics_app(metrics: OperatorMetrics, ready: Callable[[], bool]) -> web
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     return app
+
+
+class DesiredReplicasCollector(Collector):
+    """``gpuwarden_policy_desired_replicas{namespace,policy}``, read from the scaler at scrape time.
+
+    ``desired(now)`` is the scaler's ``desired_replicas``: a policy that stops being reconciled
+    (deleted, or now evaluated by another replica) drops out of it after a few of its intervals,
+    so a stale value never keeps driving an HPA.
+    """
+
+    def __init__(
+        self, desired: Callable[[float], Mapping[Any, int]], clock: Callable[[], float] = time.time
+    ) -> None:
+        self._desired = desired
+        self._clock = clock
+
+    def collect(self) -> Iterable[Metric]:
+        """One sample per recently reconciled policy."""
+        family = GaugeMetricFamily(
+            "gpuwarden_policy_desired_replicas",
+            "Replicas the policy wants its scale target to have (also in dryRun): feed it to an HPA or KEDA.",
+            labels=["namespace", "policy"],
+        )
+        # Keys are the operator's PolicyKeys (namespace, name); sorted, so scrapes read alike.
+        for key, desired in sorted(self._desired(self._clock()).items(), key=lambda kv: str(kv[0])):
+            family.add_metric([key.namespace, key.name], desired)
+        return [family]

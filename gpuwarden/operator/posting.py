@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import Counter
 
 from gpuwarden.operator.kubeapi import ApiError, JsonObject, KubeApi
 from gpuwarden.operator.status import rfc3339
 
-__all__ = ["COMPONENT", "DROP_REASONS", "EventPoster", "EventSink", "ObjectRef", "event_body", "object_ref"]
+__all__ = ["COMPONENT", "EventPoster", "EventSink", "ObjectRef", "event_body", "object_ref"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +49,6 @@ MAX_MESSAGE = 1024
 
 CLUSTER_EVENTS_NAMESPACE = "default"
 """Where Events about cluster-scoped objects are posted, as the kubelet posts a Node's."""
-
-DROP_REASONS = ("queue_full", "expired", "refused")
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,8 +120,9 @@ class _Queued:
 class EventPoster:
     """Posts Events in the background, in the order they were queued, each exactly once.
 
-    ``instance``: this replica's identity (``reportingInstance``); ``registry``: where the drop counter
-    goes; ``clock``: wall time, for the Events' timestamps and their age.
+    ``instance``: this replica's identity (``reportingInstance``); ``dropped``: the drop counter, by
+    reason (``OperatorMetrics.events_dropped``); ``clock``: wall time, for the Events' timestamps and
+    their age.
     """
 
     def __init__(
@@ -131,7 +130,7 @@ class EventPoster:
         api: KubeApi,
         *,
         instance: str,
-        registry: CollectorRegistry,
+        dropped: Counter,
         limit: int = 1000,
         max_age: float = 3600.0,
         backoff_base: float = 1.0,
@@ -151,14 +150,7 @@ class EventPoster:
         self._queued = asyncio.Event()
         self._empty = asyncio.Event()
         self._empty.set()
-        self._dropped = Counter(
-            "gpuwarden_operator_events_dropped",
-            "Events never posted, by reason: the queue was full, they waited too long, the API refused them.",
-            ["reason"],
-            registry=registry,
-        )
-        for reason in DROP_REASONS:
-            self._dropped.labels(reason)
+        self._dropped = dropped
 
     @property
     def pending(self) -> int:

@@ -26,15 +26,12 @@ and the ``ScalingActive`` condition. The WorkloadScaler holds no clock of its ow
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
 from gpuwarden.operator.claims import PolicyClaim, policy_claim
+from gpuwarden.operator.metrics import DesiredReplicasCollector
 from gpuwarden.operator.posting import EventSink, ObjectRef
 from gpuwarden.operator.scaleapi import (
     KubeScaleApi,
@@ -63,7 +60,6 @@ from gpuwarden.policy.scaling import (
 
 __all__ = [
     "Condition",
-    "DesiredReplicasCollector",
     "ScaleOutcome",
     "ScaleStatus",
     "WorkloadScaler",
@@ -423,31 +419,5 @@ def attach_scaler(state: OperatorState) -> WorkloadScaler:
     """Give the operator its scaler (over its API client) and export the desired replicas on its registry."""
     api = KubeScaleApi(state.api, reporting_instance=state.config.identity)
     state.scaler = scaler = WorkloadScaler(api, api)
-    state.metrics.registry.register(DesiredReplicasCollector(scaler))
+    state.metrics.registry.register(DesiredReplicasCollector(scaler.desired_replicas))
     return scaler
-
-
-class DesiredReplicasCollector(Collector):
-    """``gpuwarden_policy_desired_replicas{namespace,policy}``, read from the WorkloadScaler at scrape time.
-
-    A policy that stops being reconciled (deleted, or now evaluated by the other
-    replica) drops out after :data:`STALE_INTERVALS` of its
-    intervals, so a stale value never keeps driving an HPA.
-    """
-
-    def __init__(self, scaler: WorkloadScaler, clock: Callable[[], float] = time.time) -> None:
-        self._scaler = scaler
-        self._clock = clock
-
-    def collect(self) -> Iterable[Metric]:
-        """One sample per recently reconciled policy."""
-        family = GaugeMetricFamily(
-            "gpuwarden_policy_desired_replicas",
-            "Replicas the policy wants its scale target to have (also in dryRun): feed it to an HPA or KEDA.",
-            labels=["namespace", "policy"],
-        )
-        for key, desired in sorted(
-            self._scaler.desired_replicas(self._clock()).items(), key=lambda kv: str(kv[0])
-        ):
-            family.add_metric([key.namespace, key.name], desired)
-        return [family]

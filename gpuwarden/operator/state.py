@@ -158,7 +158,7 @@ class OperatorState:
         self.pods_synced = False
         """Whether ``pod_nodes`` holds every pod (Kopf listed them); until then unknown pods are let in."""
         self.metrics = OperatorMetrics()
-        self.events = EventPoster(self.api, instance=config.identity, registry=self.metrics.registry)
+        self.events = EventPoster(self.api, instance=config.identity, dropped=self.metrics.events_dropped)
         """Posts the policies' Events in the background (:class:`Services` runs it)."""
         self.store = SeriesStore(retention_seconds=MIN_RETENTION, max_points=MAX_POINTS)
         self.health = HealthStore(retention_seconds=MIN_RETENTION)
@@ -198,23 +198,14 @@ class OperatorState:
     async def _review(self, token: str) -> dict[str, Any]:
         return await self.api.create_token_review(token, [self.config.token_audience])
 
-    def _gauges(self) -> dict[str, tuple[str, float]]:
-        gauges = store_gauges(self.store)
-        gauges["gpuwarden_operator_active"] = (
-            "1 while this replica acts (peering), else 0.",
-            self.leadership.active,
-        )
-        gauges["gpuwarden_operator_tokenreviews"] = (
-            "TokenReviews sent since start (the rest were answered from the cache).",
-            self.authenticator.reviews,
-        )
-        running = sum(len(p) for p in self.pacing.values())
-        gauges["gpuwarden_operator_policies"] = ("Policies this replica evaluates.", running)
-        gauges["gpuwarden_operator_retention_seconds"] = (
-            "Seconds of readings kept.",
-            self.store.retention_seconds,
-        )
-        return gauges
+    def _gauges(self) -> dict[str, float]:
+        return {
+            **store_gauges(self.store),
+            "gpuwarden_operator_active": self.leadership.active,
+            "gpuwarden_operator_tokenreviews": self.authenticator.reviews,
+            "gpuwarden_operator_policies": sum(len(p) for p in self.pacing.values()),
+            "gpuwarden_operator_retention_seconds": self.store.retention_seconds,
+        }
 
     # -- ingestion --
 

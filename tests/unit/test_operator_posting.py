@@ -12,6 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpuwarden.operator.kubeapi import ApiError
+from gpuwarden.operator.metrics import OperatorMetrics
 from gpuwarden.operator.posting import EventPoster, ObjectRef, event_body
 
 T0 = 1_800_000_000.0
@@ -60,8 +61,8 @@ class Clock:
 
 
 @pytest.fixture
-def registry() -> CollectorRegistry:
-    return CollectorRegistry()
+def metrics() -> OperatorMetrics:
+    return OperatorMetrics()
 
 
 def dropped(registry: CollectorRegistry, reason: str) -> float:
@@ -82,21 +83,21 @@ async def posted(poster: EventPoster, *reasons: str) -> None:
 
 
 @pytest.mark.looptime
-async def test_an_event_stored_while_its_answer_was_lost_is_stored_once(registry: CollectorRegistry) -> None:
+async def test_an_event_stored_while_its_answer_was_lost_is_stored_once(metrics: OperatorMetrics) -> None:
     api = EventStore("stored_then_504")
-    poster = EventPoster(api, instance="op-0", registry=registry)  # type: ignore[arg-type]
+    poster = EventPoster(api, instance="op-0", dropped=metrics.events_dropped)  # type: ignore[arg-type]
     await posted(poster, "GPUUnderutilized")
     assert api.attempts == 2  # retried: the 504 did not say it was stored...
     assert api.reasons() == ["GPUUnderutilized"]  # ...and the retry, under the same name, added nothing
-    assert all(dropped(registry, r) == 0 for r in ("queue_full", "expired", "refused"))
+    assert all(dropped(metrics.registry, r) == 0 for r in ("queue_full", "expired", "refused"))
 
 
 @pytest.mark.looptime
 async def test_while_the_api_server_is_away_events_wait_and_then_go_in_order(
-    registry: CollectorRegistry,
+    metrics: OperatorMetrics,
 ) -> None:
     api = EventStore("unreachable", "unreachable", "unreachable", "unreachable")
-    poster = EventPoster(api, instance="op-0", registry=registry)  # type: ignore[arg-type]
+    poster = EventPoster(api, instance="op-0", dropped=metrics.events_dropped)  # type: ignore[arg-type]
     loop = asyncio.get_running_loop()
     start = loop.time()
     await posted(poster, "A", "B", "C")
@@ -106,9 +107,9 @@ async def test_while_the_api_server_is_away_events_wait_and_then_go_in_order(
 
 
 @pytest.mark.looptime
-async def test_backoff_is_capped(registry: CollectorRegistry) -> None:
+async def test_backoff_is_capped(metrics: OperatorMetrics) -> None:
     api = EventStore(*["unreachable"] * 8)
-    poster = EventPoster(api, instance="op-0", registry=registry, backoff_cap=30)  # type: ignore[arg-type]
+    poster = EventPoster(api, instance="op-0", dropped=metrics.events_dropped, backoff_cap=30)  # type: ignore[arg-type]
     loop = asyncio.get_running_loop()
     start = loop.time()
     await posted(poster, "A")
@@ -116,33 +117,33 @@ async def test_backoff_is_capped(registry: CollectorRegistry) -> None:
 
 
 @pytest.mark.looptime
-async def test_a_refused_event_is_dropped_counted_and_the_next_goes(registry: CollectorRegistry) -> None:
+async def test_a_refused_event_is_dropped_counted_and_the_next_goes(metrics: OperatorMetrics) -> None:
     api = EventStore("forbidden")
-    poster = EventPoster(api, instance="op-0", registry=registry)  # type: ignore[arg-type]
+    poster = EventPoster(api, instance="op-0", dropped=metrics.events_dropped)  # type: ignore[arg-type]
     await posted(poster, "A", "B")
     assert api.reasons() == ["B"]
-    assert dropped(registry, "refused") == 1
+    assert dropped(metrics.registry, "refused") == 1
 
 
 @pytest.mark.looptime
-async def test_the_queue_is_bounded_the_oldest_go_first(registry: CollectorRegistry) -> None:
+async def test_the_queue_is_bounded_the_oldest_go_first(metrics: OperatorMetrics) -> None:
     api = EventStore()
-    poster = EventPoster(api, instance="op-0", registry=registry, limit=2)  # type: ignore[arg-type]
+    poster = EventPoster(api, instance="op-0", dropped=metrics.events_dropped, limit=2)  # type: ignore[arg-type]
     await posted(poster, "A", "B", "C")
     assert api.reasons() == ["B", "C"]
-    assert dropped(registry, "queue_full") == 1
+    assert dropped(metrics.registry, "queue_full") == 1
 
 
 @pytest.mark.looptime
-async def test_an_event_not_posted_within_max_age_is_dropped(registry: CollectorRegistry) -> None:
+async def test_an_event_not_posted_within_max_age_is_dropped(metrics: OperatorMetrics) -> None:
     clock = Clock()
     api = EventStore("unreachable")
-    poster = EventPoster(api, instance="op-0", registry=registry, max_age=60, clock=clock)  # type: ignore[arg-type]
+    poster = EventPoster(api, instance="op-0", dropped=metrics.events_dropped, max_age=60, clock=clock)  # type: ignore[arg-type]
     await poster.post(POD, "Warning", "A", "old")
     clock.now += 61  # an hour-long outage, shortened
     await posted(poster, "B")
     assert api.reasons() == ["B"]
-    assert dropped(registry, "expired") == 1
+    assert dropped(metrics.registry, "expired") == 1
 
 
 def test_the_event_names_its_object_by_uid_and_has_a_name_of_its_own() -> None:

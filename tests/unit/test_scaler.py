@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuwarden.operator.claims import PolicyClaim, policy_claim
 from gpuwarden.operator.kubeapi import JsonObject
+from gpuwarden.operator.metrics import DesiredReplicasCollector
 from gpuwarden.operator.scaleapi import (
     HpaRef,
     NotFound,
@@ -23,7 +24,7 @@ from gpuwarden.operator.scaleapi import (
     ScaleApiError,
     ScaleConflict,
 )
-from gpuwarden.operator.scaler import DesiredReplicasCollector, WorkloadScaler
+from gpuwarden.operator.scaler import WorkloadScaler
 from gpuwarden.operator.scaling import ScaleResult
 from gpuwarden.operator.state import PolicyKey
 from gpuwarden.policy.model import ScaleAction, ScaleDirection, ScaleTargetRef
@@ -169,7 +170,7 @@ def clock() -> Clock:
 @pytest.fixture
 def scaler(cluster: FakeCluster, registry: CollectorRegistry, clock: Clock) -> WorkloadScaler:
     scaler = WorkloadScaler(cluster, cluster)
-    registry.register(DesiredReplicasCollector(scaler, clock))
+    registry.register(DesiredReplicasCollector(scaler.desired_replicas, clock))
     return scaler
 
 
