@@ -1,10 +1,9 @@
 """Policy files for local mode: one or more GPUMonitorPolicy documents in one YAML file.
 
-Local mode has no API server, so the file is checked here exactly as the cluster would
-check it (:func:`gpuwarden.policy.parse.parse_spec` enforces the CRD's schema and CEL
-rules). Unlike :func:`gpuwarden.policy.parse.load_policy_file`, a file may hold several
-documents (the demo's does: a node-wide hygiene policy and a serving policy that
-scales), and each keeps its ``metadata.namespace``:
+Local mode has no API server, so each document is checked here exactly as the cluster would
+check it (:func:`gpuwarden.policy.parse.parse_policy_object` enforces the CRD's schema and CEL
+rules). A file may hold several documents (the demo's does: a node-wide hygiene policy and a
+serving policy that scales), and each keeps its ``metadata.namespace``:
 
 - in ``gpuwarden demo``, a policy with a namespace judges the pods of that namespace,
   and one without judges every pod (there is no "default" namespace to fall back to);
@@ -15,19 +14,18 @@ scales), and each keeps its ``metadata.namespace``:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from gpuwarden.policy.model import LabelSelector, PolicySpec
-from gpuwarden.policy.parse import API_VERSION, KIND, SpecError, parse_spec, read_policy_documents
+from gpuwarden.policy.parse import SpecError, parse_policy_object
 
 DEMO_POLICY = "demo-policy.yaml"
 """The demo's policy file, shipped in ``gpuwarden/local/``."""
-
-_TOP_LEVEL = ("apiVersion", "kind", "metadata", "spec", "status")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +51,7 @@ def demo_policy_path() -> Path:
 def load_policies(path: str | Path) -> list[LocalPolicy]:
     """Read every GPUMonitorPolicy in a YAML file; :class:`SpecError` names the file, document and field."""
     source = str(path)
-    documents = read_policy_documents(path)
+    documents = _read_documents(path)
     if not documents:
         raise SpecError("", "holds no GPUMonitorPolicy", source=source)
     policies: list[LocalPolicy] = []
@@ -70,28 +68,22 @@ def load_policies(path: str | Path) -> list[LocalPolicy]:
     return policies
 
 
+def _read_documents(path: str | Path) -> list[Any]:
+    """The YAML documents of a policy file, empty ones dropped; :class:`SpecError` names the file."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError("", f"cannot read policy file: {exc.strerror or exc}", source=source) from exc
+    try:
+        return [doc for doc in yaml.safe_load_all(text) if doc is not None]
+    except yaml.YAMLError as exc:
+        raise SpecError("", f"not valid YAML: {exc}", source=source) from exc
+
+
 def _policy(doc: Any) -> LocalPolicy:
-    if not isinstance(doc, Mapping):
-        raise SpecError("", f"expected a GPUMonitorPolicy object, found {type(doc).__name__}")
-    unknown = sorted(set(doc) - set(_TOP_LEVEL))
-    if unknown:
-        raise SpecError(str(unknown[0]), "unknown field")
-    if doc.get("apiVersion") != API_VERSION:
-        raise SpecError("apiVersion", f"{doc.get('apiVersion')!r} is not {API_VERSION}")
-    if doc.get("kind") != KIND:
-        raise SpecError("kind", f"{doc.get('kind')!r} is not {KIND}")
-    metadata = doc.get("metadata")
-    if not isinstance(metadata, Mapping):
-        raise SpecError("metadata", "required object is missing")
-    name = metadata.get("name")
-    if not isinstance(name, str) or not name:
-        raise SpecError("metadata.name", "required field is missing")
-    namespace = metadata.get("namespace")
-    if namespace is not None and (not isinstance(namespace, str) or not namespace):
-        raise SpecError("metadata.namespace", f"{namespace!r} is not a namespace name")
-    if "spec" not in doc:
-        raise SpecError("spec", "required field is missing")
-    return LocalPolicy(name=name, namespace=namespace, spec=parse_spec(doc["spec"]))
+    checked = parse_policy_object(doc)
+    return LocalPolicy(name=checked.name, namespace=checked.namespace, spec=checked.spec)
 
 
 def for_processes(policy: LocalPolicy) -> LocalPolicy:

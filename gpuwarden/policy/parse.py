@@ -11,10 +11,8 @@ import difflib
 import math
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, TypeVar
-
-import yaml
 
 from gpuwarden.policy.forecast import BUCKET_SECONDS, MAX_STEPS
 from gpuwarden.policy.model import (
@@ -44,14 +42,14 @@ __all__ = [
     "API_VERSION",
     "DEFAULTS",
     "KIND",
+    "PolicyObject",
     "SpecError",
-    "load_policy_file",
     "parse_duration",
+    "parse_policy_object",
     "parse_quantity",
     "parse_rate",
     "parse_selector",
     "parse_spec",
-    "read_policy_documents",
 ]
 
 API_VERSION = "gpuwarden.dev/v1alpha1"
@@ -182,41 +180,21 @@ def parse_selector(selector: Any, *, path: str = "selector") -> LabelSelector:
     return LabelSelector(match_labels=tuple(sorted(labels)), match_expressions=tuple(requirements))
 
 
-def read_policy_documents(path: str | Path) -> list[Any]:
-    """The YAML documents of a policy file, empty ones dropped, not yet checked as policies.
+@dataclass(frozen=True, slots=True)
+class PolicyObject:
+    """A whole GPUMonitorPolicy object, checked: its name, namespace (None: not set) and parsed spec."""
 
-    Both readers of policy files start here (:func:`load_policy_file` wants exactly one document,
-    local mode's ``load_policies`` several), so an unreadable file or bad YAML reads the same in
-    either. Errors are :class:`SpecError` whose ``source`` is the file name.
+    name: str
+    namespace: str | None
+    spec: PolicySpec
+
+
+def parse_policy_object(doc: Any) -> PolicyObject:
+    """Check a whole GPUMonitorPolicy object (apiVersion, kind, metadata; status ignored, as a file
+    saved with ``kubectl get -o yaml`` carries it) and parse its spec.
+
+    Pure: the caller reads the file (local mode: :mod:`gpuwarden.local.policies`).
     """
-    source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError("", f"cannot read policy file: {exc.strerror or exc}", source=source) from exc
-    try:
-        return [doc for doc in yaml.safe_load_all(text) if doc is not None]
-    except yaml.YAMLError as exc:
-        raise SpecError("", f"not valid YAML: {exc}", source=source) from exc
-
-
-def load_policy_file(path: str | Path) -> tuple[str, PolicySpec]:
-    """Read a YAML file holding one GPUMonitorPolicy object; return its metadata.name and parsed spec.
-
-    Errors are :class:`SpecError` whose ``source`` is the file name.
-    """
-    source = str(path)
-    documents = read_policy_documents(path)
-    if len(documents) != 1:
-        raise SpecError("", f"expected one GPUMonitorPolicy document, found {len(documents)}", source=source)
-    try:
-        return _policy_object(documents[0])
-    except SpecError as exc:
-        raise SpecError(exc.field, exc.reason, source=source) from None
-
-
-def _policy_object(doc: Any) -> tuple[str, PolicySpec]:
-    """A whole GPUMonitorPolicy object: check its type and name, parse its spec."""
     obj = _object(doc, "")
     _check_fields(
         obj, "", ("apiVersion", "kind", "metadata", "spec", "status"), ("apiVersion", "kind", "spec")
@@ -233,7 +211,12 @@ def _policy_object(doc: Any) -> tuple[str, PolicySpec]:
         raise SpecError(
             "metadata.name", f"{_show(name)} is not a valid name (a DNS subdomain such as llm-serving)"
         )
-    return name, parse_spec(obj["spec"])
+    namespace = metadata.get("namespace")
+    if namespace is not None and (
+        not isinstance(namespace, str) or len(namespace) > 63 or not _DNS_LABEL.fullmatch(namespace)
+    ):
+        raise SpecError("metadata.namespace", f"{_show(namespace)} is not a namespace name")
+    return PolicyObject(name, namespace, parse_spec(obj["spec"]))
 
 
 # --- rules -------------------------------------------------------------------------------------------

@@ -433,6 +433,16 @@ def test_demo_policy_file_holds_a_node_wide_and_a_serving_policy() -> None:
     assert serving.spec.actions.scale.forecast is not None
 
 
+def test_a_policy_file_that_cannot_be_read_or_parsed_says_so_with_its_name(tmp_path: Path) -> None:
+    absent = tmp_path / "absent.yaml"
+    with pytest.raises(SpecError, match=f"^{absent}: cannot read policy file"):
+        load_policies(absent)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("spec: [unclosed\n")
+    with pytest.raises(SpecError, match=f"^{broken}: not valid YAML"):
+        load_policies(broken)
+
+
 def test_policy_errors_name_the_document(tmp_path: Path) -> None:
     good = "apiVersion: gpuwarden.dev/v1alpha1\nkind: GPUMonitorPolicy\nmetadata: {name: a}\n"
     good += "spec: {selector: {}, rules: [{name: r, utilizationFloor: {percent: 5, for: 1m}}]}\n"

@@ -1,4 +1,4 @@
-"""parse_spec, load_policy_file and the duration/quantity/rate parsers."""
+"""parse_spec, parse_policy_object and the duration/quantity/rate parsers (policy files: test_demo.py)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from gpuwarden.policy.model import (
     UtilizationCeiling,
     UtilizationFloor,
 )
-from gpuwarden.policy.parse import SpecError, load_policy_file, parse_spec
+from gpuwarden.policy.parse import SpecError, parse_policy_object, parse_spec
 from gpuwarden.policy.units import (
     DURATION_PATTERN,
     format_duration,
@@ -56,8 +56,14 @@ def example_spec() -> dict[str, Any]:
 # --- the example, field by field -----------------------------------------------------------------------
 
 
+def example_object() -> Any:
+    with EXAMPLE.open(encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
 def test_example_round_trip() -> None:
-    name, spec = load_policy_file(EXAMPLE)
+    checked = parse_policy_object(example_object())
+    name, spec = checked.name, checked.spec
     assert name == "llm-serving"
     assert spec == PolicySpec(
         selector=LabelSelector(
@@ -690,24 +696,17 @@ def test_spec_must_be_an_object() -> None:
         parse_spec([])  # type: ignore[arg-type]
 
 
-# --- load_policy_file ------------------------------------------------------------------------------------
+# --- parse_policy_object ---------------------------------------------------------------------------------
 
 
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "policy.yaml"
-    path.write_text(text, encoding="utf-8")
-    return path
-
-
-def example_with(**changes: Any) -> str:
-    with EXAMPLE.open(encoding="utf-8") as f:
-        obj = yaml.safe_load(f)
+def example_with(**changes: Any) -> Any:
+    obj = example_object()
     obj.update(changes)
-    return yaml.safe_dump(obj)
+    return obj
 
 
 @pytest.mark.parametrize(
-    ("text", "message"),
+    ("doc", "message"),
     [
         (
             example_with(apiVersion="gpuwarden.dev/v1"),
@@ -716,31 +715,26 @@ def example_with(**changes: Any) -> str:
         (example_with(kind="GpuMonitorPolicy"), 'kind: "GpuMonitorPolicy" is not GPUMonitorPolicy'),
         (example_with(metadata={"namespace": "inference"}), "metadata.name: required field is missing"),
         (example_with(metadata={"name": "LLM"}), 'metadata.name: "LLM" is not a valid name'),
+        (
+            example_with(metadata={"name": "a", "namespace": "Inference"}),
+            'metadata.namespace: "Inference" is not',
+        ),
         (example_with(extra=1), "extra: unknown field"),
         (example_with(spec={"selector": {}, "rules": []}), "spec.rules: must contain at least one rule"),
-        ("", "expected one GPUMonitorPolicy document, found 0"),
-        (example_with() + "---\n" + example_with(), "expected one GPUMonitorPolicy document, found 2"),
-        ("spec: [unclosed\n", "not valid YAML"),
-        ("- a\n- b\n", ": must be an object, not a list"),
+        (["a", "b"], "must be an object, not a list"),
     ],
 )
-def test_load_policy_file_errors(tmp_path: Path, text: str, message: str) -> None:
-    path = write(tmp_path, text)
+def test_policy_object_errors(doc: Any, message: str) -> None:
     with pytest.raises(SpecError) as caught:
-        load_policy_file(path)
-    assert str(caught.value).startswith(f"{path}: ")
+        parse_policy_object(doc)
     assert message in str(caught.value)
 
 
-def test_load_policy_file_missing(tmp_path: Path) -> None:
-    with pytest.raises(SpecError, match="cannot read policy file"):
-        load_policy_file(tmp_path / "absent.yaml")
-
-
-def test_load_policy_file_ignores_status(tmp_path: Path) -> None:
-    """A file saved with `kubectl get -o yaml` carries status; local mode reads the spec only."""
-    path = write(tmp_path, example_with(status={"matchedPods": 3}))
-    assert load_policy_file(path) == load_policy_file(EXAMPLE)
+def test_policy_object_ignores_status() -> None:
+    """A file saved with `kubectl get -o yaml` carries status; the spec is what counts."""
+    assert parse_policy_object(example_with(status={"matchedPods": 3})) == parse_policy_object(
+        example_object()
+    )
 
 
 # --- durations -----------------------------------------------------------------------------------------
