@@ -68,8 +68,9 @@ BRIDGE = "gpuwarden0"
 CNI_NETWORK = "gpuwarden-test-node"
 CLUSTER_DOMAIN = "cluster.local"
 CLUSTER_DNS_IP = "10.0.0.10"
-#: The scripted scenario whose GPUs the device plugin advertises (the agent's demo).
-SCENARIO = "demo"
+#: The scripted scenario whose GPUs the device plugin advertises: the one the chart's agent plays on
+#: this node (test_chart_on_node.py), so that every GPU the kubelet allocates is one the agent reads.
+SCENARIO = "e2e-fast"
 
 KUBELET_ROOT = Path("/var/lib/kubelet")
 DEVICE_PLUGIN_DIR = KUBELET_ROOT / "device-plugins"
