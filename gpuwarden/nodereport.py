@@ -22,12 +22,13 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The ``schemaVersion`` this build sends; bumped on any change an older operator would refuse."""
 
-ACCEPTED_SCHEMA_VERSIONS = frozenset({1, 2})
-"""What the operator accepts: version 2 added ``GpuSample.health``, which a version 1 report lacks.
-Upgrade the operator before the agents (an older operator refuses version 2 by its number)."""
+ACCEPTED_SCHEMA_VERSIONS = frozenset({1, 2, 3})
+"""What the operator accepts: version 2 added ``GpuSample.health``, version 3 ``ProcessSample.hook``;
+an older report lacks them. Upgrade the operator before the agents (an older operator refuses a newer
+version by its number)."""
 
 MAX_SNAPSHOTS_PER_REPORT = 3600
 """A report carries at most an hour of 1 s snapshots; replays are split into several reports."""
@@ -39,6 +40,7 @@ MAX_COUNT = 2**53
 """Counters and sequence numbers: every one below this is exact as a float64 too."""
 MAX_WATTS = 100_000.0
 MAX_MHZ = 100_000
+MAX_LINE = 2**31 - 1
 MAX_DEVICES = 4096
 """GPU indexes (and MIG instances) per node."""
 MAX_TIMESTAMP = 2.0**53
@@ -124,6 +126,47 @@ Percent = Annotated[float, Field(ge=0, le=100)]
 Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES)]
 
 
+class AllocationSite(_Wire):
+    """A line of the training code whose host allocations grew between the hook's tracemalloc snapshots.
+
+    Credited to the innermost frame outside the standard library and site-packages, so a tensor kept
+    alive by ``losses.append(loss)`` is named by that line, not by torch's internals.
+    """
+
+    file: str = Field(min_length=1, max_length=1024)
+    line: int = Field(ge=0, le=MAX_LINE)
+    size_bytes: Bytes
+    """What the blocks allocated at this line hold now."""
+    growth_bytes: Bytes
+    """How much that grew since the hook's first snapshot (only growing lines are sent)."""
+    count: int = Field(ge=0, le=MAX_COUNT)
+    """Live blocks allocated at this line."""
+
+
+class HookSample(_Wire):
+    """What the training-side hook (:mod:`gpuwarden.hook`) last told the agent about one process on one GPU.
+
+    Schema version 3. The agent attaches it to the process's entry on the GPU the allocator numbers
+    belong to; ``host_rss_bytes`` and ``sites`` are the process's, repeated on each of its GPUs.
+    ``None`` means the hook did not read it (no torch, tracemalloc off).
+    """
+
+    timestamp: float = Field(gt=0, le=MAX_TIMESTAMP)
+    """When the hook read these (seconds since the Unix epoch); the agent drops readings older than a minute."""
+    step: int | None = Field(default=None, ge=0, le=MAX_COUNT)
+    """The training step the hook counted, when it counts steps."""
+    allocated_bytes: Bytes | None = None
+    """torch.cuda.memory_allocated: what live tensors hold. Grows under a leak, not under caching."""
+    reserved_bytes: Bytes | None = None
+    """torch.cuda.memory_reserved: what the caching allocator holds from the driver (about NVML's figure)."""
+    max_allocated_bytes: Bytes | None = None
+    """torch.cuda.max_memory_allocated: the peak since the process started (or the hook reset it)."""
+    host_rss_bytes: Bytes | None = None
+    """Resident host memory of the process and its children (the data-loader workers)."""
+    sites: list[AllocationSite] = Field(default_factory=list, max_length=16)
+    """The lines whose allocations grew most, largest growth first (tracemalloc on)."""
+
+
 class ProcessSample(_Wire):
     """One process with a CUDA context on a GPU."""
 
@@ -134,6 +177,8 @@ class ProcessSample(_Wire):
     command: str = Field(default="", max_length=4096)
     pod: PodRef | None = None
     """The container this process runs in, from /proc/<pid>/cgroup; None for host processes."""
+    hook: HookSample | None = None
+    """What the process's training hook reported (schema version 3); None without a hook."""
 
 
 class GpuSample(_Wire):
@@ -226,6 +271,10 @@ def parse_report(body: bytes | str) -> NodeReport:
         )
     if report.schema_version < 2 and any(g.health is not None for s in report.snapshots for g in s.gpus):
         raise ReportError("health: not part of schemaVersion 1 (send schemaVersion 2)")
+    if report.schema_version < 3 and any(
+        p.hook is not None for s in report.snapshots for g in s.gpus for p in g.processes
+    ):
+        raise ReportError(f"hook: not part of schemaVersion {report.schema_version} (send schemaVersion 3)")
     return report
 
 
