@@ -1,0 +1,75 @@
+"""Schema version 3: the hook's block on a process entry, and what older versions may not carry."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuwarden.nodereport import (
+    SCHEMA_VERSION,
+    AllocationSite,
+    GpuSample,
+    HookSample,
+    NodeReport,
+    ProcessSample,
+    ReportError,
+    Snapshot,
+    dump_report,
+    parse_report,
+)
+
+T0 = 1_764_770_000.0
+HOOK = HookSample(
+    timestamp=T0,
+    step=1200,
+    allocated_bytes=20 * 2**30,
+    reserved_bytes=24 * 2**30,
+    max_allocated_bytes=22 * 2**30,
+    host_rss_bytes=6 * 2**30,
+    sites=[
+        AllocationSite(file="train.py", line=88, size_bytes=50 * 2**20, growth_bytes=49 * 2**20, count=1200)
+    ],
+)
+
+
+def report(version: int, hook: HookSample | None) -> bytes:
+    process = ProcessSample(pid=4242, used_memory_bytes=24 * 2**30, hook=hook)
+    snapshot = Snapshot(timestamp=T0, gpus=[GpuSample(uuid="GPU-0", index=0, processes=[process])])
+    built = NodeReport(schema_version=version, node="n", agent_id="a", seq=0, snapshots=[snapshot])
+    return dump_report(built)
+
+
+def test_this_build_sends_version_3_and_the_hook_block_round_trips() -> None:
+    assert SCHEMA_VERSION == 3
+    body = report(3, HOOK)
+    assert b'"allocatedBytes":21474836480' in body
+    assert b'"growthBytes"' in body
+    assert parse_report(body).snapshots[0].gpus[0].processes[0].hook == HOOK
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_older_version_is_accepted_without_the_block_and_refused_with_it(version: int) -> None:
+    assert parse_report(report(version, None)).schema_version == version
+    with pytest.raises(ReportError, match=f"hook: not part of schemaVersion {version}"):
+        parse_report(report(version, HOOK))
+
+
+@pytest.mark.parametrize(
+    ("original", "bad", "field"),
+    [
+        (b'"line":88', b'"line":-1', "line"),
+        (b'"count":1200', b'"count":1.5', "count"),
+        (b'"file":"train.py"', b'"file":""', "file"),
+        (b'"step":1200', b'"step":1200,"pid":1', "pid"),  # a hook cannot name a process
+    ],
+)
+def test_the_block_is_parsed_strictly_naming_the_field(original: bytes, bad: bytes, field: str) -> None:
+    body = report(3, HOOK)
+    assert original in body
+    with pytest.raises(ReportError, match=field):
+        parse_report(body.replace(original, bad))
+
+
+def test_at_most_sixteen_sites() -> None:
+    many = HOOK.sites * 17
+    with pytest.raises(ValueError, match="sites"):
+        HookSample(timestamp=T0, sites=many)
