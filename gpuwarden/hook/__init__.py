@@ -9,10 +9,11 @@ from gpuwarden.hook.device_memory import MemoryReader, ScriptedMemory, TorchMemo
 from gpuwarden.hook.host_memory import tree_rss_bytes
 from gpuwarden.hook.message import DeviceMemory, Reading, Site, encode_line
 from gpuwarden.hook.sites import AllocationTracker
-from gpuwarden.hook.step import TRACEMALLOC_ENV, StepHook
+from gpuwarden.hook.step import FRAMES_ENV, TRACEMALLOC_ENV, StepHook
 
 __all__ = [
     "DEFAULT_SOCKET",
+    "FRAMES_ENV",
     "SOCKET_ENV",
     "TRACEMALLOC_ENV",
     "AllocationTracker",

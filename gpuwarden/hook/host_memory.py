@@ -13,27 +13,32 @@ from pathlib import Path
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read()
+    except OSError:  # the process exited while we looked
+        return None
+
+
 def _parent_pids(proc: Path) -> dict[int, int]:
     """pid -> parent pid of every process /proc shows (a container's own when in its PID namespace)."""
     parents: dict[int, int] = {}
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
+    for name in os.listdir(proc):
+        if not name.isdigit():
             continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # exited while we looked
+        stat = _read(f"{proc}/{name}/stat")
+        if stat is None:
             continue
         # The command in parentheses may hold spaces and parentheses: fields follow the last ')'.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        parents[int(entry.name)] = int(fields[1])
+        fields = stat[stat.rfind(")") + 2 :].split(maxsplit=2)
+        parents[int(name)] = int(fields[1])
     return parents
 
 
 def _rss_bytes(proc: Path, pid: int) -> int:
-    try:
-        return int((proc / str(pid) / "statm").read_text().split()[1]) * PAGE_BYTES
-    except (OSError, IndexError, ValueError):  # exited while we looked
-        return 0
+    statm = _read(f"{proc}/{pid}/statm")
+    return int(statm.split()[1]) * PAGE_BYTES if statm else 0
 
 
 def descendants(pid: int, proc: Path = Path("/proc")) -> list[int]:

@@ -24,7 +24,7 @@ from gpuwarden.hook.message import MAX_SITES, Site
 
 DEFAULT_FRAMES = 8
 """Stack depth each traced allocation keeps: enough to reach a training loop's line from inside a
-``torch.nn`` module call or a Trainer step; deeper stacks cost memory and time per allocation."""
+``torch.nn`` module call; deeper stacks cost more per allocation (docs/hook.md, "What it costs")."""
 
 
 def _library_prefixes() -> tuple[str, ...]:
@@ -40,6 +40,8 @@ GPUWARDEN_PREFIX = os.path.join(str(Path(__file__).resolve().parent.parent), "")
 
 class AllocationTracker:
     """tracemalloc snapshots compared with the first; :meth:`sites` names the lines that grew.
+
+    ``frames`` applies when this tracker starts tracing (``tracemalloc.start(frames)``).
 
     :meth:`start` starts tracing unless something else already did (and :meth:`stop` then leaves it on).
     """
@@ -86,15 +88,16 @@ class AllocationTracker:
         snapshot = tracemalloc.take_snapshot()
         groups: dict[tuple[str, int], tuple[int, int]] = {}
         for stat in snapshot.statistics("traceback"):
-            for frame in reversed(stat.traceback):  # the most recent frame is last
-                kind = self._kind_of(frame.filename)
-                if kind == "hook":
-                    break
-                if kind == "job":
-                    key = (frame.filename, frame.lineno)
-                    size, count = groups.get(key, (0, 0))
-                    groups[key] = (size + stat.size, count + stat.count)
-                    break
+            kinds = [self._kind_of(frame.filename) for frame in stat.traceback]
+            if "hook" in kinds:
+                continue
+            # The innermost frame of the job's code; when the stack is deeper than ``frames`` (the
+            # job's line lies beyond it, e.g. under Trainer.train), the outermost frame recorded.
+            index = max((i for i, kind in enumerate(kinds) if kind == "job"), default=0)
+            frame = stat.traceback[index]  # the oldest frame is first
+            key = (frame.filename, frame.lineno)
+            size, count = groups.get(key, (0, 0))
+            groups[key] = (size + stat.size, count + stat.count)
         return groups
 
     def _display(self, filename: str) -> str:

@@ -31,9 +31,10 @@ from gpuwarden.hook.client import HookClient
 from gpuwarden.hook.device_memory import MemoryReader, TorchMemory
 from gpuwarden.hook.host_memory import tree_rss_bytes
 from gpuwarden.hook.message import DeviceMemory, Reading, Site, encode_line
-from gpuwarden.hook.sites import AllocationTracker
+from gpuwarden.hook.sites import DEFAULT_FRAMES, AllocationTracker
 
 TRACEMALLOC_ENV = "GPUWARDEN_HOOK_TRACEMALLOC"
+FRAMES_ENV = "GPUWARDEN_HOOK_TRACEMALLOC_FRAMES"
 DEFAULT_INTERVAL_S = 5.0
 """The agent samples every second and its rules look at minutes: a reading every 5 s keeps the hook's
 cost negligible and the allocated-memory series dense enough for a slope."""
@@ -55,11 +56,24 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _env_frames() -> int:
+    value = os.environ.get(FRAMES_ENV, "")
+    if value.strip().isdigit() and int(value) > 0:
+        return int(value)
+    if value:
+        log.warning(
+            "gpuwarden hook: %s=%r is no positive integer; using %d", FRAMES_ENV, value, DEFAULT_FRAMES
+        )
+    return DEFAULT_FRAMES
+
+
 class StepHook:
     """Reads device memory, host RSS and (when on) allocation sites; sends them to the agent.
 
     ``memory``: the allocator reader; ``None`` (the default) reads torch's when torch is installed.
     ``tracemalloc``: name the growing lines; ``None`` (the default) follows ``GPUWARDEN_HOOK_TRACEMALLOC``.
+    ``frames``: the stack depth tracemalloc keeps; ``None`` follows ``GPUWARDEN_HOOK_TRACEMALLOC_FRAMES``
+    (default 8).
     ``client``, ``clock`` (monotonic, for the interval), ``wall`` (the readings' timestamps) and
     ``host_rss`` are for tests and special setups.
     """
@@ -70,6 +84,7 @@ class StepHook:
         interval: float = DEFAULT_INTERVAL_S,
         memory: MemoryReader | None = None,
         tracemalloc: bool | None = None,
+        frames: int | None = None,
         client: HookClient | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
@@ -78,7 +93,7 @@ class StepHook:
         self.interval = interval
         self.memory = memory if memory is not None else torch_memory_or_none()
         on = _env_flag(TRACEMALLOC_ENV) if tracemalloc is None else tracemalloc
-        self.tracker = AllocationTracker() if on else None
+        self.tracker = AllocationTracker(frames or _env_frames()) if on else None
         self.client = client if client is not None else HookClient()
         self.steps = 0
         self._counted = False

@@ -80,6 +80,19 @@ def test_an_object_made_inside_the_stdlib_is_credited_to_the_calling_line(tracke
     assert len(kept) == 200
 
 
+def test_beyond_the_recorded_depth_the_outermost_recorded_frame_stands_for_the_job() -> None:
+    tracker = AllocationTracker(frames=1)
+    tracker.start()
+    try:
+        tracker.sites()
+        kept = [json.loads('{"loss": [1.5, 2.5], "step": 1}') for _ in range(200)]
+        sites = tracker.sites()
+    finally:
+        tracker.stop()
+    assert any(s.file.endswith(("json/decoder.py", "json/__init__.py")) and s.count >= 200 for s in sites)
+    assert len(kept) == 200
+
+
 def test_the_top_sites_are_the_largest_growth_first(tracker: AllocationTracker) -> None:
     tracker.sites()
     small = [bytearray(100) for _ in range(50)]  # small

@@ -153,9 +153,11 @@ def test_tracemalloc_from_the_environment_names_the_keeping_line_not_the_hooks_o
     server: LineServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("GPUWARDEN_HOOK_TRACEMALLOC", "1")
+    monkeypatch.setenv("GPUWARDEN_HOOK_TRACEMALLOC_FRAMES", "4")
     clock = Clock()
     hook = make_hook(server, clock, tracemalloc=None)
     assert hook.tracker is not None
+    assert hook.tracker.frames == 4
     kept = []
     try:
         for _ in range(3):
