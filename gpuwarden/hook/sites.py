@@ -22,9 +22,10 @@ from pathlib import Path
 
 from gpuwarden.hook.message import MAX_SITES, Site
 
-DEFAULT_FRAMES = 8
-"""Stack depth each traced allocation keeps: enough to reach a training loop's line from inside a
-``torch.nn`` module call; deeper stacks cost more per allocation (docs/hook.md, "What it costs")."""
+DEFAULT_FRAMES = 4
+"""Stack depth each traced allocation keeps: enough to reach the job's line from a tensor made on it
+or inside its own module's ``forward`` (``model(x)`` is three frames into torch.nn); every frame
+more costs on each allocation (2.4x a Python-heavy step at 4, 5.7x at 8: docs/benchmarks.md)."""
 
 
 def _library_prefixes() -> tuple[str, ...]:

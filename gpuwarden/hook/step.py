@@ -73,7 +73,7 @@ class StepHook:
     ``memory``: the allocator reader; ``None`` (the default) reads torch's when torch is installed.
     ``tracemalloc``: name the growing lines; ``None`` (the default) follows ``GPUWARDEN_HOOK_TRACEMALLOC``.
     ``frames``: the stack depth tracemalloc keeps; ``None`` follows ``GPUWARDEN_HOOK_TRACEMALLOC_FRAMES``
-    (default 8).
+    (default 4).
     ``client``, ``clock`` (monotonic, for the interval), ``wall`` (the readings' timestamps) and
     ``host_rss`` are for tests and special setups.
     """
