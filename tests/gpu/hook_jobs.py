@@ -12,10 +12,12 @@ Each prints one JSON line once CUDA and the hook are up (``{"ready": true, "pid"
   every step keeps that forward pass's graph and its saved activations on the GPU,
   about ``--probe-batch`` x 20 KiB a step (5 MiB at 256: 20 MiB/s at the default 4 steps/s).
   tracemalloc is on; the kept tensors' Python objects are made at the marked line, which the hook
-  must name.
-- ``cache``: the same loop with the leak fixed, but the batch grows by ``--batch`` every
-  ``--grow-every`` seconds: the caching allocator's reserved memory (and NVML's figure) grows in
-  steps while allocated memory after each step stays flat (the parameters).
+  must name (as ``hook_jobs.py`` relative to the working directory when run from tests/gpu, else
+  by its absolute path: compare the file's end).
+- ``cache``: the same loop with the leak fixed, but the batch grows by ``--grow-rows`` every
+  ``--grow-every`` seconds (a step's activations are about 40 KiB a row: 320 MiB more per growth
+  at the defaults, about 1 GiB/min): the caching allocator's reserved memory (and NVML's figure)
+  grows in steps while allocated memory after each step stays flat (the parameters).
 - ``loader``: a DataLoader with ``--workers`` worker processes whose dataset keeps
   ``--leak-bytes-per-item`` of host memory per item it serves (a list growing in ``__getitem__``):
   the workers' RSS grows, GPU memory does not.
@@ -119,7 +121,7 @@ def cache(args: argparse.Namespace) -> None:
     pace = Pace(args.seconds, args.steps_per_second)
     while True:
         grown = int((time.monotonic() - pace.start) // args.grow_every)
-        _train_step(model, opt, args.batch * (1 + grown))
+        _train_step(model, opt, args.batch + args.grow_rows * grown)
         with torch.no_grad():
             model(probe).square().mean().item()  # logged, the fixed way
         hook.step()
@@ -154,7 +156,7 @@ def loader(args: argparse.Namespace) -> None:
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     data = DataLoader(
-        LeakyDataset(args.leak_bytes_per_item),  # type: ignore[arg-type]
+        LeakyDataset(args.leak_bytes_per_item),
         batch_size=args.batch,
         num_workers=args.workers,
         persistent_workers=True,
@@ -188,6 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--probe-batch", type=int, default=256, help="leak: the kept probe's batch")
     parser.add_argument("--grow-every", type=float, default=20.0, help="cache: seconds per batch growth")
+    parser.add_argument("--grow-rows", type=int, default=8192, help="cache: rows the batch grows by")
     parser.add_argument("--workers", type=int, default=2, help="loader: data-loader workers")
     parser.add_argument("--leak-bytes-per-item", type=int, default=64 * 1024, help="loader: kept per item")
     args = parser.parse_args(argv)
