@@ -25,9 +25,10 @@ class MemoryReader(Protocol):
 def nvml_uuid(raw: str, device_name: str) -> str:
     """A device's UUID as NVML spells it, from torch's ``get_device_properties(i).uuid``.
 
-    torch prints the 16 bytes CUDA gives as ``5f1c…-…`` without NVML's prefix. For a MIG instance
-    CUDA gives the instance's own UUID, and its name says ``MIG`` (``NVIDIA H100 80GB HBM3 MIG 1g.10gb``),
-    so it becomes ``MIG-…``; any other device ``GPU-…``. A prefixed UUID is kept as it is.
+    torch prints the 16 bytes CUDA gives without NVML's prefix (seen on an H200, torch 2.11:
+    ``0870f3d2-3202-f058-8615-020988542741``, which nvidia-smi calls ``GPU-0870f3d2-…``). For a
+    MIG instance CUDA gives the instance's own UUID, and its name says ``MIG`` (``NVIDIA H100 80GB
+    HBM3 MIG 1g.10gb``), so it becomes ``MIG-…``; any other device ``GPU-…``. A prefixed UUID is kept.
     """
     raw = raw.strip()
     if raw.startswith(("GPU-", "MIG-")):

@@ -8,6 +8,10 @@ RAW = "5f1c2d3e-4a5b-6c7d-8e9f-0a1b2c3d4e5f"
 
 
 def test_torch_uuids_get_nvml_prefixes() -> None:
+    # As read on the H200: torch's str(get_device_properties(0).uuid), then nvidia-smi's uuid.
+    assert nvml_uuid("0870f3d2-3202-f058-8615-020988542741", "NVIDIA H200") == (
+        "GPU-0870f3d2-3202-f058-8615-020988542741"
+    )
     assert nvml_uuid(RAW, "NVIDIA H200") == f"GPU-{RAW}"
     assert nvml_uuid(RAW, "NVIDIA H100 80GB HBM3 MIG 1g.10gb") == f"MIG-{RAW}"
     assert nvml_uuid(f"GPU-{RAW}", "NVIDIA H200") == f"GPU-{RAW}"
