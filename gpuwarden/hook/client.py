@@ -1,0 +1,117 @@
+"""Sends the hook's lines to the node agent's Unix socket, without ever holding up or failing the job.
+
+The agent learns who is writing from the socket itself (``SO_PEERCRED``, fixed at ``connect``), so
+a process that forked (a data-loader worker, a ``multiprocessing`` child) must not write on the
+connection it inherited: it would speak as its parent. The client notices the PID change and
+connects anew.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+
+DEFAULT_SOCKET = "/run/gpuwarden/hook.sock"
+SOCKET_ENV = "GPUWARDEN_HOOK_SOCKET"
+SEND_TIMEOUT_S = 0.05
+"""The longest a connect or a write may hold the training loop: a local socket whose reader keeps up
+takes a line at once, so only a stuck agent ever reaches it (the reading is then dropped)."""
+BACKOFF_MIN_S = 1.0
+BACKOFF_MAX_S = 60.0
+
+log = logging.getLogger("gpuwarden.hook")
+
+
+class HookClient:
+    """One connection to the agent; :meth:`send` delivers a line or drops it, and never raises.
+
+    After a failed connect the next attempt waits ``BACKOFF_MIN_S``, doubling up to ``BACKOFF_MAX_S``;
+    the readings offered meanwhile are dropped (counted in ``dropped``). A connection that broke (the
+    agent restarted) is replaced at once, once, within the same :meth:`send`.
+    """
+
+    def __init__(
+        self,
+        path: str | None = None,
+        *,
+        timeout_s: float = SEND_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.path = path or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
+        self.timeout_s = timeout_s
+        self.sent = 0
+        self.dropped = 0
+        self.connects = 0
+        self._clock = clock
+        self._sock: socket.socket | None = None
+        self._pid = os.getpid()
+        self._next_attempt = 0.0
+        self._backoff = BACKOFF_MIN_S
+        self._said_absent = False
+
+    def _close(self) -> None:
+        if self._sock is not None:
+            # In a forked child this closes the child's copy only; the parent's connection stays.
+            self._sock.close()
+            self._sock = None
+
+    def _connect(self) -> bool:
+        now = self._clock()
+        if now < self._next_attempt:
+            return False
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout_s)
+        try:
+            sock.connect(self.path)
+        except OSError as exc:
+            sock.close()
+            self._next_attempt = now + self._backoff
+            self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
+            if not self._said_absent:
+                log.info("gpuwarden hook: no agent at %s (%s); retrying in the background", self.path, exc)
+                self._said_absent = True
+            return False
+        self._sock = sock
+        self._backoff = BACKOFF_MIN_S
+        self.connects += 1
+        if self._said_absent or self.connects == 1:
+            log.info("gpuwarden hook: connected to the agent at %s", self.path)
+        self._said_absent = False
+        return True
+
+    def _write(self, line: bytes) -> bool:
+        assert self._sock is not None
+        try:
+            # MSG_NOSIGNAL: a job that restored SIGPIPE's default must not die of a closed agent.
+            self._sock.sendall(line, socket.MSG_NOSIGNAL)
+        except OSError:
+            # A timeout may leave half a line in the stream: the connection is unusable either way.
+            self._close()
+            return False
+        return True
+
+    def send(self, line: bytes) -> bool:
+        """Deliver one line (newline included); ``False`` when it was dropped."""
+        try:
+            if os.getpid() != self._pid:
+                self._close()
+                self._pid = os.getpid()
+                self._next_attempt = 0.0
+            if self._sock is not None and self._write(line):
+                self.sent += 1
+                return True
+            if self._connect() and self._write(line):
+                self.sent += 1
+                return True
+        except Exception:  # never into the training loop, whatever happened
+            log.debug("gpuwarden hook: send failed", exc_info=True)
+            self._close()
+        self.dropped += 1
+        return False
+
+    def close(self) -> None:
+        """Close the connection (the agent keeps the last reading until it is a minute old)."""
+        self._close()

@@ -1,0 +1,124 @@
+"""The lines of the training code whose live host allocations grow, from tracemalloc snapshots.
+
+Each snapshot is grouped by the innermost frame that is the job's own code: outside the standard
+library, site-packages and gpuwarden, so an object created deep inside torch or transformers is
+credited to the training script's line that called them. Every group is compared with the first
+snapshot (the baseline); the lines that grew most are the sites.
+
+tracemalloc sees what Python's allocators hand out (objects, lists, bytes), not what a C++ library
+allocates with ``malloc`` or on the GPU: a tensor kept by ``losses.append(loss)`` shows as its Python
+object, one block more per step at the line that made it, and as the list's growth at the append.
+Tracing costs on every allocation while it is on, and more with a deeper stack (``frames``): see
+docs/hook.md, "What it costs".
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import tracemalloc
+from pathlib import Path
+
+from gpuwarden.hook.message import MAX_SITES, Site
+
+DEFAULT_FRAMES = 4
+"""Stack depth each traced allocation keeps: enough to reach the job's line from a tensor made on it
+or inside its own module's ``forward`` (``model(x)`` is three frames into torch.nn); every frame
+more costs on each allocation (2.4x a Python-heavy step at 4, 5.7x at 8: docs/benchmarks.md)."""
+
+
+def _library_prefixes() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    roots = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    roots.update(p for p in sys.path if p.rstrip(os.sep).endswith(("site-packages", "dist-packages")))
+    return tuple(os.path.join(os.path.realpath(r), "") for r in roots)
+
+
+GPUWARDEN_PREFIX = os.path.join(str(Path(__file__).resolve().parent.parent), "")
+"""The hook's own memory (its baseline, its caches) is called from the job's line too: left out."""
+
+
+class AllocationTracker:
+    """tracemalloc snapshots compared with the first; :meth:`sites` names the lines that grew.
+
+    ``frames`` applies when this tracker starts tracing (``tracemalloc.start(frames)``).
+
+    :meth:`start` starts tracing unless something else already did (and :meth:`stop` then leaves it on).
+    """
+
+    def __init__(self, frames: int = DEFAULT_FRAMES, top: int = MAX_SITES, cwd: str | None = None) -> None:
+        self.frames = frames
+        self.top = top
+        self._cwd = os.path.join(cwd or os.getcwd(), "")
+        self._prefixes = _library_prefixes()
+        self._kind: dict[str, str] = {}
+        self._baseline: dict[tuple[str, int], int] | None = None
+        self._started = False
+
+    def start(self) -> None:
+        """Start tracing (if not on already); the next :meth:`sites` takes the baseline."""
+        if not tracemalloc.is_tracing():
+            tracemalloc.start(self.frames)
+            self._started = True
+        self._baseline = None
+
+    def stop(self) -> None:
+        """Stop tracing if :meth:`start` started it."""
+        if self._started:
+            tracemalloc.stop()
+            self._started = False
+        self._baseline = None
+
+    def _kind_of(self, filename: str) -> str:
+        """``job`` (the training code), ``library`` (stdlib, site-packages) or ``hook`` (gpuwarden)."""
+        kind = self._kind.get(filename)
+        if kind is None:
+            real = os.path.realpath(filename)
+            if real.startswith(GPUWARDEN_PREFIX):
+                kind = "hook"
+            elif filename.startswith("<frozen") or real.startswith(self._prefixes):
+                kind = "library"
+            else:
+                kind = "job"
+            self._kind[filename] = kind
+        return kind
+
+    def _grouped(self) -> dict[tuple[str, int], tuple[int, int]]:
+        """(file, line) -> (bytes, blocks) of what is live now, by the innermost frame of the job's code."""
+        snapshot = tracemalloc.take_snapshot()
+        groups: dict[tuple[str, int], tuple[int, int]] = {}
+        for stat in snapshot.statistics("traceback"):
+            kinds = [self._kind_of(frame.filename) for frame in stat.traceback]
+            if "hook" in kinds:
+                continue
+            # The innermost frame of the job's code; when the stack is deeper than ``frames`` (the
+            # job's line lies beyond it, e.g. under Trainer.train), the outermost frame recorded.
+            index = max((i for i, kind in enumerate(kinds) if kind == "job"), default=0)
+            frame = stat.traceback[index]  # the oldest frame is first
+            key = (frame.filename, frame.lineno)
+            size, count = groups.get(key, (0, 0))
+            groups[key] = (size + stat.size, count + stat.count)
+        return groups
+
+    def _display(self, filename: str) -> str:
+        return filename[len(self._cwd) :] if filename.startswith(self._cwd) else filename
+
+    def sites(self) -> tuple[Site, ...]:
+        """The lines whose live allocations grew most since the first call, largest growth first.
+
+        The first call after :meth:`start` takes the baseline and returns none; empty when not tracing.
+        """
+        if not tracemalloc.is_tracing():
+            return ()
+        groups = self._grouped()
+        if self._baseline is None:
+            self._baseline = {key: size for key, (size, _) in groups.items()}
+            return ()
+        grown = []
+        for key, (size, count) in groups.items():
+            growth = size - self._baseline.get(key, 0)
+            if growth > 0:
+                grown.append(Site(self._display(key[0]), key[1], size, growth, count))
+        grown.sort(key=lambda s: s.growth_bytes, reverse=True)
+        return tuple(grown[: self.top])

@@ -1,0 +1,201 @@
+"""Torch training jobs for the hook's GPU tests, each a real loop on CUDA with a StepHook.
+
+    python tests/gpu/hook_jobs.py leak  --socket /tmp/hook.sock --seconds 120
+    python tests/gpu/hook_jobs.py cache --socket /tmp/hook.sock --seconds 120
+    python tests/gpu/hook_jobs.py loader --socket /tmp/hook.sock --seconds 120
+
+Each prints one JSON line once CUDA and the hook are up (``{"ready": true, "pid": …, "leakFile": …,
+"leakLine": …}``), then trains at ``--steps-per-second`` until ``--seconds`` have passed.
+
+- ``leak``: the classic leak. Each step trains properly, then "logs" a probe loss computed with
+  autograd on and kept as a tensor (``history.append(...)`` instead of ``.item()`` under no_grad):
+  every step keeps that forward pass's graph and its saved activations on the GPU,
+  about ``--probe-batch`` x 20 KiB a step (5 MiB at 256: 20 MiB/s at the default 4 steps/s).
+  tracemalloc is on; the kept tensors' Python objects are made at the marked line, which the hook
+  must name (as ``hook_jobs.py`` relative to the working directory when run from tests/gpu, else
+  by its absolute path: compare the file's end).
+- ``cache``: the same loop with the leak fixed, but the batch grows by ``--grow-rows`` every
+  ``--grow-every`` seconds (a step's activations are about 40 KiB a row: 320 MiB more per growth
+  at the defaults, about 1 GiB/min): the caching allocator's reserved memory (and NVML's figure)
+  grows in steps while allocated memory after each step stays flat (the parameters).
+- ``loader``: a DataLoader with ``--workers`` worker processes whose dataset keeps
+  ``--leak-bytes-per-item`` of host memory per item it serves (a list growing in ``__getitem__``):
+  the workers' RSS grows, GPU memory does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # run from a checkout, installed or not
+
+from gpuwarden.hook import HookClient, StepHook  # noqa: E402
+
+WIDTH = 1024
+
+
+def marker_line(tag: str) -> int:
+    """The line of this file that ends with ``# hook-jobs: <tag>``."""
+    lines = Path(__file__).read_text().splitlines()
+    return next(n for n, text in enumerate(lines, 1) if text.rstrip().endswith(f"# hook-jobs: {tag}"))
+
+
+def _model() -> Any:
+    import torch
+
+    return torch.nn.Sequential(
+        torch.nn.Linear(WIDTH, 4 * WIDTH), torch.nn.ReLU(), torch.nn.Linear(4 * WIDTH, WIDTH)
+    ).cuda()
+
+
+def _ready(**extra: object) -> None:
+    print(json.dumps({"ready": True, "pid": os.getpid(), **extra}), flush=True)
+
+
+class Pace:
+    """Sleeps so that steps run at ``per_second`` until ``seconds`` have passed."""
+
+    def __init__(self, seconds: float, per_second: float) -> None:
+        self.period = 1.0 / per_second
+        self.start = time.monotonic()
+        self.deadline = self.start + seconds
+        self.steps = 0
+
+    def next(self) -> bool:
+        self.steps += 1
+        wait = self.start + self.steps * self.period - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        return time.monotonic() < self.deadline
+
+
+def _train_step(model: Any, opt: Any, batch: int) -> None:
+    import torch
+
+    x = torch.randn(batch, WIDTH, device="cuda")
+    loss = model(x).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def leak(args: argparse.Namespace) -> None:
+    """The classic leak: a probe loss kept with its graph every step (tracemalloc on)."""
+    import torch
+
+    hook = StepHook(interval=args.interval, tracemalloc=True, client=HookClient(args.socket))
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    probe = torch.randn(args.probe_batch, WIDTH, device="cuda")
+    history = []
+    torch.cuda.synchronize()
+    _ready(leakFile=str(Path(__file__).resolve()), leakLine=marker_line("leak"))
+    pace = Pace(args.seconds, args.steps_per_second)
+    while True:
+        _train_step(model, opt, args.batch)
+        history.append(model(probe).square().mean())  # hook-jobs: leak
+        torch.cuda.synchronize()
+        hook.step()
+        if not pace.next():
+            break
+    hook.close()
+
+
+def cache(args: argparse.Namespace) -> None:
+    """The leak fixed; the batch grows in steps, so the allocator's cache grows and allocated does not."""
+    import torch
+
+    hook = StepHook(interval=args.interval, tracemalloc=True, client=HookClient(args.socket))
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    probe = torch.randn(args.probe_batch, WIDTH, device="cuda")
+    torch.cuda.synchronize()
+    _ready()
+    pace = Pace(args.seconds, args.steps_per_second)
+    while True:
+        grown = int((time.monotonic() - pace.start) // args.grow_every)
+        _train_step(model, opt, args.batch + args.grow_rows * grown)
+        with torch.no_grad():
+            model(probe).square().mean().item()  # logged, the fixed way
+        hook.step()
+        if not pace.next():
+            break
+    hook.close()
+
+
+class LeakyDataset:
+    """Random samples; keeps ``leak_bytes`` per item served, in the worker that served it."""
+
+    def __init__(self, leak_bytes: int) -> None:
+        self.leak_bytes = leak_bytes
+        self.kept: list[bytes] = []
+
+    def __len__(self) -> int:
+        return 10**9
+
+    def __getitem__(self, index: int) -> Any:
+        import torch
+
+        self.kept.append(b"\x01" * self.leak_bytes)  # written, so resident
+        return torch.randn(WIDTH)
+
+
+def loader(args: argparse.Namespace) -> None:
+    """Data-loader workers leak host memory; the GPU loop itself is clean."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    hook = StepHook(interval=args.interval, tracemalloc=False, client=HookClient(args.socket))
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    data = DataLoader(
+        LeakyDataset(args.leak_bytes_per_item),
+        batch_size=args.batch,
+        num_workers=args.workers,
+        persistent_workers=True,
+    )
+    batches = iter(data)
+    torch.cuda.synchronize()
+    _ready(workers=args.workers)
+    pace = Pace(args.seconds, args.steps_per_second)
+    while True:
+        x = next(batches).cuda(non_blocking=True)
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        hook.step()
+        if not pace.next():
+            break
+    hook.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run one job (see the module doc)."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("job", choices=["leak", "cache", "loader"])
+    parser.add_argument("--socket", required=True, help="the agent's hook socket")
+    parser.add_argument("--seconds", type=float, default=120.0)
+    parser.add_argument("--steps-per-second", type=float, default=4.0)
+    parser.add_argument("--interval", type=float, default=1.0, help="the hook's reading interval")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--probe-batch", type=int, default=256, help="leak: the kept probe's batch")
+    parser.add_argument("--grow-every", type=float, default=20.0, help="cache: seconds per batch growth")
+    parser.add_argument("--grow-rows", type=int, default=8192, help="cache: rows the batch grows by")
+    parser.add_argument("--workers", type=int, default=2, help="loader: data-loader workers")
+    parser.add_argument("--leak-bytes-per-item", type=int, default=64 * 1024, help="loader: kept per item")
+    args = parser.parse_args(argv)
+    {"leak": leak, "cache": cache, "loader": loader}[args.job](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""AllocationTracker on real Python loops: the line that keeps objects alive is named, with a growing
+count; a line that allocates and frees is not; an object made inside the stdlib is credited to the
+line that called it."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.hook import AllocationTracker, Site
+
+HERE = Path(__file__)
+
+
+def line_of(tag: str) -> int:
+    """The line of this file whose comment is ``# <tag>``."""
+    lines = HERE.read_text().splitlines()
+    return next(n for n, text in enumerate(lines, 1) if text.rstrip().endswith(f"# {tag}"))
+
+
+def at(sites: tuple[Site, ...], tag: str) -> Site | None:
+    line = line_of(tag)
+    return next((s for s in sites if s.file.endswith(HERE.name) and s.line == line), None)
+
+
+@pytest.fixture
+def tracker() -> Iterator[AllocationTracker]:
+    assert not tracemalloc.is_tracing()
+    t = AllocationTracker(cwd=str(HERE.parent))
+    t.start()
+    yield t
+    t.stop()
+    assert not tracemalloc.is_tracing()
+
+
+def keep(kept: list[bytearray], n: int) -> None:
+    for _ in range(n):
+        kept.append(bytearray(1000))  # keeps
+
+
+def test_the_line_that_keeps_objects_is_named_with_a_growing_count(tracker: AllocationTracker) -> None:
+    kept: list[bytearray] = []
+    assert tracker.sites() == ()  # the baseline
+    keep(kept, 100)
+    first = at(tracker.sites(), "keeps")
+    keep(kept, 100)
+    second = at(tracker.sites(), "keeps")
+    assert first is not None
+    assert second is not None
+    assert first.file == HERE.name  # relative to the working directory
+    assert first.count >= 100
+    assert second.count >= first.count + 100
+    assert second.growth_bytes >= 200 * 1000 > first.growth_bytes >= 100 * 1000
+    assert second.size_bytes >= second.growth_bytes
+
+
+def test_a_line_that_allocates_and_frees_is_not_named(tracker: AllocationTracker) -> None:
+    tracker.sites()
+    total = 0
+    for _ in range(1000):
+        scratch = bytearray(1000)  # frees
+        total += len(scratch)
+        del scratch
+    assert at(tracker.sites(), "frees") is None
+    assert total == 1_000_000
+
+
+def test_an_object_made_inside_the_stdlib_is_credited_to_the_calling_line(tracker: AllocationTracker) -> None:
+    tracker.sites()
+    kept = [json.loads('{"loss": [1.5, 2.5, 3.5], "step": 1}') for _ in range(200)]  # calls json
+    sites = tracker.sites()
+    site = at(sites, "calls json")
+    assert site is not None
+    assert site.count >= 200
+    assert not any("json" in s.file for s in sites)  # never json/decoder.py
+    assert len(kept) == 200
+
+
+def test_beyond_the_recorded_depth_the_outermost_recorded_frame_stands_for_the_job() -> None:
+    tracker = AllocationTracker(frames=1)
+    tracker.start()
+    try:
+        tracker.sites()
+        kept = [json.loads('{"loss": [1.5, 2.5], "step": 1}') for _ in range(200)]
+        sites = tracker.sites()
+    finally:
+        tracker.stop()
+    assert any(s.file.endswith(("json/decoder.py", "json/__init__.py")) and s.count >= 200 for s in sites)
+    assert len(kept) == 200
+
+
+def test_the_top_sites_are_the_largest_growth_first(tracker: AllocationTracker) -> None:
+    tracker.sites()
+    small = [bytearray(100) for _ in range(50)]  # small
+    large = [bytearray(10_000) for _ in range(50)]  # large
+    sites = tracker.sites()
+    assert [s.growth_bytes for s in sites] == sorted((s.growth_bytes for s in sites), reverse=True)
+    lines = [s.line for s in sites]
+    assert lines.index(line_of("large")) < lines.index(line_of("small"))
+    assert len(small) == len(large)
+
+
+def test_tracing_started_elsewhere_is_left_on() -> None:
+    tracemalloc.start(4)
+    try:
+        tracker = AllocationTracker()
+        tracker.start()
+        tracker.stop()
+        assert tracemalloc.is_tracing()
+    finally:
+        tracemalloc.stop()
