@@ -73,16 +73,16 @@ RING_SECONDS = 300.0
 """Snapshots kept for /metrics (the collectors read only the latest; a short ring is plenty)."""
 
 
-def default_hook_socket(env: Mapping[str, str] = os.environ) -> str:
+def default_hook_socket(env: Mapping[str, str] = os.environ, preferred: Path = DEFAULT_HOOK_SOCKET) -> str:
     """Where watch listens for training hooks unless told: ``$GPUWARDEN_HOOK_SOCKET`` (empty: nowhere),
-    else the agent's path where this user may create it (so a job's hook finds it without being
-    told), else the user's runtime directory (``$XDG_RUNTIME_DIR``, or ``/tmp``)."""
+    else the agent's path (``preferred``) where this user may create it, so that a job's hook finds
+    it without being told, else the user's runtime directory (``$XDG_RUNTIME_DIR``, or ``/tmp``)."""
     if HOOK_SOCKET_ENV in env:
         return env[HOOK_SOCKET_ENV]
-    directory = DEFAULT_HOOK_SOCKET.parent
+    directory = preferred.parent
     existing = directory if directory.exists() else directory.parent
     if os.access(existing, os.W_OK | os.X_OK):
-        return str(DEFAULT_HOOK_SOCKET)
+        return str(preferred)
     return str(Path(env.get("XDG_RUNTIME_DIR") or "/tmp") / "gpuwarden" / "hook.sock")
 
 

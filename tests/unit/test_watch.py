@@ -22,7 +22,7 @@ from gpuwarden.local.display import announcement_line, elapsed_clock, render_tab
 from gpuwarden.local.metrics import FindingCollector
 from gpuwarden.local.policies import LocalPolicy, for_processes
 from gpuwarden.local.session import COMMAND_WIDTH, Announcement, Session, SubjectKind, short_command
-from gpuwarden.local.watch import EXIT_NO_GPU
+from gpuwarden.local.watch import EXIT_NO_GPU, default_hook_socket
 from gpuwarden.nodereport import GpuSample, ProcessSample, Snapshot
 from gpuwarden.policy.parse import parse_spec
 
@@ -130,7 +130,21 @@ def test_bad_flags_exit_2(argv: list[str], message: str, capsys: pytest.CaptureF
     assert re.search(message, capsys.readouterr().err)
 
 
-def test_watching_a_scenario_finds_what_the_demo_finds(fast_policy: Path, tmp_path: Path) -> None:
+def test_watch_listens_for_hooks_where_the_environment_says_else_where_it_can(socket_dir: Path) -> None:
+    assert default_hook_socket({"GPUWARDEN_HOOK_SOCKET": "/a/h.sock"}) == "/a/h.sock"
+    assert default_hook_socket({"GPUWARDEN_HOOK_SOCKET": ""}) == ""  # none
+    writable = socket_dir / "gpuwarden" / "hook.sock"  # its directory does not exist; ours is writable
+    assert default_hook_socket({}, preferred=writable) == str(writable)
+    nowhere = socket_dir / "no" / "such" / "hook.sock"
+    assert default_hook_socket({"XDG_RUNTIME_DIR": "/run/user/1000"}, preferred=nowhere) == (
+        "/run/user/1000/gpuwarden/hook.sock"
+    )
+    assert default_hook_socket({}, preferred=nowhere) == "/tmp/gpuwarden/hook.sock"
+
+
+def test_watching_a_scenario_finds_what_the_demo_finds(
+    fast_policy: Path, tmp_path: Path, socket_dir: Path
+) -> None:
     plot = tmp_path / "watch.png"
     done = subprocess.run(
         [
@@ -153,6 +167,8 @@ def test_watching_a_scenario_finds_what_the_demo_finds(fast_policy: Path, tmp_pa
     assert done.returncode == 0, out + done.stderr
     assert "note: policy inference/fast: its namespace and selector speak of pods" in out
     assert "note: policy inference/fast: scale action ignored" in out
+    # Where a job's hook should connect ($GPUWARDEN_HOOK_SOCKET, set for every test by conftest.py).
+    assert f"Training hooks: listening on {socket_dir / 'hook.sock'}" in out
     # Subjects are processes, by PID and command line.
     assert re.search(
         r"STARTED idle-gpu pid 41237 python -m ipykernel_launcher on GPU 0: GPUUnderutilized", out
