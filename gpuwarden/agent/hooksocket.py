@@ -202,7 +202,7 @@ class HookServer:
         self._clock = clock
         self._monotonic = monotonic
         self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket file we made
 
     @property
@@ -234,8 +234,10 @@ class HookServer:
         """Stop accepting, end every connection, remove the socket file (if it is still ours)."""
         if self._server is not None:
             self._server.close()
-        for task in list(self._connections):
-            task.cancel()
+        # Closed, not cancelled: each reader then sees its end of file and its task ends on its own
+        # (asyncio 3.11 logs a cancelled connection task as an error).
+        for writer in self._connections.values():
+            writer.close()
         await asyncio.gather(*self._connections, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
@@ -258,12 +260,12 @@ class HookServer:
                 return
             task = asyncio.current_task()
             assert task is not None  # asyncio runs every connection callback in a task of its own
-            self._connections.add(task)
+            self._connections[task] = writer
             self.readings.opened(pid)
             try:
                 await self._read(reader, pid, uid)
             finally:
-                self._connections.discard(task)
+                del self._connections[task]
                 self.readings.closed(pid, self._clock())
         except ConnectionError:
             pass

@@ -359,3 +359,19 @@ async def test_a_directory_others_may_write_is_refused(socket_dir: Path) -> None
     hooks = HookServer(shared / "hook.sock", HookReadings())
     await hooks.start()
     await hooks.close()
+
+
+async def test_closing_ends_open_connections_quietly(
+    socket_dir: Path, recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    hooks = HookServer(socket_dir / "hook.sock", WatchedReadings(recorder), events=recorder)
+    await hooks.start()
+    reader, writer = await connect(hooks)
+    writer.write(line())
+    await recorder.until(lambda: recorder.messages == 1)
+    await hooks.close()
+    assert await closed_by_server(reader)
+    assert hooks.connections == 0
+    # Cancelled connection tasks made asyncio 3.11 log "Exception in callback" at ERROR.
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
+    writer.close()
