@@ -1,7 +1,8 @@
 """``gpuwarden agent``: the node agent (one per GPU node, a DaemonSet).
 
 It samples the GPUs (NVML, or a scripted scenario when asked for explicitly), puts pod
-names on the samples (kubelet PodResources + /proc cgroups), serves ``/metrics``,
+names on the samples (kubelet PodResources + /proc cgroups) and what training hooks told it
+(``--hook-socket``), serves ``/metrics``,
 ``/healthz`` and ``/readyz``, and sends the snapshots to the operator. SIGTERM or
 SIGINT stops it cleanly; exit code 0 then, 1 if the backend cannot start or a
 background task dies, 2 for bad flags.
@@ -16,6 +17,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +31,10 @@ from gpuwarden.agent.attribution import (
     PodResourcesClient,
 )
 from gpuwarden.agent.backend import BackendError, DeviceBackend
+from gpuwarden.agent.hookattach import HookStage
+from gpuwarden.agent.hooksocket import HookReadings, HookServer, HookSocketError
 from gpuwarden.agent.http import CleanupContext, background_task, build_app
-from gpuwarden.agent.metrics import PodResourcesCollector, build_registry
+from gpuwarden.agent.metrics import HookMetrics, PodResourcesCollector, build_registry
 from gpuwarden.agent.nvml import NvmlBackend
 from gpuwarden.agent.scenarios import PACKAGED
 from gpuwarden.agent.sender import DEFAULT_BUFFER_LIMIT, DEFAULT_REPORT_INTERVAL, ReportSender
@@ -42,6 +46,9 @@ log = logging.getLogger("gpuwarden.agent")
 
 DEFAULT_TOKEN_FILE = Path("/var/run/secrets/gpuwarden/token")
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+DEFAULT_HOOK_SOCKET = Path("/run/gpuwarden/hook.sock")
+HOOK_SOCKET_ENV = "GPUWARDEN_HOOK_SOCKET"
+"""Where training hooks connect; the hook (gpuwarden.hook) reads the same variable, same default."""
 RING_SECONDS = 300.0
 """How much recent history the agent keeps in memory, whatever the sampling interval."""
 
@@ -161,6 +168,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="[HOST]:PORT",
         help="address of /metrics, /healthz and /readyz (:9400)",
     )
+    add(
+        "--hook-socket",
+        default=os.environ.get(HOOK_SOCKET_ENV, str(DEFAULT_HOOK_SOCKET)),
+        metavar="PATH",
+        help=f"Unix socket training hooks (gpuwarden.hook) write their readings to (default: "
+        f"${HOOK_SOCKET_ENV}, else {DEFAULT_HOOK_SOCKET}); empty: no hook socket",
+    )
     paths = (
         ("--pod-resources-socket", DEFAULT_POD_RESOURCES_SOCKET, "the kubelet's PodResources socket"),
         ("--proc-root", Path("/proc"), "the host's /proc (the pod needs hostPID)"),
@@ -191,6 +205,8 @@ class AgentConfig:
     pod_resources_socket: Path
     proc_root: Path
     cgroup_root: Path
+    hook_socket: Path | None
+    """None: no hook socket (``--hook-socket ""``)."""
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> AgentConfig:
@@ -227,6 +243,7 @@ class AgentConfig:
             pod_resources_socket=args.pod_resources_socket,
             proc_root=args.proc_root,
             cgroup_root=args.cgroup_root,
+            hook_socket=Path(args.hook_socket) if args.hook_socket else None,
         )
 
 
@@ -348,12 +365,23 @@ async def serve(
         if sender is not None:
             sender.submit(snapshot)
 
+    annotate = attributor.annotate
+    hooks: HookServer | None = None
+    if config.hook_socket is not None:
+        readings = HookReadings()
+        hook_metrics = HookMetrics(registry, readings, time.time)
+        hooks = HookServer(config.hook_socket, readings, events=hook_metrics)
+        stage = HookStage(readings, hook_metrics)
+
+        def annotate(snapshot: Snapshot) -> Snapshot:
+            return stage.annotate(attributor.annotate(snapshot))
+
     sampler = Sampler(
         backend,
         ring,
         interval=config.sample_interval,
         process_interval=config.process_interval,
-        annotate=attributor.annotate,
+        annotate=annotate,
         deliver=deliver,
         events=metrics,
     )
@@ -391,6 +419,16 @@ async def serve(
         )
         metrics.error("attribution")
 
+    if hooks is not None:
+        try:
+            await hooks.start()
+        except HookSocketError as exc:
+            # The GPUs' readings matter more than the hooks': run on without them, loudly.
+            log.error("%s; training hooks cannot reach this agent", exc)
+            hooks = None
+        else:
+            log.info("training hooks connect to %s", hooks.path)
+
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     runner = web.AppRunner(build_app(registry, ring, background=background), access_log=None)
@@ -413,6 +451,8 @@ async def serve(
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
         await runner.cleanup()
+        if hooks is not None:
+            await hooks.close()
         await closer.close()
     if failed:
         log.error("stopped because %s ended", ", ".join(failed))

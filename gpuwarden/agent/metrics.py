@@ -3,7 +3,7 @@
 One collector per concern on a dedicated registry: :class:`DeviceCollector` (per GPU),
 :class:`ProcessCollector` (per process and per pod's host memory), :class:`HealthCollector`
 (GPU health states) and the agent's own (:class:`AgentMetrics`, with the XID counts,
-:class:`AgentCollector`). A scrape reads
+:class:`AgentCollector`, and the hook channel's :class:`HookMetrics`). A scrape reads
 :meth:`SnapshotRing.latest` and never calls NVML; every series is rebuilt from that
 snapshot, so a pod's series vanish with the first snapshot it is no longer in.
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -31,6 +31,8 @@ from gpuwarden import __version__
 from gpuwarden.agent.attribution.kubelet import PodResourcesState
 from gpuwarden.agent.backend import device_key
 from gpuwarden.agent.health import CLOCK_EVENT_BITS
+from gpuwarden.agent.hooksocket import REFUSALS as HOOK_REFUSALS
+from gpuwarden.agent.hooksocket import HookReadings
 from gpuwarden.agent.snapshots import ERROR_KINDS, SnapshotRing
 from gpuwarden.nodereport import DeviceState, GpuSample, PodRef, Snapshot
 
@@ -138,6 +140,9 @@ class DeviceCollector(Collector):
 class ProcessCollector(Collector):
     """Per-process GPU memory and SM utilization, and per-pod host memory, from the latest snapshot.
 
+    A process whose training hook spoke (``ProcessSample.hook``) also has its allocator's allocated
+    and reserved memory on that GPU.
+
     Per-process SM utilization is read at a lower rate than devices; between two reads
     the last one is shown, for processes still present.
     """
@@ -145,10 +150,21 @@ class ProcessCollector(Collector):
     def __init__(self, ring: SnapshotRing) -> None:
         self._ring = ring
 
-    def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+    def _families(self) -> tuple[GaugeMetricFamily, ...]:
         labels = [*GPU_LABELS, "pid", *POD_LABELS]
         memory = GaugeMetricFamily(
             "gpuwarden_process_gpu_memory_used_bytes", "GPU memory used by one process.", labels=labels
+        )
+        allocated = GaugeMetricFamily(
+            "gpuwarden_process_gpu_memory_allocated_bytes",
+            "GPU memory live tensors of one process hold (its training hook's torch.cuda.memory_allocated).",
+            labels=labels,
+        )
+        reserved = GaugeMetricFamily(
+            "gpuwarden_process_gpu_memory_reserved_bytes",
+            "GPU memory the caching allocator of one process holds (its training hook's "
+            "torch.cuda.memory_reserved).",
+            labels=labels,
         )
         sm = GaugeMetricFamily(
             "gpuwarden_process_sm_utilization_ratio",
@@ -160,7 +176,7 @@ class ProcessCollector(Collector):
             "Host (CPU) memory of a pod, from its cgroup's memory.current.",
             labels=["namespace", "pod"],
         )
-        return memory, sm, host
+        return memory, sm, host, allocated, reserved
 
     def describe(self) -> Iterable[Metric]:
         """The families this collector yields."""
@@ -168,10 +184,11 @@ class ProcessCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         """Build every process and pod series from the latest snapshot."""
-        memory, sm, host = self._families()
+        families = self._families()
+        memory, sm, host, allocated, reserved = families
         snapshot = self._ring.latest()
         if snapshot is None:
-            return [memory, sm, host]
+            return list(families)
         last = self._ring.process_utilization
         for gpu in snapshot.gpus:
             base = _gpu_labels(gpu)
@@ -186,9 +203,14 @@ class ProcessCollector(Collector):
                     util = earlier.get(proc.pid, 0.0)
                 if util is not None:
                     sm.add_metric(labels, util / 100.0)
+                hook = proc.hook
+                if hook is not None and hook.allocated_bytes is not None:
+                    allocated.add_metric(labels, hook.allocated_bytes)
+                if hook is not None and hook.reserved_bytes is not None:
+                    reserved.add_metric(labels, hook.reserved_bytes)
         for pod in snapshot.pod_host_memory:
             host.add_metric([pod.namespace, pod.name], pod.memory_bytes)
-        return [memory, sm, host]
+        return list(families)
 
 
 class HealthCollector(Collector):
@@ -321,6 +343,44 @@ class AgentMetrics:
             if gpu.health is not None:
                 for xid in gpu.health.xids:
                     self.xids.labels(gpu.uuid, str(gpu.index), gpu.model, str(xid.code)).inc()
+
+
+class HookMetrics:
+    """The hook channel's counters and gauge; implements :class:`gpuwarden.agent.hooksocket.HookEvents`.
+
+    Registered only with ``--hook-socket``; every refusal reason is created at 0.
+    """
+
+    def __init__(
+        self, registry: CollectorRegistry, readings: HookReadings, clock: Callable[[], float]
+    ) -> None:
+        self.messages = Counter(
+            "gpuwarden_agent_hook_messages",
+            "Training hook messages parsed and kept (the newest per process is attached to its samples).",
+            registry=registry,
+        )
+        self.refusals = Counter(
+            "gpuwarden_agent_hook_refused",
+            "Training hook messages or connections refused, by reason (see docs/agent.md).",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in HOOK_REFUSALS:
+            self.refusals.labels(reason=reason)
+        processes = Gauge(
+            "gpuwarden_agent_hook_processes",
+            "Processes whose training hook sent a message in the last minute.",
+            registry=registry,
+        )
+        processes.set_function(lambda: len(readings.fresh(clock())))
+
+    def accepted(self) -> None:
+        """Count one message kept."""
+        self.messages.inc()
+
+    def refused(self, reason: str) -> None:
+        """Count one refusal for ``reason``."""
+        self.refusals.labels(reason=reason).inc()
 
 
 class AgentCollector(Collector):

@@ -5,7 +5,9 @@ for it, a scripted scenario), every ``--interval``; each snapshot goes through a
 :class:`~gpuwarden.local.session.Session` whose subjects are host processes, shown by
 PID and command line (the executable's basename and arguments, cut at 60 characters in
 lines, the table and /metrics labels; whole, once, in the summary). ``/metrics`` (the agent's
-series, plus ``gpuwarden_local_finding_active``) is served on ``--listen``.
+series, plus ``gpuwarden_local_finding_active``) is served on ``--listen``. Training hooks
+(:mod:`gpuwarden.hook`) reach it on ``--hook-socket``, as they reach the agent on a node; the path
+is printed at the start.
 
 Host processes have no namespace and no labels, so every policy in the file judges
 every process: selectors and namespaces are set aside, and so are scale actions (there
@@ -22,17 +24,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
 from gpuwarden.agent.backend import BackendError, DeviceBackend
+from gpuwarden.agent.command import DEFAULT_HOOK_SOCKET, HOOK_SOCKET_ENV
+from gpuwarden.agent.hookattach import HookStage
+from gpuwarden.agent.hooksocket import HookReadings, HookServer, HookSocketError
+from gpuwarden.agent.metrics import HookMetrics
 from gpuwarden.agent.scenario import PACKAGED, Scenario, ScenarioError, ScriptedBackend, load_scenario
 from gpuwarden.agent.snapshots import Sampler, SnapshotRing
 from gpuwarden.local.display import LiveDisplay, PlainDisplay, elapsed_clock, summary_lines, wall_clock
@@ -64,6 +71,19 @@ EXIT_NO_GPU = 3
 DEFAULT_LISTEN = ":9400"
 RING_SECONDS = 300.0
 """Snapshots kept for /metrics (the collectors read only the latest; a short ring is plenty)."""
+
+
+def default_hook_socket(env: Mapping[str, str] = os.environ, preferred: Path = DEFAULT_HOOK_SOCKET) -> str:
+    """Where watch listens for training hooks unless told: ``$GPUWARDEN_HOOK_SOCKET`` (empty: nowhere),
+    else the agent's path (``preferred``) where this user may create it, so that a job's hook finds
+    it without being told, else the user's runtime directory (``$XDG_RUNTIME_DIR``, or ``/tmp``)."""
+    if HOOK_SOCKET_ENV in env:
+        return env[HOOK_SOCKET_ENV]
+    directory = preferred.parent
+    existing = directory if directory.exists() else directory.parent
+    if os.access(existing, os.W_OK | os.X_OK):
+        return str(preferred)
+    return str(Path(env.get("XDG_RUNTIME_DIR") or "/tmp") / "gpuwarden" / "hook.sock")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,6 +127,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="stop after this long (default: until Ctrl-C; with --scenario, at its end)",
     )
+    add(
+        "--hook-socket",
+        default=default_hook_socket(),
+        metavar="PATH",
+        help=f"Unix socket training hooks (gpuwarden.hook) write to (default: ${HOOK_SOCKET_ENV}, else "
+        f"{DEFAULT_HOOK_SOCKET} where this user may create it, else "
+        "${XDG_RUNTIME_DIR:-/tmp}/gpuwarden/hook.sock); empty: none. Watch prints it at the start: "
+        f"export {HOOK_SOCKET_ENV}=PATH in the job's environment when it is not the default",
+    )
     add("--plot", type=Path, metavar="FILE.png", help="on exit, write utilization and memory per GPU")
     add("--plain", action="store_true", help="plain lines even on a terminal (no live table)")
 
@@ -127,6 +156,8 @@ class WatchConfig:
     duration: float | None
     plot: Path | None
     live: bool
+    hook_socket: Path | None
+    """None: no hook socket (``--hook-socket ""``)."""
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> WatchConfig:
@@ -155,6 +186,7 @@ class WatchConfig:
             else (scenario.duration if scenario else None),
             plot=args.plot,
             live=wants_live_display(sys.stdout, plain=args.plain),
+            hook_socket=Path(args.hook_socket) if args.hook_socket else None,
         )
 
 
@@ -240,6 +272,13 @@ async def watch(
     )
     ring = SnapshotRing(capacity=max(1, int(RING_SECONDS / config.interval)))
     registry, metrics = local_registry(ring, session.active, backend=backend.name, command_of=session.command)
+    hooks: HookServer | None = None
+    annotate: Callable[[Snapshot], Snapshot] | None = None
+    if config.hook_socket is not None:
+        readings = HookReadings()
+        hook_metrics = HookMetrics(registry, readings, time.time)
+        hooks = HookServer(config.hook_socket, readings, events=hook_metrics)
+        annotate = HookStage(readings, hook_metrics).annotate
     stop = asyncio.Event()
     failed: list[str] = []
     source = f"scenario {config.scenario.name!r}" if config.scenario is not None else socket.gethostname()
@@ -265,6 +304,7 @@ async def watch(
         ring,
         interval=config.interval / config.speed,
         process_interval=config.process_interval / config.speed,
+        annotate=annotate,
         deliver=deliver,
         events=metrics,
         clock=clock,
@@ -276,11 +316,24 @@ async def watch(
     # The handlers stay in place through the summary and the plot: a Ctrl-C that comes while they are
     # written (the stop already set) must not cut them off with a KeyboardInterrupt.
     try:
+        if hooks is not None:
+            try:
+                await hooks.start()
+            except HookSocketError as exc:
+                display.note(f"note: {exc}; training hooks cannot reach this watch")
+                hooks = None
+            else:
+                display.note(
+                    f"Training hooks: listening on {hooks.path} "
+                    f"(export {HOOK_SOCKET_ENV}={hooks.path} for the job if that is not the default)"
+                )
         code = await _serve_until_stopped(config, sampler, registry, ring, display, stop, source)
         if code is not None:
             return code
         _summarise(history, label, config, title)
     finally:
+        if hooks is not None:
+            await hooks.close()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
     if failed:

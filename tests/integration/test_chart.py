@@ -133,6 +133,36 @@ def test_helm_template(control_plane: ControlPlane, ci_file: Path) -> None:
         assert len(doc["metadata"]["name"]) <= 63, doc["metadata"]["name"]
 
 
+@pytest.mark.parametrize(
+    ("values", "host_dir"),
+    [
+        ((), "/run/gpuwarden"),
+        (("--set", "agent.hook.hostDir=/var/lib/gpuwarden-hook"), "/var/lib/gpuwarden-hook"),
+        (("--set", "agent.hook.enabled=false"), None),
+    ],
+    ids=["default", "hostDir", "disabled"],
+)
+def test_the_agent_listens_for_hooks_in_the_mounted_host_directory(
+    control_plane: ControlPlane, values: tuple[str, ...], host_dir: str | None
+) -> None:
+    rendered = ok(control_plane.run_helm("template", "gpuwarden", str(CHART), *values), "helm template")
+    (daemonset,) = (d for d in docs_of(rendered) if d["kind"] == "DaemonSet")
+    pod = daemonset["spec"]["template"]["spec"]
+    (agent,) = pod["containers"]
+    (flag,) = (a for a in agent["args"] if a.startswith("--hook-socket"))
+    mounts = {m["name"]: m for m in agent["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    if host_dir is None:
+        assert flag == "--hook-socket="  # off, although the agent's own default is on
+        assert "hook" not in mounts
+        assert "hook" not in volumes
+        return
+    socket = Path(flag.removeprefix("--hook-socket="))
+    assert str(socket.parent) == mounts["hook"]["mountPath"]
+    assert not mounts["hook"].get("readOnly")  # the agent creates the socket there
+    assert volumes["hook"]["hostPath"] == {"path": host_dir, "type": "DirectoryOrCreate"}
+
+
 # ---------------------------------------------------------------------------- install
 
 

@@ -15,10 +15,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden.agent.attribution.kubelet import PodResourcesState
+from gpuwarden.agent.hookattach import attach_hook
+from gpuwarden.agent.hooksocket import REFUSALS as HOOK_REFUSALS
+from gpuwarden.agent.hooksocket import HookReading, HookReadings
 from gpuwarden.agent.http import background_task, build_app
-from gpuwarden.agent.metrics import PodResourcesCollector, build_registry
+from gpuwarden.agent.metrics import HookMetrics, PodResourcesCollector, build_registry
 from gpuwarden.agent.scenario import ScenarioAttributor, ScriptedBackend, parse_scenario
 from gpuwarden.agent.snapshots import ERROR_KINDS, Sampler, SnapshotRing
+from gpuwarden.hookprotocol import parse_message
 from gpuwarden.nodereport import DeviceState, GpuSample, Snapshot
 
 GI = 2**30
@@ -331,3 +335,69 @@ def test_the_pod_resources_state_is_one_series_per_state_the_current_one_1() -> 
     state[0] = PodResourcesState.OK
     assert current()["ok"] == 1.0
     assert current()["socket_missing"] == 0.0
+
+
+# ------------------------------------------------------------------------------------------ hook
+
+
+def hooked(ring: SnapshotRing, t: float) -> Snapshot:
+    """The scenario at t, pid 10 with a hook reading on GPU 0 (what the hook stage attaches)."""
+    snapshot = sample_at(ring, t)
+    message = parse_message(
+        f'{{"v": 1, "timestamp": {snapshot.timestamp}, "hostRssBytes": {GI}, '
+        f'"devices": [{{"uuid": "{UUID0}", "allocatedBytes": {3 * GI}, "reservedBytes": {4 * GI}}}]}}'
+    )
+    reading = HookReading(pid=10, uid=0, message=message, received_at=snapshot.timestamp)
+    with_hook = attach_hook(snapshot, {10: reading}, snapshot.timestamp)
+    ring.append(with_hook)
+    return with_hook
+
+
+def test_a_hooked_process_has_its_allocators_memory_with_the_process_labels(
+    ring: SnapshotRing, registry: CollectorRegistry
+) -> None:
+    hooked(ring, 30)
+    metrics = scrape(registry)
+    stays = {"uuid": UUID0, "index": "0", "mig_id": "", "pid": "10", "namespace": "ml", "pod": "stays"}
+    assert series(metrics, "gpuwarden_process_gpu_memory_allocated_bytes", **stays) == [3 * GI]
+    assert series(metrics, "gpuwarden_process_gpu_memory_reserved_bytes", **stays) == [4 * GI]
+    used = {labels["pid"]: labels for labels, _ in metrics["gpuwarden_process_gpu_memory_used_bytes"]}
+    ((allocated_labels, _),) = metrics["gpuwarden_process_gpu_memory_allocated_bytes"]
+    assert allocated_labels == used["10"]  # the same series identity as NVML's reading of it
+    assert series(metrics, "gpuwarden_process_gpu_memory_allocated_bytes", pid="20") == []  # no hook
+    sample_at(ring, 31)  # the hook stopped speaking: its series go with the next snapshot
+    assert "gpuwarden_process_gpu_memory_allocated_bytes" not in scrape(registry)
+
+
+def test_hook_counters_exist_at_zero_and_count_fresh_processes(ring: SnapshotRing) -> None:
+    registry, _ = build_registry(ring, backend="scripted", node="node-a")
+    readings = HookReadings()
+    clock = [ORIGIN]
+    hook = HookMetrics(registry, readings, lambda: clock[0])
+    metrics = scrape(registry)
+    assert series(metrics, "gpuwarden_agent_hook_messages_total") == [0.0]
+    assert {labels["reason"]: v for labels, v in metrics["gpuwarden_agent_hook_refused_total"]} == {
+        reason: 0.0 for reason in HOOK_REFUSALS
+    }
+    assert series(metrics, "gpuwarden_agent_hook_processes") == [0.0]
+    message = parse_message(f'{{"v": 1, "timestamp": {ORIGIN}}}')
+    readings.put(HookReading(pid=10, uid=0, message=message, received_at=ORIGIN))
+    hook.accepted()
+    hook.refused("rate")
+    metrics = scrape(registry)
+    assert series(metrics, "gpuwarden_agent_hook_messages_total") == [1.0]
+    assert series(metrics, "gpuwarden_agent_hook_refused_total", reason="rate") == [1.0]
+    assert series(metrics, "gpuwarden_agent_hook_processes") == [1.0]
+    clock[0] = ORIGIN + 61
+    assert series(scrape(registry), "gpuwarden_agent_hook_processes") == [0.0]
+
+
+def test_promtool_accepts_the_exposition_with_hooks(ring: SnapshotRing) -> None:
+    registry, _ = build_registry(ring, backend="scripted", node="node-a")
+    HookMetrics(registry, HookReadings(), lambda: ORIGIN).refused("malformed")
+    hooked(ring, 30)
+    result = subprocess.run(
+        [promtool(), "check", "metrics"], input=generate_latest(registry), capture_output=True, check=False
+    )
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+    assert b"gpuwarden_process_gpu_memory_allocated_bytes{" in generate_latest(registry)

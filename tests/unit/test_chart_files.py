@@ -260,6 +260,8 @@ def test_ci_scenarios_validate_against_the_schema(
         (("operator", "replicas"), 0),
         (("agent", "backend"), "cuda"),
         (("agent", "sampleInterval"), "1 second"),
+        (("agent", "hook", "hostDir"), "run/gpuwarden"),
+        (("agent", "hook", "enabled"), "yes"),
         (("operator", "watchNamespaces"), ["Not_A_Namespace"]),
         (("operator", "rbac", "extraScaleTargets"), [{"apiGroups": ["apps"], "resources": ["deployments"]}]),
         (("operator", "typo"), 1),

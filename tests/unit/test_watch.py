@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,15 +17,17 @@ import aiohttp
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden import cli
 from gpuwarden.agent import nvml
 from gpuwarden.agent.backend import BackendError
+from gpuwarden.agent.scenario import ScriptedBackend
 from gpuwarden.local.display import announcement_line, elapsed_clock, render_table, summary_lines
 from gpuwarden.local.metrics import FindingCollector
 from gpuwarden.local.policies import LocalPolicy, for_processes
 from gpuwarden.local.session import COMMAND_WIDTH, Announcement, Session, SubjectKind, short_command
-from gpuwarden.local.watch import EXIT_NO_GPU
+from gpuwarden.local.watch import EXIT_NO_GPU, WatchConfig, default_hook_socket, watch
 from gpuwarden.nodereport import GpuSample, ProcessSample, Snapshot
 from gpuwarden.policy.parse import parse_spec
 
@@ -130,7 +135,21 @@ def test_bad_flags_exit_2(argv: list[str], message: str, capsys: pytest.CaptureF
     assert re.search(message, capsys.readouterr().err)
 
 
-def test_watching_a_scenario_finds_what_the_demo_finds(fast_policy: Path, tmp_path: Path) -> None:
+def test_watch_listens_for_hooks_where_the_environment_says_else_where_it_can(socket_dir: Path) -> None:
+    assert default_hook_socket({"GPUWARDEN_HOOK_SOCKET": "/a/h.sock"}) == "/a/h.sock"
+    assert default_hook_socket({"GPUWARDEN_HOOK_SOCKET": ""}) == ""  # none
+    writable = socket_dir / "gpuwarden" / "hook.sock"  # its directory does not exist; ours is writable
+    assert default_hook_socket({}, preferred=writable) == str(writable)
+    nowhere = socket_dir / "no" / "such" / "hook.sock"
+    assert default_hook_socket({"XDG_RUNTIME_DIR": "/run/user/1000"}, preferred=nowhere) == (
+        "/run/user/1000/gpuwarden/hook.sock"
+    )
+    assert default_hook_socket({}, preferred=nowhere) == "/tmp/gpuwarden/hook.sock"
+
+
+def test_watching_a_scenario_finds_what_the_demo_finds(
+    fast_policy: Path, tmp_path: Path, socket_dir: Path
+) -> None:
     plot = tmp_path / "watch.png"
     done = subprocess.run(
         [
@@ -153,6 +172,8 @@ def test_watching_a_scenario_finds_what_the_demo_finds(fast_policy: Path, tmp_pa
     assert done.returncode == 0, out + done.stderr
     assert "note: policy inference/fast: its namespace and selector speak of pods" in out
     assert "note: policy inference/fast: scale action ignored" in out
+    # Where a job's hook should connect ($GPUWARDEN_HOOK_SOCKET, set for every test by conftest.py).
+    assert f"Training hooks: listening on {socket_dir / 'hook.sock'}" in out
     # Subjects are processes, by PID and command line.
     assert re.search(
         r"STARTED idle-gpu pid 41237 python -m ipykernel_launcher on GPU 0: GPUUnderutilized", out
@@ -415,3 +436,89 @@ async def test_a_second_ctrl_c_while_the_summary_and_plot_are_written_cuts_neith
     assert code == 0, "".join(out) + rest
     assert f"Plot: {plot}" in rest, "".join(out) + rest
     assert plot.stat().st_size > 0
+
+
+HOOK_GPU = "GPU-0d3f5a1e-7c21-4b8e-9a0f-3e1d2c4b5a60"
+
+
+class RecordingDisplay:
+    """A display that lets the test wait for what watch shows."""
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+        self.steps = 0
+        self._changed = asyncio.Event()
+
+    def show(self, step: Any, title: str = "") -> None:
+        self.steps += 1
+        self._changed.set()
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+        self._changed.set()
+
+    def close(self) -> None:
+        pass
+
+    async def changed(self) -> None:
+        self._changed.clear()
+        await self._changed.wait()
+
+    async def note_matching(self, pattern: str) -> re.Match[str]:
+        while not (found := [m for n in self.notes if (m := re.search(pattern, n))]):
+            await self.changed()
+        return found[0]
+
+
+async def test_watch_puts_what_a_hook_on_this_host_says_on_its_process(
+    fast_policy: Path, tmp_path: Path, socket_dir: Path
+) -> None:
+    """watch in this process, on a scenario whose process is this one; this process is the hook."""
+    scenario = tmp_path / "hooked.yaml"
+    pod = {"namespace": "ml", "name": "job", "gpus": [HOOK_GPU], "processes": [{"pid": os.getpid()}]}
+    gpu = {
+        "uuid": HOOK_GPU,
+        "memoryTotal": "80Gi",
+        "utilization": [{"kind": "idle", "level": 50}],
+        "memory": [{"kind": "idle", "level": "9Gi"}],
+    }
+    scenario.write_text(yaml.safe_dump({"name": "hooked", "duration": "1h", "gpus": [gpu], "pods": [pod]}))
+    hook_socket = socket_dir / "hook.sock"
+    args = cli.build_parser(["watch"]).parse_args(
+        [
+            *("watch", f"--policy={fast_policy}", f"--scenario={scenario}", "--listen=127.0.0.1:0"),
+            *("--interval=100ms", f"--hook-socket={hook_socket}", "--plain"),
+        ]
+    )
+    config = WatchConfig.from_args(args)
+    assert config.scenario is not None
+    backend = ScriptedBackend(config.scenario)
+    backend.open()
+    display = RecordingDisplay()
+    watching = asyncio.create_task(watch(config, backend, out=display))
+    try:
+        async with asyncio.timeout(30):
+            await display.note_matching(f"Training hooks: listening on {hook_socket} ")
+            address = (await display.note_matching(r"/metrics on (\S+);")).group(1)
+            _, writer = await asyncio.open_unix_connection(str(hook_socket))
+            device = {"uuid": HOOK_GPU, "allocatedBytes": 7 * 2**30}
+            writer.write(json.dumps({"v": 1, "timestamp": time.time(), "devices": [device]}).encode() + b"\n")
+            allocated: list[tuple[dict[str, str], float]] = []
+            while not allocated:
+                await display.changed()  # one more snapshot through the sampler's stages
+                async with aiohttp.ClientSession() as http, http.get(f"http://{address}/metrics") as response:
+                    body = await response.text()
+                allocated = [
+                    (sample.labels, sample.value)
+                    for family in text_string_to_metric_families(body)
+                    for sample in family.samples
+                    if sample.name == "gpuwarden_process_gpu_memory_allocated_bytes"
+                ]
+            ((labels, value),) = allocated
+            assert (labels["uuid"], labels["pid"], value) == (HOOK_GPU, str(os.getpid()), 7 * 2**30)
+            assert "gpuwarden_agent_hook_messages_total 1.0" in body
+            writer.close()
+    finally:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+    assert not hook_socket.exists()

@@ -1,0 +1,337 @@
+"""The agent's end of the training hook's channel: a Unix stream socket, the writer named by the kernel.
+
+:class:`HookServer` accepts connections on ``--hook-socket`` and reads one hook message
+(:mod:`gpuwarden.hookprotocol`) per line. Who wrote a line is what ``SO_PEERCRED`` said at
+accept: the connecting process's PID in the agent's PID namespace (the host's: the agent runs with
+``hostPID``) and its UID. Nothing in a message names a process, so a process can only ever speak
+for itself; :class:`HookReadings` keeps the newest message per PID for the sampler's hook stage
+(:mod:`gpuwarden.agent.hookattach`).
+
+Bounds, each refusal counted by reason (:data:`REFUSALS`): a line over 64 KiB ends its connection
+(``tooLong``); an unparsable or invalid one is dropped (``malformed``); beyond ``rate`` lines a second
+on a connection the extra ones are dropped unread (``rate``); beyond ``max_connections`` open
+connections a new one is closed at once (``tooManyConnections``); a peer the kernel cannot name in
+this PID namespace (PID 0), or whose PID NVML lists on no GPU (judged by the hook stage), is
+``unknownProcess``.
+
+A connection is credited to the process that opened it: a child that inherits the socket writes
+as its parent (the same container, so the same pod).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import stat
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from gpuwarden.hookprotocol import MAX_LINE_BYTES, HookMessage, MessageError, parse_message
+
+log = logging.getLogger(__name__)
+
+REFUSALS = ("malformed", "tooLong", "rate", "tooManyConnections", "unknownProcess")
+"""The reasons of ``gpuwarden_agent_hook_refused_total{reason}``."""
+
+MAX_AGE = 60.0
+"""A reading older than this (seconds) is no longer attached, and forgotten once its connection closed."""
+MAX_CONNECTIONS = 256
+MESSAGES_PER_SECOND = 10.0
+"""Per connection; a hook sends one message every few seconds, so this is only a guard."""
+
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+class HookSocketError(OSError):
+    """The socket cannot be created at its path; the message says why."""
+
+
+class HookEvents(Protocol):
+    """What the server and the hook stage count (:class:`gpuwarden.agent.metrics.HookMetrics`)."""
+
+    def accepted(self) -> None:
+        """One message parsed and kept."""
+
+    def refused(self, reason: str) -> None:
+        """One message or connection refused, for ``reason`` (one of :data:`REFUSALS`)."""
+
+
+class _NoEvents:
+    def accepted(self) -> None:
+        pass
+
+    def refused(self, reason: str) -> None:
+        pass
+
+
+@dataclass(frozen=True, slots=True)
+class HookReading:
+    """A message as the agent received it, with the writer the kernel named."""
+
+    pid: int
+    uid: int
+    message: HookMessage
+    received_at: float
+    """The agent's clock (seconds since the epoch) when the line arrived."""
+
+    @property
+    def read_at(self) -> float:
+        """When the hook read these: its own timestamp, but never later than the line arrived."""
+        return min(self.message.timestamp, self.received_at)
+
+
+class HookReadings:
+    """The newest reading per PID, and which PIDs still have a connection open.
+
+    A PID is forgotten once it has no connection open and its reading is older than ``max_age``.
+    At most ``capacity`` PIDs are kept: beyond, the oldest reading of a closed connection goes
+    first (open connections are fewer than that, so theirs always stay). Used on the event loop only.
+    """
+
+    def __init__(self, *, max_age: float = MAX_AGE, capacity: int = 4 * MAX_CONNECTIONS) -> None:
+        self.max_age = max_age
+        self._capacity = capacity
+        self._readings: dict[int, HookReading] = {}
+        self._open: dict[int, int] = {}  # pid → connections open
+
+    def opened(self, pid: int) -> None:
+        """A connection of ``pid`` was accepted."""
+        self._open[pid] = self._open.get(pid, 0) + 1
+
+    def closed(self, pid: int, now: float) -> None:
+        """A connection of ``pid`` ended."""
+        left = self._open.get(pid, 0) - 1
+        if left > 0:
+            self._open[pid] = left
+        else:
+            self._open.pop(pid, None)
+        self._forget_stale(now)
+
+    def put(self, reading: HookReading) -> None:
+        """Keep ``reading`` as its PID's newest."""
+        self._readings.pop(reading.pid, None)  # re-inserted last: the dict stays in order of arrival
+        self._readings[reading.pid] = reading
+        self._forget_stale(reading.received_at)
+        while len(self._readings) > self._capacity:
+            closed = next((pid for pid in self._readings if pid not in self._open), None)
+            if closed is None:
+                break
+            del self._readings[closed]
+
+    def drop(self, pid: int) -> None:
+        """Forget ``pid``'s reading (its next message is judged afresh)."""
+        self._readings.pop(pid, None)
+
+    def __len__(self) -> int:
+        return len(self._readings)
+
+    def fresh(self, now: float) -> dict[int, HookReading]:
+        """The readings no older than ``max_age`` at ``now``, by PID (forgetting the stale of closed ones)."""
+        self._forget_stale(now)
+        return {pid: r for pid, r in self._readings.items() if now - r.read_at <= self.max_age}
+
+    def _forget_stale(self, now: float) -> None:
+        stale = [
+            pid
+            for pid, r in self._readings.items()
+            if pid not in self._open and now - r.read_at > self.max_age
+        ]
+        for pid in stale:
+            del self._readings[pid]
+
+
+class _Bucket:
+    """A token bucket: ``rate`` a second, as many at once."""
+
+    def __init__(self, rate: float, clock: Callable[[], float]) -> None:
+        self._rate = rate
+        self._clock = clock
+        self._tokens = rate
+        self._at = clock()
+
+    def take(self) -> bool:
+        now = self._clock()
+        self._tokens = min(self._rate, self._tokens + max(0.0, now - self._at) * self._rate)
+        self._at = now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process that connected ``sock``, from the kernel (``SO_PEERCRED``).
+
+    The PID is as this process's PID namespace sees it; 0 when the peer lives in a namespace
+    this one cannot see into.
+    """
+    pid, uid, _gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+    return pid, uid
+
+
+class HookServer:
+    """Listens on ``path`` and files what hooks write into ``readings``.
+
+    ``clock`` stamps arrivals (seconds since the epoch, the clock messages' timestamps are on);
+    ``monotonic`` paces the per-connection rate. :meth:`start` creates the socket, :meth:`close`
+    stops accepting, ends the open connections and removes the socket file.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        readings: HookReadings,
+        *,
+        events: HookEvents | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        rate: float = MESSAGES_PER_SECOND,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.path = path
+        self.readings = readings
+        self._events: HookEvents = events or _NoEvents()
+        self._max_connections = max_connections
+        self._rate = rate
+        self._clock = clock
+        self._monotonic = monotonic
+        self._server: asyncio.Server | None = None
+        self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+        self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket file we made
+
+    @property
+    def connections(self) -> int:
+        """Connections open now."""
+        return len(self._connections)
+
+    async def start(self) -> None:
+        """Create the socket file and start accepting; :class:`HookSocketError` says why it cannot."""
+        _prepare_directory(self.path.parent)
+        _remove_stale(self.path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            # bind() never follows a symlink: it fails if anything appeared at the path since.
+            sock.bind(str(self.path))
+            # Any process on the node may connect (0666; the directory is 0755 and ours, so nobody
+            # else can swap the file). That is safe because a connection proves nothing by its
+            # content: the kernel names the writer (SO_PEERCRED), and what it writes is attached to
+            # that process's own GPU entries only. Pods' processes run as arbitrary UIDs.
+            os.chmod(self.path, 0o666)
+            info = os.lstat(self.path)
+            self._identity = (info.st_dev, info.st_ino)
+            self._server = await asyncio.start_unix_server(self._accept, sock=sock, limit=MAX_LINE_BYTES)
+        except OSError as exc:
+            sock.close()
+            raise HookSocketError(f"cannot listen on {self.path}: {exc}") from None
+
+    async def close(self) -> None:
+        """Stop accepting, end every connection, remove the socket file (if it is still ours)."""
+        if self._server is not None:
+            self._server.close()
+        # Closed, not cancelled: each reader then sees its end of file and its task ends on its own
+        # (asyncio 3.11 logs a cancelled connection task as an error).
+        for writer in self._connections.values():
+            writer.close()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+        try:
+            info = os.lstat(self.path)
+        except FileNotFoundError:
+            return
+        if (info.st_dev, info.st_ino) == self._identity:
+            os.unlink(self.path)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            if len(self._connections) >= self._max_connections:
+                self._events.refused("tooManyConnections")
+                return
+            pid, uid = peer_credentials(writer.get_extra_info("socket"))
+            if pid <= 0:
+                self._events.refused("unknownProcess")
+                return
+            task = asyncio.current_task()
+            assert task is not None  # asyncio runs every connection callback in a task of its own
+            self._connections[task] = writer
+            self.readings.opened(pid)
+            try:
+                await self._read(reader, pid, uid)
+            finally:
+                del self._connections[task]
+                self.readings.closed(pid, self._clock())
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def _read(self, reader: asyncio.StreamReader, pid: int, uid: int) -> None:
+        bucket = _Bucket(self._rate, self._monotonic)
+        logged = False
+        while True:
+            try:
+                line = await reader.readuntil(b"\n")
+            except asyncio.IncompleteReadError as exc:
+                if exc.partial.strip():
+                    self._events.refused("malformed")  # the writer left without ending its line
+                return
+            except asyncio.LimitOverrunError:
+                self._events.refused("tooLong")
+                log.info("hook connection of pid %d: a line over %d bytes; closed", pid, MAX_LINE_BYTES)
+                return
+            if not bucket.take():
+                self._events.refused("rate")
+                continue
+            try:
+                message = parse_message(line)
+            except MessageError as exc:
+                self._events.refused("malformed")
+                if not logged:  # once a connection: a broken hook writes the same error every time
+                    log.info("hook connection of pid %d (uid %d): %s; dropped", pid, uid, exc)
+                    logged = True
+                continue
+            self.readings.put(HookReading(pid=pid, uid=uid, message=message, received_at=self._clock()))
+            self._events.accepted()
+
+
+def _prepare_directory(directory: Path) -> None:
+    if not directory.exists():
+        directory.mkdir(parents=True, mode=0o755)
+        os.chmod(directory, 0o755)  # mkdir's mode passes through the umask; connecting needs x for all
+    info = directory.stat()
+    if not stat.S_ISDIR(info.st_mode):
+        raise HookSocketError(f"{directory} is not a directory")
+    writable_by_others = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX
+    if info.st_uid not in (0, os.getuid()) or writable_by_others:
+        raise HookSocketError(
+            f"{directory} is not this user's or root's alone (owner uid {info.st_uid}, mode "
+            f"{stat.filemode(info.st_mode)}): another user could replace the socket; choose another path"
+        )
+
+
+def _remove_stale(path: Path) -> None:
+    """Remove a socket file nobody listens on; refuse anything else at ``path`` (never following a link)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(info.st_mode):
+        raise HookSocketError(
+            f"{path} exists and is not a socket ({stat.filemode(info.st_mode)}); not removing it"
+        )
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        os.unlink(path)  # left by an agent that did not stop cleanly
+    else:
+        raise HookSocketError(f"another process listens on {path}")
+    finally:
+        probe.close()

@@ -1,0 +1,26 @@
+"""Shared by the unit tests: no test's agent or watch touches the host's hook socket."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def socket_dir() -> Iterator[Path]:
+    """A fresh directory with a short path: a Unix socket's path must stay under 108 bytes, and
+    pytest's ``tmp_path`` can be longer."""
+    path = Path(tempfile.mkdtemp(prefix="gw-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _hook_socket_of_the_test(socket_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The agent and watch listen on $GPUWARDEN_HOOK_SOCKET by default (else /run/gpuwarden/hook.sock):
+    # each test's, and its subprocesses', in a directory of its own.
+    monkeypatch.setenv("GPUWARDEN_HOOK_SOCKET", str(socket_dir / "hook.sock"))
