@@ -406,35 +406,37 @@ class SenderMetrics:
             registry=registry,
         )
         limit.set(buffer_limit)
-        self.dropped = Counter(
+        self.dropped = _by_reason(
             "gpuwarden_agent_report_dropped_snapshots_total",
             "Snapshots never delivered, by reason.",
-            ["reason"],
-            registry=registry,
+            DROP_REASONS,
+            registry,
         )
         self.sent = Counter(
             "gpuwarden_agent_reports_sent_total",
             "Reports the operator accepted.",
             registry=registry,
         )
-        self.errors = Counter(
+        self.errors = _by_reason(
             "gpuwarden_agent_report_errors_total",
             "Report POSTs that did not deliver, by reason.",
-            ["reason"],
-            registry=registry,
+            ERROR_REASONS,
+            registry,
         )
-        self.refused = Counter(
+        self.refused = _by_reason(
             "gpuwarden_agent_report_refused_readings_total",
             "Readings of delivered reports the operator did not store, by its reason.",
-            ["reason"],
-            registry=registry,
+            REFUSALS,
+            registry,
         )
-        for reason in REFUSALS:
-            self.refused.labels(reason)
-        for reason in DROP_REASONS:
-            self.dropped.labels(reason)
-        for reason in ERROR_REASONS:
-            self.errors.labels(reason)
+
+
+def _by_reason(name: str, documentation: str, reasons: Iterable[str], registry: CollectorRegistry) -> Counter:
+    """A counter labelled ``reason``, each of ``reasons`` created at 0."""
+    counter = Counter(name, documentation, ["reason"], registry=registry)
+    for reason in reasons:
+        counter.labels(reason)
+    return counter
 
 
 def build_registry(ring: SnapshotRing, *, backend: str, node: str) -> tuple[CollectorRegistry, AgentMetrics]:
