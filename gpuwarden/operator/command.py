@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     import kopf
 
     import gpuwarden.operator.handlers  # noqa: F401  (registers the handlers)
-    from gpuwarden.operator.state import OperatorState
+    from gpuwarden.operator.composition import build_operator
 
     kopf.configure(debug=config.debug, verbose=config.verbose, log_format=kopf.LogFormat.PLAIN)
     log = logging.getLogger("gpuwarden.operator")
@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
             identity=cast(Any, config.identity),  # Kopf's Identity is a NewType of str
             # Sharded mode: every replica runs every policy's daemon; the ring says which one acts.
             standalone=config.shards,
-            memo=kopf.Memo(state=OperatorState(config)),
+            memo=kopf.Memo(state=build_operator(config)),
         )
     except Exception as exc:
         log.error("The operator stopped: %s", exc)

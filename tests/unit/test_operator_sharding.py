@@ -16,6 +16,7 @@ from test_operator_evaluation import FakeApi as StatusApi
 
 from gpuwarden.nodereport import dump_report
 from gpuwarden.operator import evaluation as evaluation_module
+from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import ConfigError, OperatorConfig, build_config, default_config
 from gpuwarden.operator.evaluation import PolicyRunner
 from gpuwarden.operator.ingest import make_ingest_app
@@ -103,8 +104,8 @@ def test_the_flags_build_a_sharded_config() -> None:
 
 async def test_the_loop_renews_its_lease_sees_the_others_and_hands_over_on_exit() -> None:
     api = LeaseApi()
-    a = OperatorState(sharded("op-a"), api=api)  # type: ignore[arg-type]
-    b = OperatorState(sharded("op-b"), api=api)  # type: ignore[arg-type]
+    a = build_operator(sharded("op-a"), api=api)  # type: ignore[arg-type]
+    b = build_operator(sharded("op-b"), api=api)  # type: ignore[arg-type]
     assert a.sharding is not None
     assert b.sharding is not None
     await a.sharding._follow()
@@ -134,7 +135,7 @@ async def test_the_loop_renews_its_lease_sees_the_others_and_hands_over_on_exit(
 
 @pytest.fixture
 async def client() -> AsyncIterator[tuple[TestClient[Any, Any], OperatorState]]:
-    state = OperatorState(sharded("op-a"), api=ReviewApi(), clock=Clock())  # type: ignore[arg-type]
+    state = build_operator(sharded("op-a"), api=ReviewApi(), clock=Clock())  # type: ignore[arg-type]
     state.pod_nodes = {("ns", "pod-a"): ["node-1"], ("ns", "pod-b"): ["node-2"]}
     state.pods_synced = True
     c = TestClient(TestServer(make_ingest_app(state.ingest)))
@@ -175,7 +176,7 @@ async def test_ingest_answers_421_with_the_owner_for_nodes_it_does_not_own(clien
 @pytest.fixture
 def world(monkeypatch: pytest.MonkeyPatch) -> tuple[OperatorState, StatusApi, list[str], list[float]]:
     api = StatusApi()
-    state = OperatorState(sharded("op-a"), api=api)  # type: ignore[arg-type]
+    state = build_operator(sharded("op-a"), api=api)  # type: ignore[arg-type]
     posted: list[str] = []
 
     class Sink:
@@ -203,7 +204,7 @@ async def test_only_the_policys_owner_evaluates_and_a_new_owner_does_not_announc
     assert (posted, api.patches) == ([], [])  # the other replica's policy
 
     # The owner announced it and wrote the status; then it left, and op-a takes the policy over.
-    owner = OperatorState(sharded(other), api=api)  # type: ignore[arg-type]
+    owner = build_operator(sharded(other), api=api)  # type: ignore[arg-type]
     owner.events = state.events
     owner.sharding.view = view(other, Member("op-a"), Member(other))
     feed(owner, T0 - 20, T0, util=3)
