@@ -37,7 +37,7 @@ from ingest import TOKEN_PREFIX, BenchApi, Layout, exchange, node_gpus, pod_node
 
 from gpuwarden.nodereport import NodeReport, Snapshot, dump_report
 from gpuwarden.operator.composition import build_operator
-from gpuwarden.operator.config import DEFAULTS, OperatorConfig, parse_size
+from gpuwarden.operator.config import OperatorConfig, parse_size
 from gpuwarden.operator.ingest import make_ingest_app
 
 
@@ -141,7 +141,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="each phase")
     parser.add_argument("--probe-interval", type=float, default=0.1)
     parser.add_argument(
-        "--max-body-bytes", default=DEFAULTS["max_body_bytes"], help="the operator's (%(default)s)"
+        "--max-body-bytes",
+        default=str(OperatorConfig().max_body_bytes),
+        help="the operator's (%(default)s bytes)",
     )
     args = parser.parse_args()
 

@@ -22,8 +22,8 @@ from typing import Any
 import kopf
 
 from gpuwarden.operator.claims import PolicyClaim, policy_claim
+from gpuwarden.operator.command import default_config
 from gpuwarden.operator.composition import build_operator
-from gpuwarden.operator.config import default_config
 from gpuwarden.operator.evaluation import GROUP, PLURAL, VERSION, PolicyRunner
 from gpuwarden.operator.pods import pod_record, requests_gpu
 from gpuwarden.operator.scaler import attach_scaler

@@ -16,8 +16,9 @@ from test_operator_evaluation import FakeApi as StatusApi
 
 from gpuwarden.nodereport import dump_report
 from gpuwarden.operator import evaluation as evaluation_module
+from gpuwarden.operator.command import default_config, parse_config
 from gpuwarden.operator.composition import build_operator
-from gpuwarden.operator.config import ConfigError, OperatorConfig, build_config, default_config
+from gpuwarden.operator.config import ConfigError, OperatorConfig
 from gpuwarden.operator.evaluation import PolicyRunner
 from gpuwarden.operator.ingest import make_ingest_app
 from gpuwarden.operator.membership import URL_ANNOTATION, Member, ShardView, lease_name
@@ -80,26 +81,13 @@ def test_the_flags_build_a_sharded_config() -> None:
     env = {"POD_NAME": "op-a", "POD_NAMESPACE": "gw", "POD_IP": "10.0.0.1"}
     base = default_config(env)
     assert not base.shards
-    args: dict[str, Any] = {
-        "namespaces": (),
-        "all_namespaces": True,
-        "ingest_address": "0.0.0.0:8443",
-        "tls_cert_file": None,
-        "tls_key_file": None,
-        "metrics_address": "0.0.0.0:8080",
-        "token_audience": "a",
-        "agent_service_account": "gw:agent",
-        "peering": "gpuwarden",
-        "priority": None,
-        "max_body_bytes": "1Mi",
-        "node_rate": 20.0,
-    }
-    config = build_config(**args, shards=True, env=env)
+    flags = ("--token-audience", "a", "--agent-service-account", "gw:agent")
+    config = parse_config([*flags, "--shards"], env)
     assert (config.shards, config.advertise_url) == (True, "http://10.0.0.1:8443/v1/reports")
     with pytest.raises(ConfigError, match="POD_NAMESPACE"):
-        build_config(**args, shards=True, env={})
+        parse_config([*flags, "--shards"], {})
     with pytest.raises(ConfigError, match="goes with --shards"):
-        build_config(**args, advertise_url="http://x/v1/reports", env=env)
+        parse_config([*flags, "--advertise-url", "http://x/v1/reports"], env)
 
 
 async def test_the_loop_renews_its_lease_sees_the_others_and_hands_over_on_exit() -> None:
