@@ -36,9 +36,9 @@ from aiohttp import web
 from ingest import TOKEN_PREFIX, BenchApi, Layout, exchange, node_gpus, pod_nodes
 
 from gpuwarden.nodereport import NodeReport, Snapshot, dump_report
-from gpuwarden.operator.config import DEFAULTS, OperatorConfig, parse_size
+from gpuwarden.operator.composition import build_operator
+from gpuwarden.operator.config import OperatorConfig, parse_size
 from gpuwarden.operator.ingest import make_ingest_app
-from gpuwarden.operator.state import OperatorState
 
 
 def report_body(layout: Layout, node: int, seq: int, snapshots: int, t_end: float) -> bytes:
@@ -57,7 +57,7 @@ def token(layout: Layout, node: int) -> str:
 def serve(port_queue: Any, stop: Any, layout: Layout, max_body: str) -> None:
     async def main() -> None:
         config = OperatorConfig(max_body_bytes=parse_size(max_body, flag="--max-body-bytes"))
-        state = OperatorState(config, api=BenchApi())  # type: ignore[arg-type]
+        state = build_operator(config, api=BenchApi())  # type: ignore[arg-type]
         state.leadership.active = True
         state.pod_nodes, state.pods_synced = pod_nodes(layout), True
         runner = web.AppRunner(make_ingest_app(state.ingest), access_log=None)
@@ -141,7 +141,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="each phase")
     parser.add_argument("--probe-interval", type=float, default=0.1)
     parser.add_argument(
-        "--max-body-bytes", default=DEFAULTS["max_body_bytes"], help="the operator's (%(default)s)"
+        "--max-body-bytes",
+        default=str(OperatorConfig().max_body_bytes),
+        help="the operator's (%(default)s bytes)",
     )
     args = parser.parse_args()
 

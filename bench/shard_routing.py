@@ -16,15 +16,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.membership import Member
 from gpuwarden.operator.shards import Ring
-from gpuwarden.operator.state import OperatorState
 
 
 def main() -> None:
     members = {f"replica-{i}": Member(f"replica-{i}", "http://x/v1/reports") for i in range(3)}
-    state = OperatorState(OperatorConfig(shards=True, identity="replica-0", pod_namespace="bench"))
+    state = build_operator(OperatorConfig(shards=True, identity="replica-0", pod_namespace="bench"))
     assert state.sharding is not None
     state.sharding.view.update(members, time.monotonic())
     ring = Ring(members)

@@ -59,6 +59,7 @@ from ingest import (
     start_load,
 )
 
+from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.evaluation import PolicyRunner
 from gpuwarden.operator.ingest import make_ingest_app
@@ -180,7 +181,7 @@ class Fleet:
 async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: Any, stop_event: Any) -> None:
     baseline: list[tracemalloc.Snapshot] = []
     api = BenchApi()
-    state = OperatorState(OperatorConfig(node_rate=20.0, max_body_bytes=8 * 2**20), api=api)  # type: ignore[arg-type]
+    state = build_operator(OperatorConfig(node_rate=20.0, max_body_bytes=8 * 2**20), api=api)  # type: ignore[arg-type]
     state.leadership.active = True
     fleet = Fleet(state, layout)
     started = time.time()

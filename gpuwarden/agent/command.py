@@ -18,7 +18,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,11 +121,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "has no scenario). A scripted backend on a real node takes kubelet: the scripted GPUs are "
         "then attributed to the pods the kubelet allocated them to",
     )
-    add(
-        "--node-name",
-        default=os.environ.get("NODE_NAME", ""),
-        help="this node's name (default: $NODE_NAME)",
-    )
+    add("--node-name", default="", help="this node's name (default: $NODE_NAME)")
     add(
         "--operator-url",
         default="",
@@ -187,30 +183,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @dataclass(frozen=True, slots=True)
 class AgentConfig:
-    """The agent's settings, checked; built from the flags by :meth:`from_args`."""
+    """The agent's settings, checked; built from the flags (:func:`add_arguments`, where their
+    defaults are declared) and the environment by :meth:`from_args`, as the operator's
+    :class:`~gpuwarden.operator.config.OperatorConfig` is."""
 
     backend: str
+    """Where readings come from: ``nvml`` (the GPUs), or ``scripted`` (a scenario; demos and tests)."""
     scenario: str | None
+    """The scenario file, or a packaged scenario's name, of the scripted backend."""
     attribution: str
+    """Where pods come from: ``kubelet`` (PodResources and /proc), or ``scenario`` (its own pods)."""
     node: str
+    """This node's name: ``--node-name``, else ``NODE_NAME``, else the host name (then only a label)."""
     operator_url: str
+    """The operator's report endpoint; empty: no reports."""
     token_file: Path
+    """The projected ServiceAccount token sent with each report (re-read every time)."""
     sample_interval: float
+    """Seconds between two device samples."""
     process_interval: float
+    """Seconds between two per-process SM utilization reads (they cost ~2 ms a GPU)."""
     report_interval: float
+    """The least seconds between the starts of two rounds of reports."""
     attribution_interval: float
+    """Seconds between two reads of the pod allocations and cgroups."""
     buffer_limit: int
+    """Snapshots kept while the operator is unreachable; the oldest go first."""
     host: str | None
+    """The host /metrics, /healthz and /readyz listen on (None: every interface)."""
     port: int
+    """Their port."""
     pod_resources_socket: Path
+    """The kubelet's PodResources socket."""
     proc_root: Path
+    """The host's /proc (the pod needs hostPID)."""
     cgroup_root: Path
+    """The host's cgroup tree."""
     hook_socket: Path | None
-    """None: no hook socket (``--hook-socket ""``)."""
+    """Where training hooks (gpuwarden.hook) connect; None: no hook socket (``--hook-socket ""``)."""
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> AgentConfig:
-        """Check the flags together; :class:`UsageError` says what is wrong."""
+    def from_args(cls, args: argparse.Namespace, env: Mapping[str, str] | None = None) -> AgentConfig:
+        """Check the flags and ``env`` (default: the process's) together; :class:`UsageError` names
+        the flag or variable at fault."""
+        env = os.environ if env is None else env
         if args.backend == "scripted" and not args.scenario:
             raise UsageError(
                 f"--backend scripted needs --scenario FILE (or a packaged name: {', '.join(PACKAGED)})"
@@ -220,7 +236,7 @@ class AgentConfig:
         if args.backend == "nvml" and args.attribution == "scenario":
             raise UsageError("--attribution scenario needs --backend scripted")
         attribution = args.attribution or ("scenario" if args.backend == "scripted" else "kubelet")
-        node = args.node_name
+        node = args.node_name or env.get("NODE_NAME", "")
         if not node:
             if args.operator_url:
                 raise UsageError("reporting to --operator-url needs --node-name (or $NODE_NAME)")

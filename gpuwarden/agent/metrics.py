@@ -3,7 +3,8 @@
 One collector per concern on a dedicated registry: :class:`DeviceCollector` (per GPU),
 :class:`ProcessCollector` (per process and per pod's host memory), :class:`HealthCollector`
 (GPU health states) and the agent's own (:class:`AgentMetrics`, with the XID counts,
-:class:`AgentCollector`, and the hook channel's :class:`HookMetrics`). A scrape reads
+:class:`AgentCollector`, the report sender's :class:`SenderMetrics` and the hook channel's
+:class:`HookMetrics`). A scrape reads
 :meth:`SnapshotRing.latest` and never calls NVML; every series is rebuilt from that
 snapshot, so a pod's series vanish with the first snapshot it is no longer in.
 
@@ -34,13 +35,30 @@ from gpuwarden.agent.health import CLOCK_EVENT_BITS
 from gpuwarden.agent.hooksocket import REFUSALS as HOOK_REFUSALS
 from gpuwarden.agent.hooksocket import HookReadings
 from gpuwarden.agent.snapshots import ERROR_KINDS, SnapshotRing
-from gpuwarden.nodereport import DeviceState, GpuSample, PodRef, Snapshot
+from gpuwarden.nodereport import REFUSALS, DeviceState, GpuSample, PodRef, Snapshot
 
 GPU_LABELS = ("uuid", "index", "model", "mig_id")
 POD_LABELS = ("namespace", "pod", "container")
 
 SAMPLE_DURATION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 """From 100 µs (one GPU without per-process utilization) to 1 s (something is wrong)."""
+
+DROP_REASONS = ("buffer_full", "rejected")
+"""``buffer_full``: pushed out by newer snapshots; ``rejected``: in a report the operator refused (4xx)."""
+
+ERROR_REASONS = (
+    "connection",  # refused, reset, DNS: the operator is away
+    "timeout",
+    "token",  # the ServiceAccount token file could not be read
+    "unauthorized",  # 401/403
+    "throttled",  # 429
+    "server_error",  # 5xx, 408
+    "too_large",  # 413: the report was split
+    "misdirected",  # 421: another operator replica owns this node; followed
+    "rejected",  # another 4xx: the report was dropped
+    "unexpected_status",  # 1xx/3xx: a misrouted URL
+)
+"""Why a POST did not deliver its report (``gpuwarden_agent_report_errors_total{reason}``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,6 +447,57 @@ class PodResourcesCollector(Collector):
         for state in PodResourcesState:
             family.add_metric([state.value], 1.0 if state is current else 0.0)
         yield family
+
+
+class SenderMetrics:
+    """The report sender's instruments (:class:`gpuwarden.agent.sender.ReportSender`).
+
+    Every reason is created at 0, so a rate() over it works before the first drop or error.
+    """
+
+    def __init__(self, registry: CollectorRegistry, *, buffer_limit: int) -> None:
+        self.buffered = Gauge(
+            "gpuwarden_agent_report_buffer_snapshots",
+            "Snapshots waiting to be delivered to the operator.",
+            registry=registry,
+        )
+        limit = Gauge(
+            "gpuwarden_agent_report_buffer_limit",
+            "Snapshots the report buffer holds before dropping the oldest.",
+            registry=registry,
+        )
+        limit.set(buffer_limit)
+        self.dropped = _by_reason(
+            "gpuwarden_agent_report_dropped_snapshots_total",
+            "Snapshots never delivered, by reason.",
+            DROP_REASONS,
+            registry,
+        )
+        self.sent = Counter(
+            "gpuwarden_agent_reports_sent_total",
+            "Reports the operator accepted.",
+            registry=registry,
+        )
+        self.errors = _by_reason(
+            "gpuwarden_agent_report_errors_total",
+            "Report POSTs that did not deliver, by reason.",
+            ERROR_REASONS,
+            registry,
+        )
+        self.refused = _by_reason(
+            "gpuwarden_agent_report_refused_readings_total",
+            "Readings of delivered reports the operator did not store, by its reason.",
+            REFUSALS,
+            registry,
+        )
+
+
+def _by_reason(name: str, documentation: str, reasons: Iterable[str], registry: CollectorRegistry) -> Counter:
+    """A counter labelled ``reason``, each of ``reasons`` created at 0."""
+    counter = Counter(name, documentation, ["reason"], registry=registry)
+    for reason in reasons:
+        counter.labels(reason)
+    return counter
 
 
 def build_registry(ring: SnapshotRing, *, backend: str, node: str) -> tuple[CollectorRegistry, AgentMetrics]:

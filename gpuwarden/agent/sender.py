@@ -52,8 +52,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
+from gpuwarden.agent.metrics import SenderMetrics
 from gpuwarden.nodereport import MAX_SNAPSHOTS_PER_REPORT, REFUSALS, SCHEMA_VERSION, Snapshot
 
 log = logging.getLogger(__name__)
@@ -77,23 +78,6 @@ _ENVELOPE_BYTES = 1024  # room for everything in a body but the snapshots
 
 MAX_REDIRECTS = 3
 """421s followed in a row before the report backs off like any failed POST."""
-
-DROP_REASONS = ("buffer_full", "rejected")
-"""``buffer_full``: pushed out by newer snapshots; ``rejected``: in a report the operator refused (4xx)."""
-
-ERROR_REASONS = (
-    "connection",  # refused, reset, DNS: the operator is away
-    "timeout",
-    "token",  # the ServiceAccount token file could not be read
-    "unauthorized",  # 401/403
-    "throttled",  # 429
-    "server_error",  # 5xx, 408
-    "too_large",  # 413: the report was split
-    "misdirected",  # 421: another operator replica owns this node; followed
-    "rejected",  # another 4xx: the report was dropped
-    "unexpected_status",  # 1xx/3xx: a misrouted URL
-)
-"""Why a POST did not deliver its report (``gpuwarden_agent_report_errors_total{reason}``)."""
 
 
 @dataclass
@@ -121,7 +105,7 @@ class ReportSender:
     ``url``: the endpoint (e.g. ``https://gpuwarden-operator.gpuwarden.svc:8443/v1/reports``).
     ``node``: this node's name, as the report's ``node``.
     ``token_path``: the projected ServiceAccount token, re-read for every POST; None sends none.
-    ``registry``: where the ``gpuwarden_agent_report*`` metrics go.
+    ``registry``: where the ``gpuwarden_agent_report*`` metrics go (:class:`~.metrics.SenderMetrics`).
     ``interval``: the least time between the starts of two rounds of sending (see the module's doc).
     ``buffer_limit``: snapshots kept while the operator is away; ``max_report_bytes``: the
     operator's ``--max-body-bytes``.
@@ -181,47 +165,7 @@ class ReportSender:
         # to a loop only when awaited, so submit still works without one.)
         self._wake = asyncio.Event()
 
-        self._buffer_gauge = Gauge(
-            "gpuwarden_agent_report_buffer_snapshots",
-            "Snapshots waiting to be delivered to the operator.",
-            registry=registry,
-        )
-        limit_gauge = Gauge(
-            "gpuwarden_agent_report_buffer_limit",
-            "Snapshots the report buffer holds before dropping the oldest.",
-            registry=registry,
-        )
-        limit_gauge.set(buffer_limit)
-        self._dropped = Counter(
-            "gpuwarden_agent_report_dropped_snapshots_total",
-            "Snapshots never delivered, by reason.",
-            ["reason"],
-            registry=registry,
-        )
-        self._sent = Counter(
-            "gpuwarden_agent_reports_sent_total",
-            "Reports the operator accepted.",
-            registry=registry,
-        )
-        self._errors = Counter(
-            "gpuwarden_agent_report_errors_total",
-            "Report POSTs that did not deliver, by reason.",
-            ["reason"],
-            registry=registry,
-        )
-        self._refused = Counter(
-            "gpuwarden_agent_report_refused_readings_total",
-            "Readings of delivered reports the operator did not store, by its reason.",
-            ["reason"],
-            registry=registry,
-        )
-        # Pre-created so that every series reads 0 before the first event.
-        for reason in REFUSALS:
-            self._refused.labels(reason)
-        for reason in DROP_REASONS:
-            self._dropped.labels(reason)
-        for reason in ERROR_REASONS:
-            self._errors.labels(reason)
+        self._metrics = SenderMetrics(registry, buffer_limit=buffer_limit)
 
     @property
     def buffered(self) -> int:
@@ -239,8 +183,8 @@ class ReportSender:
             else:
                 self._pending.popleft()
         if excess > 0:
-            self._dropped.labels("buffer_full").inc(excess)
-        self._buffer_gauge.set(self.buffered)
+            self._metrics.dropped.labels("buffer_full").inc(excess)
+        self._metrics.buffered.set(self.buffered)
         self._wake.set()
 
     async def run(self) -> None:
@@ -293,7 +237,7 @@ class ReportSender:
             if outcome.split or outcome.redirected:
                 continue
             self._inflight = None
-            self._buffer_gauge.set(self.buffered)
+            self._metrics.buffered.set(self.buffered)
             if outcome.delivered and not report.more and not drain:
                 return
 
@@ -360,7 +304,7 @@ class ReportSender:
                 log.info("operator reachable again after %d failed attempts", self._failures)
             self._failures = 0
             self._redirects = 0
-            self._sent.inc()
+            self._metrics.sent.inc()
             self._count_refused(report, text)
             return _Outcome(delivered=True)
         if status in (401, 403):
@@ -372,7 +316,7 @@ class ReportSender:
         if status == 421:
             return self._redirect(text)
         if status == 413 and size > 1:
-            self._errors.labels("too_large").inc()
+            self._metrics.errors.labels("too_large").inc()
             self._max_batch = max(1, size // 2)
             log.warning(
                 "operator refused a report of %d snapshots as too large; sending at most %d from now on",
@@ -385,8 +329,8 @@ class ReportSender:
             report.more = True
             return _Outcome(split=True)
         if 400 <= status < 500:
-            self._errors.labels("rejected").inc()
-            self._dropped.labels("rejected").inc(size)
+            self._metrics.errors.labels("rejected").inc()
+            self._metrics.dropped.labels("rejected").inc(size)
             log.error(
                 "operator rejected report seq=%d (%d snapshots) with HTTP %d, dropping it: %s",
                 report.seq,
@@ -410,7 +354,7 @@ class ReportSender:
         if self._redirects > MAX_REDIRECTS:
             self._redirects = 0
             return self._failed("misdirected", f"HTTP 421 {MAX_REDIRECTS + 1} times in a row: {text}")
-        self._errors.labels("misdirected").inc()
+        self._metrics.errors.labels("misdirected").inc()
         if url != self.owner_url:
             log.info("operator replica %s owns this node; reporting to %s", hint.get("owner"), url)
         self.owner_url = url
@@ -423,7 +367,7 @@ class ReportSender:
             refused = {}
         counts = {k: v for k, v in refused.items() if k in REFUSALS and isinstance(v, int) and v > 0}
         for reason, count in counts.items():
-            self._refused.labels(reason).inc(count)
+            self._metrics.refused.labels(reason).inc(count)
         if counts and not self._refusing:
             # The first of a streak is news (a clock off by more than the operator's skew, a pod
             # the API places elsewhere); the next ones are the same news.
@@ -431,7 +375,7 @@ class ReportSender:
         self._refusing = bool(counts)
 
     def _failed(self, reason: str, message: str, retry_after: float | None = None) -> _Outcome:
-        self._errors.labels(reason).inc()
+        self._metrics.errors.labels(reason).inc()
         if self.owner_url is not None:
             # The owner failed us (gone, or no longer the owner): the Service names the next one.
             log.info("report to the owner %s failed (%s); back to %s", self.owner_url, reason, self.url)

@@ -15,10 +15,10 @@ A process is shown as ``pid 474 python3 -c import torch...``: its executable's b
 arguments, cut at :data:`COMMAND_WIDTH` (a ``python -c`` script would make every line hundreds
 of characters long); the whole command line is kept for the summary.
 
-Scaling is decided as the operator decides it: the pure
-:class:`~gpuwarden.policy.scaling.ScaleDecider` is asked after each evaluation with the
-target's current replicas, and a decision that changes them is applied and starts its
-cooldown. There is no cluster, so the target is a :class:`SimulatedTarget`: it starts
+Scaling is decided as the operator decides it: a :class:`SimulatedScaler` takes the same
+pure :func:`~gpuwarden.policy.scaling.scale_step` after each evaluation with the target's
+current replicas, applies a change the step asks for and settles the step, which starts
+its cooldown. There is no cluster, so the target is a :class:`SimulatedTarget`: it starts
 with one replica per pod the policy matches (when it first matches any) and follows the
 decisions, 1 -> 2 -> 3 within ``minReplicas``/``maxReplicas``. Whoever plays the snapshots
 makes the replicas real: the demo scales the scenario's Deployment of that name
@@ -61,7 +61,7 @@ from gpuwarden.policy import (
 )
 from gpuwarden.policy.healthstore import HealthStore
 from gpuwarden.policy.intake import pods_of
-from gpuwarden.policy.scaling import ScaleDecider, ScaleDecision, findings_by_pod
+from gpuwarden.policy.scaling import ScaleDecider, ScaleDecision, StepKind, scale_step
 
 POINT_SLACK = 1.25
 """Series room beyond retention / interval: sampling jitters, and a short series would evict early."""
@@ -207,6 +207,55 @@ class SimulatedTarget:
         return TargetRow(self.policy, self.target, self.replicas, self.dry_run)
 
 
+class SimulatedScaler:
+    """Scales one policy's :class:`SimulatedTarget` after each evaluation, as the WorkloadScaler would."""
+
+    def __init__(self, policy: LocalPolicy) -> None:
+        self.policy = policy
+        self.decider = ScaleDecider()
+        self.target: SimulatedTarget | None = None
+        """None until the policy first matches a pod (nothing to size the target by before)."""
+
+    def scale(self, evaluation: Evaluation, now: float) -> ScaleNote | None:
+        """One scale step after ``evaluation``; a note when it changes (dryRun: would change) the replicas."""
+        action = self.policy.spec.actions.scale
+        matched = len(evaluation.matched_pods)
+        if action is None:
+            return None
+        target = self.target
+        if target is None:
+            if matched == 0:
+                # Nothing to size the Deployment by yet; the operator would read /scale instead.
+                return None
+            ref = action.target_ref
+            where = f"{self.policy.namespace}/{ref.name}" if self.policy.namespace else ref.name
+            target = self.target = SimulatedTarget(
+                policy=self.policy.key,
+                target=f"{ref.kind} {where}",
+                initial=matched,
+                replicas=matched,
+                dry_run=action.dry_run,
+            )
+        step = scale_step(
+            self.decider, action, target.replicas, evaluation.active, matched, now, evaluation.load
+        )
+        if step.kind is StepKind.HOLD:
+            return None
+        applied = step.kind is StepKind.APPLY
+        if applied:
+            target.apply(step.decision)
+        step.settle(made=applied)
+        return ScaleNote(
+            self.policy.key,
+            target.target,
+            step.decision,
+            now,
+            applied=applied,
+            namespace=self.policy.namespace or "",
+            name=action.target_ref.name,
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class TargetRow:
     """A simulated scale target's replicas at one step, for the table and the status lines."""
@@ -246,8 +295,7 @@ class _Policy:
     policy: LocalPolicy
     evaluator: PolicyEvaluator
     due: float | None = None
-    decider: ScaleDecider | None = None
-    target: SimulatedTarget | None = None
+    scaler: SimulatedScaler | None = None
     active: tuple[Finding, ...] = ()
 
 
@@ -276,7 +324,7 @@ class Session:
             _Policy(
                 policy=p,
                 evaluator=PolicyEvaluator(p.key, p.spec, namespace=p.namespace),
-                decider=ScaleDecider() if p.spec.actions.scale is not None else None,
+                scaler=SimulatedScaler(p) if p.spec.actions.scale is not None else None,
             )
             for p in policies
         ]
@@ -329,7 +377,7 @@ class Session:
                 announced = self._track(transition)
                 if announced is not None:
                     announcements.append(announced)
-            note = self._decide_scale(entry, evaluation, now)
+            note = None if entry.scaler is None else entry.scaler.scale(evaluation, now)
             if note is not None:
                 scaling.append(note)
         return Step(
@@ -347,7 +395,11 @@ class Session:
 
     def targets(self) -> list[SimulatedTarget]:
         """The simulated scale targets so far, in policy order."""
-        return [entry.target for entry in self._policies if entry.target is not None]
+        return [
+            entry.scaler.target
+            for entry in self._policies
+            if entry.scaler is not None and entry.scaler.target is not None
+        ]
 
     def command(self, namespace: str, pod: str) -> str:
         """A process subject's short command; ``""`` for a pod, or a process that showed none."""
@@ -459,45 +511,6 @@ class Session:
         if transition.transition is Transition.ONGOING:
             return None
         return Announcement(transition, subject, devices)
-
-    def _decide_scale(self, entry: _Policy, evaluation: Evaluation, now: float) -> ScaleNote | None:
-        action = entry.policy.spec.actions.scale
-        matched = len(evaluation.matched_pods)
-        if action is None or entry.decider is None:
-            return None
-        target = entry.target
-        if target is None:
-            if matched == 0:
-                # Nothing to size the Deployment by yet; the operator would read /scale instead.
-                return None
-            ref = action.target_ref
-            where = f"{entry.policy.namespace}/{ref.name}" if entry.policy.namespace else ref.name
-            target = entry.target = SimulatedTarget(
-                policy=entry.policy.key,
-                target=f"{ref.kind} {where}",
-                initial=matched,
-                replicas=matched,
-                dry_run=action.dry_run,
-            )
-        # The operator's sequence (gpuwarden.operator.scaler): decide on the current replicas,
-        # apply a change unless dryRun, then record it so that its cooldown starts.
-        decision = entry.decider.decide(
-            action, target.replicas, findings_by_pod(evaluation.active), matched, now, evaluation.load
-        )
-        if not decision.changes:
-            return None
-        if not action.dry_run:
-            target.apply(decision)
-        entry.decider.record_scale(decision, now)
-        return ScaleNote(
-            entry.policy.key,
-            target.target,
-            decision,
-            now,
-            applied=not action.dry_run,
-            namespace=entry.policy.namespace or "",
-            name=action.target_ref.name,
-        )
 
     def _rows(
         self,

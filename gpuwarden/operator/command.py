@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from gpuwarden.operator.config import DEFAULTS, ConfigError, CordonMode, build_config
+from gpuwarden.operator.config import ConfigError, CordonMode, OperatorConfig
 from gpuwarden.policy.xids import CRITICAL_XIDS
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "default_config", "parse_config", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,28 +32,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     scope.add_argument("--all-namespaces", action="store_true", help="watch every namespace (the default)")
     parser.add_argument(
         "--ingest-address",
-        default=DEFAULTS["ingest_address"],
+        default="0.0.0.0:8443",
         help="HOST:PORT for POST /v1/reports (%(default)s)",
     )
     parser.add_argument("--tls-cert-file", help="serve the ingest endpoint over TLS with this certificate")
     parser.add_argument("--tls-key-file", help="the key of --tls-cert-file")
     parser.add_argument(
         "--metrics-address",
-        default=DEFAULTS["metrics_address"],
+        default="0.0.0.0:8080",
         help="HOST:PORT for /metrics, /healthz, /readyz",
     )
     parser.add_argument(
-        "--token-audience", default=DEFAULTS["token_audience"], help="audience agents' tokens must carry"
+        "--token-audience", default="gpuwarden-operator", help="audience agents' tokens must carry"
     )
     parser.add_argument(
         "--agent-service-account",
-        default=DEFAULTS["agent_service_account"],
+        default="gpuwarden-system:gpuwarden-agent",
         metavar="NAMESPACE:NAME",
         help="the only ServiceAccount whose tokens may post reports (%(default)s)",
     )
-    parser.add_argument(
-        "--peering", default=DEFAULTS["peering"], help="Kopf peering object name (%(default)s)"
-    )
+    parser.add_argument("--peering", default="gpuwarden", help="Kopf peering object name (%(default)s)")
     parser.add_argument(
         "--priority", type=int, default=None, help="Kopf peering priority; default: derived from POD_NAME"
     )
@@ -68,13 +67,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-body-bytes",
-        default=DEFAULTS["max_body_bytes"],
+        default="1Mi",
         help="larger report bodies get 413 (%(default)s)",
     )
     parser.add_argument(
         "--node-rate",
         type=float,
-        default=DEFAULTS["node_rate"],
+        default="20",
         help="reports a second per node before 429 (%(default)s)",
     )
     parser.add_argument(
@@ -106,31 +105,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug", action="store_true", help="log everything, including each API call")
 
 
+def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> OperatorConfig:
+    """The config of an operator started with ``argv`` (its flags) in ``env`` (default: the process's)."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return OperatorConfig.from_args(parser.parse_args(list(argv)), env)
+
+
+def default_config(env: Mapping[str, str] | None = None) -> OperatorConfig:
+    """Every flag at its default, all namespaces (for ``kopf run -m gpuwarden.operator.handlers``)."""
+    return parse_config([], env)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the operator until SIGINT/SIGTERM; 2 for a bad flag, 1 if Kopf fails to start."""
     try:
-        config = build_config(
-            namespaces=args.namespaces,
-            all_namespaces=args.all_namespaces,
-            ingest_address=args.ingest_address,
-            tls_cert_file=args.tls_cert_file,
-            tls_key_file=args.tls_key_file,
-            metrics_address=args.metrics_address,
-            token_audience=args.token_audience,
-            agent_service_account=args.agent_service_account,
-            peering=args.peering,
-            priority=args.priority,
-            max_body_bytes=args.max_body_bytes,
-            node_rate=args.node_rate,
-            node_health=args.node_health,
-            node_health_xids=args.node_health_xids,
-            node_health_hold=args.node_health_hold,
-            cordon=args.cordon,
-            shards=args.shards,
-            advertise_url=args.advertise_url,
-            verbose=args.verbose,
-            debug=args.debug,
-        )
+        config = OperatorConfig.from_args(args)
     except ConfigError as exc:
         print(f"gpuwarden operator: {exc}", file=sys.stderr)
         return 2
@@ -138,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     import kopf
 
     import gpuwarden.operator.handlers  # noqa: F401  (registers the handlers)
-    from gpuwarden.operator.state import OperatorState
+    from gpuwarden.operator.composition import build_operator
 
     kopf.configure(debug=config.debug, verbose=config.verbose, log_format=kopf.LogFormat.PLAIN)
     log = logging.getLogger("gpuwarden.operator")
@@ -161,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
             identity=cast(Any, config.identity),  # Kopf's Identity is a NewType of str
             # Sharded mode: every replica runs every policy's daemon; the ring says which one acts.
             standalone=config.shards,
-            memo=kopf.Memo(state=OperatorState(config)),
+            memo=kopf.Memo(state=build_operator(config)),
         )
     except Exception as exc:
         log.error("The operator stopped: %s", exc)

@@ -1,17 +1,21 @@
 """The operator's configuration: one typed, frozen object built from the command line and the pod's env.
 
 Every field says what it is for; the flags and their defaults are those of
-``docs/deployment-contract.md``. Errors are :class:`ConfigError` naming the flag or
-the environment variable at fault.
+``docs/deployment-contract.md``, declared once, in :func:`gpuwarden.operator.command.add_arguments`
+(the fields' defaults are checked against them by a test). :meth:`OperatorConfig.from_args`
+checks them together with ``POD_NAME``, ``POD_NAMESPACE`` and ``POD_IP``; errors are
+:class:`ConfigError` naming the flag or the environment variable at fault. The agent's
+:class:`~gpuwarden.agent.command.AgentConfig` is built the same way.
 """
 
 from __future__ import annotations
 
+import argparse
 import enum
 import hashlib
 import os
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpuwarden.policy.units import parse_duration, parse_quantity
@@ -23,8 +27,6 @@ __all__ = [
     "CordonMode",
     "OperatorConfig",
     "ServiceAccountRef",
-    "build_config",
-    "default_config",
     "derive_priority",
     "parse_address",
     "parse_service_account",
@@ -124,7 +126,73 @@ class OperatorConfig:
     """Sharded mode: where agents reach this replica directly (``--advertise-url``; default from
     ``POD_IP``), published on its Lease and in the 421 answers of the other replicas."""
     verbose: bool = False
+    """Log more (Kopf's verbose mode)."""
     debug: bool = False
+    """Log everything, including each API call."""
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, env: Mapping[str, str] | None = None) -> OperatorConfig:
+        """Check the flags (:func:`~gpuwarden.operator.command.add_arguments`) and ``env`` (default:
+        the process's) together; :class:`ConfigError` names the flag or variable at fault."""
+        env = os.environ if env is None else env
+        if args.all_namespaces and args.namespaces:
+            raise ConfigError("--namespace and --all-namespaces exclude each other")
+        if bool(args.tls_cert_file) != bool(args.tls_key_file):
+            raise ConfigError("--tls-cert-file and --tls-key-file go together")
+        if not args.token_audience:
+            raise ConfigError("--token-audience must not be empty")
+        if not args.peering:
+            raise ConfigError("--peering must not be empty")
+        if not args.node_rate > 0:
+            raise ConfigError(f"--node-rate: {args.node_rate} must be greater than 0")
+        pod_name = env.get("POD_NAME", "").strip() or None
+        pod_namespace = env.get("POD_NAMESPACE", "").strip() or None
+        if pod_name and not pod_namespace:
+            raise ConfigError("POD_NAME is set but POD_NAMESPACE is not (set both from the downward API)")
+        try:
+            cordon = CordonMode(args.cordon)
+        except ValueError:
+            raise ConfigError(f"--cordon: {args.cordon!r} is not one of off, dry-run, on") from None
+        if cordon is not CordonMode.OFF and not args.node_health:
+            raise ConfigError("--cordon needs --node-health (it acts on the GPUHealthy condition)")
+        if args.shards and not pod_namespace:
+            raise ConfigError("--shards needs POD_NAMESPACE (the replicas' Leases live there)")
+        advertise_url = args.advertise_url
+        if advertise_url and not args.shards:
+            raise ConfigError("--advertise-url goes with --shards")
+        if args.shards and not advertise_url:
+            advertise_url = default_advertise_url(env, args.ingest_address, tls=bool(args.tls_cert_file))
+        if advertise_url and not advertise_url.startswith(("http://", "https://")):
+            raise ConfigError(f"--advertise-url: {advertise_url!r} is not an http(s) URL")
+        xids = args.node_health_xids
+        return cls(
+            namespaces=tuple(dict.fromkeys(args.namespaces)),
+            ingest=parse_address(args.ingest_address, flag="--ingest-address"),
+            tls_cert_file=args.tls_cert_file or None,
+            tls_key_file=args.tls_key_file or None,
+            metrics=parse_address(args.metrics_address, flag="--metrics-address"),
+            token_audience=args.token_audience,
+            agent_service_account=parse_service_account(
+                args.agent_service_account, flag="--agent-service-account"
+            ),
+            peering=args.peering,
+            priority=derive_priority(pod_name or socket.gethostname())
+            if args.priority is None
+            else args.priority,
+            identity=default_identity(env),
+            max_body_bytes=parse_size(args.max_body_bytes, flag="--max-body-bytes"),
+            node_rate=args.node_rate,
+            pod_name=pod_name,
+            pod_namespace=pod_namespace,
+            node_health=args.node_health,
+            node_health_xids=parse_xids(xids, flag="--node-health-xids") if xids else CRITICAL_XIDS,
+            node_health_hold=parse_hold(args.node_health_hold, flag="--node-health-hold"),
+            cordon=cordon,
+            shards=args.shards,
+            advertise_url=advertise_url or None,
+            verbose=args.verbose,
+            debug=args.debug,
+        )
 
     @property
     def clusterwide(self) -> bool:
@@ -220,116 +288,3 @@ def default_advertise_url(env: Mapping[str, str], ingest_address: str, *, tls: b
     port = parse_address(ingest_address, flag="--ingest-address").port
     host = f"[{ip}]" if ":" in ip else ip
     return f"{'https' if tls else 'http'}://{host}:{port}/v1/reports"
-
-
-def build_config(
-    *,
-    namespaces: Sequence[str],
-    all_namespaces: bool,
-    ingest_address: str,
-    tls_cert_file: str | None,
-    tls_key_file: str | None,
-    metrics_address: str,
-    token_audience: str,
-    agent_service_account: str,
-    peering: str,
-    priority: int | None,
-    max_body_bytes: str,
-    node_rate: float,
-    node_health: bool = False,
-    node_health_xids: str = "",
-    node_health_hold: str = "10m",
-    cordon: str = "off",
-    shards: bool = False,
-    advertise_url: str | None = None,
-    verbose: bool = False,
-    debug: bool = False,
-    env: Mapping[str, str] | None = None,
-) -> OperatorConfig:
-    """Validate the command line (and ``POD_NAME``/``POD_NAMESPACE``) into an :class:`OperatorConfig`."""
-    env = os.environ if env is None else env
-    if all_namespaces and namespaces:
-        raise ConfigError("--namespace and --all-namespaces exclude each other")
-    if bool(tls_cert_file) != bool(tls_key_file):
-        raise ConfigError("--tls-cert-file and --tls-key-file go together")
-    if not token_audience:
-        raise ConfigError("--token-audience must not be empty")
-    if not peering:
-        raise ConfigError("--peering must not be empty")
-    if not node_rate > 0:
-        raise ConfigError(f"--node-rate: {node_rate} must be greater than 0")
-    pod_name = env.get("POD_NAME", "").strip() or None
-    pod_namespace = env.get("POD_NAMESPACE", "").strip() or None
-    if pod_name and not pod_namespace:
-        raise ConfigError("POD_NAME is set but POD_NAMESPACE is not (set both from the downward API)")
-    identity = default_identity(env)
-    try:
-        cordon_mode = CordonMode(cordon)
-    except ValueError:
-        raise ConfigError(f"--cordon: {cordon!r} is not one of off, dry-run, on") from None
-    if cordon_mode is not CordonMode.OFF and not node_health:
-        raise ConfigError("--cordon needs --node-health (it acts on the GPUHealthy condition)")
-    if shards and not pod_namespace:
-        raise ConfigError("--shards needs POD_NAMESPACE (the replicas' Leases live there)")
-    if advertise_url and not shards:
-        raise ConfigError("--advertise-url goes with --shards")
-    if shards and not advertise_url:
-        advertise_url = default_advertise_url(env, ingest_address, tls=bool(tls_cert_file))
-    if advertise_url and not advertise_url.startswith(("http://", "https://")):
-        raise ConfigError(f"--advertise-url: {advertise_url!r} is not an http(s) URL")
-    xids = parse_xids(node_health_xids, flag="--node-health-xids") if node_health_xids else CRITICAL_XIDS
-    return OperatorConfig(
-        namespaces=tuple(dict.fromkeys(namespaces)),
-        ingest=parse_address(ingest_address, flag="--ingest-address"),
-        tls_cert_file=tls_cert_file or None,
-        tls_key_file=tls_key_file or None,
-        metrics=parse_address(metrics_address, flag="--metrics-address"),
-        token_audience=token_audience,
-        agent_service_account=parse_service_account(agent_service_account, flag="--agent-service-account"),
-        peering=peering,
-        priority=derive_priority(pod_name or socket.gethostname()) if priority is None else priority,
-        identity=identity,
-        max_body_bytes=parse_size(max_body_bytes, flag="--max-body-bytes"),
-        node_rate=node_rate,
-        pod_name=pod_name,
-        pod_namespace=pod_namespace,
-        node_health=node_health,
-        node_health_xids=xids,
-        node_health_hold=parse_hold(node_health_hold, flag="--node-health-hold"),
-        cordon=cordon_mode,
-        shards=shards,
-        advertise_url=advertise_url or None,
-        verbose=verbose,
-        debug=debug,
-    )
-
-
-DEFAULTS: dict[str, str] = {
-    "ingest_address": "0.0.0.0:8443",
-    "metrics_address": "0.0.0.0:8080",
-    "token_audience": "gpuwarden-operator",
-    "agent_service_account": "gpuwarden-system:gpuwarden-agent",
-    "peering": "gpuwarden",
-    "max_body_bytes": "1Mi",
-    "node_rate": "20",
-}
-"""The contract's defaults (docs/deployment-contract.md), shared by the flags and :func:`default_config`."""
-
-
-def default_config(env: Mapping[str, str] | None = None) -> OperatorConfig:
-    """Every default, all namespaces (for ``kopf run -m gpuwarden.operator.handlers``)."""
-    return build_config(
-        namespaces=(),
-        all_namespaces=True,
-        ingest_address=DEFAULTS["ingest_address"],
-        tls_cert_file=None,
-        tls_key_file=None,
-        metrics_address=DEFAULTS["metrics_address"],
-        token_audience=DEFAULTS["token_audience"],
-        agent_service_account=DEFAULTS["agent_service_account"],
-        peering=DEFAULTS["peering"],
-        priority=None,
-        max_body_bytes=DEFAULTS["max_body_bytes"],
-        node_rate=float(DEFAULTS["node_rate"]),
-        env=env,
-    )

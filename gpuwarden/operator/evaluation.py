@@ -14,7 +14,7 @@ Every round:
 5. **Status**: built (:mod:`.status`) and patched only when it differs from
    what was last written, so a quiet policy writes nothing.
 
-Then wait (:class:`~gpuwarden.operator.state.Pacing`): an interval after the
+Then wait (:class:`~gpuwarden.operator.pacing.Pacing`): an interval after the
 previous round started, as soon as readings arrived.
 
 Status is patched here through the API rather than through Kopf's ``patch``
@@ -33,9 +33,10 @@ from typing import Any
 from gpuwarden.operator.claims import PolicyClaim
 from gpuwarden.operator.events import Announcer, announce
 from gpuwarden.operator.kubeapi import ApiError
+from gpuwarden.operator.pacing import Pacing
 from gpuwarden.operator.posting import object_ref
 from gpuwarden.operator.scaling import Scaler, ScaleResult
-from gpuwarden.operator.state import OperatorState, Pacing, PodRecord, PolicyKey
+from gpuwarden.operator.state import OperatorState, PodRecord, PolicyKey
 from gpuwarden.operator.status import PolicyVerdict, build_status, findings_from_status, owned_part
 from gpuwarden.policy.engine import Evaluation, PolicyEvaluator
 from gpuwarden.policy.model import PolicySpec

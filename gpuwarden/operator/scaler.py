@@ -7,8 +7,9 @@ Plugged into the operator as ``OperatorState.scaler`` (the evaluation loop calls
    this one's uid (for its Events) and, after a restart, its ``status.scale.lastScaleTime``
    (so cooldowns run on); and the others that scale the same workload;
 2. read the target's ``/scale`` (current replicas);
-3. ask the policy's :class:`~gpuwarden.policy.scaling.ScaleDecider` (pure) for the desired
-   replicas, published as ``gpuwarden_policy_desired_replicas{namespace,policy}``;
+3. take a :func:`~gpuwarden.policy.scaling.scale_step` (pure) with the policy's
+   :class:`~gpuwarden.policy.scaling.ScaleDecider`: the desired replicas, published as
+   ``gpuwarden_policy_desired_replicas{namespace,policy}``, and whether to hold, announce or apply;
 4. unless ``dryRun``, refuse to act when another policy (not in dryRun) scales the same
    workload (``PolicyConflict``: every such policy stops, whichever evaluates first,
    because each sees the others' specs, not what their evaluations decided; a rival seen
@@ -17,7 +18,8 @@ Plugged into the operator as ``OperatorState.scaler`` (the evaluation loop calls
    (``HPAConflict``; KEDA's ScaledObjects are HPAs too); the condition says so and an
    Event is posted once per conflict;
 5. act: ``PATCH`` the ``/scale`` subresource (guarded by its resourceVersion) and post an
-   Event on the target and on the policy; in dryRun, post "would scale" Events instead.
+   Event on the target and on the policy; in dryRun, post "would scale" Events instead; then
+   settle the step with whether the change was made (the step decides what that records).
 
 What the status writer needs comes back as a :class:`ScaleOutcome`: ``status.scale``
 and the ``ScalingActive`` condition. The WorkloadScaler holds no clock of its own: ``now``
@@ -55,7 +57,9 @@ from gpuwarden.policy.scaling import (
     Direction,
     ScaleDecider,
     ScaleDecision,
-    findings_by_pod,
+    ScaleStep,
+    StepKind,
+    scale_step,
 )
 
 __all__ = [
@@ -242,9 +246,8 @@ class WorkloadScaler:
                 state, me, None, None, "FailedGetScale", f"reading {what}/scale: {exc}"
             )
 
-        decision = state.decider.decide(
-            action, scale.replicas, findings_by_pod(findings), matched_pods, now, load
-        )
+        step = scale_step(state.decider, action, scale.replicas, findings, matched_pods, now, load)
+        decision = step.decision
         state.desired = decision.wanted
 
         if not action.dry_run:
@@ -274,22 +277,24 @@ class WorkloadScaler:
 
         if decision.blocked_by is Blocker.SCALED_TO_ZERO:
             return _outcome(state, scale, decision, "False", "ScaledToZero", decision.reason)
-        if not decision.changes:
+        if step.kind is StepKind.HOLD:
             # The steady reason: a status rewritten at every evaluation for a ticking "for 3m10s" is noise.
             return _outcome(state, scale, decision, *_quiet(action), decision.steady_reason)
-        if action.dry_run:
-            return await self._announce(state, me, scale, decision, action, now, applied=False)
+        if step.kind is StepKind.ANNOUNCE:
+            return await self._announce(state, me, scale, step, action, made=False)
         try:
             await self._api.patch_scale(scale, decision.desired)
         except ScaleConflict:
             # Replicas moved under us (a person, a rollout): decide again from the new value next time.
+            step.settle(made=False)
             return _outcome(
                 state, scale, decision, "True", "Active", f"{what} changed while scaling; deciding again"
             )
         except ScaleApiError as exc:
+            step.settle(made=False)
             message = f"failed to scale {what} {decision.current}→{decision.desired}: {exc}"
             return await self._problem(state, me, scale, decision, "FailedUpdateScale", message)
-        return await self._announce(state, me, scale, decision, action, now, applied=True)
+        return await self._announce(state, me, scale, step, action, made=True)
 
     # --- helpers ----------------------------------------------------------------------------------
 
@@ -327,24 +332,24 @@ class WorkloadScaler:
         state: _PolicyScaling,
         me: ObjectRef,
         scale: Scale,
-        decision: ScaleDecision,
+        step: ScaleStep,
         action: ScaleAction,
-        now: float,
         *,
-        applied: bool,
+        made: bool,
     ) -> ScaleOutcome:
-        """Record a change (made, or in dryRun only announced) and post its Events."""
-        state.decider.record_scale(decision, now)
+        """Settle a step whose change was made (or, in dryRun, only announced) and post its Events."""
+        step.settle(made=made)
+        decision, now = step.decision, step.now
         change = f"{scale.target.name} {decision.current}→{decision.desired}: {decision.reason}"
         up = decision.direction is Direction.UP
-        if applied:
+        if made:
             message, reason = f"scaled {change}", "ScaledUp" if up else "ScaledDown"
         else:
             message, reason = f"would scale {change} (dryRun)", "WouldScaleUp" if up else "WouldScaleDown"
         state.last_scale_time, state.last_scale_reason = now, message
         await self._events.post(me, "Normal", reason, message)
         await self._events.post(scale.target, "Normal", reason, f"policy {me.name}: {message}")
-        return _outcome(state, scale, decision, *_quiet(action), message, applied=applied)
+        return _outcome(state, scale, decision, *_quiet(action), message, applied=made)
 
     async def _problem(
         self,

@@ -52,7 +52,7 @@ class Sharding(Leadership):
         poll_seconds: float = POLL_SECONDS,
     ) -> None:
         super().__init__(config, api, poll_seconds=poll_seconds)
-        assert config.pod_namespace is not None  # build_config insists
+        assert config.pod_namespace is not None  # OperatorConfig.from_args insists
         self.namespace = config.pod_namespace
         self.group = config.peering
         self.me = Member(config.identity, config.advertise_url)

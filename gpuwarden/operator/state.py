@@ -2,18 +2,20 @@
 
 Kopf owns what it watches (pods and policies, in its indexes and in the bodies
 it hands to handlers); everything the operator adds lives here, created once at
-startup: the series store the agents' reports fill, the per-policy runtimes of
-the running evaluation daemons, the collaborators of the ingest endpoint, and the
-Event poster.
+startup by :func:`gpuwarden.operator.composition.build_operator` (the composition root):
+the records kept here (the series store the agents' reports fill and the GPUs' health,
+the pod index's view, the store retention each running policy needs, the running policies'
+:class:`~gpuwarden.operator.pacing.PolicySchedule`) and the collaborators built there (API
+client, metrics, leadership, TokenReview, rate limiter, ingest, Event poster).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpuwarden.nodereport import NodeReport
 from gpuwarden.operator.config import OperatorConfig
@@ -21,6 +23,7 @@ from gpuwarden.operator.ingest import MAX_FUTURE_SKEW, Intake, ReportBook, Repor
 from gpuwarden.operator.kubeapi import KubeApi
 from gpuwarden.operator.leadership import Leadership
 from gpuwarden.operator.metrics import OperatorMetrics, store_gauges
+from gpuwarden.operator.pacing import Pacing, PolicySchedule
 from gpuwarden.operator.posting import EventPoster, ObjectRef
 from gpuwarden.operator.ratelimit import NodeRateLimiter
 from gpuwarden.operator.sharding import Sharding
@@ -82,128 +85,52 @@ class PodRecord:
         return ObjectRef("v1", "Pod", self.view.namespace, self.view.name, self.uid)
 
 
-@dataclass(slots=True)
-class Pacing:
-    """When a policy's daemon evaluates next: every interval, as soon as fresh data came after it."""
-
-    interval: float = 10.0
-    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
-    spec_changed: bool = False
-    data_pending: bool = False
-    due_at: float | None = None
-    """Loop time at which a spec change made the next evaluation due (for the delay histogram)."""
-    data_at: float = 0.0
-    """Loop time the latest readings arrived."""
-
-    def nudge_spec(self) -> None:
-        """The spec changed: evaluate now."""
-        self.spec_changed = True
-        if self.due_at is None:
-            self.due_at = asyncio.get_running_loop().time()
-        self.wakeup.set()
-
-    def nudge_data(self, now: float) -> None:
-        """Readings for the policy's namespace arrived at loop time ``now``."""
-        if not self.data_pending:
-            self.data_pending = True
-            self.wakeup.set()
-        self.data_at = now
-
-    async def wait_next(self, started: float) -> float:
-        """Sleep until the next evaluation is due (the previous one started at loop time ``started``).
-
-        Due ``interval`` after the previous start, once readings arrived since it
-        (so a condition is judged as soon as its data lands, not up to an interval
-        later); without readings, one interval later still (to notice silence).
-        Returns the loop time it became due.
-        """
-        loop = asyncio.get_running_loop()
-        due = started + self.interval
-        while not self.spec_changed and loop.time() < due:
-            await _sleep_on(self.wakeup, due - loop.time())
-        if not self.spec_changed:
-            fallback = due + self.interval
-            while not (self.data_pending or self.spec_changed) and loop.time() < fallback:
-                await _sleep_on(self.wakeup, fallback - loop.time())
-            if self.data_pending:
-                due = max(due, self.data_at)
-            elif not self.spec_changed:
-                due = fallback
-        at = self.due_at if self.spec_changed and self.due_at is not None else due
-        self.spec_changed = self.data_pending = False
-        self.due_at = None
-        self.wakeup.clear()
-        return at
-
-
-async def _sleep_on(event: asyncio.Event, seconds: float) -> None:
-    try:
-        async with asyncio.timeout(max(0.0, seconds)):
-            await event.wait()
-    except TimeoutError:
-        pass
-    event.clear()
-
-
+@dataclass(eq=False)
 class OperatorState:
-    """Everything the operator keeps between handler calls; one per process, in ``memo.state``."""
+    """Everything the operator keeps between handler calls; one per process, in ``memo.state``.
 
-    def __init__(
-        self, config: OperatorConfig, *, api: KubeApi | None = None, clock: Callable[[], float] = time.time
-    ) -> None:
-        self.config = config
-        self.api = api or KubeApi()
-        self.pod_nodes: Mapping[tuple[str, str], Collection[str]] = {}
-        """GPU pods by (namespace, name) -> the node they run on: Kopf's ``gpu_pod_nodes`` index."""
-        self.pods_synced = False
-        """Whether ``pod_nodes`` holds every pod (Kopf listed them); until then unknown pods are let in."""
-        self.metrics = OperatorMetrics()
-        self.events = EventPoster(self.api, instance=config.identity, dropped=self.metrics.events_dropped)
-        """Posts the policies' Events in the background (:class:`Services` runs it)."""
-        self.store = SeriesStore(retention_seconds=MIN_RETENTION, max_points=MAX_POINTS)
-        self.health = HealthStore(retention_seconds=MIN_RETENTION)
-        """The GPUs' health (gpuHealth rules, throttling, the node view), kept as long as the series."""
-        self.book = ReportBook()
-        self.pacing: dict[str, dict[str, Pacing]] = {}
-        """Running evaluation daemons: namespace -> policy name -> pacing."""
-        self.horizons: dict[PolicyKey, float] = {}
-        """The store retention each running policy needs."""
-        self.sharding = Sharding(config, self.api) if config.shards else None
-        """Sharded mode (``--shards``): membership, and which nodes and policies are ours."""
-        self.leadership = self.sharding or Leadership(config, self.api)
-        self.authenticator = TokenAuthenticator(
-            self._review,
-            audience=config.token_audience,
-            username=config.agent_service_account.username,
-        )
-        self.limiter = NodeRateLimiter(config.node_rate, config.node_burst, clock=time.monotonic)
-        self.ingest = ReportIngest(
-            authenticator=self.authenticator,
-            limiter=self.limiter,
-            book=self.book,
-            metrics=self.metrics,
-            accept=self.accept,
-            acting=self.sharding.acting if self.sharding else lambda: self.leadership.active,
-            max_body_bytes=config.max_body_bytes,
-            clock=clock,
-            route=self.sharding.route if self.sharding else None,
-        )
-        self.started = False
-        """True once the servers listen (``/readyz``)."""
-        self.scaler: Scaler | None = None
-        """Acts on ``actions.scale`` after each evaluation; plugged in by the scaling component."""
-        self.metrics.watch_pods()
-        self.metrics.watch_state(self._gauges)
+    Built by :func:`gpuwarden.operator.composition.build_operator`, which also plugs in the ingest.
+    """
 
-    async def _review(self, token: str) -> dict[str, Any]:
-        return await self.api.create_token_review(token, [self.config.token_audience])
+    config: OperatorConfig
+    api: KubeApi
+    metrics: OperatorMetrics
+    events: EventPoster
+    """Posts the policies' Events in the background (:class:`Services` runs it)."""
+    leadership: Leadership
+    """Whether this replica acts now (peering), or in sharded mode :attr:`sharding` itself."""
+    sharding: Sharding | None
+    """Sharded mode (``--shards``): membership, and which nodes and policies are ours."""
+    authenticator: TokenAuthenticator
+    limiter: NodeRateLimiter
+    store: SeriesStore = field(
+        default_factory=lambda: SeriesStore(retention_seconds=MIN_RETENTION, max_points=MAX_POINTS)
+    )
+    health: HealthStore = field(default_factory=lambda: HealthStore(retention_seconds=MIN_RETENTION))
+    """The GPUs' health (gpuHealth rules, throttling, the node view), kept as long as the series."""
+    book: ReportBook = field(default_factory=ReportBook)
+    schedule: PolicySchedule = field(default_factory=PolicySchedule)
+    """The running evaluation daemons' pacing."""
+    pod_nodes: Mapping[tuple[str, str], Collection[str]] = field(default_factory=dict)
+    """GPU pods by (namespace, name) -> the node they run on: Kopf's ``gpu_pod_nodes`` index."""
+    pods_synced: bool = False
+    """Whether ``pod_nodes`` holds every pod (Kopf listed them); until then unknown pods are let in."""
+    horizons: dict[PolicyKey, float] = field(default_factory=dict)
+    """The store retention each running policy needs."""
+    started: bool = False
+    """True once the servers listen (``/readyz``)."""
+    scaler: Scaler | None = None
+    """Acts on ``actions.scale`` after each evaluation; plugged in by the scaling component."""
+    ingest: ReportIngest = field(init=False)
+    """The ingest endpoint's core; plugged in by the composition root (it stores through :meth:`accept`)."""
 
-    def _gauges(self) -> dict[str, float]:
+    def gauges(self) -> dict[str, float]:
+        """The state's own gauges, read at each scrape."""
         return {
             **store_gauges(self.store),
             "gpuwarden_operator_active": self.leadership.active,
             "gpuwarden_operator_tokenreviews": self.authenticator.reviews,
-            "gpuwarden_operator_policies": sum(len(p) for p in self.pacing.values()),
+            "gpuwarden_operator_policies": len(self.schedule),
             "gpuwarden_operator_retention_seconds": self.store.retention_seconds,
         }
 
@@ -252,11 +179,8 @@ class OperatorState:
                 if add(key, point):
                     intake.stored += 1
                     namespaces.add(key.namespace)
-        if namespaces and self.pacing:
-            loop_now = asyncio.get_running_loop().time()
-            for namespace in namespaces:
-                for pacing in self.pacing.get(namespace, {}).values():
-                    pacing.nudge_data(loop_now)
+        if namespaces:
+            self.schedule.nudge_data(namespaces)
         return intake
 
     def _pod_verdict(self, node: str, pod: tuple[str, str]) -> str | None:
@@ -295,22 +219,16 @@ class OperatorState:
 
     def open_policy(self, key: PolicyKey) -> Pacing:
         """A policy's daemon starts."""
-        pacing = self.pacing.setdefault(key.namespace, {})[key.name] = Pacing()
-        return pacing
+        return self.schedule.open(key.namespace, key.name)
 
     def close_policy(self, key: PolicyKey) -> None:
         """A policy's daemon ends (policy deleted, operator paused or exiting)."""
-        policies = self.pacing.get(key.namespace, {})
-        policies.pop(key.name, None)
-        if not policies:
-            self.pacing.pop(key.namespace, None)
+        self.schedule.close(key.namespace, key.name)
         self.set_horizon(key, None)
 
     def nudge_policy(self, key: PolicyKey) -> None:
         """A policy's spec changed: its daemon re-reads it now."""
-        pacing = self.pacing.get(key.namespace, {}).get(key.name)
-        if pacing is not None:
-            pacing.nudge_spec()
+        self.schedule.nudge_spec(key.namespace, key.name)
 
     def set_horizon(self, key: PolicyKey, seconds: float | None) -> None:
         """Record how much history a policy needs; the store keeps the most any policy needs."""
@@ -328,4 +246,4 @@ class OperatorState:
 
     def running_policies(self) -> Iterable[PolicyKey]:
         """Policies whose daemons run here."""
-        return [PolicyKey(ns, name) for ns, names in self.pacing.items() for name in names]
+        return [PolicyKey(ns, name) for ns, name in self.schedule.running()]

@@ -1,9 +1,12 @@
 """ScaleDecider: how many replicas a policy's scale target should have, HPA-style.
 
 Pure: findings, the target's current replicas and ``now`` come in; a
-:class:`ScaleDecision` goes out. The operator's Scaler reads the replicas, asks,
-acts (or, in dryRun, announces) and then reports back through
-:meth:`ScaleDecider.record_scale` so that cooldowns start from real changes.
+:class:`ScaleDecision` goes out. Whoever owns the target (the operator's
+:class:`~gpuwarden.operator.scaler.WorkloadScaler`, local mode's
+:class:`~gpuwarden.local.session.SimulatedScaler`) takes one :func:`scale_step` per
+evaluation: it reads the replicas, the step decides and says what to do (hold, announce
+in dryRun, or apply), the owner does it (its I/O) and settles the step with the outcome,
+so that cooldowns start from real changes only.
 
 One decision, in order:
 
@@ -244,7 +247,7 @@ class ScaleDecider:
         ``load`` is this evaluation's load sample (the Evaluation's ``load``),
         and the forecast has its say (:mod:`gpuwarden.policy.predictive`). Records this
         evaluation's wish for the stabilization windows; does not start a
-        cooldown (:meth:`record_scale` does, once the change is made).
+        cooldown (:meth:`record_scale` does, once the change is made: see :func:`scale_step`).
         """
         signal = _signal(action, findings_by_pod, matched_pods)
         if action.forecast is None:
@@ -326,3 +329,67 @@ class ScaleDecider:
         if direction is not self._run_direction or self._run_since is None:
             self._run_direction, self._run_since = direction, now
         return max(0.0, now - self._run_since)
+
+
+class StepKind(enum.StrEnum):
+    """What a :class:`ScaleStep` asks of whoever owns the target."""
+
+    HOLD = "Hold"
+    """The decision changes nothing: nothing to do, nothing to record."""
+    ANNOUNCE = "Announce"
+    """dryRun: announce the change; the replicas stay, and its cooldown starts all the same."""
+    APPLY = "Apply"
+    """Set the target's replicas to ``decision.desired``; settle with whether that was done."""
+
+
+@dataclass(slots=True)
+class ScaleStep:
+    """One decide -> apply -> record step of a policy's scaling (from :func:`scale_step`).
+
+    The apply is the caller's (I/O, possibly refused by a conflict or failing); what is recorded
+    given its outcome is decided here, by :meth:`settle`, so every caller records alike.
+    """
+
+    decider: ScaleDecider
+    decision: ScaleDecision
+    kind: StepKind
+    now: float
+    settled: bool = False
+
+    def settle(self, *, made: bool) -> bool:
+        """Record the outcome once: ``made``, whether an APPLY's change was made (False: refused or failed).
+
+        An announced (dryRun) change or a made one starts its cooldown; one not made is decided
+        afresh next time. Returns whether a change was recorded.
+        """
+        if self.settled:
+            raise RuntimeError("a scale step is settled once")
+        self.settled = True
+        recorded = self.kind is StepKind.ANNOUNCE or (self.kind is StepKind.APPLY and made)
+        if recorded:
+            self.decider.record_scale(self.decision, self.now)
+        return recorded
+
+
+def scale_step(
+    decider: ScaleDecider,
+    action: ScaleAction,
+    current_replicas: int,
+    findings: Iterable[ActiveFinding],
+    matched_pods: int,
+    now: float,
+    load: WorkloadLoad | None = None,
+) -> ScaleStep:
+    """Decide ``action``'s target replicas after an evaluation, and say what the target's owner must do.
+
+    ``findings`` are the evaluation's active ones, ``matched_pods`` how many pods it selected,
+    ``load`` its load sample (for ``forecast``). Settle the step once the owner has acted.
+    """
+    decision = decider.decide(action, current_replicas, findings_by_pod(findings), matched_pods, now, load)
+    if not decision.changes:
+        kind = StepKind.HOLD
+    elif action.dry_run:
+        kind = StepKind.ANNOUNCE
+    else:
+        kind = StepKind.APPLY
+    return ScaleStep(decider, decision, kind, now)

@@ -30,10 +30,11 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden.nodereport import MAX_BYTES, MAX_COUNT, MAX_TIMESTAMP
+from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.ingest import MAX_FUTURE_SKEW, make_ingest_app
 from gpuwarden.operator.metrics import make_metrics_app
-from gpuwarden.operator.state import MAX_REPORT_AGE, OperatorState
+from gpuwarden.operator.state import MAX_REPORT_AGE
 from gpuwarden.policy.engine import PodView, PolicyEvaluator
 from gpuwarden.policy.parse import parse_spec
 from gpuwarden.policy.series import SeriesKey
@@ -285,7 +286,7 @@ class Harness:
         self.clock = Clock()
         # Rate limits are exercised elsewhere; here they would only turn cases into 429s.
         config = OperatorConfig(namespaces=(NAMESPACE,), node_rate=1e9, max_body_bytes=256 * 1024)
-        self.state = OperatorState(config, api=FuzzApi(), clock=self.clock)  # type: ignore[arg-type]
+        self.state = build_operator(config, api=FuzzApi(), clock=self.clock)  # type: ignore[arg-type]
         self.state.leadership.active = True
         self.state.pod_nodes = POD_NODES
         self.state.pods_synced = True

@@ -25,6 +25,7 @@ from gpuwarden.nodereport import (
     XidEvent,
     dump_report,
 )
+from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.ingest import MAX_FUTURE_SKEW, make_ingest_app
 from gpuwarden.operator.state import MAX_REPORT_AGE, OperatorState, PolicyKey
@@ -102,7 +103,7 @@ def pod_index(state: OperatorState) -> None:
 async def setup() -> AsyncIterator[tuple[TestClient[Any, Any], OperatorState, FakeApi]]:
     api = FakeApi()
     config = OperatorConfig(max_body_bytes=64 * 1024, node_rate=5.0)
-    state = OperatorState(config, api=api, clock=Clock())  # type: ignore[arg-type]
+    state = build_operator(config, api=api, clock=Clock())  # type: ignore[arg-type]
     state.leadership.active = True
     pod_index(state)
     client = TestClient(TestServer(make_ingest_app(state.ingest)))
@@ -530,7 +531,7 @@ async def test_reports_wake_the_policies_of_their_namespace(setup: Any) -> None:
 
 
 async def test_namespaces_out_of_scope_are_not_kept_nor_refused() -> None:
-    state = OperatorState(OperatorConfig(namespaces=("other",)), api=FakeApi())  # type: ignore[arg-type]
+    state = build_operator(OperatorConfig(namespaces=("other",)), api=FakeApi())  # type: ignore[arg-type]
     pod_index(state)
     intake = state.accept(report(), "node-1", T0)
     assert (intake.stored, intake.refused) == (0, {})

@@ -2,45 +2,27 @@
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
 from gpuwarden.operator import command
 from gpuwarden.operator.config import (
     Address,
     ConfigError,
+    OperatorConfig,
     ServiceAccountRef,
-    build_config,
-    default_config,
     derive_priority,
     parse_address,
 )
 
 
-def parse(*argv: str, env: dict[str, str] | None = None) -> object:
-    parser = argparse.ArgumentParser()
-    command.add_arguments(parser)
-    a = parser.parse_args(argv)
-    return build_config(
-        namespaces=a.namespaces,
-        all_namespaces=a.all_namespaces,
-        ingest_address=a.ingest_address,
-        tls_cert_file=a.tls_cert_file,
-        tls_key_file=a.tls_key_file,
-        metrics_address=a.metrics_address,
-        token_audience=a.token_audience,
-        agent_service_account=a.agent_service_account,
-        peering=a.peering,
-        priority=a.priority,
-        max_body_bytes=a.max_body_bytes,
-        node_rate=a.node_rate,
-        env=env or {},
-    )
+def parse(*argv: str, env: dict[str, str] | None = None) -> OperatorConfig:
+    return command.parse_config(argv, env or {})
 
 
 def test_defaults_are_the_contracts() -> None:
-    config = default_config({"POD_NAME": "gpuwarden-operator-abc", "POD_NAMESPACE": "gpuwarden-system"})
+    config = command.default_config(
+        {"POD_NAME": "gpuwarden-operator-abc", "POD_NAMESPACE": "gpuwarden-system"}
+    )
     assert config.clusterwide
     assert config.ingest == Address("0.0.0.0", 8443)
     assert config.metrics == Address("0.0.0.0", 8080)
@@ -60,12 +42,12 @@ def test_flags() -> None:
         "--priority", "7", "--agent-service-account", "x:y", "--node-rate", "2.5",
         env={"POD_NAME": "p", "POD_NAMESPACE": "n"},
     )  # fmt: skip
-    assert config.namespaces == ("a", "b")  # type: ignore[attr-defined]
-    assert not config.clusterwide  # type: ignore[attr-defined]
-    assert config.ingest == Address("::", 9443)  # type: ignore[attr-defined]
-    assert config.max_body_bytes == 2**20  # type: ignore[attr-defined]
-    assert config.priority == 7  # type: ignore[attr-defined]
-    assert config.node_rate == 2.5  # type: ignore[attr-defined]
+    assert config.namespaces == ("a", "b")
+    assert not config.clusterwide
+    assert config.ingest == Address("::", 9443)
+    assert config.max_body_bytes == 2**20
+    assert config.priority == 7
+    assert config.node_rate == 2.5
 
 
 def test_priorities_differ_between_replicas_and_stay_across_restarts() -> None:
@@ -104,3 +86,12 @@ def test_bad_flag_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert main(["operator", "--node-rate", "-1"]) == 2
     assert "--node-rate" in capsys.readouterr().err
+
+
+def test_the_fields_defaults_are_the_flags_defaults() -> None:
+    """The flags declare the contract's defaults; OperatorConfig() (tests, benchmarks) must not drift."""
+    env = {"POD_NAME": "p", "POD_NAMESPACE": "n"}
+    config = command.default_config(env)
+    assert config == OperatorConfig(
+        identity="p", priority=derive_priority("p"), pod_name="p", pod_namespace="n"
+    )

@@ -8,11 +8,13 @@ from typing import Any
 import pytest
 
 from gpuwarden.operator import evaluation as evaluation_module
+from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.evaluation import PolicyRunner
+from gpuwarden.operator.pacing import Pacing
 from gpuwarden.operator.posting import ObjectRef
 from gpuwarden.operator.scaling import ScaleResult
-from gpuwarden.operator.state import OperatorState, Pacing, PodRecord, PolicyKey
+from gpuwarden.operator.state import OperatorState, PodRecord, PolicyKey
 from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.model import PolicySpec
 from gpuwarden.policy.series import Point, SeriesKey
@@ -96,7 +98,7 @@ def world(
     monkeypatch: pytest.MonkeyPatch,
 ) -> tuple[OperatorState, FakeApi, list[tuple[str, str, str]], list[float]]:
     api = FakeApi()
-    state = OperatorState(OperatorConfig(), api=api)  # type: ignore[arg-type]
+    state = build_operator(OperatorConfig(), api=api)  # type: ignore[arg-type]
     posted: list[tuple[str, str, str]] = []
 
     class Sink:
@@ -202,7 +204,7 @@ async def test_a_restart_resumes_violations_from_status_without_announcing_them(
     written = api.patches[-1]
 
     # A new process: empty store, status as the previous one wrote it.
-    state2 = OperatorState(OperatorConfig(), api=api)  # type: ignore[arg-type]
+    state2 = build_operator(OperatorConfig(), api=api)  # type: ignore[arg-type]
     runner = PolicyRunner(state2, PolicyKey("ns", "pol"))
     pacing = state2.open_policy(runner.key)
     resumed = dict(POLICY, status=written)

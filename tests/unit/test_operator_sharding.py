@@ -16,7 +16,9 @@ from test_operator_evaluation import FakeApi as StatusApi
 
 from gpuwarden.nodereport import dump_report
 from gpuwarden.operator import evaluation as evaluation_module
-from gpuwarden.operator.config import ConfigError, OperatorConfig, build_config, default_config
+from gpuwarden.operator.command import default_config, parse_config
+from gpuwarden.operator.composition import build_operator
+from gpuwarden.operator.config import ConfigError, OperatorConfig
 from gpuwarden.operator.evaluation import PolicyRunner
 from gpuwarden.operator.ingest import make_ingest_app
 from gpuwarden.operator.membership import URL_ANNOTATION, Member, ShardView, lease_name
@@ -79,32 +81,19 @@ def test_the_flags_build_a_sharded_config() -> None:
     env = {"POD_NAME": "op-a", "POD_NAMESPACE": "gw", "POD_IP": "10.0.0.1"}
     base = default_config(env)
     assert not base.shards
-    args: dict[str, Any] = {
-        "namespaces": (),
-        "all_namespaces": True,
-        "ingest_address": "0.0.0.0:8443",
-        "tls_cert_file": None,
-        "tls_key_file": None,
-        "metrics_address": "0.0.0.0:8080",
-        "token_audience": "a",
-        "agent_service_account": "gw:agent",
-        "peering": "gpuwarden",
-        "priority": None,
-        "max_body_bytes": "1Mi",
-        "node_rate": 20.0,
-    }
-    config = build_config(**args, shards=True, env=env)
+    flags = ("--token-audience", "a", "--agent-service-account", "gw:agent")
+    config = parse_config([*flags, "--shards"], env)
     assert (config.shards, config.advertise_url) == (True, "http://10.0.0.1:8443/v1/reports")
     with pytest.raises(ConfigError, match="POD_NAMESPACE"):
-        build_config(**args, shards=True, env={})
+        parse_config([*flags, "--shards"], {})
     with pytest.raises(ConfigError, match="goes with --shards"):
-        build_config(**args, advertise_url="http://x/v1/reports", env=env)
+        parse_config([*flags, "--advertise-url", "http://x/v1/reports"], env)
 
 
 async def test_the_loop_renews_its_lease_sees_the_others_and_hands_over_on_exit() -> None:
     api = LeaseApi()
-    a = OperatorState(sharded("op-a"), api=api)  # type: ignore[arg-type]
-    b = OperatorState(sharded("op-b"), api=api)  # type: ignore[arg-type]
+    a = build_operator(sharded("op-a"), api=api)  # type: ignore[arg-type]
+    b = build_operator(sharded("op-b"), api=api)  # type: ignore[arg-type]
     assert a.sharding is not None
     assert b.sharding is not None
     await a.sharding._follow()
@@ -134,7 +123,7 @@ async def test_the_loop_renews_its_lease_sees_the_others_and_hands_over_on_exit(
 
 @pytest.fixture
 async def client() -> AsyncIterator[tuple[TestClient[Any, Any], OperatorState]]:
-    state = OperatorState(sharded("op-a"), api=ReviewApi(), clock=Clock())  # type: ignore[arg-type]
+    state = build_operator(sharded("op-a"), api=ReviewApi(), clock=Clock())  # type: ignore[arg-type]
     state.pod_nodes = {("ns", "pod-a"): ["node-1"], ("ns", "pod-b"): ["node-2"]}
     state.pods_synced = True
     c = TestClient(TestServer(make_ingest_app(state.ingest)))
@@ -175,7 +164,7 @@ async def test_ingest_answers_421_with_the_owner_for_nodes_it_does_not_own(clien
 @pytest.fixture
 def world(monkeypatch: pytest.MonkeyPatch) -> tuple[OperatorState, StatusApi, list[str], list[float]]:
     api = StatusApi()
-    state = OperatorState(sharded("op-a"), api=api)  # type: ignore[arg-type]
+    state = build_operator(sharded("op-a"), api=api)  # type: ignore[arg-type]
     posted: list[str] = []
 
     class Sink:
@@ -203,7 +192,7 @@ async def test_only_the_policys_owner_evaluates_and_a_new_owner_does_not_announc
     assert (posted, api.patches) == ([], [])  # the other replica's policy
 
     # The owner announced it and wrote the status; then it left, and op-a takes the policy over.
-    owner = OperatorState(sharded(other), api=api)  # type: ignore[arg-type]
+    owner = build_operator(sharded(other), api=api)  # type: ignore[arg-type]
     owner.events = state.events
     owner.sharding.view = view(other, Member("op-a"), Member(other))
     feed(owner, T0 - 20, T0, util=3)

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gpuwarden.local.policies import LocalPolicy
+from gpuwarden.local.session import SimulatedScaler
 from gpuwarden.operator.claims import PolicyClaim, policy_claim
 from gpuwarden.operator.kubeapi import JsonObject
 from gpuwarden.operator.metrics import DesiredReplicasCollector
@@ -27,7 +29,12 @@ from gpuwarden.operator.scaleapi import (
 from gpuwarden.operator.scaler import WorkloadScaler
 from gpuwarden.operator.scaling import ScaleResult
 from gpuwarden.operator.state import PolicyKey
+from gpuwarden.operator.status import rfc3339
+from gpuwarden.policy.engine import Evaluation, RuleKind
+from gpuwarden.policy.findings import Finding
 from gpuwarden.policy.model import ScaleAction, ScaleDirection, ScaleTargetRef
+from gpuwarden.policy.parse import parse_spec
+from gpuwarden.policy.series import PodId
 
 NS = "inference"
 TARGET = ScaleTargetRef("apps/v1", "Deployment", "llm-server")
@@ -444,3 +451,62 @@ async def test_series_of_a_policy_no_longer_reconciled_goes(
     assert desired(registry) == 1
     clock.now = T0 + 31  # deleted, no longer scaling, or evaluated by the other replica
     assert desired(registry) is None
+
+
+def _finding(rule: str, pod: str) -> Finding:
+    return Finding(
+        "llm-serving", rule, RuleKind.UTILIZATION_CEILING, "R", NS, pod, (), 0.0, 0.0, "percent", T0, ""
+    )
+
+
+def _evaluation(now: float, rule: str) -> Evaluation:
+    pods = (PodId(NS, "a"), PodId(NS, "b"))
+    active = tuple(_finding(rule, p.name) for p in pods)
+    return Evaluation(at=now, transitions=(), active=active, matched_pods=pods, violating_pods=pods)
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+async def test_the_operator_and_local_mode_take_the_same_scale_steps(
+    cluster: FakeCluster, dry_run: bool
+) -> None:
+    """One evaluation sequence through both owners of a target: the same replicas, wishes and changes.
+
+    Both take :func:`~gpuwarden.policy.scaling.scale_step`; were one to record a change the other
+    does not (or apply one in dryRun), a cooldown would differ and so would the steps that follow.
+    """
+    obj = policy_object("llm-serving", dry_run=dry_run)
+    behavior = {"stabilizationWindow": "1m", "step": 1, "cooldown": "1m"}
+    obj["spec"]["actions"]["scale"]["behavior"] = {"scaleUp": behavior, "scaleDown": behavior}
+    spec = parse_spec(obj["spec"])
+    operator = WorkloadScaler(cluster, cluster)
+    local = SimulatedScaler(LocalPolicy("llm-serving", NS, spec))
+    # Up (held by the window, then a step per cooldown to maxReplicas 4), then down to minReplicas 1.
+    rules = ["saturated"] * 12 + ["idle-gpu"] * 14
+    replicas: list[tuple[int, int]] = []
+    """(operator, local) after each step."""
+    changes_operator: list[str] = []
+    changes_local: list[str] = []
+    """When each recorded a change (made or, in dryRun, announced): the cooldowns start there."""
+    for i, rule in enumerate(rules):
+        now = T0 + 20.0 * i
+        evaluation = _evaluation(now, rule)
+        result = await operator.scale(policy(), spec, evaluation, now, cluster.claims())
+        assert result is not None
+        assert result.status is not None
+        last = result.status["lastScaleTime"]
+        if last is not None and last not in changes_operator:
+            changes_operator.append(last)
+        note = local.scale(evaluation, now)
+        if note is not None:
+            changes_local.append(rfc3339(note.at))
+        assert local.target is not None
+        replicas.append((cluster.replicas["llm-server"], local.target.replicas))
+    operator_replicas = [o for o, _ in replicas]
+    assert operator_replicas == [loc for _, loc in replicas]
+    assert changes_operator == changes_local
+    if dry_run:
+        assert set(operator_replicas) == {2}
+        assert len(changes_operator) > 2
+    else:
+        assert set(operator_replicas) == {1, 2, 3, 4}
+        assert len(changes_operator) == 5

@@ -19,8 +19,10 @@ from gpuwarden.policy.scaling import (
     Direction,
     ScaleDecider,
     ScaleDecision,
+    StepKind,
     findings_by_pod,
     min_pods_needed,
+    scale_step,
     step_size,
 )
 
@@ -602,3 +604,43 @@ def test_the_forecast_does_not_flap_on_a_flat_noisy_load(seed: int) -> None:
     run = simulate(a, 2, every_10s(360, {}), loads=walk)
     assert all(d.direction is not Direction.DOWN for d in run.decisions if d.changes)
     assert len(run.changes) <= 1
+
+
+# --- the step: what is recorded given the owner's outcome ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Active:
+    rule: str
+    pod: str
+
+
+SATURATED_FINDINGS = [Active(UP_RULE, "a"), Active(UP_RULE, "b")]
+
+
+@pytest.mark.parametrize(
+    ("dry_run", "made", "kind", "cooling"),
+    [
+        (False, True, StepKind.APPLY, True),
+        (False, False, StepKind.APPLY, False),  # refused or failed: decided afresh next time
+        (True, False, StepKind.ANNOUNCE, True),  # dryRun: announced, its cooldown runs all the same
+    ],
+)
+def test_a_step_records_a_change_made_or_announced_only(
+    dry_run: bool, made: bool, kind: StepKind, cooling: bool
+) -> None:
+    a = replace(action(), dry_run=dry_run)
+    decider = ScaleDecider()
+    step = scale_step(decider, a, 2, SATURATED_FINDINGS, 2, now=0)
+    assert (step.kind, step.decision.desired) == (kind, 3)
+    assert step.settle(made=made) is cooling
+    with pytest.raises(RuntimeError):
+        step.settle(made=made)
+    after = scale_step(decider, a, 3 if made else 2, SATURATED_FINDINGS, 2, now=10)
+    assert (after.decision.blocked_by is Blocker.COOLDOWN) is cooling
+
+
+def test_a_step_that_changes_nothing_holds() -> None:
+    step = scale_step(ScaleDecider(), action(hi=2), 2, SATURATED_FINDINGS, 2, now=0)
+    assert (step.kind, step.decision.blocked_by) == (StepKind.HOLD, Blocker.AT_MAX_REPLICAS)
+    assert step.settle(made=False) is False

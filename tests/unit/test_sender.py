@@ -25,7 +25,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gpuwarden.agent.backend import ProcessUtilization
-from gpuwarden.agent.sender import DROP_REASONS, ERROR_REASONS, MAX_REDIRECTS, ReportSender
+from gpuwarden.agent.metrics import DROP_REASONS, ERROR_REASONS
+from gpuwarden.agent.sender import MAX_REDIRECTS, ReportSender
 from gpuwarden.agent.snapshots import Sampler, SnapshotRing
 from gpuwarden.nodereport import (
     MAX_SNAPSHOTS_PER_REPORT,
