@@ -183,6 +183,7 @@ def run_agent(args: argparse.Namespace, operator_url: str, scratch: Path) -> dic
         f"--listen=127.0.0.1:{port}",
         f"--sample-interval={args.sample_interval}",
         "--log-level=warning",
+        "--hook-socket=",  # no training hooks here
     ]
     child = subprocess.Popen(argv, **child_options(scratch))
     metrics = f"http://127.0.0.1:{port}/metrics"

@@ -77,6 +77,7 @@ def agent_main(args: argparse.Namespace) -> int:
             f"--token-file={args.token_file}",
             f"--node-name={args.node}",
             "--listen=127.0.0.1:0",
+            "--hook-socket=",  # no training hooks here
             *([f"--report-interval={args.report_interval}"] if args.report_interval else []),
         ]
     )

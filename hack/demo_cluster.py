@@ -213,6 +213,7 @@ def play(cp: ControlPlane, workdir: Path, args: argparse.Namespace) -> int:
                 f"--scenario={args.scenario}",
                 f"--operator-url=http://127.0.0.1:{ingest}/v1/reports", f"--token-file={token}",
                 f"--node-name={NODE}", f"--listen=127.0.0.1:{agent_port}",
+                "--hook-socket=",  # no training hooks in the demo
             ],
             _env(cp, {}),
             workdir / "agent.log",

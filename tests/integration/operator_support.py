@@ -496,6 +496,7 @@ class Agent(Proc):
         token_file: Path,
         node: str,
         command: Sequence[str] = LOCAL_COMMAND,
+        hook_socket: Path | None = None,
     ) -> None:
         (self.port,) = free_ports(1)
         argv = [
@@ -505,6 +506,8 @@ class Agent(Proc):
             f"--listen=127.0.0.1:{self.port}", "--sample-interval=1s",
             # Per-process utilization as often as the device: a shared GPU's 10 s rule needs it.
             "--process-interval=1s",
+            # The node's default path is one per host: the tests' agents listen only when asked.
+            f"--hook-socket={hook_socket or ''}",
         ]  # fmt: skip
         super().__init__(
             f"agent {node}", argv, _python_env(cp, {}), workdir / f"agent-{node}-{time.time():.0f}.log"
@@ -655,14 +658,16 @@ class Setup(InNamespace):
         command: Sequence[str] = LOCAL_COMMAND,
         *,
         node: str = AGENT_NODE,
+        hook_socket: Path | None = None,
     ) -> Agent:
         """A scripted agent on ``node`` reporting to ``operator`` with its pod's token (on another
-        node than :data:`AGENT_NODE`, a token bound to an agent pod made there)."""
+        node than :data:`AGENT_NODE`, a token bound to an agent pod made there), listening for
+        training hooks on ``hook_socket`` if given."""
         token_file = self.token_file
         if node != AGENT_NODE:
             token = agent_token(self.cp, self.namespace, node)
             token_file = write_token(self.workdir / f"token-{node}", token)
-        return Agent(self.cp, self.workdir, scenario, operator.url, token_file, node, command)
+        return Agent(self.cp, self.workdir, scenario, operator.url, token_file, node, command, hook_socket)
 
 
 def prepare(
