@@ -152,7 +152,7 @@ class HookSample(_Wire):
     """
 
     timestamp: float = Field(gt=0, le=MAX_TIMESTAMP)
-    """When the hook read these (seconds since the Unix epoch); the agent drops readings older than a minute."""
+    """When the hook read these (seconds since the Unix epoch); the agent drops those over a minute old."""
     step: int | None = Field(default=None, ge=0, le=MAX_COUNT)
     """The training step the hook counted, when it counts steps."""
     allocated_bytes: Bytes | None = None
