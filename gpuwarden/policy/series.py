@@ -23,7 +23,8 @@ the 1,980 points a 30-minute memoryGrowth window needs retained; at most about
 **Hook readings** (:class:`HookPoint`: allocated, reserved and host memory from the training
 hook, :mod:`gpuwarden.hook`) get three more float32 columns, created on a series' first hooked
 point and NaN before it, and the newest point's top allocation sites; a series that never saw one
-holds only a ``None`` for them, so they cost nothing where no job is hooked.
+holds only a ``None`` for them, so they cost nothing where no job is hooked. A hooked 1,800-point
+series holds 67 KiB (12 bytes a point more; measured as in docs/benchmarks.md, "The hook's columns").
 
 float32 keeps 24 bits of mantissa: percentages and watts are exact to far
 better than a reading's own noise, and memory sizes are kept to within 16 KiB at

@@ -278,3 +278,35 @@ def test_local_mode_subjects_carry_their_hook() -> None:
     assert point.hook.allocated == float(sample.processes[0].hook.allocated_bytes or 0)  # type: ignore[union-attr]
     assert point.hook.host == 6 * GI
     assert [s.line for s in point.hook.sites] == [88, 12, 7]
+
+
+def test_on_a_shared_gpu_each_pod_gets_its_own_processes_hook_readings() -> None:
+    other = PodRef(namespace="ns", name="notebook")
+    hooked = HookSample(timestamp=T0, allocated_bytes=3 * GI, reserved_bytes=4 * GI, host_rss_bytes=GI)
+    shared = GpuSample(
+        uuid="GPU-0",
+        index=0,
+        memory_used_bytes=20 * GI,
+        memory_total_bytes=CARD,
+        pods=[REF, other],
+        processes=[
+            ProcessSample(pid=10, used_memory_bytes=5 * GI, pod=REF, hook=hooked),
+            ProcessSample(pid=11, used_memory_bytes=GI, pod=REF, hook=hooked),
+            ProcessSample(pid=20, used_memory_bytes=8 * GI, pod=other, hook=hooked),
+            ProcessSample(pid=21, used_memory_bytes=6 * GI, pod=other),
+        ],
+    )
+    report = NodeReport(
+        schema_version=SCHEMA_VERSION,
+        node="n1",
+        agent_id="a",
+        seq=0,
+        snapshots=[Snapshot(timestamp=T0, gpus=[shared])],
+    )
+    points = {key.pod: point for key, point in points_from_report(report)}
+    train, notebook = points["train"].hook, points["notebook"].hook
+    assert train is not None
+    assert notebook is not None
+    assert (train.allocated, train.reserved, train.host) == (6 * GI, 8 * GI, 2 * GI)
+    # One notebook process runs no hook: its GPU sums are unknown; its host memory is the hooked one's.
+    assert (notebook.allocated, notebook.reserved, notebook.host) == (None, None, GI)
