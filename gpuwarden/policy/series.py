@@ -280,7 +280,10 @@ class Window:
 
         A hook column of a series that never saw a hooked point raises KeyError (check :attr:`hooked`).
         """
-        return self._column(column)[self._head + i0 : self._head + i1]
+        head = self._head
+        if column < BASE_COLUMNS:  # inline: every rule reads through here, several times a series
+            return self._cols[column][head + i0 : head + i1]
+        return self._column(column)[head + i0 : head + i1]
 
     def has_missing(self, column: Column, i0: int) -> bool:
         """Whether ``column`` lacks a reading at some logical point from ``i0`` on (O(1))."""
