@@ -119,6 +119,16 @@ def memory_cell(used: float | None, total: float | None) -> str:
     return f"{format_bytes(used)}/{format_bytes(total)} ({100 * used / total:.0f}%)"
 
 
+def hook_cell(allocated: float | None, reserved: float | None) -> str:
+    """`` alloc 22Gi, cache 24Gi``: a hooked process's tensors and allocator cache; empty without a hook."""
+    parts = []
+    if allocated is not None:
+        parts.append(f"alloc {format_bytes(allocated)}")
+    if reserved is not None:
+        parts.append(f"cache {format_bytes(reserved)}")
+    return " " + ", ".join(parts) if parts else ""
+
+
 def subject_cell(subjects: Sequence[str], width: int = SUBJECT_WIDTH) -> str:
     """The first subject, cut to ``width``, with ``+N`` for the others."""
     if not subjects:
@@ -139,15 +149,17 @@ def status_lines(row: GpuRow, clock_text: str) -> list[str]:
     if row.state is not DeviceState.OK:
         return [f"[{clock_text}] {row.name} {subject}: {row.state.value}"]
     findings = ", ".join(row.findings) or "none"
+    memory = memory_cell(row.memory_used, row.memory_total) + hook_cell(row.allocated, row.reserved)
     lines = [
         f"[{clock_text}] {row.name} {subject}: util {percent_cell(row.utilization).strip()}, "
-        f"SM {percent_cell(row.sm_active).strip()}, mem {memory_cell(row.memory_used, row.memory_total)}; "
+        f"SM {percent_cell(row.sm_active).strip()}, mem {memory}; "
         f"findings: {findings}"
     ]
     for share in row.shares:
+        memory = memory_cell(share.memory_used, None) + hook_cell(share.allocated, share.reserved)
         lines.append(
             f"[{clock_text}]   {share.subject}: util {percent_cell(share.utilization).strip()}, "
-            f"mem {memory_cell(share.memory_used, None)}; findings: {', '.join(share.findings) or 'none'}"
+            f"mem {memory}; findings: {', '.join(share.findings) or 'none'}"
         )
     return lines
 
@@ -164,13 +176,22 @@ def render_table(
 
     A shared GPU's line counts its subjects; each follows on its own line, indented, with its
     own utilization (per-process SM: GPM cannot be split, so its SM column is ``-``), memory
-    and findings.
+    and findings. Where a training hook reports them, the memory column adds what live tensors
+    and the allocator's cache hold (``alloc 22Gi, cache 24Gi``), and widens to fit.
     """
+    rows = list(rows)
+    cells = [memory_cell(r.memory_used, r.memory_total) + hook_cell(r.allocated, r.reserved) for r in rows]
+    share_cells = [
+        [memory_cell(s.memory_used, None) + hook_cell(s.allocated, s.reserved) for s in r.shares]
+        for r in rows
+    ]
+    width = max([20, *map(len, cells), *(len(c) for cs in share_cells for c in cs)])
     header = (
-        f"{'GPU':<7} {subject_header.upper():<{SUBJECT_WIDTH}} {'UTIL':>4} {'SM':>4}  {'MEMORY':<20} FINDINGS"
+        f"{'GPU':<7} {subject_header.upper():<{SUBJECT_WIDTH}} {'UTIL':>4} {'SM':>4}  "
+        f"{'MEMORY':<{width}} FINDINGS"
     )
     lines = [_paint(title, _BOLD, color), _paint(header, _DIM, color)]
-    for row in rows:
+    for row, memory, share_memory in zip(rows, cells, share_cells, strict=True):
         name = row.name if len(row.name) <= 7 else row.name[:6] + "~"
         subject = subject_cell(row.subjects)
         if row.state is not DeviceState.OK:
@@ -181,16 +202,15 @@ def render_table(
         if row.shares:
             plural = subject_header + ("es" if subject_header.endswith("s") else "s")
             subject = f"({len(row.shares)} {plural})"
-        memory = memory_cell(row.memory_used, row.memory_total)
         lines.append(
             f"{name:<7} {subject:<{SUBJECT_WIDTH}} {percent_cell(row.utilization)} "
-            f"{percent_cell(row.sm_active)}  {memory:<20} {_findings_cell(row.findings, color)}"
+            f"{percent_cell(row.sm_active)}  {memory:<{width}} {_findings_cell(row.findings, color)}"
         )
-        for share in row.shares:
+        for share, cell in zip(row.shares, share_memory, strict=True):
             lines.append(
                 f"{'':<7} {_cut('  ' + share.subject, SUBJECT_WIDTH):<{SUBJECT_WIDTH}} "
                 f"{percent_cell(share.utilization)} {percent_cell(None)}  "
-                f"{memory_cell(share.memory_used, None):<20} {_findings_cell(share.findings, color)}"
+                f"{cell:<{width}} {_findings_cell(share.findings, color)}"
             )
     for target in targets:
         lines.append(_paint(target_text(target), _BOLD, color))

@@ -38,6 +38,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from gpuwarden.agent.backend import device_key
 from gpuwarden.local.history import History
@@ -143,6 +144,10 @@ class GpuRow:
     """Display names of the pods or processes on it."""
     findings: tuple[str, ...]
     """Rules with an active finding on it."""
+    allocated: float | None = None
+    """What live tensors hold, summed over the processes whose training hook reports it (None: no hook)."""
+    reserved: float | None = None
+    """What the processes' caching allocators hold, from their hooks (None: no hook)."""
     shares: tuple[ShareRow, ...] = ()
     """On a shared GPU (more than one subject), each subject's own readings; empty otherwise."""
 
@@ -159,6 +164,10 @@ class ShareRow:
     """The sum of its processes' memory."""
     findings: tuple[str, ...]
     """Rules with an active finding on it, on this GPU."""
+    allocated: float | None = None
+    """Its processes' live tensors, from their training hook (None: not hooked)."""
+    reserved: float | None = None
+    """Its processes' allocator cache, from their training hook (None: not hooked)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -556,18 +565,29 @@ class Session:
                 memory_total=None if gpu.memory_total_bytes is None else float(gpu.memory_total_bytes),
                 subjects=tuple(subjects_by_device.get(key, ())),
                 findings=tuple(on_device.get(key, ())),
+                allocated=_hooked_sum(gpu, "allocated_bytes"),
+                reserved=_hooked_sum(gpu, "reserved_bytes"),
                 shares=tuple(
                     ShareRow(
                         subject=share.name,
                         utilization=share.utilization,
                         memory_used=share.point.mem_used,
                         findings=tuple(on_share.get((share.subject, key), ())),
+                        allocated=share.point.hook.allocated if share.point.hook else None,
+                        reserved=share.point.hook.reserved if share.point.hook else None,
                     )
                     for share in mine
                 )
                 if len(mine) > 1
                 else (),
             )
+
+
+def _hooked_sum(gpu: GpuSample, reading: Literal["allocated_bytes", "reserved_bytes"]) -> float | None:
+    """A hook reading summed over the device's processes that report it; None when none does."""
+    values = [getattr(p.hook, reading) for p in gpu.processes if p.hook is not None]
+    present = [v for v in values if v is not None]
+    return float(sum(present)) if present else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,6 +65,16 @@ the same account for users):
   those of the shortest span, rose at :data:`SCREEN_RATE` of ``rate`` or
   more, and memory was not higher before. A GPU whose memory is not growing
   costs one window fit per window bucket and two small medians per evaluation.
+- **Which memory** (``memory``, :class:`~gpuwarden.policy.model.MemorySource`):
+  ``device`` reads NVML's used memory; ``allocated``, ``reserved`` and ``host``
+  the training hook's columns (:class:`~gpuwarden.policy.series.HookColumns`),
+  and a GPU whose series has none is not judged (the outcome is unknown, never
+  a silent switch to another memory). ``auto`` reads ``allocated`` on a GPU
+  with an allocated reading inside the window, else ``device``. ``host`` is
+  the pod's, the same on each of its GPUs' series: it is judged on the first
+  hooked one only, and has no time to full (no limit is known). The message
+  names the memory judged and, when the speaking series' newest hook reading
+  carries allocation sites, the top :data:`MESSAGE_SITES` of them.
 - The pod's value is the largest slope among its GPUs that hold (else among
   all); each GPU speaks through its longest span that holds (else the window,
   else its longest fitted span); ``fit``, ``seconds to full`` (from the
@@ -81,8 +91,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import sub
 
+from gpuwarden.nodereport import AllocationSite
 from gpuwarden.policy.humanize import approx_duration, format_bytes
-from gpuwarden.policy.model import MemoryGrowth
+from gpuwarden.policy.model import MemoryGrowth, MemorySource
 from gpuwarden.policy.rules import Outcome, RuleKind, WindowParams, covered, pod_end, readings, unknown
 from gpuwarden.policy.series import Column, PodId, SeriesKey, Window
 from gpuwarden.policy.slope import bucket_medians, fit_line, median, theil_sen
@@ -116,6 +127,10 @@ JUMP_SHARE = 0.5
 """A span whose rise is more than this share jumps (a staircase, a load) does not hold."""
 REUSE_SHARE = 0.5
 """Memory before a span counts as higher when above its first end by this share of its rise."""
+MESSAGE_SITES = 3
+"""Allocation sites a message names at most."""
+SITE_FILE_CHARS = 60
+"""A site's file as the message shows it: its last two path parts, at most this many characters."""
 CLEAR_RATE = 0.8
 CLEAR_FIT = 0.1
 CLEAR_RECENT = 0.25
@@ -286,7 +301,7 @@ def bucket_phase(gpu: str) -> float:
     return zlib.crc32(gpu.encode()) / 2**32 if gpu else 0.0
 
 
-def span_ends(window: Window, start: float, end: float) -> SpanEnds | None:
+def span_ends(window: Window, start: float, end: float, column: Column = Column.MEM_USED) -> SpanEnds | None:
     """The span's :class:`SpanEnds`: what it costs before it is worth a fit (two small medians).
 
     Each end is the median of a twentieth of the span's readings (a dozen at
@@ -298,9 +313,9 @@ def span_ends(window: Window, start: float, end: float) -> SpanEnds | None:
         return None
     step = -(-count // MAX_POINTS)
     k = max(1, count // BUCKETS)
-    first = window.values(Column.MEM_USED, i0, i0 + k)[::step]
-    last = window.values(Column.MEM_USED, i1 - k, i1)[::step]
-    if window.has_missing(Column.MEM_USED, i0):
+    first = window.values(column, i0, i0 + k)[::step]
+    last = window.values(column, i1 - k, i1)[::step]
+    if window.has_missing(column, i0):
         first, last = array("f", [v for v in first if v == v]), array("f", [v for v in last if v == v])
     # Between the two groups' centers: the midpoints of their first and last readings.
     times = window.times(i0, i0 + k) + window.times(i1 - k, i1)
@@ -312,13 +327,19 @@ def span_ends(window: Window, start: float, end: float) -> SpanEnds | None:
 
 
 def gpu_growth(
-    gpu: str, window: Window, start: float, end: float, max_gap: float | None = None
+    gpu: str,
+    window: Window,
+    start: float,
+    end: float,
+    max_gap: float | None = None,
+    column: Column = Column.MEM_USED,
 ) -> GpuGrowth | None:
     """One GPU's memory trend over the span ``[start, end]``, or None when there are too few readings.
 
     ``used_bytes`` is the last reading in the span; see :func:`evaluate_growth` for the newest.
+    ``column``: which memory (the hook's host memory has no card to fill: no ``total_bytes``).
     """
-    r = readings(window, Column.MEM_USED, start, end)
+    r = readings(window, column, start, end)
     if not r.values:
         return None
     step = -(-len(r.values) // MAX_POINTS)
@@ -340,7 +361,7 @@ def gpu_growth(
         fit=line.fit,
         levels=levels,
         used_bytes=r.values[-1],
-        total_bytes=window.mem_total,
+        total_bytes=None if column is Column.HOST else window.mem_total,
         covered=covered(r, start, end, max_gap),
         span_seconds=span,
         noise=median_noise(values, len(xs)),
@@ -348,7 +369,12 @@ def gpu_growth(
 
 
 def peak_before(
-    window: Window, since: float, start: float, full: GpuGrowth | None, full_start: float
+    window: Window,
+    since: float,
+    start: float,
+    full: GpuGrowth | None,
+    full_start: float,
+    column: Column = Column.MEM_USED,
 ) -> float:
     """The highest bucket median over ``[since, start)``; -inf when there is none.
 
@@ -367,15 +393,18 @@ def peak_before(
         return max(inside, default=-math.inf)
     # Half-open: the reading exactly at `start` belongs to the span. Buckets over the readings
     # there are, not the whole lookback: a young history's peak may have lasted seconds.
-    r = readings(window, Column.MEM_USED, since, math.nextafter(start, -math.inf))
+    r = readings(window, column, since, math.nextafter(start, -math.inf))
     if not r.values:
         return -math.inf
     step = -(-len(r.values) // MAX_POINTS)
     return max(bucket_medians(r.times[::step], r.values[::step], r.times[0], start, BUCKETS)[1])
 
 
+_Slot = tuple[SeriesKey, Column, float, float]
+
+
 class GrowthCache:
-    """Memo of per-GPU trends by (series, span, the span's points).
+    """Memo of per-GPU trends by (series, memory column, span, the span's points).
 
     A bucket-aligned span only changes when a bucket completes (every 90 s for
     a 30m span), so most evaluations reuse the last trend instead of refitting.
@@ -384,32 +413,36 @@ class GrowthCache:
     """
 
     def __init__(self) -> None:
-        self._current: dict[tuple[SeriesKey, float, float], tuple[tuple[int, float, float], GpuGrowth | None]]
+        self._current: dict[_Slot, tuple[tuple[int, float, float], GpuGrowth | None]]
         self._current = {}
-        self._previous: dict[
-            tuple[SeriesKey, float, float], tuple[tuple[int, float, float], GpuGrowth | None]
-        ]
+        self._previous: dict[_Slot, tuple[tuple[int, float, float], GpuGrowth | None]]
         self._previous = {}
         self.hits = 0
         self.misses = 0
 
     def trend(
-        self, key: SeriesKey, window: Window, start: float, end: float, max_gap: float | None
+        self,
+        key: SeriesKey,
+        window: Window,
+        start: float,
+        end: float,
+        max_gap: float | None,
+        column: Column = Column.MEM_USED,
     ) -> GpuGrowth | None:
-        """The GPU's trend over ``[start, end]``, computed once per distinct set of points."""
+        """The GPU's trend of ``column`` over ``[start, end]``, computed once per distinct set of points."""
         i0, i1 = window.span(start, end)
         if i0 == i1:
             return None
         times = window.times(i0, i0 + 1)
         signature = (i1 - i0, times[0], window.times(i1 - 1, i1)[0])
-        slot = (key, start, end)
+        slot = (key, column, start, end)
         entry = self._current.get(slot) or self._previous.get(slot)
         if entry is not None and entry[0] == signature:
             self.hits += 1
             self._current[slot] = entry
             return entry[1]
         self.misses += 1
-        trend = gpu_growth(key.gpu, window, start, end, max_gap)
+        trend = gpu_growth(key.gpu, window, start, end, max_gap, column)
         self._current[slot] = (signature, trend)
         return trend
 
@@ -422,11 +455,11 @@ class GrowthCache:
         return len(self._current.keys() | self._previous.keys())
 
 
-def _newest_used(window: Window, end: float) -> float | None:
+def _newest_used(window: Window, end: float, column: Column) -> float | None:
     i1 = window.span(-math.inf, end)[1]
     if not i1:
         return None
-    value = window.values(Column.MEM_USED, i1 - 1, i1)[0]
+    value = window.values(column, i1 - 1, i1)[0]
     return value if value == value else None
 
 
@@ -454,19 +487,39 @@ def _clears(g: GpuGrowth, rule: MemoryGrowth) -> bool:
     )
 
 
+MEMORY_NOUNS = {
+    MemorySource.DEVICE: "GPU memory",
+    MemorySource.ALLOCATED: "allocated memory (live tensors, not the cache)",
+    MemorySource.RESERVED: "reserved memory (the allocator's cache)",
+    MemorySource.HOST: "host memory (the hooked processes and their workers)",
+}
+"""How a message names the memory it judged (``auto`` says which of the two it read)."""
+
+
 def describe(
-    slope: float, fit: float, total_bytes: float | None, seconds_to_full: float | None, span: float = 0.0
+    slope: float,
+    fit: float,
+    total_bytes: float | None,
+    seconds_to_full: float | None,
+    span: float = 0.0,
+    memory: MemorySource = MemorySource.DEVICE,
 ) -> str:
-    """``GPU memory grows 212Mi/m over 4m, fit 0.97; the card (80Gi) is full in 14m``."""
+    """``GPU memory grows 212Mi/m over 4m, fit 0.97; the card (80Gi) is full in 14m``.
+
+    ``memory`` names what was judged (:data:`MEMORY_NOUNS`); host memory has no card to fill.
+    """
     per_minute = slope * 60
     over = f" over {format_duration(span)}" if span > 0 else ""
+    noun = MEMORY_NOUNS[memory]
     if per_minute >= 2**10:
-        text = f"GPU memory grows {format_bytes(per_minute)}/m{over}, fit {fit:.2f}"
+        text = f"{noun} grows {format_bytes(per_minute)}/m{over}, fit {fit:.2f}"
     elif per_minute <= -(2**10):
-        text = f"GPU memory shrinks {format_bytes(-per_minute)}/m{over}, fit {fit:.2f}"
+        return f"{noun} shrinks {format_bytes(-per_minute)}/m{over}, fit {fit:.2f}"
     else:
-        return f"GPU memory is flat{over} (fit {fit:.2f})"
-    if seconds_to_full is not None and total_bytes is not None:
+        return f"{noun} is flat{over} (fit {fit:.2f})"
+    if memory is MemorySource.HOST:
+        text += "; no memory limit is known, so no time to full"
+    elif seconds_to_full is not None and total_bytes is not None:
         if seconds_to_full <= 0:
             text += f"; the card is full ({format_bytes(total_bytes)})"
         else:
@@ -475,11 +528,48 @@ def describe(
 
 
 def growth_message(o: Outcome) -> str:
-    """:func:`describe` of the worst GPU, and ``(on 1 of 2 GPUs)`` for a pod of several."""
-    text = describe(o.value or 0.0, o.fit or 0.0, o.total_bytes, o.seconds_to_full, o.window_seconds)
-    if o.gpu_count > 1 and o.gpus:
+    """:func:`describe` of the worst GPU, ``(on 1 of 2 GPUs)`` for a pod of several, and the top sites."""
+    memory = MemorySource(o.signal) if o.signal else MemorySource.DEVICE
+    text = describe(o.value or 0.0, o.fit or 0.0, o.total_bytes, o.seconds_to_full, o.window_seconds, memory)
+    if o.gpu_count > 1 and o.gpus and memory is not MemorySource.HOST:
         text += f" (on {len(o.gpus)} of {o.gpu_count} GPUs)"
+    if isinstance(o.extra, tuple) and o.extra:
+        text += "; top growing lines: " + ", ".join(site_text(site) for site in o.extra[:MESSAGE_SITES])
     return text
+
+
+def site_text(site: AllocationSite) -> str:
+    """``train.py:88 +50Mi (1,200 blocks)``: the file's last two path parts, bounded in length."""
+    parts = site.file.replace("\\", "/").rsplit("/", 2)
+    name = "/".join(parts[-2:])
+    if len(name) > SITE_FILE_CHARS:
+        name = "…" + name[-(SITE_FILE_CHARS - 1) :]
+    blocks = "block" if site.count == 1 else "blocks"
+    return f"{name}:{site.line} +{format_bytes(site.growth_bytes)} ({site.count:,} {blocks})"
+
+
+def memory_column(rule: MemoryGrowth, window: Window, end: float) -> tuple[MemorySource, Column] | None:
+    """The memory ``rule`` judges on this series as of ``end``; None when the series has none of it.
+
+    ``auto``: allocated when the series has an allocated reading within the window, else device.
+    """
+    memory = rule.memory
+    if memory is MemorySource.AUTO:
+        if window.last_allocated >= end - rule.window_seconds:
+            return MemorySource.ALLOCATED, Column.ALLOCATED
+        return MemorySource.DEVICE, Column.MEM_USED
+    if memory is MemorySource.DEVICE:
+        return memory, Column.MEM_USED
+    if not window.hooked:
+        return None
+    return memory, _HOOK_COLUMNS[memory]
+
+
+_HOOK_COLUMNS = {
+    MemorySource.ALLOCATED: Column.ALLOCATED,
+    MemorySource.RESERVED: Column.RESERVED,
+    MemorySource.HOST: Column.HOST,
+}
 
 
 @dataclass(slots=True)
@@ -490,6 +580,8 @@ class _Verdict:
     window: Window
     holds: bool
     clears: bool
+    memory: MemorySource = MemorySource.DEVICE
+    column: Column = Column.MEM_USED
 
 
 def _judge_gpu(
@@ -499,6 +591,7 @@ def _judge_gpu(
     end: float,
     params: WindowParams,
     cache: GrowthCache,
+    column: Column = Column.MEM_USED,
 ) -> _Verdict | None:
     """The GPU's verdict: it holds when some span holds, and clears as the module doc says.
 
@@ -509,7 +602,8 @@ def _judge_gpu(
     rate = rule.rate_bytes_per_second
     spans = evidence_spans(rule.window_seconds)
     full_start, full_end = growth_window(rule.window_seconds, end, key.gpu)
-    full = cache.trend(key, window, full_start, full_end, params.max_gap_seconds)
+    max_gap = params.max_gap_seconds
+    full = cache.trend(key, window, full_start, full_end, max_gap, column)
     judged = stands = False
     standing: GpuGrowth | None = None
     if full is not None and full.covered:
@@ -518,20 +612,20 @@ def _judge_gpu(
         judged = True
         standing = None if _clears(full, rule) else full
     fitted: GpuGrowth | None = None
-    shortest = span_ends(window, *growth_window(spans[0], end, key.gpu)) if len(spans) > 1 else None
+    shortest = span_ends(window, *growth_window(spans[0], end, key.gpu), column) if len(spans) > 1 else None
     if shortest is not None:
         judged = True
         stands = shortest.slope >= CLEAR_RECENT * rate
     if shortest is not None and shortest.slope >= SCREEN_RATE * rate:
         for span in reversed(spans[:-1]):
             start, boundary = growth_window(span, end, key.gpu)
-            ends = shortest if span == spans[0] else span_ends(window, start, boundary)
+            ends = shortest if span == spans[0] else span_ends(window, start, boundary, column)
             if ends is None or ends.slope < SCREEN_RATE * rate:
                 continue
-            peak = peak_before(window, boundary - rule.window_seconds, start, full, full_start)
+            peak = peak_before(window, boundary - rule.window_seconds, start, full, full_start, column)
             if peak > ends.first + REUSE_SHARE * (ends.last - ends.first):
                 continue  # memory was higher before: reused, not leaked
-            trend = cache.trend(key, window, start, boundary, params.max_gap_seconds)
+            trend = cache.trend(key, window, start, boundary, max_gap, column)
             if trend is None:
                 continue
             fitted = fitted or trend
@@ -541,7 +635,7 @@ def _judge_gpu(
     if speaker is None and len(spans) > 1:
         # A history too young for the window's trend: the shortest span speaks.
         start, boundary = growth_window(spans[0], end, key.gpu)
-        speaker = cache.trend(key, window, start, boundary, params.max_gap_seconds)
+        speaker = cache.trend(key, window, start, boundary, max_gap, column)
     if speaker is None:
         return None
     clears = not (standing or stands) if judged else _clears(speaker, rule)
@@ -566,18 +660,26 @@ def evaluate_growth(
     if end is None:
         return unknown(rule.name, kind, pod, rate, UNIT)
     memo = cache if cache is not None else GrowthCache()
+    if rule.memory is MemorySource.HOST:
+        # The pod's host memory is on each of its hooked GPUs' series alike: judge it once.
+        series = [next(((k, w) for k, w in series if w.hooked), series[0])]
     verdicts: list[_Verdict] = []
     for key, window in series:
-        verdict = _judge_gpu(rule, key, window, end, params, memo)
+        source = memory_column(rule, window, end)
+        if source is None:
+            continue
+        verdict = _judge_gpu(rule, key, window, end, params, memo, source[1])
         if verdict is not None:
+            verdict.memory, verdict.column = source
             verdicts.append(verdict)
     if not verdicts:
         return unknown(rule.name, kind, pod, rate, UNIT)
     holding = [v for v in verdicts if v.holds]
     named = holding or [v for v in verdicts if not v.clears]
     top = max(holding or verdicts, key=lambda v: v.trend.slope)
-    worst, total = top.trend, top.window.mem_total
-    newest = _newest_used(top.window, end)
+    worst = top.trend
+    total = None if top.column is Column.HOST else top.window.mem_total
+    newest = _newest_used(top.window, end, top.column)
     used = worst.used_bytes if newest is None else newest
     full_in = max(0.0, (total - used) / worst.slope) if total is not None and worst.slope > 0 else None
 
@@ -596,5 +698,7 @@ def evaluate_growth(
         total_bytes=total,
         fit=worst.fit,
         seconds_to_full=full_in,
+        signal=top.memory.value,
+        extra=top.window.sites or None,
         describe=growth_message,
     )

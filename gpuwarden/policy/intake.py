@@ -26,6 +26,17 @@ Attribution of one GPU (or MIG device, keyed by its ``mig_id``) in one snapshot:
   MIG; failed) or was not read at that sample.
 - **No pod**: no point (host processes are local mode's business, below).
 
+- **Hook readings** (``ProcessSample.hook``, schema 3) ride on the subject's
+  point as a :class:`~gpuwarden.policy.series.HookPoint`, only where one of its
+  processes on the GPU carries them: allocated and reserved are the sums over
+  the subject's processes on that GPU (None when one of them lacks the
+  reading: a partial sum would look like a drop); host is the subject's whole
+  host memory, the same on each of its GPUs' points: the hook's
+  ``hostRssBytes`` is per process and repeated on each GPU entry of that
+  process, so each pid counts once, summed over the pod's hooked processes.
+  The sites are the subject's processes' newest, the largest
+  :data:`KEPT_SITES` by growth.
+
 Local ``watch`` mode has no pods: :func:`points_from_processes` makes each
 host process a subject, namespace ``""`` and pod ``pid/<pid>``, with the same
 rules (a process alone on a device gets the device's readings).
@@ -35,8 +46,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from gpuwarden.nodereport import DeviceState, GpuSample, NodeReport, ProcessSample, Snapshot
-from gpuwarden.policy.series import PodId, Point, SeriesKey, UtilizationSource
+from gpuwarden.nodereport import AllocationSite, DeviceState, GpuSample, NodeReport, ProcessSample, Snapshot
+from gpuwarden.policy.series import HookPoint, PodId, Point, SeriesKey, UtilizationSource
+
+KEPT_SITES = 3
+"""Allocation sites kept per series: as many as a finding's message names."""
 
 PROCESS_NAMESPACE = ""
 """The namespace of process subjects in local mode."""
@@ -61,6 +75,7 @@ def points_from_report(report: NodeReport) -> Iterator[tuple[SeriesKey, Point]]:
 def points_from_snapshot(snapshot: Snapshot) -> Iterator[tuple[SeriesKey, Point]]:
     """Every pod's points in one snapshot (see the module doc for attribution)."""
     t = snapshot.timestamp
+    hosts: dict[PodId, float] | None = None  # the pods' host memory, once a hooked process is seen
     for gpu in snapshot.gpus:
         if gpu.state is not DeviceState.OK:
             continue
@@ -73,20 +88,62 @@ def points_from_snapshot(snapshot: Snapshot) -> Iterator[tuple[SeriesKey, Point]
             namespace, name = ref.namespace, ref.name
             for proc in gpu.processes:
                 owner = proc.pod
-                if owner is not None and (owner.name != name or owner.namespace != namespace):
+                if proc.hook is not None or (
+                    owner is not None and (owner.name != name or owner.namespace != namespace)
+                ):
                     break
             else:
                 yield SeriesKey(namespace, name, device), device_point(t, gpu)
                 continue
         pods = pods_of(gpu)
+        hooked = any(p.hook is not None for p in gpu.processes)
+        if hooked and hosts is None:
+            hosts = pod_host_memory(snapshot)
         if len(pods) == 1:
-            yield SeriesKey(pods[0].namespace, pods[0].name, device), device_point(t, gpu)
+            point = device_point(t, gpu)
+            if hosts is not None and hooked:
+                point.hook = hook_point(gpu.processes, hosts.get(pods[0]))
+            yield SeriesKey(pods[0].namespace, pods[0].name, device), point
             continue
         unowned = any(p.pod is None for p in gpu.processes)
         for pod in pods:
             mine = [p for p in gpu.processes if p.pod is not None and (p.pod.namespace, p.pod.name) == pod]
             point = share_point(t, gpu, mine, unowned_processes=unowned)
+            if hosts is not None and any(p.hook is not None for p in mine):
+                point.hook = hook_point(mine, hosts.get(pod))
             yield SeriesKey(pod.namespace, pod.name, device), point
+
+
+def pod_host_memory(snapshot: Snapshot) -> dict[PodId, float]:
+    """Each pod's host memory by its hooked processes: ``hostRssBytes`` once per pid, summed per pod.
+
+    The hook's reading is the process's (and its children's) and rides on each of its GPUs'
+    entries, so a process on 8 GPUs appears 8 times: counted once.
+    """
+    seen: dict[int, tuple[PodId, int]] = {}
+    for gpu in snapshot.gpus:
+        for proc in gpu.processes:
+            hook, pod = proc.hook, proc.pod
+            if hook is not None and hook.host_rss_bytes is not None and pod is not None:
+                seen[proc.pid] = (PodId(pod.namespace, pod.name), hook.host_rss_bytes)
+    hosts: dict[PodId, float] = {}
+    for pod_id, rss in seen.values():
+        hosts[pod_id] = hosts.get(pod_id, 0.0) + rss
+    return hosts
+
+
+def hook_point(processes: Sequence[ProcessSample], host: float | None) -> HookPoint:
+    """One subject's hook readings on one GPU from its processes there (see the module doc)."""
+    hooks = [p.hook for p in processes]
+    allocated = reserved = None
+    if all(h is not None and h.allocated_bytes is not None for h in hooks):
+        allocated = float(sum(h.allocated_bytes or 0 for h in hooks if h is not None))
+    if all(h is not None and h.reserved_bytes is not None for h in hooks):
+        reserved = float(sum(h.reserved_bytes or 0 for h in hooks if h is not None))
+    sites: list[AllocationSite] = [site for h in hooks if h is not None for site in h.sites]
+    if len(sites) > 1:
+        sites.sort(key=lambda site: site.growth_bytes, reverse=True)
+    return HookPoint(allocated, reserved, host, tuple(sites[:KEPT_SITES]))
 
 
 def points_from_processes(snapshot: Snapshot) -> Iterator[tuple[SeriesKey, Point]]:
@@ -101,9 +158,14 @@ def points_from_processes(snapshot: Snapshot) -> Iterator[tuple[SeriesKey, Point
         for pid, procs in by_pid.items():
             key = SeriesKey(PROCESS_NAMESPACE, process_subject(pid), device)
             if len(by_pid) == 1:
-                yield key, device_point(snapshot.timestamp, gpu)
+                point = device_point(snapshot.timestamp, gpu)
             else:
-                yield key, share_point(snapshot.timestamp, gpu, procs)
+                point = share_point(snapshot.timestamp, gpu, procs)
+            hook = procs[0].hook
+            if hook is not None:
+                host = None if hook.host_rss_bytes is None else float(hook.host_rss_bytes)
+                point.hook = hook_point(procs, host)
+            yield key, point
 
 
 def pods_of(gpu: GpuSample) -> list[PodId]:

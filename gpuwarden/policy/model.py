@@ -77,15 +77,26 @@ class MemoryCeiling:
     """Percent of the card (or of ``bytes``) below the threshold needed to clear."""
 
 
+class MemorySource(enum.StrEnum):
+    """Which memory a memoryGrowth rule watches (see :mod:`gpuwarden.policy.growth`)."""
+
+    AUTO = "auto"  # allocated where the subject's samples carry the hook's allocated bytes, else device
+    DEVICE = "device"  # NVML's used memory (the subject's processes' on a shared GPU)
+    ALLOCATED = "allocated"  # the hook's torch.cuda.memory_allocated: live tensors
+    RESERVED = "reserved"  # the hook's torch.cuda.memory_reserved: the caching allocator's pool
+    HOST = "host"  # the hook's hostRssBytes: the pod's hooked processes and their workers
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryGrowth:
-    """Fires when GPU memory grows steadily (a leak): robust slope above ``rate``, fit >= ``min_fit``."""
+    """Fires when memory grows steadily (a leak): robust slope above ``rate``, fit >= ``min_fit``."""
 
     name: str
     rate_bytes_per_second: float
     window_seconds: float
     min_fit: float
     for_seconds: float = 0.0
+    memory: MemorySource = MemorySource.AUTO
 
 
 class AnomalyMetric(enum.StrEnum):

@@ -24,6 +24,7 @@ from gpuwarden.policy.model import (
     LabelSelector,
     MemoryCeiling,
     MemoryGrowth,
+    MemorySource,
     PolicySpec,
     Rule,
     ScaleAction,
@@ -80,7 +81,7 @@ DEFAULTS: Mapping[str, Mapping[str, Any]] = {
     ".spec.rules[].utilizationFloor": {"for": "5m", "signal": "auto", "noiseFloor": 0, "hysteresis": 5},
     ".spec.rules[].utilizationCeiling": {"for": "2m", "signal": "auto", "hysteresis": 5},
     ".spec.rules[].memoryCeiling": {"for": "1m", "hysteresis": 2},
-    ".spec.rules[].memoryGrowth": {"window": "30m", "minFit": 0.8, "for": "0s"},
+    ".spec.rules[].memoryGrowth": {"window": "30m", "minFit": 0.8, "for": "0s", "memory": "auto"},
     ".spec.rules[].anomaly": {"window": "30m", "threshold": 5, "minDeviation": 5},
     ".spec.rules[].gpuHealth": {"gpuLost": True, "memoryErrors": True, "for": "5m", "clearAfter": "10m"},
     ".spec.actions": {"events": True, "renotifyInterval": "1h"},
@@ -349,7 +350,7 @@ def _memory_ceiling(name: str, obj: Mapping[str, Any], path: str) -> Rule:
 
 
 def _memory_growth(name: str, obj: Mapping[str, Any], path: str) -> Rule:
-    _check_fields(obj, path, ("rate", "window", "minFit", "for"), ("rate",))
+    _check_fields(obj, path, ("rate", "window", "minFit", "for", "memory"), ("rate",))
     raw = obj["rate"]
     if not isinstance(raw, str):
         raise SpecError(f"{path}.rate", f"must be a quantity per time unit such as 100Mi/m, not {_kind(raw)}")
@@ -363,7 +364,17 @@ def _memory_growth(name: str, obj: Mapping[str, Any], path: str) -> Rule:
         window_seconds=_duration(obj, "window", path, _GROWTH["window"], minimum=MIN_GROWTH_WINDOW),
         min_fit=_number(obj, "minFit", path, _GROWTH["minFit"], 0, 1),
         for_seconds=_duration(obj, "for", path, _GROWTH["for"]),
+        memory=_memory_source(obj, path),
     )
+
+
+def _memory_source(obj: Mapping[str, Any], path: str) -> MemorySource:
+    raw = _get(obj, "memory", _GROWTH["memory"])
+    try:
+        return MemorySource(raw)
+    except ValueError:
+        choices = ", ".join(s.value for s in MemorySource)
+        raise SpecError(f"{path}.memory", f"{_show(raw)} is not one of {choices}") from None
 
 
 def _anomaly(name: str, obj: Mapping[str, Any], path: str) -> Rule:

@@ -131,7 +131,8 @@ class Outcome:
     """The rule's window: ``for``; for memoryGrowth the evidence span it spoke on (at most ``window``)."""
     signal: str = ""
     """Utilization rules: the signal that decided, in words (``SM activity (GPM)``,
-    ``GPU utilization (device counter)``, ``per-process SM utilization``)."""
+    ``GPU utilization (device counter)``, ``per-process SM utilization``); memoryGrowth: the
+    memory judged (a :class:`~gpuwarden.policy.model.MemorySource` value, ``auto`` resolved)."""
     busy_watts: float | None = None
     """utilizationFloor: the mean power of the GPU that counts as busy, if one does."""
     level_bytes: float | None = None
@@ -145,7 +146,8 @@ class Outcome:
     reason: str | None = None
     """The finding's reason when it is not the kind's (anomaly: its pattern, ``GPUPeriodicSpikes``)."""
     extra: object = None
-    """Kind-specific figures its ``describe`` reads (anomaly: the worst GPU's episode)."""
+    """Kind-specific figures its ``describe`` reads (anomaly: the worst GPU's episode; memoryGrowth:
+    the speaking series' newest allocation sites, a tuple, or None)."""
     detail: str = ""
     """gpuHealth: the problems in words (built as they are found: there is no figure to build them from)."""
     describe: Callable[[Outcome], str] = field(default=_no_message, compare=False, repr=False)

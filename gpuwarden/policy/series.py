@@ -20,6 +20,12 @@ on top. Measured (``bench/engine.py``, ``docs/benchmarks.md``): **44.8 KiB for a
 the 1,980 points a 30-minute memoryGrowth window needs retained; at most about
 50 KiB for 1,800 points.
 
+**Hook readings** (:class:`HookPoint`: allocated, reserved and host memory from the training
+hook, :mod:`gpuwarden.hook`) get three more float32 columns, created on a series' first hooked
+point and NaN before it, and the newest point's top allocation sites; a series that never saw one
+holds only a ``None`` for them, so they cost nothing where no job is hooked. A hooked 1,800-point
+series holds 67 KiB (12 bytes a point more; measured as in docs/benchmarks.md, "The hook's columns").
+
 float32 keeps 24 bits of mantissa: percentages and watts are exact to far
 better than a reading's own noise, and memory sizes are kept to within 16 KiB at
 141 GB (relative 6e-8), well below anything a memory rule can tell apart.
@@ -35,6 +41,8 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
+
+from gpuwarden.nodereport import AllocationSite
 
 BYTES_PER_POINT = 24
 """float64 timestamp + four float32 readings."""
@@ -93,6 +101,22 @@ class Point:
     """Power draw in watts."""
     util_source: UtilizationSource = UtilizationSource.DEVICE
     """What ``gpu_util`` is made of."""
+    hook: HookPoint | None = None
+    """What the subject's training hook read, when it runs one."""
+
+
+@dataclass(frozen=True, slots=True)
+class HookPoint:
+    """The training hook's readings of one subject on one GPU at one instant (None: not read)."""
+
+    allocated: float | None = None
+    """Bytes live tensors hold on this GPU (torch.cuda.memory_allocated)."""
+    reserved: float | None = None
+    """Bytes the caching allocator holds on this GPU (torch.cuda.memory_reserved)."""
+    host: float | None = None
+    """Resident host memory of the subject's hooked processes and their workers, each process once."""
+    sites: tuple[AllocationSite, ...] = ()
+    """The lines whose allocations grew most, largest growth first (tracemalloc on)."""
 
 
 class Column(enum.IntEnum):
@@ -102,6 +126,17 @@ class Column(enum.IntEnum):
     SM_ACTIVE = 1
     MEM_USED = 2
     POWER_W = 3
+    ALLOCATED = 4
+    """Hook columns from here on: present only on a series that saw a hooked point."""
+    RESERVED = 5
+    HOST = 6
+
+
+BASE_COLUMNS = 4
+"""The columns every series keeps; the rest (:class:`HookColumns`) only once the hook is seen."""
+
+HOOK_BYTES_PER_POINT = 12
+"""The three hook columns' float32 readings, on a hooked series only."""
 
 
 def _nan_if_none(value: float | None) -> float:
@@ -110,6 +145,34 @@ def _nan_if_none(value: float | None) -> float:
 
 def _none_if_nan(value: float) -> float | None:
     return None if math.isnan(value) else value
+
+
+class HookColumns:
+    """A series' hook readings: allocated, reserved and host memory, aligned with its timestamps."""
+
+    __slots__ = ("cols", "last_allocated", "last_nan", "sites")
+
+    def __init__(self, backfill: int) -> None:
+        nans = array("f", [math.nan]) * backfill
+        self.cols: tuple[array[float], ...] = (nans, array("f", nans), array("f", nans))
+        # Physical index of each column's newest NaN (the backfill's last, or none).
+        self.last_nan = [backfill - 1] * 3
+        self.last_allocated = -math.inf
+        """The time of the newest point with an allocated reading (``memory: auto`` reads it)."""
+        self.sites: tuple[AllocationSite, ...] = ()
+        """The newest hooked point's allocation sites."""
+
+    def append(self, hook: HookPoint | None, index: int) -> None:
+        """Append one point's readings at physical ``index`` (None: a point the hook did not read)."""
+        values = (None, None, None) if hook is None else (hook.allocated, hook.reserved, hook.host)
+        for c, (col, v) in enumerate(zip(self.cols, values, strict=True)):
+            if v is None or v != v:
+                col.append(math.nan)
+                self.last_nan[c] = index
+            else:
+                col.append(v)
+        if hook is not None:
+            self.sites = hook.sites
 
 
 class Window:
@@ -130,6 +193,7 @@ class Window:
         "_gap_end",
         "_gap_len",
         "_head",
+        "_hook",
         "_last_nan",
         "_slack",
         "_t",
@@ -142,10 +206,11 @@ class Window:
         self.max_points = max_points
         self._slack = max(16, max_points // 8)
         self._t: array[float] = array("d")
-        self._cols: tuple[array[float], ...] = tuple(array("f") for _ in Column)
+        self._cols: tuple[array[float], ...] = tuple(array("f") for _ in range(BASE_COLUMNS))
         self._head = 0  # points before this physical index are dropped, awaiting compaction
         # Physical index of each column's newest NaN; below the head (e.g. -1) means none retained.
-        self._last_nan = [-1] * len(Column)
+        self._last_nan = [-1] * BASE_COLUMNS
+        self._hook: HookColumns | None = None  # created by the first hooked point
         # Gaps longer than GAP_RECORD_SECONDS: the timestamp that ended each, and its length.
         self._gap_end: array[float] = array("d")
         self._gap_len: array[float] = array("d")
@@ -188,13 +253,45 @@ class Window:
         """Timestamps of logical points ``[i0, i1)``."""
         return self._t[self._head + i0 : self._head + i1]
 
+    @property
+    def hooked(self) -> bool:
+        """Whether the series ever had a hooked point (only then are the hook columns kept)."""
+        return self._hook is not None
+
+    @property
+    def last_allocated(self) -> float:
+        """The time of the newest point with the hook's allocated reading; -inf when none."""
+        return self._hook.last_allocated if self._hook is not None else -math.inf
+
+    @property
+    def sites(self) -> tuple[AllocationSite, ...]:
+        """The newest hooked point's allocation sites, largest growth first."""
+        return self._hook.sites if self._hook is not None else ()
+
+    def _column(self, column: Column) -> array[float]:
+        if column < BASE_COLUMNS:
+            return self._cols[column]
+        if self._hook is None:
+            raise KeyError(f"{column.name}: no hook readings in this series")
+        return self._hook.cols[column - BASE_COLUMNS]
+
     def values(self, column: Column, i0: int, i1: int) -> array[float]:
-        """Readings of one column for logical points ``[i0, i1)``; NaN where not available."""
-        return self._cols[column][self._head + i0 : self._head + i1]
+        """Readings of one column for logical points ``[i0, i1)``; NaN where not available.
+
+        A hook column of a series that never saw a hooked point raises KeyError (check :attr:`hooked`).
+        """
+        head = self._head
+        if column < BASE_COLUMNS:  # inline: every rule reads through here, several times a series
+            return self._cols[column][head + i0 : head + i1]
+        return self._column(column)[head + i0 : head + i1]
 
     def has_missing(self, column: Column, i0: int) -> bool:
         """Whether ``column`` lacks a reading at some logical point from ``i0`` on (O(1))."""
-        return self._last_nan[column] >= self._head + i0
+        if column < BASE_COLUMNS:
+            return self._last_nan[column] >= self._head + i0
+        if self._hook is None:
+            return True
+        return self._hook.last_nan[column - BASE_COLUMNS] >= self._head + i0
 
     def reading_before(self, column: Column, i0: int) -> float | None:
         """The time of logical point ``i0 - 1`` if it has a reading of ``column``, else None (O(1)).
@@ -204,9 +301,9 @@ class Window:
         no reading before ``i0``, which is the conservative answer).
         """
         i = self._head + i0 - 1
-        if i < self._head:
+        if i < self._head or (column >= BASE_COLUMNS and self._hook is None):
             return None
-        value = self._cols[column][i]
+        value = self._column(column)[i]
         return self._t[i] if value == value else None
 
     def longest_gap(self, after: float, until: float) -> float:
@@ -223,7 +320,13 @@ class Window:
         """Every retained point, oldest first (slow; for tests, debugging and snapshots)."""
         out = []
         cols = self._cols
+        hook = self._hook
         for i in range(self._head, len(self._t)):
+            hooked = None
+            if hook is not None:
+                a, r, h = (_none_if_nan(c[i]) for c in hook.cols)
+                if a is not None or r is not None or h is not None:
+                    hooked = HookPoint(a, r, h, hook.sites if i == len(self._t) - 1 else ())
             out.append(
                 Point(
                     t=self._t[i],
@@ -233,6 +336,7 @@ class Window:
                     mem_total=self.mem_total,
                     power_w=_none_if_nan(cols[Column.POWER_W][i]),
                     util_source=self.util_source,
+                    hook=hooked,
                 )
             )
         return out
@@ -240,7 +344,12 @@ class Window:
     def nbytes(self) -> int:
         """Bytes this series holds, allocation slack and object headers included."""
         arrays = (self._t, self._gap_end, self._gap_len, *self._cols)
-        return sys.getsizeof(self) + sys.getsizeof(self._last_nan) + sum(sys.getsizeof(a) for a in arrays)
+        size = sys.getsizeof(self) + sys.getsizeof(self._last_nan) + sum(sys.getsizeof(a) for a in arrays)
+        if self._hook is not None:
+            hook = self._hook
+            size += sys.getsizeof(hook) + sys.getsizeof(hook.last_nan) + sys.getsizeof(hook.sites)
+            size += sum(sys.getsizeof(a) for a in hook.cols)
+        return size
 
     # -- writing, through SeriesStore only --
 
@@ -292,6 +401,13 @@ class Window:
             power_w.append(v)
         if point.mem_total is not None:
             self.mem_total = point.mem_total
+        hook = point.hook
+        if hook is not None or self._hook is not None:
+            if self._hook is None:
+                self._hook = HookColumns(index)
+            self._hook.append(hook, index)
+            if hook is not None and hook.allocated is not None:
+                self._hook.last_allocated = t
         evicted = 0
         head = self._head
         if index + 1 - head > self.max_points:
@@ -321,6 +437,10 @@ class Window:
             del c[:head]
         self._head = 0
         self._last_nan = [i - head for i in self._last_nan]
+        if self._hook is not None:
+            for c in self._hook.cols:
+                del c[:head]
+            self._hook.last_nan = [i - head for i in self._hook.last_nan]
         # A gap matters only while the point that ended it is retained.
         first = self._t[0] if self._t else math.inf
         stale = bisect_left(self._gap_end, first)

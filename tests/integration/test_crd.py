@@ -159,6 +159,7 @@ def test_base_policy_is_valid_and_defaulted(control_plane: ControlPlane, crd: st
     assert spec["evaluationInterval"] == "10s"
     assert spec["rules"][0]["utilizationFloor"]["for"] == "5m"
     assert spec["rules"][0]["utilizationFloor"]["signal"] == "auto"
+    assert spec["rules"][3]["memoryGrowth"]["memory"] == "auto"
 
 
 def test_forecast_and_anomaly_are_valid_and_defaulted(
@@ -461,6 +462,12 @@ INVALID: list[tuple[str, Callable[[Policy], None], str]] = [
         "spec.rules[3].memoryGrowth.minFit in body should be less than or equal to 1",
     ),
     (
+        "memory-growth-memory-unknown",
+        _set("spec.rules.3.memoryGrowth.memory", "bogus"),
+        'spec.rules[3].memoryGrowth.memory: Unsupported value: "bogus": '
+        'supported values: "auto", "device", "allocated", "reserved", "host"',
+    ),
+    (
         "utilization-signal-unknown",
         _set("spec.rules.0.utilizationFloor.signal", "magic"),
         'spec.rules[0].utilizationFloor.signal: Unsupported value: "magic": '
@@ -696,6 +703,13 @@ def test_explain_shows_defaults_and_int_or_string(control_plane: ControlPlane, c
     assert "robust z-score" in anomaly, anomaly
     assert "GPUPeriodicSpikes" in anomaly, anomaly
     assert re.search(r"metric <string> -required- enum: utilization, memory", anomaly), anomaly
+    growth = explained(control_plane, "gmp.spec.rules.memoryGrowth")
+    assert re.search(
+        # kubectl explain cuts an enum's list short ("auto, device, allocated, reserved, ....").
+        r"memory <string> enum: auto, device, [^<]*Which memory the rule watches"
+        r"[^<]*live tensors[^<]* Default: auto\.",
+        growth,
+    ), growth
 
 
 def test_printer_columns(control_plane: ControlPlane, crd: str, namespace: str) -> None:

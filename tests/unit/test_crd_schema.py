@@ -448,6 +448,7 @@ def test_crd_defaults_match_parser_defaults() -> None:
     defaulted = apply_defaults(NODES[".spec"], copy.deepcopy(minimal))
     assert defaulted["actions"]["scale"]["behavior"]["scaleDown"]["cooldown"] == "5m"
     assert defaulted["rules"][0]["utilizationFloor"]["signal"] == "auto"
+    assert defaulted["rules"][3]["memoryGrowth"]["memory"] == "auto"
     assert parse_spec(defaulted) == parse_spec(minimal)
     # And with no actions at all, the defaulted {} equals parse_spec's Actions().
     del minimal["actions"]
@@ -509,6 +510,8 @@ SCHEMA_REJECTS: dict[str, Mutation] = {
     "rule name too long": _set("spec.rules[0].name", "a" * 64),
     "missing rate": _delete("spec.rules[3].memoryGrowth.rate"),
     "minFit above 1": _set("spec.rules[3].memoryGrowth.minFit", 1.5),
+    "bad memory": _set("spec.rules[3].memoryGrowth.memory", "bogus"),
+    "memory in camelCase only": _set("spec.rules[3].memoryGrowth.memory", "Allocated"),
     "events not bool": _set("spec.actions.events", "yes"),
     "maxReplicas zero": _set("spec.actions.scale.maxReplicas", 0),
     "minReplicas zero": _set("spec.actions.scale.minReplicas", 0),

@@ -24,6 +24,7 @@ from gpuwarden.policy.model import (
     LabelSelector,
     MemoryCeiling,
     MemoryGrowth,
+    MemorySource,
     PolicySpec,
     ScaleAction,
     ScaleDirection,
@@ -157,6 +158,15 @@ def test_minimal_spec_takes_the_crd_defaults() -> None:
         MemoryGrowth(name="d", rate_bytes_per_second=2 * 2**30 / 3600, window_seconds=1800.0, min_fit=0.8),
     )
     assert spec.actions == Actions(events=True, renotify_seconds=3600.0, scale=None)
+
+
+def test_memory_growth_names_the_memory_it_watches() -> None:
+    rules = [
+        {"name": m, "memoryGrowth": {"rate": "1Mi/m", "memory": m}}
+        for m in ("auto", "device", "allocated", "reserved", "host")
+    ]
+    spec = parse_spec({"selector": {}, "rules": rules})
+    assert [r.memory for r in spec.rules if isinstance(r, MemoryGrowth)] == list(MemorySource)
 
 
 def test_scale_defaults_and_percent_steps() -> None:
@@ -451,6 +461,11 @@ INVALID: list[tuple[str, Edit, str]] = [
         "minFit",
         put("rules[3].memoryGrowth.minFit", 1.5),
         "spec.rules[3].memoryGrowth.minFit: 1.5 is out of range; must be between 0 and 1",
+    ),
+    (
+        "memory",
+        put("rules[3].memoryGrowth.memory", "bogus"),
+        'spec.rules[3].memoryGrowth.memory: "bogus" is not one of auto, device, allocated, reserved, host',
     ),
     (
         "signal",

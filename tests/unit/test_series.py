@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 from gpuwarden.policy.series import (
     BYTES_PER_POINT,
     GAP_RECORD_SECONDS,
+    HOOK_BYTES_PER_POINT,
     Column,
+    HookPoint,
     PodId,
     Point,
     SeriesKey,
@@ -162,3 +164,63 @@ def _f32(x: float) -> float:
     from array import array
 
     return array("f", [x])[0]
+
+
+def test_hook_columns_exist_only_on_a_hooked_series_and_cost_as_documented() -> None:
+    store = SeriesStore(retention_seconds=1800, max_points=1800)
+    plain, hooked = KEY, KEY._replace(gpu="GPU-2")
+    for i in range(1800):
+        store.add(plain, Point(T0 + i, gpu_util=1, sm_active=2, mem_used=3, mem_total=4, power_w=5))
+        hook = HookPoint(allocated=6, reserved=7, host=8) if i >= 100 else None
+        store.add(
+            hooked, Point(T0 + i, gpu_util=1, sm_active=2, mem_used=3, mem_total=4, power_w=5, hook=hook)
+        )
+    a, b = store.window(plain), store.window(hooked)
+    assert a is not None
+    assert b is not None
+    assert not a.hooked
+    assert a.sites == ()
+    assert a.last_allocated == -math.inf
+    assert not a.has_missing(Column.MEM_USED, 0)
+    assert a.has_missing(Column.ALLOCATED, 0)
+    assert b.hooked
+    assert b.last_allocated == T0 + 1799
+    assert b.has_missing(Column.ALLOCATED, 0)
+    assert not b.has_missing(Column.ALLOCATED, 100)
+    extra = b.nbytes() - a.nbytes()
+    assert HOOK_BYTES_PER_POINT * 1800 <= extra <= HOOK_BYTES_PER_POINT * 1800 * 1.2 + 512
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(st.sampled_from([0.0, 1.0, 1.0, 2.0, 9.0]), st.none() | st.floats(0, 2**40)),
+        min_size=1,
+        max_size=300,
+    ),
+    hooked_from=st.integers(0, 300),
+    max_points=st.integers(1, 80),
+)
+def test_hook_columns_stay_aligned_through_eviction_and_compaction(
+    steps: list[tuple[float, float | None]], hooked_from: int, max_points: int
+) -> None:
+    """Backfilled with NaN before the first hooked point, and dropped with the points they belong to."""
+    store = SeriesStore(retention_seconds=10_000, max_points=max_points)
+    model: list[tuple[float, float | None]] = []
+    t = T0
+    for n, (delta, value) in enumerate(steps):
+        t += delta
+        hook = HookPoint(allocated=value) if n >= hooked_from and value is not None else None
+        if not model or t > model[-1][0]:
+            model = [*model, (t, None if hook is None else value)][-max_points:]
+        store.add(KEY, Point(t, mem_used=1.0, hook=hook))
+    window = store.window(KEY)
+    assert window is not None
+    if not window.hooked:
+        assert all(v is None for _, v in model)
+        return
+    values = window.values(Column.ALLOCATED, 0, len(window))
+    assert list(window.times(0, len(window))) == [mt for mt, _ in model]
+    assert [None if v != v else v for v in values] == [None if mv is None else _f32(mv) for _, mv in model]
+    for i0 in range(len(window)):
+        assert window.has_missing(Column.ALLOCATED, i0) == any(mv is None for _, mv in model[i0:])

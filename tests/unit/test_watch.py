@@ -28,7 +28,7 @@ from gpuwarden.local.metrics import FindingCollector
 from gpuwarden.local.policies import LocalPolicy, for_processes
 from gpuwarden.local.session import COMMAND_WIDTH, Announcement, Session, SubjectKind, short_command
 from gpuwarden.local.watch import EXIT_NO_GPU, WatchConfig, default_hook_socket, watch
-from gpuwarden.nodereport import GpuSample, ProcessSample, Snapshot
+from gpuwarden.nodereport import AllocationSite, GpuSample, HookSample, ProcessSample, Snapshot
 from gpuwarden.policy.parse import parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -522,3 +522,51 @@ async def test_watch_puts_what_a_hook_on_this_host_says_on_its_process(
         watching.cancel()
         await asyncio.gather(watching, return_exceptions=True)
     assert not hook_socket.exists()
+
+
+HOOK_POLICY = """\
+apiVersion: gpuwarden.dev/v1alpha1
+kind: GPUMonitorPolicy
+metadata: {name: hooked}
+spec:
+  selector: {}
+  evaluationInterval: 10s
+  rules:
+    - name: tensor-leak
+      memoryGrowth: {rate: 100Mi/m, window: 10m, memory: allocated}
+"""
+
+
+def _hooked_gpu(i: int) -> GpuSample:
+    """A training process whose hook reports live tensors growing 200Mi/m over a 24Gi cache."""
+    allocated = 10 * 2**30 + 200 * 2**20 * i // 60
+    sites = [
+        AllocationSite(file="/job/train.py", line=88, size_bytes=60 << 20, growth_bytes=50 << 20, count=1200)
+    ]
+    hook = HookSample(
+        timestamp=1_800_000_000.0 + i, allocated_bytes=allocated, reserved_bytes=24 << 30, sites=sites
+    )
+    return GpuSample(
+        uuid="GPU-a",
+        index=0,
+        utilization_gpu=90.0,
+        memory_used_bytes=25 << 30,
+        memory_total_bytes=80 << 30,
+        processes=[ProcessSample(pid=77, used_memory_bytes=25 << 30, command="python train.py", hook=hook)],
+    )
+
+
+def test_a_hooked_process_shows_its_tensors_and_cache_and_its_finding_names_the_lines() -> None:
+    policy = LocalPolicy("p", None, parse_spec(yaml.safe_load(HOOK_POLICY)["spec"]))
+    session = Session([for_processes(policy)], subjects=SubjectKind.PROCESSES)
+    started: list[Announcement] = []
+    for i in range(300):
+        step = session.observe(Snapshot(timestamp=1_800_000_000.0 + i, gpus=[_hooked_gpu(i)]))
+        started += step.announcements
+    (announced,) = started
+    line = announcement_line(announced, elapsed_clock(1_800_000_000.0))
+    assert "STARTED tensor-leak pid 77 python train.py on GPU 0: GPUMemoryLeakSuspected: " in line
+    assert "allocated memory (live tensors, not the cache) grows 200Mi/m over 4m" in line
+    assert line.endswith("; top growing lines: job/train.py:88 +50Mi (1,200 blocks)")
+    (row,) = render_table(step.rows, "t", subject_header="process")[2:]
+    assert "25Gi/80Gi (31%) alloc 11Gi, cache 24Gi tensor-leak" in row
