@@ -487,6 +487,9 @@ def _clears(g: GpuGrowth, rule: MemoryGrowth) -> bool:
     )
 
 
+HOST_LEAK_REASON = "HostMemoryLeakSuspected"
+"""The reason of a ``memory: host`` growth finding (the kind's own, GPUMemoryLeakSuspected, for the rest)."""
+
 MEMORY_NOUNS = {
     MemorySource.DEVICE: "GPU memory",
     MemorySource.ALLOCATED: "allocated memory (live tensors, not the cache)",
@@ -699,6 +702,8 @@ def evaluate_growth(
         fit=worst.fit,
         seconds_to_full=full_in,
         signal=top.memory.value,
+        # Host memory is not the GPU's: an alert on GPUMemoryLeakSuspected must not page for it.
+        reason=HOST_LEAK_REASON if top.memory is MemorySource.HOST else None,
         extra=top.window.sites or None,
         describe=growth_message,
     )

@@ -115,3 +115,5 @@ def test_the_hook_readings_reach_the_events_with_the_memory_judged_and_the_leaki
     events = [e["message"] for e in setup.events("Pod", "train-0", "GPUMemoryLeakSuspected")]
     assert any(f"hook_client.py:{LEAK_LINE} +" in m for m in events), events
     assert not any("GPU memory grows" in m for m in events), events
+    host = [e["message"] for e in setup.events("Pod", "train-0", "HostMemoryLeakSuspected")]
+    assert any("host memory (the hooked processes and their workers) grows" in m for m in host), host

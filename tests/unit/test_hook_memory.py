@@ -27,7 +27,7 @@ from gpuwarden.policy import PodView, PolicyEvaluator, Transition
 from gpuwarden.policy.growth import MESSAGE_SITES, evaluate_growth
 from gpuwarden.policy.intake import points_from_processes, points_from_report
 from gpuwarden.policy.model import Actions, LabelSelector, MemoryGrowth, MemorySource, PolicySpec
-from gpuwarden.policy.rules import Outcome, WindowParams
+from gpuwarden.policy.rules import Outcome, RuleKind, WindowParams
 from gpuwarden.policy.series import Column, HookPoint, PodId, Point, SeriesKey, SeriesStore
 
 T0 = 1_749_999_960.0
@@ -177,6 +177,12 @@ def test_host_rule_counts_each_process_once_and_finds_its_slope() -> None:
     assert outcome.gpu_count == 1  # the pod's host memory, judged once
     assert outcome.message.startswith("host memory (the hooked processes and their workers) grows 100Mi/m")
     assert outcome.message.endswith("no memory limit is known, so no time to full")
+    assert outcome.reason == "HostMemoryLeakSuspected"  # not the GPU's leak reason
+
+
+def test_every_other_memory_keeps_the_gpu_leak_reason() -> None:
+    assert judge(feed(tensor_leak), rule(MemorySource.ALLOCATED)).reason is None  # the kind's own
+    assert RuleKind.MEMORY_GROWTH.reason == "GPUMemoryLeakSuspected"
 
 
 def unhooked(i: int) -> list[GpuSample]:
