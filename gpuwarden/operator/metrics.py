@@ -132,6 +132,7 @@ STATE_GAUGES = {
     ),
     "gpuwarden_operator_policies": "Policies this replica evaluates.",
     "gpuwarden_operator_retention_seconds": "Seconds of readings kept.",
+    "gpuwarden_operator_shard_members": "Sharded mode: the live replicas in this replica's view (0 otherwise).",
     "gpuwarden_operator_series": "Pod-GPU series held in memory.",
     "gpuwarden_operator_series_points": "Readings held in memory, over all series.",
     "gpuwarden_operator_series_bytes": "Bytes the series windows hold.",

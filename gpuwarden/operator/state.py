@@ -205,6 +205,7 @@ class OperatorState:
             "gpuwarden_operator_tokenreviews": self.authenticator.reviews,
             "gpuwarden_operator_policies": sum(len(p) for p in self.pacing.values()),
             "gpuwarden_operator_retention_seconds": self.store.retention_seconds,
+            "gpuwarden_operator_shard_members": len(self.sharding.view.members) if self.sharding else 0,
         }
 
     # -- ingestion --

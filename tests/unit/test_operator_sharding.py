@@ -39,7 +39,9 @@ def sharded(identity: str = "op-a") -> OperatorConfig:
 
 def view(identity: str, *members: Member, settle: float = 0.0) -> ShardView:
     v = ShardView(identity, settle_seconds=settle)
-    v.update({m.identity: m for m in members}, time.monotonic())
+    now = time.monotonic()
+    for t in (now - 1, now):  # two listings alike: a steady view
+        v.update({m.identity: m for m in members}, t)
     return v
 
 
@@ -107,6 +109,8 @@ async def test_the_loop_renews_its_lease_sees_the_others_and_hands_over_on_exit(
     b = OperatorState(sharded("op-b"), api=api)  # type: ignore[arg-type]
     assert a.sharding is not None
     assert b.sharding is not None
+    await a.sharding._follow()
+    assert not a.sharding.active  # one listing: not yet steady
     await a.sharding._follow()
     assert a.sharding.active
     assert set(a.sharding.view.members) == {"op-a"}

@@ -117,15 +117,41 @@ def test_a_replica_acts_only_on_a_fresh_view_that_counts_it_in() -> None:
     view = ShardView("op-a", stale_seconds=4, settle_seconds=6)
     assert not view.acting(0.0)
     view.update(members("op-a", "op-b"), 0.0)
+    view.update(members("op-a", "op-b"), 2.0)
+    assert view.acting(6.0)
+    assert not view.acting(6.1)
+    view.update(members("op-b"), 7.0)  # its own Lease did not renew
+    assert not view.acting(7.0)
+    assert not any(view.owns(n, 7.0) for n in NODES[:100])
+
+
+def test_a_first_view_acts_once_two_listings_in_a_row_agree() -> None:
+    """The start-up gap: a first listing that misses a peer (its Lease renewed just after) would
+    take the peer's nodes for a poll; a view acts only once a second listing found the same ring."""
+    view = ShardView("op-a", stale_seconds=4, settle_seconds=6)
+    view.update(members("op-a"), 0.0)  # op-b's Lease not there yet
+    assert not view.acting(0.0)
+    assert not any(view.owns(n, 0.0) for n in NODES[:100])
+    view.update(members("op-a", "op-b"), 2.0)  # there now: a change, not yet two alike
+    assert not view.acting(2.0)
+    view.update(members("op-a", "op-b"), 4.0)
     assert view.acting(4.0)
-    assert not view.acting(4.1)
-    view.update(members("op-b"), 5.0)  # its own Lease did not renew
-    assert not view.acting(5.0)
-    assert not any(view.owns(n, 5.0) for n in NODES[:100])
+    theirs = next(n for n in NODES if view.ring.owner(n) == "op-b")
+    assert not view.owns(theirs, 4.0)
+    # Steady once: a later change (a peer leaving) is acted on at once, not waited out.
+    view.update(members("op-a"), 6.0)
+    assert view.acting(6.0)
+    assert view.owns(theirs, 6.0)
+    # A stale spell: steady again only after two listings alike.
+    view.update(members("op-a"), 20.0)
+    assert not view.acting(20.0)
+    view.update(members("op-a"), 22.0)
+    assert view.acting(22.0)
 
 
 def test_nodes_are_owned_at_once_policies_after_settling() -> None:
     view = ShardView("op-a", stale_seconds=4, settle_seconds=6)
+    view.update(members("op-a", "op-b"), -2.0)
     view.update(members("op-a", "op-b"), 0.0)
     mine = next(n for n in NODES if view.ring.owner(n) == "op-a")
     theirs = next(n for n in NODES if view.ring.owner(n) == "op-b")
