@@ -67,6 +67,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --shards: where agents reach this replica; default http(s)://$POD_IP:PORT/v1/reports",
     )
     parser.add_argument(
+        "--operator-service-account",
+        default=DEFAULTS["operator_service_account"],
+        metavar="NAMESPACE:NAME",
+        help="with --shards: the replicas' ServiceAccount, the only one that may post verdicts (%(default)s)",
+    )
+    parser.add_argument(
+        "--peer-token-file",
+        default=None,
+        metavar="PATH",
+        help="with --shards: the token (audience --token-audience) shown to the other replicas",
+    )
+    parser.add_argument(
         "--max-body-bytes",
         default=DEFAULTS["max_body_bytes"],
         help="larger report bodies get 413 (%(default)s)",
@@ -128,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
             cordon=args.cordon,
             shards=args.shards,
             advertise_url=args.advertise_url,
+            operator_service_account=args.operator_service_account,
+            peer_token_file=args.peer_token_file,
             verbose=args.verbose,
             debug=args.debug,
         )

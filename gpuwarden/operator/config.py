@@ -93,6 +93,13 @@ class OperatorConfig:
         default_factory=lambda: ServiceAccountRef("gpuwarden-system", "gpuwarden-agent")
     )
     """The only ServiceAccount whose tokens may post reports."""
+    operator_service_account: ServiceAccountRef = field(
+        default_factory=lambda: ServiceAccountRef("gpuwarden-system", "gpuwarden-operator")
+    )
+    """Sharded mode: the replicas' own ServiceAccount, the only one whose tokens may post verdicts."""
+    peer_token_file: str | None = None
+    """Sharded mode: the token this replica shows the other replicas (a projected ServiceAccount token
+    for ``token_audience``), re-read for every send; None sends none."""
     peering: str = "gpuwarden"
     """Kopf peering object name (ClusterKopfPeering cluster-wide, KopfPeering per namespace)."""
     priority: int = 0
@@ -242,6 +249,8 @@ def build_config(
     cordon: str = "off",
     shards: bool = False,
     advertise_url: str | None = None,
+    operator_service_account: str = "gpuwarden-system:gpuwarden-operator",  # DEFAULTS' value
+    peer_token_file: str | None = None,
     verbose: bool = False,
     debug: bool = False,
     env: Mapping[str, str] | None = None,
@@ -273,6 +282,8 @@ def build_config(
         raise ConfigError("--shards needs POD_NAMESPACE (the replicas' Leases live there)")
     if advertise_url and not shards:
         raise ConfigError("--advertise-url goes with --shards")
+    if peer_token_file and not shards:
+        raise ConfigError("--peer-token-file goes with --shards")
     if shards and not advertise_url:
         advertise_url = default_advertise_url(env, ingest_address, tls=bool(tls_cert_file))
     if advertise_url and not advertise_url.startswith(("http://", "https://")):
@@ -299,6 +310,10 @@ def build_config(
         cordon=cordon_mode,
         shards=shards,
         advertise_url=advertise_url or None,
+        operator_service_account=parse_service_account(
+            operator_service_account, flag="--operator-service-account"
+        ),
+        peer_token_file=peer_token_file or None,
         verbose=verbose,
         debug=debug,
     )
@@ -309,6 +324,7 @@ DEFAULTS: dict[str, str] = {
     "metrics_address": "0.0.0.0:8080",
     "token_audience": "gpuwarden-operator",
     "agent_service_account": "gpuwarden-system:gpuwarden-agent",
+    "operator_service_account": "gpuwarden-system:gpuwarden-operator",
     "peering": "gpuwarden",
     "max_body_bytes": "1Mi",
     "node_rate": "20",

@@ -25,10 +25,13 @@ from gpuwarden.operator.posting import EventPoster, ObjectRef
 from gpuwarden.operator.ratelimit import NodeRateLimiter
 from gpuwarden.operator.sharding import Sharding
 from gpuwarden.operator.tokenreview import TokenAuthenticator
+from gpuwarden.operator.verdictexchange import VerdictIngest, VerdictSender
+from gpuwarden.operator.verdictmerge import VerdictBoard
 from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.healthstore import HealthStore
 from gpuwarden.policy.intake import points_from_snapshot
 from gpuwarden.policy.series import SeriesStore
+from gpuwarden.verdictreport import VerdictReport
 
 if TYPE_CHECKING:
     from gpuwarden.operator.scaling import Scaler
@@ -188,6 +191,29 @@ class OperatorState:
             clock=clock,
             route=self.sharding.route if self.sharding else None,
         )
+        self.verdicts = VerdictBoard()
+        """Sharded mode: the per-pod verdicts other shards sent on the policies owned here."""
+        self.verdict_sender = VerdictSender(config.peer_token_file, self.metrics) if config.shards else None
+        """Sharded mode: sends this shard's verdicts on the policies owned elsewhere to their owners."""
+        self.verdict_ingest = (
+            VerdictIngest(
+                authenticator=TokenAuthenticator(
+                    self._review,
+                    audience=config.token_audience,
+                    username=config.operator_service_account.username,
+                    pod_bound=False,
+                ),
+                board=self.verdicts,
+                metrics=self.metrics,
+                acting=self.sharding.acting,
+                received=self._verdicts_arrived,
+                max_body_bytes=config.max_body_bytes,
+            )
+            if self.sharding
+            else None
+        )
+        """Sharded mode: ``POST /v1/verdicts``, the other shards' verdicts (the operator's own
+        ServiceAccount only)."""
         self.started = False
         """True once the servers listen (``/readyz``)."""
         self.scaler: Scaler | None = None
@@ -291,6 +317,11 @@ class OperatorState:
             now = time.time()
             self.store.prune(now)
             self.health.prune(now)
+
+    def _verdicts_arrived(self, report: VerdictReport) -> None:
+        pacing = self.pacing.get(report.namespace, {}).get(report.policy)
+        if pacing is not None:
+            pacing.nudge_data(asyncio.get_running_loop().time())
 
     # -- policies --
 
