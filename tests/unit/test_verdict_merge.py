@@ -24,8 +24,8 @@ Q = PodId("ns", "q")
 
 def verdict(value: float, *, holds: bool, message: str = "m") -> RuleVerdict:
     return RuleVerdict(
-        rule="idle", kind="utilizationFloor", holds=holds, clears=not holds, value=value, threshold=20.0, unit="percent",
-        gpus=["GPU-1"], message=message,
+        rule="idle", kind="utilizationFloor", holds=holds, clears=not holds, value=value, threshold=20.0,
+        unit="percent", gpus=["GPU-1"], message=message,
     )  # fmt: skip
 
 

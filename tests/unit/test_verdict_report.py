@@ -21,8 +21,8 @@ from gpuwarden.verdictreport import (
 
 def report(**kw: Any) -> VerdictReport:
     rule = RuleVerdict(
-        rule="idle", kind="utilizationFloor", holds=True, clears=False, value=3.0, threshold=20.0, unit="percent",
-        gpus=["GPU-1"], message="mean GPU utilization 3% over 10s, floor 20%",
+        rule="idle", kind="utilizationFloor", holds=True, clears=False, value=3.0, threshold=20.0,
+        unit="percent", gpus=["GPU-1"], message="mean GPU utilization 3% over 10s, floor 20%",
     )  # fmt: skip
     fields: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -59,7 +59,7 @@ def test_a_report_goes_over_the_wire_and_back_in_camel_case() -> None:
     ],
 )
 def test_what_is_not_the_schema_is_refused_naming_the_field(change: dict[str, Any], field: str) -> None:
-    with pytest.raises(VerdictError, match=f"^{field}"):
+    with pytest.raises(VerdictError, match=rf"^{field}"):
         parse_verdicts(json.dumps(wire(**change)))
 
 
@@ -67,15 +67,18 @@ def test_figures_are_finite_and_bounded() -> None:
     body = json.dumps(wire()).replace("3.0", "NaN")
     with pytest.raises(VerdictError, match="value"):
         parse_verdicts(body)
-    with pytest.raises(ValueError):
-        RuleVerdict(rule="r", kind="utilizationFloor", holds=False, clears=True, value=float("inf"), threshold=1.0, unit="percent")
+    with pytest.raises(ValueError, match="finite"):
+        RuleVerdict(
+            rule="r", kind="utilizationFloor", holds=False, clears=True, value=float("inf"), threshold=1.0,
+            unit="percent",
+        )  # fmt: skip
     with pytest.raises(VerdictError, match="value"):
         parse_verdicts(json.dumps(wire()).replace("3.0", "1e300"))
 
 
 def test_lists_are_capped() -> None:
     many = [{"pod": f"p{i}"} for i in range(MAX_PODS + 1)]
-    with pytest.raises(VerdictError, match="^pods"):
+    with pytest.raises(VerdictError, match=r"^pods"):
         parse_verdicts(json.dumps(wire(pods=many)))
 
 
