@@ -10,7 +10,9 @@ single review. Tokens are never stored, only their SHA-256.
 Only pod-bound tokens are accepted (what a projected ServiceAccount token volume
 mounts): the API server names the node their pod runs on, and that node is the
 only one the token may report for. A token without a pod binding (``kubectl
-create token`` without ``--bound-object-kind Pod``) could claim any node: 403.
+create token`` without ``--bound-object-kind Pod``) could claim any node: 403. The one exception
+is sharded mode's ``/v1/verdicts`` (``pod_bound=False``): the replicas' own ServiceAccount speaks
+for no node.
 """
 
 from __future__ import annotations
