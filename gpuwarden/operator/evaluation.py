@@ -7,7 +7,11 @@ Every round:
    is evaluated until it is fixed; the findings so far are kept. At the first
    valid parse the findings in ``status.violations`` (a previous run's, or the
    other replica's) are restored, so ongoing violations are not announced again.
-2. **Evaluate** the selected pods against the series store (the engine).
+2. **Evaluate** the selected pods against the series store (the engine). Sharded mode
+   (docs/scaling-out.md): the pods on other replicas' nodes by the verdicts those replicas
+   sent (:mod:`.verdictmerge`); and a replica that does not own the policy only judges the
+   pods on its own nodes and sends the owner its verdicts (:meth:`PolicyRunner.judge_for_owner`),
+   steps 3 to 5 being the owner's alone.
 3. **Announce** starts, re-notifications and ends as Events (:mod:`.events`).
 4. **Scale**, through the :class:`Scaler` seam (which answers None without ``actions.scale``;
    the status then loses ``ScalingActive`` and ``status.scale``).
