@@ -335,3 +335,22 @@ def add_readings(store: Any, pod: str, start: float, end: float, util: float) ->
     while t <= end:
         store.add(SeriesKey("ns", pod, "GPU-1"), Point(t=t, gpu_util=util, mem_used=1e9, mem_total=8e10))
         t += 1
+
+
+async def test_a_send_to_an_owner_that_does_not_answer_is_counted_and_not_retried(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    from gpuwarden.operator.metrics import OperatorMetrics
+    from gpuwarden.verdictreport import SCHEMA_VERSION, VerdictReport
+
+    metrics = OperatorMetrics()
+    sender = VerdictSender(None, metrics)
+    report = VerdictReport(schema_version=SCHEMA_VERSION, shard="op-b", at=T0, namespace="ns", policy="pol")
+    try:
+        for _ in range(2):
+            assert not await sender.send("http://127.0.0.1:9/v1/verdicts", report)  # discard port: refused
+    finally:
+        await sender.close()
+    failed = metrics.registry.get_sample_value("gpuwarden_operator_verdicts_sent_total", {"result": "failed"})
+    assert failed == 2
+    assert len([r for r in caplog.records if "Cannot send verdicts" in r.message]) == 1  # logged once
