@@ -20,12 +20,14 @@ from gpuwarden.operator.config import ConfigError, OperatorConfig, build_config,
 from gpuwarden.operator.evaluation import PolicyRunner
 from gpuwarden.operator.ingest import make_ingest_app
 from gpuwarden.operator.membership import URL_ANNOTATION, Member, ShardView, lease_name
+from gpuwarden.operator.metrics import OperatorMetrics
 from gpuwarden.operator.posting import ObjectRef
 from gpuwarden.operator.shards import policy_key
 from gpuwarden.operator.state import OperatorState, PodRecord, PolicyKey
 from gpuwarden.operator.verdictexchange import VerdictSender
 from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.series import Point, SeriesKey
+from gpuwarden.verdictreport import SCHEMA_VERSION, VerdictReport
 
 URL_B = "http://10.0.0.2:8443/v1/reports"
 
@@ -340,9 +342,6 @@ def add_readings(store: Any, pod: str, start: float, end: float, util: float) ->
 async def test_a_send_to_an_owner_that_does_not_answer_is_counted_and_not_retried(
     tmp_path: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from gpuwarden.operator.metrics import OperatorMetrics
-    from gpuwarden.verdictreport import SCHEMA_VERSION, VerdictReport
-
     metrics = OperatorMetrics()
     sender = VerdictSender(None, metrics)
     report = VerdictReport(schema_version=SCHEMA_VERSION, shard="op-b", at=T0, namespace="ns", policy="pol")
