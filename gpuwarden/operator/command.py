@@ -66,6 +66,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --shards: where agents reach this replica; default http(s)://$POD_IP:PORT/v1/reports",
     )
     parser.add_argument(
+        "--operator-service-account",
+        default="gpuwarden-system:gpuwarden-operator",
+        metavar="NAMESPACE:NAME",
+        help="with --shards: the replicas' ServiceAccount, the only one that may post verdicts (%(default)s)",
+    )
+    parser.add_argument(
+        "--peer-token-file",
+        default=None,
+        metavar="PATH",
+        help="with --shards: the token (audience --token-audience) shown to the other replicas",
+    )
+    parser.add_argument(
         "--max-body-bytes",
         default="1Mi",
         help="larger report bodies get 413 (%(default)s)",

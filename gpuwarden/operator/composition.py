@@ -3,7 +3,8 @@
 One place says what the operator is made of, so that the state only keeps records and each
 collaborator is handed what it needs: the API client; the metrics; leadership (peering), or in
 sharded mode membership with its ring; the TokenReview authenticator of the agents' tokens; the
-per-node rate limiter; and the ingest endpoint's core, which stores through the state. The
+per-node rate limiter; the ingest endpoint's core, which stores through the state; and in sharded
+mode the verdict exchange (the sender to the policies' owners, the endpoint the other shards post to). The
 scaling component plugs in at startup (:func:`gpuwarden.operator.scaler.attach_scaler`).
 """
 
@@ -23,6 +24,7 @@ from gpuwarden.operator.ratelimit import NodeRateLimiter
 from gpuwarden.operator.sharding import Sharding
 from gpuwarden.operator.state import OperatorState
 from gpuwarden.operator.tokenreview import TokenAuthenticator
+from gpuwarden.operator.verdictexchange import VerdictIngest, VerdictSender
 
 __all__ = ["build_operator"]
 
@@ -63,6 +65,21 @@ def build_operator(
         clock=clock,
         route=sharding.route if sharding else None,
     )
+    if sharding is not None:
+        state.verdict_sender = VerdictSender(config.peer_token_file, metrics)
+        state.verdict_ingest = VerdictIngest(
+            authenticator=TokenAuthenticator(
+                review,
+                audience=config.token_audience,
+                username=config.operator_service_account.username,
+                pod_bound=False,
+            ),
+            board=state.verdicts,
+            metrics=metrics,
+            acting=sharding.acting,
+            received=state.verdicts_arrived,
+            max_body_bytes=config.max_body_bytes,
+        )
     metrics.watch_pods()
     metrics.watch_state(state.gauges)
     return state

@@ -95,6 +95,13 @@ class OperatorConfig:
         default_factory=lambda: ServiceAccountRef("gpuwarden-system", "gpuwarden-agent")
     )
     """The only ServiceAccount whose tokens may post reports."""
+    operator_service_account: ServiceAccountRef = field(
+        default_factory=lambda: ServiceAccountRef("gpuwarden-system", "gpuwarden-operator")
+    )
+    """Sharded mode: the replicas' own ServiceAccount, the only one whose tokens may post verdicts."""
+    peer_token_file: str | None = None
+    """Sharded mode: the token this replica shows the other replicas (a projected ServiceAccount token
+    for ``token_audience``), re-read for every send; None sends none."""
     peering: str = "gpuwarden"
     """Kopf peering object name (ClusterKopfPeering cluster-wide, KopfPeering per namespace)."""
     priority: int = 0
@@ -164,6 +171,8 @@ class OperatorConfig:
             advertise_url = default_advertise_url(env, args.ingest_address, tls=bool(args.tls_cert_file))
         if advertise_url and not advertise_url.startswith(("http://", "https://")):
             raise ConfigError(f"--advertise-url: {advertise_url!r} is not an http(s) URL")
+        if args.peer_token_file and not args.shards:
+            raise ConfigError("--peer-token-file goes with --shards")
         xids = args.node_health_xids
         return cls(
             namespaces=tuple(dict.fromkeys(args.namespaces)),
@@ -175,6 +184,10 @@ class OperatorConfig:
             agent_service_account=parse_service_account(
                 args.agent_service_account, flag="--agent-service-account"
             ),
+            operator_service_account=parse_service_account(
+                args.operator_service_account, flag="--operator-service-account"
+            ),
+            peer_token_file=args.peer_token_file or None,
             peering=args.peering,
             priority=derive_priority(pod_name or socket.gethostname())
             if args.priority is None

@@ -7,7 +7,11 @@ Every round:
    is evaluated until it is fixed; the findings so far are kept. At the first
    valid parse the findings in ``status.violations`` (a previous run's, or the
    other replica's) are restored, so ongoing violations are not announced again.
-2. **Evaluate** the selected pods against the series store (the engine).
+2. **Evaluate** the selected pods against the series store (the engine). Sharded mode
+   (docs/scaling-out.md): the pods on other replicas' nodes by the verdicts those replicas
+   sent (:mod:`.verdictmerge`); and a replica that does not own the policy only judges the
+   pods on its own nodes and sends the owner its verdicts (:meth:`PolicyRunner.judge_for_owner`),
+   steps 3 to 5 being the owner's alone.
 3. **Announce** starts, re-notifications and ends as Events (:mod:`.events`).
 4. **Scale**, through the :class:`Scaler` seam (which answers None without ``actions.scale``;
    the status then loses ``ScalingActive`` and ``status.scale``).
@@ -38,9 +42,15 @@ from gpuwarden.operator.posting import object_ref
 from gpuwarden.operator.scaling import Scaler, ScaleResult
 from gpuwarden.operator.state import OperatorState, PodRecord, PolicyKey
 from gpuwarden.operator.status import PolicyVerdict, build_status, findings_from_status, owned_part
-from gpuwarden.policy.engine import Evaluation, PolicyEvaluator
+from gpuwarden.operator.verdictexchange import verdicts_url
+from gpuwarden.operator.verdictmerge import pod_verdicts
+from gpuwarden.policy.engine import Evaluation, PolicyEvaluator, rule_kind
 from gpuwarden.policy.model import PolicySpec
 from gpuwarden.policy.parse import SpecError, parse_spec
+from gpuwarden.policy.rules import Outcome
+from gpuwarden.policy.series import PodId
+from gpuwarden.verdictreport import SCHEMA_VERSION as VERDICT_SCHEMA_VERSION
+from gpuwarden.verdictreport import VerdictReport
 
 __all__ = ["GROUP", "PLURAL", "VERSION", "PolicyRunner"]
 
@@ -70,6 +80,8 @@ class PolicyRunner:
         self.written: dict[str, Any] | None = None
         """The status fields last written (or found, at start)."""
         self._rules_counted: set[str] = set()
+        self._judge: tuple[int | None, PolicyEvaluator | None] | None = None
+        """Sharded mode, not the owner: the generation judged by, and its evaluator (None: invalid)."""
 
     async def run(
         self,
@@ -103,6 +115,7 @@ class PolicyRunner:
                 due = await pacing.wait_next(started)
         finally:
             self.state.close_policy(self.key)
+            self.state.verdicts.forget(self.key.namespace, self.key.name)
             self.state.metrics.set_findings(self.key.namespace, self.key.name, {}, self._rules_counted)
 
     async def round(
@@ -117,18 +130,23 @@ class PolicyRunner:
 
         ``policies``: the namespace's (this one included), for the scaler's conflict check.
         """
-        if not self.state.acts_on(self.key):
-            self._stand_aside()
-            return
         now = time.time()
         meta = body.get("metadata") or {}
+        if not self.state.acts_on(self.key):
+            self._stand_aside()
+            await self.judge_for_owner(meta.get("generation"), body.get("spec") or {}, pods, pacing, now)
+            return
         status = body.get("status") or {}
         self.sync_spec(meta.get("generation"), body.get("spec") or {}, status, now)
         pacing.interval = self.spec.evaluation_interval_seconds if self.spec else pacing.interval
         if self.spec_error is None and self.evaluator is not None and self.announcer is not None:
             records = list(pods)
             evaluation = self.evaluator.evaluate(
-                (r.view for r in records), self.state.store, now, self.state.health
+                (r.view for r in records),
+                self.state.store,
+                now,
+                self.state.health,
+                elsewhere=self._judged_elsewhere(records, now),
             )
             self.evaluation = evaluation
             assert self.spec is not None
@@ -145,12 +163,89 @@ class PolicyRunner:
                 self.scale_result = await self._scale(evaluation, now, policies)
         await self.write_status(status, now)
 
+    def _judged_here(self, record: PodRecord) -> bool:
+        """Whether this replica holds the pod's readings (sharded mode: its node is ours)."""
+        sharding = self.state.sharding
+        if sharding is None:
+            return True
+        nodes = self.state.pod_nodes.get((record.view.namespace, record.view.name))
+        return not nodes or any(sharding.owns_node(n) for n in nodes)
+
+    def _judged_elsewhere(
+        self, records: Iterable[PodRecord], now: float
+    ) -> dict[PodId, list[Outcome]] | None:
+        """Sharded mode, on the policy's owner: the pods on other shards' nodes, with the outcomes
+        their shards sent (none: nothing to judge them by this time)."""
+        if self.state.sharding is None or self.spec is None:
+            return None
+        received = self.state.verdicts.outcomes(
+            self.key.namespace,
+            self.key.name,
+            kinds={r.name: rule_kind(r) for r in self.spec.rules},
+            generation=self.generation,
+            interval=self.spec.evaluation_interval_seconds,
+            now=now,
+        )
+        return {r.view.id: received.get(r.view.id, []) for r in records if not self._judged_here(r)}
+
+    async def judge_for_owner(
+        self,
+        generation: int | None,
+        spec: Mapping[str, Any],
+        pods: Iterable[PodRecord],
+        pacing: Pacing,
+        now: float,
+    ) -> None:
+        """Sharded mode, another replica owns the policy: judge the pods on our nodes and send the
+        owner the verdicts (it alone announces, scales and writes the status)."""
+        sharding, sender = self.state.sharding, self.state.verdict_sender
+        if sharding is None or sender is None:
+            return
+        owner = sharding.policy_owner(self.key.namespace, self.key.name)
+        if owner is None or owner.identity == sharding.me.identity or owner.url is None:
+            return  # ours, not settled yet (nothing to send), or an owner that takes nothing
+        judge = self._judge_by(generation, spec)
+        if judge is None:
+            return
+        pacing.interval = judge.spec.evaluation_interval_seconds
+        records = [r for r in pods if self._judged_here(r)]
+        judged = judge.judge((r.view for r in records), self.state.store, now, self.state.health)
+        if not judged:
+            return  # none of the policy's pods is ours
+        report = VerdictReport(
+            schema_version=VERDICT_SCHEMA_VERSION,
+            shard=sharding.me.identity,
+            at=now,
+            namespace=self.key.namespace,
+            policy=self.key.name,
+            generation=generation,
+            pods=pod_verdicts(judged),
+        )
+        await sender.send(verdicts_url(owner.url), report)
+
+    def _judge_by(self, generation: int | None, spec: Mapping[str, Any]) -> PolicyEvaluator | None:
+        """The evaluator that judges for the owner, by the spec of ``generation`` (None: invalid)."""
+        if self._judge is not None and self._judge[0] == generation:
+            return self._judge[1]
+        try:
+            parsed = parse_spec(spec)
+        except SpecError:
+            self._judge = (generation, None)  # the owner says so in the status
+            return None
+        previous = self._judge[1] if self._judge else None
+        if previous is None:
+            previous = PolicyEvaluator(str(self.key), parsed, namespace=self.key.namespace)
+        else:
+            previous.update_spec(parsed)
+        self._judge = (generation, previous)
+        return previous
+
     def _stand_aside(self) -> None:
         """Sharded mode, another replica owns the policy: forget it here, so that owning it again
         starts as a takeover does (findings restored from its status, not announced again)."""
         if not self.parsed:
             return
-        self.log.info("Another replica owns this policy now; it is evaluated there.")
+        self.log.info("Another replica owns this policy now; this one sends it its verdicts.")
         self.state.metrics.set_findings(self.key.namespace, self.key.name, {}, self._rules_counted)
         self.state.set_horizon(self.key, None)
         self.generation = self.spec = self.spec_error = self.evaluator = self.announcer = None

@@ -43,7 +43,7 @@ import logging
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,16 +57,23 @@ from gpuwarden.operator.tokenreview import TokenAuthenticator, Verdict
 __all__ = [
     "INGEST",
     "MAX_FUTURE_SKEW",
+    "REPORTS_PATH",
+    "VERDICTS_PATH",
     "Elsewhere",
     "Intake",
+    "Refusal",
     "ReportBook",
     "ReportIngest",
+    "bearer",
     "make_ingest_app",
+    "read_body",
 ]
 
 logger = logging.getLogger(__name__)
 
 REPORTS_PATH = "/v1/reports"
+VERDICTS_PATH = "/v1/verdicts"
+"""Sharded mode: the other replicas' verdicts (:mod:`.verdictexchange`)."""
 
 MAX_FUTURE_SKEW = 30.0
 """Seconds a snapshot may be ahead of the operator's clock (NTP keeps nodes within milliseconds).
@@ -148,7 +155,7 @@ class ReportIngest:
         self.metrics.reports.inc()
         try:
             return await self._handle(request)
-        except _Refusal as refusal:
+        except Refusal as refusal:
             self.metrics.rejected.labels(refusal.metric).inc()
             return refusal.response()
         except Exception:
@@ -158,19 +165,19 @@ class ReportIngest:
 
     async def _handle(self, request: web.Request) -> web.Response:
         if not self.acting():
-            raise _Refusal(503, "Standby", "this replica stands by; retry", "standby", retry_after="1")
+            raise Refusal(503, "Standby", "this replica stands by; retry", "standby", retry_after="1")
 
         node = await self._authenticate(request)
         if self.route is not None and (elsewhere := self.route(node)) is not None:
             hint = {"owner": elsewhere.owner} | ({"url": elsewhere.url} if elsewhere.url else {})
             message = f"node {node} reports to replica {elsewhere.owner}"
-            raise _Refusal(421, "NotOwner", message, "not_owner", hint=hint)
+            raise Refusal(421, "NotOwner", message, "not_owner", hint=hint)
         wait = self.limiter.acquire(node)
         if wait > 0:
             message = f"node {node} sends more than {self.limiter.rate:g} reports a second"
-            raise _Refusal(429, "RateLimited", message, "rate_limited", self.limiter.retry_after(wait))
+            raise Refusal(429, "RateLimited", message, "rate_limited", self.limiter.retry_after(wait))
 
-        body = await self._read_body(request)
+        body = await read_body(request, self.max_body_bytes)
         if len(body) > LARGE_BODY:
             async with self._large:
                 response = self._ingest(node, body)
@@ -181,30 +188,30 @@ class ReportIngest:
 
     async def _authenticate(self, request: web.Request) -> str:
         """The node the request's token is bound to (its pod's), or a refusal."""
-        token = _bearer(request.headers.get("Authorization", ""))
+        token = bearer(request.headers.get("Authorization", ""))
         if token is None:
-            raise _Refusal(401, "Unauthenticated", "a bearer token is required", "unauthenticated")
+            raise Refusal(401, "Unauthenticated", "a bearer token is required", "unauthenticated")
         try:
             review = await self.authenticator.authenticate(token)
         except Exception as exc:
             logger.warning("TokenReview failed: %s", exc)
-            raise _Refusal(
+            raise Refusal(
                 503, "AuthUnavailable", "cannot review the token now; retry", "unavailable", "1"
             ) from None
         if review.verdict is Verdict.UNAUTHENTICATED:
-            raise _Refusal(401, "Unauthenticated", review.message, "unauthenticated")
+            raise Refusal(401, "Unauthenticated", review.message, "unauthenticated")
         if review.verdict is Verdict.FORBIDDEN:
-            raise _Refusal(403, "Forbidden", review.message, "forbidden")
+            raise Refusal(403, "Forbidden", review.message, "forbidden")
         return review.node
 
     def _ingest(self, node: str, body: bytes) -> web.Response:
         try:
             report = parse_report(body)
         except ReportError as exc:
-            raise _Refusal(400, "InvalidReport", str(exc), "invalid") from None
+            raise Refusal(400, "InvalidReport", str(exc), "invalid") from None
         if report.node != node:
             message = f"the token belongs to a pod on node {node}, not {report.node}"
-            raise _Refusal(403, "Forbidden", message, "forbidden")
+            raise Refusal(403, "Forbidden", message, "forbidden")
         if self.book.is_duplicate(node, report):
             self.metrics.duplicates.inc()
             return web.json_response({"accepted": 0, "duplicate": True, "refused": {}})
@@ -222,32 +229,33 @@ class ReportIngest:
             self.metrics.refused.labels(reason).inc(count)
         return web.json_response({"accepted": intake.stored, "duplicate": False, "refused": refused})
 
-    async def _read_body(self, request: web.Request) -> bytes:
-        limit = self.max_body_bytes
-        declared = request.content_length
-        if declared is not None and declared > limit:
-            raise _Refusal(
-                413, "TooLarge", f"the body is {declared} bytes; at most {limit} are accepted", "too_large"
-            )
-        decoder = _decoder(request.headers.get("Content-Encoding", ""))
-        # Content-Length may be absent (chunked) or lie, and a compressed body inflates: count what
-        # actually arrives, and what it decodes to, inflating no more than the limit allows.
-        chunks: list[bytes] = []
-        received = size = 0
-        while chunk := await request.content.read(1 << 16):
-            received += len(chunk)
-            if decoder is not None:
-                try:
-                    chunk = decoder.decompress(chunk, limit + 1 - size)
-                except zlib.error:
-                    raise _undecodable(request) from None
-            size += len(chunk)
-            if size > limit or received > limit:
-                raise _Refusal(413, "TooLarge", f"the body exceeds {limit} bytes", "too_large")
-            chunks.append(chunk)
-        if decoder is not None and not decoder.eof:
-            raise _undecodable(request)
-        return b"".join(chunks)
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The request's body, decoded (gzip, deflate), refused as soon as it exceeds ``limit`` bytes."""
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise Refusal(
+            413, "TooLarge", f"the body is {declared} bytes; at most {limit} are accepted", "too_large"
+        )
+    decoder = _decoder(request.headers.get("Content-Encoding", ""))
+    # Content-Length may be absent (chunked) or lie, and a compressed body inflates: count what
+    # actually arrives, and what it decodes to, inflating no more than the limit allows.
+    chunks: list[bytes] = []
+    received = size = 0
+    while chunk := await request.content.read(1 << 16):
+        received += len(chunk)
+        if decoder is not None:
+            try:
+                chunk = decoder.decompress(chunk, limit + 1 - size)
+            except zlib.error:
+                raise _undecodable(request) from None
+        size += len(chunk)
+        if size > limit or received > limit:
+            raise Refusal(413, "TooLarge", f"the body exceeds {limit} bytes", "too_large")
+        chunks.append(chunk)
+    if decoder is not None and not decoder.eof:
+        raise _undecodable(request)
+    return b"".join(chunks)
 
 
 def _decoder(encoding: str) -> Any:
@@ -259,19 +267,21 @@ def _decoder(encoding: str) -> Any:
         return zlib.decompressobj(16 + zlib.MAX_WBITS)
     if encoding == "deflate":
         return zlib.decompressobj(zlib.MAX_WBITS)
-    raise _Refusal(
+    raise Refusal(
         415, "UnsupportedEncoding", f"Content-Encoding {encoding} is not one of gzip, deflate", "invalid"
     )
 
 
-def _undecodable(request: web.Request) -> _Refusal:
+def _undecodable(request: web.Request) -> Refusal:
     encoding = request.headers.get("Content-Encoding", "")
-    return _Refusal(
+    return Refusal(
         400, "InvalidReport", f"the body does not decode as Content-Encoding {encoding}", "invalid"
     )
 
 
-class _Refusal(Exception):
+class Refusal(Exception):
+    """A request answered with an error: status, reason, message, and the metric's reason."""
+
     def __init__(
         self,
         status: int,
@@ -290,6 +300,7 @@ class _Refusal(Exception):
         self.hint = hint
 
     def response(self) -> web.Response:
+        """The error answer (JSON ``reason``, ``message`` and any hint)."""
         headers = {"Retry-After": self.retry_after} if self.retry_after else None
         if self.status == 401:
             headers = {**(headers or {}), "WWW-Authenticate": 'Bearer realm="gpuwarden"'}
@@ -309,7 +320,8 @@ def _error(
     )
 
 
-def _bearer(header: str) -> str | None:
+def bearer(header: str) -> str | None:
+    """The token of an ``Authorization: Bearer`` header; None when there is none."""
     scheme, _, token = header.partition(" ")
     token = token.strip()
     return token if scheme.lower() == "bearer" and token else None
@@ -318,12 +330,17 @@ def _bearer(header: str) -> str | None:
 INGEST = web.AppKey("ingest", ReportIngest)
 
 
-def make_ingest_app(ingest: ReportIngest) -> web.Application:
-    """The ingest server's app: POST /v1/reports, and nothing else."""
+def make_ingest_app(
+    ingest: ReportIngest, verdicts: Callable[[web.Request], Awaitable[web.Response]] | None = None
+) -> web.Application:
+    """The ingest server's app: POST /v1/reports, and in sharded mode POST /v1/verdicts (``verdicts``:
+    :meth:`~.verdictexchange.VerdictIngest.handle`)."""
     # client_max_size guards aiohttp's own readers; ours enforces the limit while streaming. We decode
     # Content-Encoding ourselves, bounded: aiohttp's decoder inflates before any limit applies, and
     # fails again on a corrupt body it drains after a refusal, as an unhandled error.
     app = web.Application(client_max_size=ingest.max_body_bytes + 1, handler_args={"auto_decompress": False})
     app[INGEST] = ingest
     app.router.add_post(REPORTS_PATH, ingest.handle)
+    if verdicts is not None:
+        app.router.add_post(VERDICTS_PATH, verdicts)
     return app

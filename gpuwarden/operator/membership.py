@@ -135,15 +135,29 @@ class ShardView:
         """When the group was last listed (None: never)."""
         self._history: list[tuple[float, Ring]] = []
         """The rings since the view was last fresh, oldest first, each with when it was first seen."""
+        self._same_listings = 0
+        """Consecutive listings that found the ring of the one before."""
+        self.steady = False
+        """Whether two consecutive listings found the same ring (since start, or a long silence)."""
 
     def update(self, members: Mapping[str, Member], now: float) -> bool:
         """A listing at ``now`` found ``members`` live; True when the ring changed."""
+        if self.listed_at is None or now - self.listed_at > LEASE_SECONDS:
+            # At start, or after longer than a Lease lives without a listing (peers may have come and
+            # gone unseen): check the ring again. Not after a slow poll or two: a loaded API server
+            # must not keep a replica from ever acting.
+            self._same_listings = 0
+            self.steady = False
         if not self.fresh(now):
             self._history.clear()  # a stale replica stopped acting: what it gains now, it settles again
         self.listed_at = now
         self.members = dict(members)
         ring = Ring(members)
         changed = ring != self.ring
+        # A first listing may miss a peer that renewed its Lease just after it: acting on it would
+        # take that peer's nodes for a poll. Two listings alike and the peer would have shown up.
+        self._same_listings = 1 if changed or not self._same_listings else self._same_listings + 1
+        self.steady = self.steady or self._same_listings >= 2
         if changed or not self._history:
             self.ring = ring
             self._history.append((now, ring))
@@ -157,8 +171,12 @@ class ShardView:
         return self.listed_at is not None and now - self.listed_at <= self.stale_seconds
 
     def acting(self, now: float) -> bool:
-        """Whether this replica may act at all: a fresh view that counts it in (its Lease renews)."""
-        return self.fresh(now) and self.identity in self.members
+        """Whether this replica may act at all: a fresh, steady view that counts it in (its Lease renews).
+
+        Steady once two consecutive listings found the same ring (at start, and after a lease
+        duration without a listing); a later change does not unsettle it (see docs/scaling-out.md).
+        """
+        return self.fresh(now) and self.steady and self.identity in self.members
 
     def owner(self, key: str) -> Member | None:
         """The member owning ``key`` in the current ring (None: no member)."""

@@ -132,6 +132,7 @@ STATE_GAUGES = {
     ),
     "gpuwarden_operator_policies": "Policies this replica evaluates.",
     "gpuwarden_operator_retention_seconds": "Seconds of readings kept.",
+    "gpuwarden_operator_shard_members": "Sharded mode: live replicas in this replica's view (0 otherwise).",
     "gpuwarden_operator_series": "Pod-GPU series held in memory.",
     "gpuwarden_operator_series_points": "Readings held in memory, over all series.",
     "gpuwarden_operator_series_bytes": "Bytes the series windows hold.",
@@ -221,6 +222,27 @@ class OperatorMetrics:
             "Policy status patches sent (unchanged status is not written).",
             registry=r,
         )
+        self.verdicts_sent = Counter(
+            "gpuwarden_operator_verdicts_sent",
+            "Sharded mode: verdict reports sent to policies' owners, by result (ok, failed).",
+            ["result"],
+            registry=r,
+        )
+        for result in ("ok", "failed"):
+            self.verdicts_sent.labels(result)
+        self.verdict_bytes_sent = Counter(
+            "gpuwarden_operator_verdict_bytes_sent",
+            "Sharded mode: bytes of verdict report bodies sent (gzip), the verdict traffic.",
+            registry=r,
+        )
+        self.verdicts_received = Counter(
+            "gpuwarden_operator_verdicts_received",
+            "Sharded mode: verdict reports received from other shards, by result (ok, refused).",
+            ["result"],
+            registry=r,
+        )
+        for result in ("ok", "refused"):
+            self.verdicts_received.labels(result)
         self.latest = LatestReadings()
 
     def watch_pods(self, *, stale_after: float = 60.0, clock: Callable[[], float] = time.time) -> None:

@@ -114,6 +114,12 @@ class PolicySchedule:
             for pacing in self._pacing.get(namespace, {}).values():
                 pacing.nudge_data(now)
 
+    def nudge_policy_data(self, namespace: str, name: str) -> None:
+        """Data for one policy arrived (another shard's verdicts): its daemon, if running here, may run."""
+        pacing = self._pacing.get(namespace, {}).get(name)
+        if pacing is not None:
+            pacing.nudge_data(asyncio.get_running_loop().time())
+
     def running(self) -> list[tuple[str, str]]:
         """(namespace, name) of every policy whose daemon runs here."""
         return [(ns, name) for ns, names in self._pacing.items() for name in names]

@@ -62,7 +62,8 @@ class Services:
         if config.tls_cert_file and config.tls_key_file:
             tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             tls.load_cert_chain(config.tls_cert_file, config.tls_key_file)
-        await self._serve(make_ingest_app(self.state.ingest), config.ingest, tls, "ingest")
+        verdicts = self.state.verdict_ingest.handle if self.state.verdict_ingest else None
+        await self._serve(make_ingest_app(self.state.ingest, verdicts), config.ingest, tls, "ingest")
         await self._serve(
             make_metrics_app(self.state.metrics, lambda: self.state.started), config.metrics, None, "metrics"
         )
@@ -98,6 +99,8 @@ class Services:
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
+        if self.state.verdict_sender is not None:
+            await self.state.verdict_sender.close()
         await self.state.api.close()
 
 

@@ -75,6 +75,14 @@ class Sharding(Leadership):
         # No owner known (a view of nobody): the caller has answered 503 already through acting().
         return Elsewhere(owner.identity, owner.url) if owner is not None else Elsewhere("")
 
+    def owns_node(self, node: str) -> bool:
+        """Whether ``node``'s reports are taken here (its pods are judged here)."""
+        return self.view.owns(node, self._clock())
+
+    def policy_owner(self, namespace: str, name: str) -> Member | None:
+        """The replica that owns a policy in the current ring (where this one sends its verdicts)."""
+        return self.view.owner(policy_key(namespace, name))
+
     def acts_on_policy(self, namespace: str, name: str) -> bool:
         """Whether this replica evaluates, announces, scales and writes the status of a policy."""
         return self.view.settled_owner(policy_key(namespace, name), self._clock())

@@ -28,10 +28,13 @@ from gpuwarden.operator.posting import EventPoster, ObjectRef
 from gpuwarden.operator.ratelimit import NodeRateLimiter
 from gpuwarden.operator.sharding import Sharding
 from gpuwarden.operator.tokenreview import TokenAuthenticator
+from gpuwarden.operator.verdictexchange import VerdictIngest, VerdictSender
+from gpuwarden.operator.verdictmerge import VerdictBoard
 from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.healthstore import HealthStore
 from gpuwarden.policy.intake import points_from_snapshot
 from gpuwarden.policy.series import SeriesStore
+from gpuwarden.verdictreport import VerdictReport
 
 if TYPE_CHECKING:
     from gpuwarden.operator.scaling import Scaler
@@ -121,6 +124,13 @@ class OperatorState:
     """True once the servers listen (``/readyz``)."""
     scaler: Scaler | None = None
     """Acts on ``actions.scale`` after each evaluation; plugged in by the scaling component."""
+    verdicts: VerdictBoard = field(default_factory=VerdictBoard)
+    """Sharded mode: the per-pod verdicts other shards sent on the policies owned here."""
+    verdict_sender: VerdictSender | None = None
+    """Sharded mode: sends this shard's verdicts on the policies owned elsewhere to their owners."""
+    verdict_ingest: VerdictIngest | None = None
+    """Sharded mode: ``POST /v1/verdicts``, the other shards' verdicts (the operator's own
+    ServiceAccount only); plugged in by the composition root (it nudges through :meth:`verdicts_arrived`)."""
     ingest: ReportIngest = field(init=False)
     """The ingest endpoint's core; plugged in by the composition root (it stores through :meth:`accept`)."""
 
@@ -132,6 +142,7 @@ class OperatorState:
             "gpuwarden_operator_tokenreviews": self.authenticator.reviews,
             "gpuwarden_operator_policies": len(self.schedule),
             "gpuwarden_operator_retention_seconds": self.store.retention_seconds,
+            "gpuwarden_operator_shard_members": len(self.sharding.view.members) if self.sharding else 0,
         }
 
     # -- ingestion --
@@ -193,6 +204,10 @@ class OperatorState:
             # buffers) a pod it does not know yet is not held against the report.
             return "unknownPod" if self.pods_synced else None
         return None if node in where else "foreignPod"
+
+    def verdicts_arrived(self, report: VerdictReport) -> None:
+        """Another shard's verdicts on a policy owned here arrived: its daemon may evaluate."""
+        self.schedule.nudge_policy_data(report.namespace, report.policy)
 
     def forget_pod(self, namespace: str, name: str) -> None:
         """A pod was deleted: drop its series and its per-pod metrics."""

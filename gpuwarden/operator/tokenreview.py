@@ -10,7 +10,9 @@ single review. Tokens are never stored, only their SHA-256.
 Only pod-bound tokens are accepted (what a projected ServiceAccount token volume
 mounts): the API server names the node their pod runs on, and that node is the
 only one the token may report for. A token without a pod binding (``kubectl
-create token`` without ``--bound-object-kind Pod``) could claim any node: 403.
+create token`` without ``--bound-object-kind Pod``) could claim any node: 403. The one exception
+is sharded mode's ``/v1/verdicts`` (``pod_bound=False``): the replicas' own ServiceAccount speaks
+for no node.
 """
 
 from __future__ import annotations
@@ -56,8 +58,9 @@ class Review:
     node: str = ""
 
 
-def judge(status: Mapping[str, Any], *, audience: str, username: str) -> Review:
-    """Read a TokenReview ``status``: authenticated, for ``audience``, as exactly ``username``."""
+def judge(status: Mapping[str, Any], *, audience: str, username: str, pod_bound: bool = True) -> Review:
+    """Read a TokenReview ``status``: authenticated, for ``audience``, as exactly ``username``,
+    bound to a pod on a node unless ``pod_bound`` is off (the operator's replicas, which need no node)."""
     if status.get("authenticated") is not True:
         error = status.get("error") or "the API server did not authenticate it"
         return Review(Verdict.UNAUTHENTICATED, f"invalid token: {error}")
@@ -69,6 +72,8 @@ def judge(status: Mapping[str, Any], *, audience: str, username: str) -> Review:
     if name != username:
         return Review(Verdict.FORBIDDEN, f"{name or 'this user'} may not post reports; only {username} may")
     nodes = (user.get("extra") or {}).get(NODE_NAME_EXTRA) or []
+    if not pod_bound:
+        return Review(Verdict.ACCEPTED, "ok", username=name, node=str(nodes[0]) if nodes else "")
     if not nodes or not nodes[0]:
         return Review(
             Verdict.FORBIDDEN,
@@ -86,6 +91,7 @@ class TokenAuthenticator:
         *,
         audience: str,
         username: str,
+        pod_bound: bool = True,
         ttl: float = 60.0,
         negative_ttl: float = 5.0,
         max_entries: int = 20_000,
@@ -94,6 +100,7 @@ class TokenAuthenticator:
         self._review = review
         self.audience = audience
         self.username = username
+        self.pod_bound = pod_bound
         self.ttl = ttl
         self.negative_ttl = negative_ttl
         self.max_entries = max_entries
@@ -123,7 +130,7 @@ class TokenAuthenticator:
         try:
             self.reviews += 1
             status = await self._review(token)
-            review = judge(status, audience=self.audience, username=self.username)
+            review = judge(status, audience=self.audience, username=self.username, pod_bound=self.pod_bound)
         except asyncio.CancelledError:
             # The request that ran the review went away; those sharing it get an error, not a cancel.
             future.set_exception(ReviewAbandoned("the shared TokenReview was abandoned; retry"))

@@ -52,7 +52,7 @@ from gpuwarden.policy.model import (
     UtilizationFloor,
 )
 from gpuwarden.policy.predictive import WorkloadLoad, workload_load
-from gpuwarden.policy.rules import Outcome, RuleKind, WindowParams
+from gpuwarden.policy.rules import Outcome, RuleKind, WindowParams, unknown
 from gpuwarden.policy.selector import selector_matches
 from gpuwarden.policy.series import PodId, SeriesKey, SeriesStore, Window
 from gpuwarden.policy.utilization import evaluate_ceiling, evaluate_floor
@@ -249,20 +249,8 @@ class PolicyEvaluator:
         """The store retention this policy needs (see :func:`horizon_seconds`)."""
         return horizon_seconds(self.spec, self.params)
 
-    def evaluate(
-        self, pods: Iterable[PodView], store: SeriesStore, now: float, health: HealthStore | None = None
-    ) -> Evaluation:
-        """Apply every rule to every selected pod as of ``now``; return the transitions and verdicts.
-
-        ``health``: the GPUs' health (gpuHealth rules, throttling beside utilization findings).
-        """
-        tracker = self._tracker
-        rules = {r.name: r for r in self.spec.rules}
-        # Per rule, once: its kind and the `for` the tracker applies (memoryGrowth only).
-        plan = [
-            (rule, rule_kind(rule), rule.for_seconds if isinstance(rule, MemoryGrowth) else 0.0)
-            for rule in self.spec.rules
-        ]
+    def _select(self, pods: Iterable[PodView]) -> tuple[set[PodId], dict[PodId, PodView]]:
+        """The pods of the evaluator's namespace, and those of them the selector matches."""
         present: set[PodId] = set()
         selected: dict[PodId, PodView] = {}
         for pod in pods:
@@ -272,13 +260,66 @@ class PolicyEvaluator:
             present.add(pod_id)
             if selector_matches(self.spec.selector, pod.labels):
                 selected[pod_id] = pod
+        return present, selected
+
+    def judge(
+        self, pods: Iterable[PodView], store: SeriesStore, now: float, health: HealthStore | None = None
+    ) -> dict[PodId, list[Outcome]]:
+        """Every rule's outcome on every selected pod as of ``now``, findings left alone.
+
+        What a shard that does not own the policy sends its owner (sharded mode); a rule
+        snoozed on a pod is left out (the owner sees the annotation too).
+        """
+        _, selected = self._select(pods)
+        judged: dict[PodId, list[Outcome]] = {}
+        for pod_id in sorted(selected):
+            pod = selected[pod_id]
+            series = store.series_of(*pod_id)
+            snoozes = any(k.startswith(SNOOZE_PREFIX) for k in pod.annotations)
+            out = judged[pod_id] = []
+            for rule in self.spec.rules:
+                if snoozes:
+                    until = snoozed_until(pod.annotations, rule.name)
+                    if until is not None and now < until:
+                        continue
+                out.append(evaluate_rule(rule, pod_id, series, now, self.params, self._growth_cache, health))
+        self._growth_cache.sweep()
+        return judged
+
+    def evaluate(
+        self,
+        pods: Iterable[PodView],
+        store: SeriesStore,
+        now: float,
+        health: HealthStore | None = None,
+        *,
+        elsewhere: Mapping[PodId, Sequence[Outcome]] | None = None,
+    ) -> Evaluation:
+        """Apply every rule to every selected pod as of ``now``; return the transitions and verdicts.
+
+        ``health``: the GPUs' health (gpuHealth rules, throttling beside utilization findings).
+        ``elsewhere``: pods judged by another shard (sharded mode), with the outcomes it sent
+        (:meth:`judge`); the rules are not run on them here, and a rule with no outcome among
+        theirs had nothing to judge.
+        """
+        tracker = self._tracker
+        rules = {r.name: r for r in self.spec.rules}
+        # Per rule, once: its kind and the `for` the tracker applies (memoryGrowth only).
+        plan = [
+            (rule, rule_kind(rule), rule.for_seconds if isinstance(rule, MemoryGrowth) else 0.0)
+            for rule in self.spec.rules
+        ]
+        present, selected = self._select(pods)
+        remote = elsewhere or {}
 
         transitions: list[FindingTransition] = []
         outcomes: list[Outcome] = []
         for pod_id in sorted(selected):
             pod = selected[pod_id]
             namespace, name = pod_id
-            series = store.series_of(namespace, name)
+            sent = remote.get(pod_id)
+            series = store.series_of(namespace, name) if sent is None else []
+            by_rule = {o.rule: o for o in sent} if sent is not None else {}
             snoozes = any(k.startswith(SNOOZE_PREFIX) for k in pod.annotations)
             for rule, kind, for_seconds in plan:
                 key = FindingKey(rule.name, namespace, name)
@@ -290,7 +331,11 @@ class PolicyEvaluator:
                     if until is not None and now < until:
                         _append(transitions, tracker.resolve(key, Resolution.SNOOZED, now))
                         continue
-                outcome = evaluate_rule(rule, pod_id, series, now, self.params, self._growth_cache, health)
+                if sent is None:
+                    params, cache = self.params, self._growth_cache
+                    outcome = evaluate_rule(rule, pod_id, series, now, params, cache, health)
+                else:
+                    outcome = by_rule.get(rule.name) or unknown(rule.name, kind, pod_id, 0.0, "")
                 outcomes.append(outcome)
                 _append(transitions, tracker.observe(outcome, now, for_seconds, key=key))
 

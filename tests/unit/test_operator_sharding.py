@@ -22,9 +22,14 @@ from gpuwarden.operator.config import ConfigError, OperatorConfig
 from gpuwarden.operator.evaluation import PolicyRunner
 from gpuwarden.operator.ingest import make_ingest_app
 from gpuwarden.operator.membership import URL_ANNOTATION, Member, ShardView, lease_name
+from gpuwarden.operator.metrics import OperatorMetrics
 from gpuwarden.operator.posting import ObjectRef
 from gpuwarden.operator.shards import policy_key
-from gpuwarden.operator.state import OperatorState, PolicyKey
+from gpuwarden.operator.state import OperatorState, PodRecord, PolicyKey
+from gpuwarden.operator.verdictexchange import VerdictSender
+from gpuwarden.policy.engine import PodView
+from gpuwarden.policy.series import Point, SeriesKey
+from gpuwarden.verdictreport import SCHEMA_VERSION, VerdictReport
 
 URL_B = "http://10.0.0.2:8443/v1/reports"
 
@@ -41,7 +46,9 @@ def sharded(identity: str = "op-a") -> OperatorConfig:
 
 def view(identity: str, *members: Member, settle: float = 0.0) -> ShardView:
     v = ShardView(identity, settle_seconds=settle)
-    v.update({m.identity: m for m in members}, time.monotonic())
+    now = time.monotonic()
+    for t in (now - 1, now):  # two listings alike: a steady view
+        v.update({m.identity: m for m in members}, t)
     return v
 
 
@@ -96,6 +103,8 @@ async def test_the_loop_renews_its_lease_sees_the_others_and_hands_over_on_exit(
     b = build_operator(sharded("op-b"), api=api)  # type: ignore[arg-type]
     assert a.sharding is not None
     assert b.sharding is not None
+    await a.sharding._follow()
+    assert not a.sharding.active  # one listing: not yet steady
     await a.sharding._follow()
     assert a.sharding.active
     assert set(a.sharding.view.members) == {"op-a"}
@@ -216,3 +225,120 @@ async def test_only_the_policys_owner_evaluates_and_a_new_owner_does_not_announc
     state.sharding.view = view("op-a", Member("op-a"), Member(other))
     await runner.round(body=dict(POLICY, status=written), pods=PODS["ns"], pacing=pacing)
     assert runner.evaluator is None
+
+
+OPERATOR_SA = "system:serviceaccount:gpuwarden-system:gpuwarden-operator"
+
+
+class PeerApi(StatusApi):
+    """Status patches, and TokenReviews: "peer" is the operator's own ServiceAccount (no pod binding)."""
+
+    async def create_token_review(self, token: str, audiences: list[str]) -> dict[str, Any]:
+        users = {"peer": OPERATOR_SA, "agent": "system:serviceaccount:gpuwarden-system:gpuwarden-agent"}
+        if token not in users:
+            return {"authenticated": False, "error": "invalid bearer token"}
+        return {"authenticated": True, "audiences": audiences, "user": {"username": users[token]}}
+
+
+async def test_a_policy_spanning_shards_is_judged_on_all_its_pods_and_announced_by_its_owner_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """op-a owns the policy and the node of pod p; another replica owns q's node: it judges q and
+    sends op-a its verdicts, POST /v1/verdicts with its token; op-a announces and writes both."""
+    other = next(o for o in (f"op-{c}" for c in "bcdefgh") if owner_of_pol("op-a", o) == "op-a")
+    ring = view("op-a", Member("op-a"), Member(other)).ring
+    node_a = next(n for n in (f"node-{i}" for i in range(100)) if ring.owner(n) == "op-a")
+    node_b = next(n for n in (f"node-{i}" for i in range(100)) if ring.owner(n) == other)
+    clock = [T0]
+    monkeypatch.setattr(evaluation_module.time, "time", lambda: clock[0])
+    api = PeerApi()
+    owner = build_operator(sharded("op-a"), api=api)  # type: ignore[arg-type]
+    shard = build_operator(sharded(other), api=api)  # type: ignore[arg-type]
+    posted: list[str] = []
+
+    class Sink:
+        async def post(self, regarding: ObjectRef, type_: str, reason: str, message: str) -> None:
+            posted.append(f"{regarding.kind} {regarding.name} {reason}")
+
+    owner.events = shard.events = Sink()  # type: ignore[assignment]
+    pods = [
+        PodRecord(PodView("ns", "p", {"app": "x"}), "uid-p"),
+        PodRecord(PodView("ns", "q", {"app": "x"}), "uid-q"),
+    ]
+    for state in (owner, shard):
+        state.pod_nodes = {("ns", "p"): [node_a], ("ns", "q"): [node_b]}
+    assert owner.verdict_ingest is not None
+    owner.verdict_ingest.clock = lambda: clock[0]
+    server = TestServer(make_ingest_app(owner.ingest, owner.verdict_ingest.handle))
+    c = TestClient(server)
+    await c.start_server()
+    token = tmp_path / "token"
+    token.write_text("peer\n")
+    shard.verdict_sender = VerdictSender(str(token), shard.metrics)
+    try:
+        url = str(server.make_url("/v1/reports"))
+        members = [Member("op-a", url), Member(other, "http://unused/v1/reports")]
+        owner.sharding.view = view("op-a", *members)
+        shard.sharding.view = view(other, *members)
+        add_readings(owner.store, "p", T0 - 20, T0, util=50)  # busy on op-a's node
+        add_readings(shard.store, "q", T0 - 20, T0, util=3)  # idle on the other's
+
+        theirs = PolicyRunner(shard, PolicyKey("ns", "pol"))
+        await theirs.round(body=dict(POLICY, status={}), pods=pods, pacing=shard.open_policy(theirs.key))
+        assert (posted, api.patches) == ([], [])  # only the owner announces and writes
+        sent = shard.metrics.registry.get_sample_value(
+            "gpuwarden_operator_verdicts_sent_total", {"result": "ok"}
+        )
+        assert sent == 1
+        assert len(owner.verdicts) == 1  # q's verdict
+
+        ours = PolicyRunner(owner, PolicyKey("ns", "pol"))
+        await ours.round(body=dict(POLICY, status={}), pods=pods, pacing=owner.open_policy(ours.key))
+        assert posted == ["Pod q GPUUnderutilized", "GPUMonitorPolicy pol GPUUnderutilized"]
+        (written,) = api.patches
+        assert [v["pod"] for v in written["violations"]] == ["q"]
+        assert written["matchedPods"] == 2
+
+        # q recovers on its shard: the owner resolves it (once), from the next verdict.
+        clock[0] = T0 + 30
+        add_readings(shard.store, "q", T0 + 1, T0 + 30, util=60)
+        add_readings(owner.store, "p", T0 + 1, T0 + 30, util=50)
+        await theirs.round(body=dict(POLICY, status={}), pods=pods, pacing=shard.open_policy(theirs.key))
+        await ours.round(body=dict(POLICY, status=written), pods=pods, pacing=owner.open_policy(ours.key))
+        assert posted[2:] == [
+            "Pod q GPUUnderutilizedResolved",
+            "GPUMonitorPolicy pol GPUUnderutilizedResolved",
+        ]
+
+        # Only the operator's own ServiceAccount may post verdicts.
+        for bearer, status in (("agent", 403), ("nobody", 401)):
+            rsp = await c.post("/v1/verdicts", data=b"{}", headers={"Authorization": f"Bearer {bearer}"})
+            assert rsp.status == status
+        rsp = await c.post("/v1/verdicts", data=b"{}", headers={"Authorization": "Bearer peer"})
+        assert (rsp.status, (await rsp.json())["reason"]) == (400, "InvalidVerdicts")
+    finally:
+        await shard.verdict_sender.close()
+        await c.close()
+
+
+def add_readings(store: Any, pod: str, start: float, end: float, util: float) -> None:
+    t = start
+    while t <= end:
+        store.add(SeriesKey("ns", pod, "GPU-1"), Point(t=t, gpu_util=util, mem_used=1e9, mem_total=8e10))
+        t += 1
+
+
+async def test_a_send_to_an_owner_that_does_not_answer_is_counted_and_not_retried(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    metrics = OperatorMetrics()
+    sender = VerdictSender(None, metrics)
+    report = VerdictReport(schema_version=SCHEMA_VERSION, shard="op-b", at=T0, namespace="ns", policy="pol")
+    try:
+        for _ in range(2):
+            assert not await sender.send("http://127.0.0.1:9/v1/verdicts", report)  # discard port: refused
+    finally:
+        await sender.close()
+    failed = metrics.registry.get_sample_value("gpuwarden_operator_verdicts_sent_total", {"result": "failed"})
+    assert failed == 2
+    assert len([r for r in caplog.records if "Cannot send verdicts" in r.message]) == 1  # logged once

@@ -117,15 +117,54 @@ def test_a_replica_acts_only_on_a_fresh_view_that_counts_it_in() -> None:
     view = ShardView("op-a", stale_seconds=4, settle_seconds=6)
     assert not view.acting(0.0)
     view.update(members("op-a", "op-b"), 0.0)
+    view.update(members("op-a", "op-b"), 2.0)
+    assert view.acting(6.0)
+    assert not view.acting(6.1)
+    view.update(members("op-b"), 7.0)  # its own Lease did not renew
+    assert not view.acting(7.0)
+    assert not any(view.owns(n, 7.0) for n in NODES[:100])
+
+
+def test_a_first_view_acts_once_two_listings_in_a_row_agree() -> None:
+    """The start-up gap: a first listing that misses a peer (its Lease renewed just after) would
+    take the peer's nodes for a poll; a view acts only once a second listing found the same ring."""
+    view = ShardView("op-a", stale_seconds=4, settle_seconds=6)
+    view.update(members("op-a"), 0.0)  # op-b's Lease not there yet
+    assert not view.acting(0.0)
+    assert not any(view.owns(n, 0.0) for n in NODES[:100])
+    view.update(members("op-a", "op-b"), 2.0)  # there now: a change, not yet two alike
+    assert not view.acting(2.0)
+    view.update(members("op-a", "op-b"), 4.0)
     assert view.acting(4.0)
-    assert not view.acting(4.1)
-    view.update(members("op-b"), 5.0)  # its own Lease did not renew
-    assert not view.acting(5.0)
-    assert not any(view.owns(n, 5.0) for n in NODES[:100])
+    theirs = next(n for n in NODES if view.ring.owner(n) == "op-b")
+    assert not view.owns(theirs, 4.0)
+    # Steady once: a later change (a peer leaving) is acted on at once, not waited out.
+    view.update(members("op-a"), 6.0)
+    assert view.acting(6.0)
+    assert view.owns(theirs, 6.0)
+    # Slow polls (the API server loaded: 5 s between listings, the view stale in between) keep it.
+    for t in (11.0, 16.0, 21.0):
+        view.update(members("op-a"), t)
+        assert view.acting(t)
+    # Longer than a Lease lives without a listing: peers may have come and gone; two alike again.
+    view.update(members("op-a"), 40.0)
+    assert not view.acting(40.0)
+    view.update(members("op-a"), 42.0)
+    assert view.acting(42.0)
+
+
+def test_a_first_view_polled_slowly_still_becomes_steady() -> None:
+    """A loaded API server: 5 s between listings, each view stale by the next; two alike suffice."""
+    view = ShardView("op-a", stale_seconds=4, settle_seconds=6)
+    view.update(members("op-a", "op-b"), 0.0)
+    assert not view.acting(0.0)
+    view.update(members("op-a", "op-b"), 5.0)
+    assert view.acting(5.0)
 
 
 def test_nodes_are_owned_at_once_policies_after_settling() -> None:
     view = ShardView("op-a", stale_seconds=4, settle_seconds=6)
+    view.update(members("op-a", "op-b"), -2.0)
     view.update(members("op-a", "op-b"), 0.0)
     mine = next(n for n in NODES if view.ring.owner(n) == "op-a")
     theirs = next(n for n in NODES if view.ring.owner(n) == "op-b")
