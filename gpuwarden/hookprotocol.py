@@ -11,7 +11,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from gpuwarden.nodereport import MAX_COUNT, MAX_TIMESTAMP, AllocationSite, Bytes
+from gpuwarden.nodereport import MAX_COUNT, MAX_TIMESTAMP, AllocationSite, Bytes, first_error
 
 PROTOCOL_VERSION = 1
 MAX_LINE_BYTES = 64 * 1024
@@ -78,6 +78,4 @@ def parse_message(line: bytes | str) -> HookMessage:
         # by_name=False reaches the nested sites too (nodereport's models take both spellings).
         return HookMessage.model_validate_json(line, strict=True, by_alias=True, by_name=False)
     except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in first["loc"]) or "line"
-        raise MessageError(f"{where}: {first['msg']}") from None
+        raise MessageError(first_error(exc, top="line")) from None

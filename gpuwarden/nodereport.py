@@ -255,15 +255,21 @@ class ReportError(ValueError):
     """A report body that is not a valid NodeReport; the message names the field."""
 
 
+def first_error(exc: ValidationError, *, top: str = "body") -> str:
+    """``field.path: what is wrong (and N more)``: the first of pydantic's errors, naming the field
+    (``top`` when it is the whole document); the wire parsers' messages."""
+    first = exc.errors(include_url=False)[0]
+    where = ".".join(str(p) for p in first["loc"]) or top
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{where}: {first['msg']}{more}"
+
+
 def parse_report(body: bytes | str) -> NodeReport:
     """Parse a JSON body strictly (see the module doc); raise :class:`ReportError` naming the field."""
     try:
         report = NodeReport.model_validate_json(body, strict=True)
     except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise ReportError(f"{where}: {first['msg']}{more}") from None
+        raise ReportError(first_error(exc)) from None
     if report.schema_version not in ACCEPTED_SCHEMA_VERSIONS:
         speaks = ", ".join(str(v) for v in sorted(ACCEPTED_SCHEMA_VERSIONS))
         raise ReportError(

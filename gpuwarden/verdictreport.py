@@ -16,6 +16,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
+from gpuwarden.nodereport import first_error
+
 __all__ = [
     "MAX_PODS",
     "SCHEMA_VERSION",
@@ -98,10 +100,7 @@ def parse_verdicts(body: bytes | str) -> VerdictReport:
     try:
         report = VerdictReport.model_validate_json(body, strict=True)
     except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise VerdictError(f"{where}: {first['msg']}{more}") from None
+        raise VerdictError(first_error(exc)) from None
     if report.schema_version != SCHEMA_VERSION:
         raise VerdictError(
             f"schemaVersion: {report.schema_version} is not supported; this operator speaks {SCHEMA_VERSION}"

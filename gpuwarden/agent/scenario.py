@@ -86,6 +86,7 @@ from gpuwarden.nodereport import (
     ProcessSample,
     Snapshot,
     XidEvent,
+    first_error,
 )
 from gpuwarden.policy.units import parse_duration, parse_quantity, parse_rate
 
@@ -795,10 +796,7 @@ def parse_scenario(data: Any, *, source: str = "<memory>") -> Scenario:
     try:
         spec = ScenarioSpec.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise ScenarioError(f"{source}: {where}: {first['msg']}{more}") from None
+        raise ScenarioError(f"{source}: {first_error(exc, top='(top level)')}") from None
     return Scenario(spec, source)
 
 

@@ -52,7 +52,7 @@ from aiohttp import web
 from gpuwarden.nodereport import NodeReport, ReportError, parse_report
 from gpuwarden.operator.metrics import OperatorMetrics
 from gpuwarden.operator.ratelimit import NodeRateLimiter
-from gpuwarden.operator.tokenreview import TokenAuthenticator, Verdict
+from gpuwarden.operator.tokenreview import Review, TokenAuthenticator, Verdict
 
 __all__ = [
     "INGEST",
@@ -188,21 +188,7 @@ class ReportIngest:
 
     async def _authenticate(self, request: web.Request) -> str:
         """The node the request's token is bound to (its pod's), or a refusal."""
-        token = bearer(request.headers.get("Authorization", ""))
-        if token is None:
-            raise Refusal(401, "Unauthenticated", "a bearer token is required", "unauthenticated")
-        try:
-            review = await self.authenticator.authenticate(token)
-        except Exception as exc:
-            logger.warning("TokenReview failed: %s", exc)
-            raise Refusal(
-                503, "AuthUnavailable", "cannot review the token now; retry", "unavailable", "1"
-            ) from None
-        if review.verdict is Verdict.UNAUTHENTICATED:
-            raise Refusal(401, "Unauthenticated", review.message, "unauthenticated")
-        if review.verdict is Verdict.FORBIDDEN:
-            raise Refusal(403, "Forbidden", review.message, "forbidden")
-        return review.node
+        return (await authenticate(request, self.authenticator)).node
 
     def _ingest(self, node: str, body: bytes) -> web.Response:
         try:
@@ -318,6 +304,26 @@ def _error(
     return web.Response(
         status=status, text=json.dumps(body), content_type="application/json", headers=headers
     )
+
+
+async def authenticate(request: web.Request, authenticator: TokenAuthenticator) -> Review:
+    """The accepted review of the request's bearer token, or a :class:`Refusal` saying why not
+    (401 none or invalid, 403 another ServiceAccount or audience, 503 the API cannot review now)."""
+    token = bearer(request.headers.get("Authorization", ""))
+    if token is None:
+        raise Refusal(401, "Unauthenticated", "a bearer token is required", "unauthenticated")
+    try:
+        review = await authenticator.authenticate(token)
+    except Exception as exc:
+        logger.warning("TokenReview failed: %s", exc)
+        raise Refusal(
+            503, "AuthUnavailable", "cannot review the token now; retry", "unavailable", "1"
+        ) from None
+    if review.verdict is Verdict.UNAUTHENTICATED:
+        raise Refusal(401, "Unauthenticated", review.message, "unauthenticated")
+    if review.verdict is Verdict.FORBIDDEN:
+        raise Refusal(403, "Forbidden", review.message, "forbidden")
+    return review
 
 
 def bearer(header: str) -> str | None:

@@ -27,9 +27,9 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from gpuwarden.operator.ingest import REPORTS_PATH, VERDICTS_PATH, Refusal, bearer, read_body
+from gpuwarden.operator.ingest import REPORTS_PATH, VERDICTS_PATH, Refusal, authenticate, read_body
 from gpuwarden.operator.metrics import OperatorMetrics
-from gpuwarden.operator.tokenreview import TokenAuthenticator, Verdict
+from gpuwarden.operator.tokenreview import TokenAuthenticator
 from gpuwarden.operator.verdictmerge import VerdictBoard
 from gpuwarden.verdictreport import VerdictError, VerdictReport, dump_verdicts, parse_verdicts
 
@@ -82,18 +82,7 @@ class VerdictIngest:
     async def _handle(self, request: web.Request) -> web.Response:
         if not self.acting():
             raise Refusal(503, "Standby", "this replica stands by; retry", "standby", retry_after="1")
-        token = bearer(request.headers.get("Authorization", ""))
-        if token is None:
-            raise Refusal(401, "Unauthenticated", "a bearer token is required", "unauthenticated")
-        try:
-            review = await self.authenticator.authenticate(token)
-        except Exception as exc:
-            logger.warning("TokenReview failed: %s", exc)
-            raise Refusal(503, "AuthUnavailable", "cannot review the token now", "unavailable", "1") from None
-        if review.verdict is Verdict.UNAUTHENTICATED:
-            raise Refusal(401, "Unauthenticated", review.message, "unauthenticated")
-        if review.verdict is Verdict.FORBIDDEN:
-            raise Refusal(403, "Forbidden", review.message, "forbidden")
+        await authenticate(request, self.authenticator)
         body = await read_body(request, self.max_body_bytes)
         try:
             report = parse_verdicts(body)
