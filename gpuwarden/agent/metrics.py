@@ -377,14 +377,12 @@ class HookMetrics:
             "Training hook messages parsed and kept (the newest per process is attached to its samples).",
             registry=registry,
         )
-        self.refusals = Counter(
+        self.refusals = _by_reason(
             "gpuwarden_agent_hook_refused",
             "Training hook messages or connections refused, by reason (see docs/agent.md).",
-            ["reason"],
-            registry=registry,
+            HOOK_REFUSALS,
+            registry,
         )
-        for reason in HOOK_REFUSALS:
-            self.refusals.labels(reason=reason)
         processes = Gauge(
             "gpuwarden_agent_hook_processes",
             "Processes whose training hook sent a message in the last minute.",
