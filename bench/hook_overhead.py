@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
@@ -149,9 +150,18 @@ def main() -> None:
         median = statistics.median(times)
         print(f"{name:26} {median * 1e3:9.3f} ms/step  {median / base:7.2f}x")
 
-    for name, hook in variants.items():
-        if hook is None:
-            continue
+    # One reading each, unpaced (a clock that never moves): what a step that reads pays. In the timed
+    # blocks above the tracker paces itself to its budget, so most readings there repeat the last sites.
+    single: dict[str, StepHook] = {
+        "hook, tracemalloc off": StepHook(tracemalloc=False, client=HookClient(path), clock=lambda: 0.0)
+    }
+    for frames in args.frames:
+        single[f"hook, tracemalloc {frames} fr"] = StepHook(
+            tracemalloc=True, frames=frames, client=HookClient(path), clock=lambda: 0.0
+        )
+        assert single[f"hook, tracemalloc {frames} fr"].tracker is not None
+        single[f"hook, tracemalloc {frames} fr"].close()  # so each traces only its own readings below
+    for name, hook in single.items():
         if hook.tracker is not None:
             hook.tracker.start()
         costs = []
@@ -160,9 +170,12 @@ def main() -> None:
             start = time.perf_counter()
             hook.send_now()
             costs.append(time.perf_counter() - start)
-        if hook.tracker is not None:
-            hook.tracker.stop()
-        print(f"one reading, {name:26} {statistics.median(costs) * 1e3:8.3f} ms (median of {args.readings})")
+        traced = len(tracemalloc.take_snapshot().traces) if tracemalloc.is_tracing() else 0
+        hook.close()
+        print(
+            f"one reading, {name:26} {statistics.median(costs) * 1e3:8.3f} ms "
+            f"(median of {args.readings}; {traced} blocks traced at the end)"
+        )
     server.close()
 
 

@@ -8,8 +8,11 @@ snapshot (the baseline); the lines that grew most are the sites.
 tracemalloc sees what Python's allocators hand out (objects, lists, bytes), not what a C++ library
 allocates with ``malloc`` or on the GPU: a tensor kept by ``losses.append(loss)`` shows as its Python
 object, one block more per step at the line that made it, and as the list's growth at the append.
-Tracing costs on every allocation while it is on, and more with a deeper stack (``frames``): see
-docs/hook.md, "What it costs".
+Tracing costs on every allocation while it is on, and more with a deeper stack (``frames``); a
+reading costs in proportion to the blocks traced, so the tracker forgets what the job allocated before
+its first reading (imports, the model, CUDA's set-up: hundreds of thousands of blocks) and reads no
+more often than keeps its own cost within ``budget`` of the job's time. See docs/hook.md, "What it
+costs".
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
+import time
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
 from gpuwarden.hook.message import MAX_SITES, Site
@@ -39,29 +44,56 @@ GPUWARDEN_PREFIX = os.path.join(str(Path(__file__).resolve().parent.parent), "")
 """The hook's own memory (its baseline, its caches) is called from the job's line too: left out."""
 
 
+DEFAULT_BUDGET = 0.01
+"""The share of the job's wall time the tracker may spend reading: after a reading that took ``c``
+seconds, the next comes ``c / budget`` later at the earliest, and the readings between repeat the last
+sites. A leak's line does not move between readings, and its rule looks at minutes."""
+
+
 class AllocationTracker:
-    """tracemalloc snapshots compared with the first; :meth:`sites` names the lines that grew.
+    """tracemalloc snapshots compared with a baseline; :meth:`sites` names the lines that grew.
 
-    ``frames`` applies when this tracker starts tracing (``tracemalloc.start(frames)``).
+    ``frames`` applies when this tracker starts tracing (``tracemalloc.start(frames)``). :meth:`start`
+    starts tracing unless something else already did (and :meth:`stop` then leaves it on).
 
-    :meth:`start` starts tracing unless something else already did (and :meth:`stop` then leaves it on).
+    When this tracker started tracing, its first :meth:`sites` clears the traces (what the job allocated
+    before its first step costs every reading and never tells a leak) and the second takes the
+    baseline; when tracing was on already, the traces are not ours to clear and the first takes the
+    baseline. ``budget`` and ``clock`` pace the readings (see :data:`DEFAULT_BUDGET`).
     """
 
-    def __init__(self, frames: int = DEFAULT_FRAMES, top: int = MAX_SITES, cwd: str | None = None) -> None:
+    def __init__(
+        self,
+        frames: int = DEFAULT_FRAMES,
+        top: int = MAX_SITES,
+        cwd: str | None = None,
+        budget: float = DEFAULT_BUDGET,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not 0 < budget <= 1:
+            raise ValueError(f"budget must be in (0, 1], not {budget}")
         self.frames = frames
         self.top = top
+        self.budget = budget
+        self._clock = clock
         self._cwd = os.path.join(cwd or os.getcwd(), "")
         self._prefixes = _library_prefixes()
         self._kind: dict[str, str] = {}
         self._baseline: dict[tuple[str, int], int] | None = None
         self._started = False
+        self._cleared = True
+        self._due = 0.0
+        self._last: tuple[Site, ...] = ()
 
     def start(self) -> None:
-        """Start tracing (if not on already); the next :meth:`sites` takes the baseline."""
+        """Start tracing (if not on already); the next :meth:`sites` begins afresh (see the class doc)."""
         if not tracemalloc.is_tracing():
             tracemalloc.start(self.frames)
             self._started = True
+        self._cleared = not self._started
         self._baseline = None
+        self._due = 0.0
+        self._last = ()
 
     def stop(self) -> None:
         """Stop tracing if :meth:`start` started it."""
@@ -105,20 +137,32 @@ class AllocationTracker:
         return filename[len(self._cwd) :] if filename.startswith(self._cwd) else filename
 
     def sites(self) -> tuple[Site, ...]:
-        """The lines whose live allocations grew most since the first call, largest growth first.
+        """The lines whose live allocations grew most since the baseline, largest growth first.
 
-        The first call after :meth:`start` takes the baseline and returns none; empty when not tracing.
+        None before the baseline (see the class doc) or when not tracing; between paced readings, the
+        last reading's sites.
         """
         if not tracemalloc.is_tracing():
             return ()
+        if not self._cleared:
+            tracemalloc.clear_traces()
+            self._cleared = True
+            return ()
+        start = self._clock()
+        if start < self._due:
+            return self._last
         groups = self._grouped()
         if self._baseline is None:
             self._baseline = {key: size for key, (size, _) in groups.items()}
-            return ()
-        grown = []
-        for key, (size, count) in groups.items():
-            growth = size - self._baseline.get(key, 0)
-            if growth > 0:
-                grown.append(Site(self._display(key[0]), key[1], size, growth, count))
-        grown.sort(key=lambda s: s.growth_bytes, reverse=True)
-        return tuple(grown[: self.top])
+            self._last = ()
+        else:
+            grown = []
+            for key, (size, count) in groups.items():
+                growth = size - self._baseline.get(key, 0)
+                if growth > 0:
+                    grown.append(Site(self._display(key[0]), key[1], size, growth, count))
+            grown.sort(key=lambda s: s.growth_bytes, reverse=True)
+            self._last = tuple(grown[: self.top])
+        end = self._clock()
+        self._due = end + (end - start) / self.budget
+        return self._last

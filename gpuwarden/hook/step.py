@@ -74,8 +74,8 @@ class StepHook:
     ``tracemalloc``: name the growing lines; ``None`` (the default) follows ``GPUWARDEN_HOOK_TRACEMALLOC``.
     ``frames``: the stack depth tracemalloc keeps; ``None`` follows ``GPUWARDEN_HOOK_TRACEMALLOC_FRAMES``
     (default 4).
-    ``client``, ``clock`` (monotonic, for the interval), ``wall`` (the readings' timestamps) and
-    ``host_rss`` are for tests and special setups.
+    ``client``, ``clock`` (monotonic, for the interval and the tracker's pacing), ``wall`` (the
+    readings' timestamps) and ``host_rss`` are for tests and special setups.
     """
 
     def __init__(
@@ -93,7 +93,7 @@ class StepHook:
         self.interval = interval
         self.memory = memory if memory is not None else torch_memory_or_none()
         on = _env_flag(TRACEMALLOC_ENV) if tracemalloc is None else tracemalloc
-        self.tracker = AllocationTracker(frames or _env_frames()) if on else None
+        self.tracker = AllocationTracker(frames or _env_frames(), clock=clock) if on else None
         self.client = client if client is not None else HookClient()
         self.steps = 0
         self._counted = False

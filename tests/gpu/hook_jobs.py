@@ -61,17 +61,26 @@ def _ready(**extra: object) -> None:
 
 
 class Pace:
-    """Sleeps so that steps run at ``per_second`` until ``seconds`` have passed."""
+    """Sleeps so that steps run at ``per_second`` until ``seconds`` have passed; says on stderr every
+    ``report_every`` seconds how many steps it made (a job the hook slows falls behind its pace)."""
 
-    def __init__(self, seconds: float, per_second: float) -> None:
+    def __init__(self, seconds: float, per_second: float, report_every: float = 30.0) -> None:
         self.period = 1.0 / per_second
         self.start = time.monotonic()
         self.deadline = self.start + seconds
         self.steps = 0
+        self.report_every = report_every
+        self._reported = self.start
 
     def next(self) -> bool:
         self.steps += 1
-        wait = self.start + self.steps * self.period - time.monotonic()
+        now = time.monotonic()
+        if now - self._reported >= self.report_every:
+            self._reported = now
+            elapsed = now - self.start
+            progress = {"steps": self.steps, "seconds": round(elapsed, 1)}
+            print(json.dumps({**progress, "stepsPerSecond": round(self.steps / elapsed, 2)}), file=sys.stderr)
+        wait = self.start + self.steps * self.period - now
         if wait > 0:
             time.sleep(wait)
         return time.monotonic() < self.deadline

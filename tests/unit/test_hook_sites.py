@@ -1,6 +1,7 @@
 """AllocationTracker on real Python loops: the line that keeps objects alive is named, with a growing
 count; a line that allocates and frees is not; an object made inside the stdlib is credited to the
-line that called it."""
+line that called it; what was allocated before the first reading is forgotten; readings are paced by
+their own cost."""
 
 from __future__ import annotations
 
@@ -14,6 +15,17 @@ import pytest
 from gpuwarden.hook import AllocationTracker, Site
 
 HERE = Path(__file__)
+
+
+def unpaced() -> float:
+    """A clock that never moves: every reading costs nothing, so none is skipped for the budget."""
+    return 0.0
+
+
+def begin(tracker: AllocationTracker) -> None:
+    """The tracker's first readings: the set-up forgotten, then the baseline (no sites yet)."""
+    assert tracker.sites() == ()
+    assert tracker.sites() == ()
 
 
 def line_of(tag: str) -> int:
@@ -30,7 +42,7 @@ def at(sites: tuple[Site, ...], tag: str) -> Site | None:
 @pytest.fixture
 def tracker() -> Iterator[AllocationTracker]:
     assert not tracemalloc.is_tracing()
-    t = AllocationTracker(cwd=str(HERE.parent))
+    t = AllocationTracker(cwd=str(HERE.parent), clock=unpaced)
     t.start()
     yield t
     t.stop()
@@ -44,7 +56,7 @@ def keep(kept: list[bytearray], n: int) -> None:
 
 def test_the_line_that_keeps_objects_is_named_with_a_growing_count(tracker: AllocationTracker) -> None:
     kept: list[bytearray] = []
-    assert tracker.sites() == ()  # the baseline
+    begin(tracker)
     keep(kept, 100)
     first = at(tracker.sites(), "keeps")
     keep(kept, 100)
@@ -59,7 +71,7 @@ def test_the_line_that_keeps_objects_is_named_with_a_growing_count(tracker: Allo
 
 
 def test_a_line_that_allocates_and_frees_is_not_named(tracker: AllocationTracker) -> None:
-    tracker.sites()
+    begin(tracker)
     total = 0
     for _ in range(1000):
         scratch = bytearray(1000)  # frees
@@ -72,10 +84,10 @@ def test_a_line_that_allocates_and_frees_is_not_named(tracker: AllocationTracker
 def test_an_object_made_inside_the_stdlib_is_credited_to_the_calling_line() -> None:
     # Deep enough for json's pure-Python scanner too (the C one may be swapped out by an earlier test's
     # import): the crediting rule is under test here, the depth limit in the next test.
-    tracker = AllocationTracker(cwd=str(HERE.parent), frames=16)
+    tracker = AllocationTracker(cwd=str(HERE.parent), frames=16, clock=unpaced)
     tracker.start()
     try:
-        tracker.sites()
+        begin(tracker)
         kept = [json.loads('{"loss": [1.5, 2.5, 3.5], "step": 1}') for _ in range(200)]  # calls json
         sites = tracker.sites()
     finally:
@@ -88,10 +100,10 @@ def test_an_object_made_inside_the_stdlib_is_credited_to_the_calling_line() -> N
 
 
 def test_beyond_the_recorded_depth_the_outermost_recorded_frame_stands_for_the_job() -> None:
-    tracker = AllocationTracker(frames=1)
+    tracker = AllocationTracker(frames=1, clock=unpaced)
     tracker.start()
     try:
-        tracker.sites()
+        begin(tracker)
         kept = [json.loads('{"loss": [1.5, 2.5], "step": 1}') for _ in range(200)]
         sites = tracker.sites()
     finally:
@@ -101,7 +113,7 @@ def test_beyond_the_recorded_depth_the_outermost_recorded_frame_stands_for_the_j
 
 
 def test_the_top_sites_are_the_largest_growth_first(tracker: AllocationTracker) -> None:
-    tracker.sites()
+    begin(tracker)
     small = [bytearray(100) for _ in range(50)]  # small
     large = [bytearray(10_000) for _ in range(50)]  # large
     sites = tracker.sites()
@@ -120,3 +132,89 @@ def test_tracing_started_elsewhere_is_left_on() -> None:
         assert tracemalloc.is_tracing()
     finally:
         tracemalloc.stop()
+
+
+def test_what_the_job_allocated_before_its_first_reading_is_forgotten(tracker: AllocationTracker) -> None:
+    setup = [bytearray(100) for _ in range(20_000)]  # set-up
+    assert len(tracemalloc.take_snapshot().traces) >= 20_000
+    begin(tracker)
+    # A reading walks every traced block: the set-up's are no longer traced, so they cost none.
+    assert len(tracemalloc.take_snapshot().traces) < 2_000
+    kept: list[bytearray] = []
+    keep(kept, 100)
+    sites = tracker.sites()
+    assert at(sites, "keeps") is not None
+    assert at(sites, "set-up") is None
+    del setup  # freeing untraced blocks is no growth or shrinkage anywhere
+    assert at(tracker.sites(), "keeps") is not None
+
+
+def test_traces_started_elsewhere_are_not_cleared() -> None:
+    tracemalloc.start(4)
+    try:
+        theirs = [bytearray(100) for _ in range(5_000)]  # theirs
+        tracker = AllocationTracker(cwd=str(HERE.parent), clock=unpaced)
+        tracker.start()
+        assert tracker.sites() == ()  # the baseline at once: nothing to forget
+        assert len(tracemalloc.take_snapshot().traces) >= 5_000
+        kept: list[bytearray] = []
+        keep(kept, 100)
+        assert at(tracker.sites(), "keeps") is not None
+        tracker.stop()
+    finally:
+        tracemalloc.stop()
+    assert len(theirs) == 5_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_reading_that_costs_c_seconds_is_the_last_for_c_over_budget_seconds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = Clock()
+    tracker = AllocationTracker(cwd=str(HERE.parent), budget=0.01, clock=clock)
+    snapshot = tracker._grouped
+    snapshots = 0
+
+    def costly() -> dict[tuple[str, int], tuple[int, int]]:
+        nonlocal snapshots
+        snapshots += 1
+        clock.now += 1.0  # each snapshot takes a second
+        return snapshot()
+
+    monkeypatch.setattr(tracker, "_grouped", costly)
+    tracker.start()
+    try:
+        tracker.sites()  # the set-up forgotten: no snapshot
+        tracker.sites()  # the baseline, 0 to 1 s: the next is due at 1 + 1 / 0.01
+        kept: list[bytearray] = []
+        keep(kept, 100)
+        clock.now = 100.0
+        assert tracker.sites() == ()  # not yet: the baseline's result again
+        assert snapshots == 1
+        clock.now = 101.0
+        first = at(tracker.sites(), "keeps")
+        assert first is not None
+        keep(kept, 100)
+        clock.now = 150.0
+        assert at(tracker.sites(), "keeps") == first  # repeated, not re-read
+        assert snapshots == 2
+        clock.now = 202.0
+        latest = at(tracker.sites(), "keeps")
+        assert snapshots == 3
+        assert latest is not None
+        assert latest.count >= first.count + 100
+    finally:
+        tracker.stop()
+
+
+@pytest.mark.parametrize("budget", [0.0, -0.1, 1.5])
+def test_a_budget_outside_zero_to_one_is_refused(budget: float) -> None:
+    with pytest.raises(ValueError, match="budget must be in"):
+        AllocationTracker(budget=budget)
