@@ -38,10 +38,12 @@ def nvml_uuid(raw: str, device_name: str) -> str:
 
 
 class TorchMemory:
-    """``torch.cuda.memory_allocated/reserved/max_memory_allocated`` of each device this process uses.
+    """``torch.cuda.memory_stats``' allocated, reserved and peak allocated bytes of each device in use.
 
     A device counts as used once the allocator reserved memory on it, or it is the current device;
-    nothing is read (and no CUDA context is created) before the job initialised CUDA itself.
+    nothing is read (and no CUDA context is created) before the job initialised CUDA itself. One
+    ``memory_stats`` per device, not ``memory_allocated``, ``memory_reserved`` and
+    ``max_memory_allocated`` (each of which builds the whole flattened statistics dict again).
     """
 
     def __init__(self) -> None:
@@ -64,15 +66,16 @@ class TorchMemory:
         current = cuda.current_device()
         readings = []
         for index in range(cuda.device_count()):
-            reserved = int(cuda.memory_reserved(index))
+            stats = cuda.memory_stats(index)
+            reserved = int(stats.get("reserved_bytes.all.current", 0))
             if reserved == 0 and index != current:
                 continue
             readings.append(
                 DeviceMemory(
                     uuid=self._uuid(index),
-                    allocated_bytes=int(cuda.memory_allocated(index)),
+                    allocated_bytes=int(stats.get("allocated_bytes.all.current", 0)),
                     reserved_bytes=reserved,
-                    max_allocated_bytes=int(cuda.max_memory_allocated(index)),
+                    max_allocated_bytes=int(stats.get("allocated_bytes.all.peak", 0)),
                 )
             )
         return readings

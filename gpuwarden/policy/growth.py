@@ -20,7 +20,8 @@ the same account for users):
   samples, never on when evaluations run, and changes once per bucket (the
   evaluator memoizes trends; see :class:`GrowthCache`).
 - **Per span**, each bucket is reduced to the median of its memory readings
-  (of at most :data:`MAX_POINTS` evenly strided readings per span): transient
+  (of at most :data:`MAX_POINTS` evenly strided readings per span; the lower
+  middle one for an even count, so a step mid-bucket rises whole): transient
   allocations do not count, and the cost is bounded whatever the sampling
   rate. Through those points (:func:`gpu_growth`):
 

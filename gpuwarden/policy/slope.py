@@ -130,8 +130,11 @@ def bucket_medians(
 ) -> tuple[list[float], list[float]]:
     """Split ``[start, end]`` into ``buckets`` equal spans; return non-empty spans' centers and medians.
 
-    ``times`` must be ascending and ``values`` free of NaN. Centers are relative
-    to ``end`` (negative seconds), ready for :func:`theil_sen`.
+    A median here is the lower middle value for an even count, always one of the readings: the
+    mean of the two middle ones turns a step in the middle of a bucket into two half rises, and
+    steps that do so every few buckets into what looks like a line (the jump measure then takes
+    half a step for the typical rise). ``times`` must be ascending and ``values`` free of NaN.
+    Centers are relative to ``end`` (negative seconds), ready for :func:`theil_sen`.
     """
     width = (end - start) / buckets
     xs: list[float] = []
@@ -141,9 +144,8 @@ def bucket_medians(
         hi = len(times) if k == buckets - 1 else bisect_left(times, start + (k + 1) * width, lo)
         if hi > lo:
             xs.append(start + (k + 0.5) * width - end)
-            # median(), inline: it runs per bucket of every refit.
+            # Inline: it runs per bucket of every refit.
             ordered = sorted(values[lo:hi])
-            mid = (hi - lo) // 2
-            ys.append(ordered[mid] if (hi - lo) % 2 else (ordered[mid - 1] + ordered[mid]) / 2)
+            ys.append(ordered[(hi - lo - 1) // 2])
         lo = hi
     return xs, ys

@@ -296,7 +296,14 @@ def test_bucket_medians_skip_empty_buckets() -> None:
     values = [1.0, 2.0, 100.0, 5.0, 7.0]
     xs, ys = bucket_medians(times, values, 0.0, 10.0, 5)
     assert xs == [-9.0, -7.0, -1.0]
-    assert ys == [1.5, 100.0, 6.0]
+    assert ys == [1.0, 100.0, 5.0]  # an even count's lower middle reading, never a mean of two
+
+
+def test_a_step_in_the_middle_of_a_bucket_rises_whole_between_two_buckets() -> None:
+    times = [float(t) for t in range(12)]
+    values = [0.0] * 6 + [1.0] * 6  # the step halfway through the middle bucket
+    _, ys = bucket_medians(times, values, 0.0, 12.0, 3)
+    assert ys == [0.0, 0.0, 1.0]
 
 
 @settings(max_examples=30, deadline=None)

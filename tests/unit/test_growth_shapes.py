@@ -11,7 +11,7 @@ import random
 from collections.abc import Callable
 
 import pytest
-from hypothesis import assume, example, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gpuwarden.policy import (
@@ -153,9 +153,7 @@ def test_a_caching_allocator_that_steps_up_and_plateaus_never_fires(
     steps: int, height: float, every: int, at: int, noise: float, seed: int
 ) -> None:
     """Up to six steps, 5 s to 10 minutes apart, then flat. The rule's rate is half the climb's own, so a
-    slope over the climb alone would fire. Except the known limit below (a scan of every 12 s of
-    spacing found no other case)."""
-    assume(not in_phase_with_the_16m_buckets(steps, every))
+    slope over the climb alone would fire."""
     climb = max(60, (steps - 1) * every)
 
     def shape(t: int) -> float:
@@ -171,19 +169,13 @@ SPAN_16M_BUCKET = 48
 """Seconds a bucket of the 16-minute span covers (16 min / 20 buckets)."""
 
 
-def in_phase_with_the_16m_buckets(steps: int, every: int) -> bool:
-    """The known limit: five or more steps 4 of the 16-minute span's buckets apart, or six 3 apart."""
-    return (every == 4 * SPAN_16M_BUCKET and steps >= 5) or (every == 3 * SPAN_16M_BUCKET and steps >= 6)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="known limit, to fix: a step that a bucket boundary splits into two half rises, every 3 or 4 "
-    "buckets, makes half the rises nonzero, so the typical rise is half a step and no rise counts as a jump",
-)
 @pytest.mark.parametrize(("steps", "every", "at"), [(5, 192, 2400), (6, 192, 0), (6, 144, 2400)])
-def test_known_limit_steps_in_phase_with_the_16m_spans_buckets_fire(steps: int, every: int, at: int) -> None:
-    assert in_phase_with_the_16m_buckets(steps, every)
+def test_steps_in_phase_with_the_16m_spans_buckets_never_fire(steps: int, every: int, at: int) -> None:
+    """Steps every 3 or 4 buckets of the 16-minute span, each in the middle of a bucket of an even
+    count of readings: a bucket's value averaging its two middle readings split each step into two
+    half rises, so half the rises were nonzero, the typical rise was half a step, and none counted as
+    a jump. A bucket's value is its lower median, always a reading: a step lands whole in one rise."""
+    assert every % SPAN_16M_BUCKET == 0
     climb = (steps - 1) * every
 
     def shape(t: int) -> float:
