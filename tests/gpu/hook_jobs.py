@@ -10,8 +10,9 @@ Each prints one JSON line once CUDA and the hook are up (``{"ready": true, "pid"
 - ``leak``: the classic leak. Each step trains properly, then "logs" a probe loss computed with
   autograd on and kept as a tensor (``history.append(...)`` instead of ``.item()`` under no_grad):
   every step keeps that forward pass's graph and its saved activations on the GPU, about 5 MiB a
-  step. Measured on the H200 at the defaults: allocated memory grew 5 MiB every 5-7 s (40-60 MiB
-  a minute), so with tracemalloc on the loop ran far below ``--steps-per-second``.
+  step: about 1.2 GiB a minute at 4 steps a second (1,199 MiB/min measured on the H200, where the
+  loop keeps its pace with tracemalloc on; before the tracker forgot the set-up's traces and paced
+  its readings, it made one step in 6 s).
   tracemalloc is on; the kept tensors' Python objects are made at the marked line, which the hook
   must name (as ``hook_jobs.py`` relative to the working directory when run from tests/gpu, else
   by its absolute path: compare the file's end).

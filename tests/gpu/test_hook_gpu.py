@@ -5,9 +5,8 @@ Run on a GPU machine, never in CI (no driver there):
     PYTHONPATH=. python3 -m pytest -m gpu tests/gpu/test_hook_gpu.py -s
 
 - ``leak`` (tests/gpu/hook_jobs.py) keeps a probe loss with its graph every step: allocated memory
-  grows 40-60 MiB a minute on the H200 (measured: 5 MiB, one step's graph, every 5-7 s: with
-  tracemalloc on the job runs far below its 4 steps a second), and tracemalloc names the line that
-  keeps it. The ``tensor-leak`` rule
+  grows about 1.2 GiB a minute on the H200 (5 MiB, one step's graph, 4 steps a second), and
+  tracemalloc names the line that keeps it. The ``tensor-leak`` rule
   (``memory: auto``, which reads allocated memory where a hook reports it) must flag it, at the rate
   the hook's own readings show, naming that line.
 - ``cache`` runs the same loop with the leak fixed, but its batch grows in steps: the allocator's
