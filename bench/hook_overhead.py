@@ -152,18 +152,11 @@ def main() -> None:
 
     # One reading each, unpaced (a clock that never moves): what a step that reads pays. In the timed
     # blocks above the tracker paces itself to its budget, so most readings there repeat the last sites.
-    single: dict[str, StepHook] = {
-        "hook, tracemalloc off": StepHook(tracemalloc=False, client=HookClient(path), clock=lambda: 0.0)
-    }
-    for frames in args.frames:
-        single[f"hook, tracemalloc {frames} fr"] = StepHook(
-            tracemalloc=True, frames=frames, client=HookClient(path), clock=lambda: 0.0
-        )
-        assert single[f"hook, tracemalloc {frames} fr"].tracker is not None
-        single[f"hook, tracemalloc {frames} fr"].close()  # so each traces only its own readings below
-    for name, hook in single.items():
-        if hook.tracker is not None:
-            hook.tracker.start()
+    # Each hook is made just before its readings, so each traces only its own.
+    single = [("hook, tracemalloc off", False, None)]
+    single += [(f"hook, tracemalloc {frames} fr", True, frames) for frames in args.frames]
+    for name, on, depth in single:
+        hook = StepHook(tracemalloc=on, frames=depth, client=HookClient(path), clock=lambda: 0.0)
         costs = []
         for _ in range(args.readings):
             step()

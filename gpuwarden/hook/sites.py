@@ -143,8 +143,8 @@ class AllocationTracker:
     def sites(self) -> tuple[Site, ...]:
         """The lines whose live allocations grew most since the baseline, largest growth first.
 
-        None before the baseline (see the class doc) or when not tracing; between paced readings, the
-        last reading's sites.
+        Empty before the baseline (see the class doc) or when not tracing; between paced readings,
+        the last reading's sites.
         """
         if not tracemalloc.is_tracing():
             return ()

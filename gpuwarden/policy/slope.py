@@ -144,7 +144,7 @@ def bucket_medians(
         hi = len(times) if k == buckets - 1 else bisect_left(times, start + (k + 1) * width, lo)
         if hi > lo:
             xs.append(start + (k + 0.5) * width - end)
-            # Inline: it runs per bucket of every refit.
+            # The lower median, inline: it runs per bucket of every refit.
             ordered = sorted(values[lo:hi])
             ys.append(ordered[(hi - lo - 1) // 2])
         lo = hi
