@@ -203,10 +203,17 @@ class NodeHealthMonitor:
             del self._posted[key]
         for incident in list(self.health.incidents(after=self._seen)):
             self._seen = incident.seq
-            await self._announce(incident, now)
+            try:
+                await self._announce(incident, now)
+            except Exception:
+                logger.exception("Announcing %s on node %s failed.", incident.kind, incident.node)
         for node in sorted(self.health.nodes()):
             if node:
-                await self._judge(node, now)
+                # One node's failure (a bug, an API error we did not foresee) never stops the others'.
+                try:
+                    await self._judge(node, now)
+                except Exception:
+                    logger.exception("Judging node %s failed; it is judged again in a second.", node)
 
     # -- Events ---------------------------------------------------------------------------------
 

@@ -447,15 +447,15 @@ async def test_health_is_bounded_too(setup: Any, old: bytes, new: bytes, field: 
     status, payload, _ = await post(client, body.replace(old, new))
     assert (status, payload["reason"]) == (400, "InvalidReport")
     assert field in payload["message"]
-    assert state.health.gpu("GPU-1") is None
+    assert state.health.gpu("GPU-1", node="node-1") is None
 
 
 async def test_a_snapshot_from_the_future_gives_the_health_store_nothing(setup: Any) -> None:
     client, state, _ = setup
     assert (await post(client, dump_report(health_report(t=1e12))))[1]["refused"] == {"future": 1}
-    assert state.health.gpu("GPU-1") is None
+    assert state.health.gpu("GPU-1", node="node-1") is None
     assert (await post(client, dump_report(health_report().model_copy(update={"seq": 1}))))[0] == 200
-    record = state.health.gpu("GPU-1")
+    record = state.health.gpu("GPU-1", node="node-1")
     assert record is not None
     assert (record.node, [code for _, code in record.xids]) == ("node-1", [79])
 

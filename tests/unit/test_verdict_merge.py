@@ -43,10 +43,11 @@ def outcomes(board: VerdictBoard, now: float, generation: int | None = 1) -> dic
 
 def test_the_newest_verdict_on_a_pod_wins_whichever_arrives_last() -> None:
     board = VerdictBoard()
-    assert board.receive(sent(T0 + 10, PodVerdict(pod="q", rules=[verdict(3, holds=True)])), T0 + 10) == 1
+    first = sent(T0 + 10, PodVerdict(pod="q", rules=[verdict(3, holds=True)]))
+    assert board.receive(first, T0 + 10) == (1, 0)
     # A shard that judged earlier (its report late, or the pod's node just moved away from it).
     late = sent(T0 + 5, PodVerdict(pod="q", rules=[verdict(90, holds=False)]), shard="op-c")
-    assert board.receive(late, T0 + 11) == 0
+    assert board.receive(late, T0 + 11) == (0, 0)
     assert outcomes(board, T0 + 11) == {Q: [3.0]}
     board.receive(sent(T0 + 20, PodVerdict(pod="q", rules=[verdict(50, holds=False)]), shard="op-c"), T0 + 20)
     assert outcomes(board, T0 + 20) == {Q: [50.0]}
