@@ -154,7 +154,7 @@ def attack_body(kind: str, layout: Layout, attacker: int, seq: int) -> tuple[byt
             unit="%",
             message="x" * 200,
         )
-        report = VerdictReport(
+        verdicts = VerdictReport(
             schema_version=1,
             shard="forged",
             at=now,
@@ -162,7 +162,7 @@ def attack_body(kind: str, layout: Layout, attacker: int, seq: int) -> tuple[byt
             policy=f"nope-{secrets.token_hex(6)}",
             pods=[PodVerdict(pod=f"p-{i}", rules=[rule]) for i in range(2000)],
         )
-        return dump_verdicts(report), "/v1/verdicts", OPERATOR_TOKEN
+        return dump_verdicts(verdicts), "/v1/verdicts", OPERATOR_TOKEN
     namespace = layout.namespace(attacker)
     if kind == "health":
         ghosts = [PodRef(namespace=namespace, name=f"ghost-{secrets.token_hex(4)}") for _ in range(48)]
@@ -237,13 +237,15 @@ def run_attack(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     stop, attack_stop = ctx.Event(), ctx.Event()
     server = ctx.Process(target=serve, args=(port_queue, stop, layout))
     server.start()
+    pid = server.pid
+    assert pid is not None
     port = port_queue.get(timeout=60)
     samples: list[tuple[float, float]] = []
     sampling = threading.Event()
 
     def sample_rss() -> None:
         while not sampling.is_set():
-            samples.append((time.time(), rss_mib(server.pid)))
+            samples.append((time.time(), rss_mib(pid)))
             time.sleep(0.25)
 
     sampler = threading.Thread(target=sample_rss, daemon=True)
