@@ -165,6 +165,7 @@ class ResourceSlices:
         self.state = SlicesState.NOT_LISTED
         self.synced = asyncio.Event()
         """Set once the first list has been read (tests and start-up wait on it)."""
+        self._changed = asyncio.Event()
 
     @classmethod
     def in_cluster(
@@ -243,6 +244,12 @@ class ResourceSlices:
 
     def _update(self) -> None:
         self.devices = devices_of(self._slices.values())
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def changed(self) -> None:
+        """Return at the next change of the slices: a list, or a watch event that changed one."""
+        await self._changed.wait()
 
     async def _get(self, params: Mapping[str, str]) -> dict[str, Any]:
         session = self._open()

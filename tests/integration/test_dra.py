@@ -1,0 +1,225 @@
+"""GPUs allocated by Dynamic Resource Allocation, attributed on the real test node.
+
+A DRA driver's kubelet plugin (draplugin.py, over the kubelet's real registration and DRA
+gRPC APIs) and its ResourceSlice publish the scenario's GPUs as ``gpu-0``… of driver
+``gpu.example.com`` (not NVIDIA's name: the agent is told it with ``--dra-drivers``). The
+scheduler allocates them to ResourceClaims, the kubelet has the plugin prepare them and reports
+them in PodResources ``dynamic_resources``; the agent's own client, ResourceSlice watch (as a
+ServiceAccount with only the chart's DRA rule) and attributor put them on the scripted GPUs of
+the same UUIDs. Processes are the containers' real ones, found through /proc.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from draplugin import DraPlugin, device_class, one_device, resource_slice
+from node import KUBELET_ROOT, NODE_NAME, Node
+from test_node import apply, container, get, pod, wait
+
+from gpuwarden.agent.attribution import (
+    CgroupReader,
+    DraDevice,
+    DraResolver,
+    NodePods,
+    PodAttributor,
+    PodResourcesClient,
+    ResourceSlices,
+    SlicesState,
+    UnresolvedReason,
+)
+from gpuwarden.nodereport import GpuSample, PodRef, ProcessSample, Snapshot
+
+pytestmark = pytest.mark.integration
+
+DRIVER = "gpu.example.com"
+RESOURCES = "resource.k8s.io/v1"
+NO_UUID_DEVICE = "gpu-4"
+"""Published without a ``uuid`` attribute, as a dynamic MIG device is before it is prepared."""
+AGENT_RULE = {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list", "watch"]}
+"""What charts/gpuwarden grants the agent for DRA (templates/agent-rbac.yaml)."""
+
+
+def claim_json(node: Node, namespace: str, name: str) -> dict[str, Any] | None:
+    claim: dict[str, Any] | None = node.control_plane.get_json(
+        f"/apis/{RESOURCES}/namespaces/{namespace}/resourceclaims/{name}"
+    )
+    return claim
+
+
+@pytest.fixture(scope="module")
+def driver(node: Node) -> Iterator[DraPlugin]:
+    """The plugin registered with the kubelet, its DeviceClass and its ResourceSlice published."""
+    plugin = DraPlugin(DRIVER, lambda ns, name: claim_json(node, ns, name), KUBELET_ROOT)
+    plugin.start()
+    try:
+        # The kubelet's plugin watcher calls GetInfo, then NotifyRegistrationStatus: an event, set by it.
+        assert plugin.registered.wait(60), f"not registered: {plugin.registration_error!r}\n{node.logs()}"
+        devices = [*((f"gpu-{i}", uuid) for i, uuid in enumerate(node.gpu_uuids)), (NO_UUID_DEVICE, None)]
+        # After registration: the kubelet deletes the slices of drivers it does not know.
+        for manifest in (device_class(DRIVER), resource_slice(DRIVER, NODE_NAME, devices)):
+            node.control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest), check=True)
+        yield plugin
+    finally:
+        node.control_plane.kubectl("delete", "deviceclass", DRIVER, "--ignore-not-found")
+        node.control_plane.kubectl("delete", "resourceslice", f"{NODE_NAME}-{DRIVER}", "--ignore-not-found")
+        plugin.stop()
+
+
+def agent_token(node: Node, namespace: str, tmp_path: Path) -> Path:
+    """A token of a ServiceAccount allowed what the chart's agent is: list pods, list/watch ResourceSlices."""
+    cp = node.control_plane
+    cp.kubectl("create", "serviceaccount", "agent", "-n", namespace, check=True)
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": f"{namespace}-agent"},
+        "rules": [AGENT_RULE, {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}],
+    }
+    cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(role), check=True)
+    cp.kubectl(
+        "create", "clusterrolebinding", f"{namespace}-agent", f"--clusterrole={namespace}-agent",
+        f"--serviceaccount={namespace}:agent", check=True,
+    )  # fmt: skip
+    token = cp.kubectl(
+        "create", "token", "agent", "-n", namespace, "--duration=1h", check=True
+    ).stdout.strip()
+    path = tmp_path / "token"
+    path.write_text(token)
+    return path
+
+
+def claim_pod(name: str, image: str, claim: dict[str, str]) -> dict[str, Any]:
+    """A pod whose container ``main`` holds one claim (``resourceClaimName`` or ``…TemplateName``)."""
+    return pod(
+        name,
+        {
+            "terminationGracePeriodSeconds": 1,
+            "resourceClaims": [{"name": "gpu", **claim}],
+            "containers": [
+                container("main", image, ["sleep", "infinity"], resources={"claims": [{"name": "gpu"}]})
+            ],
+        },
+    )
+
+
+def allocated_device(node: Node, namespace: str, claim: str) -> str:
+    """The device the scheduler allocated to a claim."""
+    found = claim_json(node, namespace, claim) or {}
+    (result,) = found["status"]["allocation"]["devices"]["results"]
+    assert (result["driver"], result["pool"]) == (DRIVER, NODE_NAME)
+    return str(result["device"])
+
+
+def main_pid(pod_uid: str) -> int:
+    """The host PID of the pod's ``sleep infinity``: found through /proc/<pid>/cgroup, as the agent does."""
+    reader = CgroupReader()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (Path("/proc") / entry / "comm").read_text().strip() == "sleep":
+            identity = reader.identity(int(entry))
+            if identity is not None and identity.pod_uid == pod_uid:
+                return int(entry)
+    raise AssertionError(f"no sleep process in pod {pod_uid}")
+
+
+async def test_dra_claims_are_attributed_through_pod_resources_and_resource_slices(
+    node: Node, node_namespace: str, driver: DraPlugin, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ns, image = node_namespace, node.images.workload.name
+    template = {
+        "apiVersion": RESOURCES,
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "one-gpu"},
+        "spec": {"spec": one_device(DRIVER, 0)},
+    }
+    shared = {"apiVersion": RESOURCES, "kind": "ResourceClaim", "metadata": {"name": "shared"}}
+    no_uuid = {"apiVersion": RESOURCES, "kind": "ResourceClaim", "metadata": {"name": "no-uuid"}}
+    apply(
+        node,
+        ns,
+        template,
+        {**shared, "spec": one_device(DRIVER, 1)},
+        {**no_uuid, "spec": one_device(DRIVER, len(node.gpu_uuids))},
+        claim_pod("solo", image, {"resourceClaimTemplateName": "one-gpu"}),
+        claim_pod("left", image, {"resourceClaimName": "shared"}),
+        claim_pod("right", image, {"resourceClaimName": "shared"}),
+        claim_pod("stray", image, {"resourceClaimName": "no-uuid"}),
+    )
+    for name in ("solo", "left", "right", "stray"):
+        wait(node, ns, "--for=condition=Ready", f"pod/{name}")
+    solo = get(node, ns, "pod", "solo")
+    # The controller-manager made the template's claim; its name is in the pod's status.
+    (solo_claim,) = [s["resourceClaimName"] for s in solo["status"]["resourceClaimStatuses"]]
+    assert allocated_device(node, ns, solo_claim) == "gpu-0"
+    assert allocated_device(node, ns, "shared") == "gpu-1"
+    assert allocated_device(node, ns, "no-uuid") == NO_UUID_DEVICE
+    # The kubelet prepared each claim through our plugin: once for the shared one.
+    assert sorted(driver.prepared) == sorted([f"{ns}/{solo_claim}", f"{ns}/shared", f"{ns}/no-uuid"])
+
+    cp = node.control_plane
+    token = agent_token(node, ns, tmp_path)
+    slices = ResourceSlices(NODE_NAME, cp.server, token_path=token, ca_path=cp.ca_path)
+    unresolved: list[UnresolvedReason] = []
+    client = PodResourcesClient(node.pod_resources_socket, dra_drivers=frozenset({DRIVER}))
+    pods = NodePods(NODE_NAME, cp.server, token_path=token, ca_path=cp.ca_path)
+    attributor = PodAttributor(
+        client, pod_lookup=pods, dra=DraResolver(slices, on_unresolved=unresolved.append)
+    )
+    watch = asyncio.create_task(slices.run())
+    try:
+        await asyncio.wait_for(slices.synced.wait(), 30)
+        assert slices.state is SlicesState.SYNCED
+        with caplog.at_level(logging.WARNING, "gpuwarden.agent.attribution.dra"):
+            await attributor.refresh()
+            await attributor.refresh()  # an unresolved device is counted and logged once, not per refresh
+
+        uid = {name: get(node, ns, "pod", name)["metadata"]["uid"] for name in ("left", "right")}
+        pid = {name: main_pid(u) for name, u in uid.items()}
+        gpus = [GpuSample(uuid=u, index=i) for i, u in enumerate(node.gpu_uuids)]
+        gpus[1] = gpus[1].model_copy(update={"processes": [ProcessSample(pid=p) for p in pid.values()]})
+        annotated = attributor.annotate(Snapshot(timestamp=1.0, gpus=gpus))
+
+        def ref(name: str, claim: str) -> PodRef:
+            return PodRef(namespace=ns, name=name, container="main", claim=claim)
+
+        assert annotated.gpus[0].pods == [ref("solo", solo_claim)]
+        # A shared claim: both pods hold the GPU, each process is put on its own pod.
+        assert annotated.gpus[1].pods == [ref("left", "shared"), ref("right", "shared")]
+        assert {p.pid: p.pod for p in annotated.gpus[1].processes} == {
+            pid["left"]: ref("left", "shared"),
+            pid["right"]: ref("right", "shared"),
+        }
+        assert [g.pods for g in annotated.gpus[2:]] == [[]] * (len(gpus) - 2)
+
+        # The device without a uuid is not dropped silently: counted once and logged, with its claim.
+        missing = DraDevice(DRIVER, NODE_NAME, NO_UUID_DEVICE)
+        assert unresolved == [UnresolvedReason.NO_UUID]
+        assert attributor.allocations.claimed[missing] == (ref("stray", "no-uuid"),)
+        (record,) = [r for r in caplog.records if "cannot be resolved" in r.getMessage()]
+        assert f"{missing}" in record.getMessage()
+        assert "claim no-uuid" in record.getMessage()
+
+        # The watch follows the driver: a new generation of the pool gives gpu-1 another uuid.
+        devices = [(f"gpu-{i}", u) for i, u in enumerate(node.gpu_uuids)]
+        devices[1] = ("gpu-1", "GPU-replaced")
+        generation_2 = yaml.safe_dump(resource_slice(DRIVER, NODE_NAME, devices, generation=2))
+        cp.kubectl("apply", "-f", "-", input=generation_2, check=True)
+        replaced = DraDevice(DRIVER, NODE_NAME, "gpu-1")
+        async with asyncio.timeout(30):
+            while (gpu := slices.devices.get(replaced)) is None or gpu.uuid != "GPU-replaced":
+                await slices.changed()
+        assert DraDevice(DRIVER, NODE_NAME, NO_UUID_DEVICE) not in slices.devices  # generation 1 is gone
+    finally:
+        watch.cancel()
+        await slices.close()
+        await pods.close()
+        await client.close()
+    print(json.dumps({"prepared": driver.prepared}))
