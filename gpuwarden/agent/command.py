@@ -135,6 +135,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"watched with the pod's token where it has one), and for {NVIDIA_DRIVER} also by its name "
         "(gpu-<minor>) through NVML; empty: DRA allocations are not attributed",
     )
+    add(
+        "--dra-resource-slices",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="watch this node's ResourceSlices to resolve DRA devices (needs list/watch on resourceslices); "
+        "--no-dra-resource-slices: by name only",
+    )
     add("--node-name", default="", help="this node's name (default: $NODE_NAME)")
     add(
         "--operator-url",
@@ -223,6 +230,8 @@ class AgentConfig:
     """Seconds between two reads of the pod allocations and cgroups."""
     dra_drivers: frozenset[str]
     """DRA drivers whose devices are GPUs; empty: DRA allocations are not attributed."""
+    dra_resource_slices: bool
+    """Whether to watch the node's ResourceSlices (with the pod's API token) to resolve DRA devices."""
     buffer_limit: int
     """Snapshots kept while the operator is unreachable; the oldest go first."""
     host: str | None
@@ -270,6 +279,7 @@ class AgentConfig:
             report_interval=args.report_interval,
             attribution_interval=args.attribution_interval,
             dra_drivers=frozenset(d.strip() for d in args.dra_drivers.split(",") if d.strip()),
+            dra_resource_slices=args.dra_resource_slices,
             buffer_limit=args.buffer_limit,
             host=host,
             port=port,
@@ -369,7 +379,7 @@ def _attributor(
 
 def _dra(config: AgentConfig, closer: _Closer, metrics: DraMetrics) -> DraResolver:
     # None without an API token: DRA devices then resolve by name only (logged).
-    closer.slices = ResourceSlices.in_cluster(config.node)
+    closer.slices = ResourceSlices.in_cluster(config.node) if config.dra_resource_slices else None
     return DraResolver(
         closer.slices,
         # Minor numbers are the real GPUs'; a scripted backend has none to offer.
