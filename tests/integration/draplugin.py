@@ -71,6 +71,8 @@ class _Driver(dra_services.DRAPluginServicer):  # type: ignore[misc]
         self.claims = claims
         self.prepared: list[str] = []
         """``namespace/name`` of every claim prepared, in order (what the tests check the kubelet asked)."""
+        self.unprepared: list[str] = []
+        """``namespace/name`` of every claim unprepared, in order."""
 
     def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
         answers = {}
@@ -93,6 +95,7 @@ class _Driver(dra_services.DRAPluginServicer):  # type: ignore[misc]
 
     def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
         answers = {c.uid: dra_pb.NodeUnprepareResourceResponse() for c in request.claims}
+        self.unprepared.extend(f"{c.namespace}/{c.name}" for c in request.claims)
         return dra_pb.NodeUnprepareResourcesResponse(claims=answers)
 
 
@@ -113,6 +116,11 @@ class DraPlugin:
     def prepared(self) -> list[str]:
         """``namespace/name`` of every claim the kubelet had prepared."""
         return self._service.prepared
+
+    @property
+    def unprepared(self) -> list[str]:
+        """``namespace/name`` of every claim the kubelet had unprepared (its pods gone)."""
+        return self._service.unprepared
 
     @property
     def registration_error(self) -> str:

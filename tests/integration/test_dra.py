@@ -12,9 +12,9 @@ the same UUIDs. Processes are the containers' real ones, found through /proc.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,21 @@ import pytest
 import yaml
 from draplugin import DraPlugin, device_class, one_device, resource_slice
 from node import KUBELET_ROOT, NODE_NAME, Node
-from test_node import apply, container, get, pod, wait
+from operator_support import events
+from test_chart_on_node import (
+    CHART,
+    GPU_PRESENT,
+    IDLE_GPU,
+    RELEASE,
+    REPLICAS,
+    SATURATED_GPU,
+    SYSTEM,
+    TIMEOUT,
+    Installed,
+    values,
+)
+from test_node import apply, container, deployment, get, pod, wait
+from test_operator_scaling import APP, policy
 
 from gpuwarden.agent.attribution import (
     CgroupReader,
@@ -37,6 +51,7 @@ from gpuwarden.agent.attribution import (
     UnresolvedReason,
 )
 from gpuwarden.nodereport import GpuSample, PodRef, ProcessSample, Snapshot
+from gpuwarden.operator.pods import requests_gpu
 
 pytestmark = pytest.mark.integration
 
@@ -55,6 +70,14 @@ def claim_json(node: Node, namespace: str, name: str) -> dict[str, Any] | None:
     return claim
 
 
+def publish(node: Node, generation: int, devices: list[tuple[str, str | None]] | None = None) -> None:
+    """The ResourceSlice: the scenario's GPUs as gpu-0… and a device without a uuid, unless told."""
+    if devices is None:
+        devices = [*((f"gpu-{i}", uuid) for i, uuid in enumerate(node.gpu_uuids)), (NO_UUID_DEVICE, None)]
+    manifest = resource_slice(DRIVER, NODE_NAME, devices, generation=generation)
+    node.control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest), check=True)
+
+
 @pytest.fixture(scope="module")
 def driver(node: Node) -> Iterator[DraPlugin]:
     """The plugin registered with the kubelet, its DeviceClass and its ResourceSlice published."""
@@ -63,10 +86,9 @@ def driver(node: Node) -> Iterator[DraPlugin]:
     try:
         # The kubelet's plugin watcher calls GetInfo, then NotifyRegistrationStatus: an event, set by it.
         assert plugin.registered.wait(60), f"not registered: {plugin.registration_error!r}\n{node.logs()}"
-        devices = [*((f"gpu-{i}", uuid) for i, uuid in enumerate(node.gpu_uuids)), (NO_UUID_DEVICE, None)]
         # After registration: the kubelet deletes the slices of drivers it does not know.
-        for manifest in (device_class(DRIVER), resource_slice(DRIVER, NODE_NAME, devices)):
-            node.control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest), check=True)
+        node.control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(device_class(DRIVER)), check=True)
+        publish(node, generation=1)
         yield plugin
     finally:
         node.control_plane.kubectl("delete", "deviceclass", DRIVER, "--ignore-not-found")
@@ -208,10 +230,9 @@ async def test_dra_claims_are_attributed_through_pod_resources_and_resource_slic
         assert "claim no-uuid" in record.getMessage()
 
         # The watch follows the driver: a new generation of the pool gives gpu-1 another uuid.
-        devices = [(f"gpu-{i}", u) for i, u in enumerate(node.gpu_uuids)]
+        devices: list[tuple[str, str | None]] = [(f"gpu-{i}", u) for i, u in enumerate(node.gpu_uuids)]
         devices[1] = ("gpu-1", "GPU-replaced")
-        generation_2 = yaml.safe_dump(resource_slice(DRIVER, NODE_NAME, devices, generation=2))
-        cp.kubectl("apply", "-f", "-", input=generation_2, check=True)
+        publish(node, generation=2, devices=devices)
         replaced = DraDevice(DRIVER, NODE_NAME, "gpu-1")
         async with asyncio.timeout(30):
             while (gpu := slices.devices.get(replaced)) is None or gpu.uuid != "GPU-replaced":
@@ -222,4 +243,130 @@ async def test_dra_claims_are_attributed_through_pod_resources_and_resource_slic
         await slices.close()
         await pods.close()
         await client.close()
-    print(json.dumps({"prepared": driver.prepared}))
+        # While the plugin still serves: the kubelet unprepares each claim as its last pod goes.
+        cp.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=1", "--wait=true", "--timeout=60s")
+        publish(node, generation=3)  # as the fixture left it, for the tests after this one
+    assert sorted(driver.unprepared) == sorted(driver.prepared)
+
+
+# -- the chart's agent and operator, on a Deployment whose pods take their GPU from a claim template ----
+
+
+class DraInstalled(Installed):
+    """The chart installed on the node; the Deployment's replicas hold their GPU through claims."""
+
+    def allocated(self) -> dict[str, str]:
+        """GPU UUID -> pod, from each running replica's claim and the device the scheduler allocated it."""
+        uuids = dict(enumerate(self.node.gpu_uuids))
+        out: dict[str, str] = {}
+        for p in self.pods(self.namespace, f"app={APP}"):
+            if p["status"].get("phase") != "Running":
+                continue
+            (status,) = p["status"]["resourceClaimStatuses"]
+            device = allocated_device(self.node, self.namespace, status["resourceClaimName"])
+            out[uuids[int(device.removeprefix("gpu-"))]] = p["metadata"]["name"]
+        return out
+
+
+@pytest.fixture(scope="module")
+def installed(node: Node, driver: DraPlugin) -> Iterator[DraInstalled]:
+    """helm install with ``agent.dra.drivers`` naming the driver; REPLICAS replicas of one GPU claim each."""
+    cp = node.control_plane
+    for image in (node.images.agent, node.images.operator):
+        node.import_image(image.archive)
+    cp.kubectl("label", "node", node.name, f"{GPU_PRESENT}=true", "--overwrite", check=True)
+    namespace = cp.create_namespace(f"dra-{int(time.time()) % 100000}")
+    cp.kubectl("wait", "--for=create", "serviceaccount/default", "-n", namespace, "--timeout=60s", check=True)
+    # The GPUs with a uuid only (the stray pod below takes the other one).
+    with_uuid = one_device(DRIVER)
+    with_uuid["devices"]["requests"][0]["exactly"]["selectors"] = [
+        {"cel": {"expression": f'device.attributes["{DRIVER}"].index < {len(node.gpu_uuids)}'}}
+    ]
+    server = container("server", node.images.workload.name, ["sleep", "infinity"])
+    server["resources"] = {"claims": [{"name": "gpu"}]}
+    app = deployment(APP, REPLICAS, server)
+    app["spec"]["template"]["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "gpu"}]
+    template = {"apiVersion": RESOURCES, "kind": "ResourceClaimTemplate", "metadata": {"name": "gpu"}}
+    stray = {"apiVersion": RESOURCES, "kind": "ResourceClaim", "metadata": {"name": "no-uuid"}}
+    apply(
+        node,
+        namespace,
+        {**template, "spec": {"spec": with_uuid}},
+        {**stray, "spec": one_device(DRIVER, len(node.gpu_uuids))},
+        claim_pod("stray", node.images.workload.name, {"resourceClaimName": "no-uuid"}),
+        app,
+    )
+    wait(node, namespace, "--for=condition=Available", f"deployment/{APP}")
+    wait(node, namespace, "--for=condition=Ready", "pod/stray")
+
+    chart_values = values(node)
+    chart_values["agent"]["dra"] = {"drivers": [DRIVER]}
+    installed_at = time.time()
+    helm = cp.run_helm(
+        "install", RELEASE, str(CHART), "--namespace", SYSTEM, "--create-namespace", "-f", "-",
+        input=yaml.safe_dump(chart_values), timeout=180,
+    )  # fmt: skip
+    assert helm.returncode == 0, f"helm install: {helm.stderr}"
+    apply(node, namespace, policy(namespace, hi=REPLICAS + 1, interval="1s"))
+    world = DraInstalled(node, namespace, installed_at)
+    try:
+        yield world
+    finally:
+        cp.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=90s", timeout=120)
+        cp.run_helm("uninstall", RELEASE, "--namespace", SYSTEM, "--wait", "--timeout=90s", timeout=120)
+        cp.kubectl("delete", "namespace", SYSTEM, "--wait=false")
+        cp.kubectl("label", "node", node.name, f"{GPU_PRESENT}-")
+
+
+def test_the_chart_agent_attributes_claimed_gpus_and_counts_the_unresolvable(installed: DraInstalled) -> None:
+    # The operator's pod selection counts a claim as a GPU request (the real pod, as the API server has it).
+    assert all(requests_gpu(p["spec"]) for p in installed.pods(installed.namespace, f"app={APP}"))
+    allocated = installed.allocated()
+    assert sorted(allocated) == sorted(installed.node.gpu_uuids)
+    installed.until(lambda: installed.attributed() == allocated, f"the agent attributing {allocated}", 60)
+    installed.until(
+        lambda: installed.operator_pods() == {pod: {uuid} for uuid, pod in allocated.items()},
+        "the operator's per-pod series from the agent's reports",
+        TIMEOUT,
+    )
+    metrics = installed.agent_metrics()
+    (synced,) = [
+        v for labels, v in metrics["gpuwarden_agent_dra_resource_slices_state"] if labels["state"] == "synced"
+    ]
+    assert synced == 1.0  # listed and watched with the chart's RBAC
+    unresolved = {
+        labels["reason"]: v for labels, v in metrics["gpuwarden_agent_dra_unresolved_devices_total"]
+    }
+    assert unresolved == {"slices_unavailable": 0.0, "unknown_device": 0.0, "no_uuid": 1.0}  # the stray pod's
+    log = installed.cp.kubectl("logs", "-n", SYSTEM, "-l", "app.kubernetes.io/component=agent").stdout
+    assert f"DRA device {DRIVER}/{NODE_NAME}/{NO_UUID_DEVICE} cannot be resolved" in log
+
+
+def test_the_operator_warns_about_the_idle_claimed_pod_and_scales_the_deployment(
+    installed: DraInstalled,
+) -> None:
+    allocated = installed.allocated()
+    idle, saturated = allocated[IDLE_GPU], allocated[SATURATED_GPU]
+    (first, *_) = installed.until(
+        lambda: events(installed.cp, installed.namespace, kind="Pod", name=idle, reason="GPUUnderutilized"),
+        f"GPUUnderutilized on {idle}",
+        TIMEOUT,
+    )
+    assert "policy llm-serving, rule idle-gpu" in first["message"]
+    idle_pods = {
+        e["involvedObject"]["name"]
+        for e in events(installed.cp, installed.namespace, kind="Pod", reason="GPUUnderutilized")
+    }
+    assert idle_pods == {idle}
+    installed.until(
+        lambda: events(installed.cp, installed.namespace, kind="Pod", name=saturated, reason="GPUSaturated"),
+        f"GPUSaturated on {saturated}",
+        TIMEOUT,
+    )
+    installed.until(lambda: installed.replicas() == REPLICAS + 1, "one replica more", TIMEOUT)
+    (up,) = installed.until(
+        lambda: events(installed.cp, installed.namespace, kind="Deployment", name=APP, reason="ScaledUp"),
+        "the ScaledUp Event",
+        30,
+    )
+    assert f"scaled {APP} {REPLICAS}→{REPLICAS + 1}" in up["message"]
