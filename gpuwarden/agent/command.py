@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -32,6 +33,7 @@ from gpuwarden.agent.attribution import (
     PodAttributor,
     PodResourcesClient,
     ResourceSlices,
+    ResourceSlicesError,
     SlicesState,
     nvml_minor_numbers,
 )
@@ -477,6 +479,11 @@ async def serve(
         background.append(background_task("resource slices", closer.slices.run, on_exit=on_exit))
     background.append(background_task("sampler", sampler.run, on_exit=on_exit))
 
+    if closer.slices is not None:
+        # Before the first refresh, so that DRA devices resolve from the start instead of being
+        # counted as unresolvable while the watch (started with the other tasks below) lists.
+        with contextlib.suppress(ResourceSlicesError, TimeoutError):  # logged by list(); the watch retries
+            await asyncio.wait_for(closer.slices.list(), timeout=max(5.0, config.attribution_interval))
     try:
         # Allocations first, so that the first snapshot already carries pod names.
         await asyncio.wait_for(attributor.refresh(), timeout=max(5.0, config.attribution_interval))

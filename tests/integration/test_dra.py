@@ -310,6 +310,9 @@ def installed(node: Node, driver: DraPlugin) -> Iterator[DraInstalled]:
     apply(node, namespace, policy(namespace, hi=REPLICAS + 1, interval="1s"))
     world = DraInstalled(node, namespace, installed_at)
     try:
+        for selector in ("app.kubernetes.io/component=agent", "app.kubernetes.io/component=operator"):
+            wait(node, SYSTEM, "--for=condition=Ready", "pod", "-l", selector)
+        world.until(world.active_operator, "an active operator replica", TIMEOUT)
         yield world
     finally:
         cp.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=90s", timeout=120)

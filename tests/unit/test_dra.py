@@ -146,11 +146,15 @@ def test_an_unresolved_device_is_counted_and_logged_once_and_again_after_it_reso
     assert "gpu.nvidia.com/node-a/gpu-5 cannot be resolved" in record.getMessage()
     assert "ml/a/c (claim big)" in record.getMessage()
 
-    slices.state, slices.devices = SlicesState.SYNCED, {dra("gpu-5"): DraGpu(GPU0)}
+    # listed now, but without a uuid for it: another reason, counted again
+    slices.state, slices.devices = SlicesState.SYNCED, {dra("gpu-5"): None}
+    resolver.resolve(allocations)
+    assert counted == [UnresolvedReason.SLICES_UNAVAILABLE, UnresolvedReason.NO_UUID]
+    slices.devices = {dra("gpu-5"): DraGpu(GPU0)}
     assert resolver.resolve(allocations).devices == {GPU0: (holder("a", claim="big"),)}
     slices.devices = {}
     resolver.resolve(allocations)
-    assert counted == [UnresolvedReason.SLICES_UNAVAILABLE, UnresolvedReason.UNKNOWN_DEVICE]
+    assert counted[2:] == [UnresolvedReason.UNKNOWN_DEVICE]
 
 
 def test_other_drivers_are_not_resolved_by_name() -> None:
@@ -293,4 +297,5 @@ async def test_no_resource_k8s_io_v1_is_said_plainly(
     finally:
         await slices.close()
     assert raised.value.state is state
+    assert slices.state is state
     assert not slices.synced.is_set()

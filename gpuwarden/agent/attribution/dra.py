@@ -12,7 +12,8 @@ from one to the other, tried in this order:
   API server. A MIG device's name does not name its UUID, so MIG needs the ResourceSlices.
 
 A device that neither resolves is never dropped silently: it is counted (with a reason)
-and logged when it first shows up, and again after it resolved in between.
+and logged when it first fails, again when the reason changes, and again after it resolved
+in between.
 """
 
 from __future__ import annotations
@@ -186,14 +187,24 @@ class ResourceSlices:
                 while version is not None:
                     version = await self._watch(version)
             except ResourceSlicesError as exc:
-                if exc.state is not self.state:
-                    log.warning("ResourceSlices: %s", exc)
-                self.state = exc.state
+                self._failed(exc)
                 await asyncio.sleep(_NOT_SERVED_RETRY_S if exc.state is SlicesState.NOT_SERVED else _RETRY_S)
 
+    def _failed(self, exc: ResourceSlicesError) -> None:
+        if exc.state is not self.state:  # once per change of state, not at every retry
+            log.warning("ResourceSlices: %s", exc)
+        self.state = exc.state
+
     async def list(self) -> str:
-        """List this node's slices once and replace the view; return the list's resourceVersion."""
-        body = await self._get({"fieldSelector": f"spec.nodeName={self._node}"})
+        """List this node's slices once and replace the view; return the list's resourceVersion.
+
+        A failure sets :attr:`state` (logged when it changes) and raises :class:`ResourceSlicesError`.
+        """
+        try:
+            body = await self._get({"fieldSelector": f"spec.nodeName={self._node}"})
+        except ResourceSlicesError as exc:
+            self._failed(exc)
+            raise
         items = body.get("items") or []
         self._slices = {item["metadata"]["name"]: item for item in items}
         self._update()
@@ -310,7 +321,8 @@ class DraResolver:
 
     ``slices``: the node's ResourceSlices, or None without API access. ``minor_numbers``: NVML's
     minor numbers, for the drivers in ``by_name`` (NVIDIA's ``gpu-<minor>`` names).
-    ``on_unresolved``: called with the reason whenever a device newly fails to resolve (the counter).
+    ``on_unresolved``: called with the reason whenever a device newly fails to resolve, or fails
+    for another reason than at the last :meth:`resolve` (the counter).
     """
 
     def __init__(
@@ -348,7 +360,7 @@ class DraResolver:
                 uuid = _by_minor(device.device, minors)
             if uuid is None:
                 unresolved[device] = reason
-                if device not in self._unresolved:
+                if self._unresolved.get(device) is not reason:
                     self._report(device, refs, reason)
                 continue
             extra[uuid] = (*extra.get(uuid, ()), *refs)
