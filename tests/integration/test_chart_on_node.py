@@ -240,6 +240,15 @@ def test_the_agent_attributes_the_scripted_gpus_to_the_pods_the_kubelet_allocate
 
 
 def test_the_operator_warns_about_the_idle_pod_and_scales_the_deployment(installed: Installed) -> None:
+    warns_about_the_idle_pod_and_scales(installed)
+    print(f"\nhelm install → {installed.timings}")
+
+
+def warns_about_the_idle_pod_and_scales(installed: Installed) -> None:
+    """GPUUnderutilized on the idle GPU's pod only, GPUSaturated on the saturated one's, one replica more.
+
+    Also test_dra.py's, where the pods hold their GPUs through DRA claims.
+    """
     allocated = installed.allocated()
     idle = allocated[IDLE_GPU]
 
@@ -274,7 +283,6 @@ def test_the_operator_warns_about_the_idle_pod_and_scales_the_deployment(install
         30,
     )
     assert f"scaled {APP} {REPLICAS}→{REPLICAS + 1}" in up["message"]
-    print(f"\nhelm install → {installed.timings}")
 
 
 def test_a_deleted_pod_leaves_the_agents_series_and_its_reports(installed: Installed) -> None:

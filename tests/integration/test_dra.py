@@ -23,18 +23,16 @@ import pytest
 import yaml
 from draplugin import DraPlugin, device_class, one_device, resource_slice
 from node import KUBELET_ROOT, NODE_NAME, Node
-from operator_support import events
 from test_chart_on_node import (
     CHART,
     GPU_PRESENT,
-    IDLE_GPU,
     RELEASE,
     REPLICAS,
-    SATURATED_GPU,
     SYSTEM,
     TIMEOUT,
     Installed,
     values,
+    warns_about_the_idle_pod_and_scales,
 )
 from test_node import apply, container, deployment, get, pod, wait
 from test_operator_scaling import APP, policy
@@ -348,28 +346,4 @@ def test_the_chart_agent_attributes_claimed_gpus_and_counts_the_unresolvable(ins
 def test_the_operator_warns_about_the_idle_claimed_pod_and_scales_the_deployment(
     installed: DraInstalled,
 ) -> None:
-    allocated = installed.allocated()
-    idle, saturated = allocated[IDLE_GPU], allocated[SATURATED_GPU]
-    (first, *_) = installed.until(
-        lambda: events(installed.cp, installed.namespace, kind="Pod", name=idle, reason="GPUUnderutilized"),
-        f"GPUUnderutilized on {idle}",
-        TIMEOUT,
-    )
-    assert "policy llm-serving, rule idle-gpu" in first["message"]
-    idle_pods = {
-        e["involvedObject"]["name"]
-        for e in events(installed.cp, installed.namespace, kind="Pod", reason="GPUUnderutilized")
-    }
-    assert idle_pods == {idle}
-    installed.until(
-        lambda: events(installed.cp, installed.namespace, kind="Pod", name=saturated, reason="GPUSaturated"),
-        f"GPUSaturated on {saturated}",
-        TIMEOUT,
-    )
-    installed.until(lambda: installed.replicas() == REPLICAS + 1, "one replica more", TIMEOUT)
-    (up,) = installed.until(
-        lambda: events(installed.cp, installed.namespace, kind="Deployment", name=APP, reason="ScaledUp"),
-        "the ScaledUp Event",
-        30,
-    )
-    assert f"scaled {APP} {REPLICAS}→{REPLICAS + 1}" in up["message"]
+    warns_about_the_idle_pod_and_scales(installed)
