@@ -181,8 +181,9 @@ async def test_dra_claims_are_attributed_through_pod_resources_and_resource_slic
     assert allocated_device(node, ns, solo_claim) == "gpu-0"
     assert allocated_device(node, ns, "shared") == "gpu-1"
     assert allocated_device(node, ns, "no-uuid") == NO_UUID_DEVICE
-    # The kubelet prepared each claim through our plugin: once for the shared one.
-    assert sorted(driver.prepared) == sorted([f"{ns}/{solo_claim}", f"{ns}/shared", f"{ns}/no-uuid"])
+    # The kubelet prepared each claim through our plugin (the shared one for each of its pods, or once:
+    # preparing is idempotent, and which the kubelet does depends on how the two pods' starts overlap).
+    assert set(driver.prepared) == {f"{ns}/{solo_claim}", f"{ns}/shared", f"{ns}/no-uuid"}
 
     cp = node.control_plane
     token = agent_token(node, ns, tmp_path)
@@ -244,7 +245,7 @@ async def test_dra_claims_are_attributed_through_pod_resources_and_resource_slic
         # While the plugin still serves: the kubelet unprepares each claim as its last pod goes.
         cp.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=1", "--wait=true", "--timeout=60s")
         publish(node, generation=3)  # as the fixture left it, for the tests after this one
-    assert sorted(driver.unprepared) == sorted(driver.prepared)
+    assert set(driver.unprepared) == set(driver.prepared)
 
 
 # -- the chart's agent and operator, on a Deployment whose pods take their GPU from a claim template ----
