@@ -299,3 +299,15 @@ async def test_no_resource_k8s_io_v1_is_said_plainly(
     assert raised.value.state is state
     assert slices.state is state
     assert not slices.synced.is_set()
+
+
+async def test_an_answer_that_is_no_slice_list_is_an_error_not_a_crash(api: tuple[ApiServer, str]) -> None:
+    server, url = api
+    server.items = [{"metadata": {}}]  # no name
+    slices = ResourceSlices(NODE, url, token_path=None, ca_path=None)
+    try:
+        with pytest.raises(ResourceSlicesError, match="unexpected answer"):
+            await slices.list()
+    finally:
+        await slices.close()
+    assert slices.state is SlicesState.ERROR

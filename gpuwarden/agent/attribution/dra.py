@@ -202,12 +202,19 @@ class ResourceSlices:
         """
         try:
             body = await self._get({"fieldSelector": f"spec.nodeName={self._node}"})
+            items = body.get("items") or []
+            try:
+                slices = {item["metadata"]["name"]: item for item in items}
+                devices = devices_of(slices.values())
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise ResourceSlicesError(
+                    SlicesState.ERROR, f"listing: unexpected answer: {type(exc).__name__}: {exc}"
+                ) from None
         except ResourceSlicesError as exc:
             self._failed(exc)
             raise
-        items = body.get("items") or []
-        self._slices = {item["metadata"]["name"]: item for item in items}
-        self._update()
+        self._slices = slices
+        self._set(devices)
         if self.state is not SlicesState.SYNCED:
             log.info("ResourceSlices: %d on node %s, %d devices", len(items), self._node, len(self.devices))
         self.state = SlicesState.SYNCED
@@ -249,12 +256,15 @@ class ResourceSlices:
                     else:
                         continue  # BOOKMARK
                     self._update()
-        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ResourceSlicesError(SlicesState.ERROR, f"watching: {type(exc).__name__}: {exc}") from None
         return version
 
     def _update(self) -> None:
-        self.devices = devices_of(self._slices.values())
+        self._set(devices_of(self._slices.values()))
+
+    def _set(self, devices: Mapping[DraDevice, DraGpu | None]) -> None:
+        self.devices = devices
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
