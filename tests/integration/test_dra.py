@@ -298,6 +298,8 @@ def installed(node: Node, driver: DraPlugin) -> Iterator[DraInstalled]:
     wait(node, namespace, "--for=condition=Available", f"deployment/{APP}")
     wait(node, namespace, "--for=condition=Ready", "pod/stray")
 
+    # test_chart_on_node's install, if it ran first, leaves its namespace terminating.
+    cp.kubectl("wait", "--for=delete", f"namespace/{SYSTEM}", "--timeout=120s", check=True, timeout=150)
     chart_values = values(node)
     chart_values["agent"]["dra"] = {"drivers": [DRIVER]}
     installed_at = time.time()
@@ -316,7 +318,8 @@ def installed(node: Node, driver: DraPlugin) -> Iterator[DraInstalled]:
     finally:
         cp.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=90s", timeout=120)
         cp.run_helm("uninstall", RELEASE, "--namespace", SYSTEM, "--wait", "--timeout=90s", timeout=120)
-        cp.kubectl("delete", "namespace", SYSTEM, "--wait=false")
+        # Gone before the next module installs the chart again.
+        cp.kubectl("delete", "namespace", SYSTEM, "--wait=true", "--timeout=120s", timeout=150)
         cp.kubectl("label", "node", node.name, f"{GPU_PRESENT}-")
 
 
