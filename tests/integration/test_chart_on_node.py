@@ -218,9 +218,11 @@ def test_the_agent_and_the_operator_pods_become_ready(installed: Installed) -> N
     installed.until(installed.active_operator, "an active operator replica", TIMEOUT)
 
 
-def test_the_agent_attributes_the_scripted_gpus_to_the_pods_the_kubelet_allocated(
-    installed: Installed,
-) -> None:
+def attributed_as_allocated(installed: Installed) -> None:
+    """Every GPU is allocated, and the agent's ``/metrics`` and the operator's series name its pod.
+
+    Also test_dra.py's, where the pods hold their GPUs through DRA claims.
+    """
     allocated = installed.allocated()
     assert sorted(allocated) == sorted(installed.node.gpu_uuids)
     # The agent's attribution refreshes every 5 s from the kubelet's PodResources socket.
@@ -234,6 +236,12 @@ def test_the_agent_attributes_the_scripted_gpus_to_the_pods_the_kubelet_allocate
         "the operator's per-pod series from the agent's reports",
         TIMEOUT,
     )
+
+
+def test_the_agent_attributes_the_scripted_gpus_to_the_pods_the_kubelet_allocated(
+    installed: Installed,
+) -> None:
+    attributed_as_allocated(installed)
     agent = installed.agent_metrics()
     assert total(agent, "gpuwarden_agent_reports_sent_total") > 0
     assert {labels["backend"] for labels, _ in agent["gpuwarden_agent_info"]} == {"scripted"}

@@ -31,6 +31,7 @@ from test_chart_on_node import (
     SYSTEM,
     TIMEOUT,
     Installed,
+    attributed_as_allocated,
     values,
     warns_about_the_idle_pod_and_scales,
 )
@@ -326,14 +327,7 @@ def installed(node: Node, driver: DraPlugin) -> Iterator[DraInstalled]:
 def test_the_chart_agent_attributes_claimed_gpus_and_counts_the_unresolvable(installed: DraInstalled) -> None:
     # The operator's pod selection counts a claim as a GPU request (the real pod, as the API server has it).
     assert all(requests_gpu(p["spec"]) for p in installed.pods(installed.namespace, f"app={APP}"))
-    allocated = installed.allocated()
-    assert sorted(allocated) == sorted(installed.node.gpu_uuids)
-    installed.until(lambda: installed.attributed() == allocated, f"the agent attributing {allocated}", 60)
-    installed.until(
-        lambda: installed.operator_pods() == {pod: {uuid} for uuid, pod in allocated.items()},
-        "the operator's per-pod series from the agent's reports",
-        TIMEOUT,
-    )
+    attributed_as_allocated(installed)
     metrics = installed.agent_metrics()
     (synced,) = [
         v for labels, v in metrics["gpuwarden_agent_dra_resource_slices_state"] if labels["state"] == "synced"
