@@ -49,11 +49,16 @@ from gpuwarden.agent.attribution import (
     SlicesState,
     UnresolvedReason,
 )
+from gpuwarden.local.policies import LocalPolicy
+from gpuwarden.local.session import Session, SubjectKind
 from gpuwarden.nodereport import GpuSample, PodRef, ProcessSample, Snapshot
 from gpuwarden.operator.pods import requests_gpu
+from gpuwarden.policy.findings import Transition
+from gpuwarden.policy.parse import parse_policy_object
 
 pytestmark = pytest.mark.integration
 
+STARTED = Transition.STARTED
 DRIVER = "gpu.example.com"
 RESOURCES = "resource.k8s.io/v1"
 NO_UUID_DEVICE = "gpu-4"
@@ -140,6 +145,25 @@ def allocated_device(node: Node, namespace: str, claim: str) -> str:
     return str(result["device"])
 
 
+def shared_idle_policy(namespace: str) -> LocalPolicy:
+    """Every pod of the namespace below 20% of its own SM use for 5 s (per process on a shared GPU)."""
+    checked = parse_policy_object(
+        {
+            "apiVersion": "gpuwarden.dev/v1alpha1",
+            "kind": "GPUMonitorPolicy",
+            "metadata": {"name": "idle", "namespace": namespace},
+            "spec": {
+                "selector": {},
+                "evaluationInterval": "1s",
+                "rules": [
+                    {"name": "idle", "utilizationFloor": {"percent": 20, "for": "5s", "signal": "auto"}}
+                ],
+            },
+        }
+    )
+    return LocalPolicy(name=checked.name, namespace=checked.namespace, spec=checked.spec)
+
+
 def main_pid(pod_uid: str) -> int:
     """The host PID of the pod's ``sleep infinity``: found through /proc/<pid>/cgroup, as the agent does."""
     reader = CgroupReader()
@@ -220,6 +244,23 @@ async def test_dra_claims_are_attributed_through_pod_resources_and_resource_slic
             pid["right"]: ref("right", "shared"),
         }
         assert [g.pods for g in annotated.gpus[2:]] == [[]] * (len(gpus) - 2)
+
+        # The engine judges each pod on the shared GPU by its own process: the idle one is flagged alone.
+        session = Session([shared_idle_policy(ns)], subjects=SubjectKind.PODS)
+        started = []
+        for t in range(1, 16):
+            busy = {pid["left"]: 2.0, pid["right"]: 85.0}
+            reading = gpus[1].model_copy(
+                update={
+                    "utilization_gpu": 87.0,
+                    "processes": [ProcessSample(pid=p, sm_util=busy[p]) for p in pid.values()],
+                }
+            )
+            step = session.observe(attributor.annotate(Snapshot(timestamp=float(t), gpus=[reading])))
+            started += [
+                a.transition.finding for a in step.announcements if a.transition.transition is STARTED
+            ]
+        assert [(f.pod, f.rule) for f in started] == [("left", "idle")]
 
         # The device without a uuid is not dropped silently: counted once and logged, with its claim.
         missing = DraDevice(DRIVER, NODE_NAME, NO_UUID_DEVICE)
