@@ -23,7 +23,7 @@ from gpuwarden.policy import (
     SeriesStore,
     Transition,
 )
-from gpuwarden.policy.growth import MIN_SPAN_SECONDS
+from gpuwarden.policy.growth import MIN_SPAN_SECONDS, URGENCY, evidence_spans, urgent_spans
 from gpuwarden.policy.model import LabelSelector, MemoryGrowth, PolicySpec
 
 T0 = 1_749_999_960.0
@@ -57,6 +57,14 @@ def play(used: Used, growth: MemoryGrowth, seconds: int, judge_from: int = 0) ->
 def started(steps: list[FindingTransition]) -> list[float]:
     """Seconds into the trace at which a finding started."""
     return [s.at - T0 for s in steps if s.transition is Transition.STARTED]
+
+
+def deciding_span(per_second: float, top: float, window: float = 1800.0) -> float:
+    """The shortest span that may decide on a straight rise at ``per_second`` up to ``top`` bytes."""
+    spans = urgent_spans(window)
+    nexts = (*spans[1:], evidence_spans(window)[0])
+    urgent = [s for s, n in zip(spans, nexts, strict=True) if (CARD - top) / per_second <= URGENCY * n]
+    return min(urgent, default=evidence_spans(window)[0])
 
 
 def noisy(shape: Used, sigma: float, seed: int) -> Used:
@@ -131,6 +139,56 @@ def test_a_leak_about_to_fill_the_card_is_announced_without_waiting_for_the_boun
         found_near += bool(started(near))
     assert found_near >= 10
     assert found_far <= found_near / 2
+
+
+FAST_RATES = (5, 15, 30, 60)
+"""Gi per minute: the issue's fast leaks, which fill a 141Gi card in 2 to 28 minutes."""
+
+
+@pytest.mark.parametrize("per_minute", FAST_RATES)
+@pytest.mark.parametrize("start", [2, 40, 80])
+@pytest.mark.parametrize(("noise", "onset"), [(4, 0), (4, 307), (256, 1203)])
+def test_a_fast_leak_is_flagged_with_three_quarters_of_its_time_to_full_ahead(
+    per_minute: int, start: int, noise: int, onset: int
+) -> None:
+    """Urgency: a leak filling the card 3 minutes to 24 hours after its onset is flagged with at least
+    3/4 of that time ahead; one filling it within 5 minutes, within a minute of its onset. Its
+    message says the time left."""
+    per_second = per_minute * GI / 60
+    to_full = (CARD - start * GI) / per_second
+    shape = noisy(lambda t: min(CARD, start * GI + per_second * max(0, t - onset)), noise * MI, seed=onset)
+    steps = play(shape, rule(100), onset + math.ceil(to_full))
+    assert started(steps), "not found before the card was full"
+    delay = started(steps)[0] - onset
+    if to_full >= 180:
+        assert delay <= to_full / 4
+    if to_full <= 300:
+        assert delay <= 60
+    (first,) = [s for s in steps if s.transition is Transition.STARTED]
+    assert "; the card (141Gi) is full in " in first.finding.message
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    per_minute=st.floats(5, 60),  # GiB
+    start=st.floats(1, 100),  # GiB
+    onset=st.integers(0, 900),
+    noise=st.sampled_from([0.0, 4.0, 64.0, 256.0]),  # MiB
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_any_fast_leak_leaves_three_quarters_of_its_time_ahead(
+    per_minute: float, start: float, onset: int, noise: float, seed: int
+) -> None:
+    """Any rate from 5 to 60Gi/m from any level that leaves the card a minute or more: flagged within
+    a minute when it fills within 5, else with 3/4 of its time to full ahead."""
+    per_second = per_minute * GI / 60
+    to_full = (CARD - start * GI) / per_second
+    if to_full < 60:
+        return  # full before the shortest urgent span has seen it: see docs/policy.md
+    shape = noisy(lambda t: min(CARD, start * GI + per_second * max(0, t - onset)), noise * MI, seed)
+    found = started(play(shape, rule(100), onset + math.ceil(to_full)))
+    assert found, "not found before the card was full"
+    assert found[0] - onset <= (60 if to_full <= 300 else to_full / 4)
 
 
 # -- what is not a leak: never flagged -----------------------------------------------------------
@@ -220,9 +278,10 @@ def test_periodic_allocate_and_free_never_fires_once_it_has_freed(
 ) -> None:
     """Sawtooth, square wave and sine, with a rate a quarter of the fastest allocation.
 
-    Judged from the first reading when every rise is shorter than 3/4 of the shortest span;
-    otherwise once a whole period has been seen: the first rise of a young series, longer
-    than the shortest span, is by the data a leak until it frees (docs/policy.md says so).
+    Judged from the first reading when every rise is shorter than 3/4 of the shortest span that
+    may decide on it (an urgent span when the sawtooth's straight rise would fill the card soon
+    enough); otherwise once a whole period has been seen: the first straight rise of a young
+    series, longer than that span, is by the data a leak until it frees (docs/policy.md says so).
     """
 
     def level(t: int) -> float:
@@ -242,8 +301,10 @@ def test_periodic_allocate_and_free_never_fires_once_it_has_freed(
         rise, freed = period / 2, period * ((0.5 - phase) % 1.0 + 0.5) + period
     else:
         rise, freed = 0, 0.0
-    judge_from = 0 if rise <= 0.75 * MIN_SPAN_SECONDS else math.ceil(freed) + 2 * EVERY
     fastest = amplitude * GI / (period if kind == "ramp" else period / math.pi) * 60 / MI
+    top = 20 * GI + amplitude * GI
+    shortest = deciding_span(fastest * MI / 60, top) if kind == "ramp" else MIN_SPAN_SECONDS
+    judge_from = 0 if rise <= 0.75 * shortest else math.ceil(freed) + 2 * EVERY
     shape = noisy(lambda t: 20 * GI + amplitude * GI * level(t), noise * MI, seed)
     assert not started(play(shape, rule(max(1.0, fastest / 4)), judge_from + 2400, judge_from))
 
