@@ -19,8 +19,9 @@ the same account for users):
   at its slope from its last reading, the card is full within :data:`URGENCY`
   (4) times the next longer span (5m20s, 10m40s, 16m): waiting for that span
   would leave less than 3/4 of the time to full. The evidence is then the
-  strictest (:func:`_holds_urgently`): the slope's lower bound at least
-  ``rate``, ``fit`` at least :data:`URGENT_FIT` (0.95), no quarter significantly
+  strictest (:func:`_holds_urgently`): the slope at least ``rate`` and its
+  lower bound too, or fast enough that the card is full within the horizon
+  even at the bound; ``fit`` at least :data:`URGENT_FIT` (0.9), no quarter significantly
   slower than :data:`URGENT_PART` (0.85) of the span's slope, at most
   :data:`URGENT_JUMP_SHARE` of the rise in jumps, and memory not higher before.
   A load over 30 s or less, a step, a staircase, or a curved rise (a sine's
@@ -68,8 +69,9 @@ the same account for users):
   :data:`HOLD_PART` of the span's slope, the jumps are
   at most :data:`JUMP_SHARE` of its rise, and memory was not higher before.
   For a GPU when some span holds (the window first, then the shorter ones,
-  longest first, then the urgent ones, longest first); for the pod when some GPU does. With ``for``, it must hold
-  at every evaluation for that long before a finding starts.
+  longest first, then the urgent ones, longest first); for the pod when some
+  GPU does. With ``for``, it must hold at every evaluation for that long before
+  a finding starts.
 - **Clears** for a GPU when the trend broke, not just wobbled: over the window
   (when covered), ``slope < 0.8 x rate``, or ``fit < minFit - 0.1``, or the
   recent slope ``< rate / 4``; and over the shortest span (when shorter than
@@ -144,7 +146,7 @@ URGENT_SPAN_SECONDS = 40.0
 URGENCY = 4.0
 """An urgent span decides only when, at its slope, the card is full within this many times the next
 longer span: a finding on that span would come with less than 3/4 of the time to full ahead."""
-URGENT_FIT = 0.95
+URGENT_FIT = 0.9
 """An urgent span's fit must be at least this (and ``minFit``): a near-perfect line."""
 URGENT_PART = 0.85
 """On an urgent span, no quarter may grow significantly slower than this share of the span's slope."""
@@ -527,10 +529,13 @@ def _holds_urgently(g: GpuGrowth, rule: MemoryGrowth, next_span: float) -> bool:
     load or a ramp that stopped leaves some quarter flat, a staircase makes its rise in jumps.
     """
     full_in = g.seconds_to_full
-    if full_in is None or full_in > URGENCY * next_span:
+    horizon = URGENCY * next_span
+    if full_in is None or full_in > horizon or not (g.covered and g.parts):
         return False
-    if not (g.covered and g.lower >= rule.rate_bytes_per_second and g.parts):
-        return False
+    rate = rule.rate_bytes_per_second
+    assert g.total_bytes is not None  # a time to full implies a card
+    if g.slope < rate or (g.lower < rate and g.lower * horizon < g.total_bytes - g.used_bytes):
+        return False  # the evidence excludes neither rates below `rate` nor a card not full in time
     if g.fit < max(rule.min_fit, URGENT_FIT) or g.jumps > URGENT_JUMP_SHARE * g.slope * g.span_seconds:
         return False
     floor = URGENT_PART * g.slope
