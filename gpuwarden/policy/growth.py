@@ -553,6 +553,11 @@ def _clears(g: GpuGrowth, rule: MemoryGrowth) -> bool:
 
 HOST_LEAK_REASON = "HostMemoryLeakSuspected"
 """The reason of a ``memory: host`` growth finding (the kind's own, GPUMemoryLeakSuspected, for the rest)."""
+IMMINENT_REASON = "GPUMemoryExhaustionImminent"
+"""The reason of a GPU memory growth finding whose card is full within :data:`IMMINENT_SECONDS`."""
+IMMINENT_SECONDS = URGENCY * MIN_SPAN_SECONDS
+"""16m: the card full within the longest urgent horizon, where the shortest span's caution is not
+affordable. A finding with this reason keeps it while the card is full within twice this."""
 
 MEMORY_NOUNS = {
     MemorySource.DEVICE: "GPU memory",
@@ -595,14 +600,31 @@ def describe(
 
 
 def growth_message(o: Outcome) -> str:
-    """:func:`describe` of the worst GPU, ``(on 1 of 2 GPUs)`` for a pod of several, and the top sites."""
+    """:func:`describe` of the worst GPU, ``(on 1 of 2 GPUs)`` for a pod of several, and the top sites.
+
+    A clearing says instead what changed (:func:`change_text`), when the shortest span was judged.
+    """
     memory = MemorySource(o.signal) if o.signal else MemorySource.DEVICE
+    if isinstance(o.extra, Change):
+        return change_text(o.extra, memory, o.threshold)
     text = describe(o.value or 0.0, o.fit or 0.0, o.total_bytes, o.seconds_to_full, o.window_seconds, memory)
     if o.gpu_count > 1 and o.gpus and memory is not MemorySource.HOST:
         text += f" (on {len(o.gpus)} of {o.gpu_count} GPUs)"
     if isinstance(o.extra, tuple) and o.extra:
         text += "; top growing lines: " + ", ".join(site_text(site) for site in o.extra[:MESSAGE_SITES])
     return text
+
+
+def change_text(change: Change, memory: MemorySource, rate: float) -> str:
+    """``GPU memory fell from 40Gi to 20Gi over the last 4m``, ``...: no growth over the last 4m (20Gi)``."""
+    noun = MEMORY_NOUNS[memory]
+    over = f"over the last {format_duration(change.span_seconds)}"
+    rise = change.last - change.first
+    if rise < -CLEAR_RECENT * rate * change.span_seconds:
+        return f"{noun} fell from {format_bytes(change.first)} to {format_bytes(change.last)} {over}"
+    if rise < 2**20:
+        return f"{noun}: no growth {over} ({format_bytes(change.last)})"
+    return f"{noun} grew only {format_bytes(rise)} {over}, to {format_bytes(change.last)}"
 
 
 def site_text(site: AllocationSite) -> str:
@@ -649,6 +671,17 @@ class _Verdict:
     clears: bool
     memory: MemorySource = MemorySource.DEVICE
     column: Column = Column.MEM_USED
+    recent: Change | None = None
+    """The shortest span's ends, when judged: what a clearing says changed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """What memory did over the shortest span (a clearing's message): its first and last level."""
+
+    first: float
+    last: float
+    span_seconds: float
 
 
 def _judge_gpu(
@@ -714,7 +747,8 @@ def _judge_gpu(
     if speaker is None:
         return None
     clears = not (standing or stands) if judged else _clears(speaker, rule)
-    return _Verdict(speaker, window, holds=False, clears=clears)
+    recent = None if shortest is None else Change(shortest.first, shortest.last, spans[0])
+    return _Verdict(speaker, window, holds=False, clears=clears, recent=recent)
 
 
 def _urgent(
@@ -752,6 +786,16 @@ def _urgent(
         trend = cache.trend(key, window, start, boundary, params.max_gap_seconds, column)
         if trend is not None and _holds_urgently(trend, rule, next_span):
             return trend
+    return None
+
+
+def _reason(memory: MemorySource, full_in: float | None, clears: bool) -> str | None:
+    """The outcome's reason when not the kind's: host memory's own, or an imminent exhaustion."""
+    if memory is MemorySource.HOST:
+        # Host memory is not the GPU's: an alert on GPUMemoryLeakSuspected must not page for it.
+        return HOST_LEAK_REASON
+    if full_in is not None and full_in <= IMMINENT_SECONDS and not clears:
+        return IMMINENT_REASON
     return None
 
 
@@ -795,7 +839,7 @@ def evaluate_growth(
     newest = _newest_used(top.window, end, top.column)
     used = worst.used_bytes if newest is None else newest
     full_in = max(0.0, (total - used) / worst.slope) if total is not None and worst.slope > 0 else None
-
+    clears = not holding and all(v.clears for v in verdicts)
     return Outcome(
         rule.name,
         kind,
@@ -804,7 +848,7 @@ def evaluate_growth(
         rate,
         UNIT,
         holds=bool(holding),
-        clears=not holding and all(v.clears for v in verdicts),
+        clears=clears,
         gpus=tuple(v.trend.gpu for v in named),
         gpu_count=len(verdicts),
         window_seconds=worst.span_seconds,
@@ -812,8 +856,8 @@ def evaluate_growth(
         fit=worst.fit,
         seconds_to_full=full_in,
         signal=top.memory.value,
-        # Host memory is not the GPU's: an alert on GPUMemoryLeakSuspected must not page for it.
-        reason=HOST_LEAK_REASON if top.memory is MemorySource.HOST else None,
-        extra=top.window.sites or None,
+        reason=_reason(top.memory, full_in, clears),
+        kept_reason=IMMINENT_REASON if full_in is not None and full_in <= 2 * IMMINENT_SECONDS else None,
+        extra=top.recent if clears and top.recent else top.window.sites or None,
         describe=growth_message,
     )

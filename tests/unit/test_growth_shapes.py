@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from collections.abc import Callable
 
 import pytest
@@ -335,3 +336,42 @@ def test_a_window_shorter_than_the_shortest_span_is_judged_on_itself(window: flo
     """``window: 1m`` still finds a fast leak within about a minute: the spans never exceed the window."""
     steps = play(lambda t: 20 * GI + 3 * GI / 60 * t, rule(1024, window=window), int(window) + 120)
     assert window <= started(steps)[0] <= window + window / 20 + EVERY
+
+
+# -- what the findings say ---------------------------------------------------------------------
+
+
+def test_a_leak_filling_the_card_soon_pages_and_a_slower_one_escalates_once() -> None:
+    """Within 16m of full: GPUMemoryExhaustionImminent, with the time left. A leak found earlier is
+    re-announced under that reason once its card comes within 16m of full, and keeps it."""
+    fast = play(lambda t: 2 * GI + 30 * GI / 60 * t, rule(100), 120)
+    (first,) = [s for s in fast if s.transition is Transition.STARTED]
+    assert first.finding.reason == "GPUMemoryExhaustionImminent"
+    assert re.fullmatch(
+        r"GPU memory grows 30Gi/m over 40s, fit 1\.00; the card \(141Gi\) is full in 3m5\ds",
+        first.finding.message,
+    )
+
+    slow = play(noisy(lambda t: 90 * GI + 2 * GI / 60 * t, 64 * MI, seed=2), rule(100), 1500)
+    changes = [(s.transition, s.finding.reason) for s in slow if s.transition is not Transition.ONGOING]
+    assert changes == [
+        (Transition.STARTED, "GPUMemoryLeakSuspected"),
+        (Transition.RENOTIFY, "GPUMemoryExhaustionImminent"),
+    ]
+    (escalated,) = [s for s in slow if s.transition is Transition.RENOTIFY]
+    assert escalated.finding.seconds_to_full is not None
+    assert 15 * 60 <= escalated.finding.seconds_to_full <= 16 * 60
+
+
+def test_a_clearing_says_what_changed_not_the_trend_it_no_longer_has() -> None:
+    """The first tooth of a 20-40Gi/10m sawtooth frees: "fell from ... to 20Gi", never "grows 2Gi/m";
+    a ramp that stopped: "no growth over the last 4m"."""
+    tooth = play(noisy(lambda t: 20 * GI + 20 * GI * ((t % 600) / 600), 4 * MI, 0), rule(100), 1200)
+    (cleared,) = [s for s in tooth if s.transition is Transition.RESOLVED]
+    assert re.fullmatch(
+        r"GPU memory fell from 3\d\.\dGi to 20\.\dGi over the last 4m", cleared.finding.message
+    )
+
+    stopped = play(lambda t: 20 * GI + 30 * GI / 60 * min(60, max(0, t - 100)), rule(100), 900)
+    (cleared,) = [s for s in stopped if s.transition is Transition.RESOLVED]
+    assert cleared.finding.message == "GPU memory: no growth over the last 4m (50Gi)"
