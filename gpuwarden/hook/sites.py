@@ -52,6 +52,12 @@ HOOK_READS_THROUGH = (os.path.join("torch", "cuda", "memory.py"),)
 (traced as live) and which showed on the H200 as a growing site of its own. Left out as the hook's."""
 
 
+GENERATED = ("<frozen", "<string>")
+"""Code with no file of its own counts as a library's: the stdlib's frozen modules, and what
+``exec`` compiled from a string, such as the ``__init__`` dataclasses generate (on the H200, a Trainer's
+kept graph grew 617 blocks a few minutes in at ``<string>:5``: transformers' ModelOutput)."""
+
+
 DEFAULT_BUDGET = 0.01
 """The share of the job's wall time the tracker may spend reading: after a reading that took ``c``
 seconds, the next comes ``c / budget`` later at the earliest, and the readings between repeat the last
@@ -117,7 +123,7 @@ class AllocationTracker:
             real = os.path.realpath(filename)
             if real.startswith(GPUWARDEN_PREFIX) or real.endswith(HOOK_READS_THROUGH):
                 kind = "hook"
-            elif filename.startswith("<frozen") or real.startswith(self._prefixes):
+            elif filename.startswith(GENERATED) or real.startswith(self._prefixes):
                 kind = "library"
             else:
                 kind = "job"

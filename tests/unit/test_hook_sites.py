@@ -6,6 +6,7 @@ are paced by their own cost."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import tracemalloc
@@ -167,6 +168,22 @@ def test_the_jobs_own_line_outranks_a_library_line_that_grew_more() -> None:
     assert sites[0].count >= 100
     assert len(history) == 100
     assert len(graph) == 2000
+
+
+@dataclasses.dataclass
+class Output:
+    """Its ``__init__`` is compiled from a string by dataclasses, as transformers' ModelOutput's is."""
+
+    logits: list[float]
+
+
+def test_code_compiled_from_a_string_is_no_line_of_the_jobs(tracker: AllocationTracker) -> None:
+    begin(tracker)
+    kept = [Output([0.5] * 8) for _ in range(300)]  # outputs
+    sites = tracker.sites()
+    assert not [s for s in sites if s.file == "<string>"], sites
+    assert sites[0].line == line_of("outputs")
+    assert len(kept) == 300
 
 
 def test_tracing_started_elsewhere_is_left_on() -> None:
