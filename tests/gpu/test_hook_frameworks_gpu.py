@@ -45,12 +45,13 @@ spec:
 """
 
 
-def start(job: str, socket: Path, logs: Path, *flags: str) -> subprocess.Popen[str]:
-    name = job + "".join(flags).replace("--", "-")
+def start(kind: str, socket: Path, logs: Path, *flags: str) -> subprocess.Popen[str]:
+    """hook_jobs.py's job of ``kind`` (``trainer``, ``trainer-fixed``, …), its stderr in logs/<kind>.log."""
+    job, _, fixed = kind.partition("-")
     return subprocess.Popen(
-        [sys.executable, str(JOBS), job, f"--socket={socket}", *flags],
+        [sys.executable, str(JOBS), job, f"--socket={socket}", *flags, *(["--fixed"] if fixed else [])],
         stdout=subprocess.PIPE,
-        stderr=(logs / f"{name}.log").open("w"),
+        stderr=(logs / f"{kind}.log").open("w"),
         text=True,
     )
 
@@ -79,12 +80,8 @@ def test_the_leaking_line_of_a_trainer_override_and_a_lightning_step_is_named_fi
     with watching(POLICY, tmp_path, socket, "480s") as (watch, address):
         assert watch.stdout is not None
         flags = ("--seconds=420", "--steps-per-second=4")
-        jobs = {
-            "trainer": start("trainer", socket, tmp_path, *flags),
-            "trainer-fixed": start("trainer", socket, tmp_path, *flags, "--fixed"),
-            "lightning": start("lightning", socket, tmp_path, *flags),
-            "lightning-fixed": start("lightning", socket, tmp_path, *flags, "--fixed"),
-        }
+        kinds = ("trainer", "trainer-fixed", "lightning", "lightning-fixed")
+        jobs = {kind: start(kind, socket, tmp_path, *flags) for kind in kinds}
         recorder = None
         try:
             info = {kind: ready(job) for kind, job in jobs.items()}
@@ -121,10 +118,7 @@ def test_a_leak_that_fills_the_card_in_4_minutes_is_flagged_2_minutes_before_it_
         # 32 sequences of 128 tokens keep 128 MiB of logits a step: 4.5 steps a second fill 140 GiB in
         # about 4 minutes.
         flags = ("--seconds=400", "--steps-per-second=4.5", "--sequences=32")
-        jobs = {
-            "trainer": start("trainer", socket, tmp_path, *flags),
-            "trainer-fixed": start("trainer", socket, tmp_path, *flags, "--fixed"),
-        }
+        jobs = {kind: start(kind, socket, tmp_path, *flags) for kind in ("trainer", "trainer-fixed")}
         recorder = None
         try:
             info = {kind: ready(job) for kind, job in jobs.items()}
