@@ -602,7 +602,8 @@ def describe(
 def growth_message(o: Outcome) -> str:
     """:func:`describe` of the worst GPU, ``(on 1 of 2 GPUs)`` for a pod of several, and the top sites.
 
-    A clearing says instead what changed (:func:`change_text`), when the shortest span was judged.
+    A clearing whose trend still grows says instead what changed (:func:`change_text`), when the
+    shortest span was judged.
     """
     memory = MemorySource(o.signal) if o.signal else MemorySource.DEVICE
     if isinstance(o.extra, Change):
@@ -858,6 +859,9 @@ def evaluate_growth(
         signal=top.memory.value,
         reason=_reason(top.memory, full_in, clears),
         kept_reason=IMMINENT_REASON if full_in is not None and full_in <= 2 * IMMINENT_SECONDS else None,
-        extra=top.recent if clears and top.recent else top.window.sites or None,
+        # A clearing whose speaking trend still grows says what changed instead (the trend would belie it).
+        extra=top.recent
+        if clears and top.recent and worst.slope >= CLEAR_RECENT * rate
+        else top.window.sites or None,
         describe=growth_message,
     )

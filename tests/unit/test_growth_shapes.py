@@ -365,7 +365,7 @@ def test_a_leak_filling_the_card_soon_pages_and_a_slower_one_escalates_once() ->
 
 def test_a_clearing_says_what_changed_not_the_trend_it_no_longer_has() -> None:
     """The first tooth of a 20-40Gi/10m sawtooth frees: "fell from ... to 20Gi", never "grows 2Gi/m";
-    a ramp that stopped: "no growth over the last 4m"."""
+    a ramp that stopped: flat over the span that speaks."""
     tooth = play(noisy(lambda t: 20 * GI + 20 * GI * ((t % 600) / 600), 4 * MI, 0), rule(100), 1200)
     (cleared,) = [s for s in tooth if s.transition is Transition.RESOLVED]
     assert re.fullmatch(
@@ -374,4 +374,4 @@ def test_a_clearing_says_what_changed_not_the_trend_it_no_longer_has() -> None:
 
     stopped = play(lambda t: 20 * GI + 30 * GI / 60 * min(60, max(0, t - 100)), rule(100), 900)
     (cleared,) = [s for s in stopped if s.transition is Transition.RESOLVED]
-    assert cleared.finding.message == "GPU memory: no growth over the last 4m (50Gi)"
+    assert cleared.finding.message == "GPU memory is flat over 4m (fit 0.00)"
