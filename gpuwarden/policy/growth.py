@@ -21,13 +21,16 @@ the same account for users):
   would leave less than 3/4 of the time to full. The evidence is then the
   strictest (:func:`_holds_urgently`): the slope at least ``rate`` and its
   lower bound too, or fast enough that the card is full within the horizon
-  even at the bound; ``fit`` at least :data:`URGENT_FIT` (0.9), no quarter significantly
-  slower than :data:`URGENT_PART` (0.85) of the span's slope, at most
-  :data:`URGENT_JUMP_SHARE` of the rise in jumps, and memory not higher before.
-  A load over 30 s or less, a step, a staircase, or a curved rise (a sine's
-  flank) fails it; a straight rise of 40 s or more that would fill the card
-  soon is, by the data, a leak until it stops. Host memory has no card, so no
-  urgency.
+  even at the bound; ``fit`` at least :data:`URGENT_FIT` (0.9); no quarter
+  significantly slower than :data:`URGENT_PART` (0.85) of the span's slope;
+  at most :data:`URGENT_JUMP_SHARE` of the rise in jumps; memory not higher
+  before. A load over 30 s or less, a step, a staircase, or a curved rise (a
+  sine's flank) fails it; a straight rise of 40 s or more that would fill the
+  card soon is, by the data, a leak until it stops. Host memory has no card,
+  so no urgency.
+- **Imminent.** A GPU memory finding whose card is full within
+  :data:`IMMINENT_SECONDS` (16m) has the reason :data:`IMMINENT_REASON`, and
+  keeps it while full within twice that (``Outcome.kept_reason``).
 - **Bucket-aligned spans.** Each span is cut into 20 buckets (12 s for 4m,
   90 s for 30m), aligned to multiples of that length since the epoch plus a
   fixed per-GPU phase; a span reads the GPU's 20 latest *complete* buckets
@@ -77,7 +80,9 @@ the same account for users):
   recent slope ``< rate / 4``; and over the shortest span (when shorter than
   the window), memory rose end to end at less than ``rate / 4``. With neither
   judged (a gap everywhere), the window's trend decides on whatever readings
-  it has. For the pod when every GPU clears.
+  it has. For the pod when every GPU clears. A clearing whose speaking trend
+  still grows says what the shortest span's ends did instead
+  (:func:`change_text`): the trend would belie the clearing.
 - **Cost.** A span shorter than the window is fitted only when its ends, and
   those of the shortest span, rose at :data:`SCREEN_RATE` of ``rate`` or
   more, and memory was not higher before; an urgent span only when the
