@@ -677,7 +677,7 @@ class _Verdict:
     clears: bool
     memory: MemorySource = MemorySource.DEVICE
     column: Column = Column.MEM_USED
-    recent: Change | None = None
+    recent: SpanEnds | None = None
     """The shortest span's ends, when judged: what a clearing says changed."""
 
 
@@ -742,7 +742,7 @@ def _judge_gpu(
     if screen is None and urgent_spans(rule.window_seconds):
         screen = span_ends(window, *growth_window(spans[0], end, key.gpu), column)
     if screen is not None and screen.slope >= SCREEN_RATE * rate:
-        urgent = _urgent(rule, key, window, end, params, cache, column, full, full_start)
+        urgent = _urgent(rule, key, window, end, params, cache, column, full, full_start, screen)
         if urgent is not None:
             return _Verdict(urgent, window, holds=True, clears=False)
     speaker = standing or full or fitted
@@ -753,8 +753,7 @@ def _judge_gpu(
     if speaker is None:
         return None
     clears = not (standing or stands) if judged else _clears(speaker, rule)
-    recent = None if shortest is None else Change(shortest.first, shortest.last, spans[0])
-    return _Verdict(speaker, window, holds=False, clears=clears, recent=recent)
+    return _Verdict(speaker, window, holds=False, clears=clears, recent=shortest)
 
 
 def _urgent(
@@ -767,15 +766,19 @@ def _urgent(
     column: Column,
     full: GpuGrowth | None,
     full_start: float,
+    screen: SpanEnds,
 ) -> GpuGrowth | None:
     """The longest urgent span that holds (:func:`_holds_urgently`), or None.
 
-    A span is fitted only when its ends rose at :data:`SCREEN_RATE` of ``rate``, project the card
-    full within :data:`URGENCY` next spans, and memory was not higher before.
+    None at once unless the shortest span's ends (``screen``) project the card full within twice
+    :data:`IMMINENT_SECONDS` (a leak of an urgent span's horizon that began inside the 4m span,
+    at least an urgent span ago, does); a span is fitted only when its ends rose at
+    :data:`SCREEN_RATE` of ``rate``, project the card full within :data:`URGENCY` next spans, and
+    memory was not higher before.
     """
     total = None if column is Column.HOST else window.mem_total
-    if total is None:
-        return None  # no card to fill (host memory): nothing is urgent
+    if total is None or total - screen.last > 2 * IMMINENT_SECONDS * screen.slope:
+        return None  # no card to fill (host memory), or not full soon: nothing is urgent
     rate = rule.rate_bytes_per_second
     spans = urgent_spans(rule.window_seconds)
     nexts = (*spans[1:], evidence_spans(rule.window_seconds)[0])
@@ -846,6 +849,10 @@ def evaluate_growth(
     used = worst.used_bytes if newest is None else newest
     full_in = max(0.0, (total - used) / worst.slope) if total is not None and worst.slope > 0 else None
     clears = not holding and all(v.clears for v in verdicts)
+    extra: object = top.window.sites or None
+    if clears and top.recent is not None and worst.slope >= CLEAR_RECENT * rate:
+        # A clearing whose speaking trend still grows says what changed instead: the trend would belie it.
+        extra = Change(top.recent.first, top.recent.last, evidence_spans(rule.window_seconds)[0])
     return Outcome(
         rule.name,
         kind,
@@ -864,9 +871,6 @@ def evaluate_growth(
         signal=top.memory.value,
         reason=_reason(top.memory, full_in, clears),
         kept_reason=IMMINENT_REASON if full_in is not None and full_in <= 2 * IMMINENT_SECONDS else None,
-        # A clearing whose speaking trend still grows says what changed instead (the trend would belie it).
-        extra=top.recent
-        if clears and top.recent and worst.slope >= CLEAR_RECENT * rate
-        else top.window.sites or None,
+        extra=extra,
         describe=growth_message,
     )

@@ -283,9 +283,10 @@ def test_periodic_allocate_and_free_never_fires_once_it_has_freed(
     """Sawtooth, square wave and sine, with a rate a quarter of the fastest allocation.
 
     Judged from the first reading when every rise is shorter than 3/4 of the shortest span that
-    may decide on it (an urgent span when the sawtooth's straight rise would fill the card soon
-    enough); otherwise once a whole period has been seen: the first straight rise of a young
-    series, longer than that span, is by the data a leak until it frees (docs/policy.md says so).
+    may decide on it (an urgent span when the fastest rise would fill the card soon enough);
+    otherwise once a whole period has been seen: the first steady rise of a young series (a
+    sine's flank is nearly straight over a short span), longer than that span, is by the data a
+    leak until it frees (docs/policy.md says so).
     """
 
     def level(t: int) -> float:
@@ -307,7 +308,7 @@ def test_periodic_allocate_and_free_never_fires_once_it_has_freed(
         rise, freed = 0, 0.0
     fastest = amplitude * GI / (period if kind == "ramp" else period / math.pi) * 60 / MI
     top = 20 * GI + amplitude * GI
-    shortest = deciding_span(fastest * MI / 60, top) if kind == "ramp" else MIN_SPAN_SECONDS
+    shortest = deciding_span(fastest * MI / 60, top)
     judge_from = 0 if rise <= 0.75 * shortest else math.ceil(freed) + 2 * EVERY
     shape = noisy(lambda t: 20 * GI + amplitude * GI * level(t), noise * MI, seed)
     assert not started(play(shape, rule(max(1.0, fastest / 4)), judge_from + 2400, judge_from))
