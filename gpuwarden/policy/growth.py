@@ -69,7 +69,8 @@ the same account for users):
   :data:`URGENT_SPANS` times the span at ``slope``, ``slope >= rate`` instead:
   there is no time to wait for more evidence), ``fit >= minFit``, no
   quarter grows significantly (by more than its margin) slower than
-  :data:`HOLD_PART` of the span's slope, the jumps are
+  :data:`HOLD_PART` of the span's slope, nor the end quarters together than
+  :data:`S_SHAPE` of the middle two (:func:`_s_shaped`), the jumps are
   at most :data:`JUMP_SHARE` of its rise, and memory was not higher before.
   For a GPU when some span holds (the window first, then the shorter ones,
   longest first, then the urgent ones, longest first); for the pod when some
@@ -139,6 +140,8 @@ MIN_PART_BUCKETS = 3
 """Fewer bucket medians than this in some quarter: the span cannot hold."""
 HOLD_PART = 0.5
 """No quarter's slope may be significantly below this share of the span's for the span to hold."""
+S_SHAPE = 0.75
+"""Nor may the end quarters' mean slope be significantly below this share of the middle two's."""
 NOISE_PAIRS = 60
 """Second differences of readings a span's noise is estimated from (:func:`median_noise`)."""
 CONFIDENCE_Z = 2.33
@@ -519,12 +522,30 @@ def _holds(g: GpuGrowth, rule: MemoryGrowth) -> bool:
     floor = HOLD_PART * g.slope
     if any(part < floor - margin for part, margin in zip(g.parts, g.part_margins, strict=True)):
         return False  # some quarter grew significantly slower than the span: a plateau, not a leak
+    if _s_shaped(g.parts, g.part_margins):
+        return False
     if g.jumps > JUMP_SHARE * g.slope * g.span_seconds:
         return False
     if g.lower >= rate:
         return True
     full_in = g.seconds_to_full
     return full_in is not None and full_in <= URGENT_SPANS * g.span_seconds
+
+
+def _s_shaped(parts: Sequence[float], margins: Sequence[float]) -> bool:
+    """Whether both end quarters together grow significantly slower than :data:`S_SHAPE` of the middle two.
+
+    A climb that began after the span's start and ended before its end (a cache's few steps, flat on
+    both sides) leaves each end quarter only a little short (within the noise each is allowed), but
+    both at once; a leak's end quarters scatter about its slope like the middle ones.
+    """
+    first, second, third, last = parts
+    gap = (first + last) / 2 - S_SHAPE * (second + third) / 2
+    # Each quarter's margin is CONFIDENCE_Z of its errors: the gap's, its errors combined.
+    spread = math.sqrt(
+        sum(m * m for m in margins[::3]) / 4 + S_SHAPE**2 * sum(m * m for m in margins[1:3]) / 4
+    )
+    return gap < -spread
 
 
 def _holds_urgently(g: GpuGrowth, rule: MemoryGrowth, next_span: float) -> bool:

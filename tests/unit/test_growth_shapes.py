@@ -211,6 +211,10 @@ def test_any_fast_leak_leaves_three_quarters_of_its_time_ahead(
 # Steps every 3 buckets of the 16m span, flat before: its first quarter (a step at its edge) must
 # refuse the span, which a quarter's noise taken from the medians' own scatter would excuse.
 @example(steps=5, height=1.0, every=144, at=2400, noise=0.0, seed=0)
+# Six 256Mi steps 28 s apart under 64Mi of noise, a 4m span around them: at the buckets' resolution a
+# ramp inside flat ends, each end quarter short of half the slope only within its noise; both at once
+# are significantly short (the S-shape), which a quarter judged alone let pass.
+@example(steps=6, height=0.25, every=28, at=600, noise=64.0, seed=1)
 def test_a_caching_allocator_that_steps_up_and_plateaus_never_fires(
     steps: int, height: float, every: int, at: int, noise: float, seed: int
 ) -> None:
