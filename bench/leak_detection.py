@@ -27,7 +27,7 @@ the hour (median and worst over the seeds).
 
     .venv/bin/python bench/leak_detection.py                 # the table (~1 minute)
     .venv/bin/python bench/leak_detection.py --seeds 1 --trace "sawtooth 20-40Gi/10m" --timeline
-    .venv/bin/python bench/leak_detection.py --promtool      # cross-check both PromQL rules with promtool
+    .venv/bin/python bench/leak_detection.py --promtool      # both PromQL rules against promtool, 3 traces
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuwarden.policy import PodView, Point, PolicyEvaluator, SeriesKey, SeriesStore, Transition
+from gpuwarden.policy.humanize import approx_duration
 from gpuwarden.policy.model import LabelSelector, MemoryGrowth, PolicySpec
 
 T0 = 1_750_000_000.0
@@ -349,9 +350,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     traces = [t for t in TRACES if args.trace in (None, t.name)]
     if args.promtool:
-        sawtooth = next(t for t in TRACES if t.name.startswith("sawtooth"))
-        fast = next(t for t in TRACES if t.name.startswith("leak 15Gi/m from 40Gi"))
-        for trace in (sawtooth, fast):
+        # Each rule where it fires on a shape that is not a leak, and on a fast leak.
+        named = ("sawtooth 20-40Gi/10m", "staircase 4x16Gi/90s, then flat", "leak 15Gi/m from 40Gi at 5m")
+        for trace in (t for t in TRACES if t.name in named):
             for rule in (DERIV, PREDICT_LINEAR):
                 print(promtool_check(trace, 0, rule))
         return 0
@@ -369,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             columns[1].append(run_engine(values, SCRAPE_SECONDS))
             columns[2].append(run_promql(values, DERIV))
             columns[3].append(run_promql(values, PREDICT_LINEAR))
-        full = "" if trace.leak_from is None else minutes(time_to_full(trace))
+        full = "" if trace.leak_from is None else approx_duration(time_to_full(trace))
         print(f"| {trace.name} | {full} | " + " | ".join(summary(trace, runs) for runs in columns) + " |")
         if args.timeline:
             for label, runs in zip(("1s", "30s", "deriv", "plin"), columns, strict=True):

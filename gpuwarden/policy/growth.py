@@ -21,13 +21,16 @@ the same account for users):
   would leave less than 3/4 of the time to full. The evidence is then the
   strictest (:func:`_holds_urgently`): the slope at least ``rate`` and its
   lower bound too, or fast enough that the card is full within the horizon
-  even at the bound; ``fit`` at least :data:`URGENT_FIT` (0.9), no quarter significantly
-  slower than :data:`URGENT_PART` (0.85) of the span's slope, at most
-  :data:`URGENT_JUMP_SHARE` of the rise in jumps, and memory not higher before.
-  A load over 30 s or less, a step, a staircase, or a curved rise (a sine's
-  flank) fails it; a straight rise of 40 s or more that would fill the card
-  soon is, by the data, a leak until it stops. Host memory has no card, so no
-  urgency.
+  even at the bound; ``fit`` at least :data:`URGENT_FIT` (0.9); no quarter
+  significantly slower than :data:`URGENT_PART` (0.85) of the span's slope;
+  at most :data:`URGENT_JUMP_SHARE` of the rise in jumps; memory not higher
+  before. A load over 30 s or less, a step, a staircase, or a curved rise (a
+  sine's flank) fails it; a straight rise of 40 s or more that would fill the
+  card soon is, by the data, a leak until it stops. Host memory has no card,
+  so no urgency.
+- **Imminent.** A GPU memory finding whose card is full within
+  :data:`IMMINENT_SECONDS` (16m) has the reason :data:`IMMINENT_REASON`, and
+  keeps it while full within twice that (``Outcome.kept_reason``).
 - **Bucket-aligned spans.** Each span is cut into 20 buckets (12 s for 4m,
   90 s for 30m), aligned to multiples of that length since the epoch plus a
   fixed per-GPU phase; a span reads the GPU's 20 latest *complete* buckets
@@ -66,7 +69,8 @@ the same account for users):
   :data:`URGENT_SPANS` times the span at ``slope``, ``slope >= rate`` instead:
   there is no time to wait for more evidence), ``fit >= minFit``, no
   quarter grows significantly (by more than its margin) slower than
-  :data:`HOLD_PART` of the span's slope, the jumps are
+  :data:`HOLD_PART` of the span's slope, nor the end quarters together than
+  :data:`S_SHAPE` of the middle two (:func:`_s_shaped`), the jumps are
   at most :data:`JUMP_SHARE` of its rise, and memory was not higher before.
   For a GPU when some span holds (the window first, then the shorter ones,
   longest first, then the urgent ones, longest first); for the pod when some
@@ -77,7 +81,9 @@ the same account for users):
   recent slope ``< rate / 4``; and over the shortest span (when shorter than
   the window), memory rose end to end at less than ``rate / 4``. With neither
   judged (a gap everywhere), the window's trend decides on whatever readings
-  it has. For the pod when every GPU clears.
+  it has. For the pod when every GPU clears. A clearing whose speaking trend
+  still grows says what the shortest span's ends did instead
+  (:func:`change_text`): the trend would belie the clearing.
 - **Cost.** A span shorter than the window is fitted only when its ends, and
   those of the shortest span, rose at :data:`SCREEN_RATE` of ``rate`` or
   more, and memory was not higher before; an urgent span only when the
@@ -134,6 +140,8 @@ MIN_PART_BUCKETS = 3
 """Fewer bucket medians than this in some quarter: the span cannot hold."""
 HOLD_PART = 0.5
 """No quarter's slope may be significantly below this share of the span's for the span to hold."""
+S_SHAPE = 0.75
+"""Nor may the end quarters' mean slope be significantly below this share of the middle two's."""
 NOISE_PAIRS = 60
 """Second differences of readings a span's noise is estimated from (:func:`median_noise`)."""
 CONFIDENCE_Z = 2.33
@@ -514,12 +522,30 @@ def _holds(g: GpuGrowth, rule: MemoryGrowth) -> bool:
     floor = HOLD_PART * g.slope
     if any(part < floor - margin for part, margin in zip(g.parts, g.part_margins, strict=True)):
         return False  # some quarter grew significantly slower than the span: a plateau, not a leak
+    if _s_shaped(g.parts, g.part_margins):
+        return False
     if g.jumps > JUMP_SHARE * g.slope * g.span_seconds:
         return False
     if g.lower >= rate:
         return True
     full_in = g.seconds_to_full
     return full_in is not None and full_in <= URGENT_SPANS * g.span_seconds
+
+
+def _s_shaped(parts: Sequence[float], margins: Sequence[float]) -> bool:
+    """Whether both end quarters together grow significantly slower than :data:`S_SHAPE` of the middle two.
+
+    A climb that began after the span's start and ended before its end (a cache's few steps, flat on
+    both sides) leaves each end quarter only a little short (within the noise each is allowed), but
+    both at once; a leak's end quarters scatter about its slope like the middle ones.
+    """
+    first, second, third, last = parts
+    gap = (first + last) / 2 - S_SHAPE * (second + third) / 2
+    # Each quarter's margin is CONFIDENCE_Z of its errors: the gap's, its errors combined.
+    spread = math.sqrt(
+        sum(m * m for m in margins[::3]) / 4 + S_SHAPE**2 * sum(m * m for m in margins[1:3]) / 4
+    )
+    return gap < -spread
 
 
 def _holds_urgently(g: GpuGrowth, rule: MemoryGrowth, next_span: float) -> bool:
@@ -602,7 +628,8 @@ def describe(
 def growth_message(o: Outcome) -> str:
     """:func:`describe` of the worst GPU, ``(on 1 of 2 GPUs)`` for a pod of several, and the top sites.
 
-    A clearing says instead what changed (:func:`change_text`), when the shortest span was judged.
+    A clearing whose trend still grows says instead what changed (:func:`change_text`), when the
+    shortest span was judged.
     """
     memory = MemorySource(o.signal) if o.signal else MemorySource.DEVICE
     if isinstance(o.extra, Change):
@@ -671,7 +698,7 @@ class _Verdict:
     clears: bool
     memory: MemorySource = MemorySource.DEVICE
     column: Column = Column.MEM_USED
-    recent: Change | None = None
+    recent: SpanEnds | None = None
     """The shortest span's ends, when judged: what a clearing says changed."""
 
 
@@ -736,7 +763,7 @@ def _judge_gpu(
     if screen is None and urgent_spans(rule.window_seconds):
         screen = span_ends(window, *growth_window(spans[0], end, key.gpu), column)
     if screen is not None and screen.slope >= SCREEN_RATE * rate:
-        urgent = _urgent(rule, key, window, end, params, cache, column, full, full_start)
+        urgent = _urgent(rule, key, window, end, params, cache, column, full, full_start, screen)
         if urgent is not None:
             return _Verdict(urgent, window, holds=True, clears=False)
     speaker = standing or full or fitted
@@ -747,8 +774,7 @@ def _judge_gpu(
     if speaker is None:
         return None
     clears = not (standing or stands) if judged else _clears(speaker, rule)
-    recent = None if shortest is None else Change(shortest.first, shortest.last, spans[0])
-    return _Verdict(speaker, window, holds=False, clears=clears, recent=recent)
+    return _Verdict(speaker, window, holds=False, clears=clears, recent=shortest)
 
 
 def _urgent(
@@ -761,15 +787,19 @@ def _urgent(
     column: Column,
     full: GpuGrowth | None,
     full_start: float,
+    screen: SpanEnds,
 ) -> GpuGrowth | None:
     """The longest urgent span that holds (:func:`_holds_urgently`), or None.
 
-    A span is fitted only when its ends rose at :data:`SCREEN_RATE` of ``rate``, project the card
-    full within :data:`URGENCY` next spans, and memory was not higher before.
+    None at once unless the shortest span's ends (``screen``) project the card full within twice
+    :data:`IMMINENT_SECONDS` (a leak of an urgent span's horizon that began inside the 4m span,
+    at least an urgent span ago, does); a span is fitted only when its ends rose at
+    :data:`SCREEN_RATE` of ``rate``, project the card full within :data:`URGENCY` next spans, and
+    memory was not higher before.
     """
     total = None if column is Column.HOST else window.mem_total
-    if total is None:
-        return None  # no card to fill (host memory): nothing is urgent
+    if total is None or total - screen.last > 2 * IMMINENT_SECONDS * screen.slope:
+        return None  # no card to fill (host memory), or not full soon: nothing is urgent
     rate = rule.rate_bytes_per_second
     spans = urgent_spans(rule.window_seconds)
     nexts = (*spans[1:], evidence_spans(rule.window_seconds)[0])
@@ -840,6 +870,10 @@ def evaluate_growth(
     used = worst.used_bytes if newest is None else newest
     full_in = max(0.0, (total - used) / worst.slope) if total is not None and worst.slope > 0 else None
     clears = not holding and all(v.clears for v in verdicts)
+    extra: object = top.window.sites or None
+    if clears and top.recent is not None and worst.slope >= CLEAR_RECENT * rate:
+        # A clearing whose speaking trend still grows says what changed instead: the trend would belie it.
+        extra = Change(top.recent.first, top.recent.last, evidence_spans(rule.window_seconds)[0])
     return Outcome(
         rule.name,
         kind,
@@ -858,6 +892,6 @@ def evaluate_growth(
         signal=top.memory.value,
         reason=_reason(top.memory, full_in, clears),
         kept_reason=IMMINENT_REASON if full_in is not None and full_in <= 2 * IMMINENT_SECONDS else None,
-        extra=top.recent if clears and top.recent else top.window.sites or None,
+        extra=extra,
         describe=growth_message,
     )
