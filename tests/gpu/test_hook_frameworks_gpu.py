@@ -21,13 +21,11 @@ defaults (4 frames, paced readings) but for tracemalloc, which is on.
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from watch_support import Recorder, rate_of, ready, started, wait_for, watching
+from watch_support import Recorder, launch, rate_of, started, stop, up, watching
 
 pytestmark = pytest.mark.gpu
 
@@ -45,15 +43,13 @@ spec:
 """
 
 
-def start(kind: str, socket: Path, logs: Path, *flags: str) -> subprocess.Popen[str]:
-    """hook_jobs.py's job of ``kind`` (``trainer``, ``trainer-fixed``, …), its stderr in logs/<kind>.log."""
-    job, _, fixed = kind.partition("-")
-    return subprocess.Popen(
-        [sys.executable, str(JOBS), job, f"--socket={socket}", *flags, *(["--fixed"] if fixed else [])],
-        stdout=subprocess.PIPE,
-        stderr=(logs / f"{kind}.log").open("w"),
-        text=True,
-    )
+def jobs_argv(kinds: tuple[str, ...], socket: Path, *flags: str) -> dict[str, list[str]]:
+    """hook_jobs.py's command line for each kind (``trainer``, ``trainer-fixed``, …)."""
+    argvs = {}
+    for kind in kinds:
+        job, _, fixed = kind.partition("-")
+        argvs[kind] = [str(JOBS), job, f"--socket={socket}", *flags, *(["--fixed"] if fixed else [])]
+    return argvs
 
 
 def first_line(text: str) -> str:
@@ -63,17 +59,6 @@ def first_line(text: str) -> str:
     return match.group(1)
 
 
-def stop(jobs: dict[str, subprocess.Popen[str]], recorder: Recorder | None, logs: Path) -> None:
-    for job in jobs.values():
-        job.kill()
-        job.wait()
-    if recorder is not None:
-        recorder.stop.set()
-        print("\n".join(recorder.lines))
-    for log in sorted(logs.glob("*.log")):
-        print(f"--- {log.name}\n" + log.read_text()[-3000:])
-
-
 def test_the_leaking_line_of_a_trainer_override_and_a_lightning_step_is_named_first(tmp_path: Path) -> None:
     socket = tmp_path / "hook.sock"
     seen: list[str] = []
@@ -81,13 +66,10 @@ def test_the_leaking_line_of_a_trainer_override_and_a_lightning_step_is_named_fi
         assert watch.stdout is not None
         flags = ("--seconds=420", "--steps-per-second=4")
         kinds = ("trainer", "trainer-fixed", "lightning", "lightning-fixed")
-        jobs = {kind: start(kind, socket, tmp_path, *flags) for kind in kinds}
+        jobs = launch(jobs_argv(kinds, socket, *flags), tmp_path)
         recorder = None
         try:
-            info = {kind: ready(job) for kind, job in jobs.items()}
-            pids = {kind: int(str(i["pid"])) for kind, i in info.items()}
-            for pid in pids.values():
-                wait_for(address, "allocated", pid, timeout=120)
+            info, pids = up(jobs, address)
             recorder = Recorder(address, pids)
             recorder.start()
             found = started(
@@ -118,13 +100,10 @@ def test_a_leak_that_fills_the_card_in_4_minutes_is_flagged_2_minutes_before_it_
         # 32 sequences of 128 tokens keep 128 MiB of logits a step: 4.5 steps a second fill 140 GiB in
         # about 4 minutes.
         flags = ("--seconds=400", "--steps-per-second=4.5", "--sequences=32")
-        jobs = {kind: start(kind, socket, tmp_path, *flags) for kind in ("trainer", "trainer-fixed")}
+        jobs = launch(jobs_argv(("trainer", "trainer-fixed"), socket, *flags), tmp_path)
         recorder = None
         try:
-            info = {kind: ready(job) for kind, job in jobs.items()}
-            pids = {kind: int(str(i["pid"])) for kind, i in info.items()}
-            for pid in pids.values():
-                wait_for(address, "allocated", pid, timeout=120)
+            info, pids = up(jobs, address)
             onset = time.monotonic()
             recorder = Recorder(address, pids)
             recorder.start()

@@ -19,15 +19,11 @@ Run on a GPU machine, never in CI (no driver there):
 from __future__ import annotations
 
 import re
-import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from watch_support import Recorder, metrics, process_bytes, rate_of, ready, wait_for
+from watch_support import Recorder, launch, metrics, process_bytes, rate_of, started, stop, up, watching
 
 pytestmark = pytest.mark.gpu
 
@@ -50,90 +46,43 @@ spec:
 """
 
 
-def start_job(kind: str, socket: Path, logs: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(JOBS), kind, f"--socket={socket}", f"--seconds={JOB_SECONDS}"],
-        stdout=subprocess.PIPE,
-        stderr=(logs / f"{kind}.log").open("w"),
-        text=True,
-    )
-
-
-@pytest.fixture
-def hook_socket(tmp_path: Path) -> Path:
-    return tmp_path / "hook.sock"
-
-
-@pytest.fixture
-def watch(tmp_path: Path, hook_socket: Path) -> Iterator[subprocess.Popen[str]]:
-    policy = tmp_path / "hook.yaml"
-    policy.write_text(POLICY)
-    argv = [sys.executable, "-m", "gpuwarden", "watch", f"--policy={policy}", "--listen=127.0.0.1:0"]
-    argv += [f"--duration={WATCH_CAP}", "--plain", f"--hook-socket={hook_socket}"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
-
-
 def test_the_hook_names_a_kept_graph_leak_ignores_a_growing_cache_and_finds_a_loader_leak(
-    watch: subprocess.Popen[str], hook_socket: Path, tmp_path: Path
+    tmp_path: Path,
 ) -> None:
-    assert watch.stdout is not None
+    socket = tmp_path / "hook.sock"
     seen: list[str] = []
-    address = None
-    for line in watch.stdout:
-        seen.append(line)
-        if match := re.search(r"/metrics on (\S+);", line):
-            address = match.group(1)
-            break
-    assert address, "".join(seen)
-    jobs = {kind: start_job(kind, hook_socket, tmp_path) for kind in ("leak", "cache", "loader")}
-    recorder: Recorder | None = None
-    try:
-        info = {kind: ready(job) for kind, job in jobs.items()}
-        pids = {kind: int(str(i["pid"])) for kind, i in info.items()}
-        leak_line = int(str(info["leak"]["leakLine"]))
-        first = wait_for(address, "allocated", pids["cache"])
-        recorder = Recorder(address, pids)
-        recorder.start()
-        started: dict[tuple[str, int], str] = {}
-        t0 = time.monotonic()
-        for line in watch.stdout:
-            seen.append(line)
-            if match := re.search(r"STARTED (\S+) pid (\d+)\b", line):
-                started[(match.group(1), int(match.group(2)))] = line
-            if ("tensor-leak", pids["leak"]) in started and ("host-leak", pids["loader"]) in started:
-                break
-        else:
-            raise AssertionError("watch ended before both leaks were flagged:\n" + "".join(seen))
-        found_after = time.monotonic() - t0
-        measured = recorder.rate("leak")  # as the hook's own readings showed on /metrics
-        body = metrics(address)
-        cache = [
-            (process_bytes(b, "reserved", pids["cache"]), process_bytes(b, "allocated", pids["cache"]))
-            for b in (first, body)
-        ]
-    finally:
-        for job in jobs.values():
-            job.kill()
-            job.wait()
-        if recorder is not None:
-            recorder.stop.set()
-            print("\n".join(recorder.lines))
-        for kind in jobs:
-            print(f"--- {kind} stderr\n" + (tmp_path / f"{kind}.log").read_text()[-3000:])
+    with watching(POLICY, tmp_path, socket, WATCH_CAP) as (watch, address):
+        assert watch.stdout is not None
+        argv = [f"--socket={socket}", f"--seconds={JOB_SECONDS}"]
+        jobs = launch({kind: [str(JOBS), kind, *argv] for kind in ("leak", "cache", "loader")}, tmp_path)
+        recorder: Recorder | None = None
+        try:
+            info, pids = up(jobs, address)
+            leak_line = int(str(info["leak"]["leakLine"]))
+            first = metrics(address)
+            recorder = Recorder(address, pids)
+            recorder.start()
+            t0 = time.monotonic()
+            wanted = {("tensor-leak", pids["leak"]), ("host-leak", pids["loader"])}
+            found = started(watch.stdout, wanted, seen)
+            found_after = time.monotonic() - t0
+            measured = recorder.rate("leak")  # as the hook's own readings showed on /metrics
+            body = metrics(address)
+            cache = [
+                (process_bytes(b, "reserved", pids["cache"]), process_bytes(b, "allocated", pids["cache"]))
+                for b in (first, body)
+            ]
+        finally:
+            stop(jobs, recorder, tmp_path)
+    seen.append(watch.stdout.read())  # to its end
     out = "".join(seen)
     print(out)
-    leak = started[("tensor-leak", pids["leak"])]
+    _, leak = found[("tensor-leak", pids["leak"])]
     assert "allocated memory (live tensors, not the cache) grows" in leak, leak
     assert re.search(rf"top growing lines: \S*hook_jobs\.py:{leak_line} \+", leak), leak  # first
     reported = rate_of(leak)
     assert 0.7 * measured < reported < 1.3 * measured, (reported, measured)
-    host = started[("host-leak", pids["loader"])]
+    _, host = found[("host-leak", pids["loader"])]
     assert "host memory" in host, host
     # The cache grew while the tensors did not, and was never flagged; the loader's GPU memory never.
     (reserved_then, allocated_then), (reserved_now, allocated_now) = cache
@@ -143,8 +92,8 @@ def test_the_hook_names_a_kept_graph_leak_ignores_a_growing_cache_and_finds_a_lo
     assert allocated_now is not None
     assert reserved_now > reserved_then + 64 * 2**20, cache
     assert allocated_now < allocated_then * 1.1 + 64 * 2**20, cache
-    assert not [k for k in started if k[1] == pids["cache"]], started
-    assert ("tensor-leak", pids["loader"]) not in started
+    assert not re.search(rf"STARTED \S+ pid {pids['cache']}\b", out)
+    assert not re.search(rf"STARTED tensor-leak pid {pids['loader']}\b", out)
     mib = 2**20
     print(
         f"found both in {found_after:.0f}s; leak {reported / mib:.0f}Mi/m, measured {measured / mib:.0f}Mi/m"

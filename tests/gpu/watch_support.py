@@ -59,6 +59,42 @@ def started(
     raise AssertionError(f"watch ended before {sorted(wanted - found.keys())} STARTED:\n" + "".join(seen))
 
 
+def launch(argvs: dict[str, list[str]], logs: Path) -> dict[str, subprocess.Popen[str]]:
+    """Each job's argv started by this Python, by kind, its stderr in ``logs/<kind>.log``."""
+    return {
+        kind: subprocess.Popen(
+            [sys.executable, *argv],
+            stdout=subprocess.PIPE,
+            stderr=(logs / f"{kind}.log").open("w"),
+            text=True,
+        )
+        for kind, argv in argvs.items()
+    }
+
+
+def up(
+    jobs: dict[str, subprocess.Popen[str]], address: str
+) -> tuple[dict[str, dict[str, object]], dict[str, int]]:
+    """Each job's ready line and PID, once /metrics carries its hook's allocated reading."""
+    info = {kind: ready(job) for kind, job in jobs.items()}
+    pids = {kind: int(str(i["pid"])) for kind, i in info.items()}
+    for pid in pids.values():
+        wait_for(address, "allocated", pid, timeout=120)
+    return info, pids
+
+
+def stop(jobs: dict[str, subprocess.Popen[str]], recorder: Recorder | None, logs: Path) -> None:
+    """Kill the jobs; print the recorder's lines and the end of each job's log."""
+    for job in jobs.values():
+        job.kill()
+        job.wait()
+    if recorder is not None:
+        recorder.stop.set()
+        print("\n".join(recorder.lines))
+    for log in sorted(logs.glob("*.log")):
+        print(f"--- {log.name}\n" + log.read_text()[-3000:])
+
+
 def metrics(address: str) -> str:
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
         return str(response.read().decode())
