@@ -540,12 +540,10 @@ def _s_shaped(parts: Sequence[float], margins: Sequence[float]) -> bool:
     both at once; a leak's end quarters scatter about its slope like the middle ones.
     """
     first, second, third, last = parts
-    gap = (first + last) / 2 - S_SHAPE * (second + third) / 2
-    # Each quarter's margin is CONFIDENCE_Z of its errors: the gap's, its errors combined.
-    spread = math.sqrt(
-        sum(m * m for m in margins[::3]) / 4 + S_SHAPE**2 * sum(m * m for m in margins[1:3]) / 4
-    )
-    return gap < -spread
+    m1, m2, m3, m4 = margins
+    gap = (first + last) - S_SHAPE * (second + third)
+    # Each quarter's margin is CONFIDENCE_Z of its errors: the gap's (twice the means'), theirs combined.
+    return gap < 0 and gap * gap > m1 * m1 + m4 * m4 + S_SHAPE * S_SHAPE * (m2 * m2 + m3 * m3)
 
 
 def _holds_urgently(g: GpuGrowth, rule: MemoryGrowth, next_span: float) -> bool:
@@ -819,16 +817,6 @@ def _urgent(
     return None
 
 
-def _reason(memory: MemorySource, full_in: float | None, clears: bool) -> str | None:
-    """The outcome's reason when not the kind's: host memory's own, or an imminent exhaustion."""
-    if memory is MemorySource.HOST:
-        # Host memory is not the GPU's: an alert on GPUMemoryLeakSuspected must not page for it.
-        return HOST_LEAK_REASON
-    if full_in is not None and full_in <= IMMINENT_SECONDS and not clears:
-        return IMMINENT_REASON
-    return None
-
-
 def evaluate_growth(
     rule: MemoryGrowth,
     pod: PodId,
@@ -870,6 +858,7 @@ def evaluate_growth(
     used = worst.used_bytes if newest is None else newest
     full_in = max(0.0, (total - used) / worst.slope) if total is not None and worst.slope > 0 else None
     clears = not holding and all(v.clears for v in verdicts)
+    imminent = full_in is not None and full_in <= IMMINENT_SECONDS and not clears
     extra: object = top.window.sites or None
     if clears and top.recent is not None and worst.slope >= CLEAR_RECENT * rate:
         # A clearing whose speaking trend still grows says what changed instead: the trend would belie it.
@@ -890,7 +879,8 @@ def evaluate_growth(
         fit=worst.fit,
         seconds_to_full=full_in,
         signal=top.memory.value,
-        reason=_reason(top.memory, full_in, clears),
+        # Host memory is not the GPU's: an alert on GPUMemoryLeakSuspected must not page for it.
+        reason=HOST_LEAK_REASON if top.memory is MemorySource.HOST else IMMINENT_REASON if imminent else None,
         kept_reason=IMMINENT_REASON if full_in is not None and full_in <= 2 * IMMINENT_SECONDS else None,
         extra=extra,
         describe=growth_message,
