@@ -33,6 +33,8 @@ older operator refuses a newer version by its number)."""
 MAX_SNAPSHOTS_PER_REPORT = 3600
 """A report carries at most an hour of 1 s snapshots; replays are split into several reports."""
 
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+"""A Kubernetes object name (RFC 1123 subdomain): what a ResourceClaim's name may be."""
 MAX_BYTES = 2**50
 """Memory readings above a pebibyte are no reading (an H200 has 141 GB; a node a few TiB)."""
 MAX_PID = 2**31 - 1
@@ -120,7 +122,7 @@ class PodRef(_Wire):
     namespace: str = Field(min_length=1, max_length=253)
     name: str = Field(min_length=1, max_length=253)
     container: str = Field(default="", max_length=253)
-    claim: str | None = Field(default=None, min_length=1, max_length=253)
+    claim: str | None = Field(default=None, min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)
     """The ResourceClaim (in the pod's namespace) through which it holds this GPU, when DRA allocated it."""
 
 

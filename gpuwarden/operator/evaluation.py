@@ -150,7 +150,9 @@ class PolicyRunner:
             )
             self.evaluation = evaluation
             assert self.spec is not None
-            specs = self.announcer.plan(evaluation, events=self.spec.actions.events)
+            specs = self.announcer.plan(
+                evaluation, events=self.spec.actions.events, claim_of=self.state.health.claim_of
+            )
             if specs:
                 refs = {r.view.name: r.object_ref() for r in records}
                 sink = self.state.events

@@ -20,7 +20,7 @@ API server.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from gpuwarden.operator.posting import EventSink, ObjectRef
@@ -95,6 +95,10 @@ def resolved_reason(reason: str) -> str:
     return f"{reason}Resolved"
 
 
+_WARNED = frozenset({Transition.STARTED, Transition.RENOTIFY})
+"""The transitions announced with a Warning (the only ones whose text names the claim)."""
+
+
 class Announcer:
     """One policy's announcements: which findings were announced, when, and with what message.
 
@@ -117,26 +121,41 @@ class Announcer:
         """The announced message of every active finding."""
         return {k: a.message for k, a in self._announced.items()}
 
-    def plan(self, evaluation: Evaluation, *, events: bool = True) -> list[EventSpec]:
-        """The Events an evaluation calls for (none when ``events`` is off; the book is kept either way)."""
+    def plan(
+        self,
+        evaluation: Evaluation,
+        *,
+        events: bool = True,
+        claim_of: Callable[[Finding], str | None] | None = None,
+    ) -> list[EventSpec]:
+        """The Events an evaluation calls for (none when ``events`` is off; the book is kept either way).
+
+        ``claim_of`` names the DRA ResourceClaim through which a finding's pod holds its GPU, if any:
+        a Warning names it, so the owner knows which claim (and so which template) to fix.
+        """
         out: list[EventSpec] = []
         for step in evaluation.transitions:
-            out.extend(self._step(step))
+            out.extend(self._step(step, claim_of))
         return out if events else []
 
-    def _step(self, step: FindingTransition) -> list[EventSpec]:
+    def _step(
+        self, step: FindingTransition, claim_of: Callable[[Finding], str | None] | None
+    ) -> list[EventSpec]:
         f = step.finding
+        claim = claim_of(f) if claim_of is not None and step.transition in _WARNED else None
         known = self._announced.get(f.key)
         match step.transition:
             case Transition.STARTED:
                 self._announced[f.key] = _Announcement(step.at, f.message, f.reason)
-                return self._warning(f, f"{f.message}; {_meaning(f)}")
+                return self._warning(f, f"{f.message}; {_meaning(f)}", claim)
             case Transition.RENOTIFY:
                 self._announced[f.key] = _Announcement(step.at, f.message, f.reason)
                 lasted = approx_duration(step.at - f.started_at)
                 if known is not None and known.reason != f.reason:  # re-described: its shape changed
-                    return self._warning(f, f"{f.message}; {_meaning(f)} (for {lasted}, was {known.reason})")
-                return self._warning(f, f"still, for {lasted}: {f.message}; {_meaning(f)}")
+                    return self._warning(
+                        f, f"{f.message}; {_meaning(f)} (for {lasted}, was {known.reason})", claim
+                    )
+                return self._warning(f, f"still, for {lasted}: {f.message}; {_meaning(f)}", claim)
             case Transition.ONGOING:
                 if known is None:  # restored without a book entry: remember it as announced now
                     self._announced[f.key] = _Announcement(step.at, f.message, f.reason)
@@ -146,12 +165,13 @@ class Announcer:
                 return self._resolved(f, step)
         return []
 
-    def _warning(self, f: Finding, text: str) -> list[EventSpec]:
+    def _warning(self, f: Finding, text: str, claim: str | None) -> list[EventSpec]:
+        via = "" if claim is None else f", claim {claim}"
         return [
             EventSpec(
-                Target.POD, f.pod, "Warning", f.reason, f"{text} (policy {self.policy}, rule {f.rule})"
+                Target.POD, f.pod, "Warning", f.reason, f"{text} (policy {self.policy}, rule {f.rule}{via})"
             ),
-            EventSpec(Target.POLICY, f.pod, "Warning", f.reason, f"pod {f.pod}: {text} (rule {f.rule})"),
+            EventSpec(Target.POLICY, f.pod, "Warning", f.reason, f"pod {f.pod}: {text} (rule {f.rule}{via})"),
         ]
 
     def _resolved(self, f: Finding, step: FindingTransition) -> list[EventSpec]:

@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from gpuwarden.nodereport import ClockEventReason, DeviceState, GpuSample, Snapshot
+from gpuwarden.policy.findings import Finding
 from gpuwarden.policy.intake import pods_of
 from gpuwarden.policy.series import PodId
 
@@ -170,6 +171,8 @@ class GpuRecord:
     """Pods that were on the GPU before, and when last (oldest first)."""
     devices: set[str] = field(default_factory=set)
     """Its MIG devices' UUIDs (utilization series are keyed by them)."""
+    claims: dict[PodId, str] = field(default_factory=dict)
+    """The DRA ResourceClaim through which each of the current pods holds it, where the agent named one."""
 
     def has_device(self, device: str) -> bool:
         """Whether ``device`` is this GPU or one of its MIG devices."""
@@ -254,6 +257,17 @@ def _one_pod(record: GpuRecord, sample: GpuSample) -> tuple[PodId, ...] | None:
     if len(current) == 1 and current[0].name == name and current[0].namespace == namespace:
         return current
     return (PodId(namespace, name),)
+
+
+def _claims(samples: Sequence[GpuSample], on: tuple[PodId, ...]) -> dict[PodId, str]:
+    """The claims the samples name for the pods of ``on`` (an admitted pod only: never another node's)."""
+    kept = set(on)
+    claims: dict[PodId, str] = {}
+    for sample in samples:
+        for ref in sample.pods:
+            if ref.claim is not None and (pod := PodId(ref.namespace, ref.name)) in kept:
+                claims[pod] = ref.claim
+    return claims
 
 
 class HealthStore:
@@ -351,6 +365,8 @@ class HealthStore:
             on = self._admit(on, admission)
             if on != record.current:
                 self._move_pods(record, on)
+                # A pod holds a GPU through one claim for its life: read again only when the pods change.
+                record.claims = _claims(samples, on)
 
         if lost and record.lost_since is None:
             record.lost_since = t
@@ -541,6 +557,15 @@ class HealthStore:
             record = self._record(key)
             if record is not None and record.has_device(device):
                 return record
+        return None
+
+    def claim_of(self, finding: Finding) -> str | None:
+        """The DRA ResourceClaim through which a finding's pod holds one of its GPUs, as its node said."""
+        pod = PodId(finding.namespace, finding.pod)
+        for device in finding.gpus:
+            record = self.gpu_of(finding.namespace, finding.pod, device)
+            if record is not None and (claim := record.claims.get(pod)) is not None:
+                return claim
         return None
 
     def gpus_of(self, namespace: str, name: str, *, since: float) -> list[GpuRecord]:

@@ -23,9 +23,11 @@ import pytest
 import yaml
 from draplugin import DraPlugin, device_class, one_device, resource_slice
 from node import KUBELET_ROOT, NODE_NAME, Node
+from operator_support import events
 from test_chart_on_node import (
     CHART,
     GPU_PRESENT,
+    IDLE_GPU,
     RELEASE,
     REPLICAS,
     SYSTEM,
@@ -386,3 +388,12 @@ def test_the_operator_warns_about_the_idle_claimed_pod_and_scales_the_deployment
     installed: DraInstalled,
 ) -> None:
     warns_about_the_idle_pod_and_scales(installed)
+    # The Warning names the claim through which the idle pod holds its GPU (the agent's report,
+    # kept for the pod the report's node may speak for).
+    idle = installed.allocated()[IDLE_GPU]
+    (pod,) = [p for p in installed.pods(installed.namespace, f"app={APP}") if p["metadata"]["name"] == idle]
+    (status,) = pod["status"]["resourceClaimStatuses"]
+    (warning, *_) = events(
+        installed.cp, installed.namespace, kind="Pod", name=idle, reason="GPUUnderutilized"
+    )
+    assert f"claim {status['resourceClaimName']})" in warning["message"]

@@ -17,6 +17,7 @@ from gpuwarden.nodereport import (
     XidEvent,
 )
 from gpuwarden.policy import healthstore
+from gpuwarden.policy.findings import Finding
 from gpuwarden.policy.health import throttling_note
 from gpuwarden.policy.healthstore import (
     MAX_DEVICES_PER_GPU,
@@ -26,6 +27,7 @@ from gpuwarden.policy.healthstore import (
     HealthStore,
     IncidentKind,
 )
+from gpuwarden.policy.rules import RuleKind
 from gpuwarden.policy.series import PodId
 
 T0 = 1_800_000_000.0
@@ -172,3 +174,29 @@ def test_so_many_pods_at_once_on_a_gpu() -> None:
     assert record is not None
     assert len(record.current) == MAX_PODS_PER_GPU
     assert admission.refused == {"tooManyPods": 5}
+
+
+def test_a_gpu_keeps_the_claims_of_its_admitted_pods_only() -> None:
+    """The claim a report names rides into the Events of the pod's findings: only for pods the
+    caller admitted (a node cannot label another node's pod), and only while the pod is on the GPU."""
+    store = HealthStore(retention_seconds=600)
+    admission = Admission(admit=lambda pod: pod.name != "victim-0")
+    refs = [PodRef(namespace="ml", name=p, claim=f"{p}-gpu") for p in ("own-0", "victim-0")]
+    gpu = GpuSample(uuid=GPU, index=0, pods=refs)
+    store.observe(Snapshot(timestamp=T0, gpus=[gpu]), node="node-b", admission=admission)
+    record = store.gpu(GPU, node="node-b")
+    assert record is not None
+    assert record.claims == {PodId("ml", "own-0"): "own-0-gpu"}
+
+    def found(pod: str) -> Finding:
+        return Finding(
+            policy="ml/p", rule="idle", kind=RuleKind.UTILIZATION_FLOOR, reason="GPUUnderutilized",
+            namespace="ml", pod=pod, gpus=(GPU,), value=3.0, threshold=20.0, unit="percent",
+            started_at=T0, message="",
+        )  # fmt: skip
+
+    assert store.claim_of(found("own-0")) == "own-0-gpu"
+    assert store.claim_of(found("victim-0")) is None
+    # the pod left the GPU: its claim goes with it
+    store.observe(Snapshot(timestamp=T0 + 1, gpus=[sample()]), node="node-b", admission=admission)
+    assert store.claim_of(found("own-0")) is None

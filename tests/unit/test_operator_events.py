@@ -147,3 +147,23 @@ async def test_announce_hands_events_to_the_sink_and_skips_pods_that_are_gone() 
     queued = await announce(specs, policy=policy, pods={"p": pod}, sink=Sink())
     assert queued == [specs[0], specs[2]]
     assert [o for o, _, _ in posted] == [pod, policy]
+
+
+def test_a_warning_names_the_claim_its_pod_holds_the_gpu_through_and_a_resolution_does_not() -> None:
+    book = Announcer("pol")
+    claims = {"p": "p-gpu-x7k2"}
+
+    def claim_of(f: Finding) -> str | None:
+        return claims.get(f.pod)
+
+    started = book.plan(ev(step(Transition.STARTED, T0)), claim_of=claim_of)
+    assert [e.message.endswith("(policy pol, rule idle, claim p-gpu-x7k2)") for e in started[:1]] == [True]
+    assert started[1].message.endswith("(rule idle, claim p-gpu-x7k2)")
+    again = book.plan(ev(step(Transition.RENOTIFY, T0 + 3600)), claim_of=claim_of)
+    assert all("claim p-gpu-x7k2" in e.message for e in again)
+    done = book.plan(ev(step(Transition.RESOLVED, T0 + 7200, why=Resolution.RECOVERED)), claim_of=claim_of)
+    assert done
+    assert all("claim" not in e.message for e in done)
+    # a pod whose GPU came from a device plugin: no claim, as before
+    other = Announcer("pol").plan(ev(step(Transition.STARTED, T0, finding(pod="q"))), claim_of=claim_of)
+    assert other[0].message.endswith("(policy pol, rule idle)")

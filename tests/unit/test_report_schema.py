@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from gpuwarden.nodereport import (
     SCHEMA_VERSION,
@@ -88,3 +89,10 @@ def test_a_claim_is_part_of_version_4_only() -> None:
         else:
             with pytest.raises(ReportError, match="claim: not part of schemaVersion 3"):
                 parse_report(body)
+
+
+@pytest.mark.parametrize("name", ["GPU claim", "gpu\nWarning: fake", "-gpu", "Gpu"])
+def test_a_claim_is_a_kubernetes_object_name(name: str) -> None:
+    # it reaches Event text: nothing but a name a ResourceClaim could have
+    with pytest.raises(ValidationError):
+        PodRef(namespace="ns", name="p", claim=name)
