@@ -166,7 +166,7 @@ class HookSample(_Wire):
     host_rss_bytes: Bytes | None = None
     """Resident host memory of the process and its children (the data-loader workers)."""
     sites: list[AllocationSite] = Field(default_factory=list, max_length=16)
-    """The lines whose allocations grew most, largest growth first (tracemalloc on)."""
+    """The lines whose allocations grew, in the hook's order: the job's own lines first (tracemalloc on)."""
 
 
 class ProcessSample(_Wire):

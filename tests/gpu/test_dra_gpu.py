@@ -43,6 +43,13 @@ def test_gpu_minor_names_resolve_to_the_uuids_the_backend_samples() -> None:
     try:
         minors = nvml_minor_numbers()
         sampled = {gpu.uuid for gpu in backend.sample_devices(time.time())}
+        holder = PodRef(namespace="ml", name="p", container="c", claim="gpu")
+        claimed = Allocations(
+            claimed={DraDevice("gpu.nvidia.com", "node", f"gpu-{m}"): (holder,) for m in minors}
+        )
+        # resolved while NVML is open, as the agent does between its backend's open and close
+        resolver = DraResolver(None, minor_numbers=nvml_minor_numbers)
+        resolved = resolver.resolve(claimed).devices
     finally:
         backend.close()
     print(f"\nNVML minor numbers: {minors}")
@@ -50,10 +57,5 @@ def test_gpu_minor_names_resolve_to_the_uuids_the_backend_samples() -> None:
     if expected:  # a container may not show /proc/driver/nvidia
         assert minors == expected
     assert set(minors.values()) == sampled
-    holder = PodRef(namespace="ml", name="p", container="c", claim="gpu")
-    claimed = Allocations(
-        claimed={DraDevice("gpu.nvidia.com", "node", f"gpu-{m}"): (holder,) for m in minors}
-    )
-    resolver = DraResolver(None, minor_numbers=nvml_minor_numbers)
-    assert resolver.resolve(claimed).devices == {uuid: (holder,) for uuid in minors.values()}
+    assert resolved == {uuid: (holder,) for uuid in minors.values()}
     assert resolver.unresolved == {}

@@ -23,6 +23,7 @@ from gpuwarden.agent.attribution import (
     SlicesState,
     UnresolvedReason,
     devices_of,
+    nvml_minor_numbers,
 )
 from gpuwarden.agent.attribution.dra import RESOURCE_SLICES_PATH, ResourceSlicesError
 from gpuwarden.nodereport import GpuSample, PodRef, ProcessSample, Snapshot
@@ -311,3 +312,18 @@ async def test_an_answer_that_is_no_slice_list_is_an_error_not_a_crash(api: tupl
     finally:
         await slices.close()
     assert slices.state is SlicesState.ERROR
+
+
+def test_names_through_minor_numbers_when_nvml_cannot_answer_are_counted_not_raised(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # NVML not initialised here (no GPU, no backend open): the real library answers Uninitialized,
+    # as it would for a lost driver; the claim is counted unresolved and the refresh goes on
+    counted: list[UnresolvedReason] = []
+    resolver = DraResolver(None, minor_numbers=nvml_minor_numbers, on_unresolved=counted.append)
+
+    with caplog.at_level(logging.WARNING):
+        assert resolver.resolve(claimed(("gpu-0", (holder("a"),)))).devices == {}
+
+    assert counted == [UnresolvedReason.SLICES_UNAVAILABLE]
+    assert any("NVML cannot count GPUs" in r.getMessage() for r in caplog.records)

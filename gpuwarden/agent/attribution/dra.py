@@ -398,12 +398,26 @@ def _by_minor(name: str, minors: Mapping[int, str]) -> str | None:
 
 
 def nvml_minor_numbers() -> dict[int, str]:
-    """Every GPU's minor number → UUID, read from NVML (initialised by the agent's backend already)."""
+    """Every GPU's minor number → UUID, read from NVML (initialised by the agent's backend already).
+
+    A GPU NVML cannot read (lost, or NVML itself gone) is left out rather than raised: its devices
+    are then counted unresolved by the caller, and the other GPUs' claims still resolve.
+    """
     import pynvml
 
     found: dict[int, str] = {}
-    for index in range(pynvml.nvmlDeviceGetCount()):
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        uuid = pynvml.nvmlDeviceGetUUID(handle)
-        found[int(pynvml.nvmlDeviceGetMinorNumber(handle))] = uuid if isinstance(uuid, str) else uuid.decode()
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+    except pynvml.NVMLError as e:
+        log.warning("NVML cannot count GPUs for DRA device names (%s)", e)
+        return found
+    for index in range(count):
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = pynvml.nvmlDeviceGetUUID(handle)
+            minor = int(pynvml.nvmlDeviceGetMinorNumber(handle))
+        except pynvml.NVMLError as e:
+            log.warning("NVML cannot read GPU %d's minor number for DRA device names (%s)", index, e)
+            continue
+        found[minor] = uuid if isinstance(uuid, str) else uuid.decode()
     return found
