@@ -21,10 +21,12 @@ test: $(BIN)/.installed control-plane images
 	$(MAKE) lint
 	$(BIN)/pytest -q
 
+## lint: ruff, mypy --strict, and the import contracts between the parts (pyproject.toml [tool.importlinter])
 lint: $(BIN)/.installed
 	$(BIN)/ruff check gpuwarden tests bench
 	$(BIN)/ruff format --check gpuwarden tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 ## demo-cluster: the operator, a scripted agent and the example policy on a throwaway kube-apiserver (~4 min)
 demo-cluster: $(BIN)/.installed control-plane
@@ -40,4 +42,4 @@ images:
 	./hack/build-images.sh >/dev/null
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis .import_linter_cache

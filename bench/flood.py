@@ -51,7 +51,7 @@ from gpuwarden.nodereport import GpuSample, NodeReport, PodRef, Snapshot, dump_r
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.ingest import make_ingest_app
-from gpuwarden.operator.state import PolicyKey
+from gpuwarden.operator.resources import PolicyKey
 from gpuwarden.operator.tokenreview import TokenAuthenticator
 from gpuwarden.operator.verdictexchange import VerdictIngest
 from gpuwarden.verdictreport import PodVerdict, RuleVerdict, VerdictReport, dump_verdicts

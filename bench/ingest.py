@@ -68,8 +68,9 @@ from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.evaluation import PolicyRunner
 from gpuwarden.operator.ingest import make_ingest_app
 from gpuwarden.operator.membership import POLL_SECONDS, Member
+from gpuwarden.operator.resources import PodRecord, PolicyKey
 from gpuwarden.operator.shards import Ring, policy_key
-from gpuwarden.operator.state import OperatorState, PodRecord, PolicyKey
+from gpuwarden.operator.state import OperatorState
 from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.series import Point, SeriesKey
 

@@ -63,7 +63,8 @@ from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.evaluation import PolicyRunner
 from gpuwarden.operator.ingest import make_ingest_app
-from gpuwarden.operator.state import MIN_RETENTION, OperatorState, PodRecord, PolicyKey
+from gpuwarden.operator.resources import PodRecord, PolicyKey
+from gpuwarden.operator.state import MIN_RETENTION, OperatorState
 from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.series import Point, SeriesKey
 

@@ -39,8 +39,9 @@ from gpuwarden.operator.events import Announcer, announce
 from gpuwarden.operator.kubeapi import ApiError
 from gpuwarden.operator.pacing import Pacing
 from gpuwarden.operator.posting import object_ref
+from gpuwarden.operator.resources import FIELD_MANAGER, GROUP, PLURAL, VERSION, PodRecord, PolicyKey
 from gpuwarden.operator.scaling import Scaler, ScaleResult
-from gpuwarden.operator.state import OperatorState, PodRecord, PolicyKey
+from gpuwarden.operator.state import OperatorState
 from gpuwarden.operator.status import PolicyVerdict, build_status, findings_from_status, owned_part
 from gpuwarden.operator.verdictexchange import verdicts_url
 from gpuwarden.operator.verdictmerge import pod_verdicts
@@ -52,13 +53,7 @@ from gpuwarden.policy.series import PodId
 from gpuwarden.verdictreport import SCHEMA_VERSION as VERDICT_SCHEMA_VERSION
 from gpuwarden.verdictreport import VerdictReport
 
-__all__ = ["GROUP", "PLURAL", "VERSION", "PolicyRunner"]
-
-GROUP = "gpuwarden.dev"
-VERSION = "v1alpha1"
-PLURAL = "gpumonitorpolicies"
-
-FIELD_MANAGER = "gpuwarden-operator"
+__all__ = ["PolicyRunner"]
 
 
 class PolicyRunner:

@@ -23,7 +23,8 @@ import enum
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from gpuwarden.operator.posting import EventSink, ObjectRef
+from gpuwarden.operator.posting import EventSink
+from gpuwarden.operator.resources import ObjectRef
 from gpuwarden.policy.anomaly import Pattern
 from gpuwarden.policy.engine import Evaluation
 from gpuwarden.policy.findings import Finding, FindingKey, FindingTransition, Resolution, Transition

@@ -24,11 +24,12 @@ import kopf
 from gpuwarden.operator.claims import PolicyClaim, policy_claim
 from gpuwarden.operator.command import default_config
 from gpuwarden.operator.composition import build_operator
-from gpuwarden.operator.evaluation import GROUP, PLURAL, VERSION, PolicyRunner
+from gpuwarden.operator.evaluation import PolicyRunner
 from gpuwarden.operator.pods import pod_record, requests_gpu
+from gpuwarden.operator.resources import FINALIZER, GROUP, PLURAL, PREFIX, VERSION, PodRecord, PolicyKey
 from gpuwarden.operator.scaler import attach_scaler
 from gpuwarden.operator.services import Services
-from gpuwarden.operator.state import OperatorState, PodRecord, PolicyKey
+from gpuwarden.operator.state import OperatorState
 
 logger = logging.getLogger(__name__)
 
@@ -48,11 +49,11 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # `kubectl describe`.
     settings.posting.enabled = False
     # The daemons' finalizer and Kopf's bookkeeping annotations carry our domain, not Kopf's.
-    settings.persistence.finalizer = "gpuwarden.dev/finalizer"
+    settings.persistence.finalizer = FINALIZER
     # Our CRD's status schema prunes unknown fields, so Kopf must keep its progress in annotations.
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="gpuwarden.dev")
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="gpuwarden.dev", key="last-handled-configuration"
+        prefix=PREFIX, key="last-handled-configuration"
     )
     # Keep-alives every ~50 s would fill the log; pauses and resumes are still logged.
     settings.peering.stealth = True

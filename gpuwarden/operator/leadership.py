@@ -25,8 +25,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from gpuwarden.kubetime import parse_time
 from gpuwarden.operator.config import INGEST_ACTIVE_LABEL, OperatorConfig
 from gpuwarden.operator.kubeapi import ApiError, KubeApi
+from gpuwarden.operator.resources import FIELD_MANAGER
 
 __all__ = ["Leadership", "peering_paused"]
 
@@ -34,14 +36,6 @@ logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 2.0
 """How often the peering object is read; Kopf's own keep-alives come every ~50 s, changes are rarer."""
-
-
-def _parse_time(text: Any) -> datetime | None:
-    try:
-        when = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 def peering_paused(peers: Mapping[str, Any], *, identity: str, priority: int, now: datetime) -> bool:
@@ -53,7 +47,7 @@ def peering_paused(peers: Mapping[str, Any], *, identity: str, priority: int, no
     for peer_id, info in peers.items():
         if peer_id == identity or not isinstance(info, Mapping):
             continue
-        lastseen = _parse_time(info["lastseen"]) if info.get("lastseen") is not None else now
+        lastseen = parse_time(info["lastseen"]) if info.get("lastseen") is not None else now
         if lastseen is None:
             continue
         try:
@@ -150,7 +144,7 @@ class Leadership:
             self.config.pod_namespace,
             self.config.pod_name,
             {INGEST_ACTIVE_LABEL: value},
-            manager="gpuwarden-operator",
+            manager=FIELD_MANAGER,
         )
         self.labelled = self.active
 

@@ -12,9 +12,10 @@ import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
+from gpuwarden.kubetime import format_micro_time, parse_time
 from gpuwarden.operator.shards import Ring
 
 __all__ = [
@@ -63,20 +64,6 @@ def lease_name(group: str, identity: str) -> str:
     return f"{group}-shard-{clean}"[:244].rstrip("-") + f"-{digest}"
 
 
-def _micro_time(when: datetime) -> str:
-    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parse_time(text: Any) -> datetime | None:
-    if not isinstance(text, str):
-        return None
-    try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
-
-
 def lease_body(group: str, member: Member, now: datetime) -> dict[str, Any]:
     """This replica's Lease, renewed at ``now`` (the whole object: created, or replaced by a merge patch)."""
     annotations = {URL_ANNOTATION: member.url} if member.url else {}
@@ -91,7 +78,7 @@ def lease_body(group: str, member: Member, now: datetime) -> dict[str, Any]:
         "spec": {
             "holderIdentity": member.identity,
             "leaseDurationSeconds": LEASE_SECONDS,
-            "renewTime": _micro_time(now),
+            "renewTime": format_micro_time(now.timestamp()),
         },
     }
 
@@ -102,7 +89,7 @@ def live_members(leases: Iterable[Mapping[str, Any]], now: datetime) -> dict[str
     for lease in leases:
         spec = lease.get("spec") or {}
         identity = spec.get("holderIdentity")
-        renewed = _parse_time(spec.get("renewTime"))
+        renewed = parse_time(spec.get("renewTime"))
         duration = spec.get("leaseDurationSeconds")
         if not isinstance(identity, str) or not identity or renewed is None:
             continue

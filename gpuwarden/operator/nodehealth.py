@@ -38,27 +38,23 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from gpuwarden.kubetime import format_time
 from gpuwarden.operator.config import CordonMode, OperatorConfig
 from gpuwarden.operator.kubeapi import ApiError, KubeApi
 from gpuwarden.operator.metrics import OperatorMetrics
-from gpuwarden.operator.posting import EventSink, ObjectRef
-from gpuwarden.operator.status import rfc3339
+from gpuwarden.operator.posting import EventSink
+from gpuwarden.operator.resources import FIELD_MANAGER, ObjectRef, PodRecord
 from gpuwarden.policy.health import Problem, gpu_name, gpu_problems
 from gpuwarden.policy.healthstore import GpuRecord, HealthStore, Incident, IncidentKind
 from gpuwarden.policy.humanize import approx_duration
 from gpuwarden.policy.xids import describe_xid
-
-if TYPE_CHECKING:
-    from gpuwarden.operator.state import PodRecord
 
 __all__ = ["CONDITION", "NodeHealthMonitor", "NodeSettings", "Verdict", "incident_event", "node_verdict"]
 
 logger = logging.getLogger(__name__)
 
 CONDITION = "GPUHealthy"
-FIELD_MANAGER = "gpuwarden-operator"
 """Where Events about Nodes go (the kubelet's too): a cluster-scoped object has no namespace of its own."""
 CORDON_ANNOTATION = "gpuwarden.dev/cordoned"
 REPEAT_SECONDS = 60.0
@@ -290,13 +286,13 @@ class NodeHealthMonitor:
         if (state.status, state.reason, state.message) == (verdict.status, verdict.reason, verdict.message):
             return
         turned = state.status != verdict.status
-        since = state.since if not turned and state.since else rfc3339(now)
+        since = state.since if not turned and state.since else format_time(now)
         condition = {
             "type": CONDITION,
             "status": verdict.status,
             "reason": verdict.reason,
             "message": verdict.message,
-            "lastHeartbeatTime": rfc3339(now),
+            "lastHeartbeatTime": format_time(now),
             "lastTransitionTime": since,
         }
         try:
@@ -348,7 +344,7 @@ class NodeHealthMonitor:
             if (body.get("spec") or {}).get("unschedulable"):
                 return  # cordoned already, by someone or by us: leave it as it is
             await self.api.cordon_node(
-                node, {CORDON_ANNOTATION: f"{rfc3339(now)} {verdict.reason}"}, manager=FIELD_MANAGER
+                node, {CORDON_ANNOTATION: f"{format_time(now)} {verdict.reason}"}, manager=FIELD_MANAGER
             )
         except ApiError as exc:
             logger.warning("Cannot cordon node %s: %s", node, exc)

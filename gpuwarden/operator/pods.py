@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpuwarden.operator.state import PodRecord
+from gpuwarden.operator.resources import PodRecord
 from gpuwarden.policy.engine import SNOOZE_PREFIX, PodView
 
 __all__ = ["pod_record", "requests_gpu"]

@@ -27,15 +27,15 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from prometheus_client import Counter
 
+from gpuwarden.kubetime import format_micro_time, format_time
 from gpuwarden.operator.kubeapi import ApiError, JsonObject, KubeApi
-from gpuwarden.operator.status import rfc3339
+from gpuwarden.operator.resources import ObjectRef
 
-__all__ = ["COMPONENT", "EventPoster", "EventSink", "ObjectRef", "event_body", "object_ref"]
+__all__ = ["COMPONENT", "EventPoster", "EventSink", "event_body", "object_ref"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,17 +49,6 @@ MAX_MESSAGE = 1024
 
 CLUSTER_EVENTS_NAMESPACE = "default"
 """Where Events about cluster-scoped objects are posted, as the kubelet posts a Node's."""
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectRef:
-    """An object Events can be about."""
-
-    api_version: str
-    kind: str
-    namespace: str
-    name: str
-    uid: str = ""
 
 
 class EventSink(Protocol):
@@ -99,10 +88,10 @@ def event_body(
         "source": {"component": COMPONENT},
         "reportingComponent": COMPONENT,
         "reportingInstance": instance or COMPONENT,
-        "firstTimestamp": rfc3339(now),
-        "lastTimestamp": rfc3339(now),
+        "firstTimestamp": format_time(now),
+        "lastTimestamp": format_time(now),
         # Microseconds, for whoever times the operator (bench/detection_latency.py).
-        "eventTime": datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "eventTime": format_micro_time(now),
         "count": 1,
     }
 

@@ -20,11 +20,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpuwarden.operator.kubeapi import ApiError, JsonObject, KubeApi
-from gpuwarden.operator.posting import ObjectRef, event_body
+from gpuwarden.operator.posting import event_body
+from gpuwarden.operator.resources import SCALER_FIELD_MANAGER, ObjectRef, policies_path
 from gpuwarden.policy.model import ScaleTargetRef
-
-FIELD_MANAGER = "gpuwarden-scaler"
-"""Who the API server records as having set the replicas (``managedFields``)."""
 
 # The built-in workloads with a /scale subresource: no discovery round trip for them.
 _KNOWN_PLURALS = {
@@ -155,7 +153,7 @@ class KubeScaleApi:
             "PATCH",
             scale.path,
             body=body,
-            params={"fieldManager": FIELD_MANAGER},
+            params={"fieldManager": SCALER_FIELD_MANAGER},
             content_type="application/merge-patch+json",
         )
         return int((answer.get("spec") or {}).get("replicas") or 0)
@@ -214,7 +212,7 @@ class KubeScaleApi:
         listing = await self._request(
             f"GPUMonitorPolicies in {namespace}",
             "GET",
-            f"/apis/gpuwarden.dev/v1alpha1/namespaces/{namespace}/gpumonitorpolicies",
+            policies_path(namespace),
         )
         return [item for item in listing.get("items") or [] if isinstance(item, dict)]
 

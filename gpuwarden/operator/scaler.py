@@ -32,9 +32,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuwarden.kubetime import format_time, parse_epoch
 from gpuwarden.operator.claims import PolicyClaim, policy_claim
 from gpuwarden.operator.metrics import DesiredReplicasCollector
-from gpuwarden.operator.posting import EventSink, ObjectRef
+from gpuwarden.operator.posting import EventSink
+from gpuwarden.operator.resources import ObjectRef, PolicyKey
 from gpuwarden.operator.scaleapi import (
     KubeScaleApi,
     NotFound,
@@ -46,8 +48,8 @@ from gpuwarden.operator.scaleapi import (
     group_of,
 )
 from gpuwarden.operator.scaling import ScaleResult
-from gpuwarden.operator.state import OperatorState, PolicyKey
-from gpuwarden.operator.status import SCALING_ACTIVE, parse_rfc3339, rfc3339
+from gpuwarden.operator.state import OperatorState
+from gpuwarden.operator.status import SCALING_ACTIVE
 from gpuwarden.policy.engine import Evaluation
 from gpuwarden.policy.model import PolicySpec, ScaleAction, ScaleTargetRef
 from gpuwarden.policy.predictive import WorkloadLoad
@@ -69,9 +71,6 @@ __all__ = [
     "WorkloadScaler",
     "attach_scaler",
 ]
-
-POLICY_API_VERSION = "gpuwarden.dev/v1alpha1"
-POLICY_KIND = "GPUMonitorPolicy"
 
 STALE_INTERVALS = 3
 STALE_MIN_SECONDS = 60.0
@@ -223,14 +222,14 @@ class WorkloadScaler:
             # A new target starts afresh: the old one's wishes and cooldowns say nothing about it.
             state = self._policies[policy] = _PolicyScaling(action.target_ref)
         state.seen_at, state.expires_after = now, expires_after
-        me = ObjectRef(POLICY_API_VERSION, POLICY_KIND, policy.namespace, policy.name)
+        me = policy.object_ref()
         target = action.target_ref
         what = f"{target.kind} {target.name}"
 
         claims = list(policies)
         mine = next((c for c in claims if c.name == policy.name), None)
         if mine is not None:
-            me = ObjectRef(POLICY_API_VERSION, POLICY_KIND, policy.namespace, policy.name, mine.uid)
+            me = policy.object_ref(mine.uid)
             if not state.restored:
                 self._restore(state, mine.scale_status)
         state.restored = True
@@ -315,7 +314,7 @@ class WorkloadScaler:
     @staticmethod
     def _restore(state: _PolicyScaling, scale_status: Mapping[str, Any]) -> None:
         """Carry on from ``status.scale`` after a restart or a failover: cooldowns run on."""
-        when = parse_rfc3339(str(scale_status.get("lastScaleTime") or ""))
+        when = parse_epoch(scale_status.get("lastScaleTime"))
         if when is None:
             return  # never scaled, or unreadable: nothing to carry on
         state.last_scale_time = when
@@ -411,7 +410,7 @@ def _outcome(
         status=ScaleStatus(
             current_replicas=current,
             desired_replicas=decision.wanted if decision is not None else None,
-            last_scale_time=None if state.last_scale_time is None else rfc3339(state.last_scale_time),
+            last_scale_time=None if state.last_scale_time is None else format_time(state.last_scale_time),
             last_scale_reason=state.last_scale_reason,
         ),
         condition=Condition(SCALING_ACTIVE, status, reason, message),

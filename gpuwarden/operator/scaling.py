@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from gpuwarden.operator.claims import PolicyClaim
-    from gpuwarden.operator.state import PolicyKey
+    from gpuwarden.operator.resources import PolicyKey
     from gpuwarden.policy.engine import Evaluation
     from gpuwarden.policy.model import PolicySpec
 

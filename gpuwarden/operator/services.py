@@ -21,7 +21,8 @@ from gpuwarden.operator.config import Address
 from gpuwarden.operator.ingest import make_ingest_app
 from gpuwarden.operator.metrics import make_metrics_app
 from gpuwarden.operator.nodehealth import NodeHealthMonitor
-from gpuwarden.operator.state import OperatorState, PodRecord
+from gpuwarden.operator.resources import PodRecord
+from gpuwarden.operator.state import OperatorState
 
 __all__ = ["Services"]
 

@@ -31,13 +31,12 @@ from gpuwarden.operator.membership import (
     lease_name,
     live_members,
 )
+from gpuwarden.operator.resources import FIELD_MANAGER
 from gpuwarden.operator.shards import policy_key
 
 __all__ = ["Sharding"]
 
 logger = logging.getLogger(__name__)
-
-FIELD_MANAGER = "gpuwarden-operator"
 
 
 class Sharding(Leadership):

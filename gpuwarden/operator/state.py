@@ -24,13 +24,13 @@ from gpuwarden.operator.kubeapi import KubeApi
 from gpuwarden.operator.leadership import Leadership
 from gpuwarden.operator.metrics import OperatorMetrics, store_gauges
 from gpuwarden.operator.pacing import Pacing, PolicySchedule
-from gpuwarden.operator.posting import EventPoster, ObjectRef
+from gpuwarden.operator.posting import EventPoster
 from gpuwarden.operator.ratelimit import NodeRateLimiter
+from gpuwarden.operator.resources import PolicyKey
 from gpuwarden.operator.sharding import Sharding
 from gpuwarden.operator.tokenreview import TokenAuthenticator
 from gpuwarden.operator.verdictexchange import VerdictIngest, VerdictSender
 from gpuwarden.operator.verdictmerge import VerdictBoard
-from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.healthstore import Admission, HealthStore
 from gpuwarden.policy.intake import points_from_snapshot
 from gpuwarden.policy.series import PodId, SeriesKey, SeriesStore
@@ -46,8 +46,6 @@ __all__ = [
     "MIN_RETENTION",
     "PRUNE_SECONDS",
     "OperatorState",
-    "PodRecord",
-    "PolicyKey",
 ]
 
 MIN_RETENTION = 600.0
@@ -66,29 +64,6 @@ MAX_REPORT_AGE = MAX_RETENTION
 
 _OUT_OF_SCOPE = "out_of_scope"
 """A pod of a namespace not watched: its readings are dropped without a word (not a refusal)."""
-
-
-@dataclass(frozen=True, slots=True)
-class PolicyKey:
-    """A policy by namespace and name."""
-
-    namespace: str
-    name: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-@dataclass(frozen=True, slots=True)
-class PodRecord:
-    """What the pod index keeps of a GPU pod: the engine's view and what an Event needs to refer to it."""
-
-    view: PodView
-    uid: str
-
-    def object_ref(self) -> ObjectRef:
-        """The pod, as an Event's ``involvedObject``."""
-        return ObjectRef("v1", "Pod", self.view.namespace, self.view.name, self.uid)
 
 
 @dataclass(eq=False)

@@ -42,11 +42,10 @@ from operator_support import (
 from test_chart import can_i  # the chart tests' `kubectl auth can-i` as a ServiceAccount
 
 from gpuwarden.operator.claims import policy_claim
-from gpuwarden.operator.evaluation import GROUP, PLURAL, VERSION
 from gpuwarden.operator.kubeapi import KubeApi
+from gpuwarden.operator.resources import GROUP, PLURAL, VERSION, PolicyKey
 from gpuwarden.operator.scaleapi import KubeScaleApi
 from gpuwarden.operator.scaler import ScaleOutcome, WorkloadScaler
-from gpuwarden.operator.state import PolicyKey
 from gpuwarden.operator.status import PolicyVerdict, build_status
 from gpuwarden.policy.model import ScaleAction
 from gpuwarden.policy.parse import parse_spec

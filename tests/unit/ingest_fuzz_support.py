@@ -40,7 +40,8 @@ from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.ingest import MAX_FUTURE_SKEW, make_ingest_app
 from gpuwarden.operator.metrics import make_metrics_app
 from gpuwarden.operator.nodehealth import NodeSettings, incident_event, node_verdict
-from gpuwarden.operator.state import MAX_REPORT_AGE, PolicyKey
+from gpuwarden.operator.resources import PolicyKey
+from gpuwarden.operator.state import MAX_REPORT_AGE
 from gpuwarden.operator.tokenreview import TokenAuthenticator
 from gpuwarden.operator.verdictexchange import VerdictIngest
 from gpuwarden.policy.engine import PodView, PolicyEvaluator

@@ -34,7 +34,8 @@ from gpuwarden.operator.ingest import (
     ReportBook,
     make_ingest_app,
 )
-from gpuwarden.operator.state import MAX_GPUS_PER_POD, MAX_REPORT_AGE, OperatorState, PolicyKey
+from gpuwarden.operator.resources import PolicyKey
+from gpuwarden.operator.state import MAX_GPUS_PER_POD, MAX_REPORT_AGE, OperatorState
 from gpuwarden.policy import PodView, PolicyEvaluator
 from gpuwarden.policy.parse import parse_spec
 from gpuwarden.policy.series import SeriesKey

@@ -12,9 +12,9 @@ from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.evaluation import PolicyRunner
 from gpuwarden.operator.pacing import Pacing
-from gpuwarden.operator.posting import ObjectRef
+from gpuwarden.operator.resources import ObjectRef, PodRecord, PolicyKey
 from gpuwarden.operator.scaling import ScaleResult
-from gpuwarden.operator.state import OperatorState, PodRecord, PolicyKey
+from gpuwarden.operator.state import OperatorState
 from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.model import PolicySpec
 from gpuwarden.policy.series import Point, SeriesKey

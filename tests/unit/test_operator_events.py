@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from gpuwarden.operator.events import Announcer, EventSpec, Target, announce
-from gpuwarden.operator.posting import ObjectRef
+from gpuwarden.operator.resources import ObjectRef
 from gpuwarden.policy.engine import Evaluation
 from gpuwarden.policy.findings import Finding, FindingTransition, Resolution, Transition
 from gpuwarden.policy.rules import RuleKind

@@ -32,8 +32,8 @@ from gpuwarden.operator.nodehealth import (
     incident_event,
     node_verdict,
 )
-from gpuwarden.operator.posting import ObjectRef, event_body
-from gpuwarden.operator.state import PodRecord
+from gpuwarden.operator.posting import event_body
+from gpuwarden.operator.resources import ObjectRef, PodRecord
 from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.healthstore import HealthStore
 from gpuwarden.policy.xids import CRITICAL_XIDS

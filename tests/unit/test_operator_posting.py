@@ -13,7 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from gpuwarden.operator.kubeapi import ApiError
 from gpuwarden.operator.metrics import OperatorMetrics
-from gpuwarden.operator.posting import EventPoster, ObjectRef, event_body
+from gpuwarden.operator.posting import EventPoster, event_body
+from gpuwarden.operator.resources import ObjectRef
 
 T0 = 1_800_000_000.0
 POD = ObjectRef("v1", "Pod", "ns", "p", "pod-uid")

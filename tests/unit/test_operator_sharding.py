@@ -23,9 +23,9 @@ from gpuwarden.operator.evaluation import PolicyRunner
 from gpuwarden.operator.ingest import make_ingest_app
 from gpuwarden.operator.membership import URL_ANNOTATION, Member, ShardView, lease_name
 from gpuwarden.operator.metrics import OperatorMetrics
-from gpuwarden.operator.posting import ObjectRef
+from gpuwarden.operator.resources import ObjectRef, PodRecord, PolicyKey
 from gpuwarden.operator.shards import policy_key
-from gpuwarden.operator.state import OperatorState, PodRecord, PolicyKey
+from gpuwarden.operator.state import OperatorState
 from gpuwarden.operator.verdictexchange import VerdictSender
 from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.series import Point, SeriesKey

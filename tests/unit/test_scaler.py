@@ -13,11 +13,13 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gpuwarden.kubetime import format_time
 from gpuwarden.local.policies import LocalPolicy
 from gpuwarden.local.session import SimulatedScaler
 from gpuwarden.operator.claims import PolicyClaim, policy_claim
 from gpuwarden.operator.kubeapi import JsonObject
 from gpuwarden.operator.metrics import DesiredReplicasCollector
+from gpuwarden.operator.resources import PolicyKey
 from gpuwarden.operator.scaleapi import (
     HpaRef,
     NotFound,
@@ -28,8 +30,6 @@ from gpuwarden.operator.scaleapi import (
 )
 from gpuwarden.operator.scaler import WorkloadScaler
 from gpuwarden.operator.scaling import ScaleResult
-from gpuwarden.operator.state import PolicyKey
-from gpuwarden.operator.status import rfc3339
 from gpuwarden.policy.engine import Evaluation, RuleKind
 from gpuwarden.policy.findings import Finding
 from gpuwarden.policy.model import ScaleAction, ScaleDirection, ScaleTargetRef
@@ -498,7 +498,7 @@ async def test_the_operator_and_local_mode_take_the_same_scale_steps(
             changes_operator.append(last)
         note = local.scale(evaluation, now)
         if note is not None:
-            changes_local.append(rfc3339(note.at))
+            changes_local.append(format_time(note.at))
         assert local.target is not None
         replicas.append((cluster.replicas["llm-server"], local.target.replicas))
     operator_replicas = [o for o, _ in replicas]
