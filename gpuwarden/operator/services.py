@@ -22,6 +22,7 @@ from gpuwarden.operator.ingest import make_ingest_app
 from gpuwarden.operator.metrics import make_metrics_app
 from gpuwarden.operator.nodehealth import NodeHealthMonitor
 from gpuwarden.operator.state import OperatorState, PodRecord
+from gpuwarden.serving import ConnectionCollector, ConnectionLimiter, connection_cap, raise_fd_limit, serve
 
 __all__ = ["Services"]
 
@@ -42,6 +43,11 @@ class Services:
         self._tasks: list[asyncio.Task[None]] = []
         """Cancelled at exit, last started first; the Event poster is apart: it is drained first."""
         self._posting: asyncio.Task[None] | None = None
+        fds = raise_fd_limit()
+        self.connections = ConnectionLimiter(connection_cap(fds, state.config.max_connections))
+        """Shared by the ingest and the metrics servers."""
+        state.metrics.registry.register(ConnectionCollector(self.connections, "gpuwarden_operator"))
+        logger.info("File-descriptor limit %d: at most %d connections at once.", fds, self.connections.limit)
         self.node_health: NodeHealthMonitor | None = None
         if state.config.node_health:
             self.node_health = NodeHealthMonitor(
@@ -58,6 +64,7 @@ class Services:
         """Listen on the ingest and metrics addresses; follow the peering verdict; post Events;
         prune the stores; judge node health."""
         config = self.state.config
+        self.connections.count_accept_errors(asyncio.get_running_loop())
         tls = None
         if config.tls_cert_file and config.tls_key_file:
             tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -77,11 +84,15 @@ class Services:
     async def _serve(
         self, app: web.Application, address: Address, tls: ssl.SSLContext | None, what: str
     ) -> None:
-        # Access logs at 2,000 reports a second would drown everything else; errors are logged by the handler.
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
+        runner = await serve(
+            app,
+            address.host,
+            address.port,
+            limiter=self.connections,
+            idle_timeout=self.state.config.idle_timeout,
+            ssl_context=tls,
+        )
         self._runners.append(runner)
-        await web.TCPSite(runner, address.host, address.port, ssl_context=tls, backlog=1024).start()
         logger.info("Serving %s on %s%s.", what, address, " (TLS)" if tls else "")
 
     async def stop(self) -> None:
