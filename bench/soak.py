@@ -205,15 +205,15 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
     async def stats(request: web.Request) -> web.Response:
         state.metrics.exposition()  # a scrape, as Prometheus makes (it ages out the per-pod gauges)
         growth: list[str] = []
+        recent: list[str] = []
         if args.tracemalloc:
             snapshot = tracemalloc.take_snapshot()
             if not baseline:
                 baseline.append(snapshot)
-            growth = [
-                f"{d.size_diff / 2**20:+.2f} MiB {d.count_diff:+d} blocks: "
-                + " < ".join(f"{f.filename.rpartition('/')[2]}:{f.lineno}" for f in reversed(d.traceback))
-                for d in snapshot.compare_to(baseline[0], "traceback")[:6]
-            ]
+            growth = _growth(snapshot, baseline[0])
+            # What grew since the last sample: past the stores' warm-up, only what keeps growing.
+            recent = _growth(snapshot, baseline[-1])
+            baseline[1:] = [snapshot]
         get = state.metrics.registry.get_sample_value
         store = state.store.stats()
         usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -234,6 +234,7 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
                 "status_writes": api.status_writes,
                 "events_pending": state.events.pending,
                 "growth": growth,
+                "growth_since_last": recent,
             }
         )
 
@@ -242,6 +243,15 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
     await serve_until_stopped(app, port_queue, stop_event)
     for task in tasks:
         task.cancel()
+
+
+def _growth(snapshot: tracemalloc.Snapshot, since: tracemalloc.Snapshot) -> list[str]:
+    """The six allocation sites that grew most from ``since`` to ``snapshot``."""
+    return [
+        f"{d.size_diff / 2**20:+.2f} MiB {d.count_diff:+d} blocks: "
+        + " < ".join(f"{f.filename.rpartition('/')[2]}:{f.lineno}" for f in reversed(d.traceback))
+        for d in snapshot.compare_to(since, "traceback")[:6]
+    ]
 
 
 def server_main(args: argparse.Namespace, layout: ChurningLayout, port_queue: Any, stop_event: Any) -> None:
@@ -298,7 +308,8 @@ def main() -> int:
     parser.add_argument(
         "--tracemalloc",
         action="store_true",
-        help="trace the server's allocations (slower); each sample then names the top growth since the first",
+        help="trace the server's allocations (slower); each sample then names the top growth since the "
+        "first sample and since the one before",
     )
     args = parser.parse_args()
     args.mode = "steady"  # what bench/ingest.py's load reads
@@ -341,6 +352,7 @@ def main() -> int:
         }
         if stats["growth"]:
             sample["growth"] = stats["growth"]
+            sample["growth_since_last"] = stats["growth_since_last"]
         if previous is not None:
             wall = stats["now"] - previous["now"]
             sample["reports_per_s"] = round((stats["received"] - previous["received"]) / wall, 1)
