@@ -22,6 +22,7 @@ from gpuwarden.operator.ingest import make_ingest_app
 from gpuwarden.operator.metrics import make_metrics_app
 from gpuwarden.operator.nodehealth import NodeHealthMonitor
 from gpuwarden.operator.state import OperatorState, PodRecord
+from gpuwarden.operator.tokenreview import ReviewCollector
 from gpuwarden.serving import ConnectionCollector, ConnectionLimiter, connection_cap, raise_fd_limit, serve
 
 __all__ = ["Services"]
@@ -47,6 +48,7 @@ class Services:
         self.connections = ConnectionLimiter(connection_cap(fds, state.config.max_connections))
         """Shared by the ingest and the metrics servers."""
         state.metrics.registry.register(ConnectionCollector(self.connections, "gpuwarden_operator"))
+        state.metrics.registry.register(ReviewCollector(state.authenticator, "gpuwarden_operator"))
         logger.info("File-descriptor limit %d: at most %d connections at once.", fds, self.connections.limit)
         self.node_health: NodeHealthMonitor | None = None
         if state.config.node_health:
