@@ -11,7 +11,8 @@ mode (``/metrics``, health) listens through :func:`serve`:
 - the connections open at once are capped by a :class:`ConnectionLimiter`, shared by every server
   of the process and kept below its file-descriptor limit (raised at start to the hard limit by
   :func:`raise_fd_limit`), so that the process's own clients (Kopf's API connections, the
-  TokenReviews) always find a descriptor. At the cap a new connection does not wait and is not
+  TokenReviews) always find a descriptor (the listen backlog, which is also how many connections
+  asyncio accepts in one go, is kept within the reserve). At the cap a new connection does not wait and is not
   refused: the connection heard from least recently is closed to make room, which is an idle one
   (a flood of idle connections evicts itself, not the agents that are sending);
 - ``accept()`` running out of descriptors anyway (the limit shared with everything else) is what
@@ -237,6 +238,12 @@ async def serve(
 
     ``OSError`` (the port is taken) propagates after the runner is cleaned up.
     """
+    # asyncio accepts up to `backlog` connections in one go before the limiter sees any, and an evicted
+    # one's descriptor is freed a turn of the loop later: twice that must fit beyond the cap, with
+    # room left for the API clients, so the backlog is at most a quarter of the reserve.
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft != resource.RLIM_INFINITY:
+        backlog = max(16, min(backlog, (soft - limiter.limit) // 4))
     app.middlewares.insert(0, _deadline(request_timeout))
     # Access logs at 2,000 requests a second would drown everything else.
     runner = web.AppRunner(
