@@ -89,15 +89,20 @@ async def _server(variant: str, fd_limit: int, port_queue: Any, stop: Any, stats
 
     task = asyncio.create_task(api_client())
     port_queue.put(runner.addresses[0][1])
+    peak_fds = peak_open = 0
     while not stop.is_set():
         await asyncio.sleep(0.2)
         try:
             fds: int | str = len(os.listdir("/proc/self/fd"))
+            peak_fds = max(peak_fds, int(fds))
         except OSError as exc:  # itself needs a descriptor
             fds = str(exc)
+        peak_open = max(peak_open, len(limiter) if limiter else 0)
         stats_queue.put(
             {
                 "open_fds": fds,
+                "peak_open_fds": peak_fds,
+                "peak_connections_open": peak_open if limiter else None,
                 "outgoing_made": made,
                 "outgoing_failed": len(failed),
                 "outgoing_error": failed[-1] if failed else None,
