@@ -148,23 +148,31 @@ sys.stdin.read()  # keep the connection until the test is done
 """
 
 
-async def test_a_message_from_another_process_is_that_processs_whatever_it_claims(
-    server: HookServer, recorder: Recorder
-) -> None:
-    # A "pid" of its own choosing would be refused as an unknown field; nothing else names a process.
+@contextlib.asynccontextmanager
+async def child_writing(path: Path, text: bytes) -> AsyncIterator[asyncio.subprocess.Process]:
+    """Another process that connects to ``path``, writes ``text`` and holds its connection until the
+    block ends."""
     child = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-c", CLIENT, str(server.path), line(step=3).decode()),
+        *(sys.executable, "-c", CLIENT, str(path), text.decode()),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
     )
     assert child.stdin is not None
     try:
-        await recorder.until(lambda: recorder.messages == 1)
-        assert set(server.readings.fresh(NOW)) == {child.pid}
-        assert child.pid != os.getpid()
+        yield child
     finally:
         child.stdin.close()
         assert await child.wait() == 0
+
+
+async def test_a_message_from_another_process_is_that_processs_whatever_it_claims(
+    server: HookServer, recorder: Recorder
+) -> None:
+    # A "pid" of its own choosing would be refused as an unknown field; nothing else names a process.
+    async with child_writing(server.path, line(step=3)) as child:
+        await recorder.until(lambda: recorder.messages == 1)
+        assert set(server.readings.fresh(NOW)) == {child.pid}
+        assert child.pid != os.getpid()
 
 
 def test_a_pid_in_the_message_is_refused() -> None:
@@ -407,18 +415,9 @@ async def test_one_peer_holding_connections_locks_out_only_itself(
         reader, _ = await connect(hooks)
         assert await closed_by_server(reader)
         assert recorder.refusals == {"peerConnections": 1}
-        child = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-c", CLIENT, str(hooks.path), line(step=3).decode()),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        assert child.stdin is not None
-        try:
+        async with child_writing(hooks.path, line(step=3)) as child:
             await recorder.until(lambda: recorder.messages == 4)
             assert child.pid in hooks.readings.fresh(time.time())
-        finally:
-            child.stdin.close()
-            assert await child.wait() == 0
         for _, writer in held:
             writer.close()
     finally:
