@@ -63,6 +63,7 @@ from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.evaluation import PolicyRunner
 from gpuwarden.operator.ingest import make_ingest_app
+from gpuwarden.operator.services import return_freed_memory
 from gpuwarden.operator.state import MIN_RETENTION, OperatorState, PodRecord, PolicyKey
 from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.series import Point, SeriesKey
@@ -191,7 +192,9 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
         tracemalloc.start(4)  # after the prefill, which it would slow tenfold
 
     # What Services runs in the operator, and the churn.
-    background = (state.events.run(), state.prune(), fleet.churn(args.deletion_lag))
+    background = [state.events.run(), state.prune(), fleet.churn(args.deletion_lag)]
+    if not args.no_trim:
+        background.append(return_freed_memory())
     tasks = [asyncio.create_task(t) for t in background]
     tasks += [
         asyncio.create_task(
@@ -304,6 +307,11 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=256, help="client connections in all")
     parser.add_argument("--server-cpu", type=int, default=0)
     parser.add_argument("--load-processes", type=int, default=0, help="default: one per other CPU")
+    parser.add_argument(
+        "--no-trim",
+        action="store_true",
+        help="leave out the heap trim the operator runs after each prune (to measure without it)",
+    )
     parser.add_argument("--out", type=Path, help="also write the samples here, one JSON object a line")
     parser.add_argument(
         "--tracemalloc",

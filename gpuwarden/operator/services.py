@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import logging
 import ssl
 from collections.abc import Iterable, Mapping
@@ -21,16 +23,40 @@ from gpuwarden.operator.config import Address
 from gpuwarden.operator.ingest import make_ingest_app
 from gpuwarden.operator.metrics import make_metrics_app
 from gpuwarden.operator.nodehealth import NodeHealthMonitor
-from gpuwarden.operator.state import OperatorState, PodRecord
+from gpuwarden.operator.state import PRUNE_SECONDS, OperatorState, PodRecord
 from gpuwarden.operator.tokenreview import ReviewCollector
 from gpuwarden.serving import ConnectionCollector, ConnectionLimiter, connection_cap, raise_fd_limit, serve
 
-__all__ = ["Services"]
+__all__ = ["Services", "return_freed_memory", "trim_heap"]
 
 logger = logging.getLogger(__name__)
 
 DRAIN_SECONDS = 5.0
 """At exit, how long queued Events get to be posted (within the pod's termination grace period)."""
+
+
+def trim_heap() -> bool:
+    """Give the C heap's free pages back to the system (glibc's ``malloc_trim``); False where there
+    is no glibc. Large buffers (the series' columns) are freed and reallocated as readings come
+    and go; glibc keeps the freed pages mapped unless asked, so resident memory creeps up while
+    what Python holds stays flat (docs/benchmarks.md, the soak)."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim(0)
+    return True
+
+
+async def return_freed_memory(every: float = PRUNE_SECONDS) -> None:
+    """Forever, every ``every`` seconds, :func:`trim_heap` (after the stores' pruning has freed)."""
+    while True:
+        await asyncio.sleep(every)
+        if not trim_heap():
+            return
 
 
 class Services:
@@ -78,6 +104,7 @@ class Services:
         )
         self._tasks.append(asyncio.create_task(self.state.leadership.run(), name="gpuwarden leadership"))
         self._tasks.append(asyncio.create_task(self.state.prune(), name="gpuwarden pruning"))
+        self._tasks.append(asyncio.create_task(return_freed_memory(), name="gpuwarden heap trim"))
         if self.node_health is not None:
             self._tasks.append(asyncio.create_task(self.node_health.run(), name="gpuwarden node health"))
         self._posting = asyncio.create_task(self.state.events.run(), name="gpuwarden events")
