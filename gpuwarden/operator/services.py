@@ -3,8 +3,10 @@
 Started by a ``@kopf.on.startup`` handler and stopped by ``@kopf.on.cleanup``:
 the ingest server (``POST /v1/reports``), the metrics server (``/metrics``,
 ``/healthz``, ``/readyz``), the leadership loop (peering verdict → pod label), the
-Event poster, the pruning of the series and health stores, and with ``--node-health``
-the node view of GPU health (:mod:`.nodehealth`).
+Event poster, the pruning of the series and health stores and the heap trim after it
+(:func:`return_freed_memory`), and with ``--node-health`` the node view of GPU health
+(:mod:`.nodehealth`). The servers go through :mod:`gpuwarden.serving` (timeouts, one connection
+cap for both under the file-descriptor limit raised here).
 """
 
 from __future__ import annotations
