@@ -15,15 +15,19 @@ three ways against the example policy's rule,
   ``for``. ``deriv`` is computed as Prometheus 2.x defines it: the least-squares
   slope of the samples with timestamps in ``[t - 30m, t]``, x relative to ``t``,
   at least two samples.
+- **predict_linear**: ``predict_linear(gpu_memory_used_bytes[5m], 600) > 141Gi``
+  (the card full within 10 minutes on the last 5 minutes' line), the same way:
+  the least-squares line's value at ``t`` plus 600 s of its slope.
 
 For a leak the figure is the delay from the leak's onset to the first firing
-(minutes; median and worst over the seeds); for every other shape, the minutes
-flagged (a finding active, or the deriv rule true), summed over the hour (median
-and worst over the seeds).
+(minutes; median and worst over the seeds), and the share of its time to full
+(from the onset, before noise) still ahead when the worst seed fired; for every
+other shape, the minutes flagged (a finding active, or the rule true), summed over
+the hour (median and worst over the seeds).
 
     .venv/bin/python bench/leak_detection.py                 # the table (~1 minute)
     .venv/bin/python bench/leak_detection.py --seeds 1 --trace "sawtooth 20-40Gi/10m" --timeline
-    .venv/bin/python bench/leak_detection.py --promtool      # cross-check deriv with promtool on one trace
+    .venv/bin/python bench/leak_detection.py --promtool      # both PromQL rules against promtool, 3 traces
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuwarden.policy import PodView, Point, PolicyEvaluator, SeriesKey, SeriesStore, Transition
+from gpuwarden.policy.humanize import approx_duration
 from gpuwarden.policy.model import LabelSelector, MemoryGrowth, PolicySpec
 
 T0 = 1_750_000_000.0
@@ -100,6 +105,20 @@ def sine(mid: float, amplitude: float, period: float) -> Shape:
     return lambda t: mid - amplitude * math.cos(2 * math.pi * t / period)
 
 
+FAST_RATES = (5, 15, 30, 60)
+"""Gi per minute: leaks that fill the card in 2 to 28 minutes."""
+FAST_STARTS = ((2, 0), (40, 307), (80, 1203))
+"""(Gi used, seconds flat before the leak): from the job's start, and after 5 or 20 flat minutes."""
+
+
+def fast_leak(per_minute: int, start: int, at: float, noise: float) -> Trace:
+    """``per_minute`` Gi/m from ``start`` Gi after ``at`` flat seconds; 4Mi of noise unless ``noise``."""
+    name = f"leak {per_minute}Gi/m from {start}Gi" + (f" at {at / 60:.0f}m" if at else "")
+    if noise:
+        name += f", noise {noise / GI:.0f}Gi"
+    return Trace(name, leak(start * GI, per_minute * GI, at=at), leak_from=at, noise_bytes=noise or 4 * MI)
+
+
 TRACES: tuple[Trace, ...] = (
     Trace("leak 150Mi/m (x1.5)", leak(20 * GI, 150 * MI), leak_from=0),
     Trace("leak 200Mi/m (x2)", leak(20 * GI, 200 * MI), leak_from=0),
@@ -113,6 +132,12 @@ TRACES: tuple[Trace, ...] = (
     Trace("the same, 0.9Gi from full", leak(CARD - 0.9 * GI, 104 * MI), leak_from=0, noise_bytes=43 * MI),
     Trace("leak 200Mi/m after a 100Gi load", leak(4 * GI, 200 * MI, at=60, load=100 * GI), leak_from=60),
     Trace("leak 200Mi/m from minute 30", leak(40 * GI, 200 * MI, at=1800), leak_from=1800),
+    *(
+        fast_leak(rate, start, at, noise)
+        for rate in FAST_RATES
+        for start, at in FAST_STARTS
+        for noise in (0, GI)
+    ),
     Trace("staircase 4x16Gi/90s, then flat", staircase(4 * GI, 16 * GI, 90, 4)),
     Trace("the same, noise 256Mi", staircase(4 * GI, 16 * GI, 90, 4), noise_bytes=256 * MI),
     Trace("staircase 8x4Gi/30s, then flat", staircase(8 * GI, 4 * GI, 30, 8)),
@@ -177,10 +202,13 @@ def run_engine(values: Sequence[float], every: int) -> Flags:
     return Flags(first, flagged, "".join(marks))
 
 
-def deriv(times: Sequence[float], values: Sequence[float], at: float, range_seconds: float) -> float | None:
-    """PromQL ``deriv(v[range])`` at ``at``: the least-squares slope of the samples in ``[at - range, at]``.
+def _regression(
+    times: Sequence[float], values: Sequence[float], at: float, range_seconds: float
+) -> tuple[float, float] | None:
+    """PromQL's least-squares line through the samples in ``[at - range, at]``: (slope, its value at ``at``).
 
-    As Prometheus 2.x computes it (``linearRegression`` in promql/functions.go), x relative to ``at``.
+    As Prometheus 2.x computes it (``linearRegression`` in promql/functions.go), x relative to ``at``;
+    None with fewer than two samples.
     """
     points = [(t - at, v) for t, v in zip(times, values, strict=True) if at - range_seconds <= t <= at]
     if len(points) < 2:
@@ -190,19 +218,54 @@ def deriv(times: Sequence[float], values: Sequence[float], at: float, range_seco
     mean_y = sum(y for _, y in points) / n
     covariance = sum((x - mean_x) * (y - mean_y) for x, y in points)
     variance = sum((x - mean_x) ** 2 for x, _ in points)
-    return covariance / variance
+    slope = covariance / variance
+    return slope, mean_y - slope * mean_x
 
 
-def run_deriv(values: Sequence[float]) -> Flags:
-    """``deriv(mem[30m]) * 60 > 100Mi`` on 30 s samples, evaluated every 30 s."""
+def deriv(times: Sequence[float], values: Sequence[float], at: float, range_seconds: float) -> float | None:
+    """PromQL ``deriv(v[range])`` at ``at``: the least-squares slope of the samples in range."""
+    line = _regression(times, values, at, range_seconds)
+    return None if line is None else line[0]
+
+
+def predict_linear(
+    times: Sequence[float], values: Sequence[float], at: float, range_seconds: float, ahead: float
+) -> float | None:
+    """PromQL ``predict_linear(v[range], ahead)`` at ``at``: the least-squares line ``ahead`` s on."""
+    line = _regression(times, values, at, range_seconds)
+    return None if line is None else line[1] + line[0] * ahead
+
+
+@dataclass(frozen=True)
+class PromRule:
+    """A PromQL alert as a DCGM-exporter user writes it, and the same computed here."""
+
+    expr: str
+    fires: Callable[[Sequence[float], Sequence[float], float], bool]
+    """Whether it fires at ``at`` on the scraped ``(times, values)``."""
+
+
+DERIV = PromRule(
+    f"deriv(gpu_memory_used_bytes[30m]) * 60 > {100 * MI}",
+    lambda times, values, at: (
+        (d := deriv(times, values, at, RULE.window_seconds)) is not None and d * 60 > 100 * MI
+    ),
+)
+PREDICT_LINEAR = PromRule(
+    f"predict_linear(gpu_memory_used_bytes[5m], 600) > {CARD}",
+    lambda times, values, at: (p := predict_linear(times, values, at, 300, 600)) is not None and p > CARD,
+)
+
+
+def run_promql(values: Sequence[float], rule: PromRule) -> Flags:
+    """``rule`` on 30 s samples, evaluated every 30 s, no ``for``."""
     times = [float(t) for t in range(0, HOUR + 1, SCRAPE_SECONDS)]
     scraped = [values[int(t)] for t in times]
     first: float | None = None
     flagged = 0.0
     marks: list[str] = []
     for at in times:
-        slope = deriv(times, scraped, at, RULE.window_seconds)
-        firing = slope is not None and slope * 60 > 100 * MI
+        firing = rule.fires(times, scraped, at)
         if firing:
             first = at if first is None else first
             flagged += SCRAPE_SECONDS if at < HOUR else 0
@@ -211,19 +274,16 @@ def run_deriv(values: Sequence[float]) -> Flags:
     return Flags(first, flagged, "".join(marks))
 
 
-def promtool_check(trace: Trace, seed: int) -> str:
-    """``promtool test rules`` on one trace: the deriv rule must fire exactly when :func:`run_deriv` says."""
+def promtool_check(trace: Trace, seed: int, rule: PromRule) -> str:
+    """``promtool test rules`` on one trace: ``rule`` must fire exactly when :func:`run_promql` says."""
     values = readings(trace, seed)
     scraped = [values[t] for t in range(0, HOUR + 1, SCRAPE_SECONDS)]
-    ours = run_deriv(values)
+    ours = run_promql(values, rule)
     alerts = []
     for minute, mark in enumerate(ours.timeline, start=1):
         expected = "[{exp_labels: {gpu: GPU-0}}]" if mark == "x" else "[]"
         alerts.append(f"      - {{eval_time: {minute}m, alertname: Leak, exp_alerts: {expected}}}")
-    rules = (
-        "groups:\n  - name: leak\n    rules:\n      - alert: Leak\n"
-        f"        expr: deriv(gpu_memory_used_bytes[30m]) * 60 > {100 * MI}\n"
-    )
+    rules = f"groups:\n  - name: leak\n    rules:\n      - alert: Leak\n        expr: {rule.expr}\n"
     series = " ".join(repr(v) for v in scraped)
     test = (
         "rule_files: [rules.yaml]\nevaluation_interval: 30s\ntests:\n  - interval: 30s\n"
@@ -237,8 +297,20 @@ def promtool_check(trace: Trace, seed: int) -> str:
             ["promtool", "test", "rules", "test.yaml"], cwd=tmp, capture_output=True, text=True, check=False
         )
     verdict = "agrees" if done.returncode == 0 else "DISAGREES"
-    head = f"promtool {verdict} with deriv on {trace.name!r} ({len(alerts)} minutes)"
+    firing = ours.timeline.count("x")
+    name = rule.expr.split("(")[0]
+    head = f"promtool {verdict} with {name} on {trace.name!r} ({len(alerts)} minutes, {firing} firing)"
     return f"{head}:\n{done.stdout}{done.stderr}"
+
+
+def time_to_full(trace: Trace) -> float:
+    """Seconds from a leak's onset until its noise-free shape fills the card (bisection; leaks only rise)."""
+    assert trace.leak_from is not None
+    low, high = trace.leak_from, trace.leak_from + 7 * 24 * HOUR
+    while high - low > 0.5:
+        mid = (low + high) / 2
+        low, high = (mid, high) if trace.shape(mid) < CARD else (low, mid)
+    return high - trace.leak_from
 
 
 def minutes(seconds: float) -> str:
@@ -248,6 +320,7 @@ def minutes(seconds: float) -> str:
 def summary(trace: Trace, runs: Sequence[Flags]) -> str:
     """A leak's delay, a non-leak's flagged minutes: the median, and the worst seed when it differs.
 
+    A leak's also says the share of its time to full still ahead when the worst seed fired.
     ``never``: some seed's leak was not found within the hour.
     """
     if trace.leak_from is not None:
@@ -255,12 +328,15 @@ def summary(trace: Trace, runs: Sequence[Flags]) -> str:
         if not delays:
             return "never"
         med, worst = minutes(statistics.median(delays)), minutes(max(delays))
-        worst = "never" if len(delays) < len(runs) else worst
-    else:
-        flagged = [r.flagged_seconds for r in runs]
-        med, worst = minutes(statistics.median(flagged)), minutes(max(flagged))
-        if max(flagged) == 0:
-            return "0"
+        if len(delays) < len(runs):
+            return f"{med} (≤ never)"
+        ahead = 1 - max(delays) / time_to_full(trace)
+        share = f"{ahead:.0%} ahead" if ahead > 0 else "full first"
+        return (med if med == worst else f"{med} (≤ {worst})") + f", {share}"
+    flagged = [r.flagged_seconds for r in runs]
+    med, worst = minutes(statistics.median(flagged)), minutes(max(flagged))
+    if max(flagged) == 0:
+        return "0"
     return med if med == worst else f"{med} (≤ {worst})"
 
 
@@ -274,24 +350,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     traces = [t for t in TRACES if args.trace in (None, t.name)]
     if args.promtool:
-        print(promtool_check(next(t for t in traces if t.name.startswith("sawtooth")), seed=0))
+        # Each rule where it fires on a shape that is not a leak, and on a fast leak.
+        named = ("sawtooth 20-40Gi/10m", "staircase 4x16Gi/90s, then flat", "leak 15Gi/m from 40Gi at 5m")
+        for trace in (t for t in TRACES if t.name in named):
+            for rule in (DERIV, PREDICT_LINEAR):
+                print(promtool_check(trace, 0, rule))
         return 0
     print(
-        f"rule: memoryGrowth {{rate: 100Mi/m, window: 30m, minFit: 0.8}} vs deriv(mem[30m])*60 > 100Mi;"
-        f" {len(traces)} traces of 1 h, {args.seeds} seeds each"
+        "rule: memoryGrowth {rate: 100Mi/m, window: 30m, minFit: 0.8} vs deriv(mem[30m])*60 > 100Mi and"
+        f" predict_linear(mem[5m], 600) > 141Gi; {len(traces)} traces of 1 h, {args.seeds} seeds each"
     )
-    print("| trace | gpuwarden, 1 s samples | gpuwarden, 30 s samples | deriv, 30 s samples |")
-    print("| --- | --- | --- | --- |")
+    print("| trace | full in | gpuwarden, 1 s | gpuwarden, 30 s | deriv, 30 s | predict_linear, 30 s |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for trace in traces:
-        columns: list[list[Flags]] = [[], [], []]
+        columns: list[list[Flags]] = [[], [], [], []]
         for seed in range(args.seeds):
             values = readings(trace, seed)
             columns[0].append(run_engine(values, 1))
             columns[1].append(run_engine(values, SCRAPE_SECONDS))
-            columns[2].append(run_deriv(values))
-        print(f"| {trace.name} | " + " | ".join(summary(trace, runs) for runs in columns) + " |")
+            columns[2].append(run_promql(values, DERIV))
+            columns[3].append(run_promql(values, PREDICT_LINEAR))
+        full = "" if trace.leak_from is None else approx_duration(time_to_full(trace))
+        print(f"| {trace.name} | {full} | " + " | ".join(summary(trace, runs) for runs in columns) + " |")
         if args.timeline:
-            for label, runs in zip(("1s", "30s", "deriv"), columns, strict=True):
+            for label, runs in zip(("1s", "30s", "deriv", "plin"), columns, strict=True):
                 for r in runs:
                     print(f"    {label:>5} {r.timeline}")
     return 0

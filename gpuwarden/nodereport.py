@@ -22,13 +22,13 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The ``schemaVersion`` this build sends; bumped on any change an older operator would refuse."""
 
-ACCEPTED_SCHEMA_VERSIONS = frozenset({1, 2, 3})
-"""What the operator accepts: version 2 added ``GpuSample.health``, version 3 ``ProcessSample.hook``;
-an older report lacks them. Upgrade the operator before the agents (an older operator refuses a newer
-version by its number)."""
+ACCEPTED_SCHEMA_VERSIONS = frozenset({1, 2, 3, 4})
+"""What the operator accepts: version 2 added ``GpuSample.health``, version 3 ``ProcessSample.hook``,
+version 4 ``PodRef.claim``; an older report lacks them. Upgrade the operator before the agents (an
+older operator refuses a newer version by its number)."""
 
 MAX_SNAPSHOTS_PER_REPORT = 3600
 """A report carries at most an hour of 1 s snapshots; replays are split into several reports."""
@@ -120,6 +120,8 @@ class PodRef(_Wire):
     namespace: str = Field(min_length=1, max_length=253)
     name: str = Field(min_length=1, max_length=253)
     container: str = Field(default="", max_length=253)
+    claim: str | None = Field(default=None, min_length=1, max_length=253)
+    """The ResourceClaim (in the pod's namespace) through which it holds this GPU, when DRA allocated it."""
 
 
 Percent = Annotated[float, Field(ge=0, le=100)]
@@ -164,7 +166,7 @@ class HookSample(_Wire):
     host_rss_bytes: Bytes | None = None
     """Resident host memory of the process and its children (the data-loader workers)."""
     sites: list[AllocationSite] = Field(default_factory=list, max_length=16)
-    """The lines whose allocations grew most, largest growth first (tracemalloc on)."""
+    """The lines whose allocations grew, in the hook's order: the job's own lines first (tracemalloc on)."""
 
 
 class ProcessSample(_Wire):
@@ -245,10 +247,11 @@ class NodeReport(_Wire):
     snapshots: list[Snapshot] = Field(min_length=1, max_length=MAX_SNAPSHOTS_PER_REPORT)
 
 
-REFUSALS = ("future", "past", "foreignPod", "unknownPod")
-"""Why the operator leaves readings of an accepted report unstored (its answer's ``refused``): a
-timestamp ahead of its clock by more than its skew, or older than its retention; a pod the API
-places on another node than the reporting one, or does not know."""
+REFUSALS = ("future", "past", "foreignPod", "unknownPod", "tooManyGpus", "tooManyPods")
+"""Why the operator leaves readings (and XIDs, pods on a GPU) of an accepted report unstored (its
+answer's ``refused``): a timestamp ahead of its clock by more than its skew, or older than its
+retention; a pod the API places on another node than the reporting one, or does not know; a GPU
+past the node's or a pod's bound, or a pod past a GPU's (docs/operator.md, "Bounds")."""
 
 
 class ReportError(ValueError):
@@ -281,6 +284,13 @@ def parse_report(body: bytes | str) -> NodeReport:
         p.hook is not None for s in report.snapshots for g in s.gpus for p in g.processes
     ):
         raise ReportError(f"hook: not part of schemaVersion {report.schema_version} (send schemaVersion 3)")
+    if report.schema_version < 4 and any(
+        ref.claim is not None
+        for s in report.snapshots
+        for g in s.gpus
+        for ref in (*g.pods, *(p.pod for p in g.processes if p.pod is not None))
+    ):
+        raise ReportError(f"claim: not part of schemaVersion {report.schema_version} (send schemaVersion 4)")
     return report
 
 

@@ -21,6 +21,7 @@ from gpuwarden.nodereport import first_error
 __all__ = [
     "MAX_PODS",
     "SCHEMA_VERSION",
+    "VERDICT_REFUSALS",
     "PodVerdict",
     "RuleVerdict",
     "VerdictError",
@@ -34,6 +35,10 @@ SCHEMA_VERSION = 1
 
 MAX_PODS = 50_000
 """Pods one report may judge: a shard of 2,000 nodes holds at most 16,000 GPU pods."""
+VERDICT_REFUSALS = ("unknownPolicy", "future", "tooManyPods")
+"""Why an owner keeps none of a verdict report (a policy whose daemon does not run here; ``at``
+ahead of its clock by more than the readings' skew), or not some of its pods' verdicts (past
+:data:`MAX_PODS` pods held for one policy)."""
 MAX_RULES = 64
 """Rules a policy may have that one pod's verdict speaks for."""
 MAX_VALUE = 2.0**60

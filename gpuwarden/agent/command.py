@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -25,16 +26,22 @@ from pathlib import Path
 from aiohttp import web
 
 from gpuwarden.agent.attribution import (
+    NVIDIA_DRIVER,
     CgroupReader,
+    DraResolver,
     NodePods,
     PodAttributor,
     PodResourcesClient,
+    ResourceSlices,
+    ResourceSlicesError,
+    SlicesState,
+    nvml_minor_numbers,
 )
 from gpuwarden.agent.backend import BackendError, DeviceBackend
 from gpuwarden.agent.hookattach import HookStage
 from gpuwarden.agent.hooksocket import HookReadings, HookServer, HookSocketError
 from gpuwarden.agent.http import CleanupContext, background_task, build_app, listen
-from gpuwarden.agent.metrics import HookMetrics, PodResourcesCollector, build_registry
+from gpuwarden.agent.metrics import DraMetrics, HookMetrics, PodResourcesCollector, build_registry
 from gpuwarden.agent.nvml import NvmlBackend
 from gpuwarden.agent.scenarios import PACKAGED
 from gpuwarden.agent.sender import DEFAULT_BUFFER_LIMIT, DEFAULT_REPORT_INTERVAL, ReportSender
@@ -120,6 +127,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--backend nvml), or the scenario's own pods (the default with --backend scripted; nvml "
         "has no scenario). A scripted backend on a real node takes kubelet: the scripted GPUs are "
         "then attributed to the pods the kubelet allocated them to",
+    )
+    add(
+        "--dra-drivers",
+        default=NVIDIA_DRIVER,
+        metavar="NAME[,NAME...]",
+        help=f"DRA drivers whose allocated devices are GPUs ({NVIDIA_DRIVER}); each device is resolved "
+        "to a UUID through its `uuid` attribute in this node's ResourceSlices (resource.k8s.io/v1, "
+        f"watched with the pod's token where it has one), and for {NVIDIA_DRIVER} also by its name "
+        "(gpu-<minor>) through NVML; empty: DRA allocations are not attributed",
+    )
+    add(
+        "--dra-resource-slices",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="watch this node's ResourceSlices to resolve DRA devices (needs list/watch on resourceslices); "
+        "--no-dra-resource-slices: by name only",
     )
     add("--node-name", default="", help="this node's name (default: $NODE_NAME)")
     add(
@@ -207,6 +230,10 @@ class AgentConfig:
     """The least seconds between the starts of two rounds of reports."""
     attribution_interval: float
     """Seconds between two reads of the pod allocations and cgroups."""
+    dra_drivers: frozenset[str]
+    """DRA drivers whose devices are GPUs; empty: DRA allocations are not attributed."""
+    dra_resource_slices: bool
+    """Whether to watch the node's ResourceSlices (with the pod's API token) to resolve DRA devices."""
     buffer_limit: int
     """Snapshots kept while the operator is unreachable; the oldest go first."""
     host: str | None
@@ -253,6 +280,8 @@ class AgentConfig:
             process_interval=args.process_interval,
             report_interval=args.report_interval,
             attribution_interval=args.attribution_interval,
+            dra_drivers=frozenset(d.strip() for d in args.dra_drivers.split(",") if d.strip()),
+            dra_resource_slices=args.dra_resource_slices,
             buffer_limit=args.buffer_limit,
             host=host,
             port=port,
@@ -318,9 +347,10 @@ class _Closer:
     def __init__(self) -> None:
         self.client: PodResourcesClient | None = None
         self.pods: NodePods | None = None
+        self.slices: ResourceSlices | None = None
 
     async def close(self) -> None:
-        for closeable in (self.client, self.pods):
+        for closeable in (self.client, self.pods, self.slices):
             if closeable is not None:
                 try:
                     await closeable.close()
@@ -328,7 +358,9 @@ class _Closer:
                     log.warning("closing %s: %s", type(closeable).__name__, exc)
 
 
-def _attributor(config: AgentConfig, backend: DeviceBackend, closer: _Closer) -> Attributor:
+def _attributor(
+    config: AgentConfig, backend: DeviceBackend, closer: _Closer, dra: DraResolver | None = None
+) -> Attributor:
     if config.attribution == "scenario":
         # Loaded already (whoever built the backend imported it); here for the reason given
         # in open_backend.
@@ -336,13 +368,25 @@ def _attributor(config: AgentConfig, backend: DeviceBackend, closer: _Closer) ->
 
         assert isinstance(backend, ScriptedBackend)  # open_backend opened it from this config
         return ScenarioAttributor(backend)
-    closer.client = PodResourcesClient(config.pod_resources_socket)
+    closer.client = PodResourcesClient(config.pod_resources_socket, dra_drivers=config.dra_drivers)
     # None outside a cluster or without an API token: PodResources alone then (logged by NodePods).
     closer.pods = NodePods.in_cluster(config.node)
     return PodAttributor(
         closer.client,
         cgroups=CgroupReader(config.proc_root, config.cgroup_root),
         pod_lookup=closer.pods,
+        dra=dra,
+    )
+
+
+def _dra(config: AgentConfig, closer: _Closer, metrics: DraMetrics) -> DraResolver:
+    # None without an API token: DRA devices then resolve by name only (logged).
+    closer.slices = ResourceSlices.in_cluster(config.node) if config.dra_resource_slices else None
+    return DraResolver(
+        closer.slices,
+        # Minor numbers are the real GPUs'; a scripted backend has none to offer.
+        minor_numbers=nvml_minor_numbers if config.backend == "nvml" else None,
+        on_unresolved=metrics.count_unresolved,
     )
 
 
@@ -360,7 +404,14 @@ async def serve(
     ring = SnapshotRing(capacity=max(1, int(RING_SECONDS / config.sample_interval)))
     registry, metrics = build_registry(ring, backend=backend.name, node=config.node)
     closer = _Closer()
-    attributor = _attributor(config, backend, closer)
+    dra: DraResolver | None = None
+    if config.attribution == "kubelet" and config.dra_drivers:
+
+        def slices_state() -> SlicesState:
+            return closer.slices.state if closer.slices is not None else SlicesState.NOT_LISTED
+
+        dra = _dra(config, closer, DraMetrics(registry, slices_state))
+    attributor = _attributor(config, backend, closer, dra)
     if isinstance(attributor, PodAttributor):
         registry.register(PodResourcesCollector(lambda: attributor.pod_resources_state))
     sender = (
@@ -424,8 +475,15 @@ async def serve(
     if sender is not None:
         background.append(background_task("sender", sender.run, on_exit=on_exit))
     background.append(background_task("attribution", refresh_attribution, on_exit=on_exit))
+    if closer.slices is not None:
+        background.append(background_task("resource slices", closer.slices.run, on_exit=on_exit))
     background.append(background_task("sampler", sampler.run, on_exit=on_exit))
 
+    if closer.slices is not None:
+        # Before the first refresh, so that DRA devices resolve from the start instead of being
+        # counted as unresolvable while the watch (started with the other tasks below) lists.
+        with contextlib.suppress(ResourceSlicesError, TimeoutError):  # logged by list(); the watch retries
+            await asyncio.wait_for(closer.slices.list(), timeout=max(5.0, config.attribution_interval))
     try:
         # Allocations first, so that the first snapshot already carries pod names.
         await asyncio.wait_for(attributor.refresh(), timeout=max(5.0, config.attribution_interval))

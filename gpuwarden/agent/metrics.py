@@ -21,6 +21,7 @@ pod, each with the whole device's reading: don't ``sum`` them across pods.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -29,6 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gpuwarden import __version__
+from gpuwarden.agent.attribution.dra import SlicesState, UnresolvedReason
 from gpuwarden.agent.attribution.kubelet import PodResourcesState
 from gpuwarden.agent.backend import device_key
 from gpuwarden.agent.health import CLOCK_EVENT_BITS
@@ -426,25 +428,65 @@ class AgentCollector(Collector):
         yield last
 
 
-class PodResourcesCollector(Collector):
+class StateCollector(Collector):
+    """A source's state as one series per state of ``states``, the current one 1, the others 0."""
+
+    def __init__(
+        self, name: str, documentation: str, states: type[enum.StrEnum], current: Callable[[], enum.StrEnum]
+    ) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._states = states
+        self._current = current
+
+    def collect(self) -> Iterator[Metric]:
+        """Every state, 1 for the current one."""
+        family = GaugeMetricFamily(self._name, self._documentation, labels=["state"])
+        current = self._current()
+        for state in self._states:
+            family.add_metric([state.value], 1.0 if state is current else 0.0)
+        yield family
+
+
+class PodResourcesCollector(StateCollector):
     """The kubelet's PodResources API as the attributor last found it: one series per state, the
     current one 1 (alert on ``gpuwarden_agent_pod_resources_state{state="ok"} == 0``: GPUs are then
     attributed from the last answer, or not at all)."""
 
     def __init__(self, state: Callable[[], PodResourcesState]) -> None:
-        self._state = state
-
-    def collect(self) -> Iterator[Metric]:
-        """Every state, 1 for the current one."""
-        family = GaugeMetricFamily(
+        super().__init__(
             "gpuwarden_agent_pod_resources_state",
             "The kubelet PodResources API's state at the last attribution refresh (1: current).",
-            labels=["state"],
+            PodResourcesState,
+            state,
         )
-        current = self._state()
-        for state in PodResourcesState:
-            family.add_metric([state.value], 1.0 if state is current else 0.0)
-        yield family
+
+
+class DraMetrics:
+    """DRA attribution's instruments: devices that could not be resolved, and the ResourceSlice watch."""
+
+    def __init__(self, registry: CollectorRegistry, slices_state: Callable[[], SlicesState] | None) -> None:
+        self.unresolved = _by_reason(
+            "gpuwarden_agent_dra_unresolved_devices",
+            "DRA-allocated devices of the watched drivers that could not be resolved to a GPU, counted "
+            "when one first fails (again after it resolved in between); each is also logged.",
+            [reason.value for reason in UnresolvedReason],
+            registry,
+        )
+        if slices_state is not None:
+            registry.register(
+                StateCollector(
+                    "gpuwarden_agent_dra_resource_slices_state",
+                    "The node's ResourceSlice watch (resource.k8s.io/v1): not_listed, synced, not_served "
+                    "(the API server serves no resource.k8s.io/v1) or error (1: current).",
+                    SlicesState,
+                    slices_state,
+                )
+            )
+
+    def count_unresolved(self, reason: UnresolvedReason) -> None:
+        """One more device that could not be resolved, for ``reason``."""
+        self.unresolved.labels(reason.value).inc()
 
 
 class SenderMetrics:

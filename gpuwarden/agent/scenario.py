@@ -318,7 +318,8 @@ class DeploymentSpec(_Spec):
 
     ``load`` is in replica percent (100: one replica fully busy), split evenly over the
     replicas that serve; a new replica serves ``startup`` after it appears, loading its
-    model (memory rising to ``memory``, utilization near 0) until then.
+    model until then (utilization near 0; memory in :data:`_REPLICA_LOADING_SHARDS` equal steps up
+    to ``memory``, as a server copies its weights shard by shard and takes its cache at once).
     """
 
     namespace: str = Field(min_length=1, max_length=253)
@@ -504,6 +505,8 @@ def _latest(pieces: tuple[Any, ...], t: float) -> Any:
 
 _REPLICA_LOADING_UTILIZATION = 2.0
 """A replica loading its model: a trickle of kernels (weight conversion, warm-up), nothing served."""
+_REPLICA_LOADING_SHARDS = 8
+"""The steps a replica's memory takes while it loads (the first as it appears)."""
 
 
 class _Deployment:
@@ -553,7 +556,8 @@ class _Deployment:
             return None
         age = t - since
         if age < self.spec.startup:
-            return _REPLICA_LOADING_UTILIZATION, self.spec.memory * age / self.spec.startup
+            shards = math.floor(age / self.spec.startup * _REPLICA_LOADING_SHARDS) + 1
+            return _REPLICA_LOADING_UTILIZATION, self.spec.memory * shards / _REPLICA_LOADING_SHARDS
         return min(100.0, self.load(t) / max(1, self.serving(t))), self.spec.memory
 
 

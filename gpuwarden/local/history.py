@@ -213,10 +213,11 @@ class History:
         self._open[self._key(finding)] = span
 
     def updated(self, finding: Finding) -> None:
-        """An active finding has a new value and message."""
+        """An active finding has a new value and message (and reason, when re-described)."""
         span = self._open.get(self._key(finding))
         if span is not None:
             span.last_message = finding.message
+            span.reason = finding.reason
             span.value = finding.value
 
     def resolved(self, finding: Finding, resolution: Resolution | None, at: float) -> None:

@@ -78,6 +78,7 @@ def build_operator(
             metrics=metrics,
             acting=sharding.acting,
             received=state.verdicts_arrived,
+            known=state.runs_policy,
             max_body_bytes=config.max_body_bytes,
         )
     metrics.watch_pods()

@@ -2,10 +2,12 @@
 
 A violation that starts is announced with a ``Warning`` on the pod and on the
 policy, reason the rule kind's CamelCase word (``GPUUnderutilized``,
-``GPUSaturated``, ``GPUMemoryNearLimit``, ``GPUMemoryLeakSuspected``, ``GPUUnhealthy``; an
+``GPUSaturated``, ``GPUMemoryNearLimit``, ``GPUMemoryLeakSuspected``, ``GPUUnhealthy``; a
+leak whose card is full within 16 minutes is ``GPUMemoryExhaustionImminent``; an
 anomaly names its pattern: ``GPUSpike``, ``GPUPeriodicSpikes``, ``GPUSteadyClimb``,
 ``GPULevelShift``), the figure, and what it means. While it lasts it is announced again (same reason,
-"still ...") once every ``actions.renotifyInterval``, never more often. When it
+"still ...") once every ``actions.renotifyInterval``, and at once under its new reason when that
+changes (an anomaly's pattern, a leak now imminent). When it
 ends, a ``Normal`` Event with reason ``<Reason>Resolved`` (``GPUSaturatedResolved``)
 says why; on the policy only when the pod is gone.
 
@@ -25,6 +27,7 @@ from gpuwarden.operator.posting import EventSink, ObjectRef
 from gpuwarden.policy.anomaly import Pattern
 from gpuwarden.policy.engine import Evaluation
 from gpuwarden.policy.findings import Finding, FindingKey, FindingTransition, Resolution, Transition
+from gpuwarden.policy.growth import IMMINENT_REASON
 from gpuwarden.policy.humanize import approx_duration
 from gpuwarden.policy.rules import RuleKind
 
@@ -44,8 +47,9 @@ PATTERN_MEANING: Mapping[str, str] = {
     Pattern.PERIODIC: "something on a schedule (a cron job, a batch) drives it at a regular interval",
     Pattern.CLIMB: "readings that keep climbing do not come back by themselves (an unbounded cache or queue)",
     Pattern.SHIFT: "its readings settled at a new level (a second model, a new tenant)",
+    IMMINENT_REASON: "at this rate it runs out of GPU memory soon, and crashes: fix the leak or stop it now",
 }
-"""An anomaly finding's meaning, by its pattern (its reason)."""
+"""A finding's meaning where its reason says more than its kind: an anomaly's pattern, an imminent leak."""
 
 WHY_RESOLVED: Mapping[Resolution, str] = {
     Resolution.RECOVERED: "back within the rule",
@@ -79,6 +83,7 @@ class EventSpec:
 class _Announcement:
     at: float
     message: str
+    reason: str
 
 
 def _meaning(f: Finding) -> str:
@@ -106,7 +111,7 @@ class Announcer:
     def restore(self, findings: Iterable[Finding], now: float) -> None:
         """Findings announced before (by a previous run), with the messages they were announced with."""
         for f in findings:
-            self._announced[f.key] = _Announcement(now, f.message)
+            self._announced[f.key] = _Announcement(now, f.message, f.reason)
 
     def messages(self) -> dict[FindingKey, str]:
         """The announced message of every active finding."""
@@ -124,15 +129,17 @@ class Announcer:
         known = self._announced.get(f.key)
         match step.transition:
             case Transition.STARTED:
-                self._announced[f.key] = _Announcement(step.at, f.message)
+                self._announced[f.key] = _Announcement(step.at, f.message, f.reason)
                 return self._warning(f, f"{f.message}; {_meaning(f)}")
             case Transition.RENOTIFY:
-                self._announced[f.key] = _Announcement(step.at, f.message)
+                self._announced[f.key] = _Announcement(step.at, f.message, f.reason)
                 lasted = approx_duration(step.at - f.started_at)
+                if known is not None and known.reason != f.reason:  # re-described: its shape changed
+                    return self._warning(f, f"{f.message}; {_meaning(f)} (for {lasted}, was {known.reason})")
                 return self._warning(f, f"still, for {lasted}: {f.message}; {_meaning(f)}")
             case Transition.ONGOING:
                 if known is None:  # restored without a book entry: remember it as announced now
-                    self._announced[f.key] = _Announcement(step.at, f.message)
+                    self._announced[f.key] = _Announcement(step.at, f.message, f.reason)
                 return []
             case Transition.RESOLVED:
                 self._announced.pop(f.key, None)

@@ -13,7 +13,8 @@ In order, each request is answered with the first that applies:
 413   ``TooLarge``             Content-Length above ``--max-body-bytes``
 415   ``UnsupportedEncoding``  a Content-Encoding other than gzip or deflate
 413   ``TooLarge``             more bytes arrive than that, or the body decodes to more
-400   ``InvalidReport``        a gzip/deflate body that does not decode; not JSON, not the schema,
+400   ``InvalidReport``        a gzip/deflate body that does not decode, or has bytes after its stream;
+                               not JSON, not the schema,
                                or another schemaVersion (the message names the field)
 403   ``Forbidden``            the report names another node than the one the token's pod runs on
 200                            ``{"accepted": N, "duplicate": false, "refused": {...}}``
@@ -21,11 +22,13 @@ In order, each request is answered with the first that applies:
 
 The identity is the node the token is bound to: the rate limit and the duplicate
 book are keyed by it, so names a report claims cost nothing. ``refused`` counts
-the readings of an accepted report that were not stored, by reason: ``future``
-(more than :data:`MAX_FUTURE_SKEW` ahead of the operator's clock), ``past``
-(older than the longest retention), ``foreignPod`` (the pod runs on another
-node), ``unknownPod`` (no such GPU pod is watched); empty when all were.
-``duplicate: true`` answers a seq the same agent already had stored.
+what of an accepted report was not stored (readings; XIDs and pods on the health
+path), by reason: ``future`` (more than :data:`MAX_FUTURE_SKEW` ahead of the
+operator's clock: snapshots and XIDs alike), ``past`` (older than the longest
+retention), ``foreignPod`` (the pod runs on another node), ``unknownPod`` (no
+such GPU pod is watched), ``tooManyGpus`` and ``tooManyPods`` (past a bound of
+docs/operator.md, "Bounds"); empty when all were.
+``duplicate: true`` answers a seq the same agent had stored lately (:class:`ReportBook`).
 
 Error bodies are JSON ``{"reason": ..., "message": ...}``. A request is
 independent of every other: one bad report never costs a good one; an
@@ -95,32 +98,58 @@ class Intake:
     """Readings not stored, by reason (one of :data:`~gpuwarden.nodereport.REFUSALS`)."""
 
 
-class ReportBook:
-    """The newest (agent, seq) stored per node: a report not newer than that is a duplicate (a retry).
+SEQ_WINDOW = 64
+"""Seqs remembered per agent: a retry comes within seconds, and an agent sends one report a second."""
+AGENTS_PER_NODE = 4
+"""Agent processes remembered per node (a restart starts a new one; the old one's last retries may follow)."""
 
-    Keyed by the node the token is bound to; an LRU of at most ``max_nodes`` (the node
-    heard from least recently is forgotten first: its next report is simply stored).
+
+class ReportBook:
+    """The seqs stored lately per node and agent: a report whose (agent, seq) is among them is a duplicate
+    (a retry).
+
+    A bounded set, not a high-water mark: a seq pushed far ahead (the node's token can forge one
+    for its agent's id) takes one place of :data:`SEQ_WINDOW` and holds no later report back.
+    Keyed by the node the token is bound to, then by agent, each an LRU: at most ``max_nodes``
+    nodes (the one heard from least recently is forgotten first: its next report is simply
+    stored), :data:`AGENTS_PER_NODE` agents a node, :data:`SEQ_WINDOW` seqs an agent. A retry of
+    a report that fell out of the window is stored again, which costs nothing: a series keeps only
+    points newer than its latest.
     """
 
     def __init__(self, max_nodes: int = 50_000) -> None:
         self.max_nodes = max_nodes
-        self._last: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        self._nodes: OrderedDict[str, OrderedDict[str, dict[int, None]]] = OrderedDict()
 
     def is_duplicate(self, node: str, report: NodeReport) -> bool:
-        """Whether ``report``'s agent already had this seq, or a later one, stored for ``node``."""
-        last = self._last.get(node)
-        # A new agent_id on a node is a restarted agent: its seqs start again.
-        return last is not None and last[0] == report.agent_id and report.seq <= last[1]
+        """Whether ``report``'s agent already had this seq stored for ``node`` lately."""
+        agents = self._nodes.get(node)
+        seqs = agents.get(report.agent_id) if agents is not None else None
+        return seqs is not None and report.seq in seqs
 
     def record(self, node: str, report: NodeReport) -> None:
         """Remember ``report`` as stored: call it only once its readings are in the store."""
-        self._last[node] = (report.agent_id, report.seq)
-        self._last.move_to_end(node)
-        if len(self._last) > self.max_nodes:
-            self._last.popitem(last=False)
+        agents = self._nodes.get(node)
+        if agents is None:
+            agents = self._nodes[node] = OrderedDict()
+            if len(self._nodes) > self.max_nodes:
+                self._nodes.popitem(last=False)
+        else:
+            self._nodes.move_to_end(node)
+        seqs = agents.get(report.agent_id)
+        if seqs is None:
+            # A dict keeps insertion order: the oldest seq is the first to go.
+            seqs = agents[report.agent_id] = {}
+            if len(agents) > AGENTS_PER_NODE:
+                agents.popitem(last=False)
+        else:
+            agents.move_to_end(report.agent_id)
+        seqs[report.seq] = None
+        if len(seqs) > SEQ_WINDOW:
+            del seqs[next(iter(seqs))]
 
     def __len__(self) -> int:
-        return len(self._last)
+        return len(self._nodes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +270,12 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         chunks.append(chunk)
     if decoder is not None and not decoder.eof:
         raise _undecodable(request)
+    if decoder is not None and decoder.unused_data:
+        # Bytes after the compressed stream: what sent them is no encoder we know (a second gzip
+        # member included, which no agent writes): refused, not silently dropped.
+        encoding = request.headers.get("Content-Encoding", "")
+        message = f"the body has {len(decoder.unused_data)} bytes after its {encoding} stream"
+        raise Refusal(400, "InvalidReport", message, "invalid")
     return b"".join(chunks)
 
 
@@ -306,9 +341,12 @@ def _error(
     )
 
 
-async def authenticate(request: web.Request, authenticator: TokenAuthenticator) -> Review:
+async def authenticate(
+    request: web.Request, authenticator: TokenAuthenticator, *, what: str = "reports"
+) -> Review:
     """The accepted review of the request's bearer token, or a :class:`Refusal` saying why not
-    (401 none or invalid, 403 another ServiceAccount or audience, 503 the API cannot review now)."""
+    (401 none or invalid, 403 another ServiceAccount or audience, 503 the API cannot review now);
+    ``what`` the endpoint takes, as its messages name it."""
     token = bearer(request.headers.get("Authorization", ""))
     if token is None:
         raise Refusal(401, "Unauthenticated", "a bearer token is required", "unauthenticated")
@@ -324,7 +362,8 @@ async def authenticate(request: web.Request, authenticator: TokenAuthenticator) 
     if review.verdict is Verdict.UNAUTHENTICATED:
         raise Refusal(401, "Unauthenticated", review.message, "unauthenticated")
     if review.verdict is Verdict.FORBIDDEN:
-        raise Refusal(403, "Forbidden", review.message, "forbidden")
+        # The review speaks of reports, the agents' endpoint: another endpoint's caller is told its own.
+        raise Refusal(403, "Forbidden", review.message.replace("post reports", f"post {what}"), "forbidden")
     return review
 
 

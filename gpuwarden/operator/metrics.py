@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from gpuwarden.nodereport import REFUSALS
 from gpuwarden.policy.series import Point, SeriesKey, SeriesStore
+from gpuwarden.verdictreport import VERDICT_REFUSALS
 
 EVENT_DROP_REASONS = ("queue_full", "expired", "refused")
 """Why the Event poster gave an Event up: its queue was full, it waited too long, the API refused it."""
@@ -243,6 +244,14 @@ class OperatorMetrics:
         )
         for result in ("ok", "refused"):
             self.verdicts_received.labels(result)
+        self.verdicts_refused = Counter(
+            "gpuwarden_operator_verdicts_refused",
+            "Sharded mode: received verdict reports, or pods' verdicts in them, not kept, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        for reason in VERDICT_REFUSALS:
+            self.verdicts_refused.labels(reason)
         self.latest = LatestReadings()
 
     def watch_pods(self, *, stale_after: float = 60.0, clock: Callable[[], float] = time.time) -> None:

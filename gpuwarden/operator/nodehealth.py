@@ -2,7 +2,9 @@
 Warning Events on the Node and on the pods of the affected GPU, and an optional cordon.
 
 From the health store the agents' reports fill (:mod:`gpuwarden.policy.healthstore`), once a second
-on the acting replica:
+on the acting replica. A node's view comes only from its own agent's reports (the store keys each
+GPU by the reporting node, and puts on it only the pods the index places on that node), so one
+node's token can change no other node's condition, Events or cordon.
 
 - **Condition** ``GPUHealthy`` on the Node's status (:func:`node_verdict`): ``False`` while one of its
   GPUs is lost, raised one of ``--node-health-xids`` in the last ``--node-health-hold``, had a new
@@ -197,16 +199,24 @@ class NodeHealthMonitor:
             await asyncio.sleep(self.interval)
 
     async def step(self) -> None:
-        """Announce the incidents that came in since the last step, then judge every node."""
+        """Announce the incidents that came in since the last step, then judge every node; an error on
+        one incident or node is logged and never stops the others'."""
         now = self._clock()
         for key in [k for k, at in self._posted.items() if now - at >= REPEAT_SECONDS]:
             del self._posted[key]
         for incident in list(self.health.incidents(after=self._seen)):
             self._seen = incident.seq
-            await self._announce(incident, now)
+            try:
+                await self._announce(incident, now)
+            except Exception:
+                logger.exception("Announcing %s on node %s failed.", incident.kind, incident.node)
         for node in sorted(self.health.nodes()):
             if node:
-                await self._judge(node, now)
+                # One node's failure (a bug, an API error we did not foresee) never stops the others'.
+                try:
+                    await self._judge(node, now)
+                except Exception:
+                    logger.exception("Judging node %s failed; it is judged again in a second.", node)
 
     # -- Events ---------------------------------------------------------------------------------
 

@@ -87,6 +87,9 @@ class PolicySchedule:
     def __len__(self) -> int:
         return sum(len(p) for p in self._pacing.values())
 
+    def __contains__(self, policy: tuple[str, str]) -> bool:
+        return policy[1] in self._pacing.get(policy[0], {})
+
     def open(self, namespace: str, name: str) -> Pacing:
         """A policy's daemon starts: its pacing, fresh."""
         pacing = self._pacing.setdefault(namespace, {})[name] = Pacing()

@@ -31,15 +31,16 @@ from gpuwarden.operator.tokenreview import TokenAuthenticator
 from gpuwarden.operator.verdictexchange import VerdictIngest, VerdictSender
 from gpuwarden.operator.verdictmerge import VerdictBoard
 from gpuwarden.policy.engine import PodView
-from gpuwarden.policy.healthstore import HealthStore
+from gpuwarden.policy.healthstore import Admission, HealthStore
 from gpuwarden.policy.intake import points_from_snapshot
-from gpuwarden.policy.series import SeriesStore
+from gpuwarden.policy.series import PodId, SeriesKey, SeriesStore
 from gpuwarden.verdictreport import VerdictReport
 
 if TYPE_CHECKING:
     from gpuwarden.operator.scaling import Scaler
 
 __all__ = [
+    "MAX_GPUS_PER_POD",
     "MAX_REPORT_AGE",
     "MAX_RETENTION",
     "MIN_RETENTION",
@@ -58,6 +59,8 @@ MAX_POINTS = int(MAX_RETENTION)
 PRUNE_SECONDS = 60.0
 """How often series and GPU health records that stopped receiving readings are aged out
 (:meth:`OperatorState.prune`)."""
+MAX_GPUS_PER_POD = 64
+"""GPU series a pod may have (8 GPUs of 7 MIG devices each is 56): the rest of its readings are refused."""
 MAX_REPORT_AGE = MAX_RETENTION
 """Readings older than this (by the operator's clock) are refused: no window could use them."""
 
@@ -156,24 +159,39 @@ class OperatorState:
 
         Readings of unwatched namespaces are dropped; refused, and counted by reason: those
         of a snapshot more than :data:`MAX_FUTURE_SKEW` ahead of ``now`` or more than
-        :data:`MAX_REPORT_AGE` behind it, and those of a pod that the pod index places on
-        another node or (once it is synced) does not know. The policies of the namespaces
-        that got readings are woken. The GPUs' health of every timely snapshot goes into the
-        health store whatever the namespaces (the node view needs all), as ``node``'s.
+        :data:`MAX_REPORT_AGE` behind it, those of a pod that the pod index places on
+        another node or (once it is synced) does not know, those of a GPU the health store
+        has no room for on ``node`` and those of a pod's GPUs past :data:`MAX_GPUS_PER_POD`
+        (``tooManyGpus``). The policies of the namespaces that got readings are woken.
+
+        The GPUs' health of every timely snapshot goes into the health store as ``node``'s, whatever
+        the namespaces (the node view needs all); a pod goes on a GPU there only when it would
+        be let in here (so a node cannot put another node's pod on its GPUs), and an XID is held
+        to the same bounds as the snapshots.
         """
         add, update = self.store.add, self.metrics.latest.update
         intake = Intake()
         refused = intake.refused
         namespaces: set[str] = set()
         earliest, latest = now - MAX_REPORT_AGE, now + MAX_FUTURE_SKEW
-        # A report's GPUs mostly share a few pods: judge each pod once per report.
+        # A report's GPUs mostly share a few pods: judge each pod, and each new series, once per report.
         verdicts: dict[tuple[str, str], str | None] = {}
+        series: dict[SeriesKey, bool] = {}
+
+        def admit(pod: PodId) -> bool:
+            key = (pod.namespace, pod.name)
+            if key not in verdicts:
+                verdicts[key] = self._pod_verdict(node, key)
+            return verdicts[key] is None
+
+        admission = Admission(admit=admit, earliest=earliest, latest=latest, refused=refused)
+        refused_devices = admission.devices
         for snapshot in report.snapshots:
             t = snapshot.timestamp
             untimely = "future" if t > latest else "past" if t < earliest else None
             if untimely is None:
                 # A GPU's health, too, keeps only what is newer than its latest: nothing from the future.
-                self.health.observe(snapshot, node=node)
+                self.health.observe(snapshot, node=node, admission=admission)
             for key, point in points_from_snapshot(snapshot):
                 pod = (key.namespace, key.pod)
                 if pod in verdicts:
@@ -183,6 +201,14 @@ class OperatorState:
                 if verdict == _OUT_OF_SCOPE:
                     continue
                 reason = untimely or verdict
+                if reason is None and refused_devices and key.gpu in refused_devices:
+                    reason = "tooManyGpus"
+                if reason is None:
+                    room = series.get(key)
+                    if room is None:
+                        room = series[key] = self._room_for(key)
+                    if not room:
+                        reason = "tooManyGpus"
                 if reason is not None:
                     refused[reason] = refused.get(reason, 0) + 1
                     continue
@@ -193,6 +219,12 @@ class OperatorState:
         if namespaces:
             self.schedule.nudge_data(namespaces)
         return intake
+
+    def _room_for(self, key: SeriesKey) -> bool:
+        """Whether ``key``'s series exists, or its pod has fewer than :data:`MAX_GPUS_PER_POD` GPUs."""
+        return self.store.window(key) is not None or (
+            len(self.store.series_of(key.namespace, key.pod)) < MAX_GPUS_PER_POD
+        )
 
     def _pod_verdict(self, node: str, pod: tuple[str, str]) -> str | None:
         """None when ``node``'s agent may report for ``pod``; else why not (or that it is out of scope)."""
@@ -258,6 +290,10 @@ class OperatorState:
     def acts_on(self, key: PolicyKey) -> bool:
         """Whether this replica evaluates ``key`` (always, but in sharded mode: its owner only)."""
         return self.sharding is None or self.sharding.acts_on_policy(key.namespace, key.name)
+
+    def runs_policy(self, namespace: str, name: str) -> bool:
+        """Whether the policy's daemon runs here (it is a policy that exists, in a watched namespace)."""
+        return (namespace, name) in self.schedule
 
     def running_policies(self) -> Iterable[PolicyKey]:
         """Policies whose daemons run here."""

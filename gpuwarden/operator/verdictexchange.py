@@ -8,9 +8,13 @@ rotates it). The owner reviews the token as the ingest does (TokenReview, cached
 only the operator's own ServiceAccount (``--operator-service-account``); the verdicts go on
 its :class:`~.verdictmerge.VerdictBoard` and wake the policy's daemon.
 
-Answers: 503 ``Standby`` (this replica does not act), 401/403/503 as for reports, 413/415
-for the body, 400 ``InvalidVerdicts`` (the message names the field), else 200
-``{"taken": N}`` (pods whose verdict was newer than the one held). A failed send is not
+Answers: 503 ``Standby`` (this replica does not act), 401/403/503 as for reports (the
+messages say verdicts), 413/415 for the body, 400 ``InvalidVerdicts`` (the message names the
+field; ``at`` more than :data:`~.ingest.MAX_FUTURE_SKEW` ahead of this replica's clock too), 404
+``UnknownPolicy`` (no daemon of that policy runs here: nothing would ever read its verdicts, so
+none are kept), else 200 ``{"taken": N, "refused": M}`` (pods whose verdict was newer than the
+one held; pods new to a policy that holds :data:`~gpuwarden.verdictreport.MAX_PODS` already).
+Refusals are counted by reason (``gpuwarden_operator_verdicts_refused``). A failed send is not
 retried: the next interval sends a newer one.
 """
 
@@ -27,11 +31,24 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from gpuwarden.operator.ingest import REPORTS_PATH, VERDICTS_PATH, Refusal, authenticate, read_body
+from gpuwarden.operator.ingest import (
+    MAX_FUTURE_SKEW,
+    REPORTS_PATH,
+    VERDICTS_PATH,
+    Refusal,
+    authenticate,
+    read_body,
+)
 from gpuwarden.operator.metrics import OperatorMetrics
 from gpuwarden.operator.tokenreview import TokenAuthenticator
 from gpuwarden.operator.verdictmerge import VerdictBoard
-from gpuwarden.verdictreport import VerdictError, VerdictReport, dump_verdicts, parse_verdicts
+from gpuwarden.verdictreport import (
+    VERDICT_REFUSALS,
+    VerdictError,
+    VerdictReport,
+    dump_verdicts,
+    parse_verdicts,
+)
 
 __all__ = ["SEND_TIMEOUT", "VERDICTS_PATH", "VerdictIngest", "VerdictSender", "verdicts_url"]
 
@@ -60,6 +77,8 @@ class VerdictIngest:
     """Called with each report taken (wakes the policy's daemon)."""
     max_body_bytes: int
     clock: Callable[[], float] = time.time
+    known: Callable[[str, str], bool] = lambda namespace, name: True
+    """Whether a policy (namespace, name) has a daemon here: verdicts on any other are refused."""
 
     async def handle(self, request: web.Request) -> web.Response:
         """Answer one POST /v1/verdicts."""
@@ -67,6 +86,8 @@ class VerdictIngest:
             response = await self._handle(request)
         except Refusal as refusal:
             self.metrics.verdicts_received.labels("refused").inc()
+            if refusal.metric in VERDICT_REFUSALS:
+                self.metrics.verdicts_refused.labels(refusal.metric).inc()
             return refusal.response()
         except Exception:
             logger.exception("Unexpected error while taking verdicts.")
@@ -82,15 +103,28 @@ class VerdictIngest:
     async def _handle(self, request: web.Request) -> web.Response:
         if not self.acting():
             raise Refusal(503, "Standby", "this replica stands by; retry", "standby", retry_after="1")
-        await authenticate(request, self.authenticator)
+        await authenticate(request, self.authenticator, what="verdicts")
         body = await read_body(request, self.max_body_bytes)
         try:
             report = parse_verdicts(body)
         except VerdictError as exc:
             raise Refusal(400, "InvalidVerdicts", str(exc), "invalid") from None
-        taken = self.board.receive(report, self.clock())
+        now = self.clock()
+        if report.at > now + MAX_FUTURE_SKEW:
+            ahead = (
+                f"at: {report.at - now:.0f} s ahead of this replica's clock (at most {MAX_FUTURE_SKEW:g} s)"
+            )
+            raise Refusal(400, "InvalidVerdicts", ahead, "future")
+        if not self.known(report.namespace, report.policy):
+            message = (
+                f"no policy {report.namespace}/{report.policy} is evaluated here; its verdicts are not kept"
+            )
+            raise Refusal(404, "UnknownPolicy", message, "unknownPolicy")
+        taken, refused = self.board.receive(report, now)
+        if refused:
+            self.metrics.verdicts_refused.labels("tooManyPods").inc(refused)
         self.received(report)
-        return web.json_response({"taken": taken})
+        return web.json_response({"taken": taken, "refused": refused})
 
 
 class VerdictSender:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from gpuwarden.policy.rules import Outcome, RuleKind
 from gpuwarden.policy.series import PodId
-from gpuwarden.verdictreport import PodVerdict, RuleVerdict, VerdictReport
+from gpuwarden.verdictreport import MAX_PODS, PodVerdict, RuleVerdict, VerdictReport
 
 __all__ = ["SILENT_INTERVALS", "VerdictBoard", "outcome_from", "pod_verdicts"]
 
@@ -36,24 +36,35 @@ class _Received:
 
 
 class VerdictBoard:
-    """The verdicts received, by policy (``namespace/name``) and pod; one per operator."""
+    """The verdicts received, by policy (``namespace/name``) and pod; one per operator.
 
-    def __init__(self) -> None:
+    Bounded: at most ``max_pods`` pods per policy (the policies are those whose daemons run here,
+    checked by the receiving endpoint, and a policy's verdicts go with its daemon: :meth:`forget`).
+    """
+
+    def __init__(self, max_pods: int = MAX_PODS) -> None:
+        self.max_pods = max_pods
         self._policies: dict[tuple[str, str], dict[str, _Received]] = {}
 
-    def receive(self, report: VerdictReport, now: float) -> int:
-        """Take a shard's report, arrived at ``now``; returns how many pods' verdicts were newer."""
+    def receive(self, report: VerdictReport, now: float) -> tuple[int, int]:
+        """Take a shard's report, arrived at ``now``; returns how many pods' verdicts were newer, and
+        how many pods new to the policy were refused because it holds ``max_pods`` already."""
         pods = self._policies.setdefault((report.namespace, report.policy), {})
-        taken = 0
+        taken = refused = 0
         for verdict in report.pods:
             known = pods.get(verdict.pod)
             if known is not None and known.at > report.at:
                 continue  # a shard that judged the pod later already spoke
+            if known is None and len(pods) >= self.max_pods:
+                refused += 1
+                continue
             pods[verdict.pod] = _Received(
                 report.at, now, report.shard, report.generation, tuple(verdict.rules)
             )
             taken += 1
-        return taken
+        if not pods:
+            del self._policies[report.namespace, report.policy]
+        return taken, refused
 
     def outcomes(
         self,
@@ -96,6 +107,10 @@ class VerdictBoard:
 
     def __len__(self) -> int:
         return sum(len(p) for p in self._policies.values())
+
+    def policies(self) -> int:
+        """How many policies hold verdicts."""
+        return len(self._policies)
 
 
 def _carried_message(outcome: Outcome) -> str:

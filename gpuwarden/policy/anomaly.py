@@ -17,8 +17,9 @@ Semantics (the window, coverage and as-of time are in :mod:`gpuwarden.policy.rul
   become its own baseline. An episode still going on that is younger than
   :data:`SUSTAINED_FRACTION` of the window is not judged yet (a spike and the start
   of a climb look alike); once over, or lasting, it is.
-- **Pattern**, named in the finding's reason (the pattern it started with: its Events
-  and status agree for its whole life) and message (the pattern now):
+- **Pattern**, named in the finding's reason and message (the pattern now: a finding
+  whose pattern changed is announced again under the new one, see
+  :mod:`gpuwarden.policy.findings`):
 
   - ``GPUSteadyClimb``: the episode is still going on, has lasted at least
     :data:`SUSTAINED_FRACTION` of the window, and its readings keep rising (the
@@ -26,8 +27,11 @@ Semantics (the window, coverage and as-of time are in :mod:`gpuwarden.policy.rul
     errors): an unbounded cache, a queue that never drains;
   - ``GPULevelShift``: still going on and lasting, but flat: the readings moved to a
     new level (a second model loaded, a new tenant);
-  - ``GPUPeriodicSpikes``: at least :data:`MIN_PERIODIC` episodes starting at a
-    regular interval (each gap within a quarter of their median): a scheduled job;
+  - ``GPUPeriodicSpikes``: at least :data:`MIN_PERIODIC` episodes of one sign (the
+    latest's) starting inside the window at a regular interval (each gap within a
+    quarter of their median): a scheduled job. A rise then dips (a load that
+    climbed, then spread over a new replica) is no schedule, and neither is an
+    episode the window's start cuts short (its start is the window's);
   - ``GPUSpike``: anything else, one or a few irregular deviations.
 
   ``memoryGrowth`` and this rule answer different questions: growth fits a trend to
@@ -150,6 +154,7 @@ class Figures:
     episode: Episode
     """The latest episode (for SPIKE the largest)."""
     count: int
+    """The episodes of the reported one's sign (spikes, or dips)."""
     period: float | None
     end: float
     window_seconds: float
@@ -218,8 +223,12 @@ def _pattern(
         rise = (final - first) if last.z > 0 else (first - final)
         # A flat new level leaves the two thirds' means equal within their noise (scale / sqrt(third)).
         return (Pattern.CLIMB if rise > RISE_SIGMAS * scale * math.sqrt(2 / third) else Pattern.SHIFT), None
-    if len(episodes) >= MIN_PERIODIC:
-        gaps = [b.start - a.start for a, b in itertools.pairwise(episodes)]
+    # A schedule repeats one thing: spikes, or dips, each with a start inside the window (an episode
+    # the window's start cuts short has none: its first reading is just where the window begins). A
+    # rise followed by dips (a load that climbed, then was spread over a new replica) is not one.
+    repeats = [e for e in episodes if (e.z > 0) == (last.z > 0) and e.start > times[0]]
+    if len(repeats) >= MIN_PERIODIC:
+        gaps = [b.start - a.start for a, b in itertools.pairwise(repeats)]
         period = statistics.median(gaps)
         if period > 0 and all(abs(g - period) <= PERIOD_TOLERANCE * period for g in gaps):
             return Pattern.PERIODIC, period
@@ -345,7 +354,7 @@ def evaluate_anomaly(
             signal,
             worst.median,
             episode,
-            len(worst.episodes),
+            sum(1 for e in worst.episodes if (e.z > 0) == (episode.z > 0)),
             worst.period,
             end,
             rule.window_seconds,

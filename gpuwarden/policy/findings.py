@@ -7,7 +7,10 @@ A finding is keyed by (rule, namespace, pod). Its lifecycle, one evaluation at a
 - active and the rule *clears* (the value went past the threshold by the rule's
   hysteresis margin; see :mod:`gpuwarden.policy.rules`) → ``RESOLVED`` (``Recovered``);
 - active otherwise → ``ONGOING`` with the latest value, or ``RENOTIFY`` once
-  ``renotify_seconds`` have passed since the last ``STARTED``/``RENOTIFY``;
+  ``renotify_seconds`` have passed since the last ``STARTED``/``RENOTIFY``, or at
+  once when its reason changed (the outcome's reason differs from the finding's,
+  and is not one the outcome lets it keep: an anomaly whose pattern changed, a leak
+  whose card is now full soon), so that a finding's reason and message always agree;
 - active while the pod is deleted or no longer selected, its rule removed from
   the policy, the rule snoozed on the pod, or no data came for
   ``no_data_seconds`` → ``RESOLVED`` with that cause.
@@ -123,8 +126,8 @@ class FindingState:
 def finding_from(policy: str, outcome: Outcome, started_at: float, reason: str | None = None) -> Finding:
     """A finding stating ``outcome`` (which must carry a value).
 
-    Its reason is ``reason`` (the finding's so far: an anomaly keeps the pattern it was announced
-    with, so that its Events and status agree), else the outcome's, else the kind's.
+    Its reason is ``reason`` when given (the finding's so far, when it keeps it), else the outcome's,
+    else the kind's.
     """
     assert outcome.value is not None
     return Finding(
@@ -191,13 +194,21 @@ class FindingTracker:
                 return FindingTransition(Transition.RESOLVED, state.finding, now, Resolution.NO_DATA)
             return self._ongoing(state, state.finding, now)
 
-        finding = finding_from(
-            self.policy, outcome, started_at=state.finding.started_at, reason=state.finding.reason
-        )
+        current = state.finding.reason
         state.data_at = now
         if outcome.clears:
+            # Resolved under the reason it was announced with, so that its Events pair up.
+            finding = finding_from(self.policy, outcome, started_at=state.finding.started_at, reason=current)
             del self._active[key]
             return FindingTransition(Transition.RESOLVED, finding, now, Resolution.RECOVERED)
+        reason = outcome.reason or outcome.kind.reason
+        kept = current in (reason, outcome.kept_reason)
+        finding = finding_from(
+            self.policy, outcome, started_at=state.finding.started_at, reason=current if kept else reason
+        )
+        if not kept:
+            state.finding, state.notified_at = finding, now
+            return FindingTransition(Transition.RENOTIFY, finding, now)
         return self._ongoing(state, finding, now)
 
     def _ongoing(self, state: FindingState, finding: Finding, now: float) -> FindingTransition:

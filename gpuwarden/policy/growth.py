@@ -13,6 +13,24 @@ the same account for users):
   young history is judged on its short spans first, and so is the history
   after a gap; the long spans give a slow or noisy leak the evidence a short
   one lacks.
+- **Urgency** (:func:`urgent_spans`). Below the shortest span, the *urgent*
+  spans: :data:`URGENT_SPAN_SECONDS` (40s) doubling while at most the shortest
+  span / :data:`SPAN_RATIO`: 40s, 1m20s, 2m40s below 4m. Each decides only when,
+  at its slope from its last reading, the card is full within :data:`URGENCY`
+  (4) times the next longer span (5m20s, 10m40s, 16m): waiting for that span
+  would leave less than 3/4 of the time to full. The evidence is then the
+  strictest (:func:`_holds_urgently`): the slope at least ``rate`` and its
+  lower bound too, or fast enough that the card is full within the horizon
+  even at the bound; ``fit`` at least :data:`URGENT_FIT` (0.9); no quarter
+  significantly slower than :data:`URGENT_PART` (0.85) of the span's slope;
+  at most :data:`URGENT_JUMP_SHARE` of the rise in jumps; memory not higher
+  before. A load over 30 s or less, a step, a staircase, or a curved rise (a
+  sine's flank) fails it; a straight rise of 40 s or more that would fill the
+  card soon is, by the data, a leak until it stops. Host memory has no card,
+  so no urgency.
+- **Imminent.** A GPU memory finding whose card is full within
+  :data:`IMMINENT_SECONDS` (16m) has the reason :data:`IMMINENT_REASON`, and
+  keeps it while full within twice that (``Outcome.kept_reason``).
 - **Bucket-aligned spans.** Each span is cut into 20 buckets (12 s for 4m,
   90 s for 30m), aligned to multiples of that length since the epoch plus a
   fixed per-GPU phase; a span reads the GPU's 20 latest *complete* buckets
@@ -51,21 +69,27 @@ the same account for users):
   :data:`URGENT_SPANS` times the span at ``slope``, ``slope >= rate`` instead:
   there is no time to wait for more evidence), ``fit >= minFit``, no
   quarter grows significantly (by more than its margin) slower than
-  :data:`HOLD_PART` of the span's slope, the jumps are
+  :data:`HOLD_PART` of the span's slope, nor the end quarters together than
+  :data:`S_SHAPE` of the middle two (:func:`_s_shaped`), the jumps are
   at most :data:`JUMP_SHARE` of its rise, and memory was not higher before.
   For a GPU when some span holds (the window first, then the shorter ones,
-  longest first); for the pod when some GPU does. With ``for``, it must hold
-  at every evaluation for that long before a finding starts.
+  longest first, then the urgent ones, longest first); for the pod when some
+  GPU does. With ``for``, it must hold at every evaluation for that long before
+  a finding starts.
 - **Clears** for a GPU when the trend broke, not just wobbled: over the window
   (when covered), ``slope < 0.8 x rate``, or ``fit < minFit - 0.1``, or the
   recent slope ``< rate / 4``; and over the shortest span (when shorter than
   the window), memory rose end to end at less than ``rate / 4``. With neither
   judged (a gap everywhere), the window's trend decides on whatever readings
-  it has. For the pod when every GPU clears.
+  it has. For the pod when every GPU clears. A clearing whose speaking trend
+  still grows says what the shortest span's ends did instead
+  (:func:`change_text`): the trend would belie the clearing.
 - **Cost.** A span shorter than the window is fitted only when its ends, and
   those of the shortest span, rose at :data:`SCREEN_RATE` of ``rate`` or
-  more, and memory was not higher before. A GPU whose memory is not growing
-  costs one window fit per window bucket and two small medians per evaluation.
+  more, and memory was not higher before; an urgent span only when the
+  shortest span's ends rose so, and its own ends project the card full within
+  its urgency. A GPU whose memory is not growing costs one window fit per
+  window bucket and two small medians per evaluation.
 - **Which memory** (``memory``, :class:`~gpuwarden.policy.model.MemorySource`):
   ``device`` reads NVML's used memory; ``allocated``, ``reserved`` and ``host``
   the training hook's columns (:class:`~gpuwarden.policy.series.HookColumns`),
@@ -116,12 +140,26 @@ MIN_PART_BUCKETS = 3
 """Fewer bucket medians than this in some quarter: the span cannot hold."""
 HOLD_PART = 0.5
 """No quarter's slope may be significantly below this share of the span's for the span to hold."""
+S_SHAPE = 0.75
+"""Nor may the end quarters' mean slope be significantly below this share of the middle two's."""
 NOISE_PAIRS = 60
 """Second differences of readings a span's noise is estimated from (:func:`median_noise`)."""
 CONFIDENCE_Z = 2.33
 """Standard deviations of the slope's lower bound: one-sided 99%."""
 URGENT_SPANS = 2.0
 """The card full within this many spans at the span's slope: hold on the slope, not its bound."""
+URGENT_SPAN_SECONDS = 40.0
+"""The shortest urgent span (:func:`urgent_spans`): longer than a model takes to load (a load over
+30 s is a 30 s ramp), so that no load fits inside one with its quarters all rising."""
+URGENCY = 4.0
+"""An urgent span decides only when, at its slope, the card is full within this many times the next
+longer span: a finding on that span would come with less than 3/4 of the time to full ahead."""
+URGENT_FIT = 0.9
+"""An urgent span's fit must be at least this (and ``minFit``): a near-perfect line."""
+URGENT_PART = 0.85
+"""On an urgent span, no quarter may grow significantly slower than this share of the span's slope."""
+URGENT_JUMP_SHARE = 0.25
+"""On an urgent span, at most this share of the rise may be made in jumps."""
 STEP_SIGMAS = 4.0
 """A bucket-to-bucket rise is a jump when this many robust sigmas above the typical rise."""
 JUMP_SHARE = 0.5
@@ -143,12 +181,25 @@ UNIT = "bytes/s"
 
 def evidence_spans(window_seconds: float) -> tuple[float, ...]:
     """The spans a GPU is judged over, ascending; the last is the window (see the module doc)."""
-    span = min(MIN_SPAN_SECONDS, window_seconds)
+    return _ladder(min(MIN_SPAN_SECONDS, window_seconds), window_seconds)
+
+
+def urgent_spans(window_seconds: float) -> tuple[float, ...]:
+    """The spans shorter than the shortest evidence span, ascending, that decide only when urgent.
+
+    :data:`URGENT_SPAN_SECONDS` doubling while at most the shortest evidence span /
+    :data:`SPAN_RATIO`: 40s, 1m20s, 2m40s below the 4m span; none for a window under 1m.
+    """
+    return _ladder(URGENT_SPAN_SECONDS, evidence_spans(window_seconds)[0])[:-1]
+
+
+def _ladder(span: float, longest: float) -> tuple[float, ...]:
+    """``span`` doubling while at most ``longest`` / :data:`SPAN_RATIO`, then ``longest``."""
     spans: list[float] = []
-    while span * SPAN_RATIO <= window_seconds:
+    while span * SPAN_RATIO <= longest:
         spans.append(span)
         span *= 2
-    spans.append(window_seconds)
+    spans.append(longest)
     return tuple(spans)
 
 
@@ -471,12 +522,48 @@ def _holds(g: GpuGrowth, rule: MemoryGrowth) -> bool:
     floor = HOLD_PART * g.slope
     if any(part < floor - margin for part, margin in zip(g.parts, g.part_margins, strict=True)):
         return False  # some quarter grew significantly slower than the span: a plateau, not a leak
+    if _s_shaped(g.parts, g.part_margins):
+        return False
     if g.jumps > JUMP_SHARE * g.slope * g.span_seconds:
         return False
     if g.lower >= rate:
         return True
     full_in = g.seconds_to_full
     return full_in is not None and full_in <= URGENT_SPANS * g.span_seconds
+
+
+def _s_shaped(parts: Sequence[float], margins: Sequence[float]) -> bool:
+    """Whether both end quarters together grow significantly slower than :data:`S_SHAPE` of the middle two.
+
+    A climb that began after the span's start and ended before its end (a cache's few steps, flat on
+    both sides) leaves each end quarter only a little short (within the noise each is allowed), but
+    both at once; a leak's end quarters scatter about its slope like the middle ones.
+    """
+    first, second, third, last = parts
+    m1, m2, m3, m4 = margins
+    gap = (first + last) - S_SHAPE * (second + third)
+    # Each quarter's margin is CONFIDENCE_Z of its errors: the gap's (twice the means'), theirs combined.
+    return gap < 0 and gap * gap > m1 * m1 + m4 * m4 + S_SHAPE * S_SHAPE * (m2 * m2 + m3 * m3)
+
+
+def _holds_urgently(g: GpuGrowth, rule: MemoryGrowth, next_span: float) -> bool:
+    """Whether an urgent span holds: the card full within :data:`URGENCY` next spans, and a clean ramp.
+
+    A short span is believed only on the strictest evidence (the module doc lists it): a step, a
+    load or a ramp that stopped leaves some quarter flat, a staircase makes its rise in jumps.
+    """
+    full_in = g.seconds_to_full
+    horizon = URGENCY * next_span
+    if full_in is None or full_in > horizon or not (g.covered and g.parts):
+        return False
+    rate = rule.rate_bytes_per_second
+    assert g.total_bytes is not None  # a time to full implies a card
+    if g.slope < rate or (g.lower < rate and g.lower * horizon < g.total_bytes - g.used_bytes):
+        return False  # the evidence excludes neither rates below `rate` nor a card not full in time
+    if g.fit < max(rule.min_fit, URGENT_FIT) or g.jumps > URGENT_JUMP_SHARE * g.slope * g.span_seconds:
+        return False
+    floor = URGENT_PART * g.slope
+    return all(part >= floor - margin for part, margin in zip(g.parts, g.part_margins, strict=True))
 
 
 def _clears(g: GpuGrowth, rule: MemoryGrowth) -> bool:
@@ -490,6 +577,11 @@ def _clears(g: GpuGrowth, rule: MemoryGrowth) -> bool:
 
 HOST_LEAK_REASON = "HostMemoryLeakSuspected"
 """The reason of a ``memory: host`` growth finding (the kind's own, GPUMemoryLeakSuspected, for the rest)."""
+IMMINENT_REASON = "GPUMemoryExhaustionImminent"
+"""The reason of a GPU memory growth finding whose card is full within :data:`IMMINENT_SECONDS`."""
+IMMINENT_SECONDS = URGENCY * MIN_SPAN_SECONDS
+"""16m: the card full within the longest urgent horizon, where the shortest span's caution is not
+affordable. A finding with this reason keeps it while the card is full within twice this."""
 
 MEMORY_NOUNS = {
     MemorySource.DEVICE: "GPU memory",
@@ -532,14 +624,32 @@ def describe(
 
 
 def growth_message(o: Outcome) -> str:
-    """:func:`describe` of the worst GPU, ``(on 1 of 2 GPUs)`` for a pod of several, and the top sites."""
+    """:func:`describe` of the worst GPU, ``(on 1 of 2 GPUs)`` for a pod of several, and the top sites.
+
+    A clearing whose trend still grows says instead what changed (:func:`change_text`), when the
+    shortest span was judged.
+    """
     memory = MemorySource(o.signal) if o.signal else MemorySource.DEVICE
+    if isinstance(o.extra, Change):
+        return change_text(o.extra, memory, o.threshold)
     text = describe(o.value or 0.0, o.fit or 0.0, o.total_bytes, o.seconds_to_full, o.window_seconds, memory)
     if o.gpu_count > 1 and o.gpus and memory is not MemorySource.HOST:
         text += f" (on {len(o.gpus)} of {o.gpu_count} GPUs)"
     if isinstance(o.extra, tuple) and o.extra:
         text += "; top growing lines: " + ", ".join(site_text(site) for site in o.extra[:MESSAGE_SITES])
     return text
+
+
+def change_text(change: Change, memory: MemorySource, rate: float) -> str:
+    """``GPU memory fell from 40Gi to 20Gi over the last 4m``, ``...: no growth over the last 4m (20Gi)``."""
+    noun = MEMORY_NOUNS[memory]
+    over = f"over the last {format_duration(change.span_seconds)}"
+    rise = change.last - change.first
+    if rise < -CLEAR_RECENT * rate * change.span_seconds:
+        return f"{noun} fell from {format_bytes(change.first)} to {format_bytes(change.last)} {over}"
+    if rise < 2**20:
+        return f"{noun}: no growth {over} ({format_bytes(change.last)})"
+    return f"{noun} grew only {format_bytes(rise)} {over}, to {format_bytes(change.last)}"
 
 
 def site_text(site: AllocationSite) -> str:
@@ -586,6 +696,17 @@ class _Verdict:
     clears: bool
     memory: MemorySource = MemorySource.DEVICE
     column: Column = Column.MEM_USED
+    recent: SpanEnds | None = None
+    """The shortest span's ends, when judged: what a clearing says changed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """What memory did over the shortest span (a clearing's message): its first and last level."""
+
+    first: float
+    last: float
+    span_seconds: float
 
 
 def _judge_gpu(
@@ -635,6 +756,14 @@ def _judge_gpu(
             fitted = fitted or trend
             if trend.covered and _holds(trend, rule):
                 return _Verdict(trend, window, holds=True, clears=False)
+    # A card about to fill cannot wait for the shortest span: the urgent spans, screened like the others.
+    screen = shortest
+    if screen is None and urgent_spans(rule.window_seconds):
+        screen = span_ends(window, *growth_window(spans[0], end, key.gpu), column)
+    if screen is not None and screen.slope >= SCREEN_RATE * rate:
+        urgent = _urgent(rule, key, window, end, params, cache, column, full, full_start, screen)
+        if urgent is not None:
+            return _Verdict(urgent, window, holds=True, clears=False)
     speaker = standing or full or fitted
     if speaker is None and len(spans) > 1:
         # A history too young for the window's trend: the shortest span speaks.
@@ -643,7 +772,49 @@ def _judge_gpu(
     if speaker is None:
         return None
     clears = not (standing or stands) if judged else _clears(speaker, rule)
-    return _Verdict(speaker, window, holds=False, clears=clears)
+    return _Verdict(speaker, window, holds=False, clears=clears, recent=shortest)
+
+
+def _urgent(
+    rule: MemoryGrowth,
+    key: SeriesKey,
+    window: Window,
+    end: float,
+    params: WindowParams,
+    cache: GrowthCache,
+    column: Column,
+    full: GpuGrowth | None,
+    full_start: float,
+    screen: SpanEnds,
+) -> GpuGrowth | None:
+    """The longest urgent span that holds (:func:`_holds_urgently`), or None.
+
+    None at once unless the shortest span's ends (``screen``) project the card full within twice
+    :data:`IMMINENT_SECONDS` (a leak of an urgent span's horizon that began inside the 4m span,
+    at least an urgent span ago, does); a span is fitted only when its ends rose at
+    :data:`SCREEN_RATE` of ``rate``, project the card full within :data:`URGENCY` next spans, and
+    memory was not higher before.
+    """
+    total = None if column is Column.HOST else window.mem_total
+    if total is None or total - screen.last > 2 * IMMINENT_SECONDS * screen.slope:
+        return None  # no card to fill (host memory), or not full soon: nothing is urgent
+    rate = rule.rate_bytes_per_second
+    spans = urgent_spans(rule.window_seconds)
+    nexts = (*spans[1:], evidence_spans(rule.window_seconds)[0])
+    for span, next_span in reversed(list(zip(spans, nexts, strict=True))):
+        start, boundary = growth_window(span, end, key.gpu)
+        ends = span_ends(window, start, boundary, column)
+        if ends is None or ends.slope < SCREEN_RATE * rate:
+            continue
+        if total - ends.last > URGENCY * next_span * ends.slope:
+            continue  # the card is not full soon enough for a short span to decide
+        peak = peak_before(window, boundary - rule.window_seconds, start, full, full_start, column)
+        if peak > ends.first + REUSE_SHARE * (ends.last - ends.first):
+            continue
+        trend = cache.trend(key, window, start, boundary, params.max_gap_seconds, column)
+        if trend is not None and _holds_urgently(trend, rule, next_span):
+            return trend
+    return None
 
 
 def evaluate_growth(
@@ -686,7 +857,12 @@ def evaluate_growth(
     newest = _newest_used(top.window, end, top.column)
     used = worst.used_bytes if newest is None else newest
     full_in = max(0.0, (total - used) / worst.slope) if total is not None and worst.slope > 0 else None
-
+    clears = not holding and all(v.clears for v in verdicts)
+    imminent = full_in is not None and full_in <= IMMINENT_SECONDS and not clears
+    extra: object = top.window.sites or None
+    if clears and top.recent is not None and worst.slope >= CLEAR_RECENT * rate:
+        # A clearing whose speaking trend still grows says what changed instead: the trend would belie it.
+        extra = Change(top.recent.first, top.recent.last, evidence_spans(rule.window_seconds)[0])
     return Outcome(
         rule.name,
         kind,
@@ -695,7 +871,7 @@ def evaluate_growth(
         rate,
         UNIT,
         holds=bool(holding),
-        clears=not holding and all(v.clears for v in verdicts),
+        clears=clears,
         gpus=tuple(v.trend.gpu for v in named),
         gpu_count=len(verdicts),
         window_seconds=worst.span_seconds,
@@ -704,7 +880,8 @@ def evaluate_growth(
         seconds_to_full=full_in,
         signal=top.memory.value,
         # Host memory is not the GPU's: an alert on GPUMemoryLeakSuspected must not page for it.
-        reason=HOST_LEAK_REASON if top.memory is MemorySource.HOST else None,
-        extra=top.window.sites or None,
+        reason=HOST_LEAK_REASON if top.memory is MemorySource.HOST else IMMINENT_REASON if imminent else None,
+        kept_reason=IMMINENT_REASON if full_in is not None and full_in <= 2 * IMMINENT_SECONDS else None,
+        extra=extra,
         describe=growth_message,
     )

@@ -201,19 +201,20 @@ def evaluate_health(
 
 
 def throttling_note(
-    health: HealthStore | None, gpus: Sequence[str], start: float, end: float
+    health: HealthStore | None, pod: PodId, gpus: Sequence[str], start: float, end: float
 ) -> tuple[str, bool]:
-    """The note for a utilization outcome over ``[start, end]``, and whether a GPU was throttled.
+    """The note for a utilization outcome of ``pod`` over ``[start, end]``, and whether a GPU was throttled.
 
-    ``gpus`` are the series' GPU ids (MIG device UUIDs included). Empty note when none was
-    throttled for :data:`THROTTLED_SHARE` of the window.
+    ``gpus`` are the series' GPU ids (MIG device UUIDs included), each read from the record of
+    the node that reported the pod on it: another node's word on that UUID counts for nothing.
+    Empty note when none was throttled for :data:`THROTTLED_SHARE` of the window.
     """
     if health is None:
         return "", False
     worst = 0.0
     held: set[ClockEventReason] = set()
     for gpu in gpus:
-        record = health.gpu(gpu)
+        record = health.gpu_of(pod.namespace, pod.name, gpu)
         if record is None:
             continue
         share, reasons = record.throttled_share(ANY_THROTTLING, start, end)
@@ -244,7 +245,7 @@ def with_throttling(
     # load sits at its power cap).
     device_read = {key.gpu for key, window in series if window.util_source is UtilizationSource.DEVICE}
     gpus = [gpu for gpu in outcome.gpus if gpu in device_read]
-    note, throttled = throttling_note(health, gpus, end - outcome.window_seconds, end)
+    note, throttled = throttling_note(health, outcome.pod, gpus, end - outcome.window_seconds, end)
     if not throttled:
         return outcome
     outcome.note = note

@@ -1,6 +1,8 @@
 """What the agents reported about each GPU's health, by GPU: pure bookkeeping, like the series store.
 
-One :class:`GpuRecord` per physical GPU (its UUID), fed snapshot by snapshot
+One :class:`GpuRecord` per physical GPU of each node: keyed by the node that reports it and the
+GPU's UUID, so what one node's agent says of a UUID never lands on another node's record (a
+compromised node naming another's GPU only writes a record of its own). Fed snapshot by snapshot
 (:meth:`HealthStore.observe`), oldest first per node:
 
 - **lost**: since when the GPU is off the bus (its own entry, or any MIG device of it, reads
@@ -14,6 +16,14 @@ One :class:`GpuRecord` per physical GPU (its UUID), fed snapshot by snapshot
   came more than :data:`RUN_GAP_SECONDS` later (missing samples never count as throttled);
 - **pods**: which pods were on the GPU (allocated to it or running a process on it, on the GPU's
   own entry or one of its MIG devices), and when last.
+
+Bounded in entries whatever the reports say (:class:`Admission` counts what is refused, by
+reason): :data:`MAX_GPUS_PER_NODE` GPUs a node and :data:`MAX_GPUS` in all (``tooManyGpus``),
+:data:`MAX_DEVICES_PER_GPU` MIG devices a GPU (``tooManyGpus``), :data:`MAX_PODS_PER_GPU` pods on
+a GPU at once and as many remembered (``tooManyPods``); a pod the caller does not admit (another
+node's, one it does not know) is never put on a GPU. An XID outside the caller's time bounds is
+refused (``future``, ``past``): a time that far off is no time of the agent's, and a year ahead
+would keep the GPU unhealthy for a year.
 
 Every change worth announcing is also appended to an incident log (:meth:`HealthStore.incidents`),
 numbered, for the operator's node view: a lost GPU, an XID, an uncorrected ECC error, a memory
@@ -35,6 +45,11 @@ from gpuwarden.policy.series import PodId
 
 __all__ = [
     "HARDWARE_SLOWDOWN",
+    "MAX_DEVICES_PER_GPU",
+    "MAX_GPUS",
+    "MAX_GPUS_PER_NODE",
+    "MAX_PODS_PER_GPU",
+    "Admission",
     "GpuRecord",
     "HealthStore",
     "Incident",
@@ -48,6 +63,14 @@ MAX_RUNS = 4096
 """Clock-event runs kept per GPU: at one change a second, more than an hour."""
 MAX_INCIDENTS = 4096
 """Incidents kept for readers that fell behind (the operator reads them every second)."""
+MAX_GPUS_PER_NODE = 32
+"""GPU records a node may have (a node has 8, 16 at most; room for GPUs replaced within the retention)."""
+MAX_GPUS = 100_000
+"""GPU records in all: a replica takes 2,000 nodes of 8 GPUs (docs/scaling-out.md), with room to spare."""
+MAX_DEVICES_PER_GPU = 8
+"""MIG devices a GPU may have (an H100 or H200 splits into 7 at most)."""
+MAX_PODS_PER_GPU = 64
+"""Pods on one GPU at once (as many as a report may name), and pods it remembers having had."""
 RUN_GAP_SECONDS = 5.0
 """A gap between two samples longer than this breaks a clock-event run (as it breaks a window)."""
 
@@ -98,6 +121,28 @@ class Run:
 
 
 @dataclass(slots=True)
+class Admission:
+    """What the caller lets into the store from one report, and what the store refused of it.
+
+    ``admit`` says whether a pod may be put on the reporting node's GPUs (the operator's ingest
+    checks it as it checks readings: a pod of another node, or unknown, is not); XIDs stamped
+    outside ``[earliest, latest]`` are refused. ``refused`` counts what was left out, by reason;
+    ``devices`` are the device ids (GPU or MIG device UUIDs) whose GPU got no record, so that
+    their readings are refused too.
+    """
+
+    admit: Callable[[PodId], bool] | None = None
+    earliest: float = -math.inf
+    latest: float = math.inf
+    refused: dict[str, int] = field(default_factory=dict)
+    devices: set[str] = field(default_factory=set)
+
+    def refuse(self, reason: str, count: int = 1) -> None:
+        """Count ``count`` things left out for ``reason``."""
+        self.refused[reason] = self.refused.get(reason, 0) + count
+
+
+@dataclass(slots=True)
 class GpuRecord:
     """One physical GPU's health as reported (see the module doc)."""
 
@@ -122,7 +167,13 @@ class GpuRecord:
     current: tuple[PodId, ...] = ()
     """The pods on the GPU in its latest sample."""
     pods: dict[PodId, float] = field(default_factory=dict)
-    """Pods that were on the GPU before, and when last."""
+    """Pods that were on the GPU before, and when last (oldest first)."""
+    devices: set[str] = field(default_factory=set)
+    """Its MIG devices' UUIDs (utilization series are keyed by them)."""
+
+    def has_device(self, device: str) -> bool:
+        """Whether ``device`` is this GPU or one of its MIG devices."""
+        return device == self.uuid or device in self.devices
 
     def pod_seen(self, pod: PodId) -> float | None:
         """When ``pod`` was last on the GPU (its latest sample if it still is), or None."""
@@ -206,22 +257,23 @@ def _one_pod(record: GpuRecord, sample: GpuSample) -> tuple[PodId, ...] | None:
 
 
 class HealthStore:
-    """Every reported GPU's health record, bounded by age (``retention_seconds``) and count."""
+    """Every reported GPU's health record by (node, UUID), bounded by age (``retention_seconds``) and
+    count (see the module doc)."""
 
     def __init__(self, retention_seconds: float) -> None:
         if retention_seconds <= 0:
             raise ValueError("retention_seconds must be > 0")
         self.retention_seconds = retention_seconds
-        self._gpus: dict[str, GpuRecord] = {}
-        self._devices: dict[str, str] = {}
-        """MIG device UUID → its GPU's UUID (utilization series are keyed by the MIG device)."""
-        self._by_pod: dict[PodId, set[str]] = {}
-        """Every GPU each pod was on (what :meth:`gpus_of` starts from)."""
+        self._nodes: dict[str, dict[str, GpuRecord]] = {}
+        """node → GPU UUID → record."""
+        self._count = 0
+        self._by_pod: dict[PodId, set[tuple[str, str]]] = {}
+        """Every GPU (node, UUID) each pod was on (what :meth:`gpus_of` starts from)."""
         self._incidents: collections.deque[Incident] = collections.deque(maxlen=MAX_INCIDENTS)
         self._seq = 0
 
     def __len__(self) -> int:
-        return len(self._gpus)
+        return self._count
 
     # -- writing ------------------------------------------------------------------------------------
 
@@ -231,10 +283,12 @@ class HealthStore:
         *,
         node: str = "",
         subjects: Callable[[GpuSample], Iterable[PodId]] = pods_of,
+        admission: Admission | None = None,
     ) -> None:
         """Take one snapshot of ``node``'s GPUs; a GPU's snapshots not newer than its last are ignored.
 
-        ``subjects`` says who is on a GPU: its pods (local mode's process subjects otherwise).
+        ``subjects`` says who is on a GPU: its pods (local mode's process subjects otherwise);
+        ``admission`` what of them may be kept, and what was refused (see :class:`Admission`).
         Runs once per snapshot on the operator's ingest path: the common case (a GPU without MIG
         whose pods and readings did not change) touches a few attributes and allocates nothing.
         """
@@ -248,18 +302,23 @@ class HealthStore:
             groups = by_gpu.items()
         else:
             groups = [(s.uuid, (s,)) for s in samples]
+        gpus = self._nodes.get(node)
         for uuid, group in groups:
-            record = self._gpus.get(uuid)
+            record = gpus.get(uuid) if gpus is not None else None
             if record is None:
+                if (gpus is not None and len(gpus) >= MAX_GPUS_PER_NODE) or self._count >= MAX_GPUS:
+                    if admission is not None:
+                        admission.refuse("tooManyGpus", len(group))
+                        admission.devices.update(s.mig_id or s.uuid for s in group)
+                    continue
+                if gpus is None:
+                    gpus = self._nodes[node] = {}
                 own = next((s for s in group if s.mig_id is None), group[0])
-                record = self._gpus[uuid] = GpuRecord(
-                    uuid=uuid, index=own.index, node=node, last_seen=-math.inf
-                )
+                record = gpus[uuid] = GpuRecord(uuid=uuid, index=own.index, node=node, last_seen=-math.inf)
+                self._count += 1
             if t <= record.last_seen:
                 continue  # a replay or a retry: already taken
-            if node:
-                record.node = node
-            self._take(record, group, t, subjects)
+            self._take(record, group, t, subjects, admission)
 
     def _take(
         self,
@@ -267,10 +326,13 @@ class HealthStore:
         samples: Sequence[GpuSample],
         t: float,
         subjects: Callable[[GpuSample], Iterable[PodId]],
+        admission: Admission | None,
     ) -> None:
         own: GpuSample | None
         if len(samples) == 1:
             only = own = samples[0]
+            if only.mig_id is not None:
+                self._add_device(record, only.mig_id, admission)
             on = _one_pod(record, only) if subjects is pods_of else None
             if on is None:
                 on = tuple(subjects(only))
@@ -279,14 +341,16 @@ class HealthStore:
             own = next((s for s in samples if s.mig_id is None), None)
             seen: dict[PodId, None] = {}
             for sample in samples:
-                if sample.mig_id is not None:
-                    self._devices[sample.mig_id] = record.uuid
+                if sample.mig_id is not None and not self._add_device(record, sample.mig_id, admission):
+                    continue
                 for pod in subjects(sample):
                     seen[pod] = None
             on = tuple(seen)
             lost = any(s.state is DeviceState.LOST for s in samples)
         if on != record.current:
-            self._move_pods(record, on)
+            on = self._admit(on, admission)
+            if on != record.current:
+                self._move_pods(record, on)
 
         if lost and record.lost_since is None:
             record.lost_since = t
@@ -297,23 +361,65 @@ class HealthStore:
         health = own.health if own is not None else None
         if health is not None:
             for xid in health.xids:
-                record.xids.append((xid.timestamp, xid.code))
-                self._incident(record, IncidentKind.XID, xid.timestamp, xid=xid.code, pods=on)
+                at = xid.timestamp
+                if admission is not None and not admission.earliest <= at <= admission.latest:
+                    admission.refuse("future" if at > admission.latest else "past")
+                    continue
+                record.xids.append((at, xid.code))
+                self._incident(record, IncidentKind.XID, at, xid=xid.code, pods=on)
         if own is not None and not lost:
             self._take_memory(record, own, t, on)
         reasons = None if health is None or lost else health.clock_event_reasons
         self._take_reasons(record, None if reasons is None else tuple(reasons), t, on)
         record.last_seen = t
 
+    @staticmethod
+    def _add_device(record: GpuRecord, device: str, admission: Admission | None) -> bool:
+        """Note a MIG device of ``record``; False (refused) past :data:`MAX_DEVICES_PER_GPU`."""
+        if device in record.devices:
+            return True
+        if len(record.devices) >= MAX_DEVICES_PER_GPU:
+            if admission is not None:
+                admission.refuse("tooManyGpus")
+                admission.devices.add(device)
+            return False
+        record.devices.add(device)
+        return True
+
+    @staticmethod
+    def _admit(on: tuple[PodId, ...], admission: Admission | None) -> tuple[PodId, ...]:
+        """The pods of ``on`` the caller admits, at most :data:`MAX_PODS_PER_GPU` (the rest counted)."""
+        admit = admission.admit if admission is not None else None
+        kept = on if admit is None else tuple(pod for pod in on if admit(pod))
+        if len(kept) > MAX_PODS_PER_GPU:
+            if admission is not None:
+                admission.refuse("tooManyPods", len(kept) - MAX_PODS_PER_GPU)
+            kept = kept[:MAX_PODS_PER_GPU]
+        return kept
+
     def _move_pods(self, record: GpuRecord, on: tuple[PodId, ...]) -> None:
-        """The GPU's pods changed: the ones that left keep the time they were last seen on it."""
+        """The GPU's pods changed: the ones that left keep the time they were last seen on it (the
+        :data:`MAX_PODS_PER_GPU` latest)."""
+        key = (record.node, record.uuid)
         for pod in record.current:
             if pod not in on:
                 record.pods[pod] = record.last_seen
         for pod in on:
             record.pods.pop(pod, None)
-            self._by_pod.setdefault(pod, set()).add(record.uuid)
+            self._by_pod.setdefault(pod, set()).add(key)
+        while len(record.pods) > MAX_PODS_PER_GPU:
+            # Left in time order: the first is the one that left longest ago.
+            gone = next(iter(record.pods))
+            del record.pods[gone]
+            self._unlink(gone, key)
         record.current = on
+
+    def _unlink(self, pod: PodId, key: tuple[str, str]) -> None:
+        gpus = self._by_pod.get(pod)
+        if gpus is not None:
+            gpus.discard(key)
+            if not gpus:
+                del self._by_pod[pod]
 
     def _take_memory(self, record: GpuRecord, own: GpuSample, t: float, on: tuple[PodId, ...]) -> None:
         health = own.health
@@ -377,50 +483,72 @@ class HealthStore:
     def prune(self, now: float) -> None:
         """Forget what is older than ``now - retention_seconds``, and GPUs not reported since then."""
         cutoff = now - self.retention_seconds
-        for uuid in [u for u, r in self._gpus.items() if r.last_seen < cutoff]:
-            del self._gpus[uuid]
-        for record in self._gpus.values():
-            while record.xids and record.xids[0][0] < cutoff:
-                record.xids.popleft()
-            while record.ecc_errors and record.ecc_errors[0][0] < cutoff:
-                record.ecc_errors.popleft()
-            while len(record.runs) > 1 and record.runs[1].start < cutoff:
-                record.runs.popleft()
-            for pod in [p for p, seen in record.pods.items() if seen < cutoff]:
-                del record.pods[pod]
+        for node in list(self._nodes):
+            gpus = self._nodes[node]
+            for uuid in [u for u, r in gpus.items() if r.last_seen < cutoff]:
+                del gpus[uuid]
+                self._count -= 1
+            if not gpus:
+                del self._nodes[node]
+            for record in gpus.values():
+                while record.xids and record.xids[0][0] < cutoff:
+                    record.xids.popleft()
+                while record.ecc_errors and record.ecc_errors[0][0] < cutoff:
+                    record.ecc_errors.popleft()
+                while len(record.runs) > 1 and record.runs[1].start < cutoff:
+                    record.runs.popleft()
+                for pod in [p for p, seen in record.pods.items() if seen < cutoff]:
+                    del record.pods[pod]
         for pod in list(self._by_pod):
-            gpus = self._by_pod[pod]
-            for uuid in list(gpus):
-                on = self._gpus.get(uuid)
+            keys = self._by_pod[pod]
+            for key in list(keys):
+                on = self._record(key)
                 seen = None if on is None else on.pod_seen(pod)
                 if seen is None or seen < cutoff:
-                    gpus.discard(uuid)
-            if not gpus:
+                    keys.discard(key)
+            if not keys:
                 del self._by_pod[pod]
-        for device in [d for d, uuid in self._devices.items() if uuid not in self._gpus]:
-            del self._devices[device]
 
     def forget_pod(self, namespace: str, name: str) -> None:
         """A pod was deleted: it is on no GPU any more."""
         pod = PodId(namespace, name)
-        for uuid in self._by_pod.pop(pod, set()):
-            record = self._gpus.get(uuid)
+        for key in self._by_pod.pop(pod, set()):
+            record = self._record(key)
             if record is not None:
                 record.pods.pop(pod, None)
                 record.current = tuple(p for p in record.current if p != pod)
 
     # -- reading ------------------------------------------------------------------------------------
 
-    def gpu(self, device: str) -> GpuRecord | None:
-        """The record of a GPU by its UUID, or by the UUID of one of its MIG devices."""
-        return self._gpus.get(self._devices.get(device, device))
+    def _record(self, key: tuple[str, str]) -> GpuRecord | None:
+        gpus = self._nodes.get(key[0])
+        return gpus.get(key[1]) if gpus is not None else None
+
+    def gpu(self, device: str, *, node: str = "") -> GpuRecord | None:
+        """The record of ``node``'s GPU by its UUID, or by the UUID of one of its MIG devices."""
+        gpus = self._nodes.get(node)
+        if gpus is None:
+            return None
+        record = gpus.get(device)
+        if record is not None:
+            return record
+        return next((r for r in gpus.values() if device in r.devices), None)
+
+    def gpu_of(self, namespace: str, name: str, device: str) -> GpuRecord | None:
+        """The GPU a pod was on whose UUID, or one of whose MIG devices' UUIDs, is ``device``: only the
+        record of the node that reported the pod on it (another node's record of that UUID is not it)."""
+        for key in self._by_pod.get(PodId(namespace, name), ()):
+            record = self._record(key)
+            if record is not None and record.has_device(device):
+                return record
+        return None
 
     def gpus_of(self, namespace: str, name: str, *, since: float) -> list[GpuRecord]:
-        """The GPUs a pod was on at or after ``since``, by index."""
+        """The GPUs a pod was on at or after ``since``, by node and index."""
         pod = PodId(namespace, name)
         records = []
-        for uuid in self._by_pod.get(pod, ()):
-            record = self._gpus.get(uuid)
+        for key in self._by_pod.get(pod, ()):
+            record = self._record(key)
             seen = None if record is None else record.pod_seen(pod)
             if record is not None and seen is not None and seen >= since:
                 records.append(record)
@@ -428,11 +556,11 @@ class HealthStore:
 
     def gpus_on(self, node: str) -> list[GpuRecord]:
         """Every GPU of a node, by index."""
-        return sorted((r for r in self._gpus.values() if r.node == node), key=lambda r: (r.index, r.uuid))
+        return sorted(self._nodes.get(node, {}).values(), key=lambda r: (r.index, r.uuid))
 
     def nodes(self) -> set[str]:
         """The nodes with at least one GPU record."""
-        return {r.node for r in self._gpus.values()}
+        return set(self._nodes)
 
     def incidents(self, after: int = 0) -> Iterator[Incident]:
         """The incidents numbered above ``after``, oldest first (those that fell out of the log are gone)."""

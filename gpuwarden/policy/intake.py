@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from gpuwarden.nodereport import AllocationSite, DeviceState, GpuSample, NodeReport, ProcessSample, Snapshot
+from gpuwarden.nodereport import DeviceState, GpuSample, NodeReport, ProcessSample, Snapshot
 from gpuwarden.policy.series import HookPoint, PodId, Point, SeriesKey, UtilizationSource
 
 KEPT_SITES = 3
@@ -140,10 +140,12 @@ def hook_point(processes: Sequence[ProcessSample], host: float | None) -> HookPo
         allocated = float(sum(h.allocated_bytes or 0 for h in hooks if h is not None))
     if all(h is not None and h.reserved_bytes is not None for h in hooks):
         reserved = float(sum(h.reserved_bytes or 0 for h in hooks if h is not None))
-    sites: list[AllocationSite] = [site for h in hooks if h is not None for site in h.sites]
-    if len(sites) > 1:
-        sites.sort(key=lambda site: site.growth_bytes, reverse=True)
-    return HookPoint(allocated, reserved, host, tuple(sites[:KEPT_SITES]))
+    # Each hook ranks its own sites (the job's own lines first, not the largest bytes first): several
+    # processes' lists are merged rank by rank, each keeping its order.
+    ranked = [(rank, site) for h in hooks if h is not None for rank, site in enumerate(h.sites)]
+    ranked.sort(key=lambda pair: pair[0])
+    sites = tuple(site for _, site in ranked[:KEPT_SITES])
+    return HookPoint(allocated, reserved, host, sites)
 
 
 def points_from_processes(snapshot: Snapshot) -> Iterator[tuple[SeriesKey, Point]]:

@@ -144,7 +144,11 @@ class Outcome:
     seconds_to_full: float | None = None
     """memoryGrowth: projected seconds until the worst GPU's card is full."""
     reason: str | None = None
-    """The finding's reason when it is not the kind's (anomaly: its pattern, ``GPUPeriodicSpikes``)."""
+    """The finding's reason when it is not the kind's (anomaly: its pattern, ``GPUPeriodicSpikes``;
+    memoryGrowth: ``GPUMemoryExhaustionImminent`` when the card is full soon)."""
+    kept_reason: str | None = None
+    """A reason an active finding keeps when it has it, rather than take ``reason`` (hysteresis:
+    memoryGrowth keeps ``GPUMemoryExhaustionImminent`` while the card is full within twice its horizon)."""
     extra: object = None
     """Kind-specific figures its ``describe`` reads (anomaly: the worst GPU's episode; memoryGrowth:
     the speaking series' newest allocation sites, a tuple, or None)."""

@@ -116,7 +116,7 @@ class HookPoint:
     host: float | None = None
     """Resident host memory of the subject's hooked processes and their workers, each process once."""
     sites: tuple[AllocationSite, ...] = ()
-    """The lines whose allocations grew most, largest growth first (tracemalloc on)."""
+    """The lines whose allocations grew, in the hook's order: the job's own lines first (tracemalloc on)."""
 
 
 class Column(enum.IntEnum):
@@ -265,7 +265,7 @@ class Window:
 
     @property
     def sites(self) -> tuple[AllocationSite, ...]:
-        """The newest hooked point's allocation sites, largest growth first."""
+        """The newest hooked point's allocation sites, in the hook's order (the job's own lines first)."""
         return self._hook.sites if self._hook is not None else ()
 
     def _column(self, column: Column) -> array[float]:

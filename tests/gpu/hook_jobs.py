@@ -3,6 +3,8 @@
     python tests/gpu/hook_jobs.py leak  --socket /tmp/hook.sock --seconds 120
     python tests/gpu/hook_jobs.py cache --socket /tmp/hook.sock --seconds 120
     python tests/gpu/hook_jobs.py loader --socket /tmp/hook.sock --seconds 120
+    python tests/gpu/hook_jobs.py trainer [--fixed] --socket /tmp/hook.sock --seconds 300
+    python tests/gpu/hook_jobs.py lightning [--fixed] --socket /tmp/hook.sock --seconds 300
 
 Each prints one JSON line once CUDA and the hook are up (``{"ready": true, "pid": …, "leakFile": …,
 "leakLine": …}``), then trains at ``--steps-per-second`` until ``--seconds`` have passed.
@@ -23,6 +25,14 @@ Each prints one JSON line once CUDA and the hook are up (``{"ready": true, "pid"
 - ``loader``: a DataLoader with ``--workers`` worker processes whose dataset keeps
   ``--leak-bytes-per-item`` of host memory per item it serves (a list growing in ``__getitem__``):
   the workers' RSS grows, GPU memory does not.
+- ``trainer``: a real ``transformers.Trainer`` fine-tuning a small GPT-2 made from its config (no
+  download), whose subclass overrides ``compute_loss`` to also keep a score of each batch: a
+  ``logsumexp`` of the logits kept as a tensor, so each step keeps that step's logits (saved for the
+  score's backward, which never runs): ``--sequences`` x ``--seq`` x ``--vocab`` x 4 bytes a step (16 MiB
+  at 4 x 128 x 8192, about 3.75 GiB a minute at 4 steps a second). ``--fixed`` keeps ``.item()`` of
+  the score instead. The GpuwardenCallback drives a StepHook at its defaults but for tracemalloc on.
+- ``lightning``: the same model and leak in a ``LightningModule``'s ``training_step`` under a
+  Lightning Trainer, with ``--fixed`` the same way.
 """
 
 from __future__ import annotations
@@ -188,12 +198,135 @@ def loader(args: argparse.Namespace) -> None:
     hook.close()
 
 
+def _gpt2(args: argparse.Namespace) -> Any:
+    """A small GPT-2 from its config (4 layers of 256), on no device yet."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=4, n_head=4, n_embd=256, vocab_size=args.vocab, n_positions=args.seq)
+    return GPT2LMHeadModel(config)
+
+
+def _tokens(args: argparse.Namespace, items: int) -> Any:
+    """``items`` random sequences of ``--seq`` token ids."""
+    import torch
+
+    return torch.randint(0, args.vocab, (items, args.seq))
+
+
+def _hook(args: argparse.Namespace) -> StepHook:
+    return StepHook(interval=args.interval, tracemalloc=True, client=HookClient(args.socket))
+
+
+def trainer(args: argparse.Namespace) -> None:
+    """A transformers.Trainer whose compute_loss override keeps a score with its graph each step."""
+    import tempfile
+
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from gpuwarden.hook.transformers import GpuwardenCallback
+
+    class ScoringTrainer(Trainer):
+        """Logs a score of each batch; the leaking version keeps it as a tensor, with its graph."""
+
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            super().__init__(*a, **kw)
+            self.scores: list[Any] = []
+            self.total = 0.0
+
+        def compute_loss(
+            self, model: Any, inputs: Any, return_outputs: bool = False, num_items_in_batch: Any = None
+        ) -> Any:
+            outputs = model(**inputs)
+            if args.fixed:
+                self.total += outputs.logits.detach().logsumexp(-1).mean().item()
+            else:
+                self.scores.append(outputs.logits.logsumexp(-1).mean())  # hook-jobs: trainer-leak
+            return (outputs.loss, outputs) if return_outputs else outputs.loss
+
+    class Paced(TrainerCallback):
+        def on_step_end(self, targs: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            control.should_training_stop = not pace.next()
+
+    ids = _tokens(args, 4096)
+    data = [{"input_ids": row, "labels": row} for row in ids]
+    out = tempfile.mkdtemp(prefix="hook-jobs-trainer-")
+    targs = TrainingArguments(
+        output_dir=out,
+        per_device_train_batch_size=args.sequences,
+        max_steps=10**9,
+        learning_rate=1e-4,
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+    )
+    hook = _hook(args)
+    job = ScoringTrainer(
+        model=_gpt2(args),
+        args=targs,
+        train_dataset=data,
+        callbacks=[GpuwardenCallback(hook), Paced()],
+    )
+    _ready(leakFile=str(Path(__file__).resolve()), leakLine=marker_line("trainer-leak"))
+    pace = Pace(args.seconds, args.steps_per_second)
+    job.train()
+
+
+def lightning(args: argparse.Namespace) -> None:
+    """A LightningModule whose training_step keeps a score with its graph each step."""
+    import lightning.pytorch as pl
+    import torch
+
+    from gpuwarden.hook.lightning import GpuwardenCallback
+
+    class Scoring(pl.LightningModule):
+        """Logs a score of each batch; the leaking version keeps it as a tensor, with its graph."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = _gpt2(args)
+            self.scores: list[Any] = []
+            self.total = 0.0
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            outputs = self.model(input_ids=batch, labels=batch)
+            if args.fixed:
+                self.total += outputs.logits.detach().logsumexp(-1).mean().item()
+            else:
+                self.scores.append(outputs.logits.logsumexp(-1).mean())  # hook-jobs: lightning-leak
+            return outputs.loss
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.AdamW(self.parameters(), lr=1e-4)
+
+    class Paced(pl.Callback):
+        def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, i: int) -> None:
+            if not pace.next():
+                trainer.should_stop = True
+
+    data = torch.utils.data.DataLoader(_tokens(args, 4096), batch_size=args.sequences, shuffle=True)
+    hook = _hook(args)
+    job = pl.Trainer(
+        accelerator="gpu",
+        devices=1,
+        max_epochs=10**6,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[GpuwardenCallback(hook), Paced()],
+    )
+    _ready(leakFile=str(Path(__file__).resolve()), leakLine=marker_line("lightning-leak"))
+    pace = Pace(args.seconds, args.steps_per_second)
+    job.fit(Scoring(), data)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run one job (see the module doc)."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("job", choices=["leak", "cache", "loader"])
+    parser.add_argument("job", choices=["leak", "cache", "loader", "trainer", "lightning"])
     parser.add_argument("--socket", required=True, help="the agent's hook socket")
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--steps-per-second", type=float, default=4.0)
@@ -204,8 +337,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--grow-rows", type=int, default=8192, help="cache: rows the batch grows by")
     parser.add_argument("--workers", type=int, default=2, help="loader: data-loader workers")
     parser.add_argument("--leak-bytes-per-item", type=int, default=64 * 1024, help="loader: kept per item")
+    parser.add_argument("--fixed", action="store_true", help="trainer, lightning: the leak fixed")
+    parser.add_argument("--sequences", type=int, default=4, help="trainer, lightning: sequences a batch")
+    parser.add_argument("--vocab", type=int, default=8192, help="trainer, lightning: GPT-2's vocabulary")
+    parser.add_argument("--seq", type=int, default=128, help="trainer, lightning: tokens a sequence")
     args = parser.parse_args(argv)
-    {"leak": leak, "cache": cache, "loader": loader}[args.job](args)
+    jobs = {"leak": leak, "cache": cache, "loader": loader, "trainer": trainer, "lightning": lightning}
+    jobs[args.job](args)
 
 
 if __name__ == "__main__":

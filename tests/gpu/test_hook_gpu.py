@@ -18,18 +18,12 @@ Run on a GPU machine, never in CI (no driver there):
 
 from __future__ import annotations
 
-import json
 import re
-import signal
-import subprocess
-import sys
-import threading
 import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from watch_support import Recorder, launch, metrics, process_bytes, rate_of, started, stop, up, watching
 
 pytestmark = pytest.mark.gpu
 
@@ -52,150 +46,43 @@ spec:
 """
 
 
-def start_job(kind: str, socket: Path, logs: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(JOBS), kind, f"--socket={socket}", f"--seconds={JOB_SECONDS}"],
-        stdout=subprocess.PIPE,
-        stderr=(logs / f"{kind}.log").open("w"),
-        text=True,
-    )
-
-
-class Recorder(threading.Thread):
-    """Every 5 s, the jobs' memory series on /metrics, printed at the end: what a failure is read from."""
-
-    def __init__(self, address: str, pids: dict[str, int]) -> None:
-        super().__init__(daemon=True)
-        self.address, self.pids = address, pids
-        self.lines: list[str] = []
-        self.allocated: dict[str, list[tuple[float, float]]] = {kind: [] for kind in pids}
-        """(monotonic time, allocated bytes) per job, as /metrics showed them."""
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        start = time.monotonic()
-        while not self.stop.wait(5.0):
-            body = metrics(self.address)
-            for kind, pid in self.pids.items():
-                figures = {m: process_bytes(body, m, pid) for m in ("used", "allocated", "reserved")}
-                if (allocated := figures["allocated"]) is not None:
-                    self.allocated[kind].append((time.monotonic(), allocated))
-                mib = {m: None if v is None else round(v / 2**20) for m, v in figures.items()}
-                self.lines.append(f"{time.monotonic() - start:5.0f}s {kind} {pid} MiB {mib}")
-
-
-def ready(job: subprocess.Popen[str]) -> dict[str, object]:
-    assert job.stdout is not None
-    line = job.stdout.readline()
-    assert line, f"the job exited before it was ready (rc {job.wait()})"
-    info = json.loads(line)
-    assert info["ready"] is True
-    return dict(info)
-
-
-@pytest.fixture
-def hook_socket(tmp_path: Path) -> Path:
-    return tmp_path / "hook.sock"
-
-
-@pytest.fixture
-def watch(tmp_path: Path, hook_socket: Path) -> Iterator[subprocess.Popen[str]]:
-    policy = tmp_path / "hook.yaml"
-    policy.write_text(POLICY)
-    argv = [sys.executable, "-m", "gpuwarden", "watch", f"--policy={policy}", "--listen=127.0.0.1:0"]
-    argv += [f"--duration={WATCH_CAP}", "--plain", f"--hook-socket={hook_socket}"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
-
-
-def metrics(address: str) -> str:
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
-        return str(response.read().decode())
-
-
-def process_bytes(body: str, memory: str, pid: int) -> float | None:
-    """``gpuwarden_process_gpu_memory_<memory>_bytes`` of ``pid`` on /metrics, None when absent."""
-    series = f"gpuwarden_process_gpu_memory_{memory}_bytes"
-    match = re.search(rf'{series}\{{[^}}]*pid="{pid}"[^}}]*\}} (\S+)', body)
-    return float(match.group(1)) if match else None
-
-
-def wait_for(address: str, memory: str, pid: int, timeout: float = 30.0) -> str:
-    """/metrics once it carries ``pid``'s hook reading of ``memory`` (polled: watch samples each second)."""
-    deadline = time.monotonic() + timeout
-    while process_bytes(body := metrics(address), memory, pid) is None:
-        assert time.monotonic() < deadline, f"no {memory} reading of pid {pid} on /metrics:\n{body}"
-        time.sleep(0.5)
-    return body
-
-
 def test_the_hook_names_a_kept_graph_leak_ignores_a_growing_cache_and_finds_a_loader_leak(
-    watch: subprocess.Popen[str], hook_socket: Path, tmp_path: Path
+    tmp_path: Path,
 ) -> None:
-    assert watch.stdout is not None
+    socket = tmp_path / "hook.sock"
     seen: list[str] = []
-    address = None
-    for line in watch.stdout:
-        seen.append(line)
-        if match := re.search(r"/metrics on (\S+);", line):
-            address = match.group(1)
-            break
-    assert address, "".join(seen)
-    jobs = {kind: start_job(kind, hook_socket, tmp_path) for kind in ("leak", "cache", "loader")}
-    recorder: Recorder | None = None
-    try:
-        info = {kind: ready(job) for kind, job in jobs.items()}
-        pids = {kind: int(str(i["pid"])) for kind, i in info.items()}
-        leak_line = int(str(info["leak"]["leakLine"]))
-        first = wait_for(address, "allocated", pids["cache"])
-        recorder = Recorder(address, pids)
-        recorder.start()
-        started: dict[tuple[str, int], str] = {}
-        t0 = time.monotonic()
-        for line in watch.stdout:
-            seen.append(line)
-            if match := re.search(r"STARTED (\S+) pid (\d+)\b", line):
-                started[(match.group(1), int(match.group(2)))] = line
-            if ("tensor-leak", pids["leak"]) in started and ("host-leak", pids["loader"]) in started:
-                break
-        else:
-            raise AssertionError("watch ended before both leaks were flagged:\n" + "".join(seen))
-        found_after = time.monotonic() - t0
-        # The rate the hook's own readings showed on /metrics, from the first to the latest.
-        (t_first, first_bytes), (t_last, last_bytes) = (
-            recorder.allocated["leak"][0],
-            recorder.allocated["leak"][-1],
-        )
-        measured = (last_bytes - first_bytes) / (t_last - t_first) * 60  # bytes a minute
-        body = metrics(address)
-        cache = [
-            (process_bytes(b, "reserved", pids["cache"]), process_bytes(b, "allocated", pids["cache"]))
-            for b in (first, body)
-        ]
-    finally:
-        for job in jobs.values():
-            job.kill()
-            job.wait()
-        if recorder is not None:
-            recorder.stop.set()
-            print("\n".join(recorder.lines))
-        for kind in jobs:
-            print(f"--- {kind} stderr\n" + (tmp_path / f"{kind}.log").read_text()[-3000:])
+    with watching(POLICY, tmp_path, socket, WATCH_CAP) as (watch, address):
+        assert watch.stdout is not None
+        argv = [f"--socket={socket}", f"--seconds={JOB_SECONDS}"]
+        jobs = launch({kind: [str(JOBS), kind, *argv] for kind in ("leak", "cache", "loader")}, tmp_path)
+        recorder: Recorder | None = None
+        try:
+            info, pids = up(jobs, address)
+            leak_line = int(str(info["leak"]["leakLine"]))
+            first = metrics(address)
+            recorder = Recorder(address, pids)
+            recorder.start()
+            t0 = time.monotonic()
+            wanted = {("tensor-leak", pids["leak"]), ("host-leak", pids["loader"])}
+            found = started(watch.stdout, wanted, seen)
+            found_after = time.monotonic() - t0
+            measured = recorder.rate("leak")  # as the hook's own readings showed on /metrics
+            body = metrics(address)
+            cache = [
+                (process_bytes(b, "reserved", pids["cache"]), process_bytes(b, "allocated", pids["cache"]))
+                for b in (first, body)
+            ]
+        finally:
+            stop(jobs, recorder, tmp_path)
+    seen.append(watch.stdout.read())  # to its end
     out = "".join(seen)
     print(out)
-    leak = started[("tensor-leak", pids["leak"])]
+    _, leak = found[("tensor-leak", pids["leak"])]
     assert "allocated memory (live tensors, not the cache) grows" in leak, leak
-    assert re.search(rf"top growing lines: [^;]*hook_jobs\.py:{leak_line} \+", leak), leak
-    rate = re.search(r"grows ([\d.]+)(Ki|Mi|Gi)/m", leak)
-    assert rate is not None
-    reported = float(rate.group(1)) * {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30}[rate.group(2)]
+    assert re.search(rf"top growing lines: \S*hook_jobs\.py:{leak_line} \+", leak), leak  # first
+    reported = rate_of(leak)
     assert 0.7 * measured < reported < 1.3 * measured, (reported, measured)
-    host = started[("host-leak", pids["loader"])]
+    _, host = found[("host-leak", pids["loader"])]
     assert "host memory" in host, host
     # The cache grew while the tensors did not, and was never flagged; the loader's GPU memory never.
     (reserved_then, allocated_then), (reserved_now, allocated_now) = cache
@@ -205,8 +92,8 @@ def test_the_hook_names_a_kept_graph_leak_ignores_a_growing_cache_and_finds_a_lo
     assert allocated_now is not None
     assert reserved_now > reserved_then + 64 * 2**20, cache
     assert allocated_now < allocated_then * 1.1 + 64 * 2**20, cache
-    assert not [k for k in started if k[1] == pids["cache"]], started
-    assert ("tensor-leak", pids["loader"]) not in started
+    assert not re.search(rf"STARTED \S+ pid {pids['cache']}\b", out)
+    assert not re.search(rf"STARTED tensor-leak pid {pids['loader']}\b", out)
     mib = 2**20
     print(
         f"found both in {found_after:.0f}s; leak {reported / mib:.0f}Mi/m, measured {measured / mib:.0f}Mi/m"

@@ -584,11 +584,21 @@ def test_operator_is_denied_the_rest(control_plane: ControlPlane, cluster_releas
     assert _denied(control_plane, r.namespace, r.operator_sa, forbidden) == []
 
 
-def test_agent_is_allowed_only_its_pod_list(control_plane: ControlPlane, cluster_release: Release) -> None:
+def test_agent_is_allowed_only_its_pod_list_and_resource_slices(
+    control_plane: ControlPlane, cluster_release: Release
+) -> None:
     r = cluster_release
-    assert _missing(control_plane, r.namespace, r.agent_sa, [("list", "pods", "--all-namespaces")]) == []
+    allowed = [
+        ("list", "pods", "--all-namespaces"),
+        ("list", "resourceslices.resource.k8s.io"),
+        ("watch", "resourceslices.resource.k8s.io"),
+    ]
+    assert _missing(control_plane, r.namespace, r.agent_sa, allowed) == []
     forbidden = [
         *FORBIDDEN_EVERYWHERE,
+        ("get", "resourceslices.resource.k8s.io"),
+        ("create", "resourceslices.resource.k8s.io"),
+        ("list", "resourceclaims.resource.k8s.io", "--all-namespaces"),
         ("get", "pods", "-n", "team-a"),
         ("watch", "pods", "--all-namespaces"),
         ("patch", "pods", "-n", r.namespace),
@@ -607,8 +617,9 @@ def test_single_namespace_rbac(control_plane: ControlPlane) -> None:
     ns = cp.create_namespace(unique("rbac-single"))
     watched = cp.create_namespace(unique("rbac-watched"))
     release = install(
-        cp, ns, "--set", f"operator.watchNamespaces={{{watched}}}", "--set", "agent.podList.enabled=false"
-    )
+        cp, ns, "--set", f"operator.watchNamespaces={{{watched}}}", "--set", "agent.podList.enabled=false",
+        "--set", "agent.dra.resourceSlices=false",
+    )  # fmt: skip
     try:
         (peering,) = release.objects("KopfPeering")
         assert peering["metadata"]["namespace"] == watched
@@ -638,7 +649,7 @@ def test_single_namespace_rbac(control_plane: ControlPlane) -> None:
             ("patch", "deployments.apps", "-n", watched),
         ]
         assert _denied(cp, ns, release.operator_sa, forbidden) == []
-        # agent.podList.enabled=false: the agent has no API access at all.
+        # agent.podList.enabled=false, agent.dra.resourceSlices=false: the agent has no API access at all.
         rbac = release.objects("ClusterRole") + release.objects("ClusterRoleBinding")
         assert not [d for d in rbac if d["metadata"]["name"].endswith("-agent")]
         (ds,) = release.objects("DaemonSet")

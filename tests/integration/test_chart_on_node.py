@@ -218,9 +218,11 @@ def test_the_agent_and_the_operator_pods_become_ready(installed: Installed) -> N
     installed.until(installed.active_operator, "an active operator replica", TIMEOUT)
 
 
-def test_the_agent_attributes_the_scripted_gpus_to_the_pods_the_kubelet_allocated(
-    installed: Installed,
-) -> None:
+def attributed_as_allocated(installed: Installed) -> None:
+    """Every GPU is allocated, and the agent's ``/metrics`` and the operator's series name its pod.
+
+    Also test_dra.py's, where the pods hold their GPUs through DRA claims.
+    """
     allocated = installed.allocated()
     assert sorted(allocated) == sorted(installed.node.gpu_uuids)
     # The agent's attribution refreshes every 5 s from the kubelet's PodResources socket.
@@ -234,12 +236,27 @@ def test_the_agent_attributes_the_scripted_gpus_to_the_pods_the_kubelet_allocate
         "the operator's per-pod series from the agent's reports",
         TIMEOUT,
     )
+
+
+def test_the_agent_attributes_the_scripted_gpus_to_the_pods_the_kubelet_allocated(
+    installed: Installed,
+) -> None:
+    attributed_as_allocated(installed)
     agent = installed.agent_metrics()
     assert total(agent, "gpuwarden_agent_reports_sent_total") > 0
     assert {labels["backend"] for labels, _ in agent["gpuwarden_agent_info"]} == {"scripted"}
 
 
 def test_the_operator_warns_about_the_idle_pod_and_scales_the_deployment(installed: Installed) -> None:
+    warns_about_the_idle_pod_and_scales(installed)
+    print(f"\nhelm install → {installed.timings}")
+
+
+def warns_about_the_idle_pod_and_scales(installed: Installed) -> None:
+    """GPUUnderutilized on the idle GPU's pod only, GPUSaturated on the saturated one's, one replica more.
+
+    Also test_dra.py's, where the pods hold their GPUs through DRA claims.
+    """
     allocated = installed.allocated()
     idle = allocated[IDLE_GPU]
 
@@ -274,7 +291,6 @@ def test_the_operator_warns_about_the_idle_pod_and_scales_the_deployment(install
         30,
     )
     assert f"scaled {APP} {REPLICAS}→{REPLICAS + 1}" in up["message"]
-    print(f"\nhelm install → {installed.timings}")
 
 
 def test_a_deleted_pod_leaves_the_agents_series_and_its_reports(installed: Installed) -> None:

@@ -1,12 +1,14 @@
 """End to end: the operator and a scripted agent as their own processes, against a real API server.
 
-One scenario, one node, four GPU pods, each breaking one rule kind from the start and recovering at
+One scenario, one node, five GPU pods, each breaking one rule kind from the start and recovering at
 ``RECOVER_AT`` seconds: idle (utilizationFloor), saturated (utilizationCeiling), near out-of-memory
-(memoryCeiling), leaking (memoryGrowth). One module-scoped world, which every test only reads and
-waits on, so their order does not matter; the tests that delete a pod or change a spec have their
-own. The agent authenticates with a TokenRequest token of its ServiceAccount (audience
-gpuwarden-operator); the policy is applied with kubectl; the pods are Pod objects bound to a node by
-name (no scheduler, no kubelet: they stay Pending).
+(memoryCeiling), leaking (memoryGrowth), and leaking fast enough to fill its card within minutes
+(memoryGrowth's GPUMemoryExhaustionImminent, found on its urgent 40 s span, with the time left).
+One module-scoped world, which every test only reads and waits on, so their order does not matter;
+the tests that delete a pod or change a spec have their own. The agent authenticates with a
+TokenRequest token of its ServiceAccount (audience gpuwarden-operator); the policy is applied with
+kubectl; the pods are Pod objects bound to a node by name (no scheduler, no kubelet: they stay
+Pending).
 
 For each kind: the Warning Event with the right reason and message on the right pod and on the policy,
 the violation in the policy's status, then the Normal Event when it recovers and the violation gone
@@ -46,12 +48,13 @@ CASES = {
     "busy-0": ("saturated", "GPUSaturated", "ceiling 90%"),
     "full-0": ("near-oom", "GPUMemoryNearLimit", "limit 90%"),
     "leak-0": ("leak", "GPUMemoryLeakSuspected", "GPU memory grows"),
+    "flood-0": ("leak", "GPUMemoryExhaustionImminent", "GPU memory grows 40Gi/m over 40s"),
 }
 
 
 def scenario(namespace: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     at = f"{int(RECOVER_AT)}s"
-    uuids = [f"GPU-e2e0000{i}-0000-4000-8000-00000000000{i}" for i in range(4)]
+    uuids = [f"GPU-e2e0000{i}-0000-4000-8000-00000000000{i}" for i in range(5)]
     gpus = [
         gpu(uuids[0], 0, [{"kind": "idle", "level": 3, "noise": 1}, {"kind": "idle", "at": at, "level": 60}],
             [{"kind": "idle", "level": "9Gi"}]),
@@ -62,6 +65,9 @@ def scenario(namespace: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
              {"kind": "idle", "at": at, "level": "20Gi"}]),
         gpu(uuids[3], 3, [{"kind": "idle", "level": 50, "noise": 2}],
             [{"kind": "leak", "start": "20Gi", "rate": "3Gi/m", "noise": "2Mi"},
+             {"kind": "idle", "at": at, "level": "26Gi"}]),
+        gpu(uuids[4], 4, [{"kind": "idle", "level": 50, "noise": 2}],
+            [{"kind": "leak", "start": "20Gi", "rate": "40Gi/m", "noise": "2Mi"},
              {"kind": "idle", "at": at, "level": "26Gi"}]),
     ]  # fmt: skip
     pods = [pod(namespace, name, uuids[i], LABELS, 4000 + i) for i, name in enumerate(CASES)]
@@ -121,6 +127,10 @@ def test_a_violation_warns_on_the_pod_and_the_policy(world: Rules, pod_name: str
     )
     assert first["type"] == "Warning"
     assert phrase in first["message"]
+    if rule == "leak":  # the time left, in every leak's message; and what an imminent one means
+        assert "; the card (140Gi) is full in " in first["message"]  # CARD: an H200's 143771Mi
+    if reason == "GPUMemoryExhaustionImminent":
+        assert "runs out of GPU memory soon" in first["message"]
     assert f"policy gpus, rule {rule}" in first["message"]
     assert first["involvedObject"]["namespace"] == world.namespace
     assert first["reportingComponent"] == "gpuwarden-operator"
@@ -131,13 +141,13 @@ def test_a_violation_warns_on_the_pod_and_the_policy(world: Rules, pod_name: str
 
 
 def test_status_lists_every_violation(world: Rules) -> None:
-    def all_four() -> dict[str, Any] | None:
+    def all_five() -> dict[str, Any] | None:
         status = world.status()
-        return status if len(status.get("violations") or []) == 4 else None
+        return status if len(status.get("violations") or []) == len(CASES) else None
 
-    status = wait_until(all_four, timeout=120, what="four violations in status", alive=world.alive)
-    assert status["matchedPods"] == 4
-    assert status["violatingPods"] == 4
+    status = wait_until(all_five, timeout=120, what="five violations in status", alive=world.alive)
+    assert status["matchedPods"] == len(CASES)
+    assert status["violatingPods"] == len(CASES)
     assert status["observedGeneration"] == 1
     by_pod = {v["pod"]: v for v in status["violations"]}
     for pod_name, (rule, reason, _) in CASES.items():
@@ -145,8 +155,8 @@ def test_status_lists_every_violation(world: Rules) -> None:
         assert by_pod[pod_name]["since"].endswith("Z")
     assert by_pod["leak-0"]["gpu"].startswith("GPU-")
     assert by_pod["full-0"]["gpu"].startswith("GPU-")
-    # Newest first: the leak needed a full minute of data, so it started last.
-    assert status["violations"][0]["pod"] == "leak-0"
+    # Newest first: the leak needed a full minute of data, so it started last; the flood, 40 s of it.
+    assert [v["pod"] for v in status["violations"][:2]] == ["leak-0", "flood-0"]
     conditions = {c["type"]: c for c in status["conditions"]}
     assert (conditions["Ready"]["status"], conditions["Ready"]["reason"]) == ("True", "Evaluating")
     assert (conditions["Violating"]["status"], conditions["Violating"]["reason"]) == (

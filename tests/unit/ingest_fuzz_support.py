@@ -2,16 +2,21 @@
 bench/fuzz_ingest.py (long runs): generated requests, the real operator behind its real aiohttp
 apps, and the invariants every request must keep.
 
-A :class:`Case` is one request: a token (the agent of node-1 or node-2, an unbound one, a stranger,
-none), a body (a valid report, a valid report with one value replaced by something nasty, or
-junk) and an encoding (none, deflate, gzip, or a corrupt deflate stream). Its timestamps are
-offsets from the operator's clock, so that the bounds are hit exactly.
+A :class:`Case` is one request to ``/v1/reports`` or ``/v1/verdicts``: a token (the agent of
+node-1 or node-2, an unbound one, a stranger, a peer replica, none), a body (a valid node or
+verdict report, one with a value replaced by something nasty, or junk) and an encoding (none,
+deflate, gzip, or a corrupt deflate stream). Its timestamps are offsets from the operator's
+clock, so that the bounds are hit exactly.
 
 After each case, :meth:`Harness.check` asserts: no 500 and no internal error counted, a 200's
 answer well formed; a good report from node-1's agent right after is stored (its readings are
 newer than anything the case could store) and evaluated (the memoryCeiling rule judges it from
 its value); ``/metrics`` answers 200 with text the Prometheus parser reads, carrying the good
-reading, and ``/readyz`` is 200; state is bounded by identities, not by what the requests claim.
+reading, and ``/readyz`` is 200; a whole round of the health path runs without an error (a
+gpuHealth and a utilization rule with throttling over every pod, the node verdict of every node,
+the Event of every incident); state is bounded by identities, not by what the requests claim:
+a node's GPU records hold only pods the index places on that node, no XID is later than the
+clock's bound, and verdicts are kept only for the policy that runs.
 """
 
 from __future__ import annotations
@@ -34,12 +39,18 @@ from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.ingest import MAX_FUTURE_SKEW, make_ingest_app
 from gpuwarden.operator.metrics import make_metrics_app
-from gpuwarden.operator.state import MAX_REPORT_AGE
+from gpuwarden.operator.nodehealth import NodeSettings, incident_event, node_verdict
+from gpuwarden.operator.state import MAX_REPORT_AGE, PolicyKey
+from gpuwarden.operator.tokenreview import TokenAuthenticator
+from gpuwarden.operator.verdictexchange import VerdictIngest
 from gpuwarden.policy.engine import PodView, PolicyEvaluator
 from gpuwarden.policy.parse import parse_spec
 from gpuwarden.policy.series import SeriesKey
+from gpuwarden.policy.xids import CRITICAL_XIDS
+from gpuwarden.verdictreport import MAX_PODS
 
 AGENT = "system:serviceaccount:gpuwarden-system:gpuwarden-agent"
+OPERATOR = "system:serviceaccount:gpuwarden-system:gpuwarden-operator"
 NAMESPACE = "ns"
 START = 1_800_000_000.0
 GOOD_POD = "good"
@@ -53,6 +64,7 @@ TOKENS: dict[str, tuple[str, str | None]] = {
     "node-2": (AGENT, "node-2"),
     "unbound": (AGENT, None),
     "stranger": ("system:serviceaccount:default:intruder", "node-1"),
+    "peer": (OPERATOR, None),
 }
 POD_NODES = {
     (NAMESPACE, "fuzz"): ["node-1"],
@@ -63,7 +75,9 @@ POD_NODES = {
 PODS = [(NAMESPACE, "fuzz"), (NAMESPACE, "other"), (NAMESPACE, "ghost"), ("elsewhere", "fuzz")]
 """What generated reports name: a pod of node-1, of node-2, none, one of an unwatched namespace."""
 GPUS = ["GPU-a", "GPU-b", "MIG-c"]
-STATUSES = {200, 400, 401, 403, 413}
+STATUSES = {200, 400, 401, 403, 404, 413}
+POLICY = "fuzz"
+"""The policy whose daemon runs: verdicts on it are kept, on any other refused."""
 
 SPEC = parse_spec(
     {
@@ -72,6 +86,18 @@ SPEC = parse_spec(
         "rules": [{"name": "near-oom", "memoryCeiling": {"percent": 90, "for": "1s"}}],
     }
 )
+HEALTH_SPEC = parse_spec(
+    {
+        "selector": {},
+        "evaluationInterval": "1s",
+        "rules": [
+            {"name": "health", "gpuHealth": {"clearAfter": "60s", "throttling": ["thermal", "power"]}},
+            {"name": "idle", "utilizationFloor": {"percent": 20, "for": "5s"}},
+        ],
+    }
+)
+"""The health path's round: gpuHealth, and throttling beside a utilization rule."""
+NODE_SETTINGS = NodeSettings(xids=CRITICAL_XIDS, hold=60.0)
 
 
 class FuzzApi:
@@ -197,6 +223,39 @@ def reports(draw: st.DrawFn) -> dict[str, Any]:
     }
 
 
+@st.composite
+def verdict_reports(draw: st.DrawFn) -> dict[str, Any]:
+    """A valid verdict report but for ``at``, an offset (see :meth:`Case.body`)."""
+    figure = st.floats(-(2.0**60), 2.0**60)
+    return {
+        "schemaVersion": 1,
+        "shard": draw(st.sampled_from(["op-b", "op-c"])),
+        "at": draw(OFFSETS),
+        "namespace": draw(st.sampled_from([NAMESPACE] * 4 + ["invented"])),
+        "policy": draw(st.sampled_from([POLICY] * 4 + ["nope"])),
+        "generation": draw(st.one_of(st.none(), st.integers(0, 2**53))),
+        "pods": [
+            {
+                "pod": name,
+                "rules": [
+                    {
+                        "rule": "near-oom",
+                        "kind": draw(st.sampled_from(["memoryCeiling", "gpuHealth"])),
+                        "holds": draw(st.booleans()),
+                        "clears": draw(st.booleans()),
+                        "value": draw(figure),
+                        "threshold": draw(figure),
+                        "unit": "%",
+                        "message": draw(st.text(max_size=20)),
+                    }
+                    for _ in range(draw(st.integers(0, 2)))
+                ],
+            }
+            for name in draw(st.lists(st.sampled_from(["fuzz", "other", "ghost", GOOD_POD]), max_size=3))
+        ],
+    }
+
+
 def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     out = [prefix] if prefix else []
     if isinstance(value, dict):
@@ -214,25 +273,28 @@ class Case:
 
     token: str | None
     report: dict[str, Any] | None
-    """A report whose snapshot timestamps are offsets from the clock; None: ``junk`` is the body."""
+    """A report whose timestamps are offsets from the clock; None: ``junk`` is the body."""
     mutation: tuple[tuple[Any, ...], Any] | None
     """A path into the report and what to put there (an unknown key is added)."""
     junk: bytes
     encoding: str
+    path: str = "/v1/reports"
+    """Where it goes: ``/v1/reports`` (a node report) or ``/v1/verdicts`` (a verdict report)."""
 
     def body(self, now: float) -> bytes:
         if self.report is None:
             raw = self.junk
         else:
             report = json.loads(json.dumps(self.report))
-            timed = [*report["snapshots"]]
-            for snapshot in report["snapshots"]:
+            timed = [*report.get("snapshots", [])] + ([report] if "at" in report else [])
+            for snapshot in report.get("snapshots", []):
                 for gpu in snapshot["gpus"]:
                     timed.extend(gpu.get("health", {}).get("xids", []))
             for item in timed:
-                if isinstance(item["timestamp"], float):
-                    t = now + item["timestamp"]
-                    item["timestamp"] = t if 0 < t <= MAX_TIMESTAMP else now
+                key = "at" if "at" in item else "timestamp"
+                if isinstance(item[key], float):
+                    t = now + item[key]
+                    item[key] = t if 0 < t <= MAX_TIMESTAMP else now
             if self.mutation is not None:
                 path, value = self.mutation
                 target = report
@@ -260,9 +322,13 @@ class Case:
 
 @st.composite
 def cases(draw: st.DrawFn) -> Case:
-    token = draw(st.sampled_from([*TOKENS, *["node-1"] * 8, "garbage", None]))
+    verdicts = draw(st.integers(0, 4)) == 0
+    if verdicts:
+        token = draw(st.sampled_from([*TOKENS, *["peer"] * 8, "garbage", None]))
+    else:
+        token = draw(st.sampled_from([*TOKENS, *["node-1"] * 8, "garbage", None]))
     kind = draw(st.sampled_from(["valid", "valid", "valid", "mutated", "mutated", "junk"]))
-    report = draw(reports()) if kind != "junk" else None
+    report = (draw(verdict_reports()) if verdicts else draw(reports())) if kind != "junk" else None
     mutation = None
     if kind == "mutated":
         assert report is not None
@@ -273,7 +339,7 @@ def cases(draw: st.DrawFn) -> Case:
         mutation = (path, draw(st.sampled_from(NASTY)))
     junk = draw(st.one_of(st.binary(max_size=64), st.sampled_from([b"", b"{}", b"[]", b"null", b"{" * 500])))
     encoding = draw(st.sampled_from(["identity", "identity", "identity", "deflate", "gzip", "corrupt"]))
-    return Case(token, report, mutation, junk, encoding)
+    return Case(token, report, mutation, junk, encoding, "/v1/verdicts" if verdicts else "/v1/reports")
 
 
 # -- the operator and the invariants -----------------------------------------------------------------
@@ -290,7 +356,27 @@ class Harness:
         self.state.leadership.active = True
         self.state.pod_nodes = POD_NODES
         self.state.pods_synced = True
+        self.state.open_policy(PolicyKey(NAMESPACE, POLICY))
+        api = FuzzApi()
+
+        async def review(token: str) -> dict[str, Any]:
+            return await api.create_token_review(token, [config.token_audience])
+
+        self.verdicts = VerdictIngest(
+            authenticator=TokenAuthenticator(
+                review, audience=config.token_audience, username=OPERATOR, pod_bound=False
+            ),
+            board=self.state.verdicts,
+            metrics=self.state.metrics,
+            acting=lambda: True,
+            received=self.state.verdicts_arrived,
+            max_body_bytes=config.max_body_bytes,
+            clock=self.clock,
+            known=self.state.runs_policy,
+        )
         self.evaluator = PolicyEvaluator("ns/fuzz", SPEC, namespace=NAMESPACE)
+        self.health_evaluator = PolicyEvaluator("ns/health", HEALTH_SPEC, namespace=NAMESPACE)
+        self.incidents = 0
         self.good_seq = 0
         self.statuses: dict[int, int] = {}
 
@@ -298,7 +384,7 @@ class Harness:
         # Plain sessions rather than aiohttp's TestClient, which keeps every response until closed:
         # a long run (bench/fuzz_ingest.py) measures the operator's memory, not the client's.
         self._servers = [
-            TestServer(make_ingest_app(self.state.ingest)),
+            TestServer(make_ingest_app(self.state.ingest, self.verdicts.handle)),
             TestServer(make_metrics_app(self.state.metrics, lambda: True)),
         ]
         for server in self._servers:
@@ -316,11 +402,13 @@ class Harness:
         """Post ``case``, then prove that the operator still works (see the module doc)."""
         self.clock.now += 1.0
         now = self.clock.now
-        rsp = await self.ingest.post("/v1/reports", data=case.body(now), headers=case.headers())
+        rsp = await self.ingest.post(case.path, data=case.body(now), headers=case.headers())
         answer = await rsp.json()
         self.statuses[rsp.status] = self.statuses.get(rsp.status, 0) + 1
         assert rsp.status in STATUSES, (rsp.status, answer)
-        if rsp.status == 200:
+        if rsp.status == 200 and case.path == "/v1/verdicts":
+            assert set(answer) == {"taken", "refused"}, answer
+        elif rsp.status == 200:
             assert set(answer) == {"accepted", "duplicate", "refused"}, answer
             assert answer["accepted"] >= 0
             assert all(count > 0 for count in answer["refused"].values()), answer
@@ -331,6 +419,7 @@ class Harness:
 
         await self._good_report_is_stored_and_evaluated(now)
         await self._metrics_parse_and_readiness_holds()
+        self._health_round_runs(now + MAX_FUTURE_SKEW)
         self._state_is_bounded()
 
     async def _good_report_is_stored_and_evaluated(self, now: float) -> None:
@@ -382,6 +471,20 @@ class Harness:
         assert used == [GOOD_USED], used
         assert (await self.metrics.get("/readyz")).status == 200
 
+    def _health_round_runs(self, now: float) -> None:
+        """A whole round of the health path on what the cases left: nothing raises (issue 27, 2)."""
+        health = self.state.health
+        pods = [PodView(ns, name) for ns, name in {*POD_NODES, *PODS}]
+        evaluation = self.health_evaluator.evaluate(pods, self.state.store, now, health)
+        for outcome in evaluation.outcomes:
+            assert outcome.value is None or math.isfinite(outcome.value), outcome
+            assert outcome.message  # the words of every outcome can be made
+        for node in health.nodes():
+            node_verdict(health.gpus_on(node), now, NODE_SETTINGS)
+        for incident in health.incidents(after=self.incidents):
+            incident_event(incident, NODE_SETTINGS)
+            self.incidents = incident.seq
+
     def _state_is_bounded(self) -> None:
         # Per-identity state is as large as the identities, whatever names the requests claim.
         identities = sum(1 for _, node in TOKENS.values() if node is not None)
@@ -396,7 +499,17 @@ class Harness:
         # Health only from the identities' nodes, for the GPUs named.
         health = self.state.health
         assert health.nodes() <= {"node-1", "node-2"}, health.nodes()
-        assert sum(len(health.gpus_on(node)) for node in health.nodes()) <= len(GPUS) + 1
+        assert sum(len(health.gpus_on(node)) for node in health.nodes()) <= 2 * (len(GPUS) + 1)
+        # A node's GPUs hold only pods the index places on it (issue 27, 1), and no XID from the future.
+        latest = self.clock.now + MAX_FUTURE_SKEW
+        for node in health.nodes():
+            for record in health.gpus_on(node):
+                for pod in (*record.current, *record.pods):
+                    assert node in POD_NODES.get((pod.namespace, pod.name), ()), (node, pod)
+                assert all(t <= latest for t, _ in record.xids), record.xids
+        # Verdicts only for the policy that runs, and bounded (issue 27, 7).
+        assert self.state.verdicts.policies() <= 1
+        assert len(self.state.verdicts) <= MAX_PODS
 
 
 class HarnessRunner:

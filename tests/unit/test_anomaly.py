@@ -129,6 +129,40 @@ def test_irregular_spikes_are_not_periodic() -> None:
     assert "4 times in 30m" in o.message
 
 
+def test_a_rise_then_dips_at_a_regular_interval_is_no_schedule() -> None:
+    """One burst up, then two dips below the band, their starts 100 s apart: three episodes at a
+    regular interval, but not of one thing (the demo's servers: a climb, then the load spread over a
+    new replica) were called "dips ... every 1m40s, like a scheduled job"."""
+    base = noisy(65, 0.5)
+
+    def util(i: int) -> float:
+        if 1500 <= i < 1560:
+            return 85.0
+        if 1600 <= i < 1660 or 1700 <= i < 1710:
+            return 50.0
+        return base(i)
+
+    o = judge(util, seconds=1900)
+    assert o.holds
+    assert o.reason == Pattern.SPIKE
+    assert o.message.startswith("GPU utilization spiked to 85%")
+    assert o.message.endswith("once in 30m")
+
+
+def test_an_episode_the_window_cuts_short_has_no_start_to_time() -> None:
+    """Two bursts 280 s apart, after one that began before the 10m window (at 799 s) and goes on into
+    it: its start is only the window's, 280 s before the first burst; three at a regular interval is
+    not what was seen."""
+    base = noisy(3, 1)
+
+    def util(i: int) -> float:
+        return 30.0 if 0 <= i < 830 or any(s <= i < s + 15 for s in (1079, 1359)) else base(i)
+
+    o = judge(util, rule(window=600.0), seconds=1400)
+    assert o.holds
+    assert o.reason == Pattern.SPIKE
+
+
 def test_steady_climb_is_named_apart_from_a_spike() -> None:
     """Memory that starts climbing inside the window and keeps on: an unbounded cache."""
     rng = random.Random(3)

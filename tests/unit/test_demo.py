@@ -188,6 +188,23 @@ def test_each_story_starts_when_its_window_allows(demo_run: ScenarioRun) -> None
     assert len(found) == 6
 
 
+def test_the_servers_climb_then_spread_load_is_no_schedule_and_its_reason_follows_its_message(
+    demo_run: ScenarioRun,
+) -> None:
+    """SM activity climbs with the rush (GPUSteadyClimb at 15m), drops to ~55% when the third replica
+    takes its share (16.6m), then dips back in a few seconds: a climb, then dips of the other sign,
+    counted as three "dips every 1m34s, like a scheduled job" under the reason GPUSteadyClimb. Now:
+    re-described as what the window shows, the climb's peak, under a reason that agrees."""
+    servers = [s for s in demo_run.history.spans if s.subject.startswith("inference/")]
+    assert [s.start - DEFAULT_ORIGIN for s in servers] == [15 * MIN, 15 * MIN]
+    for span in servers:
+        assert span.message.startswith("SM activity climbs steadily: ")
+        assert span.reason == "GPUSpike"
+        assert re.fullmatch(
+            r"SM activity spiked to 8\d%, .* \(robust z \d+\), once in 15m", span.last_message
+        )
+
+
 def test_the_idle_finding_clears_once_the_notebook_works(demo_run: ScenarioRun) -> None:
     """Work starts at 22m; the 5m mean of SM activity (~61% busy, ~2% idle) reaches 25% about 2m later."""
     (idle,) = [s for s in demo_run.history.spans if s.rule == "idle-gpu"]

@@ -25,7 +25,7 @@ from gpuwarden.nodereport import (
 )
 from gpuwarden.policy import PodView, PolicyEvaluator, Transition
 from gpuwarden.policy.growth import MESSAGE_SITES, evaluate_growth
-from gpuwarden.policy.intake import points_from_processes, points_from_report
+from gpuwarden.policy.intake import hook_point, points_from_processes, points_from_report
 from gpuwarden.policy.model import Actions, LabelSelector, MemoryGrowth, MemorySource, PolicySpec
 from gpuwarden.policy.rules import Outcome, RuleKind, WindowParams
 from gpuwarden.policy.series import Column, HookPoint, PodId, Point, SeriesKey, SeriesStore
@@ -233,8 +233,8 @@ def leak_with_sites(i: int) -> list[GpuSample]:
     (sample,) = tensor_leak(i)
     (proc,) = sample.processes
     assert proc.hook is not None
-    # Sent in no particular order; only the newest reading's count.
-    sites = list(reversed(SITES)) if i == SECONDS - 1 else SITES[3:]
+    # Sent in the hook's order (it ranks them); only the newest reading's count.
+    sites = SITES if i == SECONDS - 1 else SITES[3:]
     hook = proc.hook.model_copy(update={"sites": sites})
     return [sample.model_copy(update={"processes": [proc.model_copy(update={"hook": hook})]})]
 
@@ -248,6 +248,49 @@ def test_the_message_names_the_top_growing_lines_of_the_newest_reading() -> None
     assert lines.count(":") == MESSAGE_SITES
     assert "extra.py" not in lines
     assert len(lines) < 200
+
+
+def test_the_message_keeps_the_hooks_order_not_the_largest_bytes_first() -> None:
+    # The hook puts the job's own line (one small tensor a step) before a library line that grew more
+    # bytes (what a kept graph holds inside the model's forward): the engine must not re-sort them.
+    job = AllocationSite(file="/app/train.py", line=41, size_bytes=MI, growth_bytes=MI // 2, count=300)
+    library = AllocationSite(
+        file="/usr/lib/python3/site-packages/transformers/models/gpt2/modeling_gpt2.py",
+        line=240,
+        size_bytes=900 * MI,
+        growth_bytes=800 * MI,
+        count=9000,
+    )
+
+    def ranked(i: int) -> list[GpuSample]:
+        (sample,) = tensor_leak(i)
+        (proc,) = sample.processes
+        assert proc.hook is not None
+        hook = proc.hook.model_copy(update={"sites": [job, library]})
+        return [sample.model_copy(update={"processes": [proc.model_copy(update={"hook": hook})]})]
+
+    outcome = judge(feed(ranked), rule(MemorySource.ALLOCATED))
+    assert outcome.holds
+    _, lines = outcome.message.split("; top growing lines: ")
+    assert lines == "app/train.py:41 +512Ki (300 blocks), gpt2/modeling_gpt2.py:240 +800Mi (9,000 blocks)"
+
+
+def test_two_processes_sites_are_merged_rank_by_rank_each_keeping_its_hooks_order() -> None:
+    def process(pid: int, *lines: int) -> ProcessSample:
+        sites = [
+            AllocationSite(file=f"/app/rank{pid}.py", line=n, size_bytes=n * MI, growth_bytes=n * MI, count=n)
+            for n in lines
+        ]
+        hook = HookSample(timestamp=T0, allocated_bytes=GI, sites=sites)
+        return ProcessSample(pid=pid, used_memory_bytes=2 * GI, hook=hook)
+
+    # Each hook put a small line first (its job's own): neither may lose it to the other's larger lines.
+    point = hook_point([process(1, 1, 90, 80), process(2, 2, 70)], None)
+    assert [(s.file, s.line) for s in point.sites] == [
+        ("/app/rank1.py", 1),
+        ("/app/rank2.py", 2),
+        ("/app/rank1.py", 90),
+    ]
 
 
 def test_a_finding_and_its_event_text_carry_the_memory_and_the_lines() -> None:

@@ -1,14 +1,16 @@
 """AllocationTracker on real Python loops: the line that keeps objects alive is named, with a growing
 count; a line that allocates and frees is not; an object made inside the stdlib is credited to the
-line that called it; what was allocated before the first reading is forgotten; readings are paced by
-their own cost."""
+line that called it; the job's own lines rank before the libraries', a line that keeps a block every
+step before one that grew once; what was allocated before the first reading is forgotten; readings
+are paced by their own cost."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -113,15 +115,76 @@ def test_beyond_the_recorded_depth_the_outermost_recorded_frame_stands_for_the_j
     assert len(kept) == 200
 
 
-def test_the_top_sites_are_the_largest_growth_first(tracker: AllocationTracker) -> None:
+def test_lines_that_added_as_many_blocks_rank_by_bytes(tracker: AllocationTracker) -> None:
     begin(tracker)
     small = [bytearray(100) for _ in range(50)]  # small
     large = [bytearray(10_000) for _ in range(50)]  # large
-    sites = tracker.sites()
-    assert [s.growth_bytes for s in sites] == sorted((s.growth_bytes for s in sites), reverse=True)
-    lines = [s.line for s in sites]
+    lines = [s.line for s in tracker.sites()]
     assert lines.index(line_of("large")) < lines.index(line_of("small"))
     assert len(small) == len(large)
+
+
+def test_a_line_that_keeps_a_block_every_step_outranks_one_that_grew_once(
+    tracker: AllocationTracker,
+) -> None:
+    # A leak keeps one small object a step; a cache filled once holds more bytes in one block.
+    begin(tracker)
+    cache = bytearray(4 * 2**20)  # filled once
+    kept: list[bytearray] = []
+    keep(kept, 300)
+    sites = tracker.sites()
+    lines = [s.line for s in sites]
+    assert lines.index(line_of("keeps")) < lines.index(line_of("filled once")), sites
+    assert len(cache) == 4 * 2**20
+
+
+def framework_step(step: Callable[[], None]) -> list[object]:
+    """What a framework's step does around the job's own code: it keeps objects deep inside itself
+    (json's scanner stands for a kept graph's forward objects) and calls the job's step."""
+    step()
+    return [json.loads('{"hidden": [0.5, 1.5, 2.5, 3.5], "attention": [1, 2, 3]}') for _ in range(20)]
+
+
+def test_the_jobs_own_line_outranks_a_library_line_that_grew_more() -> None:
+    # One frame: json's objects are credited to json's own line (no job frame recorded), as a kept
+    # graph's objects under Trainer.train are credited to torch's and transformers' lines. They grow
+    # more, by bytes and by blocks, than the one object a step the job's own line keeps.
+    tracker = AllocationTracker(cwd=str(HERE.parent), frames=1, clock=unpaced)
+    tracker.start()
+    history: list[object] = []
+    graph: list[object] = []
+    try:
+        begin(tracker)
+        for _ in range(100):
+            graph.extend(framework_step(lambda: history.append(bytearray(50))))  # the job's leak
+        sites = tracker.sites()
+    finally:
+        tracker.stop()
+    library = [s for s in sites if s.file.endswith(("json/decoder.py", "json/__init__.py"))]
+    assert library, sites
+    assert max(s.count for s in library) > 1000  # it grew more blocks
+    assert max(s.growth_bytes for s in library) > 10 * sites[0].growth_bytes  # and more bytes
+    assert (sites[0].file, sites[0].line) == (HERE.name, line_of("the job's leak")), sites
+    assert sites[0].count >= 100
+    assert len(history) == 100
+    assert len(graph) == 2000
+
+
+@dataclasses.dataclass
+class Output:
+    """Its ``__init__`` is compiled from a string by dataclasses, as transformers' ModelOutput's is,
+    and makes the list there."""
+
+    logits: list[float] = dataclasses.field(default_factory=list)
+
+
+def test_code_compiled_from_a_string_is_no_line_of_the_jobs(tracker: AllocationTracker) -> None:
+    begin(tracker)
+    kept = [Output() for _ in range(300)]  # outputs
+    sites = tracker.sites()
+    assert not [s for s in sites if s.file == "<string>"], sites
+    assert sites[0].line == line_of("outputs")
+    assert len(kept) == 300
 
 
 def test_tracing_started_elsewhere_is_left_on() -> None:

@@ -27,8 +27,14 @@ from gpuwarden.nodereport import (
 )
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
-from gpuwarden.operator.ingest import MAX_FUTURE_SKEW, make_ingest_app
-from gpuwarden.operator.state import MAX_REPORT_AGE, OperatorState, PolicyKey
+from gpuwarden.operator.ingest import (
+    AGENTS_PER_NODE,
+    MAX_FUTURE_SKEW,
+    SEQ_WINDOW,
+    ReportBook,
+    make_ingest_app,
+)
+from gpuwarden.operator.state import MAX_GPUS_PER_POD, MAX_REPORT_AGE, OperatorState, PolicyKey
 from gpuwarden.policy import PodView, PolicyEvaluator
 from gpuwarden.policy.parse import parse_spec
 from gpuwarden.policy.series import SeriesKey
@@ -447,15 +453,15 @@ async def test_health_is_bounded_too(setup: Any, old: bytes, new: bytes, field: 
     status, payload, _ = await post(client, body.replace(old, new))
     assert (status, payload["reason"]) == (400, "InvalidReport")
     assert field in payload["message"]
-    assert state.health.gpu("GPU-1") is None
+    assert state.health.gpu("GPU-1", node="node-1") is None
 
 
 async def test_a_snapshot_from_the_future_gives_the_health_store_nothing(setup: Any) -> None:
     client, state, _ = setup
     assert (await post(client, dump_report(health_report(t=1e12))))[1]["refused"] == {"future": 1}
-    assert state.health.gpu("GPU-1") is None
+    assert state.health.gpu("GPU-1", node="node-1") is None
     assert (await post(client, dump_report(health_report().model_copy(update={"seq": 1}))))[0] == 200
-    record = state.health.gpu("GPU-1")
+    record = state.health.gpu("GPU-1", node="node-1")
     assert record is not None
     assert (record.node, [code for _, code in record.xids]) == ("node-1", [79])
 
@@ -589,3 +595,87 @@ async def test_an_idle_pod_beside_a_busy_one_on_a_shared_gpu_is_found_through_th
     )
     assert window is not None
     assert window.points()[-1].mem_used == pytest.approx(10 * 2**30, rel=1e-3)
+
+
+# -- issue 27 --------------------------------------------------------------------------------------
+
+
+async def test_a_forged_seq_jump_holds_no_later_report_back(setup: Any) -> None:
+    """Issue 27: the node's token pushed its agent's seq far ahead; the agent's later reports were
+    dropped as duplicates."""
+    client, _, _ = setup
+    assert (await post(client, dump_report(report(seq=2**52, t=T0))))[1]["accepted"] == 1
+    status, payload, _ = await post(client, dump_report(report(seq=8, t=T0 + 1)))
+    assert (status, payload) == (200, {"accepted": 1, "duplicate": False, "refused": {}})
+    assert (await post(client, dump_report(report(seq=8, t=T0 + 1))))[1]["duplicate"] is True
+
+
+def test_the_seq_book_is_bounded_per_agent_and_per_node() -> None:
+    book = ReportBook()
+    for seq in range(SEQ_WINDOW + 1):
+        book.record("n", report(seq=seq))
+    assert not book.is_duplicate("n", report(seq=0))  # fell out of the window
+    assert book.is_duplicate("n", report(seq=SEQ_WINDOW))
+    for k in range(AGENTS_PER_NODE):
+        book.record("n", report(agent=f"restarted-{k}"))
+    assert not book.is_duplicate("n", report(seq=SEQ_WINDOW))  # the first agent was forgotten
+    assert book.is_duplicate("n", report(agent=f"restarted-{AGENTS_PER_NODE - 1}"))
+
+
+@pytest.mark.parametrize("encoding", ["deflate", "gzip"])
+async def test_bytes_after_a_compressed_body_are_refused(setup: Any, encoding: str) -> None:
+    """Issue 27: a gzip body with trailing junk was accepted."""
+    client, _, _ = setup
+    body = dump_report(report())
+    packed = gzip.compress(body) if encoding == "gzip" else zlib.compress(body)
+    status, payload, _ = await post(client, packed + b"junk", **{"Content-Encoding": encoding})
+    assert (status, payload["reason"]) == (400, "InvalidReport")
+    assert f"4 bytes after its {encoding} stream" in payload["message"]
+    assert (await post(client, packed, **{"Content-Encoding": encoding}))[0] == 200
+
+
+async def test_a_pods_gpus_are_bounded(setup: Any) -> None:
+    """Issue 27 (4): readings of one pod on ever new GPUs made a series each. Here 9 GPUs of 8 MIG
+    devices each (every GPU has room for them): the pod gets MAX_GPUS_PER_POD series."""
+    client, state, _ = setup
+    pod = [PodRef(namespace="ns", name="pod-a")]
+
+    def migs(first: int) -> list[GpuSample]:
+        return [
+            GpuSample(uuid=f"GPU-{g}", index=g, mig_id=f"MIG-{g}-{m}", utilization_gpu=1.0, pods=pod)
+            for g in range(9)
+            for m in range(first, first + 4)
+        ]
+
+    # A snapshot lists at most 64 devices: the 72 come in two.
+    snapshots = [Snapshot(timestamp=T0, gpus=migs(0)), Snapshot(timestamp=T0 + 1, gpus=migs(4))]
+    body = NodeReport(schema_version=1, node="node-1", agent_id="a", seq=0, snapshots=snapshots)
+    status, payload, _ = await post(client, dump_report(body))
+    extra = 9 * 8 - MAX_GPUS_PER_POD
+    assert (status, payload["accepted"], payload["refused"]) == (
+        200,
+        MAX_GPUS_PER_POD,
+        {"tooManyGpus": extra},
+    )
+    assert len(state.store.series_of("ns", "pod-a")) == MAX_GPUS_PER_POD
+    assert refused(state, "tooManyGpus") == extra
+
+
+async def test_health_takes_no_foreign_pod_and_no_xid_from_the_future(setup: Any) -> None:
+    """Issue 27 (1, 2): node-2 lists node-1's pod on its GPU with an XID, one far ahead."""
+    client, state, _ = setup
+    gpu = GpuSample(
+        uuid="GPU-2",
+        index=0,
+        pods=[PodRef(namespace="ns", name="pod-a")],
+        health=GpuHealth(xids=[XidEvent(code=48, timestamp=T0), XidEvent(code=79, timestamp=1e12)]),
+    )
+    body = NodeReport(
+        schema_version=2, node="node-2", agent_id="a", seq=0, snapshots=[Snapshot(timestamp=T0, gpus=[gpu])]
+    )
+    status, payload, _ = await post(client, dump_report(body), token="good-2")
+    assert (status, payload["refused"]) == (200, {"foreignPod": 1, "future": 1})
+    record = state.health.gpu("GPU-2", node="node-2")
+    assert record is not None
+    assert (list(record.xids), record.current) == ([(T0, 48)], ())
+    assert state.health.gpus_of("ns", "pod-a", since=0) == []

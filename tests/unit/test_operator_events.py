@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from gpuwarden.operator.events import Announcer, EventSpec, Target, announce
@@ -83,6 +85,20 @@ def test_ongoing_is_silent_and_renotify_says_still() -> None:
     again = book.plan(ev(step(Transition.RENOTIFY, T0 + 60)))
     assert [e.type for e in again] == ["Warning", "Warning"]
     assert "still, for 1m" in again[0].message
+
+
+def test_a_leak_now_imminent_is_announced_at_once_under_its_new_reason_with_the_old_one_named() -> None:
+    book = Announcer("pol")
+    leak = finding(kind=RuleKind.MEMORY_GROWTH, message="GPU memory grows 5Gi/m; the card is full in 20m")
+    book.plan(ev(step(Transition.STARTED, T0, leak)))
+    soon = dataclasses.replace(leak, reason="GPUMemoryExhaustionImminent", message="... full in 14m")
+    planned = book.plan(ev(step(Transition.RENOTIFY, T0 + 120, soon)))
+    assert {e.reason for e in planned} == {"GPUMemoryExhaustionImminent"}
+    assert planned[0].message.startswith("... full in 14m; at this rate it runs out of GPU memory soon")
+    assert "(for 2m, was GPUMemoryLeakSuspected)" in planned[0].message
+    # Re-notified under the same reason: "still".
+    again = book.plan(ev(step(Transition.RENOTIFY, T0 + 3600, soon)))
+    assert "still, for 1h" in again[0].message
 
 
 def test_a_restart_restores_the_messages_announced_before() -> None:

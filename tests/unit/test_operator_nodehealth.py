@@ -353,3 +353,24 @@ def test_node_health_flags() -> None:
     args.cordon = "yes"  # argparse refuses it first; a Namespace built otherwise is checked all the same
     with pytest.raises(ConfigError, match="--cordon"):
         OperatorConfig.from_args(args, {})
+
+
+async def test_one_nodes_failure_never_stops_the_others() -> None:
+    """Issue 27 (2): an error judging one node (there, an XID in year 33658) stopped the loop for every
+    node sorted after it."""
+    other = "gpu-node-2"
+    world = World(nodes=(NODE, other))
+    patch = world.api.patch_node_condition
+
+    async def failing(node: str, condition: Mapping[str, Any], *, manager: str) -> Any:
+        if node == NODE:
+            raise RuntimeError("something no one foresaw")
+        return await patch(node, condition, manager=manager)
+
+    world.api.patch_node_condition = failing  # type: ignore[method-assign]
+    world.report(sample(), node=other)
+    await world.step()
+    condition = world.api.condition(other)
+    assert condition is not None
+    assert condition["status"] == "True"
+    assert world.api.condition(NODE) is None

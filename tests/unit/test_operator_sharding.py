@@ -283,6 +283,9 @@ async def test_a_policy_spanning_shards_is_judged_on_all_its_pods_and_announced_
         add_readings(owner.store, "p", T0 - 20, T0, util=50)  # busy on op-a's node
         add_readings(shard.store, "q", T0 - 20, T0, util=3)  # idle on the other's
 
+        # Every replica runs every policy's daemon: the owner takes verdicts only on a policy it runs.
+        ours = PolicyRunner(owner, PolicyKey("ns", "pol"))
+        our_pacing = owner.open_policy(ours.key)
         theirs = PolicyRunner(shard, PolicyKey("ns", "pol"))
         await theirs.round(body=dict(POLICY, status={}), pods=pods, pacing=shard.open_policy(theirs.key))
         assert (posted, api.patches) == ([], [])  # only the owner announces and writes
@@ -292,8 +295,7 @@ async def test_a_policy_spanning_shards_is_judged_on_all_its_pods_and_announced_
         assert sent == 1
         assert len(owner.verdicts) == 1  # q's verdict
 
-        ours = PolicyRunner(owner, PolicyKey("ns", "pol"))
-        await ours.round(body=dict(POLICY, status={}), pods=pods, pacing=owner.open_policy(ours.key))
+        await ours.round(body=dict(POLICY, status={}), pods=pods, pacing=our_pacing)
         assert posted == ["Pod q GPUUnderutilized", "GPUMonitorPolicy pol GPUUnderutilized"]
         (written,) = api.patches
         assert [v["pod"] for v in written["violations"]] == ["q"]

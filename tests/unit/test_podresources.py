@@ -14,6 +14,7 @@ import grpc.aio
 import pytest
 
 from gpuwarden.agent.attribution.kubelet import (
+    DraDevice,
     PodResourcesClient,
     PodResourcesError,
     PodResourcesState,
@@ -58,7 +59,7 @@ NODE = pb.ListPodResourcesResponse(
         ),
         # deviceIDStrategy=index
         _pod("ml", "legacy", _container("c", ("nvidia.com/gpu", ["7"]))),
-        # DRA-allocated GPUs carry no device IDs here: nothing to map
+        # DRA: no device IDs, a (driver, pool, device) per claim; kept for the drivers asked for only
         _pod(
             "ml",
             "dra",
@@ -74,7 +75,10 @@ NODE = pb.ListPodResourcesResponse(
                                 pool_name="node-a",
                                 device_name="gpu-0",
                                 cdi_devices=[pb.CDIDevice(name="k8s.gpu.nvidia.com/claim=x-gpu-0")],
-                            )
+                            ),
+                            pb.ClaimResource(
+                                driver_name="nic.example.com", pool_name="node-a", device_name="eth1"
+                            ),
                         ],
                     )
                 ],
@@ -158,6 +162,23 @@ async def test_list_maps_gpus_to_containers(kubelet: FakeKubelet, client: PodRes
     assert set(allocations.devices) == {GPU0, GPU1, MIG0, "7"}
     assert allocations.containers[("ml", "trainer-0")] == ("train", "sidecar")
     assert allocations.containers[("net", "router")] == ("app",)
+    assert allocations.claimed == {}  # no DRA driver asked for
+
+
+async def test_dra_devices_of_the_drivers_asked_for_are_kept_with_their_claim(
+    kubelet: FakeKubelet, sock_dir: Path
+) -> None:
+    client = PodResourcesClient(sock_dir / "kubelet.sock", dra_drivers=frozenset({"gpu.nvidia.com"}))
+    try:
+        allocations = await client.list()
+    finally:
+        await client.close()
+
+    holder = PodRef(namespace="ml", name="dra", container="c", claim="gpu")
+    assert allocations.claimed == {DraDevice("gpu.nvidia.com", "node-a", "gpu-0"): (holder,)}
+    assert allocations.containers[("ml", "dra")] == ("c",)
+    # not a device key until resolved (dra.DraResolver): the DRA name is no UUID
+    assert set(allocations.devices) == {GPU0, GPU1, MIG0, "7"}
 
 
 async def test_socket_missing_is_its_own_state(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from gpuwarden.nodereport import (
     GpuSample,
     HookSample,
     NodeReport,
+    PodRef,
     ProcessSample,
     ReportError,
     Snapshot,
@@ -38,8 +39,8 @@ def report(version: int, hook: HookSample | None) -> bytes:
     return dump_report(built)
 
 
-def test_this_build_sends_version_3_and_the_hook_block_round_trips() -> None:
-    assert SCHEMA_VERSION == 3
+def test_this_build_sends_version_4_and_the_hook_block_round_trips() -> None:
+    assert SCHEMA_VERSION == 4
     body = report(3, HOOK)
     assert b'"allocatedBytes":21474836480' in body
     assert b'"growthBytes"' in body
@@ -73,3 +74,17 @@ def test_at_most_sixteen_sites() -> None:
     many = HOOK.sites * 17
     with pytest.raises(ValueError, match="sites"):
         HookSample(timestamp=T0, sites=many)
+
+
+def test_a_claim_is_part_of_version_4_only() -> None:
+    claimed = PodRef(namespace="ns", name="p", container="c", claim="gpu")
+    snapshot = Snapshot(timestamp=T0, gpus=[GpuSample(uuid="GPU-0", index=0, pods=[claimed])])
+    for version in (3, 4):
+        body = dump_report(
+            NodeReport(schema_version=version, node="n", agent_id="a", seq=0, snapshots=[snapshot])
+        )
+        if version == 4:
+            assert parse_report(body).snapshots[0].gpus[0].pods == [claimed]
+        else:
+            with pytest.raises(ReportError, match="claim: not part of schemaVersion 3"):
+                parse_report(body)

@@ -393,10 +393,11 @@ def test_a_deployment_splits_its_load_over_the_replicas_that_serve() -> None:
     scenario = parse_scenario(serving())
     assert utilization(scenario, 10) == [100.0, 0.0, 0.0]  # one replica cannot carry 150%
     assert scenario.scale("inference", "llm", 2, 100)
-    # The new replica loads its model for a minute: memory rising, no load taken yet.
+    # The new replica loads its model for a minute: memory rising in 8 shards, no load taken yet.
     loading = scenario.snapshot(130).gpus[1]
     assert loading.utilization_gpu == pytest.approx(2.0)
-    assert loading.memory_used_bytes == pytest.approx(20 * GI, rel=0.01)
+    assert loading.memory_used_bytes == 5 / 8 * 40 * GI  # 30 s in: the fifth shard of 5Gi
+    assert scenario.snapshot(100).gpus[1].memory_used_bytes == 5 * GI  # the first, as it appears
     assert utilization(scenario, 130)[0] == 100.0
     # Serving: the load splits; the first replica is no longer saturated.
     assert utilization(scenario, 160) == [75.0, 75.0, 0.0]

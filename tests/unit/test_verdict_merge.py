@@ -43,10 +43,11 @@ def outcomes(board: VerdictBoard, now: float, generation: int | None = 1) -> dic
 
 def test_the_newest_verdict_on_a_pod_wins_whichever_arrives_last() -> None:
     board = VerdictBoard()
-    assert board.receive(sent(T0 + 10, PodVerdict(pod="q", rules=[verdict(3, holds=True)])), T0 + 10) == 1
+    first = sent(T0 + 10, PodVerdict(pod="q", rules=[verdict(3, holds=True)]))
+    assert board.receive(first, T0 + 10) == (1, 0)
     # A shard that judged earlier (its report late, or the pod's node just moved away from it).
     late = sent(T0 + 5, PodVerdict(pod="q", rules=[verdict(90, holds=False)]), shard="op-c")
-    assert board.receive(late, T0 + 11) == 0
+    assert board.receive(late, T0 + 11) == (0, 0)
     assert outcomes(board, T0 + 11) == {Q: [3.0]}
     board.receive(sent(T0 + 20, PodVerdict(pod="q", rules=[verdict(50, holds=False)]), shard="op-c"), T0 + 20)
     assert outcomes(board, T0 + 20) == {Q: [50.0]}
@@ -125,3 +126,17 @@ def test_a_rule_verdict_becomes_the_outcome_it_came_from() -> None:
     back = outcome_from(pod.rules[0], RuleKind.UTILIZATION_FLOOR, Q)
     fields = ("rule", "kind", "pod", "value", "threshold", "unit", "holds", "clears", "gpus", "message")
     assert [getattr(back, f) for f in fields] == [getattr(outcome, f) for f in fields]
+
+
+def test_a_policy_holds_so_many_pods_and_goes_with_its_forgetting() -> None:
+    """Issue 27 (7): verdicts were kept for ever, for any number of pods and policies."""
+    board = VerdictBoard(max_pods=3)
+    pods = [PodVerdict(pod=f"p-{i}", rules=[verdict(3, holds=True)]) for i in range(5)]
+    assert board.receive(sent(T0, *pods), T0) == (3, 2)
+    # Pods it holds are still taken; new ones are not.
+    assert board.receive(sent(T0 + 1, pods[0], pods[4]), T0 + 1) == (1, 1)
+    assert (len(board), board.policies()) == (3, 1)
+    board.forget("ns", "pol")
+    assert (len(board), board.policies()) == (0, 0)
+    assert board.receive(sent(T0 + 2), T0 + 2) == (0, 0)
+    assert board.policies() == 0  # a report of no pods leaves nothing behind

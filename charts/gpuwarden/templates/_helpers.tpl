@@ -159,3 +159,12 @@ Whether the operator watches all namespaces (no operator.watchNamespaces given).
 {{- $name }}
 {{- end }}
 {{- end }}
+
+{{/*
+Whether the agent reads the API server: the pod list (agent.podList.enabled) or the node's ResourceSlices
+(agent.dra.resourceSlices with a DRA driver named). Its token is mounted, and its ClusterRole bound, only then.
+*/}}
+{{- define "gpuwarden.agent.apiAccess" -}}
+{{- $agent := .Values.agent -}}
+{{- if or $agent.podList.enabled (and $agent.dra.resourceSlices $agent.dra.drivers) -}}true{{- end -}}
+{{- end }}

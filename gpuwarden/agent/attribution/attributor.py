@@ -11,6 +11,11 @@ Without a lookup, or when it does not know a UID yet, a process in a pod is put 
 the container its GPU was allocated to, when that GPU was allocated to exactly one;
 a shared GPU (time-slicing, MPS) with several holders then leaves it unattributed
 rather than guessed.
+
+GPUs allocated by Dynamic Resource Allocation are in the same answer under their DRA
+names; a :class:`~gpuwarden.agent.attribution.dra.DraResolver` turns them into UUIDs on
+every refresh, after which they are attributed exactly as device-plugin GPUs (a claim
+shared by several containers is a shared GPU).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from gpuwarden.agent.attribution.cgroups import CgroupIdentity, CgroupReader
+from gpuwarden.agent.attribution.dra import DraResolver
 from gpuwarden.agent.attribution.kubelet import Allocations, PodResourcesError, PodResourcesState
 from gpuwarden.nodereport import GpuSample, PodHostMemory, PodRef, ProcessSample, Snapshot
 
@@ -70,6 +76,7 @@ class PodAttributor:
     ``pod_resources``: the kubelet client, or None where there is no kubelet (local mode).
     ``cgroups``: where to read process cgroups and pod memory (defaults to the host's).
     ``pod_lookup``: pod UID → pod; a :class:`PodDirectory` is refreshed along with the rest.
+    ``dra``: resolves DRA-allocated devices to UUIDs; without it they are not attributed.
 
     Call :meth:`refresh` and :meth:`annotate` from the same event loop: they share caches.
     """
@@ -80,8 +87,10 @@ class PodAttributor:
         *,
         cgroups: CgroupReader | None = None,
         pod_lookup: PodLookup | None = None,
+        dra: DraResolver | None = None,
     ) -> None:
         self._pod_resources = pod_resources
+        self._dra = dra
         self._cgroups = cgroups or CgroupReader()
         self._lookup = pod_lookup
         self._allocations = Allocations()
@@ -133,14 +142,18 @@ class PodAttributor:
             return
         before = self._pod_resources.state
         try:
-            self._allocations = await self._pod_resources.list()
+            allocations = await self._pod_resources.list()
         except PodResourcesError as exc:
             # once per change of state, not once a second while the kubelet is away
             if exc.state is not before:
                 log.warning("PodResources: %s; keeping the allocations last seen", exc)
-            return
-        if before not in (PodResourcesState.OK, PodResourcesState.NOT_ASKED):
-            log.info("PodResources: the kubelet answers again")
+            allocations = self._allocations
+        else:
+            if before not in (PodResourcesState.OK, PodResourcesState.NOT_ASKED):
+                log.info("PodResources: the kubelet answers again")
+        # Resolved again each time, also over the last answer: the ResourceSlices may have
+        # come (or changed) since.
+        self._allocations = self._dra.resolve(allocations) if self._dra is not None else allocations
 
     async def _refresh_host_memory(self) -> None:
         # a few hundred small cgroupfs reads: off the loop, like every other file walk
@@ -180,7 +193,17 @@ class PodAttributor:
         uid = identity.pod_uid if identity is not None else None
         pod = self._pod_by_uid(uid) if uid is not None else None
         if pod is not None:
-            return pod.model_copy(update={"container": self._container_of(pod, identity, holders)})
+            container = self._container_of(pod, identity, holders)
+            # the claim through which this container holds the GPU, when DRA allocated it
+            claim = next(
+                (
+                    h.claim
+                    for h in holders
+                    if (h.namespace, h.name, h.container) == (pod.namespace, pod.name, container)
+                ),
+                None,
+            )
+            return pod.model_copy(update={"container": container, "claim": claim})
         # The sole-holder rule: right unless a container outside the allocation sees the
         # GPU (a privileged pod, NVIDIA_VISIBLE_DEVICES=all); the pod list, when given, settles that.
         if len(holders) != 1:

@@ -7,6 +7,12 @@ device plugin those IDs are GPU UUIDs (``GPU-…``), MIG device UUIDs (``MIG-…
 plugin runs with ``deviceIDStrategy=index``. This is the only source that knows
 about a pod which holds a GPU and runs nothing on it.
 
+Devices allocated through Dynamic Resource Allocation come in ``dynamic_resources``
+instead: per claim, the (driver, pool, device) triplets of the ResourceSlices, with no
+UUID. Those of the DRA drivers asked for are kept as :class:`DraDevice` keys, each with
+its containers and their claim; :mod:`~gpuwarden.agent.attribution.dra` resolves them to
+UUIDs.
+
 gRPC and the generated stubs are imported on the first call that reaches the socket,
 not with this module: they are about 11 MiB of the agent's resident memory, which the
 scripted backend and a node without the kubelet socket never need.
@@ -73,6 +79,22 @@ def device_key(device_id: str) -> str:
     return device_id.split(_REPLICA_SEPARATOR, 1)[0]
 
 
+@dataclass(frozen=True, order=True)
+class DraDevice:
+    """One device of a DRA driver, as PodResources and the driver's ResourceSlices name it."""
+
+    driver: str
+    pool: str
+    device: str
+
+    def __str__(self) -> str:
+        return f"{self.driver}/{self.pool}/{self.device}"
+
+
+def _sorted_refs(refs: set[PodRef]) -> tuple[PodRef, ...]:
+    return tuple(sorted(refs, key=lambda r: (r.namespace, r.name, r.container, r.claim or "")))
+
+
 @dataclass(frozen=True)
 class Allocations:
     """One PodResources answer, indexed for attribution. Immutable, so it can be swapped whole."""
@@ -81,6 +103,19 @@ class Allocations:
     """Device key (GPU UUID, MIG UUID, or index) → containers allocated it, sorted. Several under sharing."""
     containers: Mapping[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
     """(namespace, pod name) → names of all its containers, with or without devices."""
+    claimed: Mapping[DraDevice, tuple[PodRef, ...]] = field(default_factory=dict)
+    """DRA device → containers whose claims hold it (``PodRef.claim`` set), not yet resolved to a UUID."""
+
+    def with_devices(self, extra: Mapping[str, tuple[PodRef, ...]]) -> Allocations:
+        """A copy with more device keys (resolved DRA devices), merged with those already there."""
+        if not extra:
+            return self
+        merged: defaultdict[str, set[PodRef]] = defaultdict(set)
+        for source in (self.devices, extra):
+            for key, refs in source.items():
+                merged[key].update(refs)
+        devices = {key: _sorted_refs(refs) for key, refs in merged.items()}
+        return Allocations(devices=devices, containers=self.containers, claimed=self.claimed)
 
     def pods_for(self, uuid: str, index: int, mig_id: str | None = None) -> tuple[PodRef, ...]:
         """Containers allocated this GPU, or this MIG device when ``mig_id`` is given."""
@@ -89,9 +124,15 @@ class Allocations:
         return self.devices.get(uuid) or self.devices.get(str(index), ())
 
 
-def allocations_from_response(response: podresources_pb2.ListPodResourcesResponse) -> Allocations:
-    """Index a List answer by NVIDIA device; other devices (NICs, FPGAs, DRA claims) are ignored."""
+def allocations_from_response(
+    response: podresources_pb2.ListPodResourcesResponse, dra_drivers: frozenset[str] = frozenset()
+) -> Allocations:
+    """Index a List answer by NVIDIA device, and by DRA device for the drivers in ``dra_drivers``.
+
+    Other devices (NICs, FPGAs, other DRA drivers' devices) are ignored.
+    """
     devices: defaultdict[str, set[PodRef]] = defaultdict(set)
+    claimed: defaultdict[DraDevice, set[PodRef]] = defaultdict(set)
     containers: dict[tuple[str, str], tuple[str, ...]] = {}
     for pod in response.pod_resources:
         if not pod.name or not pod.namespace:
@@ -104,12 +145,16 @@ def allocations_from_response(response: podresources_pb2.ListPodResourcesRespons
                     continue
                 for device_id in allocated.device_ids:
                     devices[device_key(device_id)].add(ref)
+            for dynamic in container.dynamic_resources:
+                for resource in dynamic.claim_resources:
+                    if resource.driver_name not in dra_drivers or not resource.device_name:
+                        continue
+                    device = DraDevice(resource.driver_name, resource.pool_name, resource.device_name)
+                    claimed[device].add(ref.model_copy(update={"claim": dynamic.claim_name or None}))
     return Allocations(
-        devices={
-            key: tuple(sorted(refs, key=lambda r: (r.namespace, r.name, r.container)))
-            for key, refs in devices.items()
-        },
+        devices={key: _sorted_refs(refs) for key, refs in devices.items()},
         containers=containers,
+        claimed={device: _sorted_refs(refs) for device, refs in claimed.items()},
     )
 
 
@@ -121,9 +166,14 @@ class PodResourcesClient:
     """
 
     def __init__(
-        self, socket_path: str | os.PathLike[str] = DEFAULT_SOCKET_PATH, *, timeout: float = 5.0
+        self,
+        socket_path: str | os.PathLike[str] = DEFAULT_SOCKET_PATH,
+        *,
+        timeout: float = 5.0,
+        dra_drivers: frozenset[str] = frozenset(),
     ) -> None:
         self._path = Path(socket_path)
+        self._dra_drivers = dra_drivers
         self._timeout = timeout
         self._channel: grpc.aio.Channel | None = None
         self._list_rpc: grpc.aio.UnaryUnaryMultiCallable | None = None
@@ -143,7 +193,7 @@ class PodResourcesClient:
             self.state = exc.state
             raise
         self.state = PodResourcesState.OK
-        return allocations_from_response(response)
+        return allocations_from_response(response, self._dra_drivers)
 
     async def _list(self) -> podresources_pb2.ListPodResourcesResponse:
         # Checked up front so that "the socket is not there" is its own state, not a

@@ -30,6 +30,26 @@ log = logging.getLogger(__name__)
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
+def in_cluster_api(service_account_dir: str | os.PathLike[str], without: str) -> tuple[str, Path] | None:
+    """The API server's URL and the ServiceAccount directory of the pod this runs in.
+
+    None, logged once with ``without`` (what is then done without), when there is no API
+    server or no token to reach it with: a configuration, not an error.
+    """
+    host = os.environ.get("KUBERNETES_SERVICE_HOST")
+    port = os.environ.get("KUBERNETES_SERVICE_PORT")
+    account = Path(service_account_dir)
+    if not host or not port:
+        log.info("not in a cluster (no KUBERNETES_SERVICE_HOST/PORT): %s", without)
+        return None
+    if not (account / "token").exists():
+        log.info("no API token at %s: %s", account, without)
+        return None
+    if ":" in host:  # an IPv6 address
+        host = f"[{host}]"
+    return f"https://{host}:{port}", account
+
+
 class NodePodsError(RuntimeError):
     """The pod list could not be fetched or read; the previous list stays in use."""
 
@@ -134,20 +154,13 @@ class NodePods:
         chart mounts one only with ``agent.podList.enabled``): attribution then relies on
         PodResources alone, which is a configuration, not an error.
         """
-        host = os.environ.get("KUBERNETES_SERVICE_HOST")
-        port = os.environ.get("KUBERNETES_SERVICE_PORT")
-        account = Path(service_account_dir)
-        if not host or not port:
-            log.info("not in a cluster (no KUBERNETES_SERVICE_HOST/PORT): no pod list")
+        api = in_cluster_api(service_account_dir, "no pod list; pods are attributed through PodResources")
+        if api is None:
             return None
-        if not (account / "token").exists():
-            log.info("no API token at %s: no pod list; pods are attributed through PodResources", account)
-            return None
-        if ":" in host:  # an IPv6 address
-            host = f"[{host}]"
+        url, account = api
         return cls(
             node,
-            f"https://{host}:{port}",
+            url,
             token_path=account / "token",
             ca_path=account / "ca.crt",
             timeout=timeout,
