@@ -19,7 +19,7 @@ store starts in its steady state: each pod's series pre-filled for its age, at m
 Every ``--sample-every`` seconds: the server's RSS (``/proc/<pid>/status`` VmRSS) and open file
 descriptors (``/proc/<pid>/fd``), with what it holds (series, readings) and what it did (reports,
 Events, status writes). At the end, the least-squares slope of RSS and of fds over the samples
-after ``--settle`` minutes, per hour, printed as JSON.
+after ``--settle`` minutes, and of RSS over the second half of the run, per hour, printed as JSON.
 
     .venv/bin/python bench/soak.py                    # 1 h
     .venv/bin/python bench/soak.py --minutes 10       # what docs/benchmarks.md reports
@@ -64,6 +64,7 @@ from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.evaluation import PolicyRunner
 from gpuwarden.operator.ingest import make_ingest_app
 from gpuwarden.operator.resources import PodRecord, PolicyKey
+from gpuwarden.operator.services import return_freed_memory
 from gpuwarden.operator.state import MIN_RETENTION, OperatorState
 from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.series import Point, SeriesKey
@@ -192,7 +193,9 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
         tracemalloc.start(4)  # after the prefill, which it would slow tenfold
 
     # What Services runs in the operator, and the churn.
-    background = (state.events.run(), state.prune(), fleet.churn(args.deletion_lag))
+    background = [state.events.run(), state.prune(), fleet.churn(args.deletion_lag)]
+    if not args.no_trim:
+        background.append(return_freed_memory())
     tasks = [asyncio.create_task(t) for t in background]
     tasks += [
         asyncio.create_task(
@@ -206,15 +209,15 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
     async def stats(request: web.Request) -> web.Response:
         state.metrics.exposition()  # a scrape, as Prometheus makes (it ages out the per-pod gauges)
         growth: list[str] = []
+        recent: list[str] = []
         if args.tracemalloc:
             snapshot = tracemalloc.take_snapshot()
             if not baseline:
                 baseline.append(snapshot)
-            growth = [
-                f"{d.size_diff / 2**20:+.2f} MiB {d.count_diff:+d} blocks: "
-                + " < ".join(f"{f.filename.rpartition('/')[2]}:{f.lineno}" for f in reversed(d.traceback))
-                for d in snapshot.compare_to(baseline[0], "traceback")[:6]
-            ]
+            growth = _growth(snapshot, baseline[0])
+            # What grew since the last sample: past the stores' warm-up, only what keeps growing.
+            recent = _growth(snapshot, baseline[-1])
+            baseline[1:] = [snapshot]
         get = state.metrics.registry.get_sample_value
         store = state.store.stats()
         usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -235,6 +238,7 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
                 "status_writes": api.status_writes,
                 "events_pending": state.events.pending,
                 "growth": growth,
+                "growth_since_last": recent,
             }
         )
 
@@ -243,6 +247,15 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
     await serve_until_stopped(app, port_queue, stop_event)
     for task in tasks:
         task.cancel()
+
+
+def _growth(snapshot: tracemalloc.Snapshot, since: tracemalloc.Snapshot) -> list[str]:
+    """The six allocation sites that grew most from ``since`` to ``snapshot``."""
+    return [
+        f"{d.size_diff / 2**20:+.2f} MiB {d.count_diff:+d} blocks: "
+        + " < ".join(f"{f.filename.rpartition('/')[2]}:{f.lineno}" for f in reversed(d.traceback))
+        for d in snapshot.compare_to(since, "traceback")[:6]
+    ]
 
 
 def server_main(args: argparse.Namespace, layout: ChurningLayout, port_queue: Any, stop_event: Any) -> None:
@@ -295,11 +308,17 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=256, help="client connections in all")
     parser.add_argument("--server-cpu", type=int, default=0)
     parser.add_argument("--load-processes", type=int, default=0, help="default: one per other CPU")
+    parser.add_argument(
+        "--no-trim",
+        action="store_true",
+        help="leave out the heap trim the operator runs after each prune (to measure without it)",
+    )
     parser.add_argument("--out", type=Path, help="also write the samples here, one JSON object a line")
     parser.add_argument(
         "--tracemalloc",
         action="store_true",
-        help="trace the server's allocations (slower); each sample then names the top growth since the first",
+        help="trace the server's allocations (slower); each sample then names the top growth since the "
+        "first sample and since the one before",
     )
     args = parser.parse_args()
     args.mode = "steady"  # what bench/ingest.py's load reads
@@ -342,6 +361,7 @@ def main() -> int:
         }
         if stats["growth"]:
             sample["growth"] = stats["growth"]
+            sample["growth_since_last"] = stats["growth_since_last"]
         if previous is not None:
             wall = stats["now"] - previous["now"]
             sample["reports_per_s"] = round((stats["received"] - previous["received"]) / wall, 1)
@@ -371,8 +391,11 @@ def main() -> int:
     def spread(name: str) -> dict[str, float]:
         return {"min": min(s[name] for s in settled), "max": max(s[name] for s in settled)}
 
-    def slope(name: str) -> float:
-        return round(slope_per_hour([(s["minute"] * 60, s[name]) for s in settled]), 2)
+    def slope(name: str, over: list[dict[str, Any]] = settled) -> float:
+        return round(slope_per_hour([(s["minute"] * 60, s[name]) for s in over]), 2)
+
+    # The target (issue 27): under 1 MiB/h over the second half, past the warm-up of every store.
+    second_half = [s for s in samples if s["minute"] >= args.minutes / 2]
 
     summary = {
         "minutes": args.minutes,
@@ -385,6 +408,8 @@ def main() -> int:
         "slopes_over_minutes": [settled[0]["minute"], settled[-1]["minute"]],
         "rss_mib": {"first": samples[0]["rss_mib"], **spread("rss_mib"), "last": samples[-1]["rss_mib"]},
         "rss_slope_mib_per_hour": slope("rss_mib"),
+        "second_half_minutes": [second_half[0]["minute"], second_half[-1]["minute"]],
+        "rss_slope_second_half_mib_per_hour": slope("rss_mib", second_half),
         "open_fds": spread("open_fds"),
         "fds_slope_per_hour": slope("open_fds"),
         "series": spread("series"),

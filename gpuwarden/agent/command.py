@@ -40,7 +40,7 @@ from gpuwarden.agent.attribution import (
 from gpuwarden.agent.backend import BackendError, DeviceBackend
 from gpuwarden.agent.hookattach import HookStage
 from gpuwarden.agent.hooksocket import HookReadings, HookServer, HookSocketError
-from gpuwarden.agent.http import CleanupContext, background_task, build_app
+from gpuwarden.agent.http import CleanupContext, background_task, build_app, listen
 from gpuwarden.agent.metrics import DraMetrics, HookMetrics, PodResourcesCollector, build_registry
 from gpuwarden.agent.nvml import NvmlBackend
 from gpuwarden.agent.scenarios import PACKAGED
@@ -505,12 +505,11 @@ async def serve(
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    runner = web.AppRunner(build_app(registry, ring, background=background), access_log=None)
-    await runner.setup()
+    runner: web.AppRunner | None = None
     try:
-        site = web.TCPSite(runner, config.host, config.port)
-        await site.start()
-        addresses = [_address(a) for a in runner.addresses]
+        runner, addresses = await listen(
+            build_app(registry, ring, background=background), config.host, config.port
+        )
         log.info(
             "agent on node %s, backend %s, listening on %s; reporting to %s",
             config.node,
@@ -524,7 +523,8 @@ async def serve(
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
-        await runner.cleanup()
+        if runner is not None:
+            await runner.cleanup()
         if hooks is not None:
             await hooks.close()
         await closer.close()
@@ -533,10 +533,3 @@ async def serve(
         return 1
     log.info("stopped")
     return 0
-
-
-def _address(address: object) -> str:
-    if isinstance(address, tuple) and len(address) >= 2:
-        host = str(address[0])
-        return f"[{host}]:{address[1]}" if ":" in host else f"{host}:{address[1]}"
-    return str(address)

@@ -7,12 +7,21 @@ accept: the connecting process's PID in the agent's PID namespace (the host's: t
 for itself; :class:`HookReadings` keeps the newest message per PID for the sampler's hook stage
 (:mod:`gpuwarden.agent.hookattach`).
 
+Each line is answered with one byte, :data:`~gpuwarden.hook.client.TAKEN` (``+``) or
+:data:`~gpuwarden.hook.client.REFUSED` (``-``), so that the hook knows what the agent kept
+(:class:`~gpuwarden.hook.client.HookClient` counts them); a connection refused outright is closed
+without a word, which the hook sees as its end.
+
 Bounds, each refusal counted by reason (:data:`REFUSALS`): a line over 64 KiB ends its connection
-(``tooLong``); an unparsable or invalid one is dropped (``malformed``); beyond ``rate`` lines a second
-on a connection the extra ones are dropped unread (``rate``); beyond ``max_connections`` open
-connections a new one is closed at once (``tooManyConnections``); a peer the kernel cannot name in
-this PID namespace (PID 0), or whose PID NVML lists on no GPU (judged by the hook stage), is
-``unknownProcess``.
+(``tooLong``); an unparsable or invalid one is refused (``malformed``); beyond ``rate`` lines a second
+from one process (its PID, over all its connections and across reconnecting) the extra ones are
+refused unread (``rate``); beyond ``max_per_peer`` connections open from one peer (the container
+its process runs in, by cgroup; its UID where the cgroup cannot be read) a new one is closed at
+once (``peerConnections``), and beyond ``max_connections`` in all (``tooManyConnections``); a
+connection that sends no whole line for ``idle_timeout`` seconds is closed (``idle``; a hook writes
+every few seconds, and reconnects when it writes again), as is one that does not read its answers
+(``unread``); a peer the kernel cannot name in this PID namespace (PID 0), or whose PID NVML lists
+on no GPU (judged by the hook stage), is ``unknownProcess``.
 
 A connection is credited to the process that opened it: a child that inherits the socket writes
 as its parent (the same container, so the same pod).
@@ -27,23 +36,41 @@ import socket
 import stat
 import struct
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from gpuwarden.hook.client import REFUSED, TAKEN
 from gpuwarden.hookprotocol import MAX_LINE_BYTES, HookMessage, MessageError, parse_message
 
 log = logging.getLogger(__name__)
 
-REFUSALS = ("malformed", "tooLong", "rate", "tooManyConnections", "unknownProcess")
+REFUSALS = (
+    "malformed",
+    "tooLong",
+    "rate",
+    "peerConnections",
+    "tooManyConnections",
+    "idle",
+    "unread",
+    "unknownProcess",
+)
 """The reasons of ``gpuwarden_agent_hook_refused_total{reason}``."""
 
 MAX_AGE = 60.0
 """A reading older than this (seconds) is no longer attached, and forgotten once its connection closed."""
 MAX_CONNECTIONS = 256
+MAX_PER_PEER = 32
+"""Connections open at once from one container (or UID): a pod's processes, eight ranks and their
+workers, with room to spare; one container can then lock out no more than itself."""
 MESSAGES_PER_SECOND = 10.0
-"""Per connection; a hook sends one message every few seconds, so this is only a guard."""
+"""Per process; a hook sends one message every few seconds, so this is only a guard."""
+IDLE_TIMEOUT = 120.0
+"""Seconds a connection may go without a whole line."""
+MAX_UNREAD = 4096
+"""Answer bytes a peer may leave unread before its connection is closed."""
 
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
@@ -165,6 +192,60 @@ class _Bucket:
         return True
 
 
+class _Buckets:
+    """One :class:`_Bucket` per PID, kept while the PID has a connection open and for a second after
+    (by then a bucket would be full again), so that reconnecting does not refill it."""
+
+    def __init__(
+        self, rate: float, clock: Callable[[], float], *, capacity: int = 4 * MAX_CONNECTIONS
+    ) -> None:
+        self._rate = rate
+        self._clock = clock
+        self._capacity = capacity
+        self._open: dict[int, tuple[_Bucket, int]] = {}  # pid → (bucket, connections open)
+        self._released: OrderedDict[int, tuple[_Bucket, float]] = OrderedDict()  # pid → (bucket, when)
+
+    def acquire(self, pid: int) -> _Bucket:
+        """``pid``'s bucket, for one more connection of it."""
+        now = self._clock()
+        while self._released:
+            oldest, (_, at) = next(iter(self._released.items()))
+            if now - at < 1.0 and len(self._released) <= self._capacity:
+                break
+            del self._released[oldest]
+        held = self._open.get(pid)
+        if held is not None:
+            bucket, count = held
+        else:
+            released = self._released.pop(pid, None)
+            bucket, count = (released[0] if released else _Bucket(self._rate, self._clock)), 0
+        self._open[pid] = (bucket, count + 1)
+        return bucket
+
+    def release(self, pid: int) -> None:
+        """One connection of ``pid`` ended."""
+        bucket, count = self._open[pid]
+        if count > 1:
+            self._open[pid] = (bucket, count - 1)
+            return
+        del self._open[pid]
+        self._released[pid] = (bucket, self._clock())
+
+    def __len__(self) -> int:
+        return len(self._open) + len(self._released)
+
+
+def peer_of(pid: int, uid: int, proc: Path = Path("/proc")) -> str:
+    """Who a connection's process speaks for, for the per-peer limit: its cgroup (its container, on a
+    node: every process of a pod's container shares it), or its UID when that cannot be read."""
+    try:
+        text = (proc / str(pid) / "cgroup").read_text()
+    except OSError:
+        return f"uid:{uid}"
+    # cgroup v2: one line, "0::/path"; v1: one per hierarchy, joined (the same container throughout).
+    return "cgroup:" + ";".join(line.split(":", 2)[-1] for line in text.splitlines() if line)
+
+
 def peer_credentials(sock: socket.socket) -> tuple[int, int]:
     """(pid, uid) of the process that connected ``sock``, from the kernel (``SO_PEERCRED``).
 
@@ -179,7 +260,8 @@ class HookServer:
     """Listens on ``path`` and files what hooks write into ``readings``.
 
     ``clock`` stamps arrivals (seconds since the epoch, the clock messages' timestamps are on);
-    ``monotonic`` paces the per-connection rate. :meth:`start` creates the socket, :meth:`close`
+    ``monotonic`` paces the per-process rate; ``peer`` names a connection's peer from its PID and
+    UID (:func:`peer_of`). :meth:`start` creates the socket, :meth:`close`
     stops accepting, ends the open connections and removes the socket file.
     """
 
@@ -190,17 +272,23 @@ class HookServer:
         *,
         events: HookEvents | None = None,
         max_connections: int = MAX_CONNECTIONS,
+        max_per_peer: int = MAX_PER_PEER,
         rate: float = MESSAGES_PER_SECOND,
+        idle_timeout: float = IDLE_TIMEOUT,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        peer: Callable[[int, int], str] = peer_of,
     ) -> None:
         self.path = path
         self.readings = readings
         self._events: HookEvents = events or _NoEvents()
         self._max_connections = max_connections
-        self._rate = rate
+        self._max_per_peer = max_per_peer
+        self._idle_timeout = idle_timeout
         self._clock = clock
-        self._monotonic = monotonic
+        self._buckets = _Buckets(rate, monotonic)
+        self._peer = peer
+        self._per_peer: dict[str, int] = {}
         self._server: asyncio.Server | None = None
         self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket file we made
@@ -258,26 +346,42 @@ class HookServer:
             if pid <= 0:
                 self._events.refused("unknownProcess")
                 return
+            peer = self._peer(pid, uid)
+            held = self._per_peer.get(peer, 0)
+            if held >= self._max_per_peer:
+                self._events.refused("peerConnections")
+                return
             task = asyncio.current_task()
             assert task is not None  # asyncio runs every connection callback in a task of its own
             self._connections[task] = writer
+            self._per_peer[peer] = held + 1
             self.readings.opened(pid)
+            bucket = self._buckets.acquire(pid)
             try:
-                await self._read(reader, pid, uid)
+                await self._read(reader, writer, pid, uid, bucket)
             finally:
                 del self._connections[task]
+                left = self._per_peer.pop(peer) - 1
+                if left:
+                    self._per_peer[peer] = left
+                self._buckets.release(pid)
                 self.readings.closed(pid, self._clock())
         except ConnectionError:
             pass
         finally:
             writer.close()
 
-    async def _read(self, reader: asyncio.StreamReader, pid: int, uid: int) -> None:
-        bucket = _Bucket(self._rate, self._monotonic)
+    async def _read(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pid: int, uid: int, bucket: _Bucket
+    ) -> None:
         logged = False
         while True:
             try:
-                line = await reader.readuntil(b"\n")
+                async with asyncio.timeout(self._idle_timeout):
+                    line = await reader.readuntil(b"\n")
+            except TimeoutError:
+                self._events.refused("idle")
+                return
             except asyncio.IncompleteReadError as exc:
                 if exc.partial.strip():
                     self._events.refused("malformed")  # the writer left without ending its line
@@ -286,19 +390,29 @@ class HookServer:
                 self._events.refused("tooLong")
                 log.info("hook connection of pid %d: a line over %d bytes; closed", pid, MAX_LINE_BYTES)
                 return
-            if not bucket.take():
-                self._events.refused("rate")
-                continue
-            try:
-                message = parse_message(line)
-            except MessageError as exc:
-                self._events.refused("malformed")
-                if not logged:  # once a connection: a broken hook writes the same error every time
-                    log.info("hook connection of pid %d (uid %d): %s; dropped", pid, uid, exc)
-                    logged = True
-                continue
-            self.readings.put(HookReading(pid=pid, uid=uid, message=message, received_at=self._clock()))
-            self._events.accepted()
+            answer = self._take(line, pid, uid, bucket, quiet=logged)
+            if answer is None:
+                answer, logged = REFUSED, True
+            writer.write(answer)
+            if writer.transport.get_write_buffer_size() > MAX_UNREAD:
+                self._events.refused("unread")
+                return
+
+    def _take(self, line: bytes, pid: int, uid: int, bucket: _Bucket, *, quiet: bool) -> bytes | None:
+        """TAKEN or REFUSED for one line; None when refused as malformed (logged unless ``quiet``)."""
+        if not bucket.take():
+            self._events.refused("rate")
+            return REFUSED
+        try:
+            message = parse_message(line)
+        except MessageError as exc:
+            self._events.refused("malformed")
+            if not quiet:  # once a connection: a broken hook writes the same error every time
+                log.info("hook connection of pid %d (uid %d): %s; dropped", pid, uid, exc)
+            return None
+        self.readings.put(HookReading(pid=pid, uid=uid, message=message, received_at=self._clock()))
+        self._events.accepted()
+        return TAKEN
 
 
 def _prepare_directory(directory: Path) -> None:

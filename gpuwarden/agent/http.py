@@ -1,6 +1,8 @@
 """The agent's HTTP server: ``/metrics``, ``/healthz`` and ``/readyz``.
 
-:func:`build_app` returns the aiohttp application; the agent's long-running work
+:func:`build_app` returns the aiohttp application and :func:`listen` serves it, with the limits
+of :mod:`gpuwarden.serving` (idle connections closed after 30 s, at most
+:data:`MAX_CONNECTIONS` at once); the agent's long-running work
 (sampling, attribution refresh, report sending) rides on it as background tasks in
 ``app.cleanup_ctx`` (:func:`background_task`), so that starting and stopping the app
 starts and stops everything, in order.
@@ -17,6 +19,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuwarden.agent.snapshots import SnapshotRing
+from gpuwarden.serving import ConnectionCollector, ConnectionLimiter, connection_cap, raise_fd_limit, serve
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +27,11 @@ REGISTRY = web.AppKey("registry", CollectorRegistry)
 RING = web.AppKey("ring", SnapshotRing)
 
 CleanupContext = Callable[[web.Application], AsyncIterator[None]]
+
+MAX_CONNECTIONS = 256
+"""Connections the agent's server holds open at once: Prometheus, the kubelet's probes and a few
+people; a local flood of idle connections evicts itself
+(:class:`~gpuwarden.serving.ConnectionLimiter`)."""
 
 # What generate_latest writes when no format is negotiated; every Prometheus version reads it.
 TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"
@@ -101,3 +109,24 @@ def background_task(
         await asyncio.gather(task, return_exceptions=True)
 
     return context
+
+
+async def listen(app: web.Application, host: str | None, port: int) -> tuple[web.AppRunner, list[str]]:
+    """Serve ``app`` (:func:`build_app`) on ``host:port``; the runner and the addresses it listens on.
+
+    The file-descriptor limit is raised first, and ``<app's registry>`` gains the connection
+    metrics (``gpuwarden_agent_connections_*``). ``OSError`` (the port is taken) propagates after
+    the runner is cleaned up.
+    """
+    limiter = ConnectionLimiter(connection_cap(raise_fd_limit(), MAX_CONNECTIONS))
+    app[REGISTRY].register(ConnectionCollector(limiter, "gpuwarden_agent"))
+    runner = await serve(app, host, port, limiter=limiter)
+    return runner, [address_text(a) for a in runner.addresses]
+
+
+def address_text(address: object) -> str:
+    """A socket address as ``host:port`` (``[host]:port`` for IPv6)."""
+    if isinstance(address, tuple) and len(address) >= 2:
+        host = str(address[0])
+        return f"[{host}]:{address[1]}" if ":" in host else f"{host}:{address[1]}"
+    return str(address)

@@ -4,6 +4,12 @@ The agent learns who is writing from the socket itself (``SO_PEERCRED``, fixed a
 a process that forked (a data-loader worker, a ``multiprocessing`` child) must not write on the
 connection it inherited: it would speak as its parent. The client notices the PID change and
 connects anew.
+
+The agent answers every line with one byte, :data:`TAKEN` or :data:`REFUSED` (over its rate, or
+malformed), and closes a connection it will not serve (too many from this container, idle too
+long). The client reads the answers as they come, without ever waiting for them in :meth:`send`,
+so its books say what the agent kept, not only what was written: ``taken``, ``refused``, and
+``lost`` (written on a connection that ended before the agent answered).
 """
 
 from __future__ import annotations
@@ -19,6 +25,10 @@ SOCKET_ENV = "GPUWARDEN_HOOK_SOCKET"
 SEND_TIMEOUT_S = 0.05
 """The longest a connect or a write may hold the training loop: a local socket whose reader keeps up
 takes a line at once, so only a stuck agent ever reaches it (the reading is then dropped)."""
+TAKEN = b"+"
+"""The agent's answer to a line it kept."""
+REFUSED = b"-"
+"""The agent's answer to a line it refused."""
 BACKOFF_MIN_S = 1.0
 BACKOFF_MAX_S = 60.0
 
@@ -30,7 +40,11 @@ class HookClient:
 
     After a failed connect the next attempt waits ``BACKOFF_MIN_S``, doubling up to ``BACKOFF_MAX_S``;
     the readings offered meanwhile are dropped (counted in ``dropped``). A connection that broke (the
-    agent restarted) is replaced at once, once, within the same :meth:`send`.
+    agent restarted, or closed it) is replaced at once, once, within the same :meth:`send`.
+
+    The books: ``sent`` lines were written to a connection, ``dropped`` ones never were; of the sent,
+    the agent answered ``taken`` and ``refused``, ``lost`` went with a connection that ended first,
+    and :attr:`unanswered` are on the way (answered by the time of a later :meth:`send`).
     """
 
     def __init__(
@@ -44,7 +58,11 @@ class HookClient:
         self.timeout_s = timeout_s
         self.sent = 0
         self.dropped = 0
+        self.taken = 0
+        self.refused = 0
+        self.lost = 0
         self.connects = 0
+        self._waiting = 0  # lines written on this connection that the agent has not answered yet
         self._clock = clock
         self._sock: socket.socket | None = None
         self._pid = os.getpid()
@@ -52,11 +70,46 @@ class HookClient:
         self._backoff = BACKOFF_MIN_S
         self._said_absent = False
 
+    @property
+    def unanswered(self) -> int:
+        """Lines written on the open connection that the agent has not answered yet."""
+        return self._waiting
+
     def _close(self) -> None:
         if self._sock is not None:
             # In a forked child this closes the child's copy only; the parent's connection stays.
             self._sock.close()
             self._sock = None
+        self.lost += self._waiting
+        self._waiting = 0
+
+    def _read_answers(self, wait_s: float = 0.0) -> bool:
+        """Count the answers that came (waiting up to ``wait_s`` for all of them); False once the
+        agent has closed the connection."""
+        assert self._sock is not None
+        deadline = self._clock() + wait_s
+        while True:
+            try:
+                if wait_s > 0 and self._waiting:
+                    self._sock.settimeout(max(0.0, deadline - self._clock()) or None)
+                    data = self._sock.recv(4096)
+                else:
+                    data = self._sock.recv(4096, socket.MSG_DONTWAIT)
+            except (BlockingIOError, TimeoutError):
+                return True
+            except OSError:
+                return False
+            finally:
+                self._sock.settimeout(self.timeout_s)
+            if not data:
+                return False
+            taken = data.count(TAKEN)
+            refused = len(data) - taken
+            self.taken += taken
+            self.refused += refused
+            self._waiting = max(0, self._waiting - len(data))
+            if wait_s <= 0 or not self._waiting or self._clock() >= deadline:
+                return True
 
     def _connect(self) -> bool:
         now = self._clock()
@@ -91,15 +144,21 @@ class HookClient:
             # A timeout may leave half a line in the stream: the connection is unusable either way.
             self._close()
             return False
+        self._waiting += 1
         return True
 
     def send(self, line: bytes) -> bool:
         """Deliver one line (newline included); ``False`` when it was dropped."""
         try:
             if os.getpid() != self._pid:
-                self._close()
+                if self._sock is not None:
+                    self._sock.close()  # the parent's connection and books: not this process's
+                    self._sock = None
+                self._waiting = 0
                 self._pid = os.getpid()
                 self._next_attempt = 0.0
+            if self._sock is not None and not self._read_answers():
+                self._close()  # the agent closed it: what it did not answer is lost
             if self._sock is not None and self._write(line):
                 self.sent += 1
                 return True
@@ -113,5 +172,11 @@ class HookClient:
         return False
 
     def close(self) -> None:
-        """Close the connection (the agent keeps the last reading until it is a minute old)."""
+        """Wait up to ``timeout_s`` for the agent's answers, then close the connection (the agent
+        keeps the last reading until it is a minute old)."""
+        if self._sock is not None:
+            try:
+                self._read_answers(self.timeout_s)
+            except Exception:  # never into the training loop
+                log.debug("gpuwarden hook: reading the answers failed", exc_info=True)
         self._close()

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpuwarden.agent.http import CleanupContext, build_app
+from gpuwarden.agent.http import CleanupContext, build_app, listen
 from gpuwarden.agent.metrics import AgentMetrics, build_registry
 from gpuwarden.agent.snapshots import SnapshotRing
 from gpuwarden.policy import Finding
@@ -78,22 +78,9 @@ async def start_server(
     *,
     background: Iterable[CleanupContext] = (),
 ) -> tuple[web.AppRunner, list[str]]:
-    """Serve the agent's app (``/metrics``, ``/healthz``, ``/readyz``); the runner and its addresses.
+    """Serve the agent's app (``/metrics``, ``/healthz``, ``/readyz``) with its connection limits
+    (:func:`gpuwarden.agent.http.listen`); the runner and its addresses.
 
     ``OSError`` (the port is taken) propagates after the runner is cleaned up.
     """
-    runner = web.AppRunner(build_app(registry, ring, background=background), access_log=None)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, host, port).start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    return runner, [_address(a) for a in runner.addresses]
-
-
-def _address(address: object) -> str:
-    if isinstance(address, tuple) and len(address) >= 2:
-        host = str(address[0])
-        return f"[{host}]:{address[1]}" if ":" in host else f"{host}:{address[1]}"
-    return str(address)
+    return await listen(build_app(registry, ring, background=background), host, port)

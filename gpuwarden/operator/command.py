@@ -89,6 +89,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="reports a second per node before 429 (%(default)s)",
     )
     parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=0,
+        metavar="N",
+        help="connections the servers hold open at once, all together; at the cap a new one closes the "
+        "one heard from least recently (default 0: 20000, or less where the file-descriptor limit is lower)",
+    )
+    parser.add_argument(
+        "--connection-idle-timeout",
+        default="30s",
+        metavar="DURATION",
+        help="close a connection that sends no complete request for this long (%(default)s)",
+    )
+    parser.add_argument(
         "--node-health",
         action="store_true",
         help="keep each reporting node's GPUHealthy condition and post GPU health Events on nodes and pods",

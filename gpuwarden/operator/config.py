@@ -113,6 +113,13 @@ class OperatorConfig:
     bounds how long one report holds the event loop (parsing is one block; see ingest.LARGE_BODY)."""
     node_rate: float = 20.0
     """Reports per second a node may send before 429; agents report once a second and replay in batches."""
+    max_connections: int = 0
+    """Connections the operator's servers hold open at once, all together (``--max-connections``);
+    0: :data:`~gpuwarden.serving.DEFAULT_MAX_CONNECTIONS`. Either way kept below the process's
+    file-descriptor limit (:func:`~gpuwarden.serving.connection_cap`); at the cap a new connection
+    closes the one heard from least recently."""
+    idle_timeout: float = 30.0
+    """Seconds a connection may go without a complete request (``--connection-idle-timeout``)."""
     pod_name: str | None = None
     """This replica's pod (downward API ``POD_NAME``); labelled while it acts. None outside a cluster."""
     pod_namespace: str | None = None
@@ -152,6 +159,8 @@ class OperatorConfig:
             raise ConfigError("--peering must not be empty")
         if not args.node_rate > 0:
             raise ConfigError(f"--node-rate: {args.node_rate} must be greater than 0")
+        if args.max_connections < 0:
+            raise ConfigError(f"--max-connections: {args.max_connections} must be 0 (the default) or more")
         pod_name = env.get("POD_NAME", "").strip() or None
         pod_namespace = env.get("POD_NAMESPACE", "").strip() or None
         if pod_name and not pod_namespace:
@@ -195,6 +204,8 @@ class OperatorConfig:
             identity=default_identity(env),
             max_body_bytes=parse_size(args.max_body_bytes, flag="--max-body-bytes"),
             node_rate=args.node_rate,
+            max_connections=args.max_connections,
+            idle_timeout=parse_hold(args.connection_idle_timeout, flag="--connection-idle-timeout"),
             pod_name=pod_name,
             pod_namespace=pod_namespace,
             node_health=args.node_health,

@@ -55,7 +55,7 @@ from aiohttp import web
 from gpuwarden.nodereport import NodeReport, ReportError, parse_report
 from gpuwarden.operator.metrics import OperatorMetrics
 from gpuwarden.operator.ratelimit import NodeRateLimiter
-from gpuwarden.operator.tokenreview import Review, TokenAuthenticator, Verdict
+from gpuwarden.operator.tokenreview import Review, ReviewLimited, TokenAuthenticator, Verdict
 
 __all__ = [
     "INGEST",
@@ -352,6 +352,8 @@ async def authenticate(
         raise Refusal(401, "Unauthenticated", "a bearer token is required", "unauthenticated")
     try:
         review = await authenticator.authenticate(token)
+    except ReviewLimited as exc:  # counted by the authenticator; a log line each would flood the log
+        raise Refusal(503, "AuthUnavailable", str(exc), "unavailable", "1") from None
     except Exception as exc:
         logger.warning("TokenReview failed: %s", exc)
         raise Refusal(

@@ -7,6 +7,14 @@ for ``negative_ttl`` (so a flood of bad tokens costs one review per token per
 few seconds), and concurrent requests carrying the same unknown token share a
 single review. Tokens are never stored, only their SHA-256.
 
+A flood of tokens never seen before (each new, so no cache helps) must not become a flood of
+TokenReviews: reviews of unknown tokens draw on one budget of ``review_rate`` a second (as many at
+once); past it a request gets :class:`ReviewLimited` (the ingest answers 503 with ``Retry-After:
+1``) and is counted in ``limited``. A token accepted before, whose verdict expired, is reviewed
+again outside that budget: an attacker cannot make such tokens, so agents already admitted are
+never held up by a flood; a new agent's first report waits at most until the budget allows
+(a second at a time).
+
 Only pod-bound tokens are accepted (what a projected ServiceAccount token volume
 mounts): the API server names the node their pod runs on, and that node is the
 only one the token may report for. A token without a pod binding (``kubectl
@@ -21,17 +29,39 @@ import asyncio
 import enum
 import hashlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Review", "ReviewAbandoned", "TokenAuthenticator", "Verdict", "judge"]
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+__all__ = [
+    "REVIEW_RATE",
+    "Review",
+    "ReviewAbandoned",
+    "ReviewCollector",
+    "ReviewLimited",
+    "TokenAuthenticator",
+    "Verdict",
+    "judge",
+]
 
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 """TokenReview ``user.extra`` key naming the node a pod-bound token's pod runs on (Kubernetes >= 1.30)."""
 
 ReviewFn = Callable[[str], Awaitable[Mapping[str, Any]]]
 """Sends a TokenReview for a token and returns its ``status``; raises when the API cannot answer."""
+
+
+REVIEW_RATE = 500.0
+"""TokenReviews of unknown tokens a second, at most (as many at once): a restarted operator admits
+a fleet of 10,000 agents in 20 s (each retries after a second), and renews their verdicts
+(~170 a second) outside this budget; an attack of new tokens costs the API server no more."""
+
+
+class ReviewLimited(RuntimeError):
+    """The budget of TokenReviews for unknown tokens is spent for now; retry in a second."""
 
 
 class ReviewAbandoned(RuntimeError):
@@ -95,6 +125,7 @@ class TokenAuthenticator:
         ttl: float = 60.0,
         negative_ttl: float = 5.0,
         max_entries: int = 20_000,
+        review_rate: float = REVIEW_RATE,
         clock: Callable[[], float] | None = None,
     ) -> None:
         self._review = review
@@ -109,6 +140,11 @@ class TokenAuthenticator:
         self._inflight: dict[bytes, asyncio.Future[Review]] = {}
         self.reviews = 0
         """TokenReviews sent (the rest were answered from the cache or a shared review)."""
+        self.review_rate = review_rate
+        self._budget = review_rate
+        self._budget_at: float | None = None
+        self.limited = 0
+        """Requests refused (:class:`ReviewLimited`) because the budget for unknown tokens was spent."""
 
     def _now(self) -> float:
         return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
@@ -118,13 +154,20 @@ class TokenAuthenticator:
         key = hashlib.sha256(token.encode()).digest()
         now = self._now()
         hit = self._cache.get(key)
+        known = False
         if hit is not None:
             if hit[0] > now:
                 return hit[1]
-            del self._cache[key]
+            # An expired acceptance stays (bounded by max_entries) to mark the token as known.
+            known = hit[1].verdict is Verdict.ACCEPTED
+            if not known:
+                del self._cache[key]
         shared = self._inflight.get(key)
         if shared is not None:
             return await asyncio.shield(shared)
+        if not known and not self._spend(now):
+            self.limited += 1
+            raise ReviewLimited("too many new tokens to review at once; retry")
         future: asyncio.Future[Review] = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
         try:
@@ -147,6 +190,17 @@ class TokenAuthenticator:
         future.set_result(review)
         return review
 
+    def _spend(self, now: float) -> bool:
+        """Take one review from the budget for unknown tokens, if there is one."""
+        if self._budget_at is not None:
+            elapsed = max(0.0, now - self._budget_at)
+            self._budget = min(self.review_rate, self._budget + elapsed * self.review_rate)
+        self._budget_at = now
+        if self._budget < 1.0:
+            return False
+        self._budget -= 1.0
+        return True
+
     def _remember(self, key: bytes, review: Review, expires: float) -> None:
         self._cache[key] = (expires, review)
         self._cache.move_to_end(key)
@@ -155,3 +209,20 @@ class TokenAuthenticator:
 
     def __len__(self) -> int:
         return len(self._cache)
+
+
+class ReviewCollector(Collector):
+    """``<prefix>_tokenreviews_limited_total`` of a :class:`TokenAuthenticator`, read at scrape time."""
+
+    def __init__(self, authenticator: TokenAuthenticator, prefix: str) -> None:
+        self._authenticator = authenticator
+        self._prefix = prefix
+
+    def collect(self) -> Iterable[Metric]:
+        """The one series."""
+        yield CounterMetricFamily(
+            f"{self._prefix}_tokenreviews_limited",
+            "Requests with a token never reviewed before, refused (503) because the TokenReview budget "
+            "for such tokens was spent.",
+            value=self._authenticator.limited,
+        )

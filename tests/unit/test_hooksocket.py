@@ -10,16 +10,20 @@ import os
 import socket
 import stat
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpuwarden.agent.hooksocket import HookReadings, HookServer, HookSocketError
+from gpuwarden.agent.hooksocket import HookReadings, HookServer, HookSocketError, peer_of
+from gpuwarden.hook.client import REFUSED, TAKEN, HookClient
 from gpuwarden.hookprotocol import MAX_LINE_BYTES, MessageError, parse_message
 
 NOW = 1_800_000_000.0
+FAILSAFE_S = 10.0
+"""A client's wait for answers: only so that a broken test fails instead of hanging."""
 
 
 def line(**fields: Any) -> bytes:
@@ -112,10 +116,11 @@ async def connect(server: HookServer) -> tuple[asyncio.StreamReader, asyncio.Str
 
 
 async def closed_by_server(reader: asyncio.StreamReader) -> bool:
-    """Whether the server ended the connection (EOF, or a reset for what it left unread)."""
+    """Whether the server ended the connection (EOF after any answers, or a reset for what it left unread)."""
     try:
         async with asyncio.timeout(10):
-            return await reader.read() == b""
+            await reader.read()
+            return reader.at_eof()
     except ConnectionResetError:
         return True
 
@@ -143,23 +148,31 @@ sys.stdin.read()  # keep the connection until the test is done
 """
 
 
-async def test_a_message_from_another_process_is_that_processs_whatever_it_claims(
-    server: HookServer, recorder: Recorder
-) -> None:
-    # A "pid" of its own choosing would be refused as an unknown field; nothing else names a process.
+@contextlib.asynccontextmanager
+async def child_writing(path: Path, text: bytes) -> AsyncIterator[asyncio.subprocess.Process]:
+    """Another process that connects to ``path``, writes ``text`` and holds its connection until the
+    block ends."""
     child = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-c", CLIENT, str(server.path), line(step=3).decode()),
+        *(sys.executable, "-c", CLIENT, str(path), text.decode()),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
     )
     assert child.stdin is not None
     try:
-        await recorder.until(lambda: recorder.messages == 1)
-        assert set(server.readings.fresh(NOW)) == {child.pid}
-        assert child.pid != os.getpid()
+        yield child
     finally:
         child.stdin.close()
         assert await child.wait() == 0
+
+
+async def test_a_message_from_another_process_is_that_processs_whatever_it_claims(
+    server: HookServer, recorder: Recorder
+) -> None:
+    # A "pid" of its own choosing would be refused as an unknown field; nothing else names a process.
+    async with child_writing(server.path, line(step=3)) as child:
+        await recorder.until(lambda: recorder.messages == 1)
+        assert set(server.readings.fresh(NOW)) == {child.pid}
+        assert child.pid != os.getpid()
 
 
 def test_a_pid_in_the_message_is_refused() -> None:
@@ -375,3 +388,116 @@ async def test_closing_ends_open_connections_quietly(
     # Cancelled connection tasks made asyncio 3.11 log "Exception in callback" at ERROR.
     assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
     writer.close()
+
+
+# ------------------------------------------------------------------ peers, idleness, honest books
+
+
+async def _hooks(socket_dir: Path, recorder: Recorder, **kw: Any) -> HookServer:
+    hooks = HookServer(socket_dir / "hook.sock", WatchedReadings(recorder), events=recorder, **kw)
+    await hooks.start()
+    return hooks
+
+
+async def test_one_peer_holding_connections_locks_out_only_itself(
+    socket_dir: Path, recorder: Recorder
+) -> None:
+    # This process is one container, the child another (the per-peer key by PID, for the test).
+    me = os.getpid()
+    hooks = await _hooks(
+        socket_dir, recorder, max_connections=8, max_per_peer=3, peer=lambda pid, uid: str(pid == me)
+    )
+    try:
+        held = [await connect(hooks) for _ in range(3)]
+        for _, writer in held:
+            writer.write(line())
+        await recorder.until(lambda: recorder.messages == 3)
+        reader, _ = await connect(hooks)
+        assert await closed_by_server(reader)
+        assert recorder.refusals == {"peerConnections": 1}
+        async with child_writing(hooks.path, line(step=3)) as child:
+            await recorder.until(lambda: recorder.messages == 4)
+            assert child.pid in hooks.readings.fresh(time.time())
+        for _, writer in held:
+            writer.close()
+    finally:
+        await hooks.close()
+
+
+def test_a_peer_is_its_cgroup_or_else_its_uid(tmp_path: Path) -> None:
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "cgroup").write_text("0::/kubepods/burstable/podabc/cri-containerd-123.scope\n")
+    assert peer_of(42, 1000, tmp_path) == "cgroup:/kubepods/burstable/podabc/cri-containerd-123.scope"
+    assert peer_of(43, 1000, tmp_path) == "uid:1000"  # gone, or not ours to read
+    assert peer_of(os.getpid(), os.getuid()).startswith("cgroup:")
+
+
+async def test_a_connection_that_sends_no_line_is_closed_once_idle(
+    socket_dir: Path, recorder: Recorder
+) -> None:
+    hooks = await _hooks(socket_dir, recorder, idle_timeout=0.2)
+    try:
+        reader, writer = await connect(hooks)
+        writer.write(b'{"v": 1, ')  # half a line, then nothing
+        assert await closed_by_server(reader)
+        assert recorder.refusals == {"idle": 1}
+        writer.close()
+    finally:
+        await hooks.close()
+
+
+async def test_the_rate_is_per_process_so_reconnecting_per_line_does_not_refill_it(
+    server: HookServer, recorder: Recorder, monotonic: Clock
+) -> None:
+    for i in range(15):
+        reader, writer = await connect(server)
+        writer.write(line(step=i))
+        assert await reader.readexactly(1) in (TAKEN, REFUSED)  # answered: read before the next
+        writer.close()
+    assert (recorder.messages, recorder.refusals["rate"]) == (10, 5)
+    monotonic.now += 0.5  # half a second: five more, on a new connection
+    reader, writer = await connect(server)
+    writer.write(b"".join(line(step=i) for i in range(20, 26)))
+    assert await reader.readexactly(6) == TAKEN * 5 + REFUSED
+    assert (recorder.messages, recorder.refusals["rate"]) == (15, 6)
+    writer.close()
+
+
+async def test_every_line_is_answered_taken_or_refused(server: HookServer, recorder: Recorder) -> None:
+    reader, writer = await connect(server)
+    writer.write(line(step=1) + b"not json\n" + line(step=2))
+    assert await reader.readexactly(3) == TAKEN + REFUSED + TAKEN
+    writer.close()
+
+
+async def test_a_real_client_knows_what_the_agent_took(socket_dir: Path, recorder: Recorder) -> None:
+    hooks = await _hooks(socket_dir, recorder)
+    try:
+        client = HookClient(str(hooks.path), timeout_s=FAILSAFE_S)
+        for i in range(15):  # ten a second are taken, the rest refused
+            assert await asyncio.to_thread(client.send, line(step=i))
+        await asyncio.to_thread(client.close)
+        assert (client.sent, client.taken, client.refused, client.lost, client.dropped) == (15, 10, 5, 0, 0)
+    finally:
+        await hooks.close()
+
+
+async def test_a_real_client_locked_out_by_the_agent_counts_nothing_as_taken(
+    socket_dir: Path, recorder: Recorder
+) -> None:
+    hooks = await _hooks(socket_dir, recorder, max_per_peer=1)
+    try:
+        _, hog = await connect(hooks)  # this process's one connection, held
+        hog.write(line())
+        await recorder.until(lambda: recorder.messages == 1)
+        client = HookClient(str(hooks.path), timeout_s=FAILSAFE_S)
+        for i in range(10):
+            await asyncio.to_thread(client.send, line(step=i))
+        await asyncio.to_thread(client.close)
+        assert recorder.messages == 1  # the agent took none of the client's
+        assert client.taken == 0
+        assert client.refused + client.lost + client.dropped == 10
+        assert client.unanswered == 0
+        hog.close()
+    finally:
+        await hooks.close()

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.operator.tokenreview import TokenAuthenticator, Verdict, judge
+from gpuwarden.operator.tokenreview import Review, ReviewLimited, TokenAuthenticator, Verdict, judge
 
 AUDIENCE = "gpuwarden-operator"
 AGENT = "system:serviceaccount:gpuwarden-system:gpuwarden-agent"
@@ -123,3 +123,46 @@ async def test_cache_is_bounded_and_keeps_no_tokens() -> None:
         await auth.authenticate(f"t{i}")
     assert len(auth) == 4
     assert not any(isinstance(k, str) for k in auth._cache)
+
+
+async def _flood(auth: TokenAuthenticator, count: int, prefix: str = "forged") -> tuple[int, int]:
+    """``count`` requests with as many never-seen bad tokens at once: (answered, refused as limited)."""
+    results = await asyncio.gather(
+        *(auth.authenticate(f"{prefix}-{i}") for i in range(count)), return_exceptions=True
+    )
+    limited = sum(isinstance(r, ReviewLimited) for r in results)
+    assert all(isinstance(r, Review | ReviewLimited) for r in results)
+    return count - limited, limited
+
+
+@pytest.mark.looptime
+async def test_a_flood_of_new_bad_tokens_costs_at_most_the_review_budget() -> None:
+    api = FakeApi({})
+    auth = TokenAuthenticator(api, audience=AUDIENCE, username=AGENT, review_rate=50)
+    assert await _flood(auth, 1000) == (50, 950)
+    assert (auth.reviews, auth.limited) == (50, 950)
+    await asyncio.sleep(0.5)  # half a second refills half the budget
+    assert await _flood(auth, 1000, "again") == (25, 975)
+    assert len(api.calls) == 75
+
+
+@pytest.mark.looptime
+async def test_an_admitted_agent_is_reviewed_again_whatever_the_flood() -> None:
+    api = FakeApi({"good": status()})
+    auth = TokenAuthenticator(api, audience=AUDIENCE, username=AGENT, ttl=60, review_rate=50)
+    assert (await auth.authenticate("good")).verdict is Verdict.ACCEPTED
+    await asyncio.sleep(61)  # its verdict expired
+    await _flood(auth, 1000)  # the budget is spent
+    assert (await auth.authenticate("good")).verdict is Verdict.ACCEPTED
+    assert api.calls.count("good") == 2  # reviewed again, outside the budget
+
+
+@pytest.mark.looptime
+async def test_a_new_agent_during_a_flood_waits_only_until_the_budget_allows() -> None:
+    api = FakeApi({"new": status()})
+    auth = TokenAuthenticator(api, audience=AUDIENCE, username=AGENT, review_rate=50)
+    await _flood(auth, 1000)
+    with pytest.raises(ReviewLimited):
+        await auth.authenticate("new")
+    await asyncio.sleep(1 / 50)  # one review's worth of budget
+    assert (await auth.authenticate("new")).verdict is Verdict.ACCEPTED
