@@ -21,6 +21,7 @@ from controlplane import ControlPlane
 from operator_support import (
     IDLE_RULE,
     LOCAL_COMMAND,
+    Timeout,
     World,
     agent_token,
     apply,
@@ -39,7 +40,8 @@ pytestmark = pytest.mark.integration
 FD_LIMIT = 1024
 FLOOD = 3000
 """Idle connections opened at once: about three times the operator's descriptors."""
-IDLE_TIMEOUT_S = 2
+IDLE_TIMEOUT_S = 15
+"""Longer than the flood takes to be taken in (about 100 batches), so that it meets the cap."""
 PROBE_NODE = "probe-node"
 PROBE_POD = "probe-0"
 
@@ -70,20 +72,36 @@ def world(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory)
             yield Connections(cp, setup.namespace, operator, agent, probe_token)
 
 
+BATCH = 32
+"""Connections opened before waiting for the operator to take them: fewer than its listen backlog, so
+no handshake is dropped and retried seconds later (a flood that trickles in is closed by the idle
+timeout as fast as it comes, and never meets the cap)."""
+
+
 @contextlib.contextmanager
-def idle_flood(port: int, count: int) -> Iterator[list[socket.socket]]:
-    """``count`` connections to ``port`` that never send a byte, held open until the block ends."""
+def idle_flood(world: Connections, count: int) -> Iterator[list[socket.socket]]:
+    """``count`` connections to the operator's ingest port that never send a byte, held open until the
+    block ends; each batch is taken by the operator (open or evicted) before the next is opened."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < count + 256:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, count + 1024), hard))
     socks: list[socket.socket] = []
+
+    def taken() -> bool:
+        m = world.operator.metrics()
+        seen = m.get("gpuwarden_operator_connections_open", 0.0)
+        seen += m.get("gpuwarden_operator_connections_evicted_total", 0.0)
+        return seen >= len(socks)
+
     try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.setblocking(False)
-            code = s.connect_ex(("127.0.0.1", port))
-            assert code in (0, errno.EINPROGRESS), errno.errorcode.get(code, code)
-            socks.append(s)
+        for start in range(0, count, BATCH):
+            for _ in range(min(BATCH, count - start)):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                s.setblocking(False)
+                code = s.connect_ex(("127.0.0.1", world.operator.ingest_port))
+                assert code in (0, errno.EINPROGRESS), errno.errorcode.get(code, code)
+                socks.append(s)
+            wait_until(taken, timeout=30, what=f"{len(socks)} idle connections taken", alive=world.alive)
         yield socks
     finally:
         for s in socks:
@@ -100,7 +118,7 @@ def _post_probe(world: Connections, seq: int) -> int:
 def test_thousands_of_idle_connections_leave_the_operator_running_and_serving(world: Connections) -> None:
     assert _post_probe(world, 1) == 200
     stored = world.operator.metric("gpuwarden_operator_points_total")
-    with idle_flood(world.operator.ingest_port, FLOOD):
+    with idle_flood(world, FLOOD):
         # A new client on a new connection is answered while the flood holds its connections.
         assert _post_probe(world, 2) == 200
         # The good agent keeps delivering.
@@ -122,12 +140,17 @@ def test_thousands_of_idle_connections_leave_the_operator_running_and_serving(wo
         )
         # The cap is reached (when depends on how fast the kernel hands the flood over: a full listen
         # queue makes its handshakes retry for seconds).
-        wait_until(
-            lambda: world.operator.metric("gpuwarden_operator_connections_evicted_total") > 0,
-            timeout=60,
-            what="connections evicted at the cap",
-            alive=world.alive,
-        )
+        scrapes: list[dict[str, float]] = []
+
+        def evicted() -> bool:
+            scrapes.append(world.operator.metrics())
+            return scrapes[-1].get("gpuwarden_operator_connections_evicted_total", 0.0) > 0
+
+        try:
+            wait_until(evicted, timeout=60, what="connections evicted at the cap", alive=world.alive)
+        except Timeout as e:
+            last = {k: v for k, v in scrapes[-1].items() if "connection" in k} if scrapes else None
+            raise Timeout(f"{e}; the last scrape's connection metrics: {last}") from e
         metrics = world.operator.metrics()
     assert metrics["gpuwarden_operator_connections_open"] <= metrics["gpuwarden_operator_connections_limit"]
     assert metrics["gpuwarden_operator_connections_limit"] < FD_LIMIT
