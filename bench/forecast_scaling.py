@@ -44,16 +44,16 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
-from gpuwarden.policy.forecast import MAX_STEPS, LoadForecast, Smoothing
-from gpuwarden.policy.model import (
+from gpuwarden.policy.scaling.decider import ScaleDecider
+from gpuwarden.policy.scaling.forecast import MAX_STEPS, LoadForecast, Smoothing
+from gpuwarden.policy.scaling.predictive import Predictor, WorkloadLoad
+from gpuwarden.policy.spec.model import (
     ScaleAction,
     ScaleDirection,
     ScaleForecast,
     ScaleTargetRef,
     Signal,
 )
-from gpuwarden.policy.predictive import Predictor, WorkloadLoad
-from gpuwarden.policy.scaling import ScaleDecider
 
 STEP = 10.0
 CEILING, CEILING_CLEAR, CEILING_FOR = 95.0, 90.0, 120.0

@@ -72,7 +72,7 @@ from gpuwarden.operator.resources import PodRecord, PolicyKey
 from gpuwarden.operator.shards import Ring, policy_key
 from gpuwarden.operator.state import OperatorState
 from gpuwarden.policy.engine import PodView
-from gpuwarden.policy.series import Point, SeriesKey
+from gpuwarden.policy.store.series import Point, SeriesKey
 
 AGENT = "system:serviceaccount:gpuwarden-system:gpuwarden-agent"
 GPUS = 8

@@ -47,7 +47,7 @@ from operator_support import (  # noqa: E402
 )
 
 from gpuwarden.agent.scenario import load_scenario  # noqa: E402
-from gpuwarden.policy.units import parse_duration  # noqa: E402
+from gpuwarden.units import parse_duration  # noqa: E402
 
 SCENARIO = REPO / "gpuwarden" / "agent" / "scenarios" / "e2e-fast.yaml"
 EXAMPLE_POLICY = REPO / "examples" / "gpumonitorpolicy.yaml"

@@ -88,7 +88,7 @@ from gpuwarden.nodereport import (
     XidEvent,
     first_error,
 )
-from gpuwarden.policy.units import parse_duration, parse_quantity, parse_rate
+from gpuwarden.units import parse_duration, parse_quantity, parse_rate
 
 DEFAULT_ORIGIN = 1_800_000_000.0
 """The epoch :meth:`Scenario.snapshot` places ``t = 0`` at unless told otherwise (January 2027)."""

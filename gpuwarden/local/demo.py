@@ -49,8 +49,8 @@ from gpuwarden.local.policies import LocalPolicy, demo_policy_path, load_policie
 from gpuwarden.local.session import ScaleNote, Session, Step, SubjectKind
 from gpuwarden.nodereport import Snapshot
 from gpuwarden.policy import PodView
-from gpuwarden.policy.parse import SpecError
-from gpuwarden.policy.units import format_duration
+from gpuwarden.policy.spec.parse import SpecError
+from gpuwarden.units import format_duration
 
 DEFAULT_SPEED = 60.0
 """Scenario seconds per wall second: the 30-minute demo plays in about 30 s."""

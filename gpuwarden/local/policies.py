@@ -21,8 +21,8 @@ from typing import Any
 
 import yaml
 
-from gpuwarden.policy.model import LabelSelector, PolicySpec
-from gpuwarden.policy.parse import SpecError, parse_policy_object
+from gpuwarden.policy.spec.model import LabelSelector, PolicySpec
+from gpuwarden.policy.spec.parse import SpecError, parse_policy_object
 
 DEMO_POLICY = "demo-policy.yaml"
 """The demo's policy file, shipped in ``gpuwarden/local/``."""

@@ -60,9 +60,9 @@ from gpuwarden.policy import (
     points_from_snapshot,
     process_subject,
 )
-from gpuwarden.policy.healthstore import HealthStore
-from gpuwarden.policy.intake import pods_of
-from gpuwarden.policy.scaling import ScaleDecider, ScaleDecision, StepKind, scale_step
+from gpuwarden.policy.scaling.decider import ScaleDecider, ScaleDecision, StepKind, scale_step
+from gpuwarden.policy.store.health import HealthStore
+from gpuwarden.policy.store.intake import pods_of
 
 POINT_SLACK = 1.25
 """Series room beyond retention / interval: sampling jitters, and a short series would evict early."""

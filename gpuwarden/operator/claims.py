@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuwarden.policy.model import ScaleAction
-from gpuwarden.policy.parse import SpecError, parse_spec
+from gpuwarden.policy.spec.model import ScaleAction
+from gpuwarden.policy.spec.parse import SpecError, parse_spec
 
 __all__ = ["PolicyClaim", "policy_claim"]
 

@@ -46,10 +46,10 @@ from gpuwarden.operator.status import PolicyVerdict, build_status, findings_from
 from gpuwarden.operator.verdictexchange import verdicts_url
 from gpuwarden.operator.verdictmerge import pod_verdicts
 from gpuwarden.policy.engine import Evaluation, PolicyEvaluator, rule_kind
-from gpuwarden.policy.model import PolicySpec
-from gpuwarden.policy.parse import SpecError, parse_spec
-from gpuwarden.policy.rules import Outcome
-from gpuwarden.policy.series import PodId
+from gpuwarden.policy.rules.common import Outcome
+from gpuwarden.policy.spec.model import PolicySpec
+from gpuwarden.policy.spec.parse import SpecError, parse_spec
+from gpuwarden.policy.store.series import PodId
 from gpuwarden.verdictreport import SCHEMA_VERSION as VERDICT_SCHEMA_VERSION
 from gpuwarden.verdictreport import VerdictReport
 

@@ -25,12 +25,12 @@ from dataclasses import dataclass
 
 from gpuwarden.operator.posting import EventSink
 from gpuwarden.operator.resources import ObjectRef
-from gpuwarden.policy.anomaly import Pattern
 from gpuwarden.policy.engine import Evaluation
 from gpuwarden.policy.findings import Finding, FindingKey, FindingTransition, Resolution, Transition
-from gpuwarden.policy.growth import IMMINENT_REASON
 from gpuwarden.policy.humanize import approx_duration
-from gpuwarden.policy.rules import RuleKind
+from gpuwarden.policy.rules.anomaly import Pattern
+from gpuwarden.policy.rules.common import RuleKind
+from gpuwarden.policy.rules.growth import IMMINENT_REASON
 
 __all__ = ["Announcer", "EventSpec", "Target", "announce", "resolved_reason"]
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuwarden.policy.engine import PodView
-from gpuwarden.policy.parse import API_VERSION, KIND
+from gpuwarden.policy.spec.parse import API_VERSION, KIND
 
 __all__ = [
     "API_VERSION",

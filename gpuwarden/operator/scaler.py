@@ -51,9 +51,7 @@ from gpuwarden.operator.scaling import ScaleResult
 from gpuwarden.operator.state import OperatorState
 from gpuwarden.operator.status import SCALING_ACTIVE
 from gpuwarden.policy.engine import Evaluation
-from gpuwarden.policy.model import PolicySpec, ScaleAction, ScaleTargetRef
-from gpuwarden.policy.predictive import WorkloadLoad
-from gpuwarden.policy.scaling import (
+from gpuwarden.policy.scaling.decider import (
     ActiveFinding,
     Blocker,
     Direction,
@@ -63,6 +61,8 @@ from gpuwarden.policy.scaling import (
     StepKind,
     scale_step,
 )
+from gpuwarden.policy.scaling.predictive import WorkloadLoad
+from gpuwarden.policy.spec.model import PolicySpec, ScaleAction, ScaleTargetRef
 
 __all__ = [
     "Condition",

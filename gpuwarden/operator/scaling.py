@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from gpuwarden.operator.claims import PolicyClaim
     from gpuwarden.operator.resources import PolicyKey
     from gpuwarden.policy.engine import Evaluation
-    from gpuwarden.policy.model import PolicySpec
+    from gpuwarden.policy.spec.model import PolicySpec
 
 __all__ = ["ScaleResult", "Scaler"]
 

@@ -22,9 +22,9 @@ from typing import Any
 
 from gpuwarden.policy.engine import Evaluation, rule_kind
 from gpuwarden.policy.findings import Finding, FindingKey
-from gpuwarden.policy.model import PolicySpec
-from gpuwarden.policy.rules import RuleKind
-from gpuwarden.policy.units import format_duration
+from gpuwarden.policy.rules.common import RuleKind
+from gpuwarden.policy.spec.model import PolicySpec
+from gpuwarden.units import format_duration
 
 __all__ = [
     "MAX_VIOLATIONS",

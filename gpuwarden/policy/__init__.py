@@ -25,15 +25,15 @@ from gpuwarden.policy.findings import (
     Resolution,
     Transition,
 )
-from gpuwarden.policy.intake import (
+from gpuwarden.policy.rules.common import Outcome, RuleKind, WindowParams
+from gpuwarden.policy.store.intake import (
     PROCESS_NAMESPACE,
     points_from_processes,
     points_from_report,
     points_from_snapshot,
     process_subject,
 )
-from gpuwarden.policy.rules import Outcome, RuleKind, WindowParams
-from gpuwarden.policy.series import (
+from gpuwarden.policy.store.series import (
     BYTES_PER_POINT,
     Column,
     PodId,

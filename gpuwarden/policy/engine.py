@@ -27,7 +27,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from gpuwarden.policy.anomaly import evaluate_anomaly
 from gpuwarden.policy.findings import (
     Finding,
     FindingKey,
@@ -36,12 +35,15 @@ from gpuwarden.policy.findings import (
     Resolution,
     Transition,
 )
-from gpuwarden.policy.growth import BUCKETS as GROWTH_BUCKETS
-from gpuwarden.policy.growth import GrowthCache, evaluate_growth
-from gpuwarden.policy.health import evaluate_health, with_throttling
-from gpuwarden.policy.healthstore import HealthStore
-from gpuwarden.policy.memory import evaluate_memory_ceiling
-from gpuwarden.policy.model import (
+from gpuwarden.policy.rules.anomaly import evaluate_anomaly
+from gpuwarden.policy.rules.common import Outcome, RuleKind, WindowParams, unknown
+from gpuwarden.policy.rules.gpu_health import evaluate_health, with_throttling
+from gpuwarden.policy.rules.growth import BUCKETS as GROWTH_BUCKETS
+from gpuwarden.policy.rules.growth import GrowthCache, evaluate_growth
+from gpuwarden.policy.rules.memory_ceiling import evaluate_memory_ceiling
+from gpuwarden.policy.rules.utilization import evaluate_ceiling, evaluate_floor
+from gpuwarden.policy.scaling.predictive import WorkloadLoad, workload_load
+from gpuwarden.policy.spec.model import (
     Anomaly,
     GpuHealthRule,
     MemoryCeiling,
@@ -51,11 +53,9 @@ from gpuwarden.policy.model import (
     UtilizationCeiling,
     UtilizationFloor,
 )
-from gpuwarden.policy.predictive import WorkloadLoad, workload_load
-from gpuwarden.policy.rules import Outcome, RuleKind, WindowParams, unknown
-from gpuwarden.policy.selector import selector_matches
-from gpuwarden.policy.series import PodId, SeriesKey, SeriesStore, Window
-from gpuwarden.policy.utilization import evaluate_ceiling, evaluate_floor
+from gpuwarden.policy.spec.selector import selector_matches
+from gpuwarden.policy.store.health import HealthStore
+from gpuwarden.policy.store.series import PodId, SeriesKey, SeriesStore, Window
 
 SNOOZE_PREFIX = "snooze.gpuwarden.dev/"
 """Annotation prefix; the rule's name follows it."""
@@ -159,7 +159,7 @@ def evaluate_rule(
     """Judge one rule for one pod (dispatches on its kind); ``growth_cache`` memoizes memoryGrowth fits.
 
     ``health`` is what gpuHealth judges, and what puts throttling beside utilization findings
-    (:mod:`gpuwarden.policy.health`); without it gpuHealth has nothing to judge.
+    (:mod:`gpuwarden.policy.rules.gpu_health`); without it gpuHealth has nothing to judge.
     """
     match rule:
         case UtilizationFloor():

@@ -5,7 +5,7 @@ A finding is keyed by (rule, namespace, pod). Its lifecycle, one evaluation at a
 - not active and the rule *holds* (for ``memoryGrowth`` with ``for``: has held at
   every evaluation for ``for`` seconds) → ``STARTED``;
 - active and the rule *clears* (the value went past the threshold by the rule's
-  hysteresis margin; see :mod:`gpuwarden.policy.rules`) → ``RESOLVED`` (``Recovered``);
+  hysteresis margin; see :mod:`gpuwarden.policy.rules.common`) → ``RESOLVED`` (``Recovered``);
 - active otherwise → ``ONGOING`` with the latest value, or ``RENOTIFY`` once
   ``renotify_seconds`` have passed since the last ``STARTED``/``RENOTIFY``, or at
   once when its reason changed (the outcome's reason differs from the finding's,
@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from gpuwarden.policy.rules import Outcome, RuleKind
+from gpuwarden.policy.rules.common import Outcome, RuleKind
 
 
 class Transition(enum.StrEnum):

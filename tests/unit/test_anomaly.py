@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuwarden.policy.anomaly import Pattern, evaluate_anomaly
 from gpuwarden.policy.engine import PodView, PolicyEvaluator
 from gpuwarden.policy.findings import Transition
-from gpuwarden.policy.model import Anomaly, AnomalyMetric
-from gpuwarden.policy.parse import parse_spec
-from gpuwarden.policy.rules import Outcome, RuleKind, WindowParams
-from gpuwarden.policy.series import PodId, Point, SeriesKey, SeriesStore
+from gpuwarden.policy.rules.anomaly import Pattern, evaluate_anomaly
+from gpuwarden.policy.rules.common import Outcome, RuleKind, WindowParams
+from gpuwarden.policy.spec.model import Anomaly, AnomalyMetric
+from gpuwarden.policy.spec.parse import parse_spec
+from gpuwarden.policy.store.series import PodId, Point, SeriesKey, SeriesStore
 
 T0 = 1_750_000_000.0
 POD = PodId("ns", "pod")

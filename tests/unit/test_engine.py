@@ -28,7 +28,7 @@ from gpuwarden.policy import (
     horizon_seconds,
     snoozed_until,
 )
-from gpuwarden.policy.model import (
+from gpuwarden.policy.spec.model import (
     Actions,
     LabelSelector,
     MemoryCeiling,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuwarden.policy.forecast import (
+from gpuwarden.policy.scaling.forecast import (
     BUCKET_SECONDS,
     DAY_BUCKETS,
     MAX_GAP_BUCKETS,

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gpuwarden.policy.growth import (
+from gpuwarden.policy.rules.common import Outcome, WindowParams
+from gpuwarden.policy.rules.growth import (
     BUCKETS,
     JUMP_SHARE,
     MAX_POINTS,
@@ -26,10 +27,8 @@ from gpuwarden.policy.growth import (
     peak_before,
     span_ends,
 )
-from gpuwarden.policy.model import MemoryGrowth
-from gpuwarden.policy.rules import Outcome, WindowParams
-from gpuwarden.policy.series import PodId, Point, SeriesKey, SeriesStore, Window
-from gpuwarden.policy.slope import (
+from gpuwarden.policy.spec.model import MemoryGrowth
+from gpuwarden.policy.stats import (
     bucket_medians,
     fit_line,
     median,
@@ -38,6 +37,7 @@ from gpuwarden.policy.slope import (
     sen_lower_bound,
     theil_sen,
 )
+from gpuwarden.policy.store.series import PodId, Point, SeriesKey, SeriesStore, Window
 
 T0 = 1_749_999_960.0  # a multiple of 90 s: buckets of a 30m window start on it
 POD = PodId("ns", "pod")
@@ -417,7 +417,7 @@ def _window(store: SeriesStore, key: SeriesKey) -> Window:
 
 
 def test_the_pairs_cache_of_theil_sen_stays_bounded() -> None:
-    from gpuwarden.policy import slope as slope_module
+    from gpuwarden.policy import stats as slope_module
 
     for n in range(3, 300):
         theil_sen([float(i) for i in range(n)], [2.0 * i for i in range(n)])

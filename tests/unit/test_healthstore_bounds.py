@@ -16,10 +16,11 @@ from gpuwarden.nodereport import (
     Snapshot,
     XidEvent,
 )
-from gpuwarden.policy import healthstore
 from gpuwarden.policy.findings import Finding
-from gpuwarden.policy.health import throttling_note
-from gpuwarden.policy.healthstore import (
+from gpuwarden.policy.rules.common import RuleKind
+from gpuwarden.policy.rules.gpu_health import throttling_note
+from gpuwarden.policy.store import health as healthstore
+from gpuwarden.policy.store.health import (
     MAX_DEVICES_PER_GPU,
     MAX_GPUS_PER_NODE,
     MAX_PODS_PER_GPU,
@@ -27,8 +28,7 @@ from gpuwarden.policy.healthstore import (
     HealthStore,
     IncidentKind,
 )
-from gpuwarden.policy.rules import RuleKind
-from gpuwarden.policy.series import PodId
+from gpuwarden.policy.store.series import PodId
 
 T0 = 1_800_000_000.0
 GPU = "GPU-aaaaaaaa-0000-4000-8000-000000000000"

@@ -1,7 +1,7 @@
 """memoryGrowth on the training hook's readings: which memory a rule watches, and what it says.
 
 Reports are built with the wire models (schema 3, ``ProcessSample.hook``), serialised and parsed as
-the operator does, then attributed by :mod:`gpuwarden.policy.intake` into a real store.
+the operator does, then attributed by :mod:`gpuwarden.policy.store.intake` into a real store.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from gpuwarden.nodereport import (
     parse_report,
 )
 from gpuwarden.policy import PodView, PolicyEvaluator, Transition
-from gpuwarden.policy.growth import MESSAGE_SITES, evaluate_growth
-from gpuwarden.policy.intake import hook_point, points_from_processes, points_from_report
-from gpuwarden.policy.model import Actions, LabelSelector, MemoryGrowth, MemorySource, PolicySpec
-from gpuwarden.policy.rules import Outcome, RuleKind, WindowParams
-from gpuwarden.policy.series import Column, HookPoint, PodId, Point, SeriesKey, SeriesStore
+from gpuwarden.policy.rules.common import Outcome, RuleKind, WindowParams
+from gpuwarden.policy.rules.growth import MESSAGE_SITES, evaluate_growth
+from gpuwarden.policy.spec.model import Actions, LabelSelector, MemoryGrowth, MemorySource, PolicySpec
+from gpuwarden.policy.store.intake import hook_point, points_from_processes, points_from_report
+from gpuwarden.policy.store.series import Column, HookPoint, PodId, Point, SeriesKey, SeriesStore
 
 T0 = 1_749_999_960.0
 MI = 2**20

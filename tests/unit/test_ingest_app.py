@@ -37,8 +37,8 @@ from gpuwarden.operator.ingest import (
 from gpuwarden.operator.resources import PolicyKey
 from gpuwarden.operator.state import MAX_GPUS_PER_POD, MAX_REPORT_AGE, OperatorState
 from gpuwarden.policy import PodView, PolicyEvaluator
-from gpuwarden.policy.parse import parse_spec
-from gpuwarden.policy.series import SeriesKey
+from gpuwarden.policy.spec.parse import parse_spec
+from gpuwarden.policy.store.series import SeriesKey
 
 AGENT = "system:serviceaccount:gpuwarden-system:gpuwarden-agent"
 T0 = 1_800_000_000.0

@@ -18,7 +18,7 @@ from gpuwarden.policy import (
     points_from_processes,
     points_from_report,
 )
-from gpuwarden.policy.intake import pods_of, points_from_snapshot
+from gpuwarden.policy.store.intake import pods_of, points_from_snapshot
 
 T = 1_750_000_000.0
 GI = 2**30

@@ -10,7 +10,7 @@ from gpuwarden.operator.events import Announcer, EventSpec, Target, announce
 from gpuwarden.operator.resources import ObjectRef
 from gpuwarden.policy.engine import Evaluation
 from gpuwarden.policy.findings import Finding, FindingTransition, Resolution, Transition
-from gpuwarden.policy.rules import RuleKind
+from gpuwarden.policy.rules.common import RuleKind
 
 T0 = 1_800_000_000.0
 

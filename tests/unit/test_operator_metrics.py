@@ -6,7 +6,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gpuwarden.nodereport import REFUSALS
 from gpuwarden.operator.metrics import REJECT_REASONS, OperatorMetrics, make_metrics_app
-from gpuwarden.policy.series import Point, SeriesKey
+from gpuwarden.policy.store.series import Point, SeriesKey
 
 T0 = 1_800_000_000.0
 

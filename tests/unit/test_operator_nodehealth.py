@@ -35,7 +35,7 @@ from gpuwarden.operator.nodehealth import (
 from gpuwarden.operator.posting import event_body
 from gpuwarden.operator.resources import ObjectRef, PodRecord
 from gpuwarden.policy.engine import PodView
-from gpuwarden.policy.healthstore import HealthStore
+from gpuwarden.policy.store.health import HealthStore
 from gpuwarden.policy.xids import CRITICAL_XIDS
 
 T0 = 1_800_000_000.0

@@ -28,7 +28,7 @@ from gpuwarden.operator.shards import policy_key
 from gpuwarden.operator.state import OperatorState
 from gpuwarden.operator.verdictexchange import VerdictSender
 from gpuwarden.policy.engine import PodView
-from gpuwarden.policy.series import Point, SeriesKey
+from gpuwarden.policy.store.series import Point, SeriesKey
 from gpuwarden.verdictreport import SCHEMA_VERSION, VerdictReport
 
 URL_B = "http://10.0.0.2:8443/v1/reports"

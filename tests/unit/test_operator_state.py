@@ -10,7 +10,7 @@ from gpuwarden.operator import state as state_module
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.state import MIN_RETENTION, PRUNE_SECONDS
-from gpuwarden.policy.series import Point, SeriesKey
+from gpuwarden.policy.store.series import Point, SeriesKey
 
 T0 = 1_800_000_000.0
 

@@ -15,7 +15,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuwarden.policy.model import (
+from gpuwarden.policy.spec.model import (
     Actions,
     Anomaly,
     AnomalyMetric,
@@ -34,8 +34,8 @@ from gpuwarden.policy.model import (
     UtilizationCeiling,
     UtilizationFloor,
 )
-from gpuwarden.policy.parse import SpecError, parse_policy_object, parse_spec
-from gpuwarden.policy.units import (
+from gpuwarden.policy.spec.parse import SpecError, parse_policy_object, parse_spec
+from gpuwarden.units import (
     DURATION_PATTERN,
     format_duration,
     parse_duration,

@@ -7,10 +7,9 @@ import random
 import pytest
 
 from gpuwarden.policy.engine import PodView, PolicyEvaluator
-from gpuwarden.policy.forecast import BUCKET_SECONDS
-from gpuwarden.policy.model import ScaleForecast, Signal
-from gpuwarden.policy.parse import parse_spec
-from gpuwarden.policy.predictive import (
+from gpuwarden.policy.rules.common import WindowParams
+from gpuwarden.policy.scaling.forecast import BUCKET_SECONDS
+from gpuwarden.policy.scaling.predictive import (
     DEFAULT_HORIZON_SECONDS,
     MAX_STARTUP_SECONDS,
     Predictor,
@@ -19,8 +18,9 @@ from gpuwarden.policy.predictive import (
     WorkloadLoad,
     workload_load,
 )
-from gpuwarden.policy.rules import WindowParams
-from gpuwarden.policy.series import Point, SeriesKey, SeriesStore
+from gpuwarden.policy.spec.model import ScaleForecast, Signal
+from gpuwarden.policy.spec.parse import parse_spec
+from gpuwarden.policy.store.series import Point, SeriesKey, SeriesStore
 
 T0 = 1_750_000_020.0 - (1_750_000_020.0 % BUCKET_SECONDS)
 FORECAST = ScaleForecast("saturated", 95.0, Signal.AUTO, "idle-gpu", 20.0, horizon_seconds=None)

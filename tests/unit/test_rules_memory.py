@@ -7,10 +7,10 @@ from collections.abc import Callable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuwarden.policy.memory import evaluate_memory_ceiling
-from gpuwarden.policy.model import MemoryCeiling
-from gpuwarden.policy.rules import WindowParams
-from gpuwarden.policy.series import PodId, Point, SeriesKey, SeriesStore
+from gpuwarden.policy.rules.common import WindowParams
+from gpuwarden.policy.rules.memory_ceiling import evaluate_memory_ceiling
+from gpuwarden.policy.spec.model import MemoryCeiling
+from gpuwarden.policy.store.series import PodId, Point, SeriesKey, SeriesStore
 
 T0 = 1_750_000_000.0
 POD = PodId("ns", "pod")

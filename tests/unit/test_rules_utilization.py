@@ -11,11 +11,11 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gpuwarden.nodereport import GpuSample, PodRef, ProcessSample, Snapshot
-from gpuwarden.policy.intake import points_from_snapshot
-from gpuwarden.policy.model import Signal, UtilizationCeiling, UtilizationFloor
-from gpuwarden.policy.rules import Outcome, WindowParams, covered, readings
-from gpuwarden.policy.series import Column, PodId, Point, SeriesKey, SeriesStore, UtilizationSource
-from gpuwarden.policy.utilization import evaluate_ceiling, evaluate_floor
+from gpuwarden.policy.rules.common import Outcome, WindowParams, covered, readings
+from gpuwarden.policy.rules.utilization import evaluate_ceiling, evaluate_floor
+from gpuwarden.policy.spec.model import Signal, UtilizationCeiling, UtilizationFloor
+from gpuwarden.policy.store.intake import points_from_snapshot
+from gpuwarden.policy.store.series import Column, PodId, Point, SeriesKey, SeriesStore, UtilizationSource
 
 T0 = 1_750_000_000.0
 POD = PodId("ns", "pod")

@@ -32,9 +32,9 @@ from gpuwarden.operator.scaler import WorkloadScaler
 from gpuwarden.operator.scaling import ScaleResult
 from gpuwarden.policy.engine import Evaluation, RuleKind
 from gpuwarden.policy.findings import Finding
-from gpuwarden.policy.model import ScaleAction, ScaleDirection, ScaleTargetRef
-from gpuwarden.policy.parse import parse_spec
-from gpuwarden.policy.series import PodId
+from gpuwarden.policy.spec.model import ScaleAction, ScaleDirection, ScaleTargetRef
+from gpuwarden.policy.spec.parse import parse_spec
+from gpuwarden.policy.store.series import PodId
 
 NS = "inference"
 TARGET = ScaleTargetRef("apps/v1", "Deployment", "llm-server")

@@ -8,7 +8,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuwarden.policy.series import (
+from gpuwarden.policy.store.series import (
     BYTES_PER_POINT,
     GAP_RECORD_SECONDS,
     HOOK_BYTES_PER_POINT,

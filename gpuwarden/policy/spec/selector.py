@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gpuwarden.policy.model import LabelRequirement, LabelSelector
+from gpuwarden.policy.spec.model import LabelRequirement, LabelSelector
 
 __all__ = ["requirement_matches", "selector_matches"]
 

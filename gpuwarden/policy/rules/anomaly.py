@@ -1,6 +1,6 @@
 """anomaly: sudden deviations from a GPU's usual readings, and the pattern they make.
 
-Semantics (the window, coverage and as-of time are in :mod:`gpuwarden.policy.rules`):
+Semantics (the window, coverage and as-of time are in :mod:`gpuwarden.policy.rules.common`):
 
 - **Baseline.** Per GPU, the median and the MAD (median absolute deviation) of the
   metric's readings over ``[end - window, end]``: robust, so a spike does not widen
@@ -54,8 +54,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuwarden.policy.humanize import approx_duration, format_bytes
-from gpuwarden.policy.model import Anomaly, AnomalyMetric
-from gpuwarden.policy.rules import (
+from gpuwarden.policy.rules.common import (
     Outcome,
     RuleKind,
     WindowParams,
@@ -65,8 +64,9 @@ from gpuwarden.policy.rules import (
     readings,
     unknown,
 )
-from gpuwarden.policy.series import Column, PodId, SeriesKey, Window
-from gpuwarden.policy.units import format_duration
+from gpuwarden.policy.spec.model import Anomaly, AnomalyMetric
+from gpuwarden.policy.store.series import Column, PodId, SeriesKey, Window
+from gpuwarden.units import format_duration
 
 UNIT = "z"
 

@@ -508,7 +508,8 @@ class SeriesStore:
             del self._pods[pod]
 
     def extend(self, items: Iterable[tuple[SeriesKey, Point]]) -> int:
-        """Add ``(key, point)`` pairs, as :mod:`gpuwarden.policy.intake` yields them; return how many."""
+        """Add ``(key, point)`` pairs, as :mod:`gpuwarden.policy.store.intake` yields them;
+        return how many."""
         return sum(self.add(key, point) for key, point in items)
 
     def pods(self) -> list[PodId]:

@@ -14,8 +14,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from gpuwarden.policy.forecast import BUCKET_SECONDS, MAX_STEPS
-from gpuwarden.policy.model import (
+from gpuwarden.policy.scaling.forecast import BUCKET_SECONDS, MAX_STEPS
+from gpuwarden.policy.spec.model import (
     Actions,
     Anomaly,
     AnomalyMetric,
@@ -36,8 +36,8 @@ from gpuwarden.policy.model import (
     UtilizationCeiling,
     UtilizationFloor,
 )
-from gpuwarden.policy.units import format_duration, parse_duration, parse_quantity, parse_rate
 from gpuwarden.policy.xids import CRITICAL_XIDS
+from gpuwarden.units import format_duration, parse_duration, parse_quantity, parse_rate
 
 __all__ = [
     "API_VERSION",

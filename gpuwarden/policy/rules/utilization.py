@@ -1,6 +1,6 @@
 """utilizationFloor and utilizationCeiling: a pod's mean GPU activity over the rule's ``for`` window.
 
-Semantics (the window, coverage and as-of time are in :mod:`gpuwarden.policy.rules`):
+Semantics (the window, coverage and as-of time are in :mod:`gpuwarden.policy.rules.common`):
 
 - **Signal.** ``smActive`` or ``gpuUtil`` as the rule says; ``auto`` uses a GPU's
   smActive readings when it has any in the window, else its gpuUtil readings.
@@ -34,8 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuwarden.policy.model import Signal, UtilizationCeiling, UtilizationFloor
-from gpuwarden.policy.rules import (
+from gpuwarden.policy.rules.common import (
     Outcome,
     RuleKind,
     WindowParams,
@@ -45,8 +44,9 @@ from gpuwarden.policy.rules import (
     readings,
     unknown,
 )
-from gpuwarden.policy.series import Column, PodId, SeriesKey, UtilizationSource, Window
-from gpuwarden.policy.units import format_duration
+from gpuwarden.policy.spec.model import Signal, UtilizationCeiling, UtilizationFloor
+from gpuwarden.policy.store.series import Column, PodId, SeriesKey, UtilizationSource, Window
+from gpuwarden.units import format_duration
 
 UNIT = "percent"
 

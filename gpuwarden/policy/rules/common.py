@@ -10,7 +10,7 @@ whatever the evaluation cadence (a replay re-derives the same findings):
   (value unknown: nothing starts, nothing clears).
 - **The window** of a rule of length ``L`` is ``[end - L, end]``, both ends
   included (memoryGrowth aligns its window to buckets; see
-  :mod:`gpuwarden.policy.growth`). The pod's GPUs are its series with at least
+  :mod:`gpuwarden.policy.rules.growth`). The pod's GPUs are its series with at least
   one point in it; a GPU silent for a whole window has left the pod's view.
 - **Coverage.** A series covers the window when the readings the rule uses
   (non-missing values of its column) account for all of it:
@@ -51,7 +51,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from operator import sub
 
-from gpuwarden.policy.series import GAP_RECORD_SECONDS, Column, PodId, SeriesKey, Window
+from gpuwarden.policy.store.series import GAP_RECORD_SECONDS, Column, PodId, SeriesKey, Window
 
 MIN_GAP_SECONDS = GAP_RECORD_SECONDS
 """The adaptive ``max_gap`` is never below this (5 s): agents sample at 1 s, and reports jitter."""

@@ -1,6 +1,6 @@
 """memoryGrowth: GPU memory growing in a straight line (a leak), and the time until the card is full.
 
-Semantics (coverage and the as-of time are in :mod:`gpuwarden.policy.rules`; docs/policy.md has
+Semantics (coverage and the as-of time are in :mod:`gpuwarden.policy.rules.common`; docs/policy.md has
 the same account for users):
 
 - **Evidence spans.** A leak is decided as soon as the evidence is enough, not
@@ -118,11 +118,11 @@ from operator import sub
 
 from gpuwarden.nodereport import AllocationSite
 from gpuwarden.policy.humanize import approx_duration, format_bytes
-from gpuwarden.policy.model import MemoryGrowth, MemorySource
-from gpuwarden.policy.rules import Outcome, RuleKind, WindowParams, covered, pod_end, readings, unknown
-from gpuwarden.policy.series import Column, PodId, SeriesKey, Window
-from gpuwarden.policy.slope import bucket_medians, fit_line, median, theil_sen
-from gpuwarden.policy.units import format_duration
+from gpuwarden.policy.rules.common import Outcome, RuleKind, WindowParams, covered, pod_end, readings, unknown
+from gpuwarden.policy.spec.model import MemoryGrowth, MemorySource
+from gpuwarden.policy.stats import bucket_medians, fit_line, median, theil_sen
+from gpuwarden.policy.store.series import Column, PodId, SeriesKey, Window
+from gpuwarden.units import format_duration
 
 MIN_SPAN_SECONDS = 240.0
 """The shortest evidence span (or the window, when shorter): a leak is never decided on less."""

@@ -1,6 +1,6 @@
 """memoryCeiling: GPU memory used stayed above a limit for the whole ``for`` window.
 
-Semantics (the window, coverage and as-of time are in :mod:`gpuwarden.policy.rules`):
+Semantics (the window, coverage and as-of time are in :mod:`gpuwarden.policy.rules.common`):
 
 - **Per GPU.** The GPU's value is the *lowest* memory used over
   ``[end - for, end]``: the level it stayed above for the whole window. With
@@ -21,8 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuwarden.policy.humanize import format_bytes
-from gpuwarden.policy.model import MemoryCeiling
-from gpuwarden.policy.rules import (
+from gpuwarden.policy.rules.common import (
     Outcome,
     RuleKind,
     WindowParams,
@@ -32,8 +31,9 @@ from gpuwarden.policy.rules import (
     readings,
     unknown,
 )
-from gpuwarden.policy.series import Column, PodId, SeriesKey, Window
-from gpuwarden.policy.units import format_duration
+from gpuwarden.policy.spec.model import MemoryCeiling
+from gpuwarden.policy.store.series import Column, PodId, SeriesKey, Window
+from gpuwarden.units import format_duration
 
 
 @dataclass(slots=True)

@@ -45,9 +45,9 @@ from fractions import Fraction
 from typing import Protocol
 
 from gpuwarden.policy.humanize import approx_duration
-from gpuwarden.policy.model import ScaleAction, ScaleDirection, ScaleForecast
-from gpuwarden.policy.predictive import ForecastVerdict, Predictor, View, WorkloadLoad
-from gpuwarden.policy.units import format_duration
+from gpuwarden.policy.scaling.predictive import ForecastVerdict, Predictor, View, WorkloadLoad
+from gpuwarden.policy.spec.model import ScaleAction, ScaleDirection, ScaleForecast
+from gpuwarden.units import format_duration
 
 
 class Direction(enum.StrEnum):
@@ -245,7 +245,7 @@ class ScaleDecider:
         ``findings_by_pod`` maps a pod's name to the names of the rules it
         currently violates (see :func:`findings_by_pod`). With ``action.forecast``,
         ``load`` is this evaluation's load sample (the Evaluation's ``load``),
-        and the forecast has its say (:mod:`gpuwarden.policy.predictive`). Records this
+        and the forecast has its say (:mod:`gpuwarden.policy.scaling.predictive`). Records this
         evaluation's wish for the stabilization windows; does not start a
         cooldown (:meth:`record_scale` does, once the change is made: see :func:`scale_step`).
         """

@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 
 from gpuwarden.nodereport import ClockEventReason, DeviceState, GpuSample, Snapshot
 from gpuwarden.policy.findings import Finding
-from gpuwarden.policy.intake import pods_of
-from gpuwarden.policy.series import PodId
+from gpuwarden.policy.store.intake import pods_of
+from gpuwarden.policy.store.series import PodId
 
 __all__ = [
     "HARDWARE_SLOWDOWN",

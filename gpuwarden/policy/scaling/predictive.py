@@ -14,7 +14,7 @@ which :class:`~gpuwarden.policy.scaling.ScaleDecider` combines with the reactive
   (a mean above :data:`SERVING_PERCENT`), the median of the last
   :data:`STARTUP_SAMPLES` such times; :data:`DEFAULT_HORIZON_SECONDS` until one is seen.
 - **Verdict** (:meth:`Predictor.verdict`), on the forecast at the horizon
-  (:mod:`gpuwarden.policy.forecast`):
+  (:mod:`gpuwarden.policy.scaling.forecast`):
 
   - too little history, or an 80% interval per replica wider than ``maxUncertainty``:
     *no say*; the reactive rules decide alone;
@@ -36,12 +36,12 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from gpuwarden.policy.forecast import BUCKET_SECONDS, MAX_STEPS, MIN_ERRORS, LoadForecast, Smoothing
-from gpuwarden.policy.model import ScaleForecast
-from gpuwarden.policy.rules import WindowParams, percent, pod_end
-from gpuwarden.policy.series import SeriesKey, Window
-from gpuwarden.policy.units import format_duration
-from gpuwarden.policy.utilization import pod_activity
+from gpuwarden.policy.rules.common import WindowParams, percent, pod_end
+from gpuwarden.policy.rules.utilization import pod_activity
+from gpuwarden.policy.scaling.forecast import BUCKET_SECONDS, MAX_STEPS, MIN_ERRORS, LoadForecast, Smoothing
+from gpuwarden.policy.spec.model import ScaleForecast
+from gpuwarden.policy.store.series import SeriesKey, Window
+from gpuwarden.units import format_duration
 
 SERVING_PERCENT = 5.0
 """A pod whose mean utilization over the last interval is above this carries load (it has started)."""

@@ -1,7 +1,7 @@
 """The typed model of a GPUMonitorPolicy spec (v1alpha1), as the engine sees it.
 
 Plain frozen dataclasses; durations are seconds (float), byte sizes are ints,
-percentages are floats in 0..100. ``parse_spec`` (in :mod:`gpuwarden.policy.parse`)
+percentages are floats in 0..100. ``parse_spec`` (in :mod:`gpuwarden.policy.spec.parse`)
 builds them from the CRD's camelCase dict and raises ``SpecError`` naming the field.
 """
 
@@ -78,7 +78,7 @@ class MemoryCeiling:
 
 
 class MemorySource(enum.StrEnum):
-    """Which memory a memoryGrowth rule watches (see :mod:`gpuwarden.policy.growth`)."""
+    """Which memory a memoryGrowth rule watches (see :mod:`gpuwarden.policy.rules.growth`)."""
 
     AUTO = "auto"  # allocated where the subject's samples carry the hook's allocated bytes, else device
     DEVICE = "device"  # NVML's used memory (the subject's processes' on a shared GPU)
@@ -120,7 +120,8 @@ class Anomaly:
 
 
 class Throttling(enum.StrEnum):
-    """A class of clock event reasons a gpuHealth rule can count (see :mod:`gpuwarden.policy.health`)."""
+    """A class of clock event reasons a gpuHealth rule can count
+    (see :mod:`gpuwarden.policy.rules.gpu_health`)."""
 
     THERMAL = "thermal"  # swThermalSlowdown, hwThermalSlowdown
     POWER = "power"  # swPowerCap, hwPowerBrakeSlowdown

@@ -1,7 +1,7 @@
 """Forecasting a workload's load a few minutes ahead, with a prediction interval. Pure and small.
 
 The series is the workload's load (the summed GPU utilization of its pods, see
-:mod:`gpuwarden.policy.predictive`) in **buckets** of :data:`BUCKET_SECONDS`: each
+:mod:`gpuwarden.policy.scaling.predictive`) in **buckets** of :data:`BUCKET_SECONDS`: each
 bucket is the mean of the samples that fell in it. A forecast looks ``k`` buckets
 past the last complete one.
 

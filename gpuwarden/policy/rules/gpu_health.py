@@ -35,11 +35,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuwarden.nodereport import ClockEventReason
-from gpuwarden.policy.healthstore import GpuRecord, HealthStore
 from gpuwarden.policy.humanize import approx_duration, time_of_day
-from gpuwarden.policy.model import GpuHealthRule, Throttling
-from gpuwarden.policy.rules import Outcome, RuleKind, WindowParams, pod_end, unknown
-from gpuwarden.policy.series import PodId, SeriesKey, UtilizationSource, Window
+from gpuwarden.policy.rules.common import Outcome, RuleKind, WindowParams, pod_end, unknown
+from gpuwarden.policy.spec.model import GpuHealthRule, Throttling
+from gpuwarden.policy.store.health import GpuRecord, HealthStore
+from gpuwarden.policy.store.series import PodId, SeriesKey, UtilizationSource, Window
 from gpuwarden.policy.xids import describe_xid
 
 __all__ = [
