@@ -48,8 +48,7 @@ from gpuwarden.local.plot import PlotUnavailable, require_matplotlib, save_plot
 from gpuwarden.local.policies import LocalPolicy, demo_policy_path, load_policies
 from gpuwarden.local.session import ScaleNote, Session, Step, SubjectKind
 from gpuwarden.nodereport import Snapshot
-from gpuwarden.policy import PodView
-from gpuwarden.policy.spec.parse import SpecError
+from gpuwarden.policy import PodView, SpecError
 from gpuwarden.units import format_duration
 
 DEFAULT_SPEED = 60.0

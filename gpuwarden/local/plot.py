@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden.local.history import DeviceHistory, FindingSpan, History, ShareHistory
-from gpuwarden.policy import RuleKind
-from gpuwarden.policy.humanize import format_bytes
+from gpuwarden.policy import RuleKind, format_bytes
 
 if TYPE_CHECKING:
     from matplotlib.artist import Artist

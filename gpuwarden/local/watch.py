@@ -58,7 +58,7 @@ from gpuwarden.local.plot import PlotUnavailable, require_matplotlib, save_plot
 from gpuwarden.local.policies import LocalPolicy, for_processes, load_policies
 from gpuwarden.local.session import Session, SubjectKind
 from gpuwarden.nodereport import Snapshot
-from gpuwarden.policy.spec.parse import SpecError
+from gpuwarden.policy import SpecError
 from gpuwarden.units import format_duration
 
 log = logging.getLogger("gpuwarden.watch")

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from gpuwarden.operator.config import ConfigError, CordonMode, OperatorConfig
-from gpuwarden.policy.xids import CRITICAL_XIDS
+from gpuwarden.policy import CRITICAL_XIDS
 
 __all__ = ["add_arguments", "default_config", "parse_config", "run"]
 

@@ -18,7 +18,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpuwarden.policy.xids import CRITICAL_XIDS
+from gpuwarden.policy import CRITICAL_XIDS
 from gpuwarden.units import parse_duration, parse_quantity
 
 __all__ = [

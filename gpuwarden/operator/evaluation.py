@@ -45,11 +45,16 @@ from gpuwarden.operator.state import OperatorState
 from gpuwarden.operator.status import PolicyVerdict, build_status, findings_from_status, owned_part
 from gpuwarden.operator.verdictexchange import verdicts_url
 from gpuwarden.operator.verdictmerge import pod_verdicts
-from gpuwarden.policy.engine import Evaluation, PolicyEvaluator, rule_kind
-from gpuwarden.policy.rules.common import Outcome
-from gpuwarden.policy.spec.model import PolicySpec
-from gpuwarden.policy.spec.parse import SpecError, parse_spec
-from gpuwarden.policy.store.series import PodId
+from gpuwarden.policy import (
+    Evaluation,
+    Outcome,
+    PodId,
+    PolicyEvaluator,
+    PolicySpec,
+    SpecError,
+    parse_spec,
+    rule_kind,
+)
 from gpuwarden.verdictreport import SCHEMA_VERSION as VERDICT_SCHEMA_VERSION
 from gpuwarden.verdictreport import VerdictReport
 

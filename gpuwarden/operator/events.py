@@ -25,12 +25,18 @@ from dataclasses import dataclass
 
 from gpuwarden.operator.posting import EventSink
 from gpuwarden.operator.resources import ObjectRef
-from gpuwarden.policy.engine import Evaluation
-from gpuwarden.policy.findings import Finding, FindingKey, FindingTransition, Resolution, Transition
-from gpuwarden.policy.humanize import approx_duration
-from gpuwarden.policy.rules.anomaly import Pattern
-from gpuwarden.policy.rules.common import RuleKind
-from gpuwarden.policy.rules.growth import IMMINENT_REASON
+from gpuwarden.policy import (
+    IMMINENT_REASON,
+    Evaluation,
+    Finding,
+    FindingKey,
+    FindingTransition,
+    Pattern,
+    Resolution,
+    RuleKind,
+    Transition,
+    approx_duration,
+)
 
 __all__ = ["Announcer", "EventSpec", "Target", "announce", "resolved_reason"]
 

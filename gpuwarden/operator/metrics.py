@@ -22,7 +22,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from gpuwarden.nodereport import REFUSALS
-from gpuwarden.policy.store.series import Point, SeriesKey, SeriesStore
+from gpuwarden.policy import Point, SeriesKey, SeriesStore
 from gpuwarden.verdictreport import VERDICT_REFUSALS
 
 EVENT_DROP_REASONS = ("queue_full", "expired", "refused")

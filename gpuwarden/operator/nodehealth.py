@@ -45,10 +45,17 @@ from gpuwarden.operator.kubeapi import ApiError, KubeApi
 from gpuwarden.operator.metrics import OperatorMetrics
 from gpuwarden.operator.posting import EventSink
 from gpuwarden.operator.resources import FIELD_MANAGER, ObjectRef, PodRecord
-from gpuwarden.policy.humanize import approx_duration
-from gpuwarden.policy.rules.gpu_health import Problem, gpu_name, gpu_problems
-from gpuwarden.policy.store.health import GpuRecord, HealthStore, Incident, IncidentKind
-from gpuwarden.policy.xids import describe_xid
+from gpuwarden.policy import (
+    GpuRecord,
+    HealthStore,
+    Incident,
+    IncidentKind,
+    Problem,
+    approx_duration,
+    describe_xid,
+    gpu_name,
+    gpu_problems,
+)
 
 __all__ = ["CONDITION", "NodeHealthMonitor", "NodeSettings", "Verdict", "incident_event", "node_verdict"]
 

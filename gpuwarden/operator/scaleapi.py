@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from gpuwarden.operator.kubeapi import ApiError, JsonObject, KubeApi
 from gpuwarden.operator.posting import event_body
 from gpuwarden.operator.resources import SCALER_FIELD_MANAGER, ObjectRef, policies_path
-from gpuwarden.policy.spec.model import ScaleTargetRef
+from gpuwarden.policy import ScaleTargetRef
 
 # The built-in workloads with a /scale subresource: no discovery round trip for them.
 _KNOWN_PLURALS = {

@@ -7,8 +7,8 @@ Plugged into the operator as ``OperatorState.scaler`` (the evaluation loop calls
    this one's uid (for its Events) and, after a restart, its ``status.scale.lastScaleTime``
    (so cooldowns run on); and the others that scale the same workload;
 2. read the target's ``/scale`` (current replicas);
-3. take a :func:`~gpuwarden.policy.scaling.scale_step` (pure) with the policy's
-   :class:`~gpuwarden.policy.scaling.ScaleDecider`: the desired replicas, published as
+3. take a :func:`~gpuwarden.policy.scaling.decider.scale_step` (pure) with the policy's
+   :class:`~gpuwarden.policy.scaling.decider.ScaleDecider`: the desired replicas, published as
    ``gpuwarden_policy_desired_replicas{namespace,policy}``, and whether to hold, announce or apply;
 4. unless ``dryRun``, refuse to act when another policy (not in dryRun) scales the same
    workload (``PolicyConflict``: every such policy stops, whichever evaluates first,
@@ -50,19 +50,21 @@ from gpuwarden.operator.scaleapi import (
 from gpuwarden.operator.scaling import ScaleResult
 from gpuwarden.operator.state import OperatorState
 from gpuwarden.operator.status import SCALING_ACTIVE
-from gpuwarden.policy.engine import Evaluation
-from gpuwarden.policy.scaling.decider import (
+from gpuwarden.policy import (
     ActiveFinding,
     Blocker,
     Direction,
+    Evaluation,
+    PolicySpec,
+    ScaleAction,
     ScaleDecider,
     ScaleDecision,
     ScaleStep,
+    ScaleTargetRef,
     StepKind,
+    WorkloadLoad,
     scale_step,
 )
-from gpuwarden.policy.scaling.predictive import WorkloadLoad
-from gpuwarden.policy.spec.model import PolicySpec, ScaleAction, ScaleTargetRef
 
 __all__ = [
     "Condition",

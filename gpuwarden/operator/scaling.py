@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from gpuwarden.operator.claims import PolicyClaim
     from gpuwarden.operator.resources import PolicyKey
-    from gpuwarden.policy.engine import Evaluation
-    from gpuwarden.policy.spec.model import PolicySpec
+    from gpuwarden.policy import Evaluation, PolicySpec
 
 __all__ = ["ScaleResult", "Scaler"]
 

@@ -31,9 +31,7 @@ from gpuwarden.operator.sharding import Sharding
 from gpuwarden.operator.tokenreview import TokenAuthenticator
 from gpuwarden.operator.verdictexchange import VerdictIngest, VerdictSender
 from gpuwarden.operator.verdictmerge import VerdictBoard
-from gpuwarden.policy.store.health import Admission, HealthStore
-from gpuwarden.policy.store.intake import points_from_snapshot
-from gpuwarden.policy.store.series import PodId, SeriesKey, SeriesStore
+from gpuwarden.policy import Admission, HealthStore, PodId, SeriesKey, SeriesStore, points_from_snapshot
 from gpuwarden.verdictreport import VerdictReport
 
 if TYPE_CHECKING:

@@ -20,10 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuwarden.policy.engine import Evaluation, rule_kind
-from gpuwarden.policy.findings import Finding, FindingKey
-from gpuwarden.policy.rules.common import RuleKind
-from gpuwarden.policy.spec.model import PolicySpec
+from gpuwarden.policy import Evaluation, Finding, FindingKey, PolicySpec, RuleKind, rule_kind
 from gpuwarden.units import format_duration
 
 __all__ = [

@@ -4,6 +4,21 @@ Feed samples into a :class:`SeriesStore` (:func:`points_from_report` attributes 
 node report's readings to pods), keep one :class:`PolicyEvaluator` per policy,
 and call :meth:`PolicyEvaluator.evaluate` with the pods and ``now``: it returns
 an :class:`Evaluation` with the findings' transitions.
+
+This module is the one surface the operator and local mode import (``make lint`` checks it); what
+is not in ``__all__`` is the engine's own. Inside, by job:
+
+- ``spec/``: the policy spec's model (``model``), its parser and messages (``parse``), label selectors.
+- ``store/``: what the engine remembers: readings per pod (``series``), GPU health records
+  (``health``), and how node reports become readings (``intake``).
+- ``rules/``: one module per rule kind, each judging a pod's window, and their shared
+  vocabulary (``common``).
+- ``scaling/``: the scale decision (``decider``) and its load forecast (``predictive``, ``forecast``).
+- ``engine``, ``findings`` (what is open and what changed), ``stats`` (robust line fits),
+  ``humanize`` (numbers and times for messages), ``xids`` (the XID catalogue).
+
+Imports point down only: the engine on top, then findings, scaling, rules, and at the bottom
+store and spec, which know nothing of each other.
 """
 
 from gpuwarden.policy.engine import (
@@ -25,9 +40,28 @@ from gpuwarden.policy.findings import (
     Resolution,
     Transition,
 )
+from gpuwarden.policy.humanize import approx_duration, format_bytes
+from gpuwarden.policy.rules.anomaly import Pattern
 from gpuwarden.policy.rules.common import Outcome, RuleKind, WindowParams
+from gpuwarden.policy.rules.gpu_health import Problem, gpu_name, gpu_problems
+from gpuwarden.policy.rules.growth import IMMINENT_REASON
+from gpuwarden.policy.scaling.decider import (
+    ActiveFinding,
+    Blocker,
+    Direction,
+    ScaleDecider,
+    ScaleDecision,
+    ScaleStep,
+    StepKind,
+    scale_step,
+)
+from gpuwarden.policy.scaling.predictive import WorkloadLoad
+from gpuwarden.policy.spec.model import LabelSelector, PolicySpec, ScaleAction, ScaleTargetRef
+from gpuwarden.policy.spec.parse import API_VERSION, KIND, SpecError, parse_policy_object, parse_spec
+from gpuwarden.policy.store.health import Admission, GpuRecord, HealthStore, Incident, IncidentKind
 from gpuwarden.policy.store.intake import (
     PROCESS_NAMESPACE,
+    pods_of,
     points_from_processes,
     points_from_report,
     points_from_snapshot,
@@ -44,38 +78,72 @@ from gpuwarden.policy.store.series import (
     UtilizationSource,
     Window,
 )
+from gpuwarden.policy.xids import CRITICAL_XIDS, describe_xid
 
 __all__ = [
+    "API_VERSION",
     "BYTES_PER_POINT",
+    "CRITICAL_XIDS",
+    "IMMINENT_REASON",
+    "KIND",
     "PROCESS_NAMESPACE",
     "SNOOZE_PREFIX",
+    "ActiveFinding",
+    "Admission",
+    "Blocker",
     "Column",
+    "Direction",
     "Evaluation",
     "Finding",
     "FindingKey",
     "FindingState",
     "FindingTracker",
     "FindingTransition",
+    "GpuRecord",
+    "HealthStore",
+    "Incident",
+    "IncidentKind",
+    "LabelSelector",
     "Outcome",
+    "Pattern",
     "PodId",
     "PodView",
     "Point",
     "PolicyEvaluator",
+    "PolicySpec",
+    "Problem",
     "Resolution",
     "RuleKind",
+    "ScaleAction",
+    "ScaleDecider",
+    "ScaleDecision",
+    "ScaleStep",
+    "ScaleTargetRef",
     "SeriesKey",
     "SeriesStore",
+    "SpecError",
+    "StepKind",
     "StoreStats",
     "Transition",
     "UtilizationSource",
     "Window",
     "WindowParams",
+    "WorkloadLoad",
+    "approx_duration",
+    "describe_xid",
     "evaluate_rule",
+    "format_bytes",
+    "gpu_name",
+    "gpu_problems",
     "horizon_seconds",
+    "parse_policy_object",
+    "parse_spec",
+    "pods_of",
     "points_from_processes",
     "points_from_report",
     "points_from_snapshot",
     "process_subject",
     "rule_kind",
+    "scale_step",
     "snoozed_until",
 ]

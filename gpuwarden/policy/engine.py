@@ -13,7 +13,7 @@ One evaluation, in order:
    is not judged by that rule until that time; an active finding resolves with
    ``Snoozed``. An annotation that does not parse is ignored.
 3. **Rules**, in spec order, per pod in (namespace, name) order: each yields an
-   :class:`~gpuwarden.policy.rules.Outcome`, which the
+   :class:`~gpuwarden.policy.rules.common.Outcome`, which the
    :class:`~gpuwarden.policy.findings.FindingTracker` turns into a transition.
 4. **Sweep.** Active findings whose rule left the spec (or changed kind)
    resolve with ``RuleRemoved``; those whose pod is no longer selected with
@@ -62,7 +62,7 @@ SNOOZE_PREFIX = "snooze.gpuwarden.dev/"
 
 HORIZON_SLACK_SECONDS = 30.0
 """Retention beyond what the rules read: keeps the sample just before a window (it covers the window's
-start; see :func:`gpuwarden.policy.rules.covered`) and absorbs clock jitter."""
+start; see :func:`gpuwarden.policy.rules.common.covered`) and absorbs clock jitter."""
 
 DEFAULT_NO_DATA_SECONDS = 600.0
 """An active finding whose pod sent nothing usable this long resolves with ``NoData``."""
@@ -127,7 +127,7 @@ def horizon_seconds(spec: PolicySpec, params: WindowParams | None = None) -> flo
     """The store retention this policy needs: its longest reach back, plus staleness and slack.
 
     A rule reaches back its window (memoryGrowth: its window plus one bucket,
-    see :func:`gpuwarden.policy.growth.growth_window`) from the pod's newest
+    see :func:`gpuwarden.policy.rules.growth.growth_window`) from the pod's newest
     sample, which may be up to ``stale_after_seconds`` old. Size the store's
     ``retention_seconds`` as the largest horizon over all policies.
     """

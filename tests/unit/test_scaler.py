@@ -471,7 +471,7 @@ async def test_the_operator_and_local_mode_take_the_same_scale_steps(
 ) -> None:
     """One evaluation sequence through both owners of a target: the same replicas, wishes and changes.
 
-    Both take :func:`~gpuwarden.policy.scaling.scale_step`; were one to record a change the other
+    Both take :func:`~gpuwarden.policy.scaling.decider.scale_step`; were one to record a change the other
     does not (or apply one in dryRun), a cooldown would differ and so would the steps that follow.
     """
     obj = policy_object("llm-serving", dry_run=dry_run)

@@ -45,8 +45,8 @@ the same account for users):
 
   - ``slope``: the Theil-Sen slope, bytes per second, and ``lower``, Sen's
     one-sided 99% lower confidence bound on it
-    (:func:`gpuwarden.policy.slope.sen_lower_bound`);
-  - ``fit``: R² of that line, 0..1 (see :func:`gpuwarden.policy.slope.r_squared`):
+    (:func:`gpuwarden.policy.stats.sen_lower_bound`);
+  - ``fit``: R² of that line, 0..1 (see :func:`gpuwarden.policy.stats.r_squared`):
     near 1 for a steady ramp even when noisy, low for a sawtooth
     (allocate/free) or a staircase that stopped climbing;
   - ``parts``: the Theil-Sen slope of each quarter of the span (5 buckets); the
@@ -90,9 +90,9 @@ the same account for users):
   shortest span's ends rose so, and its own ends project the card full within
   its urgency. A GPU whose memory is not growing costs one window fit per
   window bucket and two small medians per evaluation.
-- **Which memory** (``memory``, :class:`~gpuwarden.policy.model.MemorySource`):
+- **Which memory** (``memory``, :class:`~gpuwarden.policy.spec.model.MemorySource`):
   ``device`` reads NVML's used memory; ``allocated``, ``reserved`` and ``host``
-  the training hook's columns (:class:`~gpuwarden.policy.series.HookColumns`),
+  the training hook's columns (:class:`~gpuwarden.policy.store.series.HookColumns`),
   and a GPU whose series has none is not judged (the outcome is unknown, never
   a silent switch to another memory). ``auto`` reads ``allocated`` on a GPU
   with an allocated reading inside the window, else ``device``. ``host`` is

@@ -35,17 +35,13 @@ from array import array
 from collections import deque
 from dataclasses import dataclass
 
-BUCKET_SECONDS = 60.0
-"""The forecast's time step: minutes, as replicas take minutes to start."""
+from gpuwarden.policy.spec.model import BUCKET_SECONDS, MAX_STEPS
 
 DAY_BUCKETS = 1440
 """A day in buckets: the season's period."""
 
 SEASON_SMOOTHING = 5
 """Buckets either side of yesterday's point that are averaged into it."""
-
-MAX_STEPS = 60
-"""The furthest a forecast looks ahead, in buckets (an hour): longer start-up times are clamped to it."""
 
 Z_80 = 1.2816
 """The standard normal's 90th percentile: +- this many RMSEs is an 80% interval."""

@@ -1,7 +1,7 @@
 """Forecast-driven scaling: a scaled workload's load, forecast a start-up time ahead, as a scale signal.
 
 Pure: load samples, replica counts and ``now`` come in; a :class:`ForecastVerdict` goes out,
-which :class:`~gpuwarden.policy.scaling.ScaleDecider` combines with the reactive rules.
+which :class:`~gpuwarden.policy.scaling.decider.ScaleDecider` combines with the reactive rules.
 
 - **Load.** At each evaluation, the sum over the selected pods of each pod's mean
   utilization over the last evaluation interval, on the ceiling rule's signal
@@ -38,8 +38,8 @@ from dataclasses import dataclass
 
 from gpuwarden.policy.rules.common import WindowParams, percent, pod_end
 from gpuwarden.policy.rules.utilization import pod_activity
-from gpuwarden.policy.scaling.forecast import BUCKET_SECONDS, MAX_STEPS, MIN_ERRORS, LoadForecast, Smoothing
-from gpuwarden.policy.spec.model import ScaleForecast
+from gpuwarden.policy.scaling.forecast import MIN_ERRORS, LoadForecast, Smoothing
+from gpuwarden.policy.spec.model import BUCKET_SECONDS, MAX_STEPS, ScaleForecast
 from gpuwarden.policy.store.series import SeriesKey, Window
 from gpuwarden.units import format_duration
 

@@ -168,6 +168,14 @@ class ScaleDirection:
     cooldown_seconds: float = 0.0
 
 
+BUCKET_SECONDS = 60.0
+"""The forecast's time step: minutes, as replicas take minutes to start."""
+
+MAX_STEPS = 60
+"""The furthest a forecast looks ahead, in buckets (an hour): longer start-up times are clamped to it.
+Here, not in :mod:`gpuwarden.policy.scaling.forecast`, because the parser bounds ``horizon`` by it."""
+
+
 @dataclass(frozen=True, slots=True)
 class ScaleForecast:
     """spec.actions.scale.forecast, with the thresholds it compares against resolved from the rules.

@@ -1,4 +1,4 @@
-"""Build a typed :class:`~gpuwarden.policy.model.PolicySpec` from a GPUMonitorPolicy's camelCase spec.
+"""Build a typed :class:`~gpuwarden.policy.spec.model.PolicySpec` from a GPUMonitorPolicy's camelCase spec.
 
 ``parse_spec`` applies the CRD's defaults and enforces everything its schema and CEL rules enforce
 (and a little more), because local mode reads policy files that never went through an API server.
@@ -14,8 +14,9 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from gpuwarden.policy.scaling.forecast import BUCKET_SECONDS, MAX_STEPS
 from gpuwarden.policy.spec.model import (
+    BUCKET_SECONDS,
+    MAX_STEPS,
     Actions,
     Anomaly,
     AnomalyMetric,
@@ -68,7 +69,7 @@ MIN_RENOTIFY_INTERVAL = 60.0
 MIN_GROWTH_WINDOW = 60.0
 # A baseline needs readings enough to say what is usual: a minute of them, at the agent's 1 s.
 MIN_ANOMALY_WINDOW = 60.0
-# A forecast looks at least one evaluation ahead and at most as far as it forecasts (forecast.MAX_STEPS).
+# A forecast looks at least one evaluation ahead and at most as far as it forecasts (model.MAX_STEPS).
 MIN_FORECAST_HORIZON = 10.0
 MAX_FORECAST_HORIZON = MAX_STEPS * BUCKET_SECONDS
 

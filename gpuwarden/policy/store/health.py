@@ -38,9 +38,9 @@ import enum
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gpuwarden.nodereport import ClockEventReason, DeviceState, GpuSample, Snapshot
-from gpuwarden.policy.findings import Finding
 from gpuwarden.policy.store.intake import pods_of
 from gpuwarden.policy.store.series import PodId
 
@@ -51,12 +51,26 @@ __all__ = [
     "MAX_GPUS_PER_NODE",
     "MAX_PODS_PER_GPU",
     "Admission",
+    "FoundOn",
     "GpuRecord",
     "HealthStore",
     "Incident",
     "IncidentKind",
     "Run",
 ]
+
+
+class FoundOn(Protocol):
+    """What :meth:`HealthStore.claim_of` reads of a finding (a :class:`~gpuwarden.policy.findings.Finding`):
+    typed by shape because findings sit above the store (findings -> rules -> store)."""
+
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def pod(self) -> str: ...
+    @property
+    def gpus(self) -> tuple[str, ...]: ...
+
 
 MAX_EVENTS = 64
 """XIDs and ECC increases kept per GPU (the newest); the rules look back minutes, not days."""
@@ -559,7 +573,7 @@ class HealthStore:
                 return record
         return None
 
-    def claim_of(self, finding: Finding) -> str | None:
+    def claim_of(self, finding: FoundOn) -> str | None:
         """The DRA ResourceClaim through which a finding's pod holds one of its GPUs, as its node said."""
         pod = PodId(finding.namespace, finding.pod)
         for device in finding.gpus:

@@ -27,7 +27,7 @@ Attribution of one GPU (or MIG device, keyed by its ``mig_id``) in one snapshot:
 - **No pod**: no point (host processes are local mode's business, below).
 
 - **Hook readings** (``ProcessSample.hook``, schema 3) ride on the subject's
-  point as a :class:`~gpuwarden.policy.series.HookPoint`, only where one of its
+  point as a :class:`~gpuwarden.policy.store.series.HookPoint`, only where one of its
   processes on the GPU carries them: allocated and reserved are the sums over
   the subject's processes on that GPU (None when one of them lacks the
   reading: a partial sum would look like a drop); host is the subject's whole

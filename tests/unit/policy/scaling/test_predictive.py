@@ -8,7 +8,6 @@ import pytest
 
 from gpuwarden.policy.engine import PodView, PolicyEvaluator
 from gpuwarden.policy.rules.common import WindowParams
-from gpuwarden.policy.scaling.forecast import BUCKET_SECONDS
 from gpuwarden.policy.scaling.predictive import (
     DEFAULT_HORIZON_SECONDS,
     MAX_STARTUP_SECONDS,
@@ -18,7 +17,7 @@ from gpuwarden.policy.scaling.predictive import (
     WorkloadLoad,
     workload_load,
 )
-from gpuwarden.policy.spec.model import ScaleForecast, Signal
+from gpuwarden.policy.spec.model import BUCKET_SECONDS, ScaleForecast, Signal
 from gpuwarden.policy.spec.parse import parse_spec
 from gpuwarden.policy.store.series import Point, SeriesKey, SeriesStore
 

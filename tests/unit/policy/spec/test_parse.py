@@ -43,7 +43,7 @@ from gpuwarden.units import (
     parse_rate,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 EXAMPLE = ROOT / "examples" / "gpumonitorpolicy.yaml"
 MI = 2**20
 
