@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpuwarden.operator.verdictmerge import pod_verdicts
 from gpuwarden.policy.engine import PodView, PolicyEvaluator
-from gpuwarden.policy.spec.parse import parse_spec
+from gpuwarden.policy.parse import parse_spec
 from gpuwarden.policy.store.series import Point, SeriesKey, SeriesStore
 from gpuwarden.verdictreport import SCHEMA_VERSION, VerdictReport, dump_verdicts
 

@@ -2,7 +2,7 @@
 
 Each parser accepts exactly what the CRD's pattern accepts, so a policy file read in local mode
 means the same as the object the API server stored. They raise ``ValueError`` with a message that
-quotes the offending text; :func:`gpuwarden.policy.spec.parse.parse_spec` prefixes the field path.
+quotes the offending text; :func:`gpuwarden.policy.parse.parse_spec` prefixes the field path.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Policy files for local mode: one or more GPUMonitorPolicy documents in one YAML file.
 
 Local mode has no API server, so each document is checked here exactly as the cluster would
-check it (:func:`gpuwarden.policy.spec.parse.parse_policy_object` enforces the CRD's schema and CEL
+check it (:func:`gpuwarden.policy.parse.parse_policy_object` enforces the CRD's schema and CEL
 rules). A file may hold several documents (the demo's does: a node-wide hygiene policy and a
 serving policy that scales), and each keeps its ``metadata.namespace``:
 

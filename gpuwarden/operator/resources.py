@@ -5,8 +5,8 @@ without an import circle (before, :mod:`~gpuwarden.operator.scaling` needed ``Po
 :mod:`~gpuwarden.operator.state`, which needs ``Scaler`` from it).
 
 - The CRD's identity (group, version, plural, kind), once: the spec parser checks manifests
-  against the same :data:`~gpuwarden.policy.spec.parse.API_VERSION` and
-  :data:`~gpuwarden.policy.spec.parse.KIND` (the policy engine may not import the operator).
+  against the same :data:`~gpuwarden.policy.parse.API_VERSION` and
+  :data:`~gpuwarden.policy.parse.KIND` (the policy engine may not import the operator).
 - The field managers of its server-side applies and patches (``managedFields`` show who wrote what).
 - The prefix of its finalizer and of Kopf's bookkeeping annotations.
 - :class:`PolicyKey`, :class:`PodRecord` and :class:`ObjectRef`: a policy, a GPU pod as the pod

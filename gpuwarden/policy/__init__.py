@@ -41,6 +41,7 @@ from gpuwarden.policy.findings import (
     Transition,
 )
 from gpuwarden.policy.humanize import approx_duration, format_bytes
+from gpuwarden.policy.parse import API_VERSION, KIND, SpecError, parse_policy_object, parse_spec
 from gpuwarden.policy.rules.anomaly import Pattern
 from gpuwarden.policy.rules.common import Outcome, RuleKind, WindowParams
 from gpuwarden.policy.rules.gpu_health import Problem, gpu_name, gpu_problems
@@ -57,7 +58,6 @@ from gpuwarden.policy.scaling.decider import (
 )
 from gpuwarden.policy.scaling.predictive import WorkloadLoad
 from gpuwarden.policy.spec.model import LabelSelector, PolicySpec, ScaleAction, ScaleTargetRef
-from gpuwarden.policy.spec.parse import API_VERSION, KIND, SpecError, parse_policy_object, parse_spec
 from gpuwarden.policy.store.health import Admission, GpuRecord, HealthStore, Incident, IncidentKind
 from gpuwarden.policy.store.intake import (
     PROCESS_NAMESPACE,

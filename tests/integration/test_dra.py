@@ -56,7 +56,7 @@ from gpuwarden.local.session import Session, SubjectKind
 from gpuwarden.nodereport import GpuSample, PodRef, ProcessSample, Snapshot
 from gpuwarden.operator.pods import requests_gpu
 from gpuwarden.policy.findings import Transition
-from gpuwarden.policy.spec.parse import parse_policy_object
+from gpuwarden.policy.parse import parse_policy_object
 
 pytestmark = pytest.mark.integration
 

@@ -47,8 +47,8 @@ from gpuwarden.operator.resources import GROUP, PLURAL, VERSION, PolicyKey
 from gpuwarden.operator.scaleapi import KubeScaleApi
 from gpuwarden.operator.scaler import ScaleOutcome, WorkloadScaler
 from gpuwarden.operator.status import PolicyVerdict, build_status
+from gpuwarden.policy.parse import parse_spec
 from gpuwarden.policy.spec.model import ScaleAction
-from gpuwarden.policy.spec.parse import parse_spec
 
 pytestmark = pytest.mark.integration
 

@@ -45,7 +45,7 @@ from gpuwarden.operator.state import MAX_REPORT_AGE
 from gpuwarden.operator.tokenreview import TokenAuthenticator
 from gpuwarden.operator.verdictexchange import VerdictIngest
 from gpuwarden.policy.engine import PodView, PolicyEvaluator
-from gpuwarden.policy.spec.parse import parse_spec
+from gpuwarden.policy.parse import parse_spec
 from gpuwarden.policy.store.series import SeriesKey
 from gpuwarden.policy.xids import CRITICAL_XIDS
 from gpuwarden.verdictreport import MAX_PODS

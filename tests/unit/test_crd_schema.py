@@ -17,8 +17,8 @@ import jsonschema
 import pytest
 import yaml
 
+from gpuwarden.policy.parse import DEFAULTS, SpecError, parse_spec
 from gpuwarden.policy.spec.model import Throttling
-from gpuwarden.policy.spec.parse import DEFAULTS, SpecError, parse_spec
 from gpuwarden.policy.xids import CRITICAL_XIDS
 from gpuwarden.units import DURATION_PATTERN, RATE_PATTERN
 

@@ -33,8 +33,8 @@ from gpuwarden.local.policies import demo_policy_path, for_processes, load_polic
 from gpuwarden.local.session import GpuRow, ScaleNote, Step, TargetRow
 from gpuwarden.nodereport import DeviceState
 from gpuwarden.policy import Resolution, RuleKind
+from gpuwarden.policy.parse import SpecError
 from gpuwarden.policy.scaling.decider import Direction, ScaleDecision
-from gpuwarden.policy.spec.parse import SpecError
 
 MIN = 60.0
 

@@ -16,7 +16,7 @@ from gpuwarden.local.display import announcement_line, elapsed_clock
 from gpuwarden.local.policies import LocalPolicy, for_processes
 from gpuwarden.local.session import Announcement, Session, SubjectKind
 from gpuwarden.nodereport import AllocationSite, GpuSample, HookSample, ProcessSample, Snapshot
-from gpuwarden.policy.spec.parse import parse_spec
+from gpuwarden.policy.parse import parse_spec
 
 HERE = Path(__file__)
 T0 = 1_800_000_000.0

@@ -37,7 +37,7 @@ from gpuwarden.operator.ingest import (
 from gpuwarden.operator.resources import PolicyKey
 from gpuwarden.operator.state import MAX_GPUS_PER_POD, MAX_REPORT_AGE, OperatorState
 from gpuwarden.policy import PodView, PolicyEvaluator
-from gpuwarden.policy.spec.parse import parse_spec
+from gpuwarden.policy.parse import parse_spec
 from gpuwarden.policy.store.series import SeriesKey
 
 AGENT = "system:serviceaccount:gpuwarden-system:gpuwarden-agent"

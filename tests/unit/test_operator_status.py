@@ -14,8 +14,8 @@ from gpuwarden.operator.status import (
 )
 from gpuwarden.policy.engine import Evaluation
 from gpuwarden.policy.findings import Finding
+from gpuwarden.policy.parse import parse_spec
 from gpuwarden.policy.rules.common import RuleKind
-from gpuwarden.policy.spec.parse import parse_spec
 from gpuwarden.policy.store.series import PodId
 
 T0 = 1_800_000_000.0

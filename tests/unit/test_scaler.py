@@ -32,8 +32,8 @@ from gpuwarden.operator.scaler import WorkloadScaler
 from gpuwarden.operator.scaling import ScaleResult
 from gpuwarden.policy.engine import Evaluation, RuleKind
 from gpuwarden.policy.findings import Finding
+from gpuwarden.policy.parse import parse_spec
 from gpuwarden.policy.spec.model import ScaleAction, ScaleDirection, ScaleTargetRef
-from gpuwarden.policy.spec.parse import parse_spec
 from gpuwarden.policy.store.series import PodId
 
 NS = "inference"

@@ -17,7 +17,7 @@ from gpuwarden.local.history import History, ShareHistory
 from gpuwarden.local.plot import build_figure
 from gpuwarden.local.policies import LocalPolicy
 from gpuwarden.local.session import Step
-from gpuwarden.policy.spec.parse import parse_spec
+from gpuwarden.policy.parse import parse_spec
 
 POLICY = parse_spec(
     yaml.safe_load(

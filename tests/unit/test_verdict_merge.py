@@ -6,8 +6,8 @@ from __future__ import annotations
 from gpuwarden.operator.verdictmerge import SILENT_INTERVALS, VerdictBoard, outcome_from, pod_verdicts
 from gpuwarden.policy.engine import PodView, PolicyEvaluator
 from gpuwarden.policy.findings import Resolution, Transition
+from gpuwarden.policy.parse import parse_spec
 from gpuwarden.policy.rules.common import RuleKind
-from gpuwarden.policy.spec.parse import parse_spec
 from gpuwarden.policy.store.series import PodId, Point, SeriesKey, SeriesStore
 from gpuwarden.verdictreport import SCHEMA_VERSION, PodVerdict, RuleVerdict, VerdictReport
 

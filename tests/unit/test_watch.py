@@ -29,7 +29,7 @@ from gpuwarden.local.policies import LocalPolicy, for_processes
 from gpuwarden.local.session import COMMAND_WIDTH, Announcement, Session, SubjectKind, short_command
 from gpuwarden.local.watch import EXIT_NO_GPU, WatchConfig, default_hook_socket, watch
 from gpuwarden.nodereport import AllocationSite, GpuSample, HookSample, ProcessSample, Snapshot
-from gpuwarden.policy.spec.parse import parse_spec
+from gpuwarden.policy.parse import parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_POLICY = REPO / "examples" / "gpumonitorpolicy.yaml"

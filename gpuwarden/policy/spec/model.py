@@ -1,7 +1,7 @@
 """The typed model of a GPUMonitorPolicy spec (v1alpha1), as the engine sees it.
 
 Plain frozen dataclasses; durations are seconds (float), byte sizes are ints,
-percentages are floats in 0..100. ``parse_spec`` (in :mod:`gpuwarden.policy.spec.parse`)
+percentages are floats in 0..100. ``parse_spec`` (in :mod:`gpuwarden.policy.parse`)
 builds them from the CRD's camelCase dict and raises ``SpecError`` naming the field.
 """
 

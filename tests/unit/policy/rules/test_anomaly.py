@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from gpuwarden.policy.engine import PodView, PolicyEvaluator
 from gpuwarden.policy.findings import Transition
+from gpuwarden.policy.parse import parse_spec
 from gpuwarden.policy.rules.anomaly import Pattern, evaluate_anomaly
 from gpuwarden.policy.rules.common import Outcome, RuleKind, WindowParams
 from gpuwarden.policy.spec.model import Anomaly, AnomalyMetric
-from gpuwarden.policy.spec.parse import parse_spec
 from gpuwarden.policy.store.series import PodId, Point, SeriesKey, SeriesStore
 
 T0 = 1_750_000_000.0

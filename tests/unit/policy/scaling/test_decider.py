@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuwarden.policy.parse import parse_spec
 from gpuwarden.policy.scaling.decider import (
     Blocker,
     Direction,
@@ -24,7 +25,6 @@ from gpuwarden.policy.scaling.decider import (
 )
 from gpuwarden.policy.scaling.predictive import View, WorkloadLoad
 from gpuwarden.policy.spec.model import ScaleAction, ScaleDirection, ScaleForecast, ScaleTargetRef, Signal
-from gpuwarden.policy.spec.parse import parse_spec
 
 TARGET = ScaleTargetRef("apps/v1", "Deployment", "llm-server")
 UP_RULE, DOWN_RULE = "saturated", "idle-gpu"

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from gpuwarden.policy.engine import PodView, PolicyEvaluator
+from gpuwarden.policy.parse import parse_spec
 from gpuwarden.policy.rules.common import WindowParams
 from gpuwarden.policy.scaling.predictive import (
     DEFAULT_HORIZON_SECONDS,
@@ -18,7 +19,6 @@ from gpuwarden.policy.scaling.predictive import (
     workload_load,
 )
 from gpuwarden.policy.spec.model import BUCKET_SECONDS, ScaleForecast, Signal
-from gpuwarden.policy.spec.parse import parse_spec
 from gpuwarden.policy.store.series import Point, SeriesKey, SeriesStore
 
 T0 = 1_750_000_020.0 - (1_750_000_020.0 % BUCKET_SECONDS)

@@ -15,6 +15,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpuwarden.policy.parse import SpecError, parse_policy_object, parse_spec
 from gpuwarden.policy.spec.model import (
     Actions,
     Anomaly,
@@ -34,7 +35,6 @@ from gpuwarden.policy.spec.model import (
     UtilizationCeiling,
     UtilizationFloor,
 )
-from gpuwarden.policy.spec.parse import SpecError, parse_policy_object, parse_spec
 from gpuwarden.units import (
     DURATION_PATTERN,
     format_duration,

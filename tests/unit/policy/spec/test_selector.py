@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpuwarden.policy.parse import parse_selector
 from gpuwarden.policy.spec.model import LabelRequirement, LabelSelector
-from gpuwarden.policy.spec.parse import parse_selector
 from gpuwarden.policy.spec.selector import requirement_matches, selector_matches
 
 POD = {"app": "llm-server", "tier": "gpu", "example.com/team": "search"}
