@@ -33,21 +33,12 @@ from gpuwarden.policy import (
     FindingTransition,
     Pattern,
     Resolution,
-    RuleKind,
     Transition,
     approx_duration,
+    rule_type,
 )
 
 __all__ = ["Announcer", "EventSpec", "Target", "announce", "resolved_reason"]
-
-MEANING: Mapping[RuleKind, str] = {
-    RuleKind.UTILIZATION_FLOOR: "its GPUs sit mostly idle: release them, share them or scale in",
-    RuleKind.UTILIZATION_CEILING: "its GPUs are fully busy: it may need more replicas",
-    RuleKind.MEMORY_CEILING: "it is close to running out of GPU memory",
-    RuleKind.MEMORY_GROWTH: "steady growth like this usually means a leak, heading for out-of-memory",
-    RuleKind.GPU_HEALTH: "its GPU is failing: its work may have crashed or be wrong; move it elsewhere",
-    RuleKind.ANOMALY: "its GPU readings left their usual band",
-}
 
 PATTERN_MEANING: Mapping[str, str] = {
     Pattern.SPIKE: "a sudden departure from its usual readings",
@@ -94,7 +85,7 @@ class _Announcement:
 
 
 def _meaning(f: Finding) -> str:
-    return PATTERN_MEANING.get(f.reason) or MEANING[f.kind]
+    return PATTERN_MEANING.get(f.reason) or rule_type(f.kind).meaning
 
 
 def resolved_reason(reason: str) -> str:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuwarden.policy import Evaluation, Finding, FindingKey, PolicySpec, RuleKind, rule_kind
+from gpuwarden.policy import Evaluation, Finding, FindingKey, PolicySpec, rule_kind, rule_type
 from gpuwarden.units import format_duration
 
 __all__ = [
@@ -41,13 +41,6 @@ READY = "Ready"
 VIOLATING = "Violating"
 SCALING_ACTIVE = "ScalingActive"
 OWNED_CONDITIONS = (READY, VIOLATING)
-
-_PER_GPU_KINDS = (
-    RuleKind.MEMORY_CEILING,
-    RuleKind.MEMORY_GROWTH,
-    RuleKind.GPU_HEALTH,
-    RuleKind.ANOMALY,
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +152,7 @@ def _violations(active: Sequence[Finding], messages: Mapping[FindingKey, str]) -
             "message": _clip(messages.get(f.key) or f.message, MAX_MESSAGE),
             "since": rfc3339(f.started_at),
         }
-        if f.kind in _PER_GPU_KINDS and f.gpus:
+        if rule_type(f.kind).per_gpu and f.gpus:
             item["gpu"] = f.gpus[0]
         out.append(item)
     return out
@@ -225,7 +218,7 @@ def findings_from_status(
                 policy=policy,
                 rule=rule.name,
                 kind=kind,
-                reason=kind.reason,
+                reason=rule_type(kind).reason,
                 namespace=namespace,
                 pod=pod,
                 gpus=(str(gpu),) if gpu else (),

@@ -8,17 +8,19 @@ an :class:`Evaluation` with the findings' transitions.
 This module is the one surface the operator and local mode import (``make lint`` checks it); what
 is not in ``__all__`` is the engine's own. Inside, by job:
 
-- ``spec/``: the policy spec's model (``model``), its parser and messages (``parse``), label selectors.
+- ``parse``: a GPUMonitorPolicy's spec checked and typed, with the messages users read.
+- ``spec/``: the policy spec's model (``model``), the field readers behind every parser message
+  (``fields``), label selectors.
 - ``store/``: what the engine remembers: readings per pod (``series``), GPU health records
   (``health``), and how node reports become readings (``intake``).
-- ``rules/``: one module per rule kind, each judging a pod's window, and their shared
-  vocabulary (``common``).
+- ``rules/``: one module per rule kind (its parser, evaluator and :class:`RuleType`), the registry
+  of them (:data:`RULE_TYPES`), and their shared vocabulary (``common``).
 - ``scaling/``: the scale decision (``decider``) and its load forecast (``predictive``, ``forecast``).
 - ``engine``, ``findings`` (what is open and what changed), ``stats`` (robust line fits),
   ``humanize`` (numbers and times for messages), ``xids`` (the XID catalogue).
 
-Imports point down only: the engine on top, then findings, scaling, rules, and at the bottom
-store and spec, which know nothing of each other.
+Imports point down only: the engine and the parser on top, then findings, scaling, rules, and at
+the bottom store and spec, which know nothing of each other.
 """
 
 from gpuwarden.policy.engine import (
@@ -42,6 +44,7 @@ from gpuwarden.policy.findings import (
 )
 from gpuwarden.policy.humanize import approx_duration, format_bytes
 from gpuwarden.policy.parse import API_VERSION, KIND, SpecError, parse_policy_object, parse_spec
+from gpuwarden.policy.rules import RULE_TYPES, RuleType, rule_type
 from gpuwarden.policy.rules.anomaly import Pattern
 from gpuwarden.policy.rules.common import Outcome, RuleKind, WindowParams
 from gpuwarden.policy.rules.gpu_health import Problem, gpu_name, gpu_problems
@@ -87,6 +90,7 @@ __all__ = [
     "IMMINENT_REASON",
     "KIND",
     "PROCESS_NAMESPACE",
+    "RULE_TYPES",
     "SNOOZE_PREFIX",
     "ActiveFinding",
     "Admission",
@@ -114,6 +118,7 @@ __all__ = [
     "Problem",
     "Resolution",
     "RuleKind",
+    "RuleType",
     "ScaleAction",
     "ScaleDecider",
     "ScaleDecision",
@@ -144,6 +149,7 @@ __all__ = [
     "points_from_snapshot",
     "process_subject",
     "rule_kind",
+    "rule_type",
     "scale_step",
     "snoozed_until",
 ]

@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from gpuwarden.policy.rules import rule_type
 from gpuwarden.policy.rules.common import Outcome, RuleKind
 
 
@@ -134,7 +135,7 @@ def finding_from(policy: str, outcome: Outcome, started_at: float, reason: str |
         policy=policy,
         rule=outcome.rule,
         kind=outcome.kind,
-        reason=reason or outcome.reason or outcome.kind.reason,
+        reason=reason or outcome.reason or rule_type(outcome.kind).reason,
         namespace=outcome.pod.namespace,
         pod=outcome.pod.name,
         gpus=outcome.gpus,
@@ -201,7 +202,7 @@ class FindingTracker:
             finding = finding_from(self.policy, outcome, started_at=state.finding.started_at, reason=current)
             del self._active[key]
             return FindingTransition(Transition.RESOLVED, finding, now, Resolution.RECOVERED)
-        reason = outcome.reason or outcome.kind.reason
+        reason = outcome.reason or rule_type(outcome.kind).reason
         kept = current in (reason, outcome.kept_reason)
         finding = finding_from(
             self.policy, outcome, started_at=state.finding.started_at, reason=current if kept else reason

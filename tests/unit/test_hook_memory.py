@@ -24,6 +24,7 @@ from gpuwarden.nodereport import (
     parse_report,
 )
 from gpuwarden.policy import PodView, PolicyEvaluator, Transition
+from gpuwarden.policy.rules import rule_type
 from gpuwarden.policy.rules.common import Outcome, RuleKind, WindowParams
 from gpuwarden.policy.rules.growth import MESSAGE_SITES, evaluate_growth
 from gpuwarden.policy.spec.model import Actions, LabelSelector, MemoryGrowth, MemorySource, PolicySpec
@@ -182,7 +183,7 @@ def test_host_rule_counts_each_process_once_and_finds_its_slope() -> None:
 
 def test_every_other_memory_keeps_the_gpu_leak_reason() -> None:
     assert judge(feed(tensor_leak), rule(MemorySource.ALLOCATED)).reason is None  # the kind's own
-    assert RuleKind.MEMORY_GROWTH.reason == "GPUMemoryLeakSuspected"
+    assert rule_type(RuleKind.MEMORY_GROWTH).reason == "GPUMemoryLeakSuspected"
 
 
 def unhooked(i: int) -> list[GpuSample]:

@@ -50,13 +50,15 @@ import enum
 import itertools
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpuwarden.policy.humanize import approx_duration, format_bytes
 from gpuwarden.policy.rules.common import (
     Outcome,
     RuleKind,
+    RuleType,
     WindowParams,
     covered,
     percent,
@@ -64,7 +66,9 @@ from gpuwarden.policy.rules.common import (
     readings,
     unknown,
 )
+from gpuwarden.policy.spec.fields import check_fields, duration, member, number
 from gpuwarden.policy.spec.model import Anomaly, AnomalyMetric
+from gpuwarden.policy.store.health import HealthStore
 from gpuwarden.policy.store.series import Column, PodId, SeriesKey, Window
 from gpuwarden.units import format_duration
 
@@ -376,3 +380,51 @@ def evaluate_anomaly(
         extra=figures,
         describe=anomaly_message,
     )
+
+
+# --- the kind ----------------------------------------------------------------------------------------
+
+DEFAULTS: Mapping[str, Any] = {"window": "30m", "threshold": 5, "minDeviation": 5}
+
+MIN_WINDOW = 60.0
+"""A baseline needs readings enough to say what is usual: a minute of them, at the agent's 1 s."""
+
+
+def parse_anomaly(name: str, obj: Mapping[str, Any], path: str) -> Anomaly:
+    """An anomaly rule's body (``path`` is its own)."""
+    check_fields(obj, path, ("metric", "window", "threshold", "minDeviation"), ("metric",))
+    return Anomaly(
+        name=name,
+        metric=member(AnomalyMetric, obj["metric"], f"{path}.metric"),
+        window_seconds=duration(obj, "window", path, DEFAULTS["window"], minimum=MIN_WINDOW),
+        threshold=number(obj, "threshold", path, DEFAULTS["threshold"], 1, 100),
+        min_deviation=number(obj, "minDeviation", path, DEFAULTS["minDeviation"], 0, 100),
+    )
+
+
+def _judge(
+    rule: Anomaly,
+    pod: PodId,
+    series: Sequence[tuple[SeriesKey, Window]],
+    now: float,
+    params: WindowParams,
+    memo: Any,
+    health: HealthStore | None,
+) -> Outcome:
+    return evaluate_anomaly(rule, pod, series, now, params)
+
+
+RULE_TYPE = RuleType(
+    kind=RuleKind.ANOMALY,
+    model=Anomaly,
+    parse=parse_anomaly,
+    defaults=DEFAULTS,
+    evaluate=_judge,
+    reach=lambda rule: rule.window_seconds,
+    window=lambda rule: ("window", rule.window_seconds),
+    reason="GPUAnomaly",
+    meaning="its GPU readings left their usual band",
+    per_gpu=True,
+    colour="tab:brown",
+    utilization=None,
+)

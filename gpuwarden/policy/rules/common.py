@@ -1,4 +1,5 @@
-"""What every rule shares: its kinds, its outcome, and how a window is cut and judged complete.
+"""What every rule shares: its kinds and their record (RuleType), its outcome, and how a window is cut and
+judged complete.
 
 Windows are data-defined, so that the same samples always give the same verdict
 whatever the evaluation cadence (a replay re-derives the same findings):
@@ -47,10 +48,12 @@ from __future__ import annotations
 import enum
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import sub
+from typing import Any, Generic, Protocol, TypeAlias, TypeVar
 
+from gpuwarden.policy.store.health import HealthStore
 from gpuwarden.policy.store.series import GAP_RECORD_SECONDS, Column, PodId, SeriesKey, Window
 
 MIN_GAP_SECONDS = GAP_RECORD_SECONDS
@@ -61,7 +64,8 @@ GAP_INTERVALS = 3.0
 
 
 class RuleKind(enum.StrEnum):
-    """A rule's kind, named as in the CRD; ``reason`` is the CamelCase Event reason."""
+    """A rule's kind, named as in the CRD; what each is lives in its :class:`RuleType`
+    (:data:`gpuwarden.policy.rules.RULE_TYPES`)."""
 
     UTILIZATION_FLOOR = "utilizationFloor"
     UTILIZATION_CEILING = "utilizationCeiling"
@@ -69,22 +73,6 @@ class RuleKind(enum.StrEnum):
     MEMORY_GROWTH = "memoryGrowth"
     GPU_HEALTH = "gpuHealth"
     ANOMALY = "anomaly"
-
-    @property
-    def reason(self) -> str:
-        """The Event reason for a finding of this kind."""
-        return _REASONS[self]
-
-
-_REASONS = {
-    RuleKind.UTILIZATION_FLOOR: "GPUUnderutilized",
-    RuleKind.UTILIZATION_CEILING: "GPUSaturated",
-    RuleKind.MEMORY_CEILING: "GPUMemoryNearLimit",
-    RuleKind.MEMORY_GROWTH: "GPUMemoryLeakSuspected",
-    RuleKind.GPU_HEALTH: "GPUUnhealthy",
-    RuleKind.ANOMALY: "GPUAnomaly",
-}
-"""The reason of a kind's findings; an anomaly finding names its pattern instead (Outcome.reason)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,3 +265,63 @@ def percent(value: float) -> str:
     if value >= 10 or value == int(value):
         return f"{value:.0f}%"
     return f"{value:.1f}%"
+
+
+class Memo(Protocol):
+    """What a rule kind keeps between evaluations (memoryGrowth: its fitted trends), per evaluator."""
+
+    def sweep(self) -> None:
+        """Drop what the evaluation that just ended did not use."""
+
+
+_R = TypeVar("_R")
+
+Judge: TypeAlias = Callable[
+    [_R, PodId, Sequence[tuple[SeriesKey, Window]], float, WindowParams, Any, HealthStore | None], Outcome
+]
+"""A rule kind's evaluator: ``(rule, pod, series, now, params, memo, health)``. ``memo`` is the kind's
+:class:`Memo` (None when it keeps none, or the caller keeps none); ``health`` the GPUs' health records."""
+
+
+@dataclass(frozen=True, slots=True)
+class RuleType(Generic[_R]):
+    """Everything gpuwarden knows of one rule kind, in one record; each kind's module defines its own
+    next to its evaluator, and :data:`gpuwarden.policy.rules.RULE_TYPES` lists them. The parser, the
+    engine, the operator's status and Events, and local mode's plot read these, never the kinds."""
+
+    kind: RuleKind
+    """Its name, which is its key under ``spec.rules[]`` in the CRD."""
+    model: type[_R]
+    """Its spec's class (:mod:`gpuwarden.policy.spec.model`)."""
+    parse: Callable[[str, Mapping[str, Any], str], _R]
+    """``(name, body, path)``: the checked spec of a rule of this kind; raises
+    :class:`~gpuwarden.policy.spec.fields.SpecError` naming the field."""
+    defaults: Mapping[str, Any]
+    """The CRD's scalar defaults for its fields (``tests/unit/test_crd_schema.py`` holds them equal)."""
+    evaluate: Judge[_R]
+    """Judges one pod."""
+    reach: Callable[[_R], float]
+    """How far back before a pod's newest sample it reads (sizes the store's retention)."""
+    window: Callable[[_R], tuple[str, float]] | None
+    """Its window's field and length, which must span an evaluation interval; None: it reads none."""
+    reason: str
+    """The Event reason of its findings (an outcome may name a more precise one)."""
+    meaning: str
+    """What a finding means for the pod, in an Event's words."""
+    per_gpu: bool
+    """Whether a finding speaks of one GPU (the status names it) rather than all the pod's."""
+    colour: str
+    """Its findings' colour in local mode's plot (a matplotlib colour)."""
+    utilization: bool | None
+    """Whether it judges utilization (local mode's plot draws it there), else memory; None: either,
+    its message says which."""
+    hold: Callable[[_R], float] | None = None
+    """How long a holding outcome must last before its finding starts (the tracker's ``for``);
+    None: at once (a kind whose window is its ``for``)."""
+    memo: Callable[[], Memo] | None = None
+    """Makes what it keeps between evaluations; None: nothing."""
+
+    @property
+    def key(self) -> str:
+        """Its key under ``spec.rules[]`` in the CRD."""
+        return self.kind.value

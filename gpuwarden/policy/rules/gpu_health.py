@@ -33,22 +33,34 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpuwarden.nodereport import ClockEventReason
 from gpuwarden.policy.humanize import approx_duration, time_of_day
-from gpuwarden.policy.rules.common import Outcome, RuleKind, WindowParams, pod_end, unknown
+from gpuwarden.policy.rules.common import Outcome, RuleKind, RuleType, WindowParams, pod_end, unknown
+from gpuwarden.policy.spec.fields import (
+    SpecError,
+    as_list,
+    boolean,
+    check_fields,
+    duration,
+    member,
+    type_name,
+)
 from gpuwarden.policy.spec.model import GpuHealthRule, Throttling
 from gpuwarden.policy.store.health import GpuRecord, HealthStore
 from gpuwarden.policy.store.series import PodId, SeriesKey, UtilizationSource, Window
-from gpuwarden.policy.xids import describe_xid
+from gpuwarden.policy.xids import CRITICAL_XIDS, describe_xid
 
 __all__ = [
     "ANY_THROTTLING",
+    "RULE_TYPE",
     "THROTTLED_SHARE",
     "THROTTLING_REASONS",
     "Problem",
     "evaluate_health",
     "gpu_problems",
+    "parse_gpu_health",
     "throttling_note",
     "with_throttling",
 ]
@@ -255,3 +267,82 @@ def with_throttling(
         outcome.holds = False
         outcome.clears = True
     return outcome
+
+
+# --- the kind ----------------------------------------------------------------------------------------
+
+DEFAULTS: Mapping[str, Any] = {"gpuLost": True, "memoryErrors": True, "for": "5m", "clearAfter": "10m"}
+
+MAX_XIDS = 64
+MAX_XID = 2**32 - 1  # NVML reports an XID as an unsigned 32-bit number
+
+
+def parse_gpu_health(name: str, obj: Mapping[str, Any], path: str) -> GpuHealthRule:
+    """A gpuHealth rule's body (``path`` is its own)."""
+    check_fields(obj, path, ("xids", "gpuLost", "memoryErrors", "throttling", "for", "clearAfter"))
+    raw_xids = obj.get("xids")
+    xids = CRITICAL_XIDS  # absent; the CRD has no list default (its defaults are scalars: DEFAULTS)
+    if raw_xids is not None:
+        items = as_list(raw_xids, f"{path}.xids", max_items=MAX_XIDS)
+        codes: list[int] = []
+        for i, code in enumerate(items):
+            item_path = f"{path}.xids[{i}]"
+            if isinstance(code, float) and code.is_integer():
+                code = int(code)  # JSON has one number type (as fields.integer says)
+            if isinstance(code, bool) or not isinstance(code, int):
+                raise SpecError(item_path, f"must be an XID code (a whole number), not {type_name(code)}")
+            if not 1 <= code <= MAX_XID:
+                raise SpecError(item_path, f"{code} is out of range; must be between 1 and {MAX_XID}")
+            if code in codes:
+                raise SpecError(item_path, f"duplicate XID {code}")
+            codes.append(code)
+        xids = tuple(codes)
+    raw_throttling = obj.get("throttling")
+    throttling: list[Throttling] = []
+    items = [] if raw_throttling is None else as_list(raw_throttling, f"{path}.throttling", max_items=3)
+    for i, item in enumerate(items):
+        value = member(Throttling, item, f"{path}.throttling[{i}]")
+        if value in throttling:
+            raise SpecError(f"{path}.throttling[{i}]", f'duplicate entry "{value}"')
+        throttling.append(value)
+    rule = GpuHealthRule(
+        name=name,
+        xids=xids,
+        gpu_lost=boolean(obj, "gpuLost", path, DEFAULTS["gpuLost"]),
+        memory_errors=boolean(obj, "memoryErrors", path, DEFAULTS["memoryErrors"]),
+        throttling=tuple(throttling),
+        for_seconds=duration(obj, "for", path, DEFAULTS["for"]),
+        clear_after_seconds=duration(obj, "clearAfter", path, DEFAULTS["clearAfter"], minimum=1.0),
+    )
+    if not (rule.xids or rule.gpu_lost or rule.memory_errors or rule.throttling):
+        raise SpecError(path, "gpuHealth counts nothing: set xids, gpuLost, memoryErrors or throttling")
+    return rule
+
+
+def _judge(
+    rule: GpuHealthRule,
+    pod: PodId,
+    series: Sequence[tuple[SeriesKey, Window]],
+    now: float,
+    params: WindowParams,
+    memo: Any,
+    health: HealthStore | None,
+) -> Outcome:
+    return evaluate_health(rule, pod, health, now, params)
+
+
+RULE_TYPE = RuleType(
+    kind=RuleKind.GPU_HEALTH,
+    model=GpuHealthRule,
+    parse=parse_gpu_health,
+    defaults=DEFAULTS,
+    evaluate=_judge,
+    reach=lambda rule: max(rule.for_seconds, rule.clear_after_seconds),
+    # No window of samples: it judges states and events as they are reported.
+    window=None,
+    reason="GPUUnhealthy",
+    meaning="its GPU is failing: its work may have crashed or be wrong; move it elsewhere",
+    per_gpu=True,
+    colour="black",
+    utilization=False,
+)

@@ -112,17 +112,37 @@ from __future__ import annotations
 import math
 import zlib
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import sub
+from typing import Any
 
 from gpuwarden.nodereport import AllocationSite
 from gpuwarden.policy.humanize import approx_duration, format_bytes
-from gpuwarden.policy.rules.common import Outcome, RuleKind, WindowParams, covered, pod_end, readings, unknown
+from gpuwarden.policy.rules.common import (
+    Outcome,
+    RuleKind,
+    RuleType,
+    WindowParams,
+    covered,
+    pod_end,
+    readings,
+    unknown,
+)
+from gpuwarden.policy.spec.fields import (
+    SpecError,
+    check_fields,
+    duration,
+    member,
+    number,
+    type_name,
+    value_or,
+)
 from gpuwarden.policy.spec.model import MemoryGrowth, MemorySource
 from gpuwarden.policy.stats import bucket_medians, fit_line, median, theil_sen
+from gpuwarden.policy.store.health import HealthStore
 from gpuwarden.policy.store.series import Column, PodId, SeriesKey, Window
-from gpuwarden.units import format_duration
+from gpuwarden.units import format_duration, parse_rate
 
 MIN_SPAN_SECONDS = 240.0
 """The shortest evidence span (or the window, when shorter): a leak is never decided on less."""
@@ -885,3 +905,64 @@ def evaluate_growth(
         extra=extra,
         describe=growth_message,
     )
+
+
+# --- the kind ----------------------------------------------------------------------------------------
+
+DEFAULTS: Mapping[str, Any] = {"window": "30m", "minFit": 0.8, "for": "0s", "memory": "auto"}
+
+MIN_WINDOW = 60.0
+"""The engine fits a line through 20 bucket medians (window/20 each): under a minute, that is noise."""
+
+
+def parse_memory_growth(name: str, obj: Mapping[str, Any], path: str) -> MemoryGrowth:
+    """A memoryGrowth rule's body (``path`` is its own)."""
+    check_fields(obj, path, ("rate", "window", "minFit", "for", "memory"), ("rate",))
+    raw = obj["rate"]
+    if not isinstance(raw, str):
+        raise SpecError(
+            f"{path}.rate", f"must be a quantity per time unit such as 100Mi/m, not {type_name(raw)}"
+        )
+    try:
+        rate = parse_rate(raw)
+    except ValueError as exc:
+        raise SpecError(f"{path}.rate", str(exc)) from None
+    return MemoryGrowth(
+        name=name,
+        rate_bytes_per_second=rate,
+        window_seconds=duration(obj, "window", path, DEFAULTS["window"], minimum=MIN_WINDOW),
+        min_fit=number(obj, "minFit", path, DEFAULTS["minFit"], 0, 1),
+        for_seconds=duration(obj, "for", path, DEFAULTS["for"]),
+        memory=member(MemorySource, value_or(obj, "memory", DEFAULTS["memory"]), f"{path}.memory"),
+    )
+
+
+def _judge(
+    rule: MemoryGrowth,
+    pod: PodId,
+    series: Sequence[tuple[SeriesKey, Window]],
+    now: float,
+    params: WindowParams,
+    memo: Any,
+    health: HealthStore | None,
+) -> Outcome:
+    return evaluate_growth(rule, pod, series, now, params, memo if isinstance(memo, GrowthCache) else None)
+
+
+RULE_TYPE = RuleType(
+    kind=RuleKind.MEMORY_GROWTH,
+    model=MemoryGrowth,
+    parse=parse_memory_growth,
+    defaults=DEFAULTS,
+    evaluate=_judge,
+    # growth_window: the window plus one bucket.
+    reach=lambda rule: rule.window_seconds * (1 + 1 / BUCKETS),
+    window=lambda rule: ("window", rule.window_seconds),
+    reason="GPUMemoryLeakSuspected",
+    meaning="steady growth like this usually means a leak, heading for out-of-memory",
+    per_gpu=True,
+    colour="tab:red",
+    utilization=False,
+    hold=lambda rule: rule.for_seconds,
+    memo=GrowthCache,
+)

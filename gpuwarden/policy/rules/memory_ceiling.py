@@ -17,13 +17,15 @@ Semantics (the window, coverage and as-of time are in :mod:`gpuwarden.policy.rul
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpuwarden.policy.humanize import format_bytes
 from gpuwarden.policy.rules.common import (
     Outcome,
     RuleKind,
+    RuleType,
     WindowParams,
     covered,
     percent,
@@ -31,9 +33,11 @@ from gpuwarden.policy.rules.common import (
     readings,
     unknown,
 )
+from gpuwarden.policy.spec.fields import SpecError, check_fields, duration, number, optional_number, type_name
 from gpuwarden.policy.spec.model import MemoryCeiling
+from gpuwarden.policy.store.health import HealthStore
 from gpuwarden.policy.store.series import Column, PodId, SeriesKey, Window
-from gpuwarden.units import format_duration
+from gpuwarden.units import format_duration, parse_quantity
 
 
 @dataclass(slots=True)
@@ -124,3 +128,63 @@ def evaluate_memory_ceiling(
         total_bytes=worst.total_bytes,
         describe=memory_message,
     )
+
+
+# --- the kind ----------------------------------------------------------------------------------------
+
+DEFAULTS: Mapping[str, Any] = {"for": "1m", "hysteresis": 2}
+
+
+def parse_memory_ceiling(name: str, obj: Mapping[str, Any], path: str) -> MemoryCeiling:
+    """A memoryCeiling rule's body (``path`` is its own)."""
+    check_fields(obj, path, ("percent", "bytes", "for", "hysteresis"))
+    has_percent, has_bytes = obj.get("percent") is not None, obj.get("bytes") is not None
+    if has_percent == has_bytes:
+        found = "both" if has_percent else "neither"
+        raise SpecError(path, f"memoryCeiling must set exactly one of percent or bytes; found {found}")
+    size: int | None = None
+    if has_bytes:
+        raw = obj["bytes"]
+        if isinstance(raw, bool) or not isinstance(raw, str | int):
+            raise SpecError(f"{path}.bytes", f"must be a quantity such as 120Gi, not {type_name(raw)}")
+        try:
+            size = parse_quantity(raw)
+        except ValueError as exc:
+            raise SpecError(f"{path}.bytes", str(exc)) from None
+        if size == 0:
+            raise SpecError(f"{path}.bytes", "must be greater than zero")
+    return MemoryCeiling(
+        name=name,
+        for_seconds=duration(obj, "for", path, DEFAULTS["for"]),
+        percent=optional_number(obj, "percent", path, 0, 100),
+        bytes=size,
+        hysteresis=number(obj, "hysteresis", path, DEFAULTS["hysteresis"], 0, 50),
+    )
+
+
+def _judge(
+    rule: MemoryCeiling,
+    pod: PodId,
+    series: Sequence[tuple[SeriesKey, Window]],
+    now: float,
+    params: WindowParams,
+    memo: Any,
+    health: HealthStore | None,
+) -> Outcome:
+    return evaluate_memory_ceiling(rule, pod, series, now, params)
+
+
+RULE_TYPE = RuleType(
+    kind=RuleKind.MEMORY_CEILING,
+    model=MemoryCeiling,
+    parse=parse_memory_ceiling,
+    defaults=DEFAULTS,
+    evaluate=_judge,
+    reach=lambda rule: rule.for_seconds,
+    window=lambda rule: ("for", rule.for_seconds),
+    reason="GPUMemoryNearLimit",
+    meaning="it is close to running out of GPU memory",
+    per_gpu=True,
+    colour="tab:orange",
+    utilization=False,
+)

@@ -31,12 +31,14 @@ Semantics (the window, coverage and as-of time are in :mod:`gpuwarden.policy.rul
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpuwarden.policy.rules.common import (
     Outcome,
     RuleKind,
+    RuleType,
     WindowParams,
     covered,
     percent,
@@ -44,7 +46,10 @@ from gpuwarden.policy.rules.common import (
     readings,
     unknown,
 )
+from gpuwarden.policy.rules.gpu_health import with_throttling
+from gpuwarden.policy.spec.fields import check_fields, duration, member, number, optional_number, value_or
 from gpuwarden.policy.spec.model import Signal, UtilizationCeiling, UtilizationFloor
+from gpuwarden.policy.store.health import HealthStore
 from gpuwarden.policy.store.series import Column, PodId, SeriesKey, UtilizationSource, Window
 from gpuwarden.units import format_duration
 
@@ -256,3 +261,99 @@ def evaluate_ceiling(
         signal=_signal_name(gpus),
         describe=ceiling_message,
     )
+
+
+# --- the two kinds ------------------------------------------------------------------------------------
+
+FLOOR_DEFAULTS: Mapping[str, Any] = {"for": "5m", "signal": "auto", "noiseFloor": 0, "hysteresis": 5}
+CEILING_DEFAULTS: Mapping[str, Any] = {"for": "2m", "signal": "auto", "hysteresis": 5}
+
+
+def _signal(obj: Mapping[str, Any], path: str, default: str) -> Signal:
+    return member(Signal, value_or(obj, "signal", default), f"{path}.signal")
+
+
+def parse_floor(name: str, obj: Mapping[str, Any], path: str) -> UtilizationFloor:
+    """A utilizationFloor rule's body (``path`` is its own)."""
+    check_fields(
+        obj,
+        path,
+        ("percent", "for", "signal", "noiseFloor", "powerThresholdWatts", "hysteresis"),
+        ("percent",),
+    )
+    return UtilizationFloor(
+        name=name,
+        percent=number(obj, "percent", path, None, 0, 100),
+        for_seconds=duration(obj, "for", path, FLOOR_DEFAULTS["for"]),
+        signal=_signal(obj, path, FLOOR_DEFAULTS["signal"]),
+        noise_floor=number(obj, "noiseFloor", path, FLOOR_DEFAULTS["noiseFloor"], 0, 100),
+        power_threshold_watts=optional_number(obj, "powerThresholdWatts", path, 0, None),
+        hysteresis=number(obj, "hysteresis", path, FLOOR_DEFAULTS["hysteresis"], 0, 50),
+    )
+
+
+def parse_ceiling(name: str, obj: Mapping[str, Any], path: str) -> UtilizationCeiling:
+    """A utilizationCeiling rule's body (``path`` is its own)."""
+    check_fields(obj, path, ("percent", "for", "signal", "hysteresis"), ("percent",))
+    return UtilizationCeiling(
+        name=name,
+        percent=number(obj, "percent", path, None, 0, 100),
+        for_seconds=duration(obj, "for", path, CEILING_DEFAULTS["for"]),
+        signal=_signal(obj, path, CEILING_DEFAULTS["signal"]),
+        hysteresis=number(obj, "hysteresis", path, CEILING_DEFAULTS["hysteresis"], 0, 50),
+    )
+
+
+def _judge_floor(
+    rule: UtilizationFloor,
+    pod: PodId,
+    series: Sequence[tuple[SeriesKey, Window]],
+    now: float,
+    params: WindowParams,
+    memo: Any,
+    health: HealthStore | None,
+) -> Outcome:
+    return with_throttling(evaluate_floor(rule, pod, series, now, params), series, now, params, health)
+
+
+def _judge_ceiling(
+    rule: UtilizationCeiling,
+    pod: PodId,
+    series: Sequence[tuple[SeriesKey, Window]],
+    now: float,
+    params: WindowParams,
+    memo: Any,
+    health: HealthStore | None,
+) -> Outcome:
+    return with_throttling(evaluate_ceiling(rule, pod, series, now, params), series, now, params, health)
+
+
+FLOOR_TYPE = RuleType(
+    kind=RuleKind.UTILIZATION_FLOOR,
+    model=UtilizationFloor,
+    parse=parse_floor,
+    defaults=FLOOR_DEFAULTS,
+    evaluate=_judge_floor,
+    reach=lambda rule: rule.for_seconds,
+    window=lambda rule: ("for", rule.for_seconds),
+    reason="GPUUnderutilized",
+    meaning="its GPUs sit mostly idle: release them, share them or scale in",
+    per_gpu=False,
+    colour="tab:purple",
+    utilization=True,
+)
+
+CEILING_TYPE = RuleType(
+    kind=RuleKind.UTILIZATION_CEILING,
+    model=UtilizationCeiling,
+    parse=parse_ceiling,
+    defaults=CEILING_DEFAULTS,
+    evaluate=_judge_ceiling,
+    reach=lambda rule: rule.for_seconds,
+    window=lambda rule: ("for", rule.for_seconds),
+    reason="GPUSaturated",
+    meaning="its GPUs are fully busy: it may need more replicas",
+    per_gpu=False,
+    colour="tab:red",
+    utilization=True,
+)
