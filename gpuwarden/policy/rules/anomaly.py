@@ -61,6 +61,7 @@ from gpuwarden.policy.rules.common import (
     RuleType,
     WindowParams,
     covered,
+    on_series,
     percent,
     pod_end,
     readings,
@@ -68,7 +69,6 @@ from gpuwarden.policy.rules.common import (
 )
 from gpuwarden.policy.spec.fields import check_fields, duration, member, number
 from gpuwarden.policy.spec.model import Anomaly, AnomalyMetric
-from gpuwarden.policy.store.health import HealthStore
 from gpuwarden.policy.store.series import Column, PodId, SeriesKey, Window
 from gpuwarden.units import format_duration
 
@@ -402,24 +402,12 @@ def parse_anomaly(name: str, obj: Mapping[str, Any], path: str) -> Anomaly:
     )
 
 
-def _judge(
-    rule: Anomaly,
-    pod: PodId,
-    series: Sequence[tuple[SeriesKey, Window]],
-    now: float,
-    params: WindowParams,
-    memo: Any,
-    health: HealthStore | None,
-) -> Outcome:
-    return evaluate_anomaly(rule, pod, series, now, params)
-
-
 RULE_TYPE = RuleType(
     kind=RuleKind.ANOMALY,
     model=Anomaly,
     parse=parse_anomaly,
     defaults=DEFAULTS,
-    evaluate=_judge,
+    evaluate=on_series(evaluate_anomaly),
     reach=lambda rule: rule.window_seconds,
     window=lambda rule: ("window", rule.window_seconds),
     reason="GPUAnomaly",

@@ -283,6 +283,25 @@ Judge: TypeAlias = Callable[
 :class:`Memo` (None when it keeps none, or the caller keeps none); ``health`` the GPUs' health records."""
 
 
+def on_series(
+    evaluate: Callable[[_R, PodId, Sequence[tuple[SeriesKey, Window]], float, WindowParams], Outcome],
+) -> Judge[_R]:
+    """An evaluator that reads only the pod's series, as a :data:`Judge` (no memo, no health)."""
+
+    def judge(
+        rule: _R,
+        pod: PodId,
+        series: Sequence[tuple[SeriesKey, Window]],
+        now: float,
+        params: WindowParams,
+        memo: Any,
+        health: HealthStore | None,
+    ) -> Outcome:
+        return evaluate(rule, pod, series, now, params)
+
+    return judge
+
+
 @dataclass(frozen=True, slots=True)
 class RuleType(Generic[_R]):
     """Everything gpuwarden knows of one rule kind, in one record; each kind's module defines its own

@@ -28,6 +28,7 @@ from gpuwarden.policy.rules.common import (
     RuleType,
     WindowParams,
     covered,
+    on_series,
     percent,
     pod_end,
     readings,
@@ -35,7 +36,6 @@ from gpuwarden.policy.rules.common import (
 )
 from gpuwarden.policy.spec.fields import SpecError, check_fields, duration, number, optional_number, type_name
 from gpuwarden.policy.spec.model import MemoryCeiling
-from gpuwarden.policy.store.health import HealthStore
 from gpuwarden.policy.store.series import Column, PodId, SeriesKey, Window
 from gpuwarden.units import format_duration, parse_quantity
 
@@ -162,24 +162,12 @@ def parse_memory_ceiling(name: str, obj: Mapping[str, Any], path: str) -> Memory
     )
 
 
-def _judge(
-    rule: MemoryCeiling,
-    pod: PodId,
-    series: Sequence[tuple[SeriesKey, Window]],
-    now: float,
-    params: WindowParams,
-    memo: Any,
-    health: HealthStore | None,
-) -> Outcome:
-    return evaluate_memory_ceiling(rule, pod, series, now, params)
-
-
 RULE_TYPE = RuleType(
     kind=RuleKind.MEMORY_CEILING,
     model=MemoryCeiling,
     parse=parse_memory_ceiling,
     defaults=DEFAULTS,
-    evaluate=_judge,
+    evaluate=on_series(evaluate_memory_ceiling),
     reach=lambda rule: rule.for_seconds,
     window=lambda rule: ("for", rule.for_seconds),
     reason="GPUMemoryNearLimit",

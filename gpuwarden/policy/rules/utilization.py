@@ -31,11 +31,12 @@ Semantics (the window, coverage and as-of time are in :mod:`gpuwarden.policy.rul
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from gpuwarden.policy.rules.common import (
+    Judge,
     Outcome,
     RuleKind,
     RuleType,
@@ -265,6 +266,8 @@ def evaluate_ceiling(
 
 # --- the two kinds ------------------------------------------------------------------------------------
 
+_U = TypeVar("_U", UtilizationFloor, UtilizationCeiling)
+
 FLOOR_DEFAULTS: Mapping[str, Any] = {"for": "5m", "signal": "auto", "noiseFloor": 0, "hysteresis": 5}
 CEILING_DEFAULTS: Mapping[str, Any] = {"for": "2m", "signal": "auto", "hysteresis": 5}
 
@@ -304,28 +307,23 @@ def parse_ceiling(name: str, obj: Mapping[str, Any], path: str) -> UtilizationCe
     )
 
 
-def _judge_floor(
-    rule: UtilizationFloor,
-    pod: PodId,
-    series: Sequence[tuple[SeriesKey, Window]],
-    now: float,
-    params: WindowParams,
-    memo: Any,
-    health: HealthStore | None,
-) -> Outcome:
-    return with_throttling(evaluate_floor(rule, pod, series, now, params), series, now, params, health)
+def _with_throttling(
+    evaluate: Callable[[_U, PodId, Sequence[tuple[SeriesKey, Window]], float, WindowParams], Outcome],
+) -> Judge[_U]:
+    """A utilization evaluator with the GPUs' throttling noted beside its verdict."""
 
+    def judge(
+        rule: _U,
+        pod: PodId,
+        series: Sequence[tuple[SeriesKey, Window]],
+        now: float,
+        params: WindowParams,
+        memo: Any,
+        health: HealthStore | None,
+    ) -> Outcome:
+        return with_throttling(evaluate(rule, pod, series, now, params), series, now, params, health)
 
-def _judge_ceiling(
-    rule: UtilizationCeiling,
-    pod: PodId,
-    series: Sequence[tuple[SeriesKey, Window]],
-    now: float,
-    params: WindowParams,
-    memo: Any,
-    health: HealthStore | None,
-) -> Outcome:
-    return with_throttling(evaluate_ceiling(rule, pod, series, now, params), series, now, params, health)
+    return judge
 
 
 FLOOR_TYPE = RuleType(
@@ -333,7 +331,7 @@ FLOOR_TYPE = RuleType(
     model=UtilizationFloor,
     parse=parse_floor,
     defaults=FLOOR_DEFAULTS,
-    evaluate=_judge_floor,
+    evaluate=_with_throttling(evaluate_floor),
     reach=lambda rule: rule.for_seconds,
     window=lambda rule: ("for", rule.for_seconds),
     reason="GPUUnderutilized",
@@ -348,7 +346,7 @@ CEILING_TYPE = RuleType(
     model=UtilizationCeiling,
     parse=parse_ceiling,
     defaults=CEILING_DEFAULTS,
-    evaluate=_judge_ceiling,
+    evaluate=_with_throttling(evaluate_ceiling),
     reach=lambda rule: rule.for_seconds,
     window=lambda rule: ("for", rule.for_seconds),
     reason="GPUSaturated",
