@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from gpuwarden.nodereport import GpuSample
+from gpuwarden.wire.node import GpuSample
 
 ProcessUtilization = dict[str, dict[int, float]]
 """Per-process SM utilization (percent) by device key (see :func:`device_key`), then by PID.

@@ -46,8 +46,8 @@ from gpuwarden.agent.nvml import NvmlBackend
 from gpuwarden.agent.scenarios import PACKAGED
 from gpuwarden.agent.sender import DEFAULT_BUFFER_LIMIT, DEFAULT_REPORT_INTERVAL, ReportSender
 from gpuwarden.agent.snapshots import Attributor, Sampler, SnapshotRing
-from gpuwarden.nodereport import Snapshot
 from gpuwarden.policy.units import parse_duration
+from gpuwarden.wire.node import Snapshot
 
 log = logging.getLogger("gpuwarden.agent")
 

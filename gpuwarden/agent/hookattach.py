@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from gpuwarden.agent.backend import device_key
 from gpuwarden.agent.hooksocket import MAX_AGE, HookEvents, HookReading, HookReadings
-from gpuwarden.nodereport import GpuSample, HookSample, Snapshot
+from gpuwarden.wire.node import GpuSample, HookSample, Snapshot
 
 
 def hook_sample(reading: HookReading, gpu: GpuSample) -> HookSample:

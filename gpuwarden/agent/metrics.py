@@ -37,7 +37,7 @@ from gpuwarden.agent.health import CLOCK_EVENT_BITS
 from gpuwarden.agent.hooksocket import REFUSALS as HOOK_REFUSALS
 from gpuwarden.agent.hooksocket import HookReadings
 from gpuwarden.agent.snapshots import ERROR_KINDS, SnapshotRing
-from gpuwarden.nodereport import REFUSALS, DeviceState, GpuSample, PodRef, Snapshot
+from gpuwarden.wire.node import REFUSALS, DeviceState, GpuSample, PodRef, Snapshot
 
 GPU_LABELS = ("uuid", "index", "model", "mig_id")
 POD_LABELS = ("namespace", "pod", "container")

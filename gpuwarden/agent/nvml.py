@@ -35,7 +35,7 @@ from typing import Any
 
 from gpuwarden.agent.backend import BackendError, ProcessUtilization
 from gpuwarden.agent.health import XidWatcher, read_health, with_xids
-from gpuwarden.nodereport import DeviceState, GpuSample, ProcessSample
+from gpuwarden.wire.node import DeviceState, GpuSample, ProcessSample
 
 log = logging.getLogger(__name__)
 

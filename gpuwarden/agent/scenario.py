@@ -76,7 +76,8 @@ from pydantic.alias_generators import to_camel
 
 from gpuwarden.agent.backend import BackendError, ProcessUtilization, device_key, merge_process_utilization
 from gpuwarden.agent.scenarios import PACKAGED as PACKAGED  # re-exported: the names load_scenario takes
-from gpuwarden.nodereport import (
+from gpuwarden.policy.units import parse_duration, parse_quantity, parse_rate
+from gpuwarden.wire.node import (
     ClockEventReason,
     DeviceState,
     GpuHealth,
@@ -88,7 +89,6 @@ from gpuwarden.nodereport import (
     XidEvent,
     first_error,
 )
-from gpuwarden.policy.units import parse_duration, parse_quantity, parse_rate
 
 DEFAULT_ORIGIN = 1_800_000_000.0
 """The epoch :meth:`Scenario.snapshot` places ``t = 0`` at unless told otherwise (January 2027)."""

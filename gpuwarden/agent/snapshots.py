@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gpuwarden.agent.backend import DeviceBackend, ProcessUtilization, merge_process_utilization
-from gpuwarden.nodereport import DeviceState, Snapshot
+from gpuwarden.wire.node import DeviceState, Snapshot
 
 log = logging.getLogger(__name__)
 

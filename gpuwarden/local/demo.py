@@ -47,10 +47,10 @@ from gpuwarden.local.options import (
 from gpuwarden.local.plot import PlotUnavailable, require_matplotlib, save_plot
 from gpuwarden.local.policies import LocalPolicy, demo_policy_path, load_policies
 from gpuwarden.local.session import ScaleNote, Session, Step, SubjectKind
-from gpuwarden.nodereport import Snapshot
 from gpuwarden.policy import PodView
 from gpuwarden.policy.parse import SpecError
 from gpuwarden.policy.units import format_duration
+from gpuwarden.wire.node import Snapshot
 
 DEFAULT_SPEED = 60.0
 """Scenario seconds per wall second: the 30-minute demo plays in about 30 s."""

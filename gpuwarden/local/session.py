@@ -43,7 +43,6 @@ from typing import Literal
 from gpuwarden.agent.backend import device_key
 from gpuwarden.local.history import History
 from gpuwarden.local.policies import LocalPolicy
-from gpuwarden.nodereport import DeviceState, GpuSample, ProcessSample, Snapshot
 from gpuwarden.policy import (
     PROCESS_NAMESPACE,
     Evaluation,
@@ -63,6 +62,7 @@ from gpuwarden.policy import (
 from gpuwarden.policy.healthstore import HealthStore
 from gpuwarden.policy.intake import pods_of
 from gpuwarden.policy.scaling import ScaleDecider, ScaleDecision, StepKind, scale_step
+from gpuwarden.wire.node import DeviceState, GpuSample, ProcessSample, Snapshot
 
 POINT_SLACK = 1.25
 """Series room beyond retention / interval: sampling jitters, and a short series would evict early."""

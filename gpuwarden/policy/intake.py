@@ -46,8 +46,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from gpuwarden.nodereport import DeviceState, GpuSample, NodeReport, ProcessSample, Snapshot
 from gpuwarden.policy.series import HookPoint, PodId, Point, SeriesKey, UtilizationSource
+from gpuwarden.wire.node import DeviceState, GpuSample, NodeReport, ProcessSample, Snapshot
 
 KEPT_SITES = 3
 """Allocation sites kept per series: as many as a finding's message names."""

@@ -28,7 +28,7 @@ import pytest
 
 from gpuwarden.agent.backend import device_key, merge_process_utilization
 from gpuwarden.agent.nvml import NvmlBackend
-from gpuwarden.nodereport import DeviceState, GpuSample
+from gpuwarden.wire.node import DeviceState, GpuSample
 
 pytestmark = pytest.mark.gpu
 

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuwarden import cli
 from gpuwarden.agent import command
 from gpuwarden.agent.backend import BackendError
-from gpuwarden.nodereport import parse_report
+from gpuwarden.wire.node import parse_report
 
 
 class BrokenNvml:

@@ -25,7 +25,7 @@ from gpuwarden.agent.metrics import build_registry
 from gpuwarden.agent.nvml import NvmlBackend
 from gpuwarden.agent.scenario import ScenarioError, ScriptedBackend, parse_scenario
 from gpuwarden.agent.snapshots import SnapshotRing
-from gpuwarden.nodereport import ClockEventReason, DeviceState, Snapshot
+from gpuwarden.wire.node import ClockEventReason, DeviceState, Snapshot
 
 TIMEOUT = 10
 HW_SLOWDOWN, HW_THERMAL = 0x08, 0x40

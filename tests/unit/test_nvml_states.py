@@ -15,7 +15,7 @@ import pytest
 
 from gpuwarden.agent.backend import BackendError, merge_process_utilization
 from gpuwarden.agent.nvml import NvmlBackend
-from gpuwarden.nodereport import DeviceState, GpuSample
+from gpuwarden.wire.node import DeviceState, GpuSample
 
 SUCCESS = 0
 NOT_SUPPORTED = 3

@@ -18,7 +18,7 @@ from gpuwarden.agent.scenario import (
     packaged_scenario,
     parse_scenario,
 )
-from gpuwarden.nodereport import DeviceState, PodRef, Snapshot
+from gpuwarden.wire.node import DeviceState, PodRef, Snapshot
 
 MI = 2**20
 GI = 2**30

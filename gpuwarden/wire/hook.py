@@ -1,7 +1,7 @@
 """The hook protocol (version 1): one line a training hook writes to the agent's socket.
 
 The wire format is fixed in docs/hook.md; :func:`parse_message` parses one line as strictly as
-:mod:`gpuwarden.nodereport` parses a report: JSON types as declared, camelCase names only, nothing
+:mod:`gpuwarden.wire.node` parses a report: JSON types as declared, camelCase names only, nothing
 unknown, every number bounded, ``v`` exactly 1. A message carries no PID and no pod: the agent
 knows the writer from the socket (``SO_PEERCRED``), never from what it writes.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from gpuwarden.nodereport import MAX_COUNT, MAX_TIMESTAMP, AllocationSite, Bytes, first_error
+from gpuwarden.wire.node import MAX_COUNT, MAX_TIMESTAMP, AllocationSite, Bytes, first_error
 
 PROTOCOL_VERSION = 1
 MAX_LINE_BYTES = 64 * 1024
@@ -75,7 +75,7 @@ class MessageError(ValueError):
 def parse_message(line: bytes | str) -> HookMessage:
     """Parse one line strictly; raise :class:`MessageError` naming the first offending field."""
     try:
-        # by_name=False reaches the nested sites too (nodereport's models take both spellings).
+        # by_name=False reaches the nested sites too (wire.node's models take both spellings).
         return HookMessage.model_validate_json(line, strict=True, by_alias=True, by_name=False)
     except ValidationError as exc:
         raise MessageError(first_error(exc, top="line")) from None

@@ -7,7 +7,7 @@ it holds or clears, the figure and the message. Not readings: a few hundred byte
 instead of the window's thousands of points. The owner runs the findings' lifecycle (start,
 re-notification, resolution) on them as on its own pods' outcomes.
 
-Parsed strictly and bounded like :mod:`gpuwarden.nodereport`: JSON types as declared, floats
+Parsed strictly and bounded like :mod:`gpuwarden.wire.node`: JSON types as declared, floats
 finite, every list and string capped, unknown fields refused.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from gpuwarden.nodereport import first_error
+from gpuwarden.wire.node import first_error
 
 __all__ = [
     "MAX_PODS",

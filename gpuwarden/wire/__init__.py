@@ -1,0 +1,1 @@
+"""gpuwarden.wire: the versioned contracts between gpuwarden's processes, validated on both ends."""
