@@ -74,9 +74,10 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from gpuwarden.agent.backend import BackendError, ProcessUtilization, device_key, merge_process_utilization
+from gpuwarden.agent.backend import BackendError
 from gpuwarden.agent.scenarios import PACKAGED as PACKAGED  # re-exported: the names load_scenario takes
 from gpuwarden.policy.units import parse_duration, parse_quantity, parse_rate
+from gpuwarden.wire.base import first_error
 from gpuwarden.wire.node import (
     ClockEventReason,
     DeviceState,
@@ -85,9 +86,11 @@ from gpuwarden.wire.node import (
     PodHostMemory,
     PodRef,
     ProcessSample,
+    ProcessUtilization,
     Snapshot,
     XidEvent,
-    first_error,
+    device_key,
+    merge_process_utilization,
 )
 
 DEFAULT_ORIGIN = 1_800_000_000.0

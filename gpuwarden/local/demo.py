@@ -22,7 +22,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuwarden.agent.backend import merge_process_utilization
 from gpuwarden.agent.scenario import (
     DEFAULT_ORIGIN,
     PACKAGED,
@@ -50,7 +49,7 @@ from gpuwarden.local.session import ScaleNote, Session, Step, SubjectKind
 from gpuwarden.policy import PodView
 from gpuwarden.policy.parse import SpecError
 from gpuwarden.policy.units import format_duration
-from gpuwarden.wire.node import Snapshot
+from gpuwarden.wire.node import Snapshot, merge_process_utilization
 
 DEFAULT_SPEED = 60.0
 """Scenario seconds per wall second: the 30-minute demo plays in about 30 s."""

@@ -40,7 +40,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from gpuwarden.agent.backend import device_key
 from gpuwarden.local.history import History
 from gpuwarden.local.policies import LocalPolicy
 from gpuwarden.policy import (
@@ -62,7 +61,7 @@ from gpuwarden.policy import (
 from gpuwarden.policy.healthstore import HealthStore
 from gpuwarden.policy.intake import pods_of
 from gpuwarden.policy.scaling import ScaleDecider, ScaleDecision, StepKind, scale_step
-from gpuwarden.wire.node import DeviceState, GpuSample, ProcessSample, Snapshot
+from gpuwarden.wire.node import DeviceState, GpuSample, ProcessSample, Snapshot, device_key
 
 POINT_SLACK = 1.25
 """Series room beyond retention / interval: sampling jitters, and a short series would evict early."""

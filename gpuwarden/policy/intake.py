@@ -21,7 +21,7 @@ Attribution of one GPU (or MIG device, keyed by its ``mig_id``) in one snapshot:
   ``processes``, or ``noProcess``), so that a finding names the signal that decided it.
 - **Per-process SM utilization** (``sm_util``) is 0 for a process that NVML's
   per-process reading of its GPU left out (it ran no kernel in the window: the
-  agent sets that, :func:`gpuwarden.agent.backend.merge_process_utilization`),
+  agent sets that, :func:`gpuwarden.wire.node.merge_process_utilization`),
   and None only when its GPU could not be read that way (unsupported, as on
   MIG; failed) or was not read at that sample.
 - **No pod**: no point (host processes are local mode's business, below).

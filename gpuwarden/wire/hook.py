@@ -8,10 +8,10 @@ knows the writer from the socket (``SO_PEERCRED``), never from what it writes.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from gpuwarden.wire.node import MAX_COUNT, MAX_TIMESTAMP, AllocationSite, Bytes, first_error
+from gpuwarden.wire.base import MAX_COUNT, MAX_TIMESTAMP, Bytes, WireModel, first_error
+from gpuwarden.wire.node import AllocationSite
 
 PROTOCOL_VERSION = 1
 MAX_LINE_BYTES = 64 * 1024
@@ -20,16 +20,9 @@ MAX_DEVICES = 64
 MAX_SITES = 16
 
 
-class _Message(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        # camelCase only: a snake_case spelling is an unknown field, refused like any other.
-        validate_by_alias=True,
-        validate_by_name=False,
-        extra="forbid",
-        frozen=True,
-        allow_inf_nan=False,
-    )
+class _Message(WireModel):
+    # camelCase only: a snake_case spelling is an unknown field, refused like any other.
+    model_config = ConfigDict(validate_by_name=False)
 
 
 class HookDevice(_Message):

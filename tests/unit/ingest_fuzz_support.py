@@ -47,7 +47,7 @@ from gpuwarden.policy.engine import PodView, PolicyEvaluator
 from gpuwarden.policy.parse import parse_spec
 from gpuwarden.policy.series import SeriesKey
 from gpuwarden.policy.xids import CRITICAL_XIDS
-from gpuwarden.wire.node import MAX_BYTES, MAX_COUNT, MAX_TIMESTAMP
+from gpuwarden.wire.base import MAX_BYTES, MAX_COUNT, MAX_TIMESTAMP
 from gpuwarden.wire.verdicts import MAX_PODS
 
 AGENT = "system:serviceaccount:gpuwarden-system:gpuwarden-agent"

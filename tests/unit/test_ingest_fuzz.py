@@ -15,7 +15,7 @@ from ingest_fuzz_support import START, Case, HarnessRunner, cases
 
 from gpuwarden.operator.ingest import MAX_FUTURE_SKEW
 from gpuwarden.operator.state import MAX_REPORT_AGE
-from gpuwarden.wire.node import MAX_BYTES, MAX_COUNT, MAX_TIMESTAMP
+from gpuwarden.wire.base import MAX_BYTES, MAX_COUNT, MAX_TIMESTAMP
 
 _seqs = itertools.count(1)
 

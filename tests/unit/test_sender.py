@@ -24,7 +24,6 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from gpuwarden.agent.backend import ProcessUtilization
 from gpuwarden.agent.metrics import DROP_REASONS, ERROR_REASONS
 from gpuwarden.agent.sender import MAX_REDIRECTS, ReportSender
 from gpuwarden.agent.snapshots import Sampler, SnapshotRing
@@ -34,6 +33,7 @@ from gpuwarden.wire.node import (
     SCHEMA_VERSION,
     GpuSample,
     NodeReport,
+    ProcessUtilization,
     ReportError,
     Snapshot,
     dump_report,
