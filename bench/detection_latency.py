@@ -58,7 +58,8 @@ LEAD_IN = 15.0
 def agent_main(args: argparse.Namespace) -> int:
     """Run the real agent (sampler, attribution, sender) on a scripted backend whose origin is given."""
     from gpuwarden.agent import command
-    from gpuwarden.agent.scenario import ScriptedBackend, load_scenario
+    from gpuwarden.agent.scripted import ScriptedBackend
+    from gpuwarden.sim.scenario import load_scenario
 
     samples = open(args.samples, "w", buffering=1)  # noqa: SIM115 (closed at exit)
 

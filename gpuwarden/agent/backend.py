@@ -1,7 +1,7 @@
 """What the sampling loop needs from a source of GPU readings.
 
 Two backends implement :class:`DeviceBackend`: :class:`gpuwarden.agent.nvml.NvmlBackend`
-(the real devices) and :class:`gpuwarden.agent.scenario.ScriptedBackend` (a scenario
+(the real devices) and :class:`gpuwarden.agent.scripted.ScriptedBackend` (a scenario
 file, for demos and end-to-end tests). The loop never knows which one it drives, and
 the agent picks one only from an explicit flag.
 

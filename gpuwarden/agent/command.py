@@ -43,10 +43,10 @@ from gpuwarden.agent.hooksocket import HookReadings, HookServer, HookSocketError
 from gpuwarden.agent.http import CleanupContext, background_task, build_app, listen
 from gpuwarden.agent.metrics import DraMetrics, HookMetrics, PodResourcesCollector, build_registry
 from gpuwarden.agent.nvml import NvmlBackend
-from gpuwarden.agent.scenarios import PACKAGED
 from gpuwarden.agent.sender import DEFAULT_BUFFER_LIMIT, DEFAULT_REPORT_INTERVAL, ReportSender
 from gpuwarden.agent.snapshots import Attributor, Sampler, SnapshotRing
 from gpuwarden.policy.units import parse_duration
+from gpuwarden.sim.scenarios import PACKAGED
 from gpuwarden.wire.node import Snapshot
 
 log = logging.getLogger("gpuwarden.agent")
@@ -298,13 +298,10 @@ def open_backend(config: AgentConfig) -> DeviceBackend:
     if config.backend == "scripted":
         # Imported here, not at the top: the scenario models and YAML are memory that the
         # nvml backend, the one on every node, never needs.
-        from gpuwarden.agent.scenario import ScenarioError, ScriptedBackend, load_scenario
+        from gpuwarden.agent.scripted import ScriptedBackend
 
         assert config.scenario is not None  # from_args checked it
-        try:
-            backend = ScriptedBackend(load_scenario(config.scenario))
-        except ScenarioError as exc:
-            raise BackendError(str(exc)) from None
+        backend = ScriptedBackend.load(config.scenario)
     else:
         backend = NvmlBackend(proc_root=config.proc_root, first_process_window=config.process_interval)
     backend.open()
@@ -364,7 +361,7 @@ def _attributor(
     if config.attribution == "scenario":
         # Loaded already (whoever built the backend imported it); here for the reason given
         # in open_backend.
-        from gpuwarden.agent.scenario import ScenarioAttributor, ScriptedBackend
+        from gpuwarden.agent.scripted import ScenarioAttributor, ScriptedBackend
 
         assert isinstance(backend, ScriptedBackend)  # open_backend opened it from this config
         return ScenarioAttributor(backend)

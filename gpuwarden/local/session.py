@@ -22,7 +22,7 @@ its cooldown. There is no cluster, so the target is a :class:`SimulatedTarget`: 
 with one replica per pod the policy matches (when it first matches any) and follows the
 decisions, 1 -> 2 -> 3 within ``minReplicas``/``maxReplicas``. Whoever plays the snapshots
 makes the replicas real: the demo scales the scenario's Deployment of that name
-(:meth:`gpuwarden.agent.scenario.Scenario.scale`), whose load then spreads over the new
+(:meth:`gpuwarden.sim.scenario.Scenario.scale`), whose load then spreads over the new
 pods once they start, so scaling out lowers each pod's utilization and stops when it is
 low enough. A target with no such Deployment gets no pods: a saturated server then keeps
 asking, once per cooldown, up to ``maxReplicas``. A ``dryRun: true`` policy leaves the

@@ -151,8 +151,8 @@ def test_importing_the_agent_loads_neither_grpc_nor_the_scenario_machinery() -> 
     # --backend scripted. A fresh interpreter, because this one has loaded them for other tests.
     code = (
         "import sys, gpuwarden.agent.command; "
-        "print(' '.join(m for m in ('grpc', 'google.protobuf', 'yaml', 'gpuwarden.agent.scenario', "
-        "'kubernetes') if m in sys.modules))"
+        "print(' '.join(m for m in ('grpc', 'google.protobuf', 'yaml', 'gpuwarden.sim.scenario', "
+        "'gpuwarden.agent.scripted', 'kubernetes') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     assert done.stdout.split() == []

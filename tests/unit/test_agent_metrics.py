@@ -20,8 +20,9 @@ from gpuwarden.agent.hooksocket import REFUSALS as HOOK_REFUSALS
 from gpuwarden.agent.hooksocket import HookReading, HookReadings
 from gpuwarden.agent.http import background_task, build_app
 from gpuwarden.agent.metrics import HookMetrics, PodResourcesCollector, build_registry
-from gpuwarden.agent.scenario import ScenarioAttributor, ScriptedBackend, parse_scenario
+from gpuwarden.agent.scripted import ScenarioAttributor, ScriptedBackend
 from gpuwarden.agent.snapshots import ERROR_KINDS, Sampler, SnapshotRing
+from gpuwarden.sim.scenario import parse_scenario
 from gpuwarden.wire.hook import parse_message
 from gpuwarden.wire.node import DeviceState, GpuSample, Snapshot
 

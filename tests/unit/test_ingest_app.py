@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpuwarden.agent.scenario import ScenarioAttributor, ScriptedBackend, load_scenario
+from gpuwarden.agent.scripted import ScenarioAttributor, ScriptedBackend
 from gpuwarden.agent.snapshots import Sampler, SnapshotRing
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
@@ -29,6 +29,7 @@ from gpuwarden.operator.state import MAX_GPUS_PER_POD, MAX_REPORT_AGE, OperatorS
 from gpuwarden.policy import PodView, PolicyEvaluator
 from gpuwarden.policy.parse import parse_spec
 from gpuwarden.policy.series import SeriesKey
+from gpuwarden.sim.scenario import load_scenario
 from gpuwarden.wire.node import (
     SCHEMA_VERSION,
     GpuHealth,

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuwarden import cli
 from gpuwarden.agent import nvml
 from gpuwarden.agent.backend import BackendError
-from gpuwarden.agent.scenario import ScriptedBackend
+from gpuwarden.agent.scripted import ScriptedBackend
 from gpuwarden.local.display import announcement_line, elapsed_clock, render_table, summary_lines
 from gpuwarden.local.metrics import FindingCollector
 from gpuwarden.local.policies import LocalPolicy, for_processes

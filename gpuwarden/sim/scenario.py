@@ -62,9 +62,7 @@ import hashlib
 import itertools
 import math
 import struct
-import time
 from bisect import bisect_right
-from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -74,9 +72,8 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from gpuwarden.agent.backend import BackendError
-from gpuwarden.agent.scenarios import PACKAGED as PACKAGED  # re-exported: the names load_scenario takes
 from gpuwarden.policy.units import parse_duration, parse_quantity, parse_rate
+from gpuwarden.sim.scenarios import PACKAGED as PACKAGED  # re-exported: the names load_scenario takes
 from gpuwarden.wire.base import first_error
 from gpuwarden.wire.node import (
     ClockEventReason,
@@ -781,7 +778,7 @@ def packaged_scenario(name: str) -> Path:
     """The path of a scenario shipped with gpuwarden (``demo``, ``e2e-fast``)."""
     if name not in PACKAGED:
         raise ScenarioError(f"no packaged scenario {name!r}; packaged: {', '.join(PACKAGED)}")
-    return Path(str(resources.files("gpuwarden.agent") / "scenarios" / f"{name}.yaml"))
+    return Path(str(resources.files("gpuwarden.sim") / "scenarios" / f"{name}.yaml"))
 
 
 def load_scenario(source: str | Path) -> Scenario:
@@ -805,65 +802,3 @@ def parse_scenario(data: Any, *, source: str = "<memory>") -> Scenario:
     except ValidationError as exc:
         raise ScenarioError(f"{source}: {first_error(exc, top='(top level)')}") from None
     return Scenario(spec, source)
-
-
-class ScriptedBackend:
-    """A :class:`DeviceBackend` that plays a scenario in real time from ``origin`` (epoch seconds).
-
-    ``origin`` defaults to the moment :meth:`open` is called, so ``t = now - origin``.
-    """
-
-    name = "scripted"
-
-    def __init__(
-        self, scenario: Scenario, *, origin: float | None = None, clock: Callable[[], float] = time.time
-    ) -> None:
-        self.scenario = scenario
-        self.origin = origin
-        self._clock = clock
-        self._sampled_at: float | None = None
-        """Scenario time of the previous device sample: XIDs after it ride the next one."""
-
-    def open(self) -> None:
-        """Fix the origin if none was given."""
-        if self.origin is None:
-            self.origin = self._clock()
-
-    def scenario_time(self, now: float) -> float:
-        """Scenario time at epoch ``now``."""
-        if self.origin is None:
-            raise BackendError("ScriptedBackend used before open()")
-        return max(0.0, now - self.origin)
-
-    def sample_devices(self, now: float) -> list[GpuSample]:
-        """The scenario's GPUs at ``now - origin``, with the XIDs raised since the previous call."""
-        t = self.scenario_time(now)
-        since = -1.0 if self._sampled_at is None else self._sampled_at
-        self._sampled_at = t
-        assert self.origin is not None  # scenario_time() checked it
-        return self.scenario.gpu_samples(t, xids_since=since, origin=self.origin)
-
-    def sample_process_utilization(self, now: float) -> ProcessUtilization:
-        """The scenario's per-process utilization at ``now - origin``."""
-        return self.scenario.process_utilization(self.scenario_time(now))
-
-    def close(self) -> None:
-        """Nothing to release."""
-
-
-class ScenarioAttributor:
-    """The pod attribution of a scenario, with the same ``refresh``/``annotate`` as the PodAttributor.
-
-    There is no kubelet behind a scripted backend, so the scenario's pods stand in for
-    the PodResources answer and its processes for /proc.
-    """
-
-    def __init__(self, backend: ScriptedBackend) -> None:
-        self._backend = backend
-
-    async def refresh(self) -> None:
-        """Nothing to fetch: the scenario already knows every pod."""
-
-    def annotate(self, snapshot: Snapshot) -> Snapshot:
-        """Attribute the snapshot's GPUs and processes to the scenario's pods at the snapshot's time."""
-        return self._backend.scenario.annotate(snapshot, self._backend.scenario_time(snapshot.timestamp))
