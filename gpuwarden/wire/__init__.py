@@ -8,7 +8,7 @@ Import a schema from its own module, the package's public surface:
 - :mod:`gpuwarden.wire.verdicts`: the VerdictReport a shard sends a policy's owner;
 - :mod:`gpuwarden.wire.hook`: the line a training hook writes to the agent (``parse_message``);
 - :mod:`gpuwarden.wire.base`: what the three share: ``WireModel``, the common bounds, and
-  ``first_error``, the field-naming message of a refused document.
+  ``parse_strict`` and ``first_error``, the field-naming message of a refused document.
 
 This ``__init__`` imports none of them: each process loads only the schemas it speaks (the
 models cost memory as they are built, docs/benchmarks.md; an agent never loads the verdicts).

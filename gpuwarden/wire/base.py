@@ -7,12 +7,12 @@ share are here, each schema's own beside its models.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-__all__ = ["MAX_BYTES", "MAX_COUNT", "MAX_TIMESTAMP", "Bytes", "WireModel", "first_error"]
+__all__ = ["MAX_BYTES", "MAX_COUNT", "MAX_TIMESTAMP", "Bytes", "WireModel", "first_error", "parse_strict"]
 
 MAX_BYTES = 2**50
 """Memory readings above a pebibyte are no reading (an H200 has 141 GB; a node a few TiB)."""
@@ -44,3 +44,23 @@ def first_error(exc: ValidationError, *, top: str = "body") -> str:
     where = ".".join(str(p) for p in first["loc"]) or top
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     return f"{where}: {first['msg']}{more}"
+
+
+Model = TypeVar("Model", bound=WireModel)
+
+
+def parse_strict(
+    model: type[Model],
+    body: bytes | str,
+    error: type[ValueError],
+    *,
+    top: str = "body",
+    by_name: bool | None = None,
+) -> Model:
+    """Validate a JSON document strictly (JSON types as declared, no coercion); raise ``error``
+    with :func:`first_error`'s message. ``by_name=False`` refuses snake_case spellings, nested
+    models' included (the model's own config reaches only its own fields)."""
+    try:
+        return model.model_validate_json(body, strict=True, by_name=by_name)
+    except ValidationError as exc:
+        raise error(first_error(exc, top=top)) from None

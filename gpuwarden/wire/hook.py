@@ -8,9 +8,9 @@ knows the writer from the socket (``SO_PEERCRED``), never from what it writes.
 
 from __future__ import annotations
 
-from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from gpuwarden.wire.base import MAX_COUNT, MAX_TIMESTAMP, Bytes, WireModel, first_error
+from gpuwarden.wire.base import MAX_COUNT, MAX_TIMESTAMP, Bytes, WireModel, parse_strict
 from gpuwarden.wire.node import AllocationSite
 
 PROTOCOL_VERSION = 1
@@ -67,8 +67,5 @@ class MessageError(ValueError):
 
 def parse_message(line: bytes | str) -> HookMessage:
     """Parse one line strictly; raise :class:`MessageError` naming the first offending field."""
-    try:
-        # by_name=False reaches the nested sites too (wire.node's models take both spellings).
-        return HookMessage.model_validate_json(line, strict=True, by_alias=True, by_name=False)
-    except ValidationError as exc:
-        raise MessageError(first_error(exc, top="line")) from None
+    # by_name=False reaches the nested sites too (wire.node's models take both spellings).
+    return parse_strict(HookMessage, line, MessageError, top="line", by_name=False)

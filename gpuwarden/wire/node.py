@@ -19,9 +19,9 @@ from __future__ import annotations
 import enum
 from typing import Annotated
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
-from gpuwarden.wire.base import MAX_COUNT, MAX_TIMESTAMP, Bytes, WireModel, first_error
+from gpuwarden.wire.base import MAX_COUNT, MAX_TIMESTAMP, Bytes, WireModel, parse_strict
 
 SCHEMA_VERSION = 4
 """The ``schemaVersion`` this build sends; bumped on any change an older operator would refuse."""
@@ -243,10 +243,7 @@ class ReportError(ValueError):
 
 def parse_report(body: bytes | str) -> NodeReport:
     """Parse a JSON body strictly (see the module doc); raise :class:`ReportError` naming the field."""
-    try:
-        report = NodeReport.model_validate_json(body, strict=True)
-    except ValidationError as exc:
-        raise ReportError(first_error(exc)) from None
+    report = parse_strict(NodeReport, body, ReportError)
     if report.schema_version not in ACCEPTED_SCHEMA_VERSIONS:
         speaks = ", ".join(str(v) for v in sorted(ACCEPTED_SCHEMA_VERSIONS))
         raise ReportError(

@@ -13,9 +13,9 @@ finite, every list and string capped, unknown fields refused.
 
 from __future__ import annotations
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
-from gpuwarden.wire.base import MAX_COUNT, MAX_TIMESTAMP, WireModel, first_error
+from gpuwarden.wire.base import MAX_COUNT, MAX_TIMESTAMP, WireModel, parse_strict
 
 __all__ = [
     "MAX_PODS",
@@ -94,10 +94,7 @@ class VerdictError(ValueError):
 
 def parse_verdicts(body: bytes | str) -> VerdictReport:
     """Parse a JSON body strictly; raise :class:`VerdictError` naming the field."""
-    try:
-        report = VerdictReport.model_validate_json(body, strict=True)
-    except ValidationError as exc:
-        raise VerdictError(first_error(exc)) from None
+    report = parse_strict(VerdictReport, body, VerdictError)
     if report.schema_version != SCHEMA_VERSION:
         raise VerdictError(
             f"schemaVersion: {report.schema_version} is not supported; this operator speaks {SCHEMA_VERSION}"
