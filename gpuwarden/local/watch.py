@@ -36,7 +36,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from gpuwarden.agent.backend import BackendError, DeviceBackend
-from gpuwarden.agent.command import DEFAULT_HOOK_SOCKET, HOOK_SOCKET_ENV
+from gpuwarden.agent.config import DEFAULT_HOOK_SOCKET, HOOK_SOCKET_ENV
 from gpuwarden.agent.hookattach import HookStage
 from gpuwarden.agent.hooksocket import HookReadings, HookServer, HookSocketError
 from gpuwarden.agent.metrics import HookMetrics
