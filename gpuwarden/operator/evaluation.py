@@ -50,8 +50,8 @@ from gpuwarden.policy.model import PolicySpec
 from gpuwarden.policy.parse import SpecError, parse_spec
 from gpuwarden.policy.rules import Outcome
 from gpuwarden.policy.series import PodId
-from gpuwarden.verdictreport import SCHEMA_VERSION as VERDICT_SCHEMA_VERSION
-from gpuwarden.verdictreport import VerdictReport
+from gpuwarden.wire.verdicts import SCHEMA_VERSION as VERDICT_SCHEMA_VERSION
+from gpuwarden.wire.verdicts import VerdictReport
 
 __all__ = ["PolicyRunner"]
 

@@ -17,7 +17,6 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gpuwarden.nodereport import NodeReport
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.ingest import MAX_FUTURE_SKEW, Intake, ReportBook, ReportIngest
 from gpuwarden.operator.kubeapi import KubeApi
@@ -34,7 +33,8 @@ from gpuwarden.operator.verdictmerge import VerdictBoard
 from gpuwarden.policy.healthstore import Admission, HealthStore
 from gpuwarden.policy.intake import points_from_snapshot
 from gpuwarden.policy.series import PodId, SeriesKey, SeriesStore
-from gpuwarden.verdictreport import VerdictReport
+from gpuwarden.wire.node import NodeReport
+from gpuwarden.wire.verdicts import VerdictReport
 
 if TYPE_CHECKING:
     from gpuwarden.operator.scaling import Scaler

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from gpuwarden.policy.rules import Outcome, RuleKind
 from gpuwarden.policy.series import PodId
-from gpuwarden.verdictreport import MAX_PODS, PodVerdict, RuleVerdict, VerdictReport
+from gpuwarden.wire.verdicts import MAX_PODS, PodVerdict, RuleVerdict, VerdictReport
 
 __all__ = ["SILENT_INTERVALS", "VerdictBoard", "outcome_from", "pod_verdicts"]
 

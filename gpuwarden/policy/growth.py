@@ -116,13 +116,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import sub
 
-from gpuwarden.nodereport import AllocationSite
 from gpuwarden.policy.humanize import approx_duration, format_bytes
 from gpuwarden.policy.model import MemoryGrowth, MemorySource
 from gpuwarden.policy.rules import Outcome, RuleKind, WindowParams, covered, pod_end, readings, unknown
 from gpuwarden.policy.series import Column, PodId, SeriesKey, Window
 from gpuwarden.policy.slope import bucket_medians, fit_line, median, theil_sen
 from gpuwarden.policy.units import format_duration
+from gpuwarden.wire.node import AllocationSite
 
 MIN_SPAN_SECONDS = 240.0
 """The shortest evidence span (or the window, when shorter): a leak is never decided on less."""

@@ -34,13 +34,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuwarden.nodereport import ClockEventReason
 from gpuwarden.policy.healthstore import GpuRecord, HealthStore
 from gpuwarden.policy.humanize import approx_duration, time_of_day
 from gpuwarden.policy.model import GpuHealthRule, Throttling
 from gpuwarden.policy.rules import Outcome, RuleKind, WindowParams, pod_end, unknown
 from gpuwarden.policy.series import PodId, SeriesKey, UtilizationSource, Window
 from gpuwarden.policy.xids import describe_xid
+from gpuwarden.wire.node import ClockEventReason
 
 __all__ = [
     "ANY_THROTTLING",

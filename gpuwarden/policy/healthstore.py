@@ -39,10 +39,10 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from gpuwarden.nodereport import ClockEventReason, DeviceState, GpuSample, Snapshot
 from gpuwarden.policy.findings import Finding
 from gpuwarden.policy.intake import pods_of
 from gpuwarden.policy.series import PodId
+from gpuwarden.wire.node import ClockEventReason, DeviceState, GpuSample, Snapshot
 
 __all__ = [
     "HARDWARE_SLOWDOWN",

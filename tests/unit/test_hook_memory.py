@@ -11,7 +11,13 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from gpuwarden.nodereport import (
+from gpuwarden.policy import PodView, PolicyEvaluator, Transition
+from gpuwarden.policy.growth import MESSAGE_SITES, evaluate_growth
+from gpuwarden.policy.intake import hook_point, points_from_processes, points_from_report
+from gpuwarden.policy.model import Actions, LabelSelector, MemoryGrowth, MemorySource, PolicySpec
+from gpuwarden.policy.rules import Outcome, RuleKind, WindowParams
+from gpuwarden.policy.series import Column, HookPoint, PodId, Point, SeriesKey, SeriesStore
+from gpuwarden.wire.node import (
     SCHEMA_VERSION,
     AllocationSite,
     GpuSample,
@@ -23,12 +29,6 @@ from gpuwarden.nodereport import (
     dump_report,
     parse_report,
 )
-from gpuwarden.policy import PodView, PolicyEvaluator, Transition
-from gpuwarden.policy.growth import MESSAGE_SITES, evaluate_growth
-from gpuwarden.policy.intake import hook_point, points_from_processes, points_from_report
-from gpuwarden.policy.model import Actions, LabelSelector, MemoryGrowth, MemorySource, PolicySpec
-from gpuwarden.policy.rules import Outcome, RuleKind, WindowParams
-from gpuwarden.policy.series import Column, HookPoint, PodId, Point, SeriesKey, SeriesStore
 
 T0 = 1_749_999_960.0
 MI = 2**20

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gpuwarden.nodereport import GpuSample, PodRef, ProcessSample, Snapshot
 from gpuwarden.policy.intake import points_from_snapshot
 from gpuwarden.policy.model import Signal, UtilizationCeiling, UtilizationFloor
 from gpuwarden.policy.rules import Outcome, WindowParams, covered, readings
 from gpuwarden.policy.series import Column, PodId, Point, SeriesKey, SeriesStore, UtilizationSource
 from gpuwarden.policy.utilization import evaluate_ceiling, evaluate_floor
+from gpuwarden.wire.node import GpuSample, PodRef, ProcessSample, Snapshot
 
 T0 = 1_750_000_000.0
 POD = PodId("ns", "pod")
