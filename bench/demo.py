@@ -19,8 +19,8 @@ import subprocess
 import sys
 import time
 
-from gpuwarden.agent.scenario import load_scenario
 from gpuwarden.local.demo import DEFAULT_SPEED
+from gpuwarden.sim.scenario import load_scenario
 
 DEMO_BUDGET_S = 60.0
 """What the README promises for `make demo`."""

@@ -57,8 +57,10 @@ LEAD_IN = 15.0
 
 def agent_main(args: argparse.Namespace) -> int:
     """Run the real agent (sampler, attribution, sender) on a scripted backend whose origin is given."""
-    from gpuwarden.agent import command
-    from gpuwarden.agent.scenario import ScriptedBackend, load_scenario
+    from gpuwarden.agent import app, command
+    from gpuwarden.agent.config import AgentConfig
+    from gpuwarden.agent.scripted import ScriptedBackend
+    from gpuwarden.sim.scenario import load_scenario
 
     samples = open(args.samples, "w", buffering=1)  # noqa: SIM115 (closed at exit)
 
@@ -81,10 +83,10 @@ def agent_main(args: argparse.Namespace) -> int:
             *([f"--report-interval={args.report_interval}"] if args.report_interval else []),
         ]
     )
-    config = command.AgentConfig.from_args(agent_args)
+    config = AgentConfig.from_args(agent_args)
     backend = Recording(load_scenario(args.scenario), origin=args.origin)
     backend.open()
-    return asyncio.run(command.serve(config, backend))
+    return asyncio.run(app.serve(config, backend))
 
 
 # -- the run ------------------------------------------------------------------------------------

@@ -38,7 +38,6 @@ import tracemalloc
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from gpuwarden.nodereport import SCHEMA_VERSION, GpuSample, NodeReport, PodRef, Snapshot
 from gpuwarden.policy import (
     PodId,
     PodView,
@@ -60,6 +59,7 @@ from gpuwarden.policy.spec.model import (
     UtilizationCeiling,
     UtilizationFloor,
 )
+from gpuwarden.wire.node import SCHEMA_VERSION, GpuSample, NodeReport, PodRef, Snapshot
 
 T0 = 1_749_999_960.0
 GI = 2**30

@@ -47,14 +47,14 @@ from aiohttp import web
 from ingest import TOKEN_PREFIX, BenchApi, Layout, exchange, node_gpus, pod_nodes
 from ingest_fairness import summary
 
-from gpuwarden.nodereport import GpuSample, NodeReport, PodRef, Snapshot, dump_report
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.ingest import make_ingest_app
 from gpuwarden.operator.resources import PolicyKey
 from gpuwarden.operator.tokenreview import TokenAuthenticator
 from gpuwarden.operator.verdictexchange import VerdictIngest
-from gpuwarden.verdictreport import PodVerdict, RuleVerdict, VerdictReport, dump_verdicts
+from gpuwarden.wire.node import GpuSample, NodeReport, PodRef, Snapshot, dump_report
+from gpuwarden.wire.verdicts import PodVerdict, RuleVerdict, VerdictReport, dump_verdicts
 
 ATTACKS = ("health", "gpus", "verdicts")
 OPERATOR = "system:serviceaccount:gpuwarden-system:gpuwarden-operator"

@@ -45,11 +45,11 @@ import aiohttp
 from aiohttp import web
 from ingest import TOKEN_PREFIX, BenchApi
 
-from gpuwarden.nodereport import GpuSample, NodeReport, PodRef, Snapshot, dump_report
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.ingest import make_ingest_app
 from gpuwarden.serving import ConnectionLimiter, connection_cap, raise_fd_limit, serve
+from gpuwarden.wire.node import GpuSample, NodeReport, PodRef, Snapshot, dump_report
 
 NODE = "good-node"
 

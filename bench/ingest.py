@@ -53,16 +53,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aiohttp import web
 
-from gpuwarden.nodereport import (
-    SCHEMA_VERSION,
-    GpuHealth,
-    GpuSample,
-    NodeReport,
-    PodRef,
-    ProcessSample,
-    Snapshot,
-    dump_report,
-)
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.evaluation import PolicyRunner
@@ -73,6 +63,16 @@ from gpuwarden.operator.shards import Ring, policy_key
 from gpuwarden.operator.state import OperatorState
 from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.store.series import Point, SeriesKey
+from gpuwarden.wire.node import (
+    SCHEMA_VERSION,
+    GpuHealth,
+    GpuSample,
+    NodeReport,
+    PodRef,
+    ProcessSample,
+    Snapshot,
+    dump_report,
+)
 
 AGENT = "system:serviceaccount:gpuwarden-system:gpuwarden-agent"
 GPUS = 8

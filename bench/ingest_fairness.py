@@ -35,10 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ingest.py's se
 from aiohttp import web
 from ingest import TOKEN_PREFIX, BenchApi, Layout, exchange, node_gpus, pod_nodes
 
-from gpuwarden.nodereport import NodeReport, Snapshot, dump_report
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig, parse_size
 from gpuwarden.operator.ingest import make_ingest_app
+from gpuwarden.wire.node import NodeReport, Snapshot, dump_report
 
 
 def report_body(layout: Layout, node: int, seq: int, snapshots: int, t_end: float) -> bytes:

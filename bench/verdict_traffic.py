@@ -25,7 +25,7 @@ from gpuwarden.operator.verdictmerge import pod_verdicts
 from gpuwarden.policy.engine import PodView, PolicyEvaluator
 from gpuwarden.policy.parse import parse_spec
 from gpuwarden.policy.store.series import Point, SeriesKey, SeriesStore
-from gpuwarden.verdictreport import SCHEMA_VERSION, VerdictReport, dump_verdicts
+from gpuwarden.wire.verdicts import SCHEMA_VERSION, VerdictReport, dump_verdicts
 
 T0 = 1_800_000_000.0
 RULES = [

@@ -46,10 +46,10 @@ from operator_support import (  # noqa: E402
     write_token,
 )
 
-from gpuwarden.agent.scenario import load_scenario  # noqa: E402
+from gpuwarden.sim.scenario import load_scenario  # noqa: E402
 from gpuwarden.units import parse_duration  # noqa: E402
 
-SCENARIO = REPO / "gpuwarden" / "agent" / "scenarios" / "e2e-fast.yaml"
+SCENARIO = REPO / "gpuwarden" / "sim" / "scenarios" / "e2e-fast.yaml"
 EXAMPLE_POLICY = REPO / "examples" / "gpumonitorpolicy.yaml"
 SYSTEM_NAMESPACE = "gpuwarden-system"
 AGENT_SA = "gpuwarden-agent"

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from gpuwarden.nodereport import ClockEventReason, GpuHealth, XidEvent
+from gpuwarden.wire.node import ClockEventReason, GpuHealth, XidEvent
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gpuwarden.agent.backend import device_key
 from gpuwarden.agent.hooksocket import MAX_AGE, HookEvents, HookReading, HookReadings
-from gpuwarden.nodereport import GpuSample, HookSample, Snapshot
+from gpuwarden.wire.node import GpuSample, HookSample, Snapshot, device_key
 
 
 def hook_sample(reading: HookReading, gpu: GpuSample) -> HookSample:

@@ -1,7 +1,7 @@
 """The agent's end of the training hook's channel: a Unix stream socket, the writer named by the kernel.
 
 :class:`HookServer` accepts connections on ``--hook-socket`` and reads one hook message
-(:mod:`gpuwarden.hookprotocol`) per line. Who wrote a line is what ``SO_PEERCRED`` said at
+(:mod:`gpuwarden.wire.hook`) per line. Who wrote a line is what ``SO_PEERCRED`` said at
 accept: the connecting process's PID in the agent's PID namespace (the host's: the agent runs with
 ``hostPID``) and its UID. Nothing in a message names a process, so a process can only ever speak
 for itself; :class:`HookReadings` keeps the newest message per PID for the sampler's hook stage
@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Protocol
 
 from gpuwarden.hook.client import REFUSED, TAKEN
-from gpuwarden.hookprotocol import MAX_LINE_BYTES, HookMessage, MessageError, parse_message
+from gpuwarden.wire.hook import MAX_LINE_BYTES, HookMessage, MessageError, parse_message
 
 log = logging.getLogger(__name__)
 

@@ -32,12 +32,11 @@ from prometheus_client.registry import Collector
 from gpuwarden import __version__
 from gpuwarden.agent.attribution.dra import SlicesState, UnresolvedReason
 from gpuwarden.agent.attribution.kubelet import PodResourcesState
-from gpuwarden.agent.backend import device_key
 from gpuwarden.agent.health import CLOCK_EVENT_BITS
 from gpuwarden.agent.hooksocket import REFUSALS as HOOK_REFUSALS
 from gpuwarden.agent.hooksocket import HookReadings
 from gpuwarden.agent.snapshots import ERROR_KINDS, SnapshotRing
-from gpuwarden.nodereport import REFUSALS, DeviceState, GpuSample, PodRef, Snapshot
+from gpuwarden.wire.node import REFUSALS, DeviceState, GpuSample, PodRef, Snapshot, device_key
 
 GPU_LABELS = ("uuid", "index", "model", "mig_id")
 POD_LABELS = ("namespace", "pod", "container")

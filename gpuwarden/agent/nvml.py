@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuwarden.agent.backend import BackendError, ProcessUtilization
+from gpuwarden.agent.backend import BackendError
 from gpuwarden.agent.health import XidWatcher, read_health, with_xids
-from gpuwarden.nodereport import DeviceState, GpuSample, ProcessSample
+from gpuwarden.wire.node import DeviceState, GpuSample, ProcessSample, ProcessUtilization
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 :meth:`ReportSender.submit` never blocks: it files the snapshot in a bounded buffer
 (oldest dropped first, and counted), and wakes :meth:`ReportSender.run`, which posts
 everything buffered, oldest first, split into reports of at most
-:data:`~gpuwarden.nodereport.MAX_SNAPSHOTS_PER_REPORT` snapshots and of at most the
+:data:`~gpuwarden.wire.node.MAX_SNAPSHOTS_PER_REPORT` snapshots and of at most the
 operator's body limit. A snapshot leaves the buffer only when the operator answered
 2xx for it, or refused it as malformed (4xx). :meth:`ReportSender.flush` delivers
 what is left at shutdown.
@@ -55,7 +55,7 @@ import aiohttp
 from prometheus_client import CollectorRegistry
 
 from gpuwarden.agent.metrics import SenderMetrics
-from gpuwarden.nodereport import MAX_SNAPSHOTS_PER_REPORT, REFUSALS, SCHEMA_VERSION, Snapshot
+from gpuwarden.wire.node import MAX_SNAPSHOTS_PER_REPORT, REFUSALS, SCHEMA_VERSION, Snapshot
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ and hands it to the report sender. Per-process SM utilization is read at its own
 lower rate (``process_interval``) in the same worker call as the device sample it
 rides on, so a snapshot carries ``sm_util`` only when it was read at that time: then 0
 for a process that ran no kernel in the window (see
-:func:`~gpuwarden.agent.backend.merge_process_utilization`), ``None`` where the device
+:func:`~gpuwarden.wire.node.merge_process_utilization`), ``None`` where the device
 could not be read.
 
 A scrape never calls the backend: the collectors read :meth:`SnapshotRing.latest`.
@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from gpuwarden.agent.backend import DeviceBackend, ProcessUtilization, merge_process_utilization
-from gpuwarden.nodereport import DeviceState, Snapshot
+from gpuwarden.agent.backend import DeviceBackend
+from gpuwarden.wire.node import DeviceState, ProcessUtilization, Snapshot, merge_process_utilization
 
 log = logging.getLogger(__name__)
 

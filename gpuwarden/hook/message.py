@@ -1,6 +1,6 @@
 """The hook's line on the wire (docs/hook.md, hook protocol version 1): one JSON object per reading.
 
-Plain dataclasses and :mod:`json`, not the pydantic models of :mod:`gpuwarden.nodereport`: the hook runs
+Plain dataclasses and :mod:`json`, not the pydantic models of :mod:`gpuwarden.wire.node`: the hook runs
 inside the training job and imports nothing beyond the standard library. The agent validates.
 """
 

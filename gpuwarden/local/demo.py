@@ -1,6 +1,6 @@
 """``gpuwarden demo``: a scripted eight-GPU node played through the policy engine, in under a minute.
 
-The scripted backend (the agent's, :class:`~gpuwarden.agent.scenario.ScriptedBackend`)
+The scripted backend (the agent's, :class:`~gpuwarden.agent.scripted.ScriptedBackend`)
 is read at scenario time ``t`` directly, one sample per ``--interval`` of scenario time,
 attributed to the scenario's pods and fed to a :class:`~gpuwarden.local.session.Session`
 with the demo's policies. Nothing waits for scenario time to pass: at ``--speed`` 60 the
@@ -22,16 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuwarden.agent.backend import merge_process_utilization
-from gpuwarden.agent.scenario import (
-    DEFAULT_ORIGIN,
-    PACKAGED,
-    Scenario,
-    ScenarioAttributor,
-    ScenarioError,
-    ScriptedBackend,
-    load_scenario,
-)
+from gpuwarden.agent.scripted import ScenarioAttributor, ScriptedBackend
 from gpuwarden.agent.snapshots import SnapshotRing
 from gpuwarden.local.display import LiveDisplay, PlainDisplay, elapsed_clock, summary_lines
 from gpuwarden.local.history import History
@@ -47,9 +38,10 @@ from gpuwarden.local.options import (
 from gpuwarden.local.plot import PlotUnavailable, require_matplotlib, save_plot
 from gpuwarden.local.policies import LocalPolicy, demo_policy_path, load_policies
 from gpuwarden.local.session import ScaleNote, Session, Step, SubjectKind
-from gpuwarden.nodereport import Snapshot
 from gpuwarden.policy import PodView, SpecError
+from gpuwarden.sim.scenario import DEFAULT_ORIGIN, PACKAGED, Scenario, ScenarioError, load_scenario
 from gpuwarden.units import format_duration
+from gpuwarden.wire.node import Snapshot, merge_process_utilization
 
 DEFAULT_SPEED = 60.0
 """Scenario seconds per wall second: the 30-minute demo plays in about 30 s."""

@@ -23,8 +23,8 @@ from typing import TextIO
 
 from gpuwarden.local.history import FindingSpan, History
 from gpuwarden.local.session import Announcement, GpuRow, ScaleNote, SimulatedTarget, Step, TargetRow
-from gpuwarden.nodereport import DeviceState
 from gpuwarden.policy import Transition, format_bytes
+from gpuwarden.wire.node import DeviceState
 
 ClockLabel = Callable[[float], str]
 """Writes a snapshot time for a line: ``05:10`` into a scenario, ``14:03:22`` on the wall clock."""

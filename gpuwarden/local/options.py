@@ -1,6 +1,6 @@
 """What ``demo`` and ``watch`` share on the command line: flag types, the display choice, errors.
 
-Durations, ``[HOST]:PORT`` and the usage error are the agent's own (:mod:`gpuwarden.agent.command`),
+Durations, ``[HOST]:PORT`` and the usage error are the agent's own (:mod:`gpuwarden.agent.config`),
 so that the same flag reads the same in every command. Importing the agent's command module
 loads neither gRPC nor the scenario machinery (a unit test holds it to that): ~30 ms and ~1.3 MiB.
 """
@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Protocol, TextIO
 
-from gpuwarden.agent.command import UsageError, duration, parse_listen
+from gpuwarden.agent.config import UsageError, duration, parse_listen
 from gpuwarden.local.session import Step
 
 __all__ = [

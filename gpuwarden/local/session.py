@@ -22,7 +22,7 @@ its cooldown. There is no cluster, so the target is a :class:`SimulatedTarget`: 
 with one replica per pod the policy matches (when it first matches any) and follows the
 decisions, 1 -> 2 -> 3 within ``minReplicas``/``maxReplicas``. Whoever plays the snapshots
 makes the replicas real: the demo scales the scenario's Deployment of that name
-(:meth:`gpuwarden.agent.scenario.Scenario.scale`), whose load then spreads over the new
+(:meth:`gpuwarden.sim.scenario.Scenario.scale`), whose load then spreads over the new
 pods once they start, so scaling out lowers each pod's utilization and stops when it is
 low enough. A target with no such Deployment gets no pods: a saturated server then keeps
 asking, once per cooldown, up to ``maxReplicas``. A ``dryRun: true`` policy leaves the
@@ -40,10 +40,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from gpuwarden.agent.backend import device_key
 from gpuwarden.local.history import History
 from gpuwarden.local.policies import LocalPolicy
-from gpuwarden.nodereport import DeviceState, GpuSample, ProcessSample, Snapshot
 from gpuwarden.policy import (
     PROCESS_NAMESPACE,
     Evaluation,
@@ -66,6 +64,7 @@ from gpuwarden.policy import (
     process_subject,
     scale_step,
 )
+from gpuwarden.wire.node import DeviceState, GpuSample, ProcessSample, Snapshot, device_key
 
 POINT_SLACK = 1.25
 """Series room beyond retention / interval: sampling jitters, and a short series would evict early."""

@@ -36,11 +36,11 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from gpuwarden.agent.backend import BackendError, DeviceBackend
-from gpuwarden.agent.command import DEFAULT_HOOK_SOCKET, HOOK_SOCKET_ENV
+from gpuwarden.agent.config import DEFAULT_HOOK_SOCKET, HOOK_SOCKET_ENV
 from gpuwarden.agent.hookattach import HookStage
 from gpuwarden.agent.hooksocket import HookReadings, HookServer, HookSocketError
 from gpuwarden.agent.metrics import HookMetrics
-from gpuwarden.agent.scenario import PACKAGED, Scenario, ScenarioError, ScriptedBackend, load_scenario
+from gpuwarden.agent.scripted import ScriptedBackend
 from gpuwarden.agent.snapshots import Sampler, SnapshotRing
 from gpuwarden.local.display import LiveDisplay, PlainDisplay, elapsed_clock, summary_lines, wall_clock
 from gpuwarden.local.history import History
@@ -57,9 +57,10 @@ from gpuwarden.local.options import (
 from gpuwarden.local.plot import PlotUnavailable, require_matplotlib, save_plot
 from gpuwarden.local.policies import LocalPolicy, for_processes, load_policies
 from gpuwarden.local.session import Session, SubjectKind
-from gpuwarden.nodereport import Snapshot
 from gpuwarden.policy import SpecError
+from gpuwarden.sim.scenario import PACKAGED, Scenario, ScenarioError, load_scenario
 from gpuwarden.units import format_duration
+from gpuwarden.wire.node import Snapshot
 
 log = logging.getLogger("gpuwarden.watch")
 

@@ -55,8 +55,8 @@ from gpuwarden.policy import (
     parse_spec,
     rule_kind,
 )
-from gpuwarden.verdictreport import SCHEMA_VERSION as VERDICT_SCHEMA_VERSION
-from gpuwarden.verdictreport import VerdictReport
+from gpuwarden.wire.verdicts import SCHEMA_VERSION as VERDICT_SCHEMA_VERSION
+from gpuwarden.wire.verdicts import VerdictReport
 
 __all__ = ["PolicyRunner"]
 

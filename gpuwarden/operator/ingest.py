@@ -52,10 +52,10 @@ from typing import Any
 
 from aiohttp import web
 
-from gpuwarden.nodereport import NodeReport, ReportError, parse_report
 from gpuwarden.operator.metrics import OperatorMetrics
 from gpuwarden.operator.ratelimit import NodeRateLimiter
 from gpuwarden.operator.tokenreview import Review, ReviewLimited, TokenAuthenticator, Verdict
+from gpuwarden.wire.node import NodeReport, ReportError, parse_report
 
 __all__ = [
     "INGEST",
@@ -95,7 +95,7 @@ class Intake:
 
     stored: int = 0
     refused: dict[str, int] = field(default_factory=dict)
-    """Readings not stored, by reason (one of :data:`~gpuwarden.nodereport.REFUSALS`)."""
+    """Readings not stored, by reason (one of :data:`~gpuwarden.wire.node.REFUSALS`)."""
 
 
 SEQ_WINDOW = 64

@@ -21,9 +21,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
-from gpuwarden.nodereport import REFUSALS
 from gpuwarden.policy import Point, SeriesKey, SeriesStore
-from gpuwarden.verdictreport import VERDICT_REFUSALS
+from gpuwarden.wire.node import REFUSALS
+from gpuwarden.wire.verdicts import VERDICT_REFUSALS
 
 EVENT_DROP_REASONS = ("queue_full", "expired", "refused")
 """Why the Event poster gave an Event up: its queue was full, it waited too long, the API refused it."""

@@ -17,7 +17,6 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gpuwarden.nodereport import NodeReport
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.ingest import MAX_FUTURE_SKEW, Intake, ReportBook, ReportIngest
 from gpuwarden.operator.kubeapi import KubeApi
@@ -32,7 +31,8 @@ from gpuwarden.operator.tokenreview import TokenAuthenticator
 from gpuwarden.operator.verdictexchange import VerdictIngest, VerdictSender
 from gpuwarden.operator.verdictmerge import VerdictBoard
 from gpuwarden.policy import Admission, HealthStore, PodId, SeriesKey, SeriesStore, points_from_snapshot
-from gpuwarden.verdictreport import VerdictReport
+from gpuwarden.wire.node import NodeReport
+from gpuwarden.wire.verdicts import VerdictReport
 
 if TYPE_CHECKING:
     from gpuwarden.operator.scaling import Scaler

@@ -1,7 +1,7 @@
 """Sharded mode's verdict traffic: ``POST /v1/verdicts`` between replicas, both ends.
 
 A replica that does not own a policy sends its owner, once per evaluation interval, its
-verdicts on the policy's pods whose readings it holds (:mod:`gpuwarden.verdictreport`), at the
+verdicts on the policy's pods whose readings it holds (:mod:`gpuwarden.wire.verdicts`), at the
 owner's advertised ingest URL with ``/v1/verdicts`` for ``/v1/reports``, gzip-compressed,
 with its ServiceAccount token (``--peer-token-file``, re-read for every POST: the kubelet
 rotates it). The owner reviews the token as the ingest does (TokenReview, cached) and takes
@@ -13,7 +13,7 @@ messages say verdicts), 413/415 for the body, 400 ``InvalidVerdicts`` (the messa
 field; ``at`` more than :data:`~.ingest.MAX_FUTURE_SKEW` ahead of this replica's clock too), 404
 ``UnknownPolicy`` (no daemon of that policy runs here: nothing would ever read its verdicts, so
 none are kept), else 200 ``{"taken": N, "refused": M}`` (pods whose verdict was newer than the
-one held; pods new to a policy that holds :data:`~gpuwarden.verdictreport.MAX_PODS` already).
+one held; pods new to a policy that holds :data:`~gpuwarden.wire.verdicts.MAX_PODS` already).
 Refusals are counted by reason (``gpuwarden_operator_verdicts_refused``). A failed send is not
 retried: the next interval sends a newer one.
 """
@@ -42,7 +42,7 @@ from gpuwarden.operator.ingest import (
 from gpuwarden.operator.metrics import OperatorMetrics
 from gpuwarden.operator.tokenreview import TokenAuthenticator
 from gpuwarden.operator.verdictmerge import VerdictBoard
-from gpuwarden.verdictreport import (
+from gpuwarden.wire.verdicts import (
     VERDICT_REFUSALS,
     VerdictError,
     VerdictReport,

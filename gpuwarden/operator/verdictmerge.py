@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuwarden.policy import Outcome, PodId, RuleKind
-from gpuwarden.verdictreport import MAX_PODS, PodVerdict, RuleVerdict, VerdictReport
+from gpuwarden.wire.verdicts import MAX_PODS, PodVerdict, RuleVerdict, VerdictReport
 
 __all__ = ["SILENT_INTERVALS", "VerdictBoard", "outcome_from", "pod_verdicts"]
 

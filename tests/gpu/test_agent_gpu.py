@@ -26,9 +26,8 @@ from typing import IO, Any
 
 import pytest
 
-from gpuwarden.agent.backend import device_key, merge_process_utilization
 from gpuwarden.agent.nvml import NvmlBackend
-from gpuwarden.nodereport import DeviceState, GpuSample
+from gpuwarden.wire.node import DeviceState, GpuSample, device_key, merge_process_utilization
 
 pytestmark = pytest.mark.gpu
 

@@ -24,7 +24,7 @@ import pytest
 from test_agent_gpu import Child
 
 from gpuwarden.agent.nvml import NvmlBackend
-from gpuwarden.nodereport import ClockEventReason, DeviceState, GpuSample
+from gpuwarden.wire.node import ClockEventReason, DeviceState, GpuSample
 
 pytestmark = pytest.mark.gpu
 

@@ -19,7 +19,7 @@ import pytest
 
 from gpuwarden.agent.attribution import Allocations, DraDevice, DraResolver, nvml_minor_numbers
 from gpuwarden.agent.nvml import NvmlBackend
-from gpuwarden.nodereport import PodRef
+from gpuwarden.wire.node import PodRef
 
 pytestmark = pytest.mark.gpu
 

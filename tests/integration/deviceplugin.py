@@ -128,7 +128,7 @@ def serve(plugin_dir: Path, device_ids: Sequence[str], stop: threading.Event) ->
 
 def scenario_uuids(scenario: str) -> list[str]:
     """The GPU UUIDs of an agent scenario (a packaged name such as ``demo``, or a file)."""
-    from gpuwarden.agent.scenario import load_scenario
+    from gpuwarden.sim.scenario import load_scenario
 
     return [gpu.uuid for gpu in load_scenario(scenario).spec.gpus]
 

@@ -705,7 +705,7 @@ def idle_pod(
     """Pod ``idle-0`` (app=x) on one GPU idling at about 3% (from ``busy_at`` on, busy at about 60%),
     the policy ``idle`` that flags it after 10 s (with ``actions``), and the agent's scenario for it.
 
-    ``health``: the GPU's ``lost``/``recover`` events (see gpuwarden/agent/scenario.py).
+    ``health``: the GPU's ``lost``/``recover`` events (see gpuwarden/sim/spec.py).
     """
     labels = {"app": "x"}
     create_gpu_pod(setup.cp, setup.namespace, "idle-0", labels)

@@ -45,7 +45,7 @@ from operator_support import (
     wait_until,
 )
 
-from gpuwarden.nodereport import (
+from gpuwarden.wire.node import (
     ClockEventReason,
     GpuHealth,
     GpuSample,
@@ -55,7 +55,7 @@ from gpuwarden.nodereport import (
     XidEvent,
     dump_report,
 )
-from gpuwarden.verdictreport import PodVerdict, RuleVerdict, VerdictReport, dump_verdicts
+from gpuwarden.wire.verdicts import PodVerdict, RuleVerdict, VerdictReport, dump_verdicts
 
 pytestmark = pytest.mark.integration
 

@@ -53,10 +53,10 @@ from gpuwarden.agent.attribution import (
 )
 from gpuwarden.local.policies import LocalPolicy
 from gpuwarden.local.session import Session, SubjectKind
-from gpuwarden.nodereport import GpuSample, PodRef, ProcessSample, Snapshot
 from gpuwarden.operator.pods import requests_gpu
 from gpuwarden.policy.findings import Transition
 from gpuwarden.policy.parse import parse_policy_object
+from gpuwarden.wire.node import GpuSample, PodRef, ProcessSample, Snapshot
 
 pytestmark = pytest.mark.integration
 

@@ -46,7 +46,7 @@ from operator_support import (
     wait_until,
 )
 
-from gpuwarden.nodereport import SCHEMA_VERSION, GpuSample, NodeReport, PodRef, Snapshot, dump_report
+from gpuwarden.wire.node import SCHEMA_VERSION, GpuSample, NodeReport, PodRef, Snapshot, dump_report
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ import yaml
 from node import NODE_NAME, Node
 
 from gpuwarden.agent.attribution.kubelet import PodResourcesClient
-from gpuwarden.nodereport import PodRef
+from gpuwarden.wire.node import PodRef
 
 WAIT = "--timeout=120s"
 

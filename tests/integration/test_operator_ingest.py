@@ -39,7 +39,7 @@ from operator_support import (
     wait_until,
 )
 
-from gpuwarden.nodereport import GpuSample, NodeReport, PodRef, Snapshot, dump_report
+from gpuwarden.wire.node import GpuSample, NodeReport, PodRef, Snapshot, dump_report
 
 pytestmark = pytest.mark.integration
 

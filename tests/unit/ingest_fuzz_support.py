@@ -34,7 +34,6 @@ from aiohttp.test_utils import TestServer
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwarden.nodereport import MAX_BYTES, MAX_COUNT, MAX_TIMESTAMP
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.ingest import MAX_FUTURE_SKEW, make_ingest_app
@@ -48,7 +47,8 @@ from gpuwarden.policy.engine import PodView, PolicyEvaluator
 from gpuwarden.policy.parse import parse_spec
 from gpuwarden.policy.store.series import SeriesKey
 from gpuwarden.policy.xids import CRITICAL_XIDS
-from gpuwarden.verdictreport import MAX_PODS
+from gpuwarden.wire.base import MAX_BYTES, MAX_COUNT, MAX_TIMESTAMP
+from gpuwarden.wire.verdicts import MAX_PODS
 
 AGENT = "system:serviceaccount:gpuwarden-system:gpuwarden-agent"
 OPERATOR = "system:serviceaccount:gpuwarden-system:gpuwarden-operator"

@@ -21,9 +21,10 @@ from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden import cli
-from gpuwarden.agent import command
+from gpuwarden.agent import app, command
 from gpuwarden.agent.backend import BackendError
-from gpuwarden.nodereport import parse_report
+from gpuwarden.agent.config import AgentConfig, UsageError, parse_listen
+from gpuwarden.wire.node import parse_report
 
 
 class BrokenNvml:
@@ -91,10 +92,10 @@ def test_pods_come_from_the_scenario_only_when_scripted_and_not_told_otherwise(
     args = cli.build_parser(["agent"]).parse_args(
         ["agent", *argv, "--node-name", "n", f"--pod-resources-socket={tmp_path / 'kubelet.sock'}"]
     )
-    config = command.AgentConfig.from_args(args)
+    config = AgentConfig.from_args(args)
     assert config.attribution == attribution
     backend = command.open_backend(config) if config.backend == "scripted" else BrokenNvml()
-    chosen = command._attributor(config, backend, command._Closer())  # type: ignore[arg-type]
+    chosen = app._attributor(config, backend, app._Closer())  # type: ignore[arg-type]
     assert type(chosen).__name__ == attributor
 
 
@@ -103,13 +104,13 @@ def test_pods_come_from_the_scenario_only_when_scripted_and_not_told_otherwise(
     [(":9400", (None, 9400)), ("127.0.0.1:0", ("127.0.0.1", 0)), ("[::1]:9400", ("::1", 9400))],
 )
 def test_parse_listen(text: str, expected: tuple[str | None, int]) -> None:
-    assert command.parse_listen(text) == expected
+    assert parse_listen(text) == expected
 
 
 @pytest.mark.parametrize("text", ["9400", "host:", ":99999", ":http"])
 def test_parse_listen_rejects(text: str) -> None:
-    with pytest.raises(command.UsageError):
-        command.parse_listen(text)
+    with pytest.raises(UsageError):
+        parse_listen(text)
 
 
 def test_durations_are_policy_style() -> None:
@@ -124,7 +125,7 @@ def test_by_default_each_sample_may_be_reported_as_soon_as_it_is_taken() -> None
     """--report-interval is the least time between reports: under the sampling period, no sample waits."""
     args = cli.build_parser(["agent"]).parse_args(["agent"])
     assert args.report_interval < args.sample_interval
-    config = command.AgentConfig.from_args(
+    config = AgentConfig.from_args(
         cli.build_parser(["agent"]).parse_args(["agent", "--report-interval", "250ms", "--node-name", "n"])
     )
     assert config.report_interval == 0.25
@@ -135,7 +136,7 @@ def test_the_hook_socket_is_the_environments_by_default_and_empty_turns_it_off(
 ) -> None:
     def hook_socket(*argv: str) -> Path | None:
         args = cli.build_parser(["agent"]).parse_args(["agent", "--node-name=n", *argv])
-        return command.AgentConfig.from_args(args).hook_socket
+        return AgentConfig.from_args(args).hook_socket
 
     monkeypatch.setenv("GPUWARDEN_HOOK_SOCKET", "/var/run/job/hook.sock")
     assert hook_socket() == Path("/var/run/job/hook.sock")
@@ -151,8 +152,8 @@ def test_importing_the_agent_loads_neither_grpc_nor_the_scenario_machinery() -> 
     # --backend scripted. A fresh interpreter, because this one has loaded them for other tests.
     code = (
         "import sys, gpuwarden.agent.command; "
-        "print(' '.join(m for m in ('grpc', 'google.protobuf', 'yaml', 'gpuwarden.agent.scenario', "
-        "'kubernetes') if m in sys.modules))"
+        "print(' '.join(m for m in ('grpc', 'google.protobuf', 'yaml', 'gpuwarden.sim.scenario', "
+        "'gpuwarden.agent.scripted', 'kubernetes') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     assert done.stdout.split() == []

@@ -23,9 +23,10 @@ from test_nvml_states import GPU_IS_LOST, NOT_SUPPORTED, NOW, FakeDevice, FakeNv
 from gpuwarden.agent.health import XID_CRITICAL_ERROR, clock_event_reasons
 from gpuwarden.agent.metrics import build_registry
 from gpuwarden.agent.nvml import NvmlBackend
-from gpuwarden.agent.scenario import ScenarioError, ScriptedBackend, parse_scenario
+from gpuwarden.agent.scripted import ScriptedBackend
 from gpuwarden.agent.snapshots import SnapshotRing
-from gpuwarden.nodereport import ClockEventReason, DeviceState, Snapshot
+from gpuwarden.sim.scenario import ScenarioError, parse_scenario
+from gpuwarden.wire.node import ClockEventReason, DeviceState, Snapshot
 
 TIMEOUT = 10
 HW_SLOWDOWN, HW_THERMAL = 0x08, 0x40

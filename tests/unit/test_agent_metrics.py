@@ -20,10 +20,11 @@ from gpuwarden.agent.hooksocket import REFUSALS as HOOK_REFUSALS
 from gpuwarden.agent.hooksocket import HookReading, HookReadings
 from gpuwarden.agent.http import background_task, build_app
 from gpuwarden.agent.metrics import HookMetrics, PodResourcesCollector, build_registry
-from gpuwarden.agent.scenario import ScenarioAttributor, ScriptedBackend, parse_scenario
+from gpuwarden.agent.scripted import ScenarioAttributor, ScriptedBackend
 from gpuwarden.agent.snapshots import ERROR_KINDS, Sampler, SnapshotRing
-from gpuwarden.hookprotocol import parse_message
-from gpuwarden.nodereport import DeviceState, GpuSample, Snapshot
+from gpuwarden.sim.scenario import parse_scenario
+from gpuwarden.wire.hook import parse_message
+from gpuwarden.wire.node import DeviceState, GpuSample, Snapshot
 
 GI = 2**30
 ORIGIN = 1_800_000_000.0

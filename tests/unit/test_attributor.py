@@ -24,8 +24,8 @@ from gpuwarden.agent.attribution import (
 )
 from gpuwarden.agent.podresources import podresources_pb2 as pb
 from gpuwarden.agent.podresources import podresources_pb2_grpc as pb_grpc
-from gpuwarden.nodereport import GpuSample, PodHostMemory, PodRef, ProcessSample, Snapshot
 from gpuwarden.policy import SeriesKey, points_from_snapshot
+from gpuwarden.wire.node import GpuSample, PodHostMemory, PodRef, ProcessSample, Snapshot
 
 GPU0 = "GPU-00000000-0000-0000-0000-000000000000"  # whole, to trainer-0
 GPU1 = "GPU-11111111-1111-1111-1111-111111111111"  # time-sliced: notebook-a and notebook-b

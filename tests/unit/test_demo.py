@@ -18,7 +18,6 @@ import aiohttp
 import pytest
 
 from gpuwarden import cli
-from gpuwarden.agent.scenario import DEFAULT_ORIGIN, load_scenario
 from gpuwarden.local.demo import ScenarioRun
 from gpuwarden.local.display import (
     LiveDisplay,
@@ -31,10 +30,11 @@ from gpuwarden.local.display import (
 from gpuwarden.local.history import History
 from gpuwarden.local.policies import demo_policy_path, for_processes, load_policies
 from gpuwarden.local.session import GpuRow, ScaleNote, Step, TargetRow
-from gpuwarden.nodereport import DeviceState
 from gpuwarden.policy import Resolution, RuleKind
 from gpuwarden.policy.parse import SpecError
 from gpuwarden.policy.scaling.decider import Direction, ScaleDecision
+from gpuwarden.sim.scenario import DEFAULT_ORIGIN, load_scenario
+from gpuwarden.wire.node import DeviceState
 
 MIN = 60.0
 

@@ -26,7 +26,7 @@ from gpuwarden.agent.attribution import (
     nvml_minor_numbers,
 )
 from gpuwarden.agent.attribution.dra import RESOURCE_SLICES_PATH, ResourceSlicesError
-from gpuwarden.nodereport import GpuSample, PodRef, ProcessSample, Snapshot
+from gpuwarden.wire.node import GpuSample, PodRef, ProcessSample, Snapshot
 
 NVIDIA = "gpu.nvidia.com"
 NODE = "node-a"

@@ -11,12 +11,12 @@ import yaml
 from hook_socket_support import LineServer
 
 from gpuwarden.hook import DeviceMemory, HookClient, ScriptedMemory, StepHook
-from gpuwarden.hookprotocol import parse_message
 from gpuwarden.local.display import announcement_line, elapsed_clock
 from gpuwarden.local.policies import LocalPolicy, for_processes
 from gpuwarden.local.session import Announcement, Session, SubjectKind
-from gpuwarden.nodereport import AllocationSite, GpuSample, HookSample, ProcessSample, Snapshot
 from gpuwarden.policy.parse import parse_spec
+from gpuwarden.wire.hook import parse_message
+from gpuwarden.wire.node import AllocationSite, GpuSample, HookSample, ProcessSample, Snapshot
 
 HERE = Path(__file__)
 T0 = 1_800_000_000.0

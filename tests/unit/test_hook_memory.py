@@ -11,7 +11,14 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from gpuwarden.nodereport import (
+from gpuwarden.policy import PodView, PolicyEvaluator, Transition
+from gpuwarden.policy.rules import rule_type
+from gpuwarden.policy.rules.common import Outcome, RuleKind, WindowParams
+from gpuwarden.policy.rules.growth import MESSAGE_SITES, evaluate_growth
+from gpuwarden.policy.spec.model import Actions, LabelSelector, MemoryGrowth, MemorySource, PolicySpec
+from gpuwarden.policy.store.intake import hook_point, points_from_processes, points_from_report
+from gpuwarden.policy.store.series import Column, HookPoint, PodId, Point, SeriesKey, SeriesStore
+from gpuwarden.wire.node import (
     SCHEMA_VERSION,
     AllocationSite,
     GpuSample,
@@ -23,13 +30,6 @@ from gpuwarden.nodereport import (
     dump_report,
     parse_report,
 )
-from gpuwarden.policy import PodView, PolicyEvaluator, Transition
-from gpuwarden.policy.rules import rule_type
-from gpuwarden.policy.rules.common import Outcome, RuleKind, WindowParams
-from gpuwarden.policy.rules.growth import MESSAGE_SITES, evaluate_growth
-from gpuwarden.policy.spec.model import Actions, LabelSelector, MemoryGrowth, MemorySource, PolicySpec
-from gpuwarden.policy.store.intake import hook_point, points_from_processes, points_from_report
-from gpuwarden.policy.store.series import Column, HookPoint, PodId, Point, SeriesKey, SeriesStore
 
 T0 = 1_749_999_960.0
 MI = 2**20

@@ -9,7 +9,7 @@ from typing import Any
 
 from gpuwarden.hook import DeviceMemory, Reading, Site, encode_line
 from gpuwarden.hook.message import MAX_LINE_BYTES
-from gpuwarden.nodereport import AllocationSite, HookSample
+from gpuwarden.wire.node import AllocationSite, HookSample
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "hook.md").read_text()
 

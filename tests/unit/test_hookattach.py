@@ -8,8 +8,8 @@ from typing import Any
 
 from gpuwarden.agent.hookattach import HookStage, attach_hook
 from gpuwarden.agent.hooksocket import HookReading, HookReadings
-from gpuwarden.hookprotocol import parse_message
-from gpuwarden.nodereport import (
+from gpuwarden.wire.hook import parse_message
+from gpuwarden.wire.node import (
     SCHEMA_VERSION,
     GpuSample,
     NodeReport,

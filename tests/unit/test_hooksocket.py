@@ -19,7 +19,7 @@ import pytest
 
 from gpuwarden.agent.hooksocket import HookReadings, HookServer, HookSocketError, peer_of
 from gpuwarden.hook.client import REFUSED, TAKEN, HookClient
-from gpuwarden.hookprotocol import MAX_LINE_BYTES, MessageError, parse_message
+from gpuwarden.wire.hook import MAX_LINE_BYTES, MessageError, parse_message
 
 NOW = 1_800_000_000.0
 FAILSAFE_S = 10.0

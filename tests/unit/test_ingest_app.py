@@ -13,18 +13,8 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpuwarden.agent.scenario import ScenarioAttributor, ScriptedBackend, load_scenario
+from gpuwarden.agent.scripted import ScenarioAttributor, ScriptedBackend
 from gpuwarden.agent.snapshots import Sampler, SnapshotRing
-from gpuwarden.nodereport import (
-    SCHEMA_VERSION,
-    GpuHealth,
-    GpuSample,
-    NodeReport,
-    PodRef,
-    Snapshot,
-    XidEvent,
-    dump_report,
-)
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.ingest import (
@@ -39,6 +29,17 @@ from gpuwarden.operator.state import MAX_GPUS_PER_POD, MAX_REPORT_AGE, OperatorS
 from gpuwarden.policy import PodView, PolicyEvaluator
 from gpuwarden.policy.parse import parse_spec
 from gpuwarden.policy.store.series import SeriesKey
+from gpuwarden.sim.scenario import load_scenario
+from gpuwarden.wire.node import (
+    SCHEMA_VERSION,
+    GpuHealth,
+    GpuSample,
+    NodeReport,
+    PodRef,
+    Snapshot,
+    XidEvent,
+    dump_report,
+)
 
 AGENT = "system:serviceaccount:gpuwarden-system:gpuwarden-agent"
 T0 = 1_800_000_000.0

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from ingest_fuzz_support import START, Case, HarnessRunner, cases
 
-from gpuwarden.nodereport import MAX_BYTES, MAX_COUNT, MAX_TIMESTAMP
 from gpuwarden.operator.ingest import MAX_FUTURE_SKEW
 from gpuwarden.operator.state import MAX_REPORT_AGE
+from gpuwarden.wire.base import MAX_BYTES, MAX_COUNT, MAX_TIMESTAMP
 
 _seqs = itertools.count(1)
 

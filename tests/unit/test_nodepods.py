@@ -13,7 +13,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from gpuwarden.agent.attribution import NodePods, NodePodsError
-from gpuwarden.nodereport import PodRef
+from gpuwarden.wire.node import PodRef
 
 UID_A = "0b0b0b0b-0000-4000-8000-00000000000a"
 UID_B = "0b0b0b0b-0000-4000-8000-00000000000b"

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.agent.backend import BackendError, merge_process_utilization
+from gpuwarden.agent.backend import BackendError
 from gpuwarden.agent.nvml import NvmlBackend
-from gpuwarden.nodereport import DeviceState, GpuSample
+from gpuwarden.wire.node import DeviceState, GpuSample, merge_process_utilization
 
 SUCCESS = 0
 NOT_SUPPORTED = 3

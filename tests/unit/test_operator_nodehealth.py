@@ -11,15 +11,6 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.nodereport import (
-    ClockEventReason,
-    DeviceState,
-    GpuHealth,
-    GpuSample,
-    PodRef,
-    Snapshot,
-    XidEvent,
-)
 from gpuwarden.operator.command import add_arguments, default_config, parse_config
 from gpuwarden.operator.config import ConfigError, CordonMode, OperatorConfig
 from gpuwarden.operator.kubeapi import ApiError
@@ -37,6 +28,15 @@ from gpuwarden.operator.resources import ObjectRef, PodRecord
 from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.store.health import HealthStore
 from gpuwarden.policy.xids import CRITICAL_XIDS
+from gpuwarden.wire.node import (
+    ClockEventReason,
+    DeviceState,
+    GpuHealth,
+    GpuSample,
+    PodRef,
+    Snapshot,
+    XidEvent,
+)
 
 T0 = 1_800_000_000.0
 NODE = "gpu-node-1"

@@ -14,7 +14,6 @@ from test_ingest_app import FakeApi as ReviewApi
 from test_operator_evaluation import PODS, POLICY, T0, feed
 from test_operator_evaluation import FakeApi as StatusApi
 
-from gpuwarden.nodereport import dump_report
 from gpuwarden.operator import evaluation as evaluation_module
 from gpuwarden.operator.command import default_config, parse_config
 from gpuwarden.operator.composition import build_operator
@@ -29,7 +28,8 @@ from gpuwarden.operator.state import OperatorState
 from gpuwarden.operator.verdictexchange import VerdictSender
 from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.store.series import Point, SeriesKey
-from gpuwarden.verdictreport import SCHEMA_VERSION, VerdictReport
+from gpuwarden.wire.node import dump_report
+from gpuwarden.wire.verdicts import SCHEMA_VERSION, VerdictReport
 
 URL_B = "http://10.0.0.2:8443/v1/reports"
 

@@ -8,11 +8,11 @@ import pytest
 from matplotlib.figure import Figure
 from matplotlib.image import imread
 
-from gpuwarden.agent.scenario import load_scenario
 from gpuwarden.local.demo import ScenarioRun
 from gpuwarden.local.history import History
 from gpuwarden.local.plot import build_figure, save_plot
 from gpuwarden.local.policies import demo_policy_path, load_policies
+from gpuwarden.sim.scenario import load_scenario
 
 PODS = ("research/notebook-idle-0", "training/llm-finetune-0", "training/vision-train-0")
 """GPUs 0-2; 3-5 carry the serving Deployment's replicas (names generated), 6-7 never run anything."""

@@ -24,7 +24,7 @@ from gpuwarden.agent.attribution.kubelet import (
 )
 from gpuwarden.agent.podresources import podresources_pb2 as pb
 from gpuwarden.agent.podresources import podresources_pb2_grpc as pb_grpc
-from gpuwarden.nodereport import PodRef
+from gpuwarden.wire.node import PodRef
 
 GPU0 = "GPU-11111111-2222-3333-4444-555555555555"
 GPU1 = "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"

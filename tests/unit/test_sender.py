@@ -24,16 +24,16 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from gpuwarden.agent.backend import ProcessUtilization
 from gpuwarden.agent.metrics import DROP_REASONS, ERROR_REASONS
 from gpuwarden.agent.sender import MAX_REDIRECTS, ReportSender
 from gpuwarden.agent.snapshots import Sampler, SnapshotRing
-from gpuwarden.nodereport import (
+from gpuwarden.wire.node import (
     MAX_SNAPSHOTS_PER_REPORT,
     REFUSALS,
     SCHEMA_VERSION,
     GpuSample,
     NodeReport,
+    ProcessUtilization,
     ReportError,
     Snapshot,
     dump_report,

@@ -10,7 +10,6 @@ import pytest
 import yaml
 from matplotlib.figure import Figure
 
-from gpuwarden.agent.scenario import DEFAULT_ORIGIN, load_scenario
 from gpuwarden.local.demo import ScenarioRun
 from gpuwarden.local.display import elapsed_clock, render_table, status_lines, summary_lines
 from gpuwarden.local.history import History, ShareHistory
@@ -18,6 +17,7 @@ from gpuwarden.local.plot import build_figure
 from gpuwarden.local.policies import LocalPolicy
 from gpuwarden.local.session import Step
 from gpuwarden.policy.parse import parse_spec
+from gpuwarden.sim.scenario import DEFAULT_ORIGIN, load_scenario
 
 POLICY = parse_spec(
     yaml.safe_load(

@@ -7,9 +7,16 @@ from collections import Counter
 
 import pytest
 
-from gpuwarden.agent.backend import ProcessUtilization, merge_process_utilization
 from gpuwarden.agent.snapshots import Sampler, SnapshotRing
-from gpuwarden.nodereport import DeviceState, GpuSample, PodRef, ProcessSample, Snapshot
+from gpuwarden.wire.node import (
+    DeviceState,
+    GpuSample,
+    PodRef,
+    ProcessSample,
+    ProcessUtilization,
+    Snapshot,
+    merge_process_utilization,
+)
 
 EPOCH = 1_800_000_000.0
 UUID = "GPU-00000000-0000-4000-8000-000000000000"

@@ -9,7 +9,7 @@ from gpuwarden.policy.findings import Resolution, Transition
 from gpuwarden.policy.parse import parse_spec
 from gpuwarden.policy.rules.common import RuleKind
 from gpuwarden.policy.store.series import PodId, Point, SeriesKey, SeriesStore
-from gpuwarden.verdictreport import SCHEMA_VERSION, PodVerdict, RuleVerdict, VerdictReport
+from gpuwarden.wire.verdicts import SCHEMA_VERSION, PodVerdict, RuleVerdict, VerdictReport
 
 T0 = 1_800_000_000.0
 SPEC = {

@@ -22,14 +22,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuwarden import cli
 from gpuwarden.agent import nvml
 from gpuwarden.agent.backend import BackendError
-from gpuwarden.agent.scenario import ScriptedBackend
+from gpuwarden.agent.scripted import ScriptedBackend
 from gpuwarden.local.display import announcement_line, elapsed_clock, render_table, summary_lines
 from gpuwarden.local.metrics import FindingCollector
 from gpuwarden.local.policies import LocalPolicy, for_processes
 from gpuwarden.local.session import COMMAND_WIDTH, Announcement, Session, SubjectKind, short_command
 from gpuwarden.local.watch import EXIT_NO_GPU, WatchConfig, default_hook_socket, watch
-from gpuwarden.nodereport import AllocationSite, GpuSample, HookSample, ProcessSample, Snapshot
 from gpuwarden.policy.parse import parse_spec
+from gpuwarden.wire.node import AllocationSite, GpuSample, HookSample, ProcessSample, Snapshot
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_POLICY = REPO / "examples" / "gpumonitorpolicy.yaml"

@@ -28,7 +28,7 @@ from typing import Protocol, runtime_checkable
 from gpuwarden.agent.attribution.cgroups import CgroupIdentity, CgroupReader
 from gpuwarden.agent.attribution.dra import DraResolver
 from gpuwarden.agent.attribution.kubelet import Allocations, PodResourcesError, PodResourcesState
-from gpuwarden.nodereport import GpuSample, PodHostMemory, PodRef, ProcessSample, Snapshot
+from gpuwarden.wire.node import GpuSample, PodHostMemory, PodRef, ProcessSample, Snapshot
 
 log = logging.getLogger(__name__)
 

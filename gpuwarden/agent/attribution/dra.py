@@ -35,7 +35,7 @@ import aiohttp
 
 from gpuwarden.agent.attribution.kubelet import Allocations, DraDevice
 from gpuwarden.agent.attribution.nodepods import SERVICE_ACCOUNT_DIR, in_cluster_api
-from gpuwarden.nodereport import PodRef
+from gpuwarden.wire.node import PodRef
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuwarden.nodereport import PodRef
+from gpuwarden.wire.node import PodRef
 
 if TYPE_CHECKING:
     import grpc.aio

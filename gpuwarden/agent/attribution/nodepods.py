@@ -23,7 +23,7 @@ from pathlib import Path
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gpuwarden.nodereport import PodRef
+from gpuwarden.wire.node import PodRef
 
 log = logging.getLogger(__name__)
 

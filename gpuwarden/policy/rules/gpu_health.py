@@ -35,7 +35,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuwarden.nodereport import ClockEventReason
 from gpuwarden.policy.humanize import approx_duration, time_of_day
 from gpuwarden.policy.rules.common import Outcome, RuleKind, RuleType, WindowParams, pod_end, unknown
 from gpuwarden.policy.spec.fields import (
@@ -51,6 +50,7 @@ from gpuwarden.policy.spec.model import GpuHealthRule, Throttling
 from gpuwarden.policy.store.health import GpuRecord, HealthStore
 from gpuwarden.policy.store.series import PodId, SeriesKey, UtilizationSource, Window
 from gpuwarden.policy.xids import CRITICAL_XIDS, describe_xid
+from gpuwarden.wire.node import ClockEventReason
 
 __all__ = [
     "ANY_THROTTLING",

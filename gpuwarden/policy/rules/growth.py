@@ -117,7 +117,6 @@ from dataclasses import dataclass, field
 from operator import sub
 from typing import Any
 
-from gpuwarden.nodereport import AllocationSite
 from gpuwarden.policy.humanize import approx_duration, format_bytes
 from gpuwarden.policy.rules.common import (
     Outcome,
@@ -143,6 +142,7 @@ from gpuwarden.policy.stats import bucket_medians, fit_line, median, theil_sen
 from gpuwarden.policy.store.health import HealthStore
 from gpuwarden.policy.store.series import Column, PodId, SeriesKey, Window
 from gpuwarden.units import format_duration, parse_rate
+from gpuwarden.wire.node import AllocationSite
 
 MIN_SPAN_SECONDS = 240.0
 """The shortest evidence span (or the window, when shorter): a leak is never decided on less."""

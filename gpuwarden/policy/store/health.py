@@ -40,9 +40,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpuwarden.nodereport import ClockEventReason, DeviceState, GpuSample, Snapshot
 from gpuwarden.policy.store.intake import pods_of
 from gpuwarden.policy.store.series import PodId
+from gpuwarden.wire.node import ClockEventReason, DeviceState, GpuSample, Snapshot
 
 __all__ = [
     "HARDWARE_SLOWDOWN",

@@ -21,7 +21,7 @@ Attribution of one GPU (or MIG device, keyed by its ``mig_id``) in one snapshot:
   ``processes``, or ``noProcess``), so that a finding names the signal that decided it.
 - **Per-process SM utilization** (``sm_util``) is 0 for a process that NVML's
   per-process reading of its GPU left out (it ran no kernel in the window: the
-  agent sets that, :func:`gpuwarden.agent.backend.merge_process_utilization`),
+  agent sets that, :func:`gpuwarden.wire.node.merge_process_utilization`),
   and None only when its GPU could not be read that way (unsupported, as on
   MIG; failed) or was not read at that sample.
 - **No pod**: no point (host processes are local mode's business, below).
@@ -46,8 +46,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from gpuwarden.nodereport import DeviceState, GpuSample, NodeReport, ProcessSample, Snapshot
 from gpuwarden.policy.store.series import HookPoint, PodId, Point, SeriesKey, UtilizationSource
+from gpuwarden.wire.node import DeviceState, GpuSample, NodeReport, ProcessSample, Snapshot
 
 KEPT_SITES = 3
 """Allocation sites kept per series: as many as a finding's message names."""

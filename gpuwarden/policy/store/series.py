@@ -42,7 +42,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from gpuwarden.nodereport import AllocationSite
+from gpuwarden.wire.node import AllocationSite
 
 BYTES_PER_POINT = 24
 """float64 timestamp + four float32 readings."""

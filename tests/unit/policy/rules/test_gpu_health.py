@@ -11,7 +11,14 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.nodereport import (
+from gpuwarden.policy import PodView, PolicyEvaluator, Resolution, SeriesStore, Transition
+from gpuwarden.policy.parse import SpecError, parse_spec
+from gpuwarden.policy.rules.gpu_health import THROTTLED_SHARE, gpu_problems
+from gpuwarden.policy.spec.model import GpuHealthRule, Throttling
+from gpuwarden.policy.store.health import HealthStore, IncidentKind
+from gpuwarden.policy.store.intake import points_from_snapshot
+from gpuwarden.policy.xids import CRITICAL_XIDS, XIDS, describe_xid
+from gpuwarden.wire.node import (
     ClockEventReason,
     DeviceState,
     GpuHealth,
@@ -25,13 +32,6 @@ from gpuwarden.nodereport import (
     dump_report,
     parse_report,
 )
-from gpuwarden.policy import PodView, PolicyEvaluator, Resolution, SeriesStore, Transition
-from gpuwarden.policy.parse import SpecError, parse_spec
-from gpuwarden.policy.rules.gpu_health import THROTTLED_SHARE, gpu_problems
-from gpuwarden.policy.spec.model import GpuHealthRule, Throttling
-from gpuwarden.policy.store.health import HealthStore, IncidentKind
-from gpuwarden.policy.store.intake import points_from_snapshot
-from gpuwarden.policy.xids import CRITICAL_XIDS, XIDS, describe_xid
 
 T0 = 1_800_000_000.0
 GPU = "GPU-aaaaaaaa-0000-4000-8000-000000000000"

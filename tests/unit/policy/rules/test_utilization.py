@@ -10,12 +10,12 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gpuwarden.nodereport import GpuSample, PodRef, ProcessSample, Snapshot
 from gpuwarden.policy.rules.common import Outcome, WindowParams, covered, readings
 from gpuwarden.policy.rules.utilization import evaluate_ceiling, evaluate_floor
 from gpuwarden.policy.spec.model import Signal, UtilizationCeiling, UtilizationFloor
 from gpuwarden.policy.store.intake import points_from_snapshot
 from gpuwarden.policy.store.series import Column, PodId, Point, SeriesKey, SeriesStore, UtilizationSource
+from gpuwarden.wire.node import GpuSample, PodRef, ProcessSample, Snapshot
 
 T0 = 1_750_000_000.0
 POD = PodId("ns", "pod")

@@ -7,15 +7,6 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.nodereport import (
-    ClockEventReason,
-    GpuHealth,
-    GpuSample,
-    PodRef,
-    ProcessSample,
-    Snapshot,
-    XidEvent,
-)
 from gpuwarden.policy.findings import Finding
 from gpuwarden.policy.rules.common import RuleKind
 from gpuwarden.policy.rules.gpu_health import throttling_note
@@ -29,6 +20,15 @@ from gpuwarden.policy.store.health import (
     IncidentKind,
 )
 from gpuwarden.policy.store.series import PodId
+from gpuwarden.wire.node import (
+    ClockEventReason,
+    GpuHealth,
+    GpuSample,
+    PodRef,
+    ProcessSample,
+    Snapshot,
+    XidEvent,
+)
 
 T0 = 1_800_000_000.0
 GPU = "GPU-aaaaaaaa-0000-4000-8000-000000000000"

@@ -2,15 +2,6 @@
 
 from __future__ import annotations
 
-from gpuwarden.nodereport import (
-    SCHEMA_VERSION,
-    DeviceState,
-    GpuSample,
-    NodeReport,
-    PodRef,
-    ProcessSample,
-    Snapshot,
-)
 from gpuwarden.policy import (
     SeriesKey,
     SeriesStore,
@@ -19,6 +10,15 @@ from gpuwarden.policy import (
     points_from_report,
 )
 from gpuwarden.policy.store.intake import pods_of, points_from_snapshot
+from gpuwarden.wire.node import (
+    SCHEMA_VERSION,
+    DeviceState,
+    GpuSample,
+    NodeReport,
+    PodRef,
+    ProcessSample,
+    Snapshot,
+)
 
 T = 1_750_000_000.0
 GI = 2**30

@@ -1,17 +1,17 @@
 """The hook protocol (version 1): one line a training hook writes to the agent's socket.
 
 The wire format is fixed in docs/hook.md; :func:`parse_message` parses one line as strictly as
-:mod:`gpuwarden.nodereport` parses a report: JSON types as declared, camelCase names only, nothing
+:mod:`gpuwarden.wire.node` parses a report: JSON types as declared, camelCase names only, nothing
 unknown, every number bounded, ``v`` exactly 1. A message carries no PID and no pod: the agent
 knows the writer from the socket (``SO_PEERCRED``), never from what it writes.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from gpuwarden.nodereport import MAX_COUNT, MAX_TIMESTAMP, AllocationSite, Bytes, first_error
+from gpuwarden.wire.base import MAX_COUNT, MAX_TIMESTAMP, Bytes, WireModel, parse_strict
+from gpuwarden.wire.node import AllocationSite
 
 PROTOCOL_VERSION = 1
 MAX_LINE_BYTES = 64 * 1024
@@ -20,16 +20,9 @@ MAX_DEVICES = 64
 MAX_SITES = 16
 
 
-class _Message(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        # camelCase only: a snake_case spelling is an unknown field, refused like any other.
-        validate_by_alias=True,
-        validate_by_name=False,
-        extra="forbid",
-        frozen=True,
-        allow_inf_nan=False,
-    )
+class _Message(WireModel):
+    # camelCase only: a snake_case spelling is an unknown field, refused like any other.
+    model_config = ConfigDict(validate_by_name=False)
 
 
 class HookDevice(_Message):
@@ -74,8 +67,5 @@ class MessageError(ValueError):
 
 def parse_message(line: bytes | str) -> HookMessage:
     """Parse one line strictly; raise :class:`MessageError` naming the first offending field."""
-    try:
-        # by_name=False reaches the nested sites too (nodereport's models take both spellings).
-        return HookMessage.model_validate_json(line, strict=True, by_alias=True, by_name=False)
-    except ValidationError as exc:
-        raise MessageError(first_error(exc, top="line")) from None
+    # by_name=False reaches the nested sites too (wire.node's models take both spellings).
+    return parse_strict(HookMessage, line, MessageError, top="line", by_name=False)

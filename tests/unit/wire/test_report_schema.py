@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from gpuwarden.nodereport import (
+from gpuwarden.wire.node import (
     SCHEMA_VERSION,
     AllocationSite,
     GpuSample,

@@ -9,16 +9,9 @@ from typing import Any
 import pytest
 
 from gpuwarden.agent.backend import DeviceBackend
-from gpuwarden.agent.scenario import (
-    PACKAGED,
-    ScenarioAttributor,
-    ScenarioError,
-    ScriptedBackend,
-    load_scenario,
-    packaged_scenario,
-    parse_scenario,
-)
-from gpuwarden.nodereport import DeviceState, PodRef, Snapshot
+from gpuwarden.agent.scripted import ScenarioAttributor, ScriptedBackend
+from gpuwarden.sim.scenario import PACKAGED, ScenarioError, load_scenario, packaged_scenario, parse_scenario
+from gpuwarden.wire.node import DeviceState, PodRef, Snapshot
 
 MI = 2**20
 GI = 2**30

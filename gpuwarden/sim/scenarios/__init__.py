@@ -1,6 +1,6 @@
 """The scenario files shipped with gpuwarden, usable by name (``--scenario demo``).
 
-Only the names live here, apart from :mod:`gpuwarden.agent.scenario`, so that the agent
+Only the names live here, apart from :mod:`gpuwarden.sim.scenario`, so that the agent
 can list them in its ``--help`` without importing the scenario models and YAML, which
 only ``--backend scripted`` needs.
 """

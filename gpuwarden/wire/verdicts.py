@@ -7,16 +7,15 @@ it holds or clears, the figure and the message. Not readings: a few hundred byte
 instead of the window's thousands of points. The owner runs the findings' lifecycle (start,
 re-notification, resolution) on them as on its own pods' outcomes.
 
-Parsed strictly and bounded like :mod:`gpuwarden.nodereport`: JSON types as declared, floats
+Parsed strictly and bounded like :mod:`gpuwarden.wire.node`: JSON types as declared, floats
 finite, every list and string capped, unknown fields refused.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from pydantic.alias_generators import to_camel
+from pydantic import Field
 
-from gpuwarden.nodereport import first_error
+from gpuwarden.wire.base import MAX_COUNT, MAX_TIMESTAMP, WireModel, parse_strict
 
 __all__ = [
     "MAX_PODS",
@@ -43,16 +42,9 @@ MAX_RULES = 64
 """Rules a policy may have that one pod's verdict speaks for."""
 MAX_VALUE = 2.0**60
 """Figures (percent, bytes, bytes/s, seconds) are far below this; beyond, no reading made them."""
-MAX_TIMESTAMP = 2.0**53
 
 
-class _Wire(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True, allow_inf_nan=False
-    )
-
-
-class RuleVerdict(_Wire):
+class RuleVerdict(WireModel):
     """What one rule concluded about one pod: only rules that had something to judge are sent."""
 
     rule: str = Field(min_length=1, max_length=253)
@@ -73,7 +65,7 @@ class RuleVerdict(_Wire):
     seconds_to_full: float | None = Field(default=None, ge=0, le=MAX_VALUE)
 
 
-class PodVerdict(_Wire):
+class PodVerdict(WireModel):
     """One pod of the policy's namespace, judged by the sending shard (its node is the shard's)."""
 
     pod: str = Field(min_length=1, max_length=253)
@@ -81,7 +73,7 @@ class PodVerdict(_Wire):
     """Empty: the pod is the shard's, but no rule had anything to judge (no readings yet)."""
 
 
-class VerdictReport(_Wire):
+class VerdictReport(WireModel):
     """One shard's verdicts on one policy at one evaluation."""
 
     schema_version: int = Field(ge=0, le=2**31)
@@ -91,7 +83,7 @@ class VerdictReport(_Wire):
     """When the shard judged (seconds since the epoch, its clock): the newest verdict on a pod wins."""
     namespace: str = Field(min_length=1, max_length=253)
     policy: str = Field(min_length=1, max_length=253)
-    generation: int | None = Field(default=None, ge=0, le=2**53)
+    generation: int | None = Field(default=None, ge=0, le=MAX_COUNT)
     """The policy's ``metadata.generation`` the shard judged by; the owner drops verdicts of another."""
     pods: list[PodVerdict] = Field(default_factory=list, max_length=MAX_PODS)
 
@@ -102,10 +94,7 @@ class VerdictError(ValueError):
 
 def parse_verdicts(body: bytes | str) -> VerdictReport:
     """Parse a JSON body strictly; raise :class:`VerdictError` naming the field."""
-    try:
-        report = VerdictReport.model_validate_json(body, strict=True)
-    except ValidationError as exc:
-        raise VerdictError(first_error(exc)) from None
+    report = parse_strict(VerdictReport, body, VerdictError)
     if report.schema_version != SCHEMA_VERSION:
         raise VerdictError(
             f"schemaVersion: {report.schema_version} is not supported; this operator speaks {SCHEMA_VERSION}"

@@ -19,8 +19,9 @@ from __future__ import annotations
 import enum
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from pydantic.alias_generators import to_camel
+from pydantic import Field
+
+from gpuwarden.wire.base import MAX_COUNT, MAX_TIMESTAMP, Bytes, WireModel, parse_strict
 
 SCHEMA_VERSION = 4
 """The ``schemaVersion`` this build sends; bumped on any change an older operator would refuse."""
@@ -35,31 +36,12 @@ MAX_SNAPSHOTS_PER_REPORT = 3600
 
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 """A Kubernetes object name (RFC 1123 subdomain): what a ResourceClaim's name may be."""
-MAX_BYTES = 2**50
-"""Memory readings above a pebibyte are no reading (an H200 has 141 GB; a node a few TiB)."""
 MAX_PID = 2**31 - 1
-MAX_COUNT = 2**53
-"""Counters and sequence numbers: every one below this is exact as a float64 too."""
 MAX_WATTS = 100_000.0
 MAX_MHZ = 100_000
 MAX_LINE = 2**31 - 1
 MAX_DEVICES = 4096
 """GPU indexes (and MIG instances) per node."""
-MAX_TIMESTAMP = 2.0**53
-"""Seconds since the epoch: absurd, but in milliseconds it still fits an int64 (Prometheus' timestamps)."""
-
-
-class _Wire(BaseModel):
-    """Base for wire models: camelCase on the wire, snake_case in Python, nothing unknown."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        frozen=True,
-        # NaN and infinities are no readings: None says "not read"; built or parsed, they are refused.
-        allow_inf_nan=False,
-    )
 
 
 class DeviceState(enum.StrEnum):
@@ -84,7 +66,7 @@ class ClockEventReason(enum.StrEnum):
     DISPLAY_CLOCK_SETTING = "displayClockSetting"
 
 
-class XidEvent(_Wire):
+class XidEvent(WireModel):
     """One XID the driver raised on a GPU (an NVML XidCriticalError event)."""
 
     code: int = Field(ge=0, le=2**32 - 1)
@@ -92,7 +74,7 @@ class XidEvent(_Wire):
     """Seconds since the Unix epoch, when the agent received the event."""
 
 
-class GpuHealth(_Wire):
+class GpuHealth(WireModel):
     """A GPU's health beside its readings (schema version 2). ``None`` means not supported or not read.
 
     Device-wide: on the GPU's own entry, never on a MIG device's.
@@ -116,7 +98,7 @@ class GpuHealth(_Wire):
     """Why the clocks are held down right now; empty when nothing holds them."""
 
 
-class PodRef(_Wire):
+class PodRef(WireModel):
     """A container (or a whole pod when ``container`` is empty) on this node."""
 
     namespace: str = Field(min_length=1, max_length=253)
@@ -127,10 +109,9 @@ class PodRef(_Wire):
 
 
 Percent = Annotated[float, Field(ge=0, le=100)]
-Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES)]
 
 
-class AllocationSite(_Wire):
+class AllocationSite(WireModel):
     """A line of the training code whose host allocations grew between the hook's tracemalloc snapshots.
 
     Credited to the innermost frame outside the standard library and site-packages, so a tensor kept
@@ -147,7 +128,7 @@ class AllocationSite(_Wire):
     """Live blocks allocated at this line."""
 
 
-class HookSample(_Wire):
+class HookSample(WireModel):
     """What the training-side hook (:mod:`gpuwarden.hook`) last told the agent about one process on one GPU.
 
     Schema version 3. The agent attaches it to the process's entry on the GPU the allocator numbers
@@ -171,7 +152,7 @@ class HookSample(_Wire):
     """The lines whose allocations grew, in the hook's order: the job's own lines first (tracemalloc on)."""
 
 
-class ProcessSample(_Wire):
+class ProcessSample(WireModel):
     """One process with a CUDA context on a GPU."""
 
     pid: int = Field(ge=0, le=MAX_PID)
@@ -185,7 +166,7 @@ class ProcessSample(_Wire):
     """What the process's training hook reported (schema version 3); None without a hook."""
 
 
-class GpuSample(_Wire):
+class GpuSample(WireModel):
     """One GPU (or MIG device) at one instant. ``None`` means not supported or not read, never zero."""
 
     uuid: str = Field(min_length=1, max_length=128)
@@ -216,7 +197,7 @@ class GpuSample(_Wire):
     processes: list[ProcessSample] = Field(default_factory=list, max_length=1024)
 
 
-class PodHostMemory(_Wire):
+class PodHostMemory(WireModel):
     """Host (CPU) memory of one pod from its cgroup's memory.current."""
 
     namespace: str = Field(min_length=1, max_length=253)
@@ -224,7 +205,7 @@ class PodHostMemory(_Wire):
     memory_bytes: Bytes
 
 
-class Snapshot(_Wire):
+class Snapshot(WireModel):
     """Every GPU of the node at one instant."""
 
     timestamp: float = Field(gt=0, le=MAX_TIMESTAMP)
@@ -237,7 +218,7 @@ class Snapshot(_Wire):
     pod_host_memory: list[PodHostMemory] = Field(default_factory=list, max_length=1024)
 
 
-class NodeReport(_Wire):
+class NodeReport(WireModel):
     """A batch of snapshots from one node's agent."""
 
     schema_version: int = Field(ge=0, le=MAX_COUNT)
@@ -260,21 +241,9 @@ class ReportError(ValueError):
     """A report body that is not a valid NodeReport; the message names the field."""
 
 
-def first_error(exc: ValidationError, *, top: str = "body") -> str:
-    """``field.path: what is wrong (and N more)``: the first of pydantic's errors, naming the field
-    (``top`` when it is the whole document); the wire parsers' messages."""
-    first = exc.errors(include_url=False)[0]
-    where = ".".join(str(p) for p in first["loc"]) or top
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"{where}: {first['msg']}{more}"
-
-
 def parse_report(body: bytes | str) -> NodeReport:
     """Parse a JSON body strictly (see the module doc); raise :class:`ReportError` naming the field."""
-    try:
-        report = NodeReport.model_validate_json(body, strict=True)
-    except ValidationError as exc:
-        raise ReportError(first_error(exc)) from None
+    report = parse_strict(NodeReport, body, ReportError)
     if report.schema_version not in ACCEPTED_SCHEMA_VERSIONS:
         speaks = ", ".join(str(v) for v in sorted(ACCEPTED_SCHEMA_VERSIONS))
         raise ReportError(
@@ -299,3 +268,36 @@ def parse_report(body: bytes | str) -> NodeReport:
 def dump_report(report: NodeReport) -> bytes:
     """Serialise a report for the wire (camelCase, no ``None`` fields)."""
     return report.model_dump_json(by_alias=True, exclude_none=True).encode()
+
+
+ProcessUtilization = dict[str, dict[int, float]]
+"""Per-process SM utilization (percent) by device key (see :func:`device_key`), then by PID.
+
+A device is a key only when its reading succeeded; its PIDs are those that ran a kernel in
+the window (NVML lists no other), so an empty dict is a good reading: nothing ran. A device
+that is not a key was not read (unsupported, as on MIG devices; failed; lost).
+"""
+
+
+def device_key(sample: GpuSample) -> str:
+    """The identity of one sampled device: the MIG device's UUID, or the GPU's when not MIG."""
+    return sample.mig_id or sample.uuid
+
+
+def merge_process_utilization(gpus: list[GpuSample], utilization: ProcessUtilization) -> list[GpuSample]:
+    """Set ``sm_util`` on each process of the devices a per-process reading covers.
+
+    On a device the reading covers, a process it does not list ran no kernel in the window:
+    its ``sm_util`` is 0, not unknown (a process that holds memory and computes nothing,
+    beside a busy one, is the waste to find). Processes of a device the reading does not
+    cover keep ``None``: no data.
+    """
+    out = []
+    for gpu in gpus:
+        by_pid = utilization.get(device_key(gpu))
+        if by_pid is None or not gpu.processes:
+            out.append(gpu)
+            continue
+        processes = [p.model_copy(update={"sm_util": by_pid.get(p.pid, 0.0)}) for p in gpu.processes]
+        out.append(gpu.model_copy(update={"processes": processes}))
+    return out

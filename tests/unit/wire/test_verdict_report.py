@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.verdictreport import (
+from gpuwarden.wire.verdicts import (
     MAX_PODS,
     SCHEMA_VERSION,
     PodVerdict,
