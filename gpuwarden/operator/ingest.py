@@ -70,6 +70,7 @@ __all__ = [
     "bearer",
     "make_ingest_app",
     "read_body",
+    "standby",
 ]
 
 logger = logging.getLogger(__name__)
@@ -194,7 +195,7 @@ class ReportIngest:
 
     async def _handle(self, request: web.Request) -> web.Response:
         if not self.acting():
-            raise Refusal(503, "Standby", "this replica stands by; retry", "standby", retry_after="1")
+            raise standby()
 
         node = await self._authenticate(request)
         if self.route is not None and (elsewhere := self.route(node)) is not None:
@@ -311,6 +312,7 @@ class Refusal(Exception):
         metric: str,
         retry_after: str | None = None,
         hint: dict[str, str] | None = None,
+        close: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -319,13 +321,28 @@ class Refusal(Exception):
         self.metric = metric
         self.retry_after = retry_after
         self.hint = hint
+        self.close = close
+        """Answered with ``Connection: close``: the client's retry opens a new connection."""
 
     def response(self) -> web.Response:
         """The error answer (JSON ``reason``, ``message`` and any hint)."""
         headers = {"Retry-After": self.retry_after} if self.retry_after else None
         if self.status == 401:
             headers = {**(headers or {}), "WWW-Authenticate": 'Bearer realm="gpuwarden"'}
-        return _error(self.status, self.reason, self.message, headers, self.hint)
+        response = _error(self.status, self.reason, self.message, headers, self.hint)
+        if self.close:
+            response.force_close()  # aiohttp closes after the answer, and says so: Connection: close
+        return response
+
+
+def standby() -> Refusal:
+    """The answer of a replica that does not act: 503, retry in a second, and the connection closed.
+
+    Closed because a keep-alive connection stays with the replica it reached: through the ingest
+    Service that is a pod the connection tracking keeps, even after it stops acting and drops out
+    of the Service. Only a new connection is routed to the replica that acts now.
+    """
+    return Refusal(503, "Standby", "this replica stands by; retry", "standby", retry_after="1", close=True)
 
 
 def _error(

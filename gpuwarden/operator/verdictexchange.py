@@ -38,6 +38,7 @@ from gpuwarden.operator.ingest import (
     Refusal,
     authenticate,
     read_body,
+    standby,
 )
 from gpuwarden.operator.metrics import OperatorMetrics
 from gpuwarden.operator.tokenreview import TokenAuthenticator
@@ -102,7 +103,7 @@ class VerdictIngest:
 
     async def _handle(self, request: web.Request) -> web.Response:
         if not self.acting():
-            raise Refusal(503, "Standby", "this replica stands by; retry", "standby", retry_after="1")
+            raise standby()
         await authenticate(request, self.authenticator, what="verdicts")
         body = await read_body(request, self.max_body_bytes)
         try:

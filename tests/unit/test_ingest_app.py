@@ -3,6 +3,7 @@ bounds (types, timestamps, the reporting node and its pods), and good reports se
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import logging
@@ -268,6 +269,28 @@ async def test_standby_answers_503(setup: Any) -> None:
     state.leadership.active = False
     status, payload, headers = await post(client, dump_report(report()))
     assert (status, payload["reason"], headers["Retry-After"]) == (503, "Standby", "1")
+
+
+async def test_standby_closes_the_connection(setup: Any) -> None:
+    """An agent's keep-alive connection to a replica that stopped acting is closed with the answer:
+    kept, its retries would stay on that replica for ever (connection tracking keeps a Service's
+    connection on its pod), never reaching the one that acts."""
+    client, state, _ = setup
+    state.leadership.active = False
+    body = dump_report(report())
+    request = (
+        b"POST /v1/reports HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer good\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    reader, writer = await asyncio.open_connection("127.0.0.1", client.server.port)
+    try:
+        writer.write(request)
+        # The whole answer and then end-of-file, well before the server's keep-alive timeout.
+        answer = await asyncio.wait_for(reader.read(), timeout=5)
+    finally:
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 503 ")
+    assert b"\r\nConnection: close\r\n" in answer
 
 
 async def test_token_review_outage_is_503_and_not_cached(setup: Any) -> None:
