@@ -22,8 +22,8 @@ from typing import Any
 import kopf
 
 from gpuwarden.operator.claims import PolicyClaim, policy_claim
-from gpuwarden.operator.command import default_config
 from gpuwarden.operator.composition import build_operator
+from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.evaluation import PolicyRunner
 from gpuwarden.operator.pods import pod_record, requests_gpu
 from gpuwarden.operator.resources import FINALIZER, GROUP, PLURAL, PREFIX, VERSION, PodRecord, PolicyKey
@@ -42,7 +42,7 @@ def _state(memo: kopf.Memo) -> OperatorState:
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     if "state" not in memo:  # run as `kopf run -m gpuwarden.operator.handlers`: the contract's defaults
-        memo.state = build_operator(default_config())
+        memo.state = build_operator(OperatorConfig.defaults())
     if _state(memo).scaler is None:  # actions.scale: the Scaler acts after each evaluation
         attach_scaler(_state(memo))
     # Events are ours (posting.py: never twice); Kopf's own handler logs stay in the log, not in

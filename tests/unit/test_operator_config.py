@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from gpuwarden.operator import command
 from gpuwarden.operator.config import (
     Address,
     ConfigError,
@@ -16,11 +15,11 @@ from gpuwarden.operator.config import (
 
 
 def parse(*argv: str, env: dict[str, str] | None = None) -> OperatorConfig:
-    return command.parse_config(argv, env or {})
+    return OperatorConfig.parse(argv, env or {})
 
 
 def test_defaults_are_the_contracts() -> None:
-    config = command.default_config(
+    config = OperatorConfig.defaults(
         {"POD_NAME": "gpuwarden-operator-abc", "POD_NAMESPACE": "gpuwarden-system"}
     )
     assert config.clusterwide
@@ -91,7 +90,7 @@ def test_bad_flag_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
 def test_the_fields_defaults_are_the_flags_defaults() -> None:
     """The flags declare the contract's defaults; OperatorConfig() (tests, benchmarks) must not drift."""
     env = {"POD_NAME": "p", "POD_NAMESPACE": "n"}
-    config = command.default_config(env)
+    config = OperatorConfig.defaults(env)
     assert config == OperatorConfig(
         identity="p", priority=derive_priority("p"), pod_name="p", pod_namespace="n"
     )

@@ -20,7 +20,6 @@ from gpuwarden.nodereport import (
     Snapshot,
     XidEvent,
 )
-from gpuwarden.operator.command import add_arguments, default_config, parse_config
 from gpuwarden.operator.config import ConfigError, CordonMode, OperatorConfig
 from gpuwarden.operator.kubeapi import ApiError
 from gpuwarden.operator.metrics import OperatorMetrics
@@ -321,8 +320,8 @@ def test_incident_events_say_what_to_do() -> None:
 
 
 def test_node_health_flags() -> None:
-    assert not default_config(env={}).node_health
-    config = parse_config(
+    assert not OperatorConfig.defaults(env={}).node_health
+    config = OperatorConfig.parse(
         [
             "--node-health",
             "--node-health-xids",
@@ -339,16 +338,16 @@ def test_node_health_flags() -> None:
         120.0,
         CordonMode.DRY_RUN,
     )
-    assert parse_config(["--node-health"], {}).node_health_xids == CRITICAL_XIDS
+    assert OperatorConfig.parse(["--node-health"], {}).node_health_xids == CRITICAL_XIDS
     for argv, flag in (
         (["--cordon", "on"], "--cordon needs --node-health"),
         (["--node-health", "--node-health-xids", "79,x"], "--node-health-xids"),
         (["--node-health", "--node-health-hold", "0s"], "--node-health-hold"),
     ):
         with pytest.raises(ConfigError, match=flag):
-            parse_config(argv, {})
+            OperatorConfig.parse(argv, {})
     parser = argparse.ArgumentParser()
-    add_arguments(parser)
+    OperatorConfig.add_arguments(parser)
     args = parser.parse_args(["--node-health"])
     args.cordon = "yes"  # argparse refuses it first; a Namespace built otherwise is checked all the same
     with pytest.raises(ConfigError, match="--cordon"):

@@ -16,7 +16,6 @@ from test_operator_evaluation import FakeApi as StatusApi
 
 from gpuwarden.nodereport import dump_report
 from gpuwarden.operator import evaluation as evaluation_module
-from gpuwarden.operator.command import default_config, parse_config
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import ConfigError, OperatorConfig
 from gpuwarden.operator.evaluation import PolicyRunner
@@ -86,15 +85,15 @@ class LeaseApi:
 
 def test_the_flags_build_a_sharded_config() -> None:
     env = {"POD_NAME": "op-a", "POD_NAMESPACE": "gw", "POD_IP": "10.0.0.1"}
-    base = default_config(env)
+    base = OperatorConfig.defaults(env)
     assert not base.shards
     flags = ("--token-audience", "a", "--agent-service-account", "gw:agent")
-    config = parse_config([*flags, "--shards"], env)
+    config = OperatorConfig.parse([*flags, "--shards"], env)
     assert (config.shards, config.advertise_url) == (True, "http://10.0.0.1:8443/v1/reports")
     with pytest.raises(ConfigError, match="POD_NAMESPACE"):
-        parse_config([*flags, "--shards"], {})
+        OperatorConfig.parse([*flags, "--shards"], {})
     with pytest.raises(ConfigError, match="goes with --shards"):
-        parse_config([*flags, "--advertise-url", "http://x/v1/reports"], env)
+        OperatorConfig.parse([*flags, "--advertise-url", "http://x/v1/reports"], env)
 
 
 async def test_the_loop_renews_its_lease_sees_the_others_and_hands_over_on_exit() -> None:
