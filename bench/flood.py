@@ -64,7 +64,7 @@ OPERATOR_TOKEN = "bench-operator-token"
 def serve(port_queue: Any, stop: Any, layout: Layout) -> None:
     async def main() -> None:
         api = BenchApi()
-        state = build_operator(OperatorConfig(), api=api)  # type: ignore[arg-type]
+        state = build_operator(OperatorConfig(), api=api).state  # type: ignore[arg-type]
         state.leadership.active = True
         state.pod_nodes, state.pods_synced = pod_nodes(layout), True
         state.open_policy(PolicyKey(layout.namespace(0), "gpus"))

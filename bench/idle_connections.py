@@ -58,7 +58,7 @@ NODE = "good-node"
 
 
 async def _server(variant: str, fd_limit: int, port_queue: Any, stop: Any, stats_queue: Any) -> None:
-    state = build_operator(OperatorConfig(), api=BenchApi())  # type: ignore[arg-type]
+    state = build_operator(OperatorConfig(), api=BenchApi()).state  # type: ignore[arg-type]
     state.leadership.active = True
     app = make_ingest_app(state.ingest)
     limiter: ConnectionLimiter | None = None

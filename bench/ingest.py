@@ -210,7 +210,7 @@ async def serve(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> N
     api = BenchApi()
     sharded = {"shards": True, "identity": SELF, "pod_namespace": "bench"} if args.shards else {}
     config = OperatorConfig(node_rate=20.0, max_body_bytes=8 * 2**20, **sharded)  # type: ignore[arg-type]
-    state = build_operator(config, api=api)  # type: ignore[arg-type]
+    state = build_operator(config, api=api).state  # type: ignore[arg-type]
     state.leadership.active = True
     membership = asyncio.create_task(keep_membership(state, args.shards)) if args.shards else None
     posting = asyncio.create_task(state.events.run())

@@ -24,7 +24,7 @@ from gpuwarden.operator.shards import Ring
 
 def main() -> None:
     members = {f"replica-{i}": Member(f"replica-{i}", "http://x/v1/reports") for i in range(3)}
-    state = build_operator(OperatorConfig(shards=True, identity="replica-0", pod_namespace="bench"))
+    state = build_operator(OperatorConfig(shards=True, identity="replica-0", pod_namespace="bench")).state
     assert state.sharding is not None
     for t in (time.monotonic() - 1, time.monotonic()):  # two listings alike: a steady view
         state.sharding.view.update(members, t)

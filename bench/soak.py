@@ -183,7 +183,7 @@ class Fleet:
 async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: Any, stop_event: Any) -> None:
     baseline: list[tracemalloc.Snapshot] = []
     api = BenchApi()
-    state = build_operator(OperatorConfig(node_rate=20.0, max_body_bytes=8 * 2**20), api=api)  # type: ignore[arg-type]
+    state = build_operator(OperatorConfig(node_rate=20.0, max_body_bytes=8 * 2**20), api=api).state  # type: ignore[arg-type]
     state.leadership.active = True
     fleet = Fleet(state, layout)
     started = time.time()

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
             identity=cast(Any, config.identity),  # Kopf's Identity is a NewType of str
             # Sharded mode: every replica runs every policy's daemon; the ring says which one acts.
             standalone=config.shards,
-            memo=kopf.Memo(state=build_operator(config)),
+            memo=kopf.Memo(operator=build_operator(config)),
         )
     except Exception as exc:
         log.error("The operator stopped: %s", exc)

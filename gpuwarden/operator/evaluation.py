@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -125,7 +124,7 @@ class PolicyRunner:
 
         ``policies``: the namespace's (this one included), for the scaler's conflict check.
         """
-        now = time.time()
+        now = self.state.clock()
         meta = body.get("metadata") or {}
         if not self.state.acts_on(self.key):
             self._stand_aside()

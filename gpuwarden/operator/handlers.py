@@ -22,29 +22,28 @@ from typing import Any
 import kopf
 
 from gpuwarden.operator.claims import PolicyClaim, policy_claim
-from gpuwarden.operator.composition import build_operator
+from gpuwarden.operator.composition import Operator, build_operator
 from gpuwarden.operator.config import OperatorConfig
-from gpuwarden.operator.evaluation import PolicyRunner
 from gpuwarden.operator.pods import pod_record, requests_gpu
 from gpuwarden.operator.resources import FINALIZER, GROUP, PLURAL, PREFIX, VERSION, PodRecord, PolicyKey
-from gpuwarden.operator.scaler import attach_scaler
-from gpuwarden.operator.services import Services
 from gpuwarden.operator.state import OperatorState
 
 logger = logging.getLogger(__name__)
 
 
+def _operator(memo: kopf.Memo) -> Operator:
+    operator: Operator = memo.operator
+    return operator
+
+
 def _state(memo: kopf.Memo) -> OperatorState:
-    state: OperatorState = memo.state
-    return state
+    return _operator(memo).state
 
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    if "state" not in memo:  # run as `kopf run -m gpuwarden.operator.handlers`: the contract's defaults
-        memo.state = build_operator(OperatorConfig.defaults())
-    if _state(memo).scaler is None:  # actions.scale: the Scaler acts after each evaluation
-        attach_scaler(_state(memo))
+    if "operator" not in memo:  # run as `kopf run -m gpuwarden.operator.handlers`: the contract's defaults
+        memo.operator = build_operator(OperatorConfig.defaults())
     # Events are ours (posting.py: never twice); Kopf's own handler logs stay in the log, not in
     # `kubectl describe`.
     settings.posting.enabled = False
@@ -68,16 +67,15 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
 async def start_services(memo: kopf.Memo, **kwargs: Any) -> None:
     # The indexes by their names (empty this early, filled live by Kopf): which node each GPU pod runs
     # on, for the reports' pods; the pods' uids, for the node view.
-    _state(memo).pod_nodes = kwargs["gpu_pod_nodes"]
-    pods: kopf.Index[str, PodRecord] = kwargs["gpu_pods"]
-    memo.services = Services(_state(memo), pods=pods)
-    await memo.services.start()
+    state = _state(memo)
+    state.pod_nodes = kwargs["gpu_pod_nodes"]
+    state.pods = kwargs["gpu_pods"]
+    await _operator(memo).services.start()
 
 
 @kopf.on.cleanup()
 async def stop_services(memo: kopf.Memo, **_: Any) -> None:
-    if "services" in memo:
-        await memo.services.stop()
+    await _operator(memo).services.stop()
 
 
 def _has_gpu(spec: kopf.Spec, **_: Any) -> bool:
@@ -129,11 +127,10 @@ async def pod_deleted(namespace: str | None, name: str, memo: kopf.Memo, **_: An
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5.0)
 async def evaluate(namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     assert namespace is not None  # policies are namespaced
-    state = _state(memo)
     # The indexes above, passed by their names.
     pods: kopf.Index[str, PodRecord] = kwargs["gpu_pods"]
     policies: kopf.Index[str, PolicyClaim] = kwargs["policy_claims"]
-    runner = PolicyRunner(state, PolicyKey(namespace, name), scaler=state.scaler)
+    runner = _operator(memo).runner(PolicyKey(namespace, name))
     await runner.run(body=body, pods=pods, policies=policies)
 
 

@@ -153,7 +153,7 @@ class _Node:
 class NodeHealthMonitor:
     """Keeps the node view up to date from the health store (see the module doc).
 
-    ``pods`` is the operator's GPU pod index (namespace → records), for the pods' uids; ``acting``
+    ``pods`` reads the operator's GPU pod index (namespace → records), for the pods' uids; ``acting``
     says whether this replica acts (peering), as only the acting one receives reports.
     """
 
@@ -165,7 +165,7 @@ class NodeHealthMonitor:
         metrics: OperatorMetrics,
         events: EventSink,
         *,
-        pods: Mapping[str, Iterable[PodRecord]],
+        pods: Callable[[], Mapping[str, Iterable[PodRecord]]],
         acting: Callable[[], bool] = lambda: True,
         clock: Callable[[], float] = time.time,
         interval: float = 1.0,
@@ -236,7 +236,7 @@ class NodeHealthMonitor:
                 )
 
     def _pod(self, namespace: str, name: str) -> PodRecord | None:
-        for record in self.pods.get(namespace, ()):
+        for record in self.pods().get(namespace, ()):
             if record.view.name == name:
                 return record
         return None

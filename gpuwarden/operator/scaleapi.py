@@ -1,9 +1,9 @@
-"""The API calls that scaling makes: a target's /scale, the namespace's HPAs and policies, Events.
+"""The API calls that scaling makes: a target's /scale, the namespace's HPAs and policies.
 
 :class:`ScaleApi` and an :class:`~gpuwarden.operator.posting.EventSink` are what
-:class:`~gpuwarden.operator.scaler.Scaler` needs; :class:`KubeScaleApi` provides both over the
-operator's :class:`~gpuwarden.operator.kubeapi.KubeApi` (the credentials Kopf uses), posting each
-Event at once, best effort (:func:`~gpuwarden.operator.posting.event_body` is their shape).
+:class:`~gpuwarden.operator.scaler.WorkloadScaler` needs; :class:`KubeScaleApi` provides the first over
+the operator's :class:`~gpuwarden.operator.kubeapi.KubeApi` (the credentials Kopf uses), and the
+operator's :class:`~gpuwarden.operator.posting.EventPoster` the second, as for every other Event.
 
 Only the ``/scale`` subresource is read and written, never the workload itself: the
 operator's RBAC grants ``get``/``patch`` on ``deployments/scale`` and nothing on
@@ -14,13 +14,10 @@ subresource can be a target.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpuwarden.operator.kubeapi import ApiError, JsonObject, KubeApi
-from gpuwarden.operator.posting import event_body
 from gpuwarden.operator.resources import SCALER_FIELD_MANAGER, ObjectRef, policies_path
 from gpuwarden.policy.model import ScaleTargetRef
 
@@ -114,15 +111,10 @@ def _api_root(api_version: str) -> str:
 
 
 class KubeScaleApi:
-    """:class:`ScaleApi` and an ``EventSink`` over a :class:`KubeApi`."""
+    """:class:`ScaleApi` over a :class:`KubeApi`."""
 
-    def __init__(
-        self, kube: KubeApi, *, clock: Callable[[], float] = time.time, reporting_instance: str = ""
-    ) -> None:
+    def __init__(self, kube: KubeApi) -> None:
         self._kube = kube
-        self._clock = clock
-        """Wall clock for Event timestamps only."""
-        self._reporting_instance = reporting_instance
         self._plurals: dict[tuple[str, str], str] = {}
         """(apiVersion, kind) -> plural, for kinds found through discovery."""
 
@@ -215,21 +207,6 @@ class KubeScaleApi:
             policies_path(namespace),
         )
         return [item for item in listing.get("items") or [] if isinstance(item, dict)]
-
-    # --- Events -----------------------------------------------------------------------------------
-
-    async def post(self, regarding: ObjectRef, type_: str, reason: str, message: str) -> None:
-        """Post a core/v1 Event (what ``kubectl describe`` shows) about ``regarding``, at once."""
-        event = event_body(
-            regarding, type_, reason, message, instance=self._reporting_instance, now=self._clock()
-        )
-        try:
-            await self._request(
-                f"Event {reason}", "POST", f"/api/v1/namespaces/{regarding.namespace}/events", body=event
-            )
-        except ScaleApiError:
-            # An Event that cannot be posted (RBAC, API busy) must not stop scaling: it is best effort.
-            return
 
     # --- plumbing ---------------------------------------------------------------------------------
 

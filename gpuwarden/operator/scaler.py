@@ -1,7 +1,7 @@
 """WorkloadScaler: scales a policy's workload through its /scale subresource, after each evaluation.
 
-Plugged into the operator as ``OperatorState.scaler`` (the evaluation loop calls
-:meth:`WorkloadScaler.scale`). Per call, in order:
+Built by the composition root over the operator's API client and its Event poster, and handed to
+each policy's evaluation loop, which calls :meth:`WorkloadScaler.scale`. Per call, in order:
 
 1. look the namespace's policies up in the operator's index (:mod:`.claims`, passed in):
    this one's uid (for its Events) and, after a restart, its ``status.scale.lastScaleTime``
@@ -34,11 +34,9 @@ from typing import Any
 
 from gpuwarden.kubetime import format_time, parse_epoch
 from gpuwarden.operator.claims import PolicyClaim, policy_claim
-from gpuwarden.operator.metrics import DesiredReplicasCollector
 from gpuwarden.operator.posting import EventSink
 from gpuwarden.operator.resources import ObjectRef, PolicyKey
 from gpuwarden.operator.scaleapi import (
-    KubeScaleApi,
     NotFound,
     NotScalable,
     Scale,
@@ -48,7 +46,6 @@ from gpuwarden.operator.scaleapi import (
     group_of,
 )
 from gpuwarden.operator.scaling import ScaleResult
-from gpuwarden.operator.state import OperatorState
 from gpuwarden.operator.status import SCALING_ACTIVE
 from gpuwarden.policy.engine import Evaluation
 from gpuwarden.policy.model import PolicySpec, ScaleAction, ScaleTargetRef
@@ -69,7 +66,6 @@ __all__ = [
     "ScaleOutcome",
     "ScaleStatus",
     "WorkloadScaler",
-    "attach_scaler",
 ]
 
 STALE_INTERVALS = 3
@@ -417,11 +413,3 @@ def _outcome(
         decision=decision,
         applied=applied,
     )
-
-
-def attach_scaler(state: OperatorState) -> WorkloadScaler:
-    """Give the operator its scaler (over its API client) and export the desired replicas on its registry."""
-    api = KubeScaleApi(state.api, reporting_instance=state.config.identity)
-    state.scaler = scaler = WorkloadScaler(api, api)
-    state.metrics.registry.register(DesiredReplicasCollector(scaler.desired_replicas))
-    return scaler

@@ -1,8 +1,8 @@
 """The seam between a policy's evaluation and the component that scales its workload.
 
 :class:`~gpuwarden.operator.evaluation.PolicyRunner` calls a :class:`Scaler` after each evaluation and
-writes its :class:`ScaleResult` into the policy's status; the operator plugs in
-:class:`~gpuwarden.operator.scaler.WorkloadScaler` (``attach_scaler``). Kept apart so that neither the
+writes its :class:`ScaleResult` into the policy's status; the composition root plugs in
+:class:`~gpuwarden.operator.scaler.WorkloadScaler`. Kept apart so that neither the
 state nor the runner imports the scaling component, nor each other for its types.
 """
 

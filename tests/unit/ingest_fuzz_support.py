@@ -353,7 +353,7 @@ class Harness:
         self.clock = Clock()
         # Rate limits are exercised elsewhere; here they would only turn cases into 429s.
         config = OperatorConfig(namespaces=(NAMESPACE,), node_rate=1e9, max_body_bytes=256 * 1024)
-        self.state = build_operator(config, api=FuzzApi(), clock=self.clock)  # type: ignore[arg-type]
+        self.state = build_operator(config, api=FuzzApi(), clock=self.clock).state  # type: ignore[arg-type]
         self.state.leadership.active = True
         self.state.pod_nodes = POD_NODES
         self.state.pods_synced = True

@@ -110,7 +110,7 @@ def pod_index(state: OperatorState) -> None:
 async def setup() -> AsyncIterator[tuple[TestClient[Any, Any], OperatorState, FakeApi]]:
     api = FakeApi()
     config = OperatorConfig(max_body_bytes=64 * 1024, node_rate=5.0)
-    state = build_operator(config, api=api, clock=Clock())  # type: ignore[arg-type]
+    state = build_operator(config, api=api, clock=Clock()).state  # type: ignore[arg-type]
     state.leadership.active = True
     pod_index(state)
     client = TestClient(TestServer(make_ingest_app(state.ingest)))
@@ -538,7 +538,7 @@ async def test_reports_wake_the_policies_of_their_namespace(setup: Any) -> None:
 
 
 async def test_namespaces_out_of_scope_are_not_kept_nor_refused() -> None:
-    state = build_operator(OperatorConfig(namespaces=("other",)), api=FakeApi())  # type: ignore[arg-type]
+    state = build_operator(OperatorConfig(namespaces=("other",)), api=FakeApi()).state  # type: ignore[arg-type]
     pod_index(state)
     intake = state.accept(report(), "node-1", T0)
     assert (intake.stored, intake.refused) == (0, {})

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.operator import evaluation as evaluation_module
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.evaluation import PolicyRunner
@@ -94,11 +93,10 @@ PODS = {"ns": [PodRecord(PodView("ns", "p", {"app": "x"}), "pod-uid")]}
 
 
 @pytest.fixture
-def world(
-    monkeypatch: pytest.MonkeyPatch,
-) -> tuple[OperatorState, FakeApi, list[tuple[str, str, str]], list[float]]:
+def world() -> tuple[OperatorState, FakeApi, list[tuple[str, str, str]], list[float]]:
     api = FakeApi()
-    state = build_operator(OperatorConfig(), api=api)  # type: ignore[arg-type]
+    clock = [T0]
+    state = build_operator(OperatorConfig(), api=api, clock=lambda: clock[0]).state  # type: ignore[arg-type]
     posted: list[tuple[str, str, str]] = []
 
     class Sink:
@@ -106,8 +104,6 @@ def world(
             posted.append((regarding.kind, type_, reason))
 
     state.events = Sink()  # type: ignore[assignment]
-    clock = [T0]
-    monkeypatch.setattr(evaluation_module.time, "time", lambda: clock[0])
     return state, api, posted, clock
 
 
@@ -204,7 +200,7 @@ async def test_a_restart_resumes_violations_from_status_without_announcing_them(
     written = api.patches[-1]
 
     # A new process: empty store, status as the previous one wrote it.
-    state2 = build_operator(OperatorConfig(), api=api)  # type: ignore[arg-type]
+    state2 = build_operator(OperatorConfig(), api=api, clock=state.clock).state  # type: ignore[arg-type]
     runner = PolicyRunner(state2, PolicyKey("ns", "pol"))
     pacing = state2.open_policy(runner.key)
     resumed = dict(POLICY, status=written)

@@ -113,7 +113,7 @@ class World:
             self.health,
             OperatorMetrics(),
             self.api,
-            pods=self.pods,
+            pods=lambda: self.pods,
             clock=lambda: self.now,  # type: ignore[arg-type]
         )
 

@@ -15,7 +15,6 @@ from test_operator_evaluation import PODS, POLICY, T0, feed
 from test_operator_evaluation import FakeApi as StatusApi
 
 from gpuwarden.nodereport import dump_report
-from gpuwarden.operator import evaluation as evaluation_module
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import ConfigError, OperatorConfig
 from gpuwarden.operator.evaluation import PolicyRunner
@@ -98,8 +97,8 @@ def test_the_flags_build_a_sharded_config() -> None:
 
 async def test_the_loop_renews_its_lease_sees_the_others_and_hands_over_on_exit() -> None:
     api = LeaseApi()
-    a = build_operator(sharded("op-a"), api=api)  # type: ignore[arg-type]
-    b = build_operator(sharded("op-b"), api=api)  # type: ignore[arg-type]
+    a = build_operator(sharded("op-a"), api=api).state  # type: ignore[arg-type]
+    b = build_operator(sharded("op-b"), api=api).state  # type: ignore[arg-type]
     assert a.sharding is not None
     assert b.sharding is not None
     await a.sharding._follow()
@@ -131,7 +130,7 @@ async def test_the_loop_renews_its_lease_sees_the_others_and_hands_over_on_exit(
 
 @pytest.fixture
 async def client() -> AsyncIterator[tuple[TestClient[Any, Any], OperatorState]]:
-    state = build_operator(sharded("op-a"), api=ReviewApi(), clock=Clock())  # type: ignore[arg-type]
+    state = build_operator(sharded("op-a"), api=ReviewApi(), clock=Clock()).state  # type: ignore[arg-type]
     state.pod_nodes = {("ns", "pod-a"): ["node-1"], ("ns", "pod-b"): ["node-2"]}
     state.pods_synced = True
     c = TestClient(TestServer(make_ingest_app(state.ingest)))
@@ -170,9 +169,10 @@ async def test_ingest_answers_421_with_the_owner_for_nodes_it_does_not_own(clien
 
 
 @pytest.fixture
-def world(monkeypatch: pytest.MonkeyPatch) -> tuple[OperatorState, StatusApi, list[str], list[float]]:
+def world() -> tuple[OperatorState, StatusApi, list[str], list[float]]:
     api = StatusApi()
-    state = build_operator(sharded("op-a"), api=api)  # type: ignore[arg-type]
+    clock = [T0]
+    state = build_operator(sharded("op-a"), api=api, clock=lambda: clock[0]).state  # type: ignore[arg-type]
     posted: list[str] = []
 
     class Sink:
@@ -180,8 +180,6 @@ def world(monkeypatch: pytest.MonkeyPatch) -> tuple[OperatorState, StatusApi, li
             posted.append(f"{regarding.kind} {reason}")
 
     state.events = Sink()  # type: ignore[assignment]
-    clock = [T0]
-    monkeypatch.setattr(evaluation_module.time, "time", lambda: clock[0])
     return state, api, posted, clock
 
 
@@ -200,7 +198,7 @@ async def test_only_the_policys_owner_evaluates_and_a_new_owner_does_not_announc
     assert (posted, api.patches) == ([], [])  # the other replica's policy
 
     # The owner announced it and wrote the status; then it left, and op-a takes the policy over.
-    owner = build_operator(sharded(other), api=api)  # type: ignore[arg-type]
+    owner = build_operator(sharded(other), api=api, clock=state.clock).state  # type: ignore[arg-type]
     owner.events = state.events
     owner.sharding.view = view(other, Member("op-a"), Member(other))
     feed(owner, T0 - 20, T0, util=3)
@@ -240,7 +238,7 @@ class PeerApi(StatusApi):
 
 
 async def test_a_policy_spanning_shards_is_judged_on_all_its_pods_and_announced_by_its_owner_once(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+    tmp_path: Any,
 ) -> None:
     """op-a owns the policy and the node of pod p; another replica owns q's node: it judges q and
     sends op-a its verdicts, POST /v1/verdicts with its token; op-a announces and writes both."""
@@ -249,10 +247,9 @@ async def test_a_policy_spanning_shards_is_judged_on_all_its_pods_and_announced_
     node_a = next(n for n in (f"node-{i}" for i in range(100)) if ring.owner(n) == "op-a")
     node_b = next(n for n in (f"node-{i}" for i in range(100)) if ring.owner(n) == other)
     clock = [T0]
-    monkeypatch.setattr(evaluation_module.time, "time", lambda: clock[0])
     api = PeerApi()
-    owner = build_operator(sharded("op-a"), api=api)  # type: ignore[arg-type]
-    shard = build_operator(sharded(other), api=api)  # type: ignore[arg-type]
+    owner = build_operator(sharded("op-a"), api=api, clock=lambda: clock[0]).state  # type: ignore[arg-type]
+    shard = build_operator(sharded(other), api=api, clock=lambda: clock[0]).state  # type: ignore[arg-type]
     posted: list[str] = []
 
     class Sink:

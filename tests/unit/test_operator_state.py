@@ -6,7 +6,6 @@ import asyncio
 
 import pytest
 
-from gpuwarden.operator import state as state_module
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.state import MIN_RETENTION, PRUNE_SECONDS
@@ -16,13 +15,10 @@ T0 = 1_800_000_000.0
 
 
 @pytest.mark.looptime
-async def test_a_series_that_stops_receiving_readings_is_dropped_after_the_retention(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_a_series_that_stops_receiving_readings_is_dropped_after_the_retention() -> None:
     loop = asyncio.get_running_loop()
     start = loop.time()
-    monkeypatch.setattr(state_module.time, "time", lambda: T0 + loop.time() - start)
-    state = build_operator(OperatorConfig())
+    state = build_operator(OperatorConfig(), clock=lambda: T0 + loop.time() - start).state
     # A pod whose last report landed after its deletion, and one still reporting.
     gone, alive = SeriesKey("ns", "gone", "GPU-1"), SeriesKey("ns", "alive", "GPU-2")
     state.store.add(gone, Point(t=T0, gpu_util=3.0))
