@@ -45,8 +45,7 @@ from gpuwarden.operator.scaleapi import (
     ScaleConflict,
     group_of,
 )
-from gpuwarden.operator.scaling import ScaleResult
-from gpuwarden.operator.status import SCALING_ACTIVE
+from gpuwarden.operator.scaling import SCALING_ACTIVE, ScaleResult
 from gpuwarden.policy.engine import Evaluation
 from gpuwarden.policy.model import PolicySpec, ScaleAction, ScaleTargetRef
 from gpuwarden.policy.predictive import WorkloadLoad

@@ -18,7 +18,10 @@ if TYPE_CHECKING:
     from gpuwarden.policy.engine import Evaluation
     from gpuwarden.policy.model import PolicySpec
 
-__all__ = ["ScaleResult", "Scaler"]
+__all__ = ["SCALING_ACTIVE", "ScaleResult", "Scaler"]
+
+SCALING_ACTIVE = "ScalingActive"
+"""The type of the scaler's condition in the policy's status (the status writer keeps it apart)."""
 
 
 @dataclass(frozen=True, slots=True)

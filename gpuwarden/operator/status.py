@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from gpuwarden.operator.scaling import SCALING_ACTIVE
 from gpuwarden.policy.engine import Evaluation, rule_kind
 from gpuwarden.policy.findings import Finding, FindingKey
 from gpuwarden.policy.model import PolicySpec
@@ -42,7 +43,6 @@ MAX_MESSAGE = 1024
 
 READY = "Ready"
 VIOLATING = "Violating"
-SCALING_ACTIVE = "ScalingActive"
 OWNED_CONDITIONS = (READY, VIOLATING)
 
 _PER_GPU_KINDS = (

@@ -188,7 +188,7 @@ class Bench(InNamespace):
     namespace: str
     kube: KubeApi
     scaler: WorkloadScaler
-    events: EventPoster
+    poster: EventPoster
     now: float = T0
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
@@ -222,7 +222,7 @@ class Bench(InNamespace):
             self.now,
             [policy_claim(item) for item in listing["items"]],
         )
-        await self.events.drain()  # the Events it queued are posted, as the operator's poster posts them
+        await self.poster.drain()  # the Events it queued are posted, as the operator's poster posts them
         result = outcome.result()
         verdict = PolicyVerdict(
             generation=1, scale=result.status, problem=result.problem, scale_condition=result.condition
