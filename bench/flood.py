@@ -50,10 +50,10 @@ from ingest_fairness import summary
 from gpuwarden.nodereport import GpuSample, NodeReport, PodRef, Snapshot, dump_report
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
-from gpuwarden.operator.ingest import make_ingest_app
+from gpuwarden.operator.endpoints.reports import make_ingest_app
+from gpuwarden.operator.kube.tokenreview import TokenAuthenticator
 from gpuwarden.operator.resources import PolicyKey
-from gpuwarden.operator.tokenreview import TokenAuthenticator
-from gpuwarden.operator.verdictexchange import VerdictIngest
+from gpuwarden.operator.sharding.exchange import VerdictIngest
 from gpuwarden.verdictreport import PodVerdict, RuleVerdict, VerdictReport, dump_verdicts
 
 ATTACKS = ("health", "gpus", "verdicts")

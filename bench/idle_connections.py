@@ -48,7 +48,7 @@ from ingest import TOKEN_PREFIX, BenchApi
 from gpuwarden.nodereport import GpuSample, NodeReport, PodRef, Snapshot, dump_report
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
-from gpuwarden.operator.ingest import make_ingest_app
+from gpuwarden.operator.endpoints.reports import make_ingest_app
 from gpuwarden.serving import ConnectionLimiter, connection_cap, raise_fd_limit, serve
 
 NODE = "good-node"

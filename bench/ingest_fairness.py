@@ -38,7 +38,7 @@ from ingest import TOKEN_PREFIX, BenchApi, Layout, exchange, node_gpus, pod_node
 from gpuwarden.nodereport import NodeReport, Snapshot, dump_report
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig, parse_size
-from gpuwarden.operator.ingest import make_ingest_app
+from gpuwarden.operator.endpoints.reports import make_ingest_app
 
 
 def report_body(layout: Layout, node: int, seq: int, snapshots: int, t_end: float) -> bytes:

@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
-from gpuwarden.operator.membership import Member
-from gpuwarden.operator.shards import Ring
+from gpuwarden.operator.sharding.membership import Member
+from gpuwarden.operator.sharding.ring import Ring
 
 
 def main() -> None:

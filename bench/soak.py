@@ -61,8 +61,8 @@ from ingest import (
 
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
-from gpuwarden.operator.evaluation import PolicyRunner
-from gpuwarden.operator.ingest import make_ingest_app
+from gpuwarden.operator.endpoints.reports import make_ingest_app
+from gpuwarden.operator.policies.runner import PolicyRunner
 from gpuwarden.operator.resources import PodRecord, PolicyKey
 from gpuwarden.operator.services import return_freed_memory
 from gpuwarden.operator.state import MIN_RETENTION, OperatorState

@@ -19,22 +19,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuwarden.operator.config import OperatorConfig
-from gpuwarden.operator.evaluation import PolicyRunner
-from gpuwarden.operator.ingest import ReportIngest
-from gpuwarden.operator.kubeapi import KubeApi
-from gpuwarden.operator.leadership import Leadership
+from gpuwarden.operator.endpoints.ratelimit import NodeRateLimiter
+from gpuwarden.operator.endpoints.reports import ReportIngest
+from gpuwarden.operator.kube.client import KubeApi
+from gpuwarden.operator.kube.events import EventPoster
+from gpuwarden.operator.kube.tokenreview import TokenAuthenticator
 from gpuwarden.operator.metrics import DesiredReplicasCollector, OperatorMetrics
 from gpuwarden.operator.nodehealth import NodeHealthMonitor
-from gpuwarden.operator.posting import EventPoster
-from gpuwarden.operator.ratelimit import NodeRateLimiter
+from gpuwarden.operator.policies.runner import PolicyRunner
 from gpuwarden.operator.resources import PolicyKey
-from gpuwarden.operator.scaleapi import KubeScaleApi
-from gpuwarden.operator.scaler import WorkloadScaler
+from gpuwarden.operator.scaling.api import KubeScaleApi
+from gpuwarden.operator.scaling.workload import WorkloadScaler
 from gpuwarden.operator.services import Services
-from gpuwarden.operator.sharding import Sharding
+from gpuwarden.operator.sharding.exchange import VerdictIngest, VerdictSender
+from gpuwarden.operator.sharding.leadership import Leadership
+from gpuwarden.operator.sharding.shard import Sharding
 from gpuwarden.operator.state import OperatorState
-from gpuwarden.operator.tokenreview import TokenAuthenticator
-from gpuwarden.operator.verdictexchange import VerdictIngest, VerdictSender
 
 __all__ = ["Operator", "build_operator"]
 

@@ -21,11 +21,11 @@ from typing import Any
 
 import kopf
 
-from gpuwarden.operator.claims import PolicyClaim, policy_claim
 from gpuwarden.operator.composition import Operator, build_operator
 from gpuwarden.operator.config import OperatorConfig
-from gpuwarden.operator.pods import pod_record, requests_gpu
+from gpuwarden.operator.policies.pods import pod_record, requests_gpu
 from gpuwarden.operator.resources import FINALIZER, GROUP, PLURAL, PREFIX, VERSION, PodRecord, PolicyKey
+from gpuwarden.operator.scaling.claims import PolicyClaim, policy_claim
 from gpuwarden.operator.state import OperatorState
 
 logger = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ def _state(memo: kopf.Memo) -> OperatorState:
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     if "operator" not in memo:  # run as `kopf run -m gpuwarden.operator.handlers`: the contract's defaults
         memo.operator = build_operator(OperatorConfig.defaults())
-    # Events are ours (posting.py: never twice); Kopf's own handler logs stay in the log, not in
+    # Events are ours (kube/events.py: never twice); Kopf's own handler logs stay in the log, not in
     # `kubectl describe`.
     settings.posting.enabled = False
     # The daemons' finalizer and Kopf's bookkeeping annotations carry our domain, not Kopf's.

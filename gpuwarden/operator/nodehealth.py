@@ -26,7 +26,7 @@ node's token can change no other node's condition, Events or cordon.
   decides the GPU is fixed (``kubectl uncordon``).
 
 Events, on the Node and on the pods, go through the operator's one Event poster
-(:class:`~gpuwarden.operator.posting.EventPoster`): in the background, and under a fixed name, so a
+(:class:`~gpuwarden.operator.kube.events.EventPoster`): in the background, and under a fixed name, so a
 retry after a lost answer never posts one twice. A Node's go to ``default`` with no namespace in
 ``involvedObject``, where ``kubectl describe node`` finds them.
 """
@@ -41,9 +41,9 @@ from dataclasses import dataclass
 
 from gpuwarden.kubetime import format_time
 from gpuwarden.operator.config import CordonMode, OperatorConfig
-from gpuwarden.operator.kubeapi import ApiError, KubeApi
+from gpuwarden.operator.kube.client import ApiError, KubeApi
+from gpuwarden.operator.kube.events import EventSink
 from gpuwarden.operator.metrics import OperatorMetrics
-from gpuwarden.operator.posting import EventSink
 from gpuwarden.operator.resources import FIELD_MANAGER, ObjectRef, PodRecord
 from gpuwarden.policy.health import Problem, gpu_name, gpu_problems
 from gpuwarden.policy.healthstore import GpuRecord, HealthStore, Incident, IncidentKind

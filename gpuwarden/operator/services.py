@@ -24,12 +24,12 @@ from typing import Any
 from aiohttp import web
 
 from gpuwarden.operator.config import Address
-from gpuwarden.operator.ingest import make_ingest_app
+from gpuwarden.operator.endpoints.reports import make_ingest_app
+from gpuwarden.operator.kube.events import EventPoster
+from gpuwarden.operator.kube.tokenreview import ReviewCollector
 from gpuwarden.operator.metrics import make_metrics_app
 from gpuwarden.operator.nodehealth import NodeHealthMonitor
-from gpuwarden.operator.posting import EventPoster
 from gpuwarden.operator.state import PRUNE_SECONDS, OperatorState
-from gpuwarden.operator.tokenreview import ReviewCollector
 from gpuwarden.serving import ConnectionCollector, ConnectionLimiter, connection_cap, raise_fd_limit, serve
 
 __all__ = ["Services", "return_freed_memory", "trim_heap"]

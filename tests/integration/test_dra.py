@@ -54,7 +54,7 @@ from gpuwarden.agent.attribution import (
 from gpuwarden.local.policies import LocalPolicy
 from gpuwarden.local.session import Session, SubjectKind
 from gpuwarden.nodereport import GpuSample, PodRef, ProcessSample, Snapshot
-from gpuwarden.operator.pods import requests_gpu
+from gpuwarden.operator.policies.pods import requests_gpu
 from gpuwarden.policy.findings import Transition
 from gpuwarden.policy.parse import parse_policy_object
 

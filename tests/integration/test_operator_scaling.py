@@ -43,14 +43,14 @@ from operator_support import (
 )
 from test_chart import can_i  # the chart tests' `kubectl auth can-i` as a ServiceAccount
 
-from gpuwarden.operator.claims import policy_claim
-from gpuwarden.operator.kubeapi import KubeApi
+from gpuwarden.operator.kube.client import KubeApi
+from gpuwarden.operator.kube.events import EventPoster
 from gpuwarden.operator.metrics import OperatorMetrics
-from gpuwarden.operator.posting import EventPoster
+from gpuwarden.operator.policies.status import PolicyVerdict, build_status
 from gpuwarden.operator.resources import GROUP, PLURAL, VERSION, PolicyKey
-from gpuwarden.operator.scaleapi import KubeScaleApi
-from gpuwarden.operator.scaler import ScaleOutcome, WorkloadScaler
-from gpuwarden.operator.status import PolicyVerdict, build_status
+from gpuwarden.operator.scaling.api import KubeScaleApi
+from gpuwarden.operator.scaling.claims import policy_claim
+from gpuwarden.operator.scaling.workload import ScaleOutcome, WorkloadScaler
 from gpuwarden.policy.model import ScaleAction
 from gpuwarden.policy.parse import parse_spec
 

@@ -1,0 +1,121 @@
+"""The composition root's wiring: the scaler, built by :func:`build_operator` over the operator's API
+client, posts its Events through the operator's Event poster like every other Event (looptime: the
+poster's backoffs take no real time).
+
+The API client is an in-memory API server that serves a Deployment's ``/scale`` and keeps Events by
+name, answering as scripted (test_operator_posting.py tests the poster itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from gpuwarden.operator.composition import build_operator
+from gpuwarden.operator.config import OperatorConfig
+from gpuwarden.operator.kube.client import ApiError
+from gpuwarden.operator.resources import PolicyKey
+from gpuwarden.policy.model import ScaleAction, ScaleDirection, ScaleTargetRef
+
+NS = "inference"
+T0 = 1_800_000_000.0
+SCALE_PATH = f"/apis/apps/v1/namespaces/{NS}/deployments/llm-server/scale"
+
+
+@dataclass(frozen=True)
+class Saturated:
+    """An active finding as the scaler reads it."""
+
+    rule: str
+    pod: str
+
+
+class ApiServer:
+    """A Deployment of ``replicas`` behind ``/scale``, no HPA, and Events by name.
+
+    Each Event POST is answered as ``answers`` says, then ``ok``: ``unreachable`` (no answer),
+    ``stored_then_504`` (stored, then 504: etcd stalled past the request's timeout); a second
+    create of one name is 409, as the API server answers it.
+    """
+
+    def __init__(self, *answers: str, replicas: int = 2) -> None:
+        self.answers = list(answers)
+        self.replicas = replicas
+        self.events: dict[str, dict[str, Any]] = {}
+        self.event_posts = 0
+
+    async def request(
+        self, method: str, path: str, *, body: Mapping[str, Any] | None = None, **_: Any
+    ) -> dict[str, Any]:
+        if path == SCALE_PATH and method == "GET":
+            return self._scale()
+        if path == SCALE_PATH and method == "PATCH":
+            assert body is not None
+            self.replicas = body["spec"]["replicas"]
+            return self._scale()
+        if path.endswith("/horizontalpodautoscalers"):
+            return {"items": []}
+        assert (method, path) == ("POST", f"/api/v1/namespaces/{NS}/events"), (method, path)
+        assert body is not None
+        return self._post_event(dict(body))
+
+    def _scale(self) -> dict[str, Any]:
+        return {
+            "metadata": {"uid": "uid-target", "resourceVersion": "1"},
+            "spec": {"replicas": self.replicas},
+        }
+
+    def _post_event(self, event: dict[str, Any]) -> dict[str, Any]:
+        self.event_posts += 1
+        answer = self.answers.pop(0) if self.answers else "ok"
+        if answer == "unreachable":
+            raise ApiError(0, "POST: ClientConnectorError()")
+        name = event["metadata"]["name"]
+        if name in self.events:
+            raise ApiError(409, f'events "{name}" already exists')
+        self.events[name] = event
+        if answer == "stored_then_504":
+            raise ApiError(504, "Timeout: request did not complete within requested timeout")
+        return event
+
+    def reasons(self) -> list[tuple[str, str]]:
+        return sorted((e["involvedObject"]["kind"], e["reason"]) for e in self.events.values())
+
+
+def scale_up() -> ScaleAction:
+    step = ScaleDirection(stabilization_seconds=0, step_replicas=1, cooldown_seconds=60)
+    return ScaleAction(
+        target_ref=ScaleTargetRef("apps/v1", "Deployment", "llm-server"),
+        min_replicas=1,
+        max_replicas=4,
+        scale_up_on=("saturated",),
+        scale_down_on=(),
+        scale_up=step,
+        scale_down=step,
+    )
+
+
+@pytest.mark.looptime
+async def test_a_scale_whose_events_meet_an_outage_and_an_etcd_stall_announces_each_once() -> None:
+    api = ApiServer("unreachable", "stored_then_504")
+    operator = build_operator(OperatorConfig(identity="op-0"), api=api, clock=lambda: T0)  # type: ignore[arg-type]
+    findings = [Saturated("saturated", "a"), Saturated("saturated", "b")]
+
+    outcome = await operator.scaler.reconcile(PolicyKey(NS, "llm-serving"), scale_up(), findings, 2, T0, [])
+
+    assert outcome.applied
+    assert api.replicas == 3
+    # Queued, not posted inside the evaluation round: the round never waits for the API server.
+    assert api.event_posts == 0
+    posting = asyncio.create_task(operator.state.events.run())
+    try:
+        await asyncio.wait_for(operator.state.events.drain(), timeout=600)
+    finally:
+        posting.cancel()
+    # The policy's Event met no answer, then a stall that stored it: retried under its name, once.
+    assert api.event_posts == 4
+    assert api.reasons() == [("Deployment", "ScaledUp"), ("GPUMonitorPolicy", "ScaledUp")]
