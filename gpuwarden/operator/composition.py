@@ -19,21 +19,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuwarden.operator.config import OperatorConfig
-from gpuwarden.operator.endpoints.ratelimit import NodeRateLimiter
-from gpuwarden.operator.endpoints.reports import ReportIngest
-from gpuwarden.operator.kube.client import KubeApi
-from gpuwarden.operator.kube.events import EventPoster
-from gpuwarden.operator.kube.tokenreview import TokenAuthenticator
+from gpuwarden.operator.endpoints import NodeRateLimiter, ReportIngest
+from gpuwarden.operator.kube import EventPoster, KubeApi, TokenAuthenticator
 from gpuwarden.operator.metrics import DesiredReplicasCollector, OperatorMetrics
 from gpuwarden.operator.nodehealth import NodeHealthMonitor
-from gpuwarden.operator.policies.runner import PolicyRunner
+from gpuwarden.operator.policies import PolicyRunner
 from gpuwarden.operator.resources import PolicyKey
-from gpuwarden.operator.scaling.api import KubeScaleApi
-from gpuwarden.operator.scaling.workload import WorkloadScaler
+from gpuwarden.operator.scaling import KubeScaleApi, WorkloadScaler
 from gpuwarden.operator.services import Services
-from gpuwarden.operator.sharding.exchange import VerdictIngest, VerdictSender
-from gpuwarden.operator.sharding.leadership import Leadership
-from gpuwarden.operator.sharding.shard import Sharding
+from gpuwarden.operator.sharding import Leadership, Sharding, VerdictIngest, VerdictSender
 from gpuwarden.operator.state import OperatorState
 
 __all__ = ["Operator", "build_operator"]

@@ -23,9 +23,9 @@ import kopf
 
 from gpuwarden.operator.composition import Operator, build_operator
 from gpuwarden.operator.config import OperatorConfig
-from gpuwarden.operator.policies.pods import pod_record, requests_gpu
+from gpuwarden.operator.policies import pod_record, requests_gpu
 from gpuwarden.operator.resources import FINALIZER, GROUP, PLURAL, PREFIX, VERSION, PodRecord, PolicyKey
-from gpuwarden.operator.scaling.claims import PolicyClaim, policy_claim
+from gpuwarden.operator.scaling import PolicyClaim, policy_claim
 from gpuwarden.operator.state import OperatorState
 
 logger = logging.getLogger(__name__)

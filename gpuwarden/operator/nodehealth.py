@@ -41,8 +41,7 @@ from dataclasses import dataclass
 
 from gpuwarden.kubetime import format_time
 from gpuwarden.operator.config import CordonMode, OperatorConfig
-from gpuwarden.operator.kube.client import ApiError, KubeApi
-from gpuwarden.operator.kube.events import EventSink
+from gpuwarden.operator.kube import ApiError, EventSink, KubeApi
 from gpuwarden.operator.metrics import OperatorMetrics
 from gpuwarden.operator.resources import FIELD_MANAGER, ObjectRef, PodRecord
 from gpuwarden.policy.health import Problem, gpu_name, gpu_problems

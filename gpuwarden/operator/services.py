@@ -24,9 +24,8 @@ from typing import Any
 from aiohttp import web
 
 from gpuwarden.operator.config import Address
-from gpuwarden.operator.endpoints.reports import make_ingest_app
-from gpuwarden.operator.kube.events import EventPoster
-from gpuwarden.operator.kube.tokenreview import ReviewCollector
+from gpuwarden.operator.endpoints import make_ingest_app
+from gpuwarden.operator.kube import EventPoster, ReviewCollector
 from gpuwarden.operator.metrics import make_metrics_app
 from gpuwarden.operator.nodehealth import NodeHealthMonitor
 from gpuwarden.operator.state import PRUNE_SECONDS, OperatorState

@@ -18,18 +18,12 @@ from dataclasses import dataclass, field
 
 from gpuwarden.nodereport import NodeReport
 from gpuwarden.operator.config import OperatorConfig
-from gpuwarden.operator.endpoints.ratelimit import NodeRateLimiter
-from gpuwarden.operator.endpoints.reports import MAX_FUTURE_SKEW, Intake, ReportBook, ReportIngest
-from gpuwarden.operator.kube.client import KubeApi
-from gpuwarden.operator.kube.events import EventPoster
-from gpuwarden.operator.kube.tokenreview import TokenAuthenticator
+from gpuwarden.operator.endpoints import MAX_FUTURE_SKEW, Intake, NodeRateLimiter, ReportBook, ReportIngest
+from gpuwarden.operator.kube import EventPoster, KubeApi, TokenAuthenticator
 from gpuwarden.operator.metrics import OperatorMetrics, store_gauges
 from gpuwarden.operator.pacing import Pacing, PolicySchedule
 from gpuwarden.operator.resources import PodRecord, PolicyKey
-from gpuwarden.operator.sharding.board import VerdictBoard
-from gpuwarden.operator.sharding.exchange import VerdictIngest, VerdictSender
-from gpuwarden.operator.sharding.leadership import Leadership
-from gpuwarden.operator.sharding.shard import Sharding
+from gpuwarden.operator.sharding import Leadership, Sharding, VerdictBoard, VerdictIngest, VerdictSender
 from gpuwarden.policy.healthstore import Admission, HealthStore
 from gpuwarden.policy.intake import points_from_snapshot
 from gpuwarden.policy.series import PodId, SeriesKey, SeriesStore

@@ -54,7 +54,7 @@ from aiohttp import web
 
 from gpuwarden.nodereport import NodeReport, ReportError, parse_report
 from gpuwarden.operator.endpoints.ratelimit import NodeRateLimiter
-from gpuwarden.operator.kube.tokenreview import Review, ReviewLimited, TokenAuthenticator, Verdict
+from gpuwarden.operator.kube import Review, ReviewLimited, TokenAuthenticator, Verdict
 from gpuwarden.operator.metrics import OperatorMetrics
 
 __all__ = [

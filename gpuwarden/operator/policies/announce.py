@@ -23,7 +23,7 @@ import enum
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from gpuwarden.operator.kube.events import EventSink
+from gpuwarden.operator.kube import EventSink
 from gpuwarden.operator.resources import ObjectRef
 from gpuwarden.policy.anomaly import Pattern
 from gpuwarden.policy.engine import Evaluation

@@ -33,16 +33,13 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpuwarden.operator.kube.client import ApiError
-from gpuwarden.operator.kube.events import object_ref
+from gpuwarden.operator.kube import ApiError, object_ref
 from gpuwarden.operator.pacing import Pacing
 from gpuwarden.operator.policies.announce import Announcer, announce
 from gpuwarden.operator.policies.status import PolicyVerdict, build_status, findings_from_status, owned_part
 from gpuwarden.operator.resources import FIELD_MANAGER, GROUP, PLURAL, VERSION, PodRecord, PolicyKey
-from gpuwarden.operator.scaling.claims import PolicyClaim
-from gpuwarden.operator.scaling.seam import Scaler, ScaleResult
-from gpuwarden.operator.sharding.board import pod_verdicts
-from gpuwarden.operator.sharding.exchange import verdicts_url
+from gpuwarden.operator.scaling import PolicyClaim, Scaler, ScaleResult
+from gpuwarden.operator.sharding import pod_verdicts, verdicts_url
 from gpuwarden.operator.state import OperatorState
 from gpuwarden.policy.engine import Evaluation, PolicyEvaluator, rule_kind
 from gpuwarden.policy.model import PolicySpec

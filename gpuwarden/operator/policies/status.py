@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuwarden.operator.scaling.seam import SCALING_ACTIVE
+from gpuwarden.operator.scaling import SCALING_ACTIVE
 from gpuwarden.policy.engine import Evaluation, rule_kind
 from gpuwarden.policy.findings import Finding, FindingKey
 from gpuwarden.policy.model import PolicySpec

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpuwarden.operator.kube.client import ApiError, JsonObject, KubeApi
+from gpuwarden.operator.kube import ApiError, JsonObject, KubeApi
 from gpuwarden.operator.resources import SCALER_FIELD_MANAGER, ObjectRef, policies_path
 from gpuwarden.policy.model import ScaleTargetRef
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwarden.kubetime import format_time, parse_epoch
-from gpuwarden.operator.kube.events import EventSink
+from gpuwarden.operator.kube import EventSink
 from gpuwarden.operator.resources import ObjectRef, PolicyKey
 from gpuwarden.operator.scaling.api import (
     NotFound,

@@ -31,7 +31,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from gpuwarden.operator.endpoints.reports import (
+from gpuwarden.operator.endpoints import (
     MAX_FUTURE_SKEW,
     REPORTS_PATH,
     VERDICTS_PATH,
@@ -39,7 +39,7 @@ from gpuwarden.operator.endpoints.reports import (
     authenticate,
     read_body,
 )
-from gpuwarden.operator.kube.tokenreview import TokenAuthenticator
+from gpuwarden.operator.kube import TokenAuthenticator
 from gpuwarden.operator.metrics import OperatorMetrics
 from gpuwarden.operator.sharding.board import VerdictBoard
 from gpuwarden.verdictreport import (

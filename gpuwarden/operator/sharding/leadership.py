@@ -27,7 +27,7 @@ from typing import Any
 
 from gpuwarden.kubetime import parse_time
 from gpuwarden.operator.config import INGEST_ACTIVE_LABEL, OperatorConfig
-from gpuwarden.operator.kube.client import ApiError, KubeApi
+from gpuwarden.operator.kube import ApiError, KubeApi
 from gpuwarden.operator.resources import FIELD_MANAGER
 
 __all__ = ["Leadership", "peering_paused"]

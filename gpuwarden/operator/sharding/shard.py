@@ -18,8 +18,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from gpuwarden.operator.config import OperatorConfig
-from gpuwarden.operator.endpoints.reports import Elsewhere
-from gpuwarden.operator.kube.client import ApiError, KubeApi
+from gpuwarden.operator.endpoints import Elsewhere
+from gpuwarden.operator.kube import ApiError, KubeApi
 from gpuwarden.operator.resources import FIELD_MANAGER
 from gpuwarden.operator.sharding.leadership import Leadership
 from gpuwarden.operator.sharding.membership import (
