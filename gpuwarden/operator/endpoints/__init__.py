@@ -4,10 +4,11 @@ What the rest of the operator imports (only from here): the app (:func:`make_ing
 core (:class:`ReportIngest`, the :class:`ReportBook` of duplicates, the :class:`Intake` a stored
 report answers with, :class:`Elsewhere` for a node another shard owns), the per-node rate limiter
 (:class:`NodeRateLimiter`), the paths (:data:`REPORTS_PATH`, :data:`VERDICTS_PATH`), the clock bound
-(:data:`MAX_FUTURE_SKEW`), and the refusal, token and body handling the verdict route reuses
-(:class:`Refusal`, :func:`authenticate`, :func:`read_body`).
+(:data:`MAX_FUTURE_SKEW`), and what the POST routes share (:mod:`.http`: :class:`Refusal`,
+:func:`authenticate`, :func:`read_body`), which the verdict route reuses.
 """
 
+from gpuwarden.operator.endpoints.http import Refusal, authenticate, read_body
 from gpuwarden.operator.endpoints.ratelimit import NodeRateLimiter
 from gpuwarden.operator.endpoints.reports import (
     MAX_FUTURE_SKEW,
@@ -15,12 +16,9 @@ from gpuwarden.operator.endpoints.reports import (
     VERDICTS_PATH,
     Elsewhere,
     Intake,
-    Refusal,
     ReportBook,
     ReportIngest,
-    authenticate,
     make_ingest_app,
-    read_body,
 )
 
 __all__ = [

@@ -41,20 +41,18 @@ of the event loop, so small reports are served in between.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-import zlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from aiohttp import web
 
 from gpuwarden.nodereport import NodeReport, ReportError, parse_report
+from gpuwarden.operator.endpoints.http import Refusal, authenticate, error_response, read_body
 from gpuwarden.operator.endpoints.ratelimit import NodeRateLimiter
-from gpuwarden.operator.kube import Review, ReviewLimited, TokenAuthenticator, Verdict
+from gpuwarden.operator.kube import TokenAuthenticator
 from gpuwarden.operator.metrics import OperatorMetrics
 
 __all__ = [
@@ -64,12 +62,9 @@ __all__ = [
     "VERDICTS_PATH",
     "Elsewhere",
     "Intake",
-    "Refusal",
     "ReportBook",
     "ReportIngest",
-    "bearer",
     "make_ingest_app",
-    "read_body",
 ]
 
 logger = logging.getLogger(__name__)
@@ -190,7 +185,7 @@ class ReportIngest:
         except Exception:
             logger.exception("Unexpected error while handling a report; the agent will retry it.")
             self.metrics.rejected.labels("internal").inc()
-            return _error(500, "InternalError", "the operator failed on this report; see its log")
+            return error_response(500, "InternalError", "the operator failed on this report; see its log")
 
     async def _handle(self, request: web.Request) -> web.Response:
         if not self.acting():
@@ -243,135 +238,6 @@ class ReportIngest:
         for reason, count in refused.items():
             self.metrics.refused.labels(reason).inc(count)
         return web.json_response({"accepted": intake.stored, "duplicate": False, "refused": refused})
-
-
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The request's body, decoded (gzip, deflate), refused as soon as it exceeds ``limit`` bytes."""
-    declared = request.content_length
-    if declared is not None and declared > limit:
-        raise Refusal(
-            413, "TooLarge", f"the body is {declared} bytes; at most {limit} are accepted", "too_large"
-        )
-    decoder = _decoder(request.headers.get("Content-Encoding", ""))
-    # Content-Length may be absent (chunked) or lie, and a compressed body inflates: count what
-    # actually arrives, and what it decodes to, inflating no more than the limit allows.
-    chunks: list[bytes] = []
-    received = size = 0
-    while chunk := await request.content.read(1 << 16):
-        received += len(chunk)
-        if decoder is not None:
-            try:
-                chunk = decoder.decompress(chunk, limit + 1 - size)
-            except zlib.error:
-                raise _undecodable(request) from None
-        size += len(chunk)
-        if size > limit or received > limit:
-            raise Refusal(413, "TooLarge", f"the body exceeds {limit} bytes", "too_large")
-        chunks.append(chunk)
-    if decoder is not None and not decoder.eof:
-        raise _undecodable(request)
-    if decoder is not None and decoder.unused_data:
-        # Bytes after the compressed stream: what sent them is no encoder we know (a second gzip
-        # member included, which no agent writes): refused, not silently dropped.
-        encoding = request.headers.get("Content-Encoding", "")
-        message = f"the body has {len(decoder.unused_data)} bytes after its {encoding} stream"
-        raise Refusal(400, "InvalidReport", message, "invalid")
-    return b"".join(chunks)
-
-
-def _decoder(encoding: str) -> Any:
-    """A bounded decompressor for a Content-Encoding (None for identity), or a 415."""
-    encoding = encoding.strip().lower()
-    if encoding in ("", "identity"):
-        return None
-    if encoding in ("gzip", "x-gzip"):
-        return zlib.decompressobj(16 + zlib.MAX_WBITS)
-    if encoding == "deflate":
-        return zlib.decompressobj(zlib.MAX_WBITS)
-    raise Refusal(
-        415, "UnsupportedEncoding", f"Content-Encoding {encoding} is not one of gzip, deflate", "invalid"
-    )
-
-
-def _undecodable(request: web.Request) -> Refusal:
-    encoding = request.headers.get("Content-Encoding", "")
-    return Refusal(
-        400, "InvalidReport", f"the body does not decode as Content-Encoding {encoding}", "invalid"
-    )
-
-
-class Refusal(Exception):
-    """A request answered with an error: status, reason, message, and the metric's reason."""
-
-    def __init__(
-        self,
-        status: int,
-        reason: str,
-        message: str,
-        metric: str,
-        retry_after: str | None = None,
-        hint: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-        self.message = message
-        self.metric = metric
-        self.retry_after = retry_after
-        self.hint = hint
-
-    def response(self) -> web.Response:
-        """The error answer (JSON ``reason``, ``message`` and any hint)."""
-        headers = {"Retry-After": self.retry_after} if self.retry_after else None
-        if self.status == 401:
-            headers = {**(headers or {}), "WWW-Authenticate": 'Bearer realm="gpuwarden"'}
-        return _error(self.status, self.reason, self.message, headers, self.hint)
-
-
-def _error(
-    status: int,
-    reason: str,
-    message: str,
-    headers: dict[str, str] | None = None,
-    hint: dict[str, str] | None = None,
-) -> web.Response:
-    body: dict[str, Any] = {"reason": reason, "message": message} | (hint or {})
-    return web.Response(
-        status=status, text=json.dumps(body), content_type="application/json", headers=headers
-    )
-
-
-async def authenticate(
-    request: web.Request, authenticator: TokenAuthenticator, *, what: str = "reports"
-) -> Review:
-    """The accepted review of the request's bearer token, or a :class:`Refusal` saying why not
-    (401 none or invalid, 403 another ServiceAccount or audience, 503 the API cannot review now);
-    ``what`` the endpoint takes, as its messages name it."""
-    token = bearer(request.headers.get("Authorization", ""))
-    if token is None:
-        raise Refusal(401, "Unauthenticated", "a bearer token is required", "unauthenticated")
-    try:
-        review = await authenticator.authenticate(token)
-    except ReviewLimited as exc:  # counted by the authenticator; a log line each would flood the log
-        raise Refusal(503, "AuthUnavailable", str(exc), "unavailable", "1") from None
-    except Exception as exc:
-        logger.warning("TokenReview failed: %s", exc)
-        raise Refusal(
-            503, "AuthUnavailable", "cannot review the token now; retry", "unavailable", "1"
-        ) from None
-    if review.verdict is Verdict.UNAUTHENTICATED:
-        raise Refusal(401, "Unauthenticated", review.message, "unauthenticated")
-    if review.verdict is Verdict.FORBIDDEN:
-        # The review speaks of reports, the agents' endpoint: another endpoint's caller is told its own.
-        raise Refusal(403, "Forbidden", review.message.replace("post reports", f"post {what}"), "forbidden")
-    return review
-
-
-def bearer(header: str) -> str | None:
-    """The token of an ``Authorization: Bearer`` header; None when there is none."""
-    scheme, _, token = header.partition(" ")
-    token = token.strip()
-    return token if scheme.lower() == "bearer" and token else None
 
 
 INGEST = web.AppKey("ingest", ReportIngest)
