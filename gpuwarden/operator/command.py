@@ -1,6 +1,6 @@
 """``gpuwarden operator``: run the Kopf operator in this process with the deployment contract's flags.
 
-The handlers are those of :mod:`gpuwarden.operator.handlers`; Kopf runs them with
+The handlers are those of :mod:`gpuwarden.operator.handlers` (its registry); Kopf runs them with
 peering on (``--peering``, ``--priority``), over all namespaces or the named ones.
 """
 
@@ -32,8 +32,8 @@ def run(args: argparse.Namespace) -> int:
 
     import kopf
 
-    import gpuwarden.operator.handlers  # noqa: F401  (registers the handlers)
     from gpuwarden.operator.composition import build_operator
+    from gpuwarden.operator.handlers import registry
 
     kopf.configure(debug=config.debug, verbose=config.verbose, log_format=kopf.LogFormat.PLAIN)
     log = logging.getLogger("gpuwarden.operator")
@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
             # Sharded mode: every replica runs every policy's daemon; the ring says which one acts.
             standalone=config.shards,
             memo=kopf.Memo(operator=build_operator(config)),
+            registry=registry,
         )
     except Exception as exc:
         log.error("The operator stopped: %s", exc)

@@ -274,7 +274,7 @@ class OperatorConfig:
 
     @classmethod
     def defaults(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
-        """Every flag at its default, all namespaces (for ``kopf run -m gpuwarden.operator.handlers``)."""
+        """Every flag at its default, all namespaces (for ``kopf run -m gpuwarden.operator.kopfrun``)."""
         return cls.parse([], env)
 
     @classmethod
