@@ -3,7 +3,7 @@ client, posts its Events through the operator's Event poster like every other Ev
 poster's backoffs take no real time).
 
 The API client is an in-memory API server that serves a Deployment's ``/scale`` and keeps Events by
-name, answering as scripted (test_operator_posting.py tests the poster itself).
+name, answering as scripted (event_store_support.py; test_operator_posting.py tests the poster itself).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from event_store_support import EventStore
 
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
-from gpuwarden.operator.kube.client import ApiError
 from gpuwarden.operator.resources import PolicyKey
 from gpuwarden.policy.model import ScaleAction, ScaleDirection, ScaleTargetRef
 
@@ -34,19 +34,13 @@ class Saturated:
     pod: str
 
 
-class ApiServer:
-    """A Deployment of ``replicas`` behind ``/scale``, no HPA, and Events by name.
-
-    Each Event POST is answered as ``answers`` says, then ``ok``: ``unreachable`` (no answer),
-    ``stored_then_504`` (stored, then 504: etcd stalled past the request's timeout); a second
-    create of one name is 409, as the API server answers it.
-    """
+class ApiServer(EventStore):
+    """A Deployment of ``replicas`` behind ``/scale``, no HPA, and Events by name, each Event POST
+    answered as ``answers`` says (:class:`EventStore`)."""
 
     def __init__(self, *answers: str, replicas: int = 2) -> None:
-        self.answers = list(answers)
+        super().__init__(*answers)
         self.replicas = replicas
-        self.events: dict[str, dict[str, Any]] = {}
-        self.event_posts = 0
 
     async def request(
         self, method: str, path: str, *, body: Mapping[str, Any] | None = None, **_: Any
@@ -59,9 +53,8 @@ class ApiServer:
             return self._scale()
         if path.endswith("/horizontalpodautoscalers"):
             return {"items": []}
-        assert (method, path) == ("POST", f"/api/v1/namespaces/{NS}/events"), (method, path)
         assert body is not None
-        return self._post_event(dict(body))
+        return await super().request(method, path, body=dict(body))
 
     def _scale(self) -> dict[str, Any]:
         return {
@@ -69,20 +62,7 @@ class ApiServer:
             "spec": {"replicas": self.replicas},
         }
 
-    def _post_event(self, event: dict[str, Any]) -> dict[str, Any]:
-        self.event_posts += 1
-        answer = self.answers.pop(0) if self.answers else "ok"
-        if answer == "unreachable":
-            raise ApiError(0, "POST: ClientConnectorError()")
-        name = event["metadata"]["name"]
-        if name in self.events:
-            raise ApiError(409, f'events "{name}" already exists')
-        self.events[name] = event
-        if answer == "stored_then_504":
-            raise ApiError(504, "Timeout: request did not complete within requested timeout")
-        return event
-
-    def reasons(self) -> list[tuple[str, str]]:
+    def announced(self) -> list[tuple[str, str]]:
         return sorted((e["involvedObject"]["kind"], e["reason"]) for e in self.events.values())
 
 
@@ -110,12 +90,12 @@ async def test_a_scale_whose_events_meet_an_outage_and_an_etcd_stall_announces_e
     assert outcome.applied
     assert api.replicas == 3
     # Queued, not posted inside the evaluation round: the round never waits for the API server.
-    assert api.event_posts == 0
+    assert api.attempts == 0
     posting = asyncio.create_task(operator.state.events.run())
     try:
         await asyncio.wait_for(operator.state.events.drain(), timeout=600)
     finally:
         posting.cancel()
     # The policy's Event met no answer, then a stall that stored it: retried under its name, once.
-    assert api.event_posts == 4
-    assert api.reasons() == [("Deployment", "ScaledUp"), ("GPUMonitorPolicy", "ScaledUp")]
+    assert api.attempts == 4
+    assert api.announced() == [("Deployment", "ScaledUp"), ("GPUMonitorPolicy", "ScaledUp")]
