@@ -212,7 +212,7 @@ class Snapshot(WireModel):
     """Seconds since the Unix epoch, taken by the agent when the sample was read.
 
     The operator keeps only those within its skew bounds of its own clock (see
-    :mod:`gpuwarden.operator.ingest`); this bound only keeps the number a plausible time.
+    :mod:`gpuwarden.operator.endpoints.reports`); this bound only keeps the number a plausible time.
     """
     gpus: list[GpuSample] = Field(max_length=64)
     pod_host_memory: list[PodHostMemory] = Field(default_factory=list, max_length=1024)
