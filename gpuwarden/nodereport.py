@@ -27,8 +27,8 @@ SCHEMA_VERSION = 5
 
 ACCEPTED_SCHEMA_VERSIONS = frozenset({1, 2, 3, 4, 5})
 """What the operator accepts: version 2 added ``GpuSample.health``, version 3 ``ProcessSample.hook``,
-version 4 ``PodRef.claim``, version 5 ``HookSample.host_limit_bytes``; an older report lacks them. Upgrade the operator before the agents (an
-older operator refuses a newer version by its number)."""
+version 4 ``PodRef.claim``, version 5 ``HookSample.host_limit_bytes``; an older report lacks them.
+Upgrade the operator before the agents (an older operator refuses a newer version by its number)."""
 
 MAX_SNAPSHOTS_PER_REPORT = 3600
 """A report carries at most an hour of 1 s snapshots; replays are split into several reports."""

@@ -75,7 +75,7 @@ def memory_limit_bytes(
     process's own cgroup, from ``/proc/<pid>/cgroup``, and of each ancestor the mount shows (a pod's
     limit sits on the pod's cgroup, a container's on its own; inside a cgroup namespace the
     container's is the root). ``max``, or a v1 figure above the node's memory (v1 spells "no limit"
-    as a page-rounded 2⁶³ − 1), is no limit: then the node's ``MemTotal``, from ``<proc>/meminfo``.
+    as a page-rounded 2**63 - 1), is no limit: then the node's ``MemTotal``, from ``<proc>/meminfo``.
     ``proc`` and ``cgroup`` are the mounts' roots (tests give a tmp directory).
     """
     pid = os.getpid() if pid is None else pid
@@ -100,7 +100,7 @@ def _cgroup_limits(membership: str, cgroup: Path) -> list[int | None]:
     """The limits on the path of each hierarchy ``membership`` (``/proc/<pid>/cgroup``) names, leaf first."""
     limits: list[int | None] = []
     for line in membership.splitlines():
-        hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        hierarchy, controllers, path = [*line.split(":", 2), "", ""][:3]
         if hierarchy == "0" and not controllers:
             base, name = cgroup, "memory.max"  # v2: the unified hierarchy
         elif "memory" in controllers.split(","):

@@ -103,7 +103,9 @@ def test_the_host_memory_limit_is_part_of_version_5_only() -> None:
 
 @pytest.mark.parametrize("limit", [-1, 2**50 + 1, 1.5])
 def test_the_host_memory_limit_is_a_bounded_byte_count(limit: float) -> None:
-    body = report(5, HOOK).replace(b'"hostRssBytes"', b'"hostLimitBytes":' + str(limit).encode() + b',"hostRssBytes"')
+    body = report(5, HOOK).replace(
+        b'"hostRssBytes"', b'"hostLimitBytes":' + str(limit).encode() + b',"hostRssBytes"'
+    )
     with pytest.raises(ReportError, match="hostLimitBytes"):
         parse_report(body)
 
