@@ -51,6 +51,9 @@ _VERBS = {
 """What each transition prints; a re-notification under a new reason prints ``CHANGED`` (:class:`Reasons`)."""
 
 
+_VERB_COLORS = (("STARTED", _RED), ("STILL", _YELLOW), ("CHANGED", _YELLOW), ("CLEARED", _GREEN), ("SCALE", _YELLOW))
+
+
 def elapsed_clock(origin: float) -> ClockLabel:
     """Time since ``origin``: ``05:10``, or ``1:05:10`` past an hour."""
 
@@ -344,8 +347,7 @@ class LiveDisplay:
     def _painted(self, line: str) -> str:
         if not self._color:
             return line
-        verbs = ("STARTED", _RED), ("STILL", _YELLOW), ("CHANGED", _YELLOW), ("CLEARED", _GREEN), ("SCALE", _YELLOW)
-        for verb, code in verbs:
+        for verb, code in _VERB_COLORS:
             marker = f"] {verb}"
             if marker in line:
                 return line.replace(marker, f"] {code}{verb}{_RESET}", 1)
