@@ -51,7 +51,13 @@ _VERBS = {
 """What each transition prints; a re-notification under a new reason prints ``CHANGED`` (:class:`Reasons`)."""
 
 
-_VERB_COLORS = (("STARTED", _RED), ("STILL", _YELLOW), ("CHANGED", _YELLOW), ("CLEARED", _GREEN), ("SCALE", _YELLOW))
+_VERB_COLORS = (
+    ("STARTED", _RED),
+    ("STILL", _YELLOW),
+    ("CHANGED", _YELLOW),
+    ("CLEARED", _GREEN),
+    ("SCALE", _YELLOW),
+)
 
 
 def elapsed_clock(origin: float) -> ClockLabel:
