@@ -75,9 +75,9 @@ def test_a_host_leak_is_imminent_with_its_limit_and_time_left_before_it_is_kille
     group = own_cgroup(f"gpuwarden-host-limit-{os.getpid()}")
     socket = tmp_path / "hook.sock"
     seen: list[str] = []
-    # One worker keeps 20 KiB for each of 256 items a step, 4 steps a second: about 1.2 GiB a minute.
+    # One worker keeps 30 KiB for each of 256 items a step, 4 steps a second: about 1.8 GiB a minute.
     argv = [str(JOBS), "loader", f"--socket={socket}", "--seconds=600", "--workers=1"]
-    argv += ["--leak-bytes-per-item=20480", "--steps-per-second=4"]
+    argv += ["--leak-bytes-per-item=30720", "--steps-per-second=4"]
     command = f"echo $$ > {group}/cgroup.procs && exec {sys.executable} {' '.join(argv)}"
     with watching(POLICY, tmp_path, socket, "540s") as (watch, address):
         assert watch.stdout is not None
