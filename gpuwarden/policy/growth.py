@@ -515,7 +515,7 @@ class GrowthCache:
 
 def capacity(window: Window, column: Column) -> float | None:
     """What ``column`` fills: the card's total for GPU memory; for host memory the hooked processes'
-    memory limit (the newest reading's, :attr:`Window.host_limit`), None without one."""
+    memory limit (the newest known, :attr:`Window.host_limit`), None without one."""
     return window.host_limit if column is Column.HOST else window.mem_total
 
 

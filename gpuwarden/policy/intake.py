@@ -39,7 +39,8 @@ Attribution of one GPU (or MIG device, keyed by its ``mig_id``) in one snapshot:
   differ (several containers: no one limit the pod's sum meets), when one
   lacks it (an older hook), or when the sum is already over it (the
   copy-on-write pages a forked worker shares, counted per process, can
-  make it so: the figure then says nothing about the time left).
+  make it so); the series keeps the last limit known
+  (:attr:`~gpuwarden.policy.series.Window.host_limit`).
   The sites are the subject's processes' newest, the largest
   :data:`KEPT_SITES` by growth.
 

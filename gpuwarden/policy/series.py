@@ -164,7 +164,7 @@ class HookColumns:
         self.sites: tuple[AllocationSite, ...] = ()
         """The newest hooked point's allocation sites."""
         self.host_limit: float | None = None
-        """The newest hooked point's host memory limit (None: the newest did not know it)."""
+        """The newest host memory limit a hooked point knew (None: none did)."""
 
     def append(self, hook: HookPoint | None, index: int) -> None:
         """Append one point's readings at physical ``index`` (None: a point the hook did not read)."""
@@ -177,7 +177,10 @@ class HookColumns:
                 col.append(v)
         if hook is not None:
             self.sites = hook.sites
-            self.host_limit = hook.host_limit
+            # Kept through readings that do not know it: a pod's RSS sum may pass its limit as the
+            # OOM killer strikes, when the time left is nil, not unknown.
+            if hook.host_limit is not None:
+                self.host_limit = hook.host_limit
 
 
 class Window:
@@ -270,7 +273,7 @@ class Window:
 
     @property
     def host_limit(self) -> float | None:
-        """The newest hooked point's host memory limit; None when it did not know it, or no hook."""
+        """The newest host memory limit a hooked point knew; None when none did, or no hook."""
         return self._hook.host_limit if self._hook is not None else None
 
     @property

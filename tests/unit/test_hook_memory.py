@@ -229,6 +229,19 @@ def test_no_one_limit_the_pods_sum_meets_is_no_time_to_full(trainer: int, helper
     assert outcome.message.endswith("no memory limit is known, so no time to full")
 
 
+def test_a_pod_past_its_limit_is_at_it_not_without_one() -> None:
+    """The pod's RSS sum passes the limit its hooks report (shared pages counted twice, or the OOM
+    killer about to strike): the limit last known stays, and the time left is nil."""
+    outcome = judge(
+        feed(limited(host_leak, 10 * GI + GI // 2, 10 * GI + GI // 2)), rule(MemorySource.HOST, 50)
+    )
+    assert outcome.holds
+    assert outcome.total_bytes == 10 * GI + GI // 2
+    assert outcome.seconds_to_full == 0
+    assert outcome.message.endswith("; at its memory limit (10.5Gi)")
+    assert outcome.reason == "HostMemoryExhaustionImminent"
+
+
 def fast_host_leak(i: int) -> list[GpuSample]:
     """A data loader keeping what it reads: 3Gi/m from 4Gi, its container's limit 16Gi (full at 4m)."""
     hook = HookSample(timestamp=T0 + i, host_rss_bytes=4 * GI + 3 * GI * i // 60, host_limit_bytes=16 * GI)
