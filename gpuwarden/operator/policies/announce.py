@@ -3,7 +3,8 @@
 A violation that starts is announced with a ``Warning`` on the pod and on the
 policy, reason the rule kind's CamelCase word (``GPUUnderutilized``,
 ``GPUSaturated``, ``GPUMemoryNearLimit``, ``GPUMemoryLeakSuspected``, ``GPUUnhealthy``; a
-leak whose card is full within 16 minutes is ``GPUMemoryExhaustionImminent``; an
+leak whose card is full within 16 minutes is ``GPUMemoryExhaustionImminent``, a host memory leak
+whose limit is reached within 16 minutes ``HostMemoryExhaustionImminent``; an
 anomaly names its pattern: ``GPUSpike``, ``GPUPeriodicSpikes``, ``GPUSteadyClimb``,
 ``GPULevelShift``), the figure, and what it means. While it lasts it is announced again (same reason,
 "still ...") once every ``actions.renotifyInterval``, and at once under its new reason when that
@@ -28,7 +29,7 @@ from gpuwarden.operator.resources import ObjectRef
 from gpuwarden.policy.anomaly import Pattern
 from gpuwarden.policy.engine import Evaluation
 from gpuwarden.policy.findings import Finding, FindingKey, FindingTransition, Resolution, Transition
-from gpuwarden.policy.growth import IMMINENT_REASON
+from gpuwarden.policy.growth import HOST_IMMINENT_REASON, IMMINENT_REASON
 from gpuwarden.policy.humanize import approx_duration
 from gpuwarden.policy.rules import RuleKind
 
@@ -49,6 +50,7 @@ PATTERN_MEANING: Mapping[str, str] = {
     Pattern.CLIMB: "readings that keep climbing do not come back by themselves (an unbounded cache or queue)",
     Pattern.SHIFT: "its readings settled at a new level (a second model, a new tenant)",
     IMMINENT_REASON: "at this rate it runs out of GPU memory soon, and crashes: fix the leak or stop it now",
+    HOST_IMMINENT_REASON: "at this rate it reaches its memory limit soon, and is killed: fix the leak",
 }
 """A finding's meaning where its reason says more than its kind: an anomaly's pattern, an imminent leak."""
 
