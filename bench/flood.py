@@ -49,10 +49,10 @@ from ingest_fairness import summary
 
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
-from gpuwarden.operator.ingest import make_ingest_app
+from gpuwarden.operator.endpoints.reports import make_ingest_app
+from gpuwarden.operator.kube.tokenreview import TokenAuthenticator
 from gpuwarden.operator.resources import PolicyKey
-from gpuwarden.operator.tokenreview import TokenAuthenticator
-from gpuwarden.operator.verdictexchange import VerdictIngest
+from gpuwarden.operator.sharding.exchange import VerdictIngest
 from gpuwarden.wire.node import GpuSample, NodeReport, PodRef, Snapshot, dump_report
 from gpuwarden.wire.verdicts import PodVerdict, RuleVerdict, VerdictReport, dump_verdicts
 
@@ -64,7 +64,7 @@ OPERATOR_TOKEN = "bench-operator-token"
 def serve(port_queue: Any, stop: Any, layout: Layout) -> None:
     async def main() -> None:
         api = BenchApi()
-        state = build_operator(OperatorConfig(), api=api)  # type: ignore[arg-type]
+        state = build_operator(OperatorConfig(), api=api).state  # type: ignore[arg-type]
         state.leadership.active = True
         state.pod_nodes, state.pods_synced = pod_nodes(layout), True
         state.open_policy(PolicyKey(layout.namespace(0), "gpus"))

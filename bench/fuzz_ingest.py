@@ -1,12 +1,12 @@
-"""The whole-path ingest fuzzer of tests/unit/test_ingest_fuzz.py, for as long as you like, at random.
+"""The whole-path ingest fuzzer of tests/unit/operator/endpoints/test_ingest_fuzz.py, as long as you like.
 
-Not a test: CI runs the same property on 200 fixed cases; this runs ``--examples`` random ones
-(new ones each run; ``--seed`` to repeat one) through the real ingest app into intake, the series
-store, an evaluation and the metrics exposition, with the same invariants (see
-tests/unit/ingest_fuzz_support.py), and reports the answers, the rate and the process's RSS as it
-went, which must level off (the state is bounded by identities and the watched pods). Hypothesis
-keeps a record of every example of a run, so the cases go in rounds of ``--round`` examples, each
-a run of its own, on the same operator.
+Not a test: CI runs the same property on 200 fixed cases; this runs ``--examples`` random ones (new
+ones each run; ``--seed`` to repeat one) through the real ingest app into intake, the series store,
+an evaluation and the metrics exposition, with the same invariants (see
+tests/unit/operator/endpoints/ingest_fuzz_support.py), and reports the answers, the rate and the
+process's RSS as it went, which must level off (the state is bounded by identities and the watched
+pods). Hypothesis keeps a record of every example of a run, so the cases go in rounds of ``--round``
+examples, each a run of its own, on the same operator.
 
     .venv/bin/python bench/fuzz_ingest.py --examples 20000
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "unit"))
+sys.path.insert(0, str(ROOT / "tests" / "unit" / "operator" / "endpoints"))
 
 from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
 from ingest_fuzz_support import Case, HarnessRunner, cases  # noqa: E402

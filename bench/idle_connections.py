@@ -47,7 +47,7 @@ from ingest import TOKEN_PREFIX, BenchApi
 
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
-from gpuwarden.operator.ingest import make_ingest_app
+from gpuwarden.operator.endpoints.reports import make_ingest_app
 from gpuwarden.serving import ConnectionLimiter, connection_cap, raise_fd_limit, serve
 from gpuwarden.wire.node import GpuSample, NodeReport, PodRef, Snapshot, dump_report
 
@@ -58,7 +58,7 @@ NODE = "good-node"
 
 
 async def _server(variant: str, fd_limit: int, port_queue: Any, stop: Any, stats_queue: Any) -> None:
-    state = build_operator(OperatorConfig(), api=BenchApi())  # type: ignore[arg-type]
+    state = build_operator(OperatorConfig(), api=BenchApi()).state  # type: ignore[arg-type]
     state.leadership.active = True
     app = make_ingest_app(state.ingest)
     limiter: ConnectionLimiter | None = None

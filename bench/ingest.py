@@ -3,7 +3,7 @@
 Not a test: a benchmark, recorded in docs/benchmarks.md. One process (pinned to one
 CPU) runs the operator's real ingest app (``POST /v1/reports``: TokenReview cache,
 rate limit, parsing, dedup, series store) and one real evaluation loop per policy
-(:class:`~gpuwarden.operator.evaluation.PolicyRunner`: rules, Events, status), as in
+(:class:`~gpuwarden.operator.policies.runner.PolicyRunner`: rules, Events, status), as in
 ``gpuwarden operator``; only the API server is replaced (TokenReviews answered
 locally, then cached like in production; Events and status writes counted, not sent).
 
@@ -55,11 +55,11 @@ from aiohttp import web
 
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
-from gpuwarden.operator.evaluation import PolicyRunner
-from gpuwarden.operator.ingest import make_ingest_app
-from gpuwarden.operator.membership import POLL_SECONDS, Member
+from gpuwarden.operator.endpoints.reports import make_ingest_app
+from gpuwarden.operator.policies.runner import PolicyRunner
 from gpuwarden.operator.resources import PodRecord, PolicyKey
-from gpuwarden.operator.shards import Ring, policy_key
+from gpuwarden.operator.sharding.membership import POLL_SECONDS, Member
+from gpuwarden.operator.sharding.ring import Ring, policy_key
 from gpuwarden.operator.state import OperatorState
 from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.store.series import Point, SeriesKey
@@ -210,7 +210,7 @@ async def serve(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> N
     api = BenchApi()
     sharded = {"shards": True, "identity": SELF, "pod_namespace": "bench"} if args.shards else {}
     config = OperatorConfig(node_rate=20.0, max_body_bytes=8 * 2**20, **sharded)  # type: ignore[arg-type]
-    state = build_operator(config, api=api)  # type: ignore[arg-type]
+    state = build_operator(config, api=api).state  # type: ignore[arg-type]
     state.leadership.active = True
     membership = asyncio.create_task(keep_membership(state, args.shards)) if args.shards else None
     posting = asyncio.create_task(state.events.run())

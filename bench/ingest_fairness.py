@@ -37,7 +37,7 @@ from ingest import TOKEN_PREFIX, BenchApi, Layout, exchange, node_gpus, pod_node
 
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig, parse_size
-from gpuwarden.operator.ingest import make_ingest_app
+from gpuwarden.operator.endpoints.reports import make_ingest_app
 from gpuwarden.wire.node import NodeReport, Snapshot, dump_report
 
 
@@ -57,7 +57,7 @@ def token(layout: Layout, node: int) -> str:
 def serve(port_queue: Any, stop: Any, layout: Layout, max_body: str) -> None:
     async def main() -> None:
         config = OperatorConfig(max_body_bytes=parse_size(max_body, flag="--max-body-bytes"))
-        state = build_operator(config, api=BenchApi())  # type: ignore[arg-type]
+        state = build_operator(config, api=BenchApi()).state  # type: ignore[arg-type]
         state.leadership.active = True
         state.pod_nodes, state.pods_synced = pod_nodes(layout), True
         runner = web.AppRunner(make_ingest_app(state.ingest), access_log=None)

@@ -18,13 +18,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
-from gpuwarden.operator.membership import Member
-from gpuwarden.operator.shards import Ring
+from gpuwarden.operator.sharding.membership import Member
+from gpuwarden.operator.sharding.ring import Ring
 
 
 def main() -> None:
     members = {f"replica-{i}": Member(f"replica-{i}", "http://x/v1/reports") for i in range(3)}
-    state = build_operator(OperatorConfig(shards=True, identity="replica-0", pod_namespace="bench"))
+    state = build_operator(OperatorConfig(shards=True, identity="replica-0", pod_namespace="bench")).state
     assert state.sharding is not None
     for t in (time.monotonic() - 1, time.monotonic()):  # two listings alike: a steady view
         state.sharding.view.update(members, t)

@@ -61,8 +61,8 @@ from ingest import (
 
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
-from gpuwarden.operator.evaluation import PolicyRunner
-from gpuwarden.operator.ingest import make_ingest_app
+from gpuwarden.operator.endpoints.reports import make_ingest_app
+from gpuwarden.operator.policies.runner import PolicyRunner
 from gpuwarden.operator.resources import PodRecord, PolicyKey
 from gpuwarden.operator.services import return_freed_memory
 from gpuwarden.operator.state import MIN_RETENTION, OperatorState
@@ -183,7 +183,7 @@ class Fleet:
 async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: Any, stop_event: Any) -> None:
     baseline: list[tracemalloc.Snapshot] = []
     api = BenchApi()
-    state = build_operator(OperatorConfig(node_rate=20.0, max_body_bytes=8 * 2**20), api=api)  # type: ignore[arg-type]
+    state = build_operator(OperatorConfig(node_rate=20.0, max_body_bytes=8 * 2**20), api=api).state  # type: ignore[arg-type]
     state.leadership.active = True
     fleet = Fleet(state, layout)
     started = time.time()

@@ -6,7 +6,7 @@ of bench/ingest.py (the four rule kinds, default windows), judged by the real en
 ``--pods`` one-GPU pods, half idle (violating ``utilizationFloor``), half busy (violating
 nothing), each pod with figures of its own; each half sent as one report, as a shard sends it
 once per evaluation interval, raw and gzip-compressed (level 1, what
-:class:`~gpuwarden.operator.verdictexchange.VerdictSender` sends).
+:class:`~gpuwarden.operator.sharding.exchange.VerdictSender` sends).
 
     .venv/bin/python bench/verdict_traffic.py --pods 1000
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpuwarden.operator.verdictmerge import pod_verdicts
+from gpuwarden.operator.sharding.board import pod_verdicts
 from gpuwarden.policy.engine import PodView, PolicyEvaluator
 from gpuwarden.policy.parse import parse_spec
 from gpuwarden.policy.store.series import Point, SeriesKey, SeriesStore

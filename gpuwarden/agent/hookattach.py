@@ -25,6 +25,7 @@ def hook_sample(reading: HookReading, gpu: GpuSample) -> HookSample:
         reserved_bytes=device.reserved_bytes if device else None,
         max_allocated_bytes=device.max_allocated_bytes if device else None,
         host_rss_bytes=reading.message.host_rss_bytes,
+        host_limit_bytes=reading.message.host_limit_bytes,
         sites=reading.message.sites,
     )
 

@@ -64,3 +64,56 @@ def tree_rss_bytes(pid: int | None = None, proc: Path = Path("/proc")) -> int | 
     if not (proc / str(pid) / "statm").exists():
         return None
     return sum(_rss_bytes(proc, p) for p in [pid, *descendants(pid, proc)])
+
+
+def memory_limit_bytes(
+    pid: int | None = None, proc: Path = Path("/proc"), cgroup: Path = Path("/sys/fs/cgroup")
+) -> int | None:
+    """The memory limit ``pid`` (this process by default) runs under, as the job sees it; None unknown.
+
+    The smallest ``memory.max`` (cgroup v2) or ``memory/…/memory.limit_in_bytes`` (cgroup v1) of the
+    process's own cgroup, from ``/proc/<pid>/cgroup``, and of each ancestor the mount shows (a pod's
+    limit sits on the pod's cgroup, a container's on its own; inside a cgroup namespace the
+    container's is the root). ``max``, or a v1 figure above the node's memory (v1 spells "no limit"
+    as a page-rounded 2**63 - 1), is no limit: then the node's ``MemTotal``, from ``<proc>/meminfo``.
+    ``proc`` and ``cgroup`` are the mounts' roots (tests give a tmp directory).
+    """
+    pid = os.getpid() if pid is None else pid
+    total = _mem_total(proc)
+    limits = [
+        limit for limit in _cgroup_limits(_read(f"{proc}/{pid}/cgroup") or "", cgroup) if limit is not None
+    ]
+    if total is not None:
+        limits = [limit for limit in limits if limit < total] or [total]
+    return min(limits, default=None)
+
+
+def _mem_total(proc: Path) -> int | None:
+    for line in (_read(f"{proc}/meminfo") or "").splitlines():
+        name, _, value = line.partition(":")
+        if name == "MemTotal" and value.split()[1:] == ["kB"]:
+            return int(value.split()[0]) * 1024
+    return None
+
+
+def _cgroup_limits(membership: str, cgroup: Path) -> list[int | None]:
+    """The limits on the path of each hierarchy ``membership`` (``/proc/<pid>/cgroup``) names, leaf first."""
+    limits: list[int | None] = []
+    for line in membership.splitlines():
+        hierarchy, controllers, path = [*line.split(":", 2), "", ""][:3]
+        if hierarchy == "0" and not controllers:
+            base, name = cgroup, "memory.max"  # v2: the unified hierarchy
+        elif "memory" in controllers.split(","):
+            base, name = cgroup / "memory", "memory.limit_in_bytes"  # v1: the memory controller's own
+        else:
+            continue
+        parts = [p for p in path.split("/") if p and p != ".."]
+        for depth in range(len(parts), -1, -1):
+            limits.append(_limit(base.joinpath(*parts[:depth]) / name))
+    return limits
+
+
+def _limit(path: Path) -> int | None:
+    text = (_read(str(path)) or "").strip()
+    # "max" (v2), absent, or v1's page-rounded 2**63 - 1: no limit here.
+    return int(text) if text.isdigit() and int(text) < 2**62 else None

@@ -49,6 +49,8 @@ class Reading:
     step: int | None = None
     devices: tuple[DeviceMemory, ...] = ()
     host_rss_bytes: int | None = None
+    host_limit_bytes: int | None = None
+    """The memory limit the process runs under (its cgroup's, else the node's memory)."""
     sites: tuple[Site, ...] | None = field(default=None)
 
 
@@ -89,6 +91,8 @@ def encode_line(reading: Reading) -> bytes:
         message["step"] = reading.step
     if reading.host_rss_bytes is not None:
         message["hostRssBytes"] = reading.host_rss_bytes
+    if reading.host_limit_bytes is not None:
+        message["hostLimitBytes"] = reading.host_limit_bytes
     sites = None if reading.sites is None else [_site(s) for s in reading.sites[:MAX_SITES]]
     while True:
         if sites is not None:

@@ -29,7 +29,7 @@ from typing import TypeVar
 
 from gpuwarden.hook.client import HookClient
 from gpuwarden.hook.device_memory import MemoryReader, TorchMemory
-from gpuwarden.hook.host_memory import tree_rss_bytes
+from gpuwarden.hook.host_memory import memory_limit_bytes, tree_rss_bytes
 from gpuwarden.hook.message import DeviceMemory, Reading, Site, encode_line
 from gpuwarden.hook.sites import DEFAULT_FRAMES, AllocationTracker
 
@@ -68,14 +68,14 @@ def _env_frames() -> int:
 
 
 class StepHook:
-    """Reads device memory, host RSS and (when on) allocation sites; sends them to the agent.
+    """Reads device memory, host RSS and its limit, and (when on) allocation sites; sends them to the agent.
 
     ``memory``: the allocator reader; ``None`` (the default) reads torch's when torch is installed.
     ``tracemalloc``: name the growing lines; ``None`` (the default) follows ``GPUWARDEN_HOOK_TRACEMALLOC``.
     ``frames``: the stack depth tracemalloc keeps; ``None`` follows ``GPUWARDEN_HOOK_TRACEMALLOC_FRAMES``
     (default 4).
     ``client``, ``clock`` (monotonic, for the interval and the tracker's pacing), ``wall`` (the
-    readings' timestamps) and ``host_rss`` are for tests and special setups.
+    readings' timestamps), ``host_rss`` and ``host_limit`` are for tests and special setups.
     """
 
     def __init__(
@@ -89,6 +89,7 @@ class StepHook:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         host_rss: Callable[[], int | None] = tree_rss_bytes,
+        host_limit: Callable[[], int | None] = memory_limit_bytes,
     ) -> None:
         self.interval = interval
         self.memory = memory if memory is not None else torch_memory_or_none()
@@ -100,6 +101,7 @@ class StepHook:
         self._clock = clock
         self._wall = wall
         self._host_rss = host_rss
+        self._host_limit = host_limit
         self._last_read: float | None = None
         self._failed: set[str] = set()
         self._thread: threading.Thread | None = None
@@ -130,6 +132,7 @@ class StepHook:
             step=self.steps if self._counted else None,
             devices=devices,
             host_rss_bytes=self._part("host memory", self._host_rss, None),
+            host_limit_bytes=self._part("host memory limit", self._host_limit, None),
             sites=sites,
         )
 

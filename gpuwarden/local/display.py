@@ -1,7 +1,8 @@
 """How local mode shows a run: a live table on a terminal, plain lines anywhere else.
 
-Both displays print the same lines for what happens (a finding starts, re-notifies or
-clears; a scale decision), prefixed with the time as a :data:`ClockLabel` writes it.
+Both displays print the same lines for what happens (a finding starts, is re-described
+under a new reason, is announced again as a reminder, or clears; a scale decision), prefixed
+with the time as a :data:`ClockLabel` writes it.
 
 - :class:`LiveDisplay` (stdout is a terminal): those lines scroll above a table of the
   GPUs, and of the simulated scale targets' replicas, redrawn in place with ANSI escapes,
@@ -23,7 +24,7 @@ from typing import TextIO
 
 from gpuwarden.local.history import FindingSpan, History
 from gpuwarden.local.session import Announcement, GpuRow, ScaleNote, SimulatedTarget, Step, TargetRow
-from gpuwarden.policy import Transition, format_bytes
+from gpuwarden.policy import FindingTransition, Transition, format_bytes
 from gpuwarden.wire.node import DeviceState
 
 ClockLabel = Callable[[float], str]
@@ -46,6 +47,16 @@ _VERBS = {
     Transition.RENOTIFY: "STILL",
     Transition.RESOLVED: "CLEARED",
 }
+"""What each transition prints; a re-notification under a new reason prints ``CHANGED`` (:class:`Reasons`)."""
+
+
+_VERB_COLORS = (
+    ("STARTED", _RED),
+    ("STILL", _YELLOW),
+    ("CHANGED", _YELLOW),
+    ("CLEARED", _GREEN),
+    ("SCALE", _YELLOW),
+)
 
 
 def elapsed_clock(origin: float) -> ClockLabel:
@@ -68,13 +79,21 @@ def wall_clock(t: float) -> str:
 # -- lines ----------------------------------------------------------------------------------------
 
 
-def announcement_line(a: Announcement, clock: ClockLabel) -> str:
-    """``[05:00] STARTED idle-gpu research/notebook-0 on GPU 0: GPUUnderutilized: mean SM activity …``."""
+def announcement_line(a: Announcement, clock: ClockLabel, was: str | None = None) -> str:
+    """``[05:00] STARTED idle-gpu research/notebook-0 on GPU 0: GPUUnderutilized: mean SM activity …``.
+
+    ``was``: the reason a re-notification's finding was announced under before, when it differs (the
+    finding was re-described: ``CHANGED …, (was GPUMemoryLeakSuspected)``); else a re-notification is a
+    reminder of the same (``STILL``).
+    """
     t = a.transition
     f = t.finding
     where = f" on {', '.join(a.devices)}" if a.devices else ""
     why = f"{f.reason}" if t.resolution is None else f"{t.resolution}"
-    return f"[{clock(t.at)}] {_VERBS[t.transition]:<7} {f.rule} {a.subject}{where}: {why}: {f.message}"
+    changed = t.transition is Transition.RENOTIFY and was is not None and was != f.reason
+    verb = "CHANGED" if changed else _VERBS[t.transition]
+    line = f"[{clock(t.at)}] {verb:<7} {f.rule} {a.subject}{where}: {why}: {f.message}"
+    return f"{line} (was {was})" if changed else line
 
 
 def scale_line(note: ScaleNote, clock: ClockLabel) -> str:
@@ -241,10 +260,11 @@ class PlainDisplay:
         self._status_every = status_every
         self._next_status: float | None = None
         self._repeats = ScaleRepeats()
+        self._reasons = Reasons()
 
     def show(self, step: Step, title: str = "") -> None:
         """Print a step's announcements and scale decisions, and the status when due."""
-        for line in step_lines(step, self._clock, self._repeats):
+        for line in step_lines(step, self._clock, self._repeats, self._reasons):
             print(line, file=self._out)
         if self._status_every is not None and (self._next_status is None or step.at >= self._next_status):
             self._next_status = step.at + self._status_every
@@ -285,12 +305,13 @@ class LiveDisplay:
         self._last_draw: float | None = None
         self._last: tuple[Step, str] | None = None
         self._repeats = ScaleRepeats()
+        self._reasons = Reasons()
         self._out.write("\x1b[?25l")  # the cursor would flicker across the redrawn table
 
     def show(self, step: Step, title: str = "") -> None:
         """Print what happened at once; redraw the table when due (or when something happened)."""
         self._last = (step, title)
-        lines = step_lines(step, self._clock, self._repeats)
+        lines = step_lines(step, self._clock, self._repeats, self._reasons)
         now = self._monotonic()
         due = self._last_draw is None or now - self._last_draw >= self._refresh
         if lines or due:
@@ -331,7 +352,7 @@ class LiveDisplay:
     def _painted(self, line: str) -> str:
         if not self._color:
             return line
-        for verb, code in (("STARTED", _RED), ("STILL", _YELLOW), ("CLEARED", _GREEN), ("SCALE", _YELLOW)):
+        for verb, code in _VERB_COLORS:
             marker = f"] {verb}"
             if marker in line:
                 return line.replace(marker, f"] {code}{verb}{_RESET}", 1)
@@ -380,10 +401,36 @@ class ScaleRepeats:
         return True
 
 
-def step_lines(step: Step, clock: ClockLabel, repeats: ScaleRepeats | None = None) -> list[str]:
-    """A step's announcements and scale decisions as lines (repeated decisions left out)."""
+class Reasons:
+    """The reason each active finding was last announced under, so that a re-notification says whether
+    it re-describes the finding (its reason changed: ``CHANGED``) or reminds of it (``STILL``)."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, str, str, str], str] = {}
+
+    def before(self, t: FindingTransition) -> str | None:
+        """The reason ``t``'s finding was announced under before ``t`` (None: not yet); records ``t``."""
+        f = t.finding
+        key = (f.policy, f.rule, f.namespace, f.pod)
+        was = self._last.get(key)
+        if t.transition is Transition.RESOLVED:
+            self._last.pop(key, None)
+        else:
+            self._last[key] = f.reason
+        return was
+
+
+def step_lines(
+    step: Step, clock: ClockLabel, repeats: ScaleRepeats | None = None, reasons: Reasons | None = None
+) -> list[str]:
+    """A step's announcements and scale decisions as lines (repeated decisions left out; with
+    ``reasons``, a re-notification under a new reason says so)."""
     notes = [n for n in step.scaling if repeats is None or repeats.fresh(n)]
-    return [announcement_line(a, clock) for a in step.announcements] + [scale_line(n, clock) for n in notes]
+    lines = [
+        announcement_line(a, clock, None if reasons is None else reasons.before(a.transition))
+        for a in step.announcements
+    ]
+    return lines + [scale_line(n, clock) for n in notes]
 
 
 # -- summary --------------------------------------------------------------------------------------

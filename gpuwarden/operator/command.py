@@ -1,6 +1,6 @@
 """``gpuwarden operator``: run the Kopf operator in this process with the deployment contract's flags.
 
-The handlers are those of :mod:`gpuwarden.operator.handlers`; Kopf runs them with
+The handlers are those of :mod:`gpuwarden.operator.handlers` (its registry); Kopf runs them with
 peering on (``--peering``, ``--priority``), over all namespaces or the named ones.
 """
 
@@ -9,138 +9,17 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from gpuwarden.operator.config import ConfigError, CordonMode, OperatorConfig
-from gpuwarden.policy import CRITICAL_XIDS
+from gpuwarden.operator.config import ConfigError, OperatorConfig
 
-__all__ = ["add_arguments", "default_config", "parse_config", "run"]
+__all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the operator's flags (see docs/deployment-contract.md)."""
-    scope = parser.add_mutually_exclusive_group()
-    scope.add_argument(
-        "--namespace",
-        dest="namespaces",
-        action="append",
-        default=[],
-        metavar="NS",
-        help="watch policies and pods in NS only (repeatable); default: all namespaces",
-    )
-    scope.add_argument("--all-namespaces", action="store_true", help="watch every namespace (the default)")
-    parser.add_argument(
-        "--ingest-address",
-        default="0.0.0.0:8443",
-        help="HOST:PORT for POST /v1/reports (%(default)s)",
-    )
-    parser.add_argument("--tls-cert-file", help="serve the ingest endpoint over TLS with this certificate")
-    parser.add_argument("--tls-key-file", help="the key of --tls-cert-file")
-    parser.add_argument(
-        "--metrics-address",
-        default="0.0.0.0:8080",
-        help="HOST:PORT for /metrics, /healthz, /readyz",
-    )
-    parser.add_argument(
-        "--token-audience", default="gpuwarden-operator", help="audience agents' tokens must carry"
-    )
-    parser.add_argument(
-        "--agent-service-account",
-        default="gpuwarden-system:gpuwarden-agent",
-        metavar="NAMESPACE:NAME",
-        help="the only ServiceAccount whose tokens may post reports (%(default)s)",
-    )
-    parser.add_argument("--peering", default="gpuwarden", help="Kopf peering object name (%(default)s)")
-    parser.add_argument(
-        "--priority", type=int, default=None, help="Kopf peering priority; default: derived from POD_NAME"
-    )
-    parser.add_argument(
-        "--shards",
-        action="store_true",
-        help="sharded mode: every replica acts on its share of nodes and policies (Leases, no peering)",
-    )
-    parser.add_argument(
-        "--advertise-url",
-        default=None,
-        help="with --shards: where agents reach this replica; default http(s)://$POD_IP:PORT/v1/reports",
-    )
-    parser.add_argument(
-        "--operator-service-account",
-        default="gpuwarden-system:gpuwarden-operator",
-        metavar="NAMESPACE:NAME",
-        help="with --shards: the replicas' ServiceAccount, the only one that may post verdicts (%(default)s)",
-    )
-    parser.add_argument(
-        "--peer-token-file",
-        default=None,
-        metavar="PATH",
-        help="with --shards: the token (audience --token-audience) shown to the other replicas",
-    )
-    parser.add_argument(
-        "--max-body-bytes",
-        default="1Mi",
-        help="larger report bodies get 413 (%(default)s)",
-    )
-    parser.add_argument(
-        "--node-rate",
-        type=float,
-        default="20",
-        help="reports a second per node before 429 (%(default)s)",
-    )
-    parser.add_argument(
-        "--max-connections",
-        type=int,
-        default=0,
-        metavar="N",
-        help="connections the servers hold open at once, all together; at the cap a new one closes the "
-        "one heard from least recently (default 0: 20000, or less where the file-descriptor limit is lower)",
-    )
-    parser.add_argument(
-        "--connection-idle-timeout",
-        default="30s",
-        metavar="DURATION",
-        help="close a connection that sends no complete request for this long (%(default)s)",
-    )
-    parser.add_argument(
-        "--node-health",
-        action="store_true",
-        help="keep each reporting node's GPUHealthy condition and post GPU health Events on nodes and pods",
-    )
-    parser.add_argument(
-        "--node-health-xids",
-        default="",
-        metavar="CODES",
-        help="comma-separated XIDs that make a node unhealthy (default: "
-        + ",".join(str(c) for c in CRITICAL_XIDS)
-        + ")",
-    )
-    parser.add_argument(
-        "--node-health-hold",
-        default="10m",
-        metavar="DURATION",
-        help="how long an XID or a new uncorrected ECC error keeps a node unhealthy (%(default)s)",
-    )
-    parser.add_argument(
-        "--cordon",
-        choices=[m.value for m in CordonMode],
-        default="off",
-        help="cordon a node whose GPUs turn unhealthy: off (default), dry-run (an Event says it would), on",
-    )
-    parser.add_argument("--verbose", action="store_true", help="log more (Kopf's verbose mode)")
-    parser.add_argument("--debug", action="store_true", help="log everything, including each API call")
-
-
-def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> OperatorConfig:
-    """The config of an operator started with ``argv`` (its flags) in ``env`` (default: the process's)."""
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    return OperatorConfig.from_args(parser.parse_args(list(argv)), env)
-
-
-def default_config(env: Mapping[str, str] | None = None) -> OperatorConfig:
-    """Every flag at its default, all namespaces (for ``kopf run -m gpuwarden.operator.handlers``)."""
-    return parse_config([], env)
+    """Add the operator's flags (:meth:`OperatorConfig.add_arguments`); :mod:`gpuwarden.cli` asks each
+    command for this."""
+    OperatorConfig.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -153,8 +32,8 @@ def run(args: argparse.Namespace) -> int:
 
     import kopf
 
-    import gpuwarden.operator.handlers  # noqa: F401  (registers the handlers)
     from gpuwarden.operator.composition import build_operator
+    from gpuwarden.operator.handlers import registry
 
     kopf.configure(debug=config.debug, verbose=config.verbose, log_format=kopf.LogFormat.PLAIN)
     log = logging.getLogger("gpuwarden.operator")
@@ -177,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
             identity=cast(Any, config.identity),  # Kopf's Identity is a NewType of str
             # Sharded mode: every replica runs every policy's daemon; the ring says which one acts.
             standalone=config.shards,
-            memo=kopf.Memo(state=build_operator(config)),
+            memo=kopf.Memo(operator=build_operator(config)),
+            registry=registry,
         )
     except Exception as exc:
         log.error("The operator stopped: %s", exc)

@@ -1,39 +1,58 @@
 """The operator's composition root: :func:`build_operator` builds its state and every collaborator.
 
 One place says what the operator is made of, so that the state only keeps records and each
-collaborator is handed what it needs: the API client; the metrics; leadership (peering), or in
-sharded mode membership with its ring; the TokenReview authenticator of the agents' tokens; the
-per-node rate limiter; the ingest endpoint's core, which stores through the state; and in sharded
-mode the verdict exchange (the sender to the policies' owners, the endpoint the other shards post to). The
-scaling component plugs in at startup (:func:`gpuwarden.operator.scaler.attach_scaler`).
+collaborator is handed what it needs: the clock (one, epoch seconds, read by the ingest, the
+evaluation loops, the pruning, the Events and the node view); the API client; the metrics;
+leadership (peering), or in sharded mode membership with its ring; the TokenReview authenticator
+of the agents' tokens; the per-node rate limiter; the ingest endpoint's core, which stores through
+the state; the Event poster every Event goes through (the scaler's included); the scaler; with
+``--node-health`` the node view; in sharded mode the verdict exchange (the sender to the policies'
+owners, the endpoint the other shards post to); and the :class:`~gpuwarden.operator.services.Services`
+that start and stop the servers and background tasks.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from gpuwarden.operator.config import OperatorConfig
-from gpuwarden.operator.ingest import ReportIngest
-from gpuwarden.operator.kubeapi import KubeApi
-from gpuwarden.operator.leadership import Leadership
-from gpuwarden.operator.metrics import OperatorMetrics
-from gpuwarden.operator.posting import EventPoster
-from gpuwarden.operator.ratelimit import NodeRateLimiter
-from gpuwarden.operator.sharding import Sharding
+from gpuwarden.operator.endpoints import NodeRateLimiter, ReportIngest
+from gpuwarden.operator.kube import EventPoster, KubeApi, TokenAuthenticator
+from gpuwarden.operator.metrics import DesiredReplicasCollector, OperatorMetrics
+from gpuwarden.operator.nodehealth import NodeHealthMonitor
+from gpuwarden.operator.policies import PolicyRunner
+from gpuwarden.operator.resources import PolicyKey
+from gpuwarden.operator.scaling import KubeScaleApi, WorkloadScaler
+from gpuwarden.operator.services import Services
+from gpuwarden.operator.sharding import Leadership, Sharding, VerdictIngest, VerdictSender
 from gpuwarden.operator.state import OperatorState
-from gpuwarden.operator.tokenreview import TokenAuthenticator
-from gpuwarden.operator.verdictexchange import VerdictIngest, VerdictSender
 
-__all__ = ["build_operator"]
+__all__ = ["Operator", "build_operator"]
+
+
+@dataclass(eq=False)
+class Operator:
+    """The operator as :func:`build_operator` wired it; one per process, in ``memo.operator``."""
+
+    state: OperatorState
+    scaler: WorkloadScaler
+    """Acts on ``actions.scale`` after each evaluation; its Events go through ``state.events``."""
+    services: Services
+    """The servers and background tasks (the node view's among them), started and stopped together."""
+
+    def runner(self, key: PolicyKey) -> PolicyRunner:
+        """The evaluation loop of the policy ``key`` (one per running daemon)."""
+        return PolicyRunner(self.state, key, scaler=self.scaler)
 
 
 def build_operator(
     config: OperatorConfig, *, api: KubeApi | None = None, clock: Callable[[], float] = time.time
-) -> OperatorState:
-    """The operator's state for ``config``, wired: ``api`` (default: from the environment), ``clock``
-    (epoch seconds; the ingest's, which bounds the reports' timestamps)."""
+) -> Operator:
+    """The operator for ``config``, wired: ``api`` (default: from the environment), ``clock`` (epoch
+    seconds; the one wall clock of the whole operator)."""
     api = api or KubeApi()
     metrics = OperatorMetrics()
     sharding = Sharding(config, api) if config.shards else None
@@ -45,13 +64,14 @@ def build_operator(
         config=config,
         api=api,
         metrics=metrics,
-        events=EventPoster(api, instance=config.identity, dropped=metrics.events_dropped),
+        events=EventPoster(api, instance=config.identity, dropped=metrics.events_dropped, clock=clock),
         leadership=sharding or Leadership(config, api),
         sharding=sharding,
         authenticator=TokenAuthenticator(
             review, audience=config.token_audience, username=config.agent_service_account.username
         ),
         limiter=NodeRateLimiter(config.node_rate, config.node_burst, clock=time.monotonic),
+        clock=clock,
     )
     leadership = state.leadership
     state.ingest = ReportIngest(
@@ -81,6 +101,20 @@ def build_operator(
             known=state.runs_policy,
             max_body_bytes=config.max_body_bytes,
         )
-    metrics.watch_pods()
+    scaler = WorkloadScaler(KubeScaleApi(api), state.events)
+    metrics.registry.register(DesiredReplicasCollector(scaler.desired_replicas, clock))
+    node_health = None
+    if config.node_health:
+        node_health = NodeHealthMonitor(
+            config,
+            api,
+            state.health,
+            metrics,
+            state.events,
+            pods=lambda: state.pods,  # Kopf's index, bound at startup
+            acting=lambda: state.leadership.active,
+            clock=clock,
+        )
+    metrics.watch_pods(clock=clock)
     metrics.watch_state(state.gauges)
-    return state
+    return Operator(state=state, scaler=scaler, services=Services(state, node_health=node_health))

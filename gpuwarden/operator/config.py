@@ -1,11 +1,11 @@
 """The operator's configuration: one typed, frozen object built from the command line and the pod's env.
 
 Every field says what it is for; the flags and their defaults are those of
-``docs/deployment-contract.md``, declared once, in :func:`gpuwarden.operator.command.add_arguments`
+``docs/deployment-contract.md``, declared once, in :meth:`OperatorConfig.add_arguments`
 (the fields' defaults are checked against them by a test). :meth:`OperatorConfig.from_args`
 checks them together with ``POD_NAME``, ``POD_NAMESPACE`` and ``POD_IP``; errors are
 :class:`ConfigError` naming the flag or the environment variable at fault. The agent's
-:class:`~gpuwarden.agent.command.AgentConfig` is built the same way.
+:class:`~gpuwarden.agent.config.AgentConfig` is built the same way.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import enum
 import hashlib
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuwarden.policy import CRITICAL_XIDS
@@ -144,9 +144,142 @@ class OperatorConfig:
     debug: bool = False
     """Log everything, including each API call."""
 
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        """Add the operator's flags (docs/deployment-contract.md); :meth:`from_args` checks them."""
+        scope = parser.add_mutually_exclusive_group()
+        scope.add_argument(
+            "--namespace",
+            dest="namespaces",
+            action="append",
+            default=[],
+            metavar="NS",
+            help="watch policies and pods in NS only (repeatable); default: all namespaces",
+        )
+        scope.add_argument(
+            "--all-namespaces", action="store_true", help="watch every namespace (the default)"
+        )
+        parser.add_argument(
+            "--ingest-address",
+            default="0.0.0.0:8443",
+            help="HOST:PORT for POST /v1/reports (%(default)s)",
+        )
+        parser.add_argument(
+            "--tls-cert-file", help="serve the ingest endpoint over TLS with this certificate"
+        )
+        parser.add_argument("--tls-key-file", help="the key of --tls-cert-file")
+        parser.add_argument(
+            "--metrics-address",
+            default="0.0.0.0:8080",
+            help="HOST:PORT for /metrics, /healthz, /readyz",
+        )
+        parser.add_argument(
+            "--token-audience", default="gpuwarden-operator", help="audience agents' tokens must carry"
+        )
+        parser.add_argument(
+            "--agent-service-account",
+            default="gpuwarden-system:gpuwarden-agent",
+            metavar="NAMESPACE:NAME",
+            help="the only ServiceAccount whose tokens may post reports (%(default)s)",
+        )
+        parser.add_argument("--peering", default="gpuwarden", help="Kopf peering object name (%(default)s)")
+        parser.add_argument(
+            "--priority", type=int, default=None, help="Kopf peering priority; default: derived from POD_NAME"
+        )
+        parser.add_argument(
+            "--shards",
+            action="store_true",
+            help="sharded mode: every replica acts on its share of nodes and policies (Leases, no peering)",
+        )
+        parser.add_argument(
+            "--advertise-url",
+            default=None,
+            help="with --shards: where agents reach this replica; default http(s)://$POD_IP:PORT/v1/reports",
+        )
+        parser.add_argument(
+            "--operator-service-account",
+            default="gpuwarden-system:gpuwarden-operator",
+            metavar="NAMESPACE:NAME",
+            help="with --shards: the replicas' ServiceAccount, the only one that may post verdicts "
+            "(%(default)s)",
+        )
+        parser.add_argument(
+            "--peer-token-file",
+            default=None,
+            metavar="PATH",
+            help="with --shards: the token (audience --token-audience) shown to the other replicas",
+        )
+        parser.add_argument(
+            "--max-body-bytes",
+            default="1Mi",
+            help="larger report bodies get 413 (%(default)s)",
+        )
+        parser.add_argument(
+            "--node-rate",
+            type=float,
+            default="20",
+            help="reports a second per node before 429 (%(default)s)",
+        )
+        parser.add_argument(
+            "--max-connections",
+            type=int,
+            default=0,
+            metavar="N",
+            help="connections the servers hold open at once, all together; at the cap a new one closes the "
+            "one heard from least recently (default 0: 20000, or less where the file-descriptor limit is "
+            "lower)",
+        )
+        parser.add_argument(
+            "--connection-idle-timeout",
+            default="30s",
+            metavar="DURATION",
+            help="close a connection that sends no complete request for this long (%(default)s)",
+        )
+        parser.add_argument(
+            "--node-health",
+            action="store_true",
+            help="keep each reporting node's GPUHealthy condition and post GPU health Events on nodes "
+            "and pods",
+        )
+        parser.add_argument(
+            "--node-health-xids",
+            default="",
+            metavar="CODES",
+            help="comma-separated XIDs that make a node unhealthy (default: "
+            + ",".join(str(c) for c in CRITICAL_XIDS)
+            + ")",
+        )
+        parser.add_argument(
+            "--node-health-hold",
+            default="10m",
+            metavar="DURATION",
+            help="how long an XID or a new uncorrected ECC error keeps a node unhealthy (%(default)s)",
+        )
+        parser.add_argument(
+            "--cordon",
+            choices=[m.value for m in CordonMode],
+            default="off",
+            help="cordon a node whose GPUs turn unhealthy: off (default), dry-run (an Event says it "
+            "would), on",
+        )
+        parser.add_argument("--verbose", action="store_true", help="log more (Kopf's verbose mode)")
+        parser.add_argument("--debug", action="store_true", help="log everything, including each API call")
+
+    @classmethod
+    def parse(cls, argv: Sequence[str], env: Mapping[str, str] | None = None) -> OperatorConfig:
+        """The config of an operator started with ``argv`` (its flags) in ``env`` (default: the process's)."""
+        parser = argparse.ArgumentParser()
+        cls.add_arguments(parser)
+        return cls.from_args(parser.parse_args(list(argv)), env)
+
+    @classmethod
+    def defaults(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
+        """Every flag at its default, all namespaces (for ``kopf run -m gpuwarden.operator.kopfrun``)."""
+        return cls.parse([], env)
+
     @classmethod
     def from_args(cls, args: argparse.Namespace, env: Mapping[str, str] | None = None) -> OperatorConfig:
-        """Check the flags (:func:`~gpuwarden.operator.command.add_arguments`) and ``env`` (default:
+        """Check the flags (:meth:`add_arguments`) and ``env`` (default:
         the process's) together; :class:`ConfigError` names the flag or variable at fault."""
         env = os.environ if env is None else env
         if args.all_namespaces and args.namespaces:

@@ -10,8 +10,9 @@
   while this replica is paused by peering);
 - spec changes: wake that daemon.
 
-Importing this module registers the handlers; only the entry points do: ``gpuwarden operator``
-(:mod:`.command`) and ``kopf run -m gpuwarden.operator.handlers``.
+The handlers go into :data:`registry`, the operator's own, never Kopf's default one: importing this
+module registers nothing in Kopf. ``gpuwarden operator`` (:mod:`.command`) runs Kopf on
+:data:`registry`; ``kopf run -m gpuwarden.operator.kopfrun`` makes it Kopf's default (:mod:`.kopfrun`).
 """
 
 from __future__ import annotations
@@ -21,31 +22,40 @@ from typing import Any
 
 import kopf
 
-from gpuwarden.operator.claims import PolicyClaim, policy_claim
-from gpuwarden.operator.command import default_config
-from gpuwarden.operator.composition import build_operator
-from gpuwarden.operator.evaluation import PolicyRunner
-from gpuwarden.operator.pods import pod_record, requests_gpu
+from gpuwarden.operator.composition import Operator, build_operator
+from gpuwarden.operator.config import OperatorConfig
+from gpuwarden.operator.policies import pod_record, requests_gpu
 from gpuwarden.operator.resources import FINALIZER, GROUP, PLURAL, PREFIX, VERSION, PodRecord, PolicyKey
-from gpuwarden.operator.scaler import attach_scaler
-from gpuwarden.operator.services import Services
+from gpuwarden.operator.scaling import PolicyClaim, policy_claim
 from gpuwarden.operator.state import OperatorState
 
 logger = logging.getLogger(__name__)
 
+registry = kopf.OperatorRegistry()
+"""The operator's handlers, for ``kopf.run(registry=...)``."""
+
+
+def _operator(memo: kopf.Memo) -> Operator:
+    operator: Operator = memo.operator
+    return operator
+
 
 def _state(memo: kopf.Memo) -> OperatorState:
-    state: OperatorState = memo.state
-    return state
+    return _operator(memo).state
 
 
-@kopf.on.startup()
+@kopf.on.login(registry=registry)
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    # A registry of our own lacks the fallback logins Kopf's default one brings: the same two, in the
+    # order the operator's own API client takes them (kube.client.connection_info).
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
+@kopf.on.startup(registry=registry)
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    if "state" not in memo:  # run as `kopf run -m gpuwarden.operator.handlers`: the contract's defaults
-        memo.state = build_operator(default_config())
-    if _state(memo).scaler is None:  # actions.scale: the Scaler acts after each evaluation
-        attach_scaler(_state(memo))
-    # Events are ours (posting.py: never twice); Kopf's own handler logs stay in the log, not in
+    if "operator" not in memo:  # run as `kopf run -m gpuwarden.operator.kopfrun`: the contract's defaults
+        memo.operator = build_operator(OperatorConfig.defaults())
+    # Events are ours (kube/events.py: never twice); Kopf's own handler logs stay in the log, not in
     # `kubectl describe`.
     settings.posting.enabled = False
     # The daemons' finalizer and Kopf's bookkeeping annotations carry our domain, not Kopf's.
@@ -64,27 +74,26 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.networking.request_timeout = 30
 
 
-@kopf.on.startup()
+@kopf.on.startup(registry=registry)
 async def start_services(memo: kopf.Memo, **kwargs: Any) -> None:
     # The indexes by their names (empty this early, filled live by Kopf): which node each GPU pod runs
     # on, for the reports' pods; the pods' uids, for the node view.
-    _state(memo).pod_nodes = kwargs["gpu_pod_nodes"]
-    pods: kopf.Index[str, PodRecord] = kwargs["gpu_pods"]
-    memo.services = Services(_state(memo), pods=pods)
-    await memo.services.start()
+    state = _state(memo)
+    state.pod_nodes = kwargs["gpu_pod_nodes"]
+    state.pods = kwargs["gpu_pods"]
+    await _operator(memo).services.start()
 
 
-@kopf.on.cleanup()
+@kopf.on.cleanup(registry=registry)
 async def stop_services(memo: kopf.Memo, **_: Any) -> None:
-    if "services" in memo:
-        await memo.services.stop()
+    await _operator(memo).services.stop()
 
 
 def _has_gpu(spec: kopf.Spec, **_: Any) -> bool:
     return requests_gpu(spec)
 
 
-@kopf.index("pods", when=_has_gpu)
+@kopf.index("pods", when=_has_gpu, registry=registry)
 def gpu_pods(
     namespace: str | None, name: str, uid: str, labels: kopf.Labels, annotations: kopf.Annotations, **_: Any
 ) -> dict[str, PodRecord]:
@@ -97,13 +106,13 @@ def _scheduled_gpu_pod(spec: kopf.Spec, **_: Any) -> bool:
     return bool(spec.get("nodeName")) and requests_gpu(spec)
 
 
-@kopf.index("pods", when=_scheduled_gpu_pod)
+@kopf.index("pods", when=_scheduled_gpu_pod, registry=registry)
 def gpu_pod_nodes(namespace: str | None, name: str, spec: kopf.Spec, **_: Any) -> dict[tuple[str, str], str]:
     assert namespace is not None
     return {(namespace, name): str(spec["nodeName"])}
 
 
-@kopf.index(GROUP, VERSION, PLURAL)
+@kopf.index(GROUP, VERSION, PLURAL, registry=registry)
 def policy_claims(namespace: str | None, body: kopf.Body, **_: Any) -> dict[str, PolicyClaim]:
     assert namespace is not None  # policies are namespaced
     return {namespace: policy_claim(body)}
@@ -119,25 +128,24 @@ def _gpu_pod_gone(type: str, spec: kopf.Spec, memo: kopf.Memo, **_: Any) -> bool
 
 # Async handlers run in Kopf's event loop, with ingestion and the daemons; Kopf runs a sync one in a
 # thread, where the store would change under an evaluation and a daemon's wake-up has no loop.
-@kopf.on.event("pods", when=_gpu_pod_gone)
+@kopf.on.event("pods", when=_gpu_pod_gone, registry=registry)
 async def pod_deleted(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
     if namespace is not None:
         _state(memo).forget_pod(namespace, name)
 
 
 # Cancelled at once when stopped (deletion, peering pause, exit): a round holds nothing worth finishing.
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5.0)
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5.0, registry=registry)
 async def evaluate(namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     assert namespace is not None  # policies are namespaced
-    state = _state(memo)
     # The indexes above, passed by their names.
     pods: kopf.Index[str, PodRecord] = kwargs["gpu_pods"]
     policies: kopf.Index[str, PolicyClaim] = kwargs["policy_claims"]
-    runner = PolicyRunner(state, PolicyKey(namespace, name), scaler=state.scaler)
+    runner = _operator(memo).runner(PolicyKey(namespace, name))
     await runner.run(body=body, pods=pods, policies=policies)
 
 
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec", registry=registry)
 async def spec_changed(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
     if namespace is not None:
         _state(memo).nudge_policy(PolicyKey(namespace, name))

@@ -26,7 +26,7 @@ node's token can change no other node's condition, Events or cordon.
   decides the GPU is fixed (``kubectl uncordon``).
 
 Events, on the Node and on the pods, go through the operator's one Event poster
-(:class:`~gpuwarden.operator.posting.EventPoster`): in the background, and under a fixed name, so a
+(:class:`~gpuwarden.operator.kube.events.EventPoster`): in the background, and under a fixed name, so a
 retry after a lost answer never posts one twice. A Node's go to ``default`` with no namespace in
 ``involvedObject``, where ``kubectl describe node`` finds them.
 """
@@ -41,9 +41,8 @@ from dataclasses import dataclass
 
 from gpuwarden.kubetime import format_time
 from gpuwarden.operator.config import CordonMode, OperatorConfig
-from gpuwarden.operator.kubeapi import ApiError, KubeApi
+from gpuwarden.operator.kube import ApiError, EventSink, KubeApi
 from gpuwarden.operator.metrics import OperatorMetrics
-from gpuwarden.operator.posting import EventSink
 from gpuwarden.operator.resources import FIELD_MANAGER, ObjectRef, PodRecord
 from gpuwarden.policy import (
     GpuRecord,
@@ -160,7 +159,7 @@ class _Node:
 class NodeHealthMonitor:
     """Keeps the node view up to date from the health store (see the module doc).
 
-    ``pods`` is the operator's GPU pod index (namespace → records), for the pods' uids; ``acting``
+    ``pods`` reads the operator's GPU pod index (namespace → records), for the pods' uids; ``acting``
     says whether this replica acts (peering), as only the acting one receives reports.
     """
 
@@ -172,7 +171,7 @@ class NodeHealthMonitor:
         metrics: OperatorMetrics,
         events: EventSink,
         *,
-        pods: Mapping[str, Iterable[PodRecord]],
+        pods: Callable[[], Mapping[str, Iterable[PodRecord]]],
         acting: Callable[[], bool] = lambda: True,
         clock: Callable[[], float] = time.time,
         interval: float = 1.0,
@@ -243,7 +242,7 @@ class NodeHealthMonitor:
                 )
 
     def _pod(self, namespace: str, name: str) -> PodRecord | None:
-        for record in self.pods.get(namespace, ()):
+        for record in self.pods().get(namespace, ()):
             if record.view.name == name:
                 return record
         return None

@@ -1,7 +1,7 @@
 """The operator's names for what it reads and writes in Kubernetes, and the value types that refer to them.
 
 A leaf: it imports nothing of :mod:`gpuwarden.operator`, so any operator module may import it
-without an import circle (before, :mod:`~gpuwarden.operator.scaling` needed ``PolicyKey`` from
+without an import circle (before, :mod:`~gpuwarden.operator.scaling.seam` needed ``PolicyKey`` from
 :mod:`~gpuwarden.operator.state`, which needs ``Scaler`` from it).
 
 - The CRD's identity (group, version, plural, kind), once: the spec parser checks manifests

@@ -1,6 +1,7 @@
 """The operator's own servers and background tasks, run inside Kopf's event loop.
 
-Started by a ``@kopf.on.startup`` handler and stopped by ``@kopf.on.cleanup``:
+Built by the composition root, started by a ``@kopf.on.startup`` handler and stopped by
+``@kopf.on.cleanup`` (one :class:`contextlib.AsyncExitStack`):
 the ingest server (``POST /v1/reports``), the metrics server (``/metrics``,
 ``/healthz``, ``/readyz``), the leadership loop (peering verdict → pod label), the
 Event poster, the pruning of the series and health stores and the heap trim after it
@@ -17,17 +18,17 @@ import ctypes
 import ctypes.util
 import logging
 import ssl
-from collections.abc import Iterable, Mapping
+from collections.abc import Coroutine
+from typing import Any
 
 from aiohttp import web
 
 from gpuwarden.operator.config import Address
-from gpuwarden.operator.ingest import make_ingest_app
+from gpuwarden.operator.endpoints import make_ingest_app
+from gpuwarden.operator.kube import EventPoster, ReviewCollector
 from gpuwarden.operator.metrics import make_metrics_app
 from gpuwarden.operator.nodehealth import NodeHealthMonitor
-from gpuwarden.operator.resources import PodRecord
 from gpuwarden.operator.state import PRUNE_SECONDS, OperatorState
-from gpuwarden.operator.tokenreview import ReviewCollector
 from gpuwarden.serving import ConnectionCollector, ConnectionLimiter, connection_cap, raise_fd_limit, serve
 
 __all__ = ["Services", "return_freed_memory", "trim_heap"]
@@ -63,58 +64,66 @@ async def return_freed_memory(every: float = PRUNE_SECONDS) -> None:
 
 
 class Services:
-    """Servers and tasks the operator runs besides Kopf's own."""
+    """Servers and tasks the operator runs besides Kopf's own; built by the composition root.
 
-    def __init__(
-        self, state: OperatorState, *, pods: Mapping[str, Iterable[PodRecord]] | None = None
-    ) -> None:
+    ``node_health``: the node view (``--node-health``), run as one of the tasks.
+    """
+
+    def __init__(self, state: OperatorState, *, node_health: NodeHealthMonitor | None = None) -> None:
         self.state = state
-        self._runners: list[web.AppRunner] = []
-        self._tasks: list[asyncio.Task[None]] = []
-        """Cancelled at exit, last started first; the Event poster is apart: it is drained first."""
-        self._posting: asyncio.Task[None] | None = None
+        self.node_health = node_health
+        self._stack = contextlib.AsyncExitStack()
+        """What :meth:`start` started, undone last started first by :meth:`stop`."""
         fds = raise_fd_limit()
         self.connections = ConnectionLimiter(connection_cap(fds, state.config.max_connections))
         """Shared by the ingest and the metrics servers."""
         state.metrics.registry.register(ConnectionCollector(self.connections, "gpuwarden_operator"))
         state.metrics.registry.register(ReviewCollector(state.authenticator, "gpuwarden_operator"))
         logger.info("File-descriptor limit %d: at most %d connections at once.", fds, self.connections.limit)
-        self.node_health: NodeHealthMonitor | None = None
-        if state.config.node_health:
-            self.node_health = NodeHealthMonitor(
-                state.config,
-                state.api,
-                state.health,
-                state.metrics,
-                state.events,
-                pods={} if pods is None else pods,  # an Index: empty (falsy) this early, filled later
-                acting=lambda: state.leadership.active,
-            )
 
     async def start(self) -> None:
         """Listen on the ingest and metrics addresses; follow the peering verdict; post Events;
-        prune the stores; judge node health."""
-        config = self.state.config
+        prune the stores; judge node health. What started before a failure is stopped again."""
+        state, config = self.state, self.state.config
         self.connections.count_accept_errors(asyncio.get_running_loop())
         tls = None
         if config.tls_cert_file and config.tls_key_file:
             tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             tls.load_cert_chain(config.tls_cert_file, config.tls_key_file)
-        verdicts = self.state.verdict_ingest.handle if self.state.verdict_ingest else None
-        await self._serve(make_ingest_app(self.state.ingest, verdicts), config.ingest, tls, "ingest")
-        await self._serve(
-            make_metrics_app(self.state.metrics, lambda: self.state.started), config.metrics, None, "metrics"
-        )
-        self._tasks.append(asyncio.create_task(self.state.leadership.run(), name="gpuwarden leadership"))
-        self._tasks.append(asyncio.create_task(self.state.prune(), name="gpuwarden pruning"))
-        self._tasks.append(asyncio.create_task(return_freed_memory(), name="gpuwarden heap trim"))
-        if self.node_health is not None:
-            self._tasks.append(asyncio.create_task(self.node_health.run(), name="gpuwarden node health"))
-        self._posting = asyncio.create_task(self.state.events.run(), name="gpuwarden events")
-        self.state.started = True
+        async with contextlib.AsyncExitStack() as stack:
+            # Undone in reverse: the API client closes last, after the sender, the servers, the
+            # Events' drain (which needs the client) and the step down (which removes the pod label).
+            stack.push_async_callback(state.api.close)
+            if state.verdict_sender is not None:
+                stack.push_async_callback(state.verdict_sender.close)
+            verdicts = state.verdict_ingest.handle if state.verdict_ingest else None
+            await self._serve(stack, make_ingest_app(state.ingest, verdicts), config.ingest, tls, "ingest")
+            await self._serve(
+                stack, make_metrics_app(state.metrics, lambda: state.started), config.metrics, None, "metrics"
+            )
+            posting = asyncio.create_task(state.events.run(), name="gpuwarden events")
+            stack.push_async_callback(_drain_then_cancel, state.events, posting)
+            stack.push_async_callback(state.leadership.step_down)
+            self._task(stack, state.leadership.run(), "gpuwarden leadership")
+            self._task(stack, state.prune(), "gpuwarden pruning")
+            self._task(stack, return_freed_memory(), "gpuwarden heap trim")
+            if self.node_health is not None:
+                self._task(stack, self.node_health.run(), "gpuwarden node health")
+            stack.callback(setattr, state, "started", False)
+            state.started = True
+            self._stack = stack.pop_all()
+
+    @staticmethod
+    def _task(stack: contextlib.AsyncExitStack, work: Coroutine[Any, Any, None], name: str) -> None:
+        stack.push_async_callback(_cancel, asyncio.create_task(work, name=name))
 
     async def _serve(
-        self, app: web.Application, address: Address, tls: ssl.SSLContext | None, what: str
+        self,
+        stack: contextlib.AsyncExitStack,
+        app: web.Application,
+        address: Address,
+        tls: ssl.SSLContext | None,
+        what: str,
     ) -> None:
         runner = await serve(
             app,
@@ -124,31 +133,23 @@ class Services:
             idle_timeout=self.state.config.idle_timeout,
             ssl_context=tls,
         )
-        self._runners.append(runner)
+        stack.push_async_callback(runner.cleanup)
         logger.info("Serving %s on %s%s.", what, address, " (TLS)" if tls else "")
 
     async def stop(self) -> None:
         """Stand down (remove the pod label), post queued Events, stop the servers, close the API client."""
-        self.state.started = False
-        for task in reversed(self._tasks):
-            await _cancel(task)
-        self._tasks.clear()
-        await self.state.leadership.step_down()
-        if self._posting is not None:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(DRAIN_SECONDS):
-                    await self.state.events.drain()
-            await _cancel(self._posting)
-        for runner in reversed(self._runners):
-            await runner.cleanup()
-        self._runners.clear()
-        if self.state.verdict_sender is not None:
-            await self.state.verdict_sender.close()
-        await self.state.api.close()
+        await self._stack.aclose()
 
 
-async def _cancel(task: asyncio.Task[None] | None) -> None:
-    if task is not None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+async def _drain_then_cancel(events: EventPoster, posting: asyncio.Task[None]) -> None:
+    """Give the queued Events :data:`DRAIN_SECONDS` to be posted, then stop the poster."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(DRAIN_SECONDS):
+            await events.drain()
+    await _cancel(posting)
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

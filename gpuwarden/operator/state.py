@@ -1,4 +1,4 @@
-"""The operator's single state object, kept in ``kopf.Memo``: series, running policies, ingestion.
+"""The operator's single state object (``memo.operator.state``): series, running policies, ingestion.
 
 Kopf owns what it watches (pods and policies, in its indexes and in the bodies
 it hands to handlers); everything the operator adds lives here, created once at
@@ -6,36 +6,26 @@ startup by :func:`gpuwarden.operator.composition.build_operator` (the compositio
 the records kept here (the series store the agents' reports fill and the GPUs' health,
 the pod index's view, the store retention each running policy needs, the running policies'
 :class:`~gpuwarden.operator.pacing.PolicySchedule`) and the collaborators built there (API
-client, metrics, leadership, TokenReview, rate limiter, ingest, Event poster).
+client, clock, metrics, leadership, TokenReview, rate limiter, ingest, Event poster).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from gpuwarden.operator.config import OperatorConfig
-from gpuwarden.operator.ingest import MAX_FUTURE_SKEW, Intake, ReportBook, ReportIngest
-from gpuwarden.operator.kubeapi import KubeApi
-from gpuwarden.operator.leadership import Leadership
+from gpuwarden.operator.endpoints import MAX_FUTURE_SKEW, Intake, NodeRateLimiter, ReportBook, ReportIngest
+from gpuwarden.operator.kube import EventPoster, KubeApi, TokenAuthenticator
 from gpuwarden.operator.metrics import OperatorMetrics, store_gauges
 from gpuwarden.operator.pacing import Pacing, PolicySchedule
-from gpuwarden.operator.posting import EventPoster
-from gpuwarden.operator.ratelimit import NodeRateLimiter
-from gpuwarden.operator.resources import PolicyKey
-from gpuwarden.operator.sharding import Sharding
-from gpuwarden.operator.tokenreview import TokenAuthenticator
-from gpuwarden.operator.verdictexchange import VerdictIngest, VerdictSender
-from gpuwarden.operator.verdictmerge import VerdictBoard
+from gpuwarden.operator.resources import PodRecord, PolicyKey
+from gpuwarden.operator.sharding import Leadership, Sharding, VerdictBoard, VerdictIngest, VerdictSender
 from gpuwarden.policy import Admission, HealthStore, PodId, SeriesKey, SeriesStore, points_from_snapshot
 from gpuwarden.wire.node import NodeReport
 from gpuwarden.wire.verdicts import VerdictReport
-
-if TYPE_CHECKING:
-    from gpuwarden.operator.scaling import Scaler
 
 __all__ = [
     "MAX_GPUS_PER_POD",
@@ -66,7 +56,7 @@ _OUT_OF_SCOPE = "out_of_scope"
 
 @dataclass(eq=False)
 class OperatorState:
-    """Everything the operator keeps between handler calls; one per process, in ``memo.state``.
+    """Everything the operator keeps between handler calls; one per process, in ``memo.operator``.
 
     Built by :func:`gpuwarden.operator.composition.build_operator`, which also plugs in the ingest.
     """
@@ -82,6 +72,9 @@ class OperatorState:
     """Sharded mode (``--shards``): membership, and which nodes and policies are ours."""
     authenticator: TokenAuthenticator
     limiter: NodeRateLimiter
+    clock: Callable[[], float] = time.time
+    """Wall time, epoch seconds: the operator's one clock (the composition root's), read by the
+    evaluation loops and the pruning."""
     store: SeriesStore = field(
         default_factory=lambda: SeriesStore(retention_seconds=MIN_RETENTION, max_points=MAX_POINTS)
     )
@@ -92,14 +85,14 @@ class OperatorState:
     """The running evaluation daemons' pacing."""
     pod_nodes: Mapping[tuple[str, str], Collection[str]] = field(default_factory=dict)
     """GPU pods by (namespace, name) -> the node they run on: Kopf's ``gpu_pod_nodes`` index."""
+    pods: Mapping[str, Iterable[PodRecord]] = field(default_factory=dict)
+    """GPU pods by namespace -> their records: Kopf's ``gpu_pods`` index (bound at startup)."""
     pods_synced: bool = False
     """Whether ``pod_nodes`` holds every pod (Kopf listed them); until then unknown pods are let in."""
     horizons: dict[PolicyKey, float] = field(default_factory=dict)
     """The store retention each running policy needs."""
     started: bool = False
     """True once the servers listen (``/readyz``)."""
-    scaler: Scaler | None = None
-    """Acts on ``actions.scale`` after each evaluation; plugged in by the scaling component."""
     verdicts: VerdictBoard = field(default_factory=VerdictBoard)
     """Sharded mode: the per-pod verdicts other shards sent on the policies owned here."""
     verdict_sender: VerdictSender | None = None
@@ -231,7 +224,7 @@ class OperatorState:
         """
         while True:
             await asyncio.sleep(PRUNE_SECONDS)
-            now = time.time()
+            now = self.clock()
             self.store.prune(now)
             self.health.prune(now)
 

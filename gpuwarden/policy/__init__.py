@@ -48,7 +48,7 @@ from gpuwarden.policy.rules import RULE_TYPES, RuleType, rule_type
 from gpuwarden.policy.rules.anomaly import Pattern
 from gpuwarden.policy.rules.common import Outcome, RuleKind, WindowParams
 from gpuwarden.policy.rules.gpu_health import Problem, gpu_name, gpu_problems
-from gpuwarden.policy.rules.growth import IMMINENT_REASON
+from gpuwarden.policy.rules.growth import HOST_IMMINENT_REASON, IMMINENT_REASON
 from gpuwarden.policy.scaling.decider import (
     ActiveFinding,
     Blocker,
@@ -87,6 +87,7 @@ __all__ = [
     "API_VERSION",
     "BYTES_PER_POINT",
     "CRITICAL_XIDS",
+    "HOST_IMMINENT_REASON",
     "IMMINENT_REASON",
     "KIND",
     "PROCESS_NAMESPACE",

@@ -44,6 +44,7 @@ class HookMessage(_Message):
     step: int | None = Field(default=None, ge=0, le=MAX_COUNT)
     devices: list[HookDevice] = Field(default_factory=list, max_length=MAX_DEVICES)
     host_rss_bytes: Bytes | None = None
+    host_limit_bytes: Bytes | None = None
     sites: list[AllocationSite] = Field(default_factory=list, max_length=MAX_SITES)
 
     @field_validator("v")

@@ -23,13 +23,13 @@ from pydantic import Field
 
 from gpuwarden.wire.base import MAX_COUNT, MAX_TIMESTAMP, Bytes, WireModel, parse_strict
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The ``schemaVersion`` this build sends; bumped on any change an older operator would refuse."""
 
-ACCEPTED_SCHEMA_VERSIONS = frozenset({1, 2, 3, 4})
+ACCEPTED_SCHEMA_VERSIONS = frozenset({1, 2, 3, 4, 5})
 """What the operator accepts: version 2 added ``GpuSample.health``, version 3 ``ProcessSample.hook``,
-version 4 ``PodRef.claim``; an older report lacks them. Upgrade the operator before the agents (an
-older operator refuses a newer version by its number)."""
+version 4 ``PodRef.claim``, version 5 ``HookSample.host_limit_bytes``; an older report lacks them.
+Upgrade the operator before the agents (an older operator refuses a newer version by its number)."""
 
 MAX_SNAPSHOTS_PER_REPORT = 3600
 """A report carries at most an hour of 1 s snapshots; replays are split into several reports."""
@@ -148,6 +148,8 @@ class HookSample(WireModel):
     """torch.cuda.max_memory_allocated: the peak since the process started (or the hook reset it)."""
     host_rss_bytes: Bytes | None = None
     """Resident host memory of the process and its children (the data-loader workers)."""
+    host_limit_bytes: Bytes | None = None
+    """The memory limit the process runs under: its cgroup's, else the node's memory (schema version 5)."""
     sites: list[AllocationSite] = Field(default_factory=list, max_length=16)
     """The lines whose allocations grew, in the hook's order: the job's own lines first (tracemalloc on)."""
 
@@ -212,7 +214,7 @@ class Snapshot(WireModel):
     """Seconds since the Unix epoch, taken by the agent when the sample was read.
 
     The operator keeps only those within its skew bounds of its own clock (see
-    :mod:`gpuwarden.operator.ingest`); this bound only keeps the number a plausible time.
+    :mod:`gpuwarden.operator.endpoints.reports`); this bound only keeps the number a plausible time.
     """
     gpus: list[GpuSample] = Field(max_length=64)
     pod_host_memory: list[PodHostMemory] = Field(default_factory=list, max_length=1024)
@@ -262,6 +264,14 @@ def parse_report(body: bytes | str) -> NodeReport:
         for ref in (*g.pods, *(p.pod for p in g.processes if p.pod is not None))
     ):
         raise ReportError(f"claim: not part of schemaVersion {report.schema_version} (send schemaVersion 4)")
+    if report.schema_version < 5 and any(
+        p.hook is not None and p.hook.host_limit_bytes is not None
+        for s in report.snapshots
+        for g in s.gpus
+        for p in g.processes
+    ):
+        v = report.schema_version
+        raise ReportError(f"hostLimitBytes: not part of schemaVersion {v} (send schemaVersion 5)")
     return report
 
 

@@ -15,7 +15,7 @@ replicas both acting for their first minute (a Kopf peering race at start), the 
 connection landing through the ingest Service on the one that then stood by, and that replica
 answering every retry ``503 Standby`` on the same connection, which connection tracking keeps on its
 pod: the agent never reached the acting replica. A standby replica now closes the connection with
-its answer (``gpuwarden/operator/ingest.py``, ``standby()``), so the retry is routed afresh.
+its answer (``gpuwarden/operator/endpoints/http.py``, ``standby()``), so the retry is routed afresh.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ from gpuwarden.agent.attribution import (
 )
 from gpuwarden.local.policies import LocalPolicy
 from gpuwarden.local.session import Session, SubjectKind
-from gpuwarden.operator.pods import requests_gpu
+from gpuwarden.operator.policies.pods import requests_gpu
 from gpuwarden.policy.findings import Transition
 from gpuwarden.policy.parse import parse_policy_object
 from gpuwarden.wire.node import GpuSample, PodRef, ProcessSample, Snapshot

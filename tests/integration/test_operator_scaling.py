@@ -15,6 +15,8 @@ and that is exactly what the ``/scale`` subresource writes.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 import secrets
@@ -41,12 +43,14 @@ from operator_support import (
 )
 from test_chart import can_i  # the chart tests' `kubectl auth can-i` as a ServiceAccount
 
-from gpuwarden.operator.claims import policy_claim
-from gpuwarden.operator.kubeapi import KubeApi
+from gpuwarden.operator.kube.client import KubeApi
+from gpuwarden.operator.kube.events import EventPoster
+from gpuwarden.operator.metrics import OperatorMetrics
+from gpuwarden.operator.policies.status import PolicyVerdict, build_status
 from gpuwarden.operator.resources import GROUP, PLURAL, VERSION, PolicyKey
-from gpuwarden.operator.scaleapi import KubeScaleApi
-from gpuwarden.operator.scaler import ScaleOutcome, WorkloadScaler
-from gpuwarden.operator.status import PolicyVerdict, build_status
+from gpuwarden.operator.scaling.api import KubeScaleApi
+from gpuwarden.operator.scaling.claims import policy_claim
+from gpuwarden.operator.scaling.workload import ScaleOutcome, WorkloadScaler
 from gpuwarden.policy.parse import parse_spec
 from gpuwarden.policy.spec.model import ScaleAction
 
@@ -184,6 +188,7 @@ class Bench(InNamespace):
     namespace: str
     kube: KubeApi
     scaler: WorkloadScaler
+    poster: EventPoster
     now: float = T0
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
@@ -217,6 +222,7 @@ class Bench(InNamespace):
             self.now,
             [policy_claim(item) for item in listing["items"]],
         )
+        await self.poster.drain()  # the Events it queued are posted, as the operator's poster posts them
         result = outcome.result()
         verdict = PolicyVerdict(
             generation=1, scale=result.status, problem=result.problem, scale_condition=result.condition
@@ -254,11 +260,23 @@ def admin_info(cp: ControlPlane, token: str | None = None) -> kopf.ConnectionInf
 @pytest.fixture
 async def bench(control_plane: ControlPlane, namespace: str, crds: None) -> AsyncIterator[Bench]:
     kube = KubeApi(admin_info(control_plane))
-    api = KubeScaleApi(kube, reporting_instance="test")
     try:
-        yield Bench(control_plane, namespace, kube, WorkloadScaler(api, api))
+        async with posting(kube) as poster:
+            yield Bench(control_plane, namespace, kube, WorkloadScaler(KubeScaleApi(kube), poster), poster)
     finally:
         await kube.close()
+
+
+@contextlib.asynccontextmanager
+async def posting(kube: KubeApi) -> AsyncIterator[EventPoster]:
+    """The operator's Event poster over ``kube``, its worker running; what it queued is posted at exit."""
+    poster = EventPoster(kube, instance="test", dropped=OperatorMetrics().events_dropped)
+    worker = asyncio.create_task(poster.run())
+    try:
+        yield poster
+        await poster.drain()
+    finally:
+        worker.cancel()
 
 
 # --- the climb, the descent, no flapping -----------------------------------------------------------
@@ -560,12 +578,12 @@ async def test_the_chart_service_account_scales_through_scale_only(
     obj = policy(namespace)
     apply(cp, obj)
     kube = KubeApi(admin_info(cp, token))
-    api = KubeScaleApi(kube)
     try:
         indexed = [policy_claim(get(cp, "gmp", "llm-serving", "-n", namespace))]
-        outcome = await WorkloadScaler(api, api).reconcile(
-            PolicyKey(namespace, "llm-serving"), action_of(obj), SATURATED, 2, T0, indexed
-        )
+        async with posting(kube) as poster:
+            outcome = await WorkloadScaler(KubeScaleApi(kube), poster).reconcile(
+                PolicyKey(namespace, "llm-serving"), action_of(obj), SATURATED, 2, T0, indexed
+            )
         assert (outcome.applied, outcome.condition.reason) == (True, "Active"), outcome.condition
         status = build_status(
             PolicyVerdict(

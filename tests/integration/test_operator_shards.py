@@ -38,8 +38,8 @@ from operator_support import (
     write_scenario,
 )
 
-from gpuwarden.operator.membership import GROUP_LABEL
-from gpuwarden.operator.shards import Ring, policy_key
+from gpuwarden.operator.sharding.membership import GROUP_LABEL
+from gpuwarden.operator.sharding.ring import Ring, policy_key
 
 pytestmark = pytest.mark.integration
 

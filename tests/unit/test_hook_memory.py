@@ -7,6 +7,7 @@ the operator does, then attributed by :mod:`gpuwarden.policy.store.intake` into 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -181,6 +182,93 @@ def test_host_rule_counts_each_process_once_and_finds_its_slope() -> None:
     assert outcome.reason == "HostMemoryLeakSuspected"  # not the GPU's leak reason
 
 
+def limited(sample: Sample, trainer: int | None, helper: int | None) -> Sample:
+    """``sample`` with each hook reporting its memory limit: pid 10's ``trainer``, the others' ``helper``."""
+
+    def limited_sample(i: int) -> list[GpuSample]:
+        gpus = []
+        for g in sample(i):
+            procs = [
+                p.model_copy(
+                    update={
+                        "hook": p.hook.model_copy(
+                            update={"host_limit_bytes": trainer if p.pid == 10 else helper}
+                        )
+                    }
+                )
+                if p.hook is not None
+                else p
+                for p in g.processes
+            ]
+            gpus.append(g.model_copy(update={"processes": procs}))
+        return gpus
+
+    return limited_sample
+
+
+def test_host_rule_times_the_pods_memory_limit() -> None:
+    """Both processes run under the container's 16Gi: the pod's 10Gi grows 100Mi/m toward it."""
+    outcome = judge(feed(limited(host_leak, 16 * GI, 16 * GI)), rule(MemorySource.HOST, rate_mi_per_min=50))
+    assert outcome.holds
+    assert outcome.total_bytes == 16 * GI
+    newest = 10 * GI + 100 * MI * 599 // 60
+    assert outcome.seconds_to_full == pytest.approx((16 * GI - newest) / (100 * MI / 60), rel=0.05)
+    assert re.search(r"100Mi/m over .*; its memory limit \(16Gi\) is reached in 5\dm\d+s$", outcome.message)
+    assert outcome.reason == "HostMemoryLeakSuspected"  # 50 minutes: not imminent
+
+
+@pytest.mark.parametrize(
+    ("trainer", "helper"),
+    [(16 * GI, 8 * GI), (16 * GI, None), (9 * GI, 9 * GI)],
+    ids=["two containers' limits", "an older hook beside", "the sum already over it"],
+)
+def test_no_one_limit_the_pods_sum_meets_is_no_time_to_full(trainer: int, helper: int | None) -> None:
+    outcome = judge(feed(limited(host_leak, trainer, helper)), rule(MemorySource.HOST, rate_mi_per_min=50))
+    assert outcome.holds
+    assert outcome.total_bytes is None
+    assert outcome.seconds_to_full is None
+    assert outcome.message.endswith("no memory limit is known, so no time to full")
+
+
+def test_a_pod_past_its_limit_is_at_it_not_without_one() -> None:
+    """The pod's RSS sum passes the limit its hooks report (shared pages counted twice, or the OOM
+    killer about to strike): the limit last known stays, and the time left is nil."""
+    outcome = judge(
+        feed(limited(host_leak, 10 * GI + GI // 2, 10 * GI + GI // 2)), rule(MemorySource.HOST, 50)
+    )
+    assert outcome.holds
+    assert outcome.total_bytes == 10 * GI + GI // 2
+    assert outcome.seconds_to_full == 0
+    assert outcome.message.endswith("; at its memory limit (10.5Gi)")
+    assert outcome.reason == "HostMemoryExhaustionImminent"
+
+
+def fast_host_leak(i: int) -> list[GpuSample]:
+    """A data loader keeping what it reads: 3Gi/m from 4Gi, its container's limit 16Gi (full at 4m)."""
+    hook = HookSample(timestamp=T0 + i, host_rss_bytes=4 * GI + 3 * GI * i // 60, host_limit_bytes=16 * GI)
+    return [gpu("GPU-0", 12 * GI, [ProcessSample(pid=10, used_memory_bytes=12 * GI, pod=REF, hook=hook)])]
+
+
+def test_a_host_leak_about_to_reach_its_limit_is_imminent_within_a_minute() -> None:
+    """The urgent spans, against the limit as against a card; without a limit (an older hook) no urgency:
+    nothing holds before the 4-minute span, when the job would be dead."""
+    store = feed(fast_host_leak, 70)
+    outcome = judge(store, rule(MemorySource.HOST), 70)
+    assert outcome.holds
+    assert outcome.reason == "HostMemoryExhaustionImminent"
+    assert outcome.seconds_to_full == pytest.approx(
+        (16 * GI - (4 * GI + 3 * GI * 69 / 60)) / (3 * GI / 60), rel=0.05
+    )
+    assert re.search(
+        r"grows 3Gi/m over (40s|1m20s), .*; its memory limit \(16Gi\) is reached in 2m", outcome.message
+    )
+
+    def unlimited(i: int) -> list[GpuSample]:
+        return limited(fast_host_leak, None, None)(i)
+
+    assert not judge(feed(unlimited, 70), rule(MemorySource.HOST), 70).holds
+
+
 def test_every_other_memory_keeps_the_gpu_leak_reason() -> None:
     assert judge(feed(tensor_leak), rule(MemorySource.ALLOCATED)).reason is None  # the kind's own
     assert rule_type(RuleKind.MEMORY_GROWTH).reason == "GPUMemoryLeakSuspected"
@@ -328,6 +416,11 @@ def test_local_mode_subjects_carry_their_hook() -> None:
     assert point.hook.allocated == float(sample.processes[0].hook.allocated_bytes or 0)  # type: ignore[union-attr]
     assert point.hook.host == 6 * GI
     assert [s.line for s in point.hook.sites] == [88, 12, 7]
+    assert point.hook.host_limit is None  # the hook sent none
+    (with_limit,) = limited(leak_with_sites, 16 * GI, None)(SECONDS - 1)
+    ((_, point),) = points_from_processes(Snapshot(timestamp=T0, gpus=[with_limit]))
+    assert point.hook is not None
+    assert point.hook.host_limit == 16 * GI
 
 
 def test_on_a_shared_gpu_each_pod_gets_its_own_processes_hook_readings() -> None:

@@ -18,6 +18,7 @@ FULL = Reading(
     step=1200,
     devices=(DeviceMemory("GPU-5f1c", 21474836480, 25769803776, 23622320128),),
     host_rss_bytes=6442450944,
+    host_limit_bytes=17179869184,
     sites=(Site("train.py", 88, 52428800, 52000000, 1200),),
 )
 
@@ -77,6 +78,7 @@ def test_gpuwarden_schema_takes_the_line_strictly() -> None:
             "reservedBytes": device["reservedBytes"],
             "maxAllocatedBytes": device["maxAllocatedBytes"],
             "hostRssBytes": line["hostRssBytes"],
+            "hostLimitBytes": line["hostLimitBytes"],
             "sites": line["sites"],
         },
         strict=True,
@@ -84,6 +86,7 @@ def test_gpuwarden_schema_takes_the_line_strictly() -> None:
     assert sample.sites == [AllocationSite(file="train.py", line=88, size_bytes=52428800,
                                            growth_bytes=52000000, count=1200)]  # fmt: skip
     assert sample.allocated_bytes == 21474836480
+    assert sample.host_limit_bytes == 16 * 2**30
 
 
 def test_what_was_not_read_is_left_out() -> None:

@@ -44,6 +44,7 @@ def make_hook(server: LineServer, clock: Clock, **kwargs: object) -> StepHook:
         "clock": clock,
         "wall": lambda: WALL,
         "host_rss": lambda: 4096,
+        "host_limit": lambda: 8192,
     }
     options.update(kwargs)
     return StepHook(interval=5.0, **options)  # type: ignore[arg-type]
@@ -71,6 +72,7 @@ def test_reads_at_most_once_per_interval(server: LineServer) -> None:
             {"uuid": "GPU-aa", "allocatedBytes": 1000, "reservedBytes": 2000, "maxAllocatedBytes": 1000}
         ],
         "hostRssBytes": 4096,
+        "hostLimitBytes": 8192,
     }
     assert second["step"] == 6
     assert second["devices"][0]["allocatedBytes"] == 1010  # the scripted reader's next reading
@@ -110,7 +112,7 @@ def test_a_failing_reader_costs_its_part_never_the_loop(
     server: LineServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock = Clock()
-    hook = make_hook(server, clock, memory=BrokenMemory(), host_rss=lambda: 1 // 0)
+    hook = make_hook(server, clock, memory=BrokenMemory(), host_rss=lambda: 1 // 0, host_limit=lambda: 1 // 0)
     hook.step()
     clock.now += 10
     hook.step()

@@ -19,18 +19,22 @@ the same account for users):
   at its slope from its last reading, the card is full within :data:`URGENCY`
   (4) times the next longer span (5m20s, 10m40s, 16m): waiting for that span
   would leave less than 3/4 of the time to full. The evidence is then the
-  strictest (:func:`_holds_urgently`): the slope at least ``rate`` and its
-  lower bound too, or fast enough that the card is full within the horizon
-  even at the bound; ``fit`` at least :data:`URGENT_FIT` (0.9); no quarter
+  strictest (:func:`_holds_urgently`): the slope's lower bound at least
+  ``rate``, or (the slope at least :data:`SCREEN_RATE` of ``rate``) high enough
+  that the card is full within the horizon even at the bound; the fit with
+  the noise taken out (:func:`noise_free_fit`) at least :data:`URGENT_FIT`
+  (0.9); no quarter
   significantly slower than :data:`URGENT_PART` (0.85) of the span's slope;
   at most :data:`URGENT_JUMP_SHARE` of the rise in jumps; memory not higher
   before. A load over 30 s or less, a step, a staircase, or a curved rise (a
   sine's flank) fails it; a straight rise of 40 s or more that would fill the
-  card soon is, by the data, a leak until it stops. Host memory has no card,
-  so no urgency.
+  card soon is, by the data, a leak until it stops. For host memory the
+  capacity is the hooked processes' memory limit (:func:`capacity`); without
+  one (an older hook, several containers' limits), no urgency.
 - **Imminent.** A GPU memory finding whose card is full within
   :data:`IMMINENT_SECONDS` (16m) has the reason :data:`IMMINENT_REASON`, and
-  keeps it while full within twice that (``Outcome.kept_reason``).
+  keeps it while full within twice that (``Outcome.kept_reason``); a host
+  memory finding whose limit is reached within it, :data:`HOST_IMMINENT_REASON`.
 - **Bucket-aligned spans.** Each span is cut into 20 buckets (12 s for 4m,
   90 s for 30m), aligned to multiples of that length since the epoch plus a
   fixed per-GPU phase; a span reads the GPU's 20 latest *complete* buckets
@@ -97,7 +101,8 @@ the same account for users):
   a silent switch to another memory). ``auto`` reads ``allocated`` on a GPU
   with an allocated reading inside the window, else ``device``. ``host`` is
   the pod's, the same on each of its GPUs' series: it is judged on the first
-  hooked one only, and has no time to full (no limit is known). The message
+  hooked one only, and its time to full is to its memory limit, when the hook
+  sends one (:func:`capacity`). The message
   names the memory judged and, when the speaking series' newest hook reading
   carries allocation sites, the top :data:`MESSAGE_SITES` of them.
 - The pod's value is the largest slope among its GPUs that hold (else among
@@ -175,7 +180,8 @@ URGENCY = 4.0
 """An urgent span decides only when, at its slope, the card is full within this many times the next
 longer span: a finding on that span would come with less than 3/4 of the time to full ahead."""
 URGENT_FIT = 0.9
-"""An urgent span's fit must be at least this (and ``minFit``): a near-perfect line."""
+"""An urgent span's fit, its noise taken out (:func:`noise_free_fit`), must be at least this (and
+``minFit``): a near-perfect line."""
 URGENT_PART = 0.85
 """On an urgent span, no quarter may grow significantly slower than this share of the span's slope."""
 URGENT_JUMP_SHARE = 0.25
@@ -409,7 +415,7 @@ def gpu_growth(
     """One GPU's memory trend over the span ``[start, end]``, or None when there are too few readings.
 
     ``used_bytes`` is the last reading in the span; see :func:`evaluate_growth` for the newest.
-    ``column``: which memory (the hook's host memory has no card to fill: no ``total_bytes``).
+    ``column``: which memory (the hook's host memory fills its limit, not the card: :func:`capacity`).
     """
     r = readings(window, column, start, end)
     if not r.values:
@@ -433,7 +439,7 @@ def gpu_growth(
         fit=line.fit,
         levels=levels,
         used_bytes=r.values[-1],
-        total_bytes=None if column is Column.HOST else window.mem_total,
+        total_bytes=capacity(window, column),
         covered=covered(r, start, end, max_gap),
         span_seconds=span,
         noise=median_noise(values, len(xs)),
@@ -527,6 +533,12 @@ class GrowthCache:
         return len(self._current.keys() | self._previous.keys())
 
 
+def capacity(window: Window, column: Column) -> float | None:
+    """What ``column`` fills: the card's total for GPU memory; for host memory the hooked processes'
+    memory limit (the newest known, :attr:`Window.host_limit`), None without one."""
+    return window.host_limit if column is Column.HOST else window.mem_total
+
+
 def _newest_used(window: Window, end: float, column: Column) -> float | None:
     i1 = window.span(-math.inf, end)[1]
     if not i1:
@@ -578,12 +590,41 @@ def _holds_urgently(g: GpuGrowth, rule: MemoryGrowth, next_span: float) -> bool:
         return False
     rate = rule.rate_bytes_per_second
     assert g.total_bytes is not None  # a time to full implies a card
-    if g.slope < rate or (g.lower < rate and g.lower * horizon < g.total_bytes - g.used_bytes):
+    if g.lower < rate and (g.slope < SCREEN_RATE * rate or g.lower * horizon < g.total_bytes - g.used_bytes):
+        # The question near full is whether the card fills within the horizon, not whether the rate
+        # is over `rate`: the bound may answer it, at half `rate` at least (the screen's own floor).
         return False  # the evidence excludes neither rates below `rate` nor a card not full in time
-    if g.fit < max(rule.min_fit, URGENT_FIT) or g.jumps > URGENT_JUMP_SHARE * g.slope * g.span_seconds:
+    if (
+        noise_free_fit(g) < max(rule.min_fit, URGENT_FIT)
+        or g.jumps > URGENT_JUMP_SHARE * g.slope * g.span_seconds
+    ):
         return False
     floor = URGENT_PART * g.slope
     return all(part >= floor - margin for part, margin in zip(g.parts, g.part_margins, strict=True))
+
+
+def noise_free_fit(g: GpuGrowth) -> float:
+    """``fit`` with the bucket medians' noise taken out: the share of the trend's variance the line explains.
+
+    An urgent span has few readings per bucket, so noise alone keeps a straight leak's R² far
+    below 1 (0.7 for 104Mi/m under 43Mi of noise over 1m20s). Noise adds about ``noise²`` a point
+    to the residuals' sum of squares (``n - 2`` of them free) and to the total's (``n - 1``); with
+    those taken out of both, a curve, a step or a plateau still leaves its own residuals, a straight
+    line under noise none. Equal to ``fit`` without noise; 0 when noise explains all the variance
+    (nothing left to fit) or the line explains none of it.
+    """
+    present = [y for y in g.levels if y == y]
+    n = len(present)
+    if g.fit <= 0 or n < 3:
+        return 0.0
+    mean = sum(present) / n
+    total = sum((y - mean) ** 2 for y in present)
+    variance = g.noise * g.noise
+    trend = total - (n - 1) * variance
+    if trend <= 0:
+        return 0.0
+    residual = (1.0 - g.fit) * total - (n - 2) * variance
+    return min(1.0, 1.0 - max(0.0, residual) / trend)
 
 
 def _clears(g: GpuGrowth, rule: MemoryGrowth) -> bool:
@@ -599,6 +640,8 @@ HOST_LEAK_REASON = "HostMemoryLeakSuspected"
 """The reason of a ``memory: host`` growth finding (the kind's own, GPUMemoryLeakSuspected, for the rest)."""
 IMMINENT_REASON = "GPUMemoryExhaustionImminent"
 """The reason of a GPU memory growth finding whose card is full within :data:`IMMINENT_SECONDS`."""
+HOST_IMMINENT_REASON = "HostMemoryExhaustionImminent"
+"""The reason of a ``memory: host`` finding whose memory limit is reached within :data:`IMMINENT_SECONDS`."""
 IMMINENT_SECONDS = URGENCY * MIN_SPAN_SECONDS
 """16m: the card full within the longest urgent horizon, where the shortest span's caution is not
 affordable. A finding with this reason keeps it while the card is full within twice this."""
@@ -622,7 +665,8 @@ def describe(
 ) -> str:
     """``GPU memory grows 212Mi/m over 4m, fit 0.97; the card (80Gi) is full in 14m``.
 
-    ``memory`` names what was judged (:data:`MEMORY_NOUNS`); host memory has no card to fill.
+    ``memory`` names what was judged (:data:`MEMORY_NOUNS`); host memory fills its limit, not a card
+    (``total_bytes`` is the limit then; None: no limit known).
     """
     per_minute = slope * 60
     over = f" over {format_duration(span)}" if span > 0 else ""
@@ -634,7 +678,13 @@ def describe(
     else:
         return f"{noun} is flat{over} (fit {fit:.2f})"
     if memory is MemorySource.HOST:
-        text += "; no memory limit is known, so no time to full"
+        if seconds_to_full is None or total_bytes is None:
+            return text + "; no memory limit is known, so no time to full"
+        limit = format_bytes(total_bytes)
+        if seconds_to_full <= 0:
+            text += f"; at its memory limit ({limit})"
+        else:
+            text += f"; its memory limit ({limit}) is reached in {approx_duration(seconds_to_full)}"
     elif seconds_to_full is not None and total_bytes is not None:
         if seconds_to_full <= 0:
             text += f"; the card is full ({format_bytes(total_bytes)})"
@@ -815,9 +865,9 @@ def _urgent(
     :data:`SCREEN_RATE` of ``rate``, project the card full within :data:`URGENCY` next spans, and
     memory was not higher before.
     """
-    total = None if column is Column.HOST else window.mem_total
+    total = capacity(window, column)
     if total is None or total - screen.last > 2 * IMMINENT_SECONDS * screen.slope:
-        return None  # no card to fill (host memory), or not full soon: nothing is urgent
+        return None  # no capacity known (host memory without a limit), or not full soon: nothing is urgent
     rate = rule.rate_bytes_per_second
     spans = urgent_spans(rule.window_seconds)
     nexts = (*spans[1:], evidence_spans(rule.window_seconds)[0])
@@ -873,12 +923,14 @@ def evaluate_growth(
     named = holding or [v for v in verdicts if not v.clears]
     top = max(holding or verdicts, key=lambda v: v.trend.slope)
     worst = top.trend
-    total = None if top.column is Column.HOST else top.window.mem_total
+    total = capacity(top.window, top.column)
     newest = _newest_used(top.window, end, top.column)
     used = worst.used_bytes if newest is None else newest
     full_in = max(0.0, (total - used) / worst.slope) if total is not None and worst.slope > 0 else None
     clears = not holding and all(v.clears for v in verdicts)
     imminent = full_in is not None and full_in <= IMMINENT_SECONDS and not clears
+    host = top.memory is MemorySource.HOST
+    soon = HOST_IMMINENT_REASON if host else IMMINENT_REASON
     extra: object = top.window.sites or None
     if clears and top.recent is not None and worst.slope >= CLEAR_RECENT * rate:
         # A clearing whose speaking trend still grows says what changed instead: the trend would belie it.
@@ -900,8 +952,8 @@ def evaluate_growth(
         seconds_to_full=full_in,
         signal=top.memory.value,
         # Host memory is not the GPU's: an alert on GPUMemoryLeakSuspected must not page for it.
-        reason=HOST_LEAK_REASON if top.memory is MemorySource.HOST else IMMINENT_REASON if imminent else None,
-        kept_reason=IMMINENT_REASON if full_in is not None and full_in <= 2 * IMMINENT_SECONDS else None,
+        reason=soon if imminent else HOST_LEAK_REASON if host else None,
+        kept_reason=soon if full_in is not None and full_in <= 2 * IMMINENT_SECONDS else None,
         extra=extra,
         describe=growth_message,
     )

@@ -34,6 +34,13 @@ Attribution of one GPU (or MIG device, keyed by its ``mig_id``) in one snapshot:
   host memory, the same on each of its GPUs' points: the hook's
   ``hostRssBytes`` is per process and repeated on each GPU entry of that
   process, so each pid counts once, summed over the pod's hooked processes.
+  Its limit (``hostLimitBytes``, schema 5) is the one every such process
+  reports with its RSS (one container's, the common case); None when they
+  differ (several containers: no one limit the pod's sum meets), when one
+  lacks it (an older hook), or when the sum is already over it (the
+  copy-on-write pages a forked worker shares, counted per process, can
+  make it so); the series keeps the last limit known
+  (:attr:`~gpuwarden.policy.series.Window.host_limit`).
   The sites are the subject's processes' newest, the largest
   :data:`KEPT_SITES` by growth.
 
@@ -75,7 +82,7 @@ def points_from_report(report: NodeReport) -> Iterator[tuple[SeriesKey, Point]]:
 def points_from_snapshot(snapshot: Snapshot) -> Iterator[tuple[SeriesKey, Point]]:
     """Every pod's points in one snapshot (see the module doc for attribution)."""
     t = snapshot.timestamp
-    hosts: dict[PodId, float] | None = None  # the pods' host memory, once a hooked process is seen
+    hosts: dict[PodId, HostMemory] | None = None  # the pods' host memory, once a hooked process is seen
     for gpu in snapshot.gpus:
         if gpu.state is not DeviceState.OK:
             continue
@@ -102,7 +109,7 @@ def points_from_snapshot(snapshot: Snapshot) -> Iterator[tuple[SeriesKey, Point]
         if len(pods) == 1:
             point = device_point(t, gpu)
             if hosts is not None and hooked:
-                point.hook = hook_point(gpu.processes, hosts.get(pods[0]))
+                point.hook = hook_point(gpu.processes, *hosts.get(pods[0], NO_HOST))
             yield SeriesKey(pods[0].namespace, pods[0].name, device), point
             continue
         unowned = any(p.pod is None for p in gpu.processes)
@@ -110,29 +117,47 @@ def points_from_snapshot(snapshot: Snapshot) -> Iterator[tuple[SeriesKey, Point]
             mine = [p for p in gpu.processes if p.pod is not None and (p.pod.namespace, p.pod.name) == pod]
             point = share_point(t, gpu, mine, unowned_processes=unowned)
             if hosts is not None and any(p.hook is not None for p in mine):
-                point.hook = hook_point(mine, hosts.get(pod))
+                point.hook = hook_point(mine, *hosts.get(pod, NO_HOST))
             yield SeriesKey(pod.namespace, pod.name, device), point
 
 
-def pod_host_memory(snapshot: Snapshot) -> dict[PodId, float]:
-    """Each pod's host memory by its hooked processes: ``hostRssBytes`` once per pid, summed per pod.
+HostMemory = tuple[float | None, float | None]
+"""A subject's host memory and the limit it counts against (see the module doc)."""
+NO_HOST: HostMemory = (None, None)
+
+
+def pod_host_memory(snapshot: Snapshot) -> dict[PodId, HostMemory]:
+    """Each pod's host memory by its hooked processes: ``hostRssBytes`` once per pid, summed per pod,
+    and the one ``hostLimitBytes`` they report (see the module doc).
 
     The hook's reading is the process's (and its children's) and rides on each of its GPUs'
     entries, so a process on 8 GPUs appears 8 times: counted once.
     """
-    seen: dict[int, tuple[PodId, int]] = {}
+    seen: dict[int, tuple[PodId, int, int | None]] = {}
     for gpu in snapshot.gpus:
         for proc in gpu.processes:
             hook, pod = proc.hook, proc.pod
             if hook is not None and hook.host_rss_bytes is not None and pod is not None:
-                seen[proc.pid] = (PodId(pod.namespace, pod.name), hook.host_rss_bytes)
-    hosts: dict[PodId, float] = {}
-    for pod_id, rss in seen.values():
-        hosts[pod_id] = hosts.get(pod_id, 0.0) + rss
-    return hosts
+                seen[proc.pid] = (PodId(pod.namespace, pod.name), hook.host_rss_bytes, hook.host_limit_bytes)
+    rss: dict[PodId, float] = {}
+    limits: dict[PodId, set[int | None]] = {}
+    for pod_id, held, limit in seen.values():
+        rss[pod_id] = rss.get(pod_id, 0.0) + held
+        limits.setdefault(pod_id, set()).add(limit)
+    return {pod_id: (held, host_limit(held, limits[pod_id])) for pod_id, held in rss.items()}
 
 
-def hook_point(processes: Sequence[ProcessSample], host: float | None) -> HookPoint:
+def host_limit(held: float, limits: set[int | None]) -> float | None:
+    """The one limit ``limits`` holds, when ``held`` is within it; else None (see the module doc)."""
+    if len(limits) != 1:
+        return None
+    (limit,) = limits
+    return None if limit is None or held > limit else float(limit)
+
+
+def hook_point(
+    processes: Sequence[ProcessSample], host: float | None, limit: float | None = None
+) -> HookPoint:
     """One subject's hook readings on one GPU from its processes there (see the module doc)."""
     hooks = [p.hook for p in processes]
     allocated = reserved = None
@@ -145,7 +170,7 @@ def hook_point(processes: Sequence[ProcessSample], host: float | None) -> HookPo
     ranked = [(rank, site) for h in hooks if h is not None for rank, site in enumerate(h.sites)]
     ranked.sort(key=lambda pair: pair[0])
     sites = tuple(site for _, site in ranked[:KEPT_SITES])
-    return HookPoint(allocated, reserved, host, sites)
+    return HookPoint(allocated, reserved, host, sites, limit)
 
 
 def points_from_processes(snapshot: Snapshot) -> Iterator[tuple[SeriesKey, Point]]:
@@ -166,7 +191,8 @@ def points_from_processes(snapshot: Snapshot) -> Iterator[tuple[SeriesKey, Point
             hook = procs[0].hook
             if hook is not None:
                 host = None if hook.host_rss_bytes is None else float(hook.host_rss_bytes)
-                point.hook = hook_point(procs, host)
+                limit = None if host is None else host_limit(host, {hook.host_limit_bytes})
+                point.hook = hook_point(procs, host, limit)
             yield key, point
 
 

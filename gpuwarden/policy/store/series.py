@@ -117,6 +117,8 @@ class HookPoint:
     """Resident host memory of the subject's hooked processes and their workers, each process once."""
     sites: tuple[AllocationSite, ...] = ()
     """The lines whose allocations grew, in the hook's order: the job's own lines first (tracemalloc on)."""
+    host_limit: float | None = None
+    """The memory limit ``host`` counts against (the hooked processes' cgroup's); None: not known."""
 
 
 class Column(enum.IntEnum):
@@ -150,7 +152,7 @@ def _none_if_nan(value: float) -> float | None:
 class HookColumns:
     """A series' hook readings: allocated, reserved and host memory, aligned with its timestamps."""
 
-    __slots__ = ("cols", "last_allocated", "last_nan", "sites")
+    __slots__ = ("cols", "host_limit", "last_allocated", "last_nan", "sites")
 
     def __init__(self, backfill: int) -> None:
         nans = array("f", [math.nan]) * backfill
@@ -161,6 +163,8 @@ class HookColumns:
         """The time of the newest point with an allocated reading (``memory: auto`` reads it)."""
         self.sites: tuple[AllocationSite, ...] = ()
         """The newest hooked point's allocation sites."""
+        self.host_limit: float | None = None
+        """The newest host memory limit a hooked point knew (None: none did)."""
 
     def append(self, hook: HookPoint | None, index: int) -> None:
         """Append one point's readings at physical ``index`` (None: a point the hook did not read)."""
@@ -173,6 +177,10 @@ class HookColumns:
                 col.append(v)
         if hook is not None:
             self.sites = hook.sites
+            # Kept through readings that do not know it: a pod's RSS sum may pass its limit as the
+            # OOM killer strikes, when the time left is nil, not unknown.
+            if hook.host_limit is not None:
+                self.host_limit = hook.host_limit
 
 
 class Window:
@@ -264,6 +272,11 @@ class Window:
         return self._hook.last_allocated if self._hook is not None else -math.inf
 
     @property
+    def host_limit(self) -> float | None:
+        """The newest host memory limit a hooked point knew; None when none did, or no hook."""
+        return self._hook.host_limit if self._hook is not None else None
+
+    @property
     def sites(self) -> tuple[AllocationSite, ...]:
         """The newest hooked point's allocation sites, in the hook's order (the job's own lines first)."""
         return self._hook.sites if self._hook is not None else ()
@@ -326,7 +339,8 @@ class Window:
             if hook is not None:
                 a, r, h = (_none_if_nan(c[i]) for c in hook.cols)
                 if a is not None or r is not None or h is not None:
-                    hooked = HookPoint(a, r, h, hook.sites if i == len(self._t) - 1 else ())
+                    last = i == len(self._t) - 1
+                    hooked = HookPoint(a, r, h, hook.sites if last else (), hook.host_limit)
             out.append(
                 Point(
                     t=self._t[i],

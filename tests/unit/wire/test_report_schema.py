@@ -1,4 +1,5 @@
-"""Schema version 3: the hook's block on a process entry, and what older versions may not carry."""
+"""Schema versions 3 and 5: the hook's block on a process entry (5: its host memory limit), and what older
+versions may not carry."""
 
 from __future__ import annotations
 
@@ -40,8 +41,8 @@ def report(version: int, hook: HookSample | None) -> bytes:
     return dump_report(built)
 
 
-def test_this_build_sends_version_4_and_the_hook_block_round_trips() -> None:
-    assert SCHEMA_VERSION == 4
+def test_this_build_sends_version_5_and_the_hook_block_round_trips() -> None:
+    assert SCHEMA_VERSION == 5
     body = report(3, HOOK)
     assert b'"allocatedBytes":21474836480' in body
     assert b'"growthBytes"' in body
@@ -89,6 +90,24 @@ def test_a_claim_is_part_of_version_4_only() -> None:
         else:
             with pytest.raises(ReportError, match="claim: not part of schemaVersion 3"):
                 parse_report(body)
+
+
+def test_the_host_memory_limit_is_part_of_version_5_only() -> None:
+    limited = HOOK.model_copy(update={"host_limit_bytes": 16 * 2**30})
+    assert b'"hostLimitBytes":17179869184' in report(5, limited)
+    assert parse_report(report(5, limited)).snapshots[0].gpus[0].processes[0].hook == limited
+    assert parse_report(report(4, HOOK)).schema_version == 4  # an older agent's hook block, without it
+    with pytest.raises(ReportError, match="hostLimitBytes: not part of schemaVersion 4"):
+        parse_report(report(4, limited))
+
+
+@pytest.mark.parametrize("limit", [-1, 2**50 + 1, 1.5])
+def test_the_host_memory_limit_is_a_bounded_byte_count(limit: float) -> None:
+    body = report(5, HOOK).replace(
+        b'"hostRssBytes"', b'"hostLimitBytes":' + str(limit).encode() + b',"hostRssBytes"'
+    )
+    with pytest.raises(ReportError, match="hostLimitBytes"):
+        parse_report(body)
 
 
 @pytest.mark.parametrize("name", ["GPU claim", "gpu\nWarning: fake", "-gpu", "Gpu"])

@@ -1,4 +1,4 @@
-"""The rule-kind registry (gpuwarden.policy.rules.RULE_TYPES): every kind registered whole, and the
+"""The rule-kind registry (gpuwarden.policy.rules.common.RULE_TYPES): every kind registered whole, and the
 CRD, the spec's model and the registry naming the same kinds."""
 
 from __future__ import annotations

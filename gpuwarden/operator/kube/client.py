@@ -1,0 +1,273 @@
+"""A minimal asyncio client for the few Kubernetes API calls Kopf does not make for us.
+
+Kopf watches, indexes and runs handlers. The operator itself also needs
+TokenReviews (to authenticate agents), status writes from a long-running daemon
+(Kopf applies a daemon's ``patch`` only when the daemon function returns), its
+Events (posted under names of their own: :mod:`.events`), its own pod's label,
+reads of the peering object, and in sharded mode the replicas' Leases. Those go through this
+client, which shares the credentials Kopf would use: in-cluster ServiceAccount
+first, else ``$KUBECONFIG`` (see :func:`kopf.login_with_service_account` and
+:func:`kopf.login_with_kubeconfig`).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import ssl
+import tempfile
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import aiohttp
+import kopf
+
+__all__ = ["ApiError", "KubeApi", "connection_info"]
+
+JsonObject = dict[str, Any]
+
+
+class ApiError(Exception):
+    """A request the API server refused or could not be reached for; ``status`` 0 when unreachable."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}" if status else message)
+        self.status = status
+        self.message = message
+
+
+def connection_info() -> kopf.ConnectionInfo:
+    """The API server and credentials, the same way Kopf's own fallback login finds them."""
+    settings = kopf.OperatorSettings()
+    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(settings=settings)
+    if info is None:
+        raise kopf.LoginError(
+            "no in-cluster ServiceAccount and no kubeconfig ($KUBECONFIG or ~/.kube/config)"
+        )
+    return info
+
+
+def _pem(data: str | bytes) -> bytes:
+    """Kubeconfig ``*-data`` fields are base64 of PEM; accept raw PEM too."""
+    raw = data.encode() if isinstance(data, str) else data
+    return raw if raw.lstrip().startswith(b"-----BEGIN") else base64.b64decode(raw)
+
+
+@contextlib.contextmanager
+def _as_file(path: Any, data: str | bytes | None) -> Iterator[str | None]:
+    """A file path for a PEM given either as a path or as data (ssl only loads files)."""
+    if data is None:
+        yield os.fsdecode(path) if path else None
+        return
+    with tempfile.NamedTemporaryFile("wb", suffix=".pem") as f:
+        f.write(_pem(data))
+        f.flush()
+        yield f.name
+
+
+def _ssl_context(info: kopf.ConnectionInfo) -> ssl.SSLContext | bool:
+    if not info.server.startswith("https:"):
+        return False
+    if info.insecure:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    elif info.ca_data:
+        ctx = ssl.create_default_context(cadata=_pem(info.ca_data).decode())
+    elif info.ca_path:
+        ctx = ssl.create_default_context(cafile=os.fsdecode(info.ca_path))
+    else:
+        ctx = ssl.create_default_context()
+    if info.certificate_path or info.certificate_data:
+        with (
+            _as_file(info.certificate_path, info.certificate_data) as cert,
+            _as_file(info.private_key_path, info.private_key_data) as key,
+        ):
+            assert cert is not None
+            ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+class KubeApi:
+    """JSON requests to one API server; re-reads credentials once on 401 (rotated projected tokens)."""
+
+    def __init__(self, info: kopf.ConnectionInfo | None = None, *, timeout: float = 10.0) -> None:
+        self._info = info
+        self._owns_info = info is None  # only credentials we looked up can be looked up again
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            if self._info is None:
+                self._info = connection_info()
+            self._session = aiohttp.ClientSession(
+                base_url=self._info.server.rstrip("/") + "/",
+                headers=self._info.as_http_headers(),
+                connector=aiohttp.TCPConnector(ssl=_ssl_context(self._info), limit=32),
+                timeout=self._timeout,
+                trust_env=self._info.trust_env,
+            )
+        return self._session
+
+    async def close(self) -> None:
+        """Close the connection pool."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Mapping[str, Any] | None = None,
+        params: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> JsonObject:
+        """Send one request; return the decoded JSON object or raise :class:`ApiError`."""
+        for attempt in (1, 2):
+            session = self._open()
+            data = None if body is None else json.dumps(body)
+            try:
+                async with session.request(
+                    method,
+                    path.lstrip("/"),
+                    data=data,
+                    params=params,
+                    headers={"Content-Type": content_type, "Accept": "application/json"},
+                ) as rsp:
+                    text = await rsp.text()
+                    if rsp.status == 401 and attempt == 1 and self._owns_info:
+                        await self._reload()
+                        continue
+                    if rsp.status >= 400:
+                        raise ApiError(rsp.status, _status_message(text) or rsp.reason or "error")
+                    return json.loads(text) if text else {}
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise ApiError(0, f"{method} {path}: {exc!r}") from exc
+        raise ApiError(401, "unauthorized after re-reading credentials")
+
+    async def _reload(self) -> None:
+        await self.close()
+        self._info = connection_info()
+
+    # -- the calls the operator makes --
+
+    async def create_token_review(self, token: str, audiences: list[str]) -> JsonObject:
+        """POST a TokenReview; return its ``status``."""
+        review = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token, "audiences": audiences},
+        }
+        rsp = await self.request("POST", "/apis/authentication.k8s.io/v1/tokenreviews", body=review)
+        status = rsp.get("status")
+        return status if isinstance(status, dict) else {}
+
+    async def patch_status(
+        self,
+        group: str,
+        version: str,
+        plural: str,
+        namespace: str,
+        name: str,
+        status: Mapping[str, Any],
+        *,
+        manager: str,
+    ) -> JsonObject:
+        """JSON-merge-patch an object's status subresource (keys not given are left alone)."""
+        return await self.request(
+            "PATCH",
+            f"/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}/status",
+            body={"status": status},
+            params={"fieldManager": manager},
+            content_type="application/merge-patch+json",
+        )
+
+    async def patch_pod_labels(
+        self, namespace: str, name: str, labels: Mapping[str, str | None], *, manager: str
+    ) -> JsonObject:
+        """Set (or, with None, remove) labels of a pod."""
+        return await self.request(
+            "PATCH",
+            f"/api/v1/namespaces/{namespace}/pods/{name}",
+            body={"metadata": {"labels": dict(labels)}},
+            params={"fieldManager": manager},
+            content_type="application/merge-patch+json",
+        )
+
+    async def get(self, path: str) -> JsonObject:
+        """GET one object."""
+        return await self.request("GET", path)
+
+    async def patch_node_condition(
+        self, node: str, condition: Mapping[str, Any], *, manager: str
+    ) -> JsonObject:
+        """Set one condition of a Node's status (a strategic merge: the other conditions stay)."""
+        return await self.request(
+            "PATCH",
+            f"/api/v1/nodes/{node}/status",
+            body={"status": {"conditions": [dict(condition)]}},
+            params={"fieldManager": manager},
+            content_type="application/strategic-merge-patch+json",
+        )
+
+    async def cordon_node(self, node: str, annotations: Mapping[str, str], *, manager: str) -> JsonObject:
+        """Mark a Node unschedulable (``kubectl cordon``), with ``annotations`` saying who and why."""
+        return await self.request(
+            "PATCH",
+            f"/api/v1/nodes/{node}",
+            body={"metadata": {"annotations": dict(annotations)}, "spec": {"unschedulable": True}},
+            params={"fieldManager": manager},
+            content_type="application/merge-patch+json",
+        )
+
+    async def list_leases(self, namespace: str, selector: str) -> list[JsonObject]:
+        """The Leases of ``namespace`` matching the label ``selector``."""
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        rsp = await self.request("GET", path, params={"labelSelector": selector})
+        items = rsp.get("items")
+        return [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
+
+    async def renew_lease(self, namespace: str, lease: Mapping[str, Any], *, manager: str) -> JsonObject:
+        """Merge-patch a Lease with ``lease`` (a whole object), creating it when it does not exist."""
+        name = lease["metadata"]["name"]
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        try:
+            return await self.request(
+                "PATCH",
+                f"{path}/{name}",
+                body=lease,
+                params={"fieldManager": manager},
+                content_type="application/merge-patch+json",
+            )
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+        return await self.request("POST", path, body=lease, params={"fieldManager": manager})
+
+    async def delete_lease(self, namespace: str, name: str) -> None:
+        """Delete a Lease (gone already is fine)."""
+        try:
+            await self.request("DELETE", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}")
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+
+    async def create_event(self, namespace: str, event: Mapping[str, Any]) -> JsonObject:
+        """POST a core/v1 Event into ``namespace``."""
+        return await self.request("POST", f"/api/v1/namespaces/{namespace}/events", body=event)
+
+
+def _status_message(text: str) -> str:
+    """The ``message`` of a metav1.Status body, else the raw text (shortened)."""
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return text[:200]
+    if isinstance(obj, dict) and isinstance(obj.get("message"), str):
+        return str(obj["message"])
+    return text[:200]

@@ -1,0 +1,10 @@
+"""One policy's evaluation loop and what it writes: Events, status; and which pods are indexed.
+
+What the rest of the operator imports (only from here): :class:`PolicyRunner` (the loop a policy's
+daemon runs), and the pod index's filter and record (:func:`requests_gpu`, :func:`pod_record`).
+"""
+
+from gpuwarden.operator.policies.pods import pod_record, requests_gpu
+from gpuwarden.operator.policies.runner import PolicyRunner
+
+__all__ = ["PolicyRunner", "pod_record", "requests_gpu"]

@@ -1,0 +1,335 @@
+"""One policy's evaluation loop, run by its Kopf daemon: spec → rules → Events, scaling, status.
+
+Every round:
+
+1. **Spec.** When ``metadata.generation`` moved (or at the first round), parse
+   the spec. An invalid one makes ``Ready=False`` (``InvalidSpec``) and nothing
+   is evaluated until it is fixed; the findings so far are kept. At the first
+   valid parse the findings in ``status.violations`` (a previous run's, or the
+   other replica's) are restored, so ongoing violations are not announced again.
+2. **Evaluate** the selected pods against the series store (the engine). Sharded mode
+   (docs/scaling-out.md): the pods on other replicas' nodes by the verdicts those replicas
+   sent (:mod:`gpuwarden.operator.sharding.board`); and a replica that does not own the policy only judges the
+   pods on its own nodes and sends the owner its verdicts (:meth:`PolicyRunner.judge_for_owner`),
+   steps 3 to 5 being the owner's alone.
+3. **Announce** starts, re-notifications and ends as Events (:mod:`.announce`).
+4. **Scale**, through the :class:`Scaler` seam (which answers None without ``actions.scale``;
+   the status then loses ``ScalingActive`` and ``status.scale``).
+5. **Status**: built (:mod:`.status`) and patched only when it differs from
+   what was last written, so a quiet policy writes nothing.
+
+Then wait (:class:`~gpuwarden.operator.pacing.Pacing`): an interval after the
+previous round started, as soon as readings arrived.
+
+Status is patched here through the API rather than through Kopf's ``patch``
+kwarg: a daemon's ``patch`` is applied only when the daemon function returns,
+and this one runs for as long as the policy exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from gpuwarden.operator.kube import ApiError, object_ref
+from gpuwarden.operator.pacing import Pacing
+from gpuwarden.operator.policies.announce import Announcer, announce
+from gpuwarden.operator.policies.status import PolicyVerdict, build_status, findings_from_status, owned_part
+from gpuwarden.operator.resources import FIELD_MANAGER, GROUP, PLURAL, VERSION, PodRecord, PolicyKey
+from gpuwarden.operator.scaling import PolicyClaim, Scaler, ScaleResult
+from gpuwarden.operator.sharding import pod_verdicts, verdicts_url
+from gpuwarden.operator.state import OperatorState
+from gpuwarden.policy import (
+    Evaluation,
+    Outcome,
+    PodId,
+    PolicyEvaluator,
+    PolicySpec,
+    SpecError,
+    parse_spec,
+    rule_kind,
+)
+from gpuwarden.wire.verdicts import SCHEMA_VERSION as VERDICT_SCHEMA_VERSION
+from gpuwarden.wire.verdicts import VerdictReport
+
+__all__ = ["PolicyRunner"]
+
+
+class PolicyRunner:
+    """The evaluation loop of one policy (one per running daemon)."""
+
+    def __init__(self, state: OperatorState, key: PolicyKey, *, scaler: Scaler | None = None) -> None:
+        self.state = state
+        self.key = key
+        self.scaler = scaler
+        self.log = logging.getLogger(f"{__name__}.{key}")
+        self.generation: int | None = None
+        self.parsed = False
+        self.spec: PolicySpec | None = None
+        self.spec_error: str | None = None
+        self.evaluator: PolicyEvaluator | None = None
+        self.announcer: Announcer | None = None
+        self.evaluation: Evaluation | None = None
+        self.scale_result: ScaleResult | None = None
+        self.written: dict[str, Any] | None = None
+        """The status fields last written (or found, at start)."""
+        self._rules_counted: set[str] = set()
+        self._judge: tuple[int | None, PolicyEvaluator | None] | None = None
+        """Sharded mode, not the owner: the generation judged by, and its evaluator (None: invalid)."""
+
+    async def run(
+        self,
+        *,
+        body: Mapping[str, Any],
+        pods: Mapping[str, Iterable[PodRecord]],
+        policies: Mapping[str, Iterable[PolicyClaim]],
+    ) -> None:
+        """Evaluate until cancelled (Kopf cancels the daemon on deletion, pause or exit).
+
+        ``pods`` and ``policies`` are the operator's indexes, by namespace (live: Kopf keeps them).
+        """
+        pacing = self.state.open_policy(self.key)
+        loop = asyncio.get_running_loop()
+        try:
+            due = loop.time()
+            while True:
+                started = loop.time()
+                try:
+                    with self.state.metrics.evaluation_seconds.time():
+                        await self.round(
+                            body=body,
+                            pods=pods.get(self.key.namespace, ()),
+                            pacing=pacing,
+                            policies=policies.get(self.key.namespace, ()),
+                        )
+                except Exception:
+                    # One failed round (a bug in a rule) must not stop the policy for Kopf's retry backoff.
+                    self.log.exception("Evaluation failed; it is retried at the next interval.")
+                self.state.metrics.evaluation_delay.observe(max(0.0, loop.time() - due))
+                due = await pacing.wait_next(started)
+        finally:
+            self.state.close_policy(self.key)
+            self.state.verdicts.forget(self.key.namespace, self.key.name)
+            self.state.metrics.set_findings(self.key.namespace, self.key.name, {}, self._rules_counted)
+
+    async def round(
+        self,
+        *,
+        body: Mapping[str, Any],
+        pods: Iterable[PodRecord],
+        pacing: Pacing,
+        policies: Iterable[PolicyClaim] = (),
+    ) -> None:
+        """One evaluation round; a bad spec or a failed write is logged and retried next round.
+
+        ``policies``: the namespace's (this one included), for the scaler's conflict check.
+        """
+        now = self.state.clock()
+        meta = body.get("metadata") or {}
+        if not self.state.acts_on(self.key):
+            self._stand_aside()
+            await self.judge_for_owner(meta.get("generation"), body.get("spec") or {}, pods, pacing, now)
+            return
+        status = body.get("status") or {}
+        self.sync_spec(meta.get("generation"), body.get("spec") or {}, status, now)
+        pacing.interval = self.spec.evaluation_interval_seconds if self.spec else pacing.interval
+        if self.spec_error is None and self.evaluator is not None and self.announcer is not None:
+            records = list(pods)
+            evaluation = self.evaluator.evaluate(
+                (r.view for r in records),
+                self.state.store,
+                now,
+                self.state.health,
+                elsewhere=self._judged_elsewhere(records, now),
+            )
+            self.evaluation = evaluation
+            assert self.spec is not None
+            specs = self.announcer.plan(
+                evaluation, events=self.spec.actions.events, claim_of=self.state.health.claim_of
+            )
+            if specs:
+                refs = {r.view.name: r.object_ref() for r in records}
+                sink = self.state.events
+                for spec in await announce(specs, policy=object_ref(body), pods=refs, sink=sink):
+                    self.state.metrics.events.labels(spec.type, spec.reason).inc()
+            self._count_findings(evaluation)
+            if self.scaler is not None:
+                # Also without actions.scale: the scaler then forgets the policy and answers None, so a
+                # removed action takes its last result (a problem, the condition) with it.
+                self.scale_result = await self._scale(evaluation, now, policies)
+        await self.write_status(status, now)
+
+    def _judged_here(self, record: PodRecord) -> bool:
+        """Whether this replica holds the pod's readings (sharded mode: its node is ours)."""
+        sharding = self.state.sharding
+        if sharding is None:
+            return True
+        nodes = self.state.pod_nodes.get((record.view.namespace, record.view.name))
+        return not nodes or any(sharding.owns_node(n) for n in nodes)
+
+    def _judged_elsewhere(
+        self, records: Iterable[PodRecord], now: float
+    ) -> dict[PodId, list[Outcome]] | None:
+        """Sharded mode, on the policy's owner: the pods on other shards' nodes, with the outcomes
+        their shards sent (none: nothing to judge them by this time)."""
+        if self.state.sharding is None or self.spec is None:
+            return None
+        received = self.state.verdicts.outcomes(
+            self.key.namespace,
+            self.key.name,
+            kinds={r.name: rule_kind(r) for r in self.spec.rules},
+            generation=self.generation,
+            interval=self.spec.evaluation_interval_seconds,
+            now=now,
+        )
+        return {r.view.id: received.get(r.view.id, []) for r in records if not self._judged_here(r)}
+
+    async def judge_for_owner(
+        self,
+        generation: int | None,
+        spec: Mapping[str, Any],
+        pods: Iterable[PodRecord],
+        pacing: Pacing,
+        now: float,
+    ) -> None:
+        """Sharded mode, another replica owns the policy: judge the pods on our nodes and send the
+        owner the verdicts (it alone announces, scales and writes the status)."""
+        sharding, sender = self.state.sharding, self.state.verdict_sender
+        if sharding is None or sender is None:
+            return
+        owner = sharding.policy_owner(self.key.namespace, self.key.name)
+        if owner is None or owner.identity == sharding.me.identity or owner.url is None:
+            return  # ours, not settled yet (nothing to send), or an owner that takes nothing
+        judge = self._judge_by(generation, spec)
+        if judge is None:
+            return
+        pacing.interval = judge.spec.evaluation_interval_seconds
+        records = [r for r in pods if self._judged_here(r)]
+        judged = judge.judge((r.view for r in records), self.state.store, now, self.state.health)
+        if not judged:
+            return  # none of the policy's pods is ours
+        report = VerdictReport(
+            schema_version=VERDICT_SCHEMA_VERSION,
+            shard=sharding.me.identity,
+            at=now,
+            namespace=self.key.namespace,
+            policy=self.key.name,
+            generation=generation,
+            pods=pod_verdicts(judged),
+        )
+        await sender.send(verdicts_url(owner.url), report)
+
+    def _judge_by(self, generation: int | None, spec: Mapping[str, Any]) -> PolicyEvaluator | None:
+        """The evaluator that judges for the owner, by the spec of ``generation`` (None: invalid)."""
+        if self._judge is not None and self._judge[0] == generation:
+            return self._judge[1]
+        try:
+            parsed = parse_spec(spec)
+        except SpecError:
+            self._judge = (generation, None)  # the owner says so in the status
+            return None
+        previous = self._judge[1] if self._judge else None
+        if previous is None:
+            previous = PolicyEvaluator(str(self.key), parsed, namespace=self.key.namespace)
+        else:
+            previous.update_spec(parsed)
+        self._judge = (generation, previous)
+        return previous
+
+    def _stand_aside(self) -> None:
+        """Sharded mode, another replica owns the policy: forget it here, so that owning it again
+        starts as a takeover does (findings restored from its status, not announced again)."""
+        if not self.parsed:
+            return
+        self.log.info("Another replica owns this policy now; this one sends it its verdicts.")
+        self.state.metrics.set_findings(self.key.namespace, self.key.name, {}, self._rules_counted)
+        self.state.set_horizon(self.key, None)
+        self.generation = self.spec = self.spec_error = self.evaluator = self.announcer = None
+        self.evaluation = self.scale_result = self.written = None
+        self.parsed = False
+        self._rules_counted = set()
+
+    def sync_spec(
+        self, generation: int | None, spec: Mapping[str, Any], status: Mapping[str, Any], now: float
+    ) -> None:
+        """Re-read the spec when its generation moved; restore findings at the first valid parse."""
+        if self.parsed and generation == self.generation:
+            return
+        self.parsed = True
+        self.generation = generation
+        try:
+            parsed = parse_spec(spec)
+        except SpecError as exc:
+            if self.spec_error != str(exc):
+                self.log.warning("Invalid spec (generation %s): %s", generation, exc)
+            self.spec_error = str(exc)
+            return
+        self.spec_error = None
+        self.spec = parsed
+        if self.evaluator is None or self.announcer is None:
+            self.evaluator = PolicyEvaluator(str(self.key), parsed, namespace=self.key.namespace)
+            self.announcer = Announcer(self.key.name)
+            restored = findings_from_status(
+                status, parsed, policy=str(self.key), namespace=self.key.namespace
+            )
+            if restored:
+                self.evaluator.restore(restored, now)
+                self.announcer.restore(restored, now)
+                self.log.info("Resumed %d ongoing violation(s) from status.", len(restored))
+        else:
+            self.evaluator.update_spec(parsed)
+        self.state.set_horizon(self.key, self.evaluator.horizon_seconds())
+
+    async def _scale(
+        self, evaluation: Evaluation, now: float, policies: Iterable[PolicyClaim]
+    ) -> ScaleResult | None:
+        assert self.scaler is not None
+        assert self.spec is not None
+        try:
+            return await self.scaler.scale(self.key, self.spec, evaluation, now, policies)
+        except Exception:
+            self.log.exception("The scaler failed; scaling is retried at the next evaluation.")
+            return self.scale_result
+
+    def _count_findings(self, evaluation: Evaluation) -> None:
+        counts: dict[str, int] = {}
+        for f in evaluation.active:
+            counts[f.rule] = counts.get(f.rule, 0) + 1
+        self.state.metrics.set_findings(self.key.namespace, self.key.name, counts, self._rules_counted)
+        self._rules_counted = set(counts)
+
+    def verdict(self) -> PolicyVerdict:
+        """What this round concluded, for the status."""
+        return PolicyVerdict(
+            generation=self.generation,
+            interval_seconds=self.spec.evaluation_interval_seconds if self.spec else 0.0,
+            spec_error=self.spec_error,
+            evaluation=self.evaluation,
+            messages=self.announcer.messages() if self.announcer else {},
+            problem=self.scale_result.problem if self.scale_result else None,
+            scale=self.scale_result.status if self.scale_result else None,
+            scale_condition=self.scale_result.condition if self.scale_result else None,
+            scaling=self.spec is None or self.spec.actions.scale is not None,
+        )
+
+    async def write_status(self, live: Mapping[str, Any], now: float) -> None:
+        """Patch the status subresource if what this round concluded differs from what was written."""
+        if self.written is None:
+            self.written = owned_part(live)
+        new = build_status(self.verdict(), self.written, now)
+        if new == self.written:
+            return
+        try:
+            await self.state.api.patch_status(
+                GROUP, VERSION, PLURAL, self.key.namespace, self.key.name, new, manager=FIELD_MANAGER
+            )
+        except ApiError as exc:
+            if exc.status == 404:
+                return  # the policy is being deleted; the daemon is about to stop
+            self.log.warning("Cannot write the status (retried at the next evaluation): %s", exc)
+            return
+        self.state.metrics.status_writes.inc()
+        # What the server holds now: a merge patch's null removes the field.
+        self.written = {k: v for k, v in new.items() if v is not None}

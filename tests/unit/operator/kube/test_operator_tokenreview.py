@@ -1,0 +1,168 @@
+"""TokenReview verdicts and their cache (looptime: the TTLs pass without real waiting)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from gpuwarden.operator.kube.tokenreview import Review, ReviewLimited, TokenAuthenticator, Verdict, judge
+
+AUDIENCE = "gpuwarden-operator"
+AGENT = "system:serviceaccount:gpuwarden-system:gpuwarden-agent"
+
+
+def status(
+    username: str = AGENT, audiences: list[str] | None = None, node: str | None = "node-7"
+) -> dict[str, Any]:
+    """What the API server says of a token; a pod-bound one names its pod's node in ``extra``."""
+    user: dict[str, Any] = {"username": username}
+    if node is not None:
+        user["extra"] = {"authentication.kubernetes.io/node-name": [node]}
+    return {"authenticated": True, "audiences": [AUDIENCE] if audiences is None else audiences, "user": user}
+
+
+def test_accepts_the_agent_for_our_audience_as_its_pods_node() -> None:
+    review = judge(status(), audience=AUDIENCE, username=AGENT)
+    assert review.verdict is Verdict.ACCEPTED
+    assert review.node == "node-7"
+
+
+@pytest.mark.parametrize(
+    ("review", "verdict", "says"),
+    [
+        ({"authenticated": False, "error": "token expired"}, Verdict.UNAUTHENTICATED, "token expired"),
+        ({}, Verdict.UNAUTHENTICATED, "invalid token"),
+        (status(audiences=["https://kubernetes.default.svc"]), Verdict.UNAUTHENTICATED, "audience"),
+        (status(audiences=[]), Verdict.UNAUTHENTICATED, "audience"),
+        (status(username="system:serviceaccount:default:intruder"), Verdict.FORBIDDEN, "default:intruder"),
+        (status(username="admin"), Verdict.FORBIDDEN, "only " + AGENT),
+        # Not bound to a pod (kubectl create token): it could claim to be any node.
+        (status(node=None), Verdict.FORBIDDEN, "bound to no pod"),
+        (status(node=""), Verdict.FORBIDDEN, "bound to no pod"),
+    ],
+)
+def test_refusals(review: dict[str, Any], verdict: Verdict, says: str) -> None:
+    result = judge(review, audience=AUDIENCE, username=AGENT)
+    assert result.verdict is verdict
+    assert says in result.message
+
+
+class FakeApi:
+    def __init__(self, answers: dict[str, dict[str, Any]], delay: float = 0.0) -> None:
+        self.answers = answers
+        self.calls: list[str] = []
+        self.delay = delay
+        self.fail = False
+
+    async def __call__(self, token: str) -> dict[str, Any]:
+        self.calls.append(token)
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.fail:
+            raise ConnectionError("api down")
+        return self.answers.get(token, {"authenticated": False})
+
+
+def authenticator(api: FakeApi) -> TokenAuthenticator:
+    return TokenAuthenticator(api, audience=AUDIENCE, username=AGENT, ttl=60, negative_ttl=5)
+
+
+@pytest.mark.looptime
+async def test_accepted_tokens_are_cached_for_the_ttl() -> None:
+    api = FakeApi({"good": status()})
+    auth = authenticator(api)
+    for _ in range(100):
+        assert (await auth.authenticate("good")).verdict is Verdict.ACCEPTED
+    assert api.calls == ["good"]
+    await asyncio.sleep(61)
+    await auth.authenticate("good")
+    assert api.calls == ["good", "good"]
+
+
+@pytest.mark.looptime
+async def test_refusals_are_cached_briefly() -> None:
+    api = FakeApi({})
+    auth = authenticator(api)
+    assert (await auth.authenticate("bad")).verdict is Verdict.UNAUTHENTICATED
+    assert (await auth.authenticate("bad")).verdict is Verdict.UNAUTHENTICATED
+    assert api.calls == ["bad"]
+    await asyncio.sleep(5)
+    await auth.authenticate("bad")
+    assert api.calls == ["bad", "bad"]
+
+
+@pytest.mark.looptime
+async def test_concurrent_requests_share_one_review() -> None:
+    api = FakeApi({"good": status()}, delay=0.5)
+    auth = authenticator(api)
+    reviews = await asyncio.gather(*(auth.authenticate("good") for _ in range(50)))
+    assert {r.verdict for r in reviews} == {Verdict.ACCEPTED}
+    assert api.calls == ["good"]
+    assert auth.reviews == 1
+
+
+@pytest.mark.looptime
+async def test_failures_are_not_cached_and_reach_every_sharer() -> None:
+    api = FakeApi({"good": status()}, delay=0.1)
+    api.fail = True
+    auth = authenticator(api)
+    results = await asyncio.gather(*(auth.authenticate("good") for _ in range(3)), return_exceptions=True)
+    assert all(isinstance(r, ConnectionError) for r in results)
+    api.fail = False
+    assert (await auth.authenticate("good")).verdict is Verdict.ACCEPTED
+    assert len(api.calls) == 2
+
+
+@pytest.mark.looptime
+async def test_cache_is_bounded_and_keeps_no_tokens() -> None:
+    api = FakeApi({f"t{i}": status() for i in range(10)})
+    auth = TokenAuthenticator(api, audience=AUDIENCE, username=AGENT, max_entries=4)
+    for i in range(10):
+        await auth.authenticate(f"t{i}")
+    assert len(auth) == 4
+    assert not any(isinstance(k, str) for k in auth._cache)
+
+
+async def _flood(auth: TokenAuthenticator, count: int, prefix: str = "forged") -> tuple[int, int]:
+    """``count`` requests with as many never-seen bad tokens at once: (answered, refused as limited)."""
+    results = await asyncio.gather(
+        *(auth.authenticate(f"{prefix}-{i}") for i in range(count)), return_exceptions=True
+    )
+    limited = sum(isinstance(r, ReviewLimited) for r in results)
+    assert all(isinstance(r, Review | ReviewLimited) for r in results)
+    return count - limited, limited
+
+
+@pytest.mark.looptime
+async def test_a_flood_of_new_bad_tokens_costs_at_most_the_review_budget() -> None:
+    api = FakeApi({})
+    auth = TokenAuthenticator(api, audience=AUDIENCE, username=AGENT, review_rate=50)
+    assert await _flood(auth, 1000) == (50, 950)
+    assert (auth.reviews, auth.limited) == (50, 950)
+    await asyncio.sleep(0.5)  # half a second refills half the budget
+    assert await _flood(auth, 1000, "again") == (25, 975)
+    assert len(api.calls) == 75
+
+
+@pytest.mark.looptime
+async def test_an_admitted_agent_is_reviewed_again_whatever_the_flood() -> None:
+    api = FakeApi({"good": status()})
+    auth = TokenAuthenticator(api, audience=AUDIENCE, username=AGENT, ttl=60, review_rate=50)
+    assert (await auth.authenticate("good")).verdict is Verdict.ACCEPTED
+    await asyncio.sleep(61)  # its verdict expired
+    await _flood(auth, 1000)  # the budget is spent
+    assert (await auth.authenticate("good")).verdict is Verdict.ACCEPTED
+    assert api.calls.count("good") == 2  # reviewed again, outside the budget
+
+
+@pytest.mark.looptime
+async def test_a_new_agent_during_a_flood_waits_only_until_the_budget_allows() -> None:
+    api = FakeApi({"new": status()})
+    auth = TokenAuthenticator(api, audience=AUDIENCE, username=AGENT, review_rate=50)
+    await _flood(auth, 1000)
+    with pytest.raises(ReviewLimited):
+        await auth.authenticate("new")
+    await asyncio.sleep(1 / 50)  # one review's worth of budget
+    assert (await auth.authenticate("new")).verdict is Verdict.ACCEPTED
