@@ -285,7 +285,7 @@ def main() -> int:
     from controlplane import ControlPlane, locate_binaries
 
     from gpuwarden.agent.sender import DEFAULT_REPORT_INTERVAL
-    from gpuwarden.policy.units import parse_duration
+    from gpuwarden.units import parse_duration
 
     results: list[tuple[float, ...]] = []
     with (

@@ -50,8 +50,8 @@ from gpuwarden.policy import (
     horizon_seconds,
     points_from_report,
 )
-from gpuwarden.policy.growth import GrowthCache
-from gpuwarden.policy.model import (
+from gpuwarden.policy.rules.growth import GrowthCache
+from gpuwarden.policy.spec.model import (
     LabelSelector,
     MemoryCeiling,
     MemoryGrowth,

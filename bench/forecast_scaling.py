@@ -2,7 +2,7 @@
 
 Replays load traces (diurnal, ramp, bursty, flat-noisy; generated from seeds, the
 held-out ones never used to choose anything) through a simulated Deployment and the
-real :class:`~gpuwarden.policy.scaling.ScaleDecider`, once reactive (the rules
+real :class:`~gpuwarden.policy.scaling.decider.ScaleDecider`, once reactive (the rules
 alone) and once per forecasting method, and counts per run:
 
 - **under**: under-provisioned replica-minutes, the replicas short of the need while
@@ -21,7 +21,7 @@ here on the pod's 10 s readings: ``saturated`` (mean over 2m above 95%, clears a
 90%) and ``idle-gpu`` (mean over 5m below 20%, clears at 25%), each needing its
 whole window of readings; behaviour: up at once, 1 replica a step, 1m apart; down
 after 5m, 1 a step, 5m apart; 1..12 replicas. The forecast's load sample is the
-sum of the pods' readings (what :func:`~gpuwarden.policy.predictive.workload_load`
+sum of the pods' readings (what :func:`~gpuwarden.policy.scaling.predictive.workload_load`
 computes from the store), its horizon the observed start-up time.
 
 Methods: ``reactive``; ``holt`` (Holt's linear trend, no damping); ``damped`` (damped
@@ -44,16 +44,17 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
-from gpuwarden.policy.forecast import MAX_STEPS, LoadForecast, Smoothing
-from gpuwarden.policy.model import (
+from gpuwarden.policy.scaling.decider import ScaleDecider
+from gpuwarden.policy.scaling.forecast import LoadForecast, Smoothing
+from gpuwarden.policy.scaling.predictive import Predictor, WorkloadLoad
+from gpuwarden.policy.spec.model import (
+    MAX_STEPS,
     ScaleAction,
     ScaleDirection,
     ScaleForecast,
     ScaleTargetRef,
     Signal,
 )
-from gpuwarden.policy.predictive import Predictor, WorkloadLoad
-from gpuwarden.policy.scaling import ScaleDecider
 
 STEP = 10.0
 CEILING, CEILING_CLEAR, CEILING_FOR = 95.0, 90.0, 120.0

@@ -62,7 +62,7 @@ from gpuwarden.operator.sharding.membership import POLL_SECONDS, Member
 from gpuwarden.operator.sharding.ring import Ring, policy_key
 from gpuwarden.operator.state import OperatorState
 from gpuwarden.policy.engine import PodView
-from gpuwarden.policy.series import Point, SeriesKey
+from gpuwarden.policy.store.series import Point, SeriesKey
 from gpuwarden.wire.node import (
     SCHEMA_VERSION,
     GpuHealth,

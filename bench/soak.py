@@ -67,7 +67,7 @@ from gpuwarden.operator.resources import PodRecord, PolicyKey
 from gpuwarden.operator.services import return_freed_memory
 from gpuwarden.operator.state import MIN_RETENTION, OperatorState
 from gpuwarden.policy.engine import PodView
-from gpuwarden.policy.series import Point, SeriesKey
+from gpuwarden.policy.store.series import Point, SeriesKey
 
 GOLDEN = 0.6180339887498949
 """Spreads the pods' phases evenly over a lifetime (the golden-ratio sequence)."""

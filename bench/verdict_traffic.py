@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpuwarden.operator.sharding.board import pod_verdicts
 from gpuwarden.policy.engine import PodView, PolicyEvaluator
 from gpuwarden.policy.parse import parse_spec
-from gpuwarden.policy.series import Point, SeriesKey, SeriesStore
+from gpuwarden.policy.store.series import Point, SeriesKey, SeriesStore
 from gpuwarden.wire.verdicts import SCHEMA_VERSION, VerdictReport, dump_verdicts
 
 T0 = 1_800_000_000.0

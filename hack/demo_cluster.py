@@ -46,8 +46,8 @@ from operator_support import (  # noqa: E402
     write_token,
 )
 
-from gpuwarden.policy.units import parse_duration  # noqa: E402
 from gpuwarden.sim.scenario import load_scenario  # noqa: E402
+from gpuwarden.units import parse_duration  # noqa: E402
 
 SCENARIO = REPO / "gpuwarden" / "sim" / "scenarios" / "e2e-fast.yaml"
 EXAMPLE_POLICY = REPO / "examples" / "gpumonitorpolicy.yaml"

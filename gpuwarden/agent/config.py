@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuwarden.policy.units import parse_duration
 from gpuwarden.sim.scenarios import PACKAGED
+from gpuwarden.units import parse_duration
 
 DEFAULT_TOKEN_FILE = Path("/var/run/secrets/gpuwarden/token")
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")

@@ -38,10 +38,9 @@ from gpuwarden.local.options import (
 from gpuwarden.local.plot import PlotUnavailable, require_matplotlib, save_plot
 from gpuwarden.local.policies import LocalPolicy, demo_policy_path, load_policies
 from gpuwarden.local.session import ScaleNote, Session, Step, SubjectKind
-from gpuwarden.policy import PodView
-from gpuwarden.policy.parse import SpecError
-from gpuwarden.policy.units import format_duration
+from gpuwarden.policy import PodView, SpecError
 from gpuwarden.sim.scenario import DEFAULT_ORIGIN, PACKAGED, Scenario, ScenarioError, load_scenario
+from gpuwarden.units import format_duration
 from gpuwarden.wire.node import Snapshot, merge_process_utilization
 
 DEFAULT_SPEED = 60.0

@@ -24,8 +24,7 @@ from typing import TextIO
 
 from gpuwarden.local.history import FindingSpan, History
 from gpuwarden.local.session import Announcement, GpuRow, ScaleNote, SimulatedTarget, Step, TargetRow
-from gpuwarden.policy import FindingTransition, Transition
-from gpuwarden.policy.humanize import format_bytes
+from gpuwarden.policy import FindingTransition, Transition, format_bytes
 from gpuwarden.wire.node import DeviceState
 
 ClockLabel = Callable[[float], str]

@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden.local.history import DeviceHistory, FindingSpan, History, ShareHistory
-from gpuwarden.policy import RuleKind
-from gpuwarden.policy.humanize import format_bytes
+from gpuwarden.policy import format_bytes, rule_type
 
 if TYPE_CHECKING:
     from matplotlib.artist import Artist
@@ -42,25 +41,16 @@ LABEL_STEP = 11
 LABEL_LINES = 3
 """Labels stack this deep (in the headroom above the data), then start again at the top."""
 
-UTILIZATION_KINDS = frozenset({RuleKind.UTILIZATION_FLOOR, RuleKind.UTILIZATION_CEILING})
-FINDING_COLORS = {
-    RuleKind.UTILIZATION_FLOOR: "tab:purple",
-    RuleKind.UTILIZATION_CEILING: "tab:red",
-    RuleKind.MEMORY_CEILING: "tab:orange",
-    RuleKind.MEMORY_GROWTH: "tab:red",
-    RuleKind.GPU_HEALTH: "black",
-    RuleKind.ANOMALY: "tab:brown",
-}
-
 
 def judges_utilization(span: FindingSpan) -> bool:
     """Whether a finding speaks of utilization (its panel), else of memory.
 
-    An anomaly rule watches either; its message names the reading first (``GPU memory ...``).
+    A kind that watches either (anomaly) names the reading first in its message (``GPU memory ...``).
     """
-    if span.kind is RuleKind.ANOMALY:
+    judges = rule_type(span.kind).utilization
+    if judges is None:
         return not span.message.startswith("GPU memory")
-    return span.kind in UTILIZATION_KINDS
+    return judges
 
 
 class PlotUnavailable(RuntimeError):
@@ -211,7 +201,7 @@ def _dot(ax: Axes, span: FindingSpan, start: float, share: ShareHistory) -> None
     if value is None:
         return
     (dot,) = ax.plot(
-        [start], [value], marker="o", markersize=7, color=FINDING_COLORS[span.kind], linestyle="none"
+        [start], [value], marker="o", markersize=7, color=rule_type(span.kind).colour, linestyle="none"
     )
     dot.set_gid(f"finding-dot:{span.rule}:{span.subject}")
 
@@ -249,7 +239,7 @@ def _mark(ax: Axes, span: FindingSpan, start: float, end: float, nth: int, who: 
     ``nth``: how many findings this panel already shows; each label goes one line lower.
     ``who``: the subject, named in the label where the panel shows several.
     """
-    color = FINDING_COLORS[span.kind]
+    color = rule_type(span.kind).colour
     line = ax.axvline(start, color=color, linestyle="--", linewidth=1.4, label=f"{span.rule} started")
     line.set_gid(f"finding-start:{span.rule}")
     shade = ax.axvspan(start, end, color=color, alpha=0.12, linewidth=0)

@@ -21,8 +21,7 @@ from typing import Any
 
 import yaml
 
-from gpuwarden.policy.model import LabelSelector, PolicySpec
-from gpuwarden.policy.parse import SpecError, parse_policy_object
+from gpuwarden.policy import LabelSelector, PolicySpec, SpecError, parse_policy_object
 
 DEMO_POLICY = "demo-policy.yaml"
 """The demo's policy file, shipped in ``gpuwarden/local/``."""

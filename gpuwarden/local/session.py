@@ -16,7 +16,7 @@ arguments, cut at :data:`COMMAND_WIDTH` (a ``python -c`` script would make every
 of characters long); the whole command line is kept for the summary.
 
 Scaling is decided as the operator decides it: a :class:`SimulatedScaler` takes the same
-pure :func:`~gpuwarden.policy.scaling.scale_step` after each evaluation with the target's
+pure :func:`~gpuwarden.policy.scaling.decider.scale_step` after each evaluation with the target's
 current replicas, applies a change the step asks for and settles the step, which starts
 its cooldown. There is no cluster, so the target is a :class:`SimulatedTarget`: it starts
 with one replica per pod the policy matches (when it first matches any) and follows the
@@ -47,20 +47,23 @@ from gpuwarden.policy import (
     Evaluation,
     Finding,
     FindingTransition,
+    HealthStore,
     PodId,
     PodView,
     Point,
     PolicyEvaluator,
+    ScaleDecider,
+    ScaleDecision,
     SeriesKey,
     SeriesStore,
+    StepKind,
     Transition,
+    pods_of,
     points_from_processes,
     points_from_snapshot,
     process_subject,
+    scale_step,
 )
-from gpuwarden.policy.healthstore import HealthStore
-from gpuwarden.policy.intake import pods_of
-from gpuwarden.policy.scaling import ScaleDecider, ScaleDecision, StepKind, scale_step
 from gpuwarden.wire.node import DeviceState, GpuSample, ProcessSample, Snapshot, device_key
 
 POINT_SLACK = 1.25

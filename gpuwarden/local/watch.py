@@ -57,9 +57,9 @@ from gpuwarden.local.options import (
 from gpuwarden.local.plot import PlotUnavailable, require_matplotlib, save_plot
 from gpuwarden.local.policies import LocalPolicy, for_processes, load_policies
 from gpuwarden.local.session import Session, SubjectKind
-from gpuwarden.policy.parse import SpecError
-from gpuwarden.policy.units import format_duration
+from gpuwarden.policy import SpecError
 from gpuwarden.sim.scenario import PACKAGED, Scenario, ScenarioError, load_scenario
+from gpuwarden.units import format_duration
 from gpuwarden.wire.node import Snapshot
 
 log = logging.getLogger("gpuwarden.watch")

@@ -18,8 +18,8 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpuwarden.policy.units import parse_duration, parse_quantity
-from gpuwarden.policy.xids import CRITICAL_XIDS
+from gpuwarden.policy import CRITICAL_XIDS
+from gpuwarden.units import parse_duration, parse_quantity
 
 __all__ = [
     "Address",

@@ -21,7 +21,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
-from gpuwarden.policy.series import Point, SeriesKey, SeriesStore
+from gpuwarden.policy import Point, SeriesKey, SeriesStore
 from gpuwarden.wire.node import REFUSALS
 from gpuwarden.wire.verdicts import VERDICT_REFUSALS
 

@@ -1,7 +1,7 @@
 """The node view of GPU health (``--node-health``): a ``GPUHealthy`` condition on each reporting Node,
 Warning Events on the Node and on the pods of the affected GPU, and an optional cordon.
 
-From the health store the agents' reports fill (:mod:`gpuwarden.policy.healthstore`), once a second
+From the health store the agents' reports fill (:mod:`gpuwarden.policy.store.health`), once a second
 on the acting replica. A node's view comes only from its own agent's reports (the store keys each
 GPU by the reporting node, and puts on it only the pods the index places on that node), so one
 node's token can change no other node's condition, Events or cordon.
@@ -44,10 +44,17 @@ from gpuwarden.operator.config import CordonMode, OperatorConfig
 from gpuwarden.operator.kube import ApiError, EventSink, KubeApi
 from gpuwarden.operator.metrics import OperatorMetrics
 from gpuwarden.operator.resources import FIELD_MANAGER, ObjectRef, PodRecord
-from gpuwarden.policy.health import Problem, gpu_name, gpu_problems
-from gpuwarden.policy.healthstore import GpuRecord, HealthStore, Incident, IncidentKind
-from gpuwarden.policy.humanize import approx_duration
-from gpuwarden.policy.xids import describe_xid
+from gpuwarden.policy import (
+    GpuRecord,
+    HealthStore,
+    Incident,
+    IncidentKind,
+    Problem,
+    approx_duration,
+    describe_xid,
+    gpu_name,
+    gpu_problems,
+)
 
 __all__ = ["CONDITION", "NodeHealthMonitor", "NodeSettings", "Verdict", "incident_event", "node_verdict"]
 

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuwarden.policy.engine import PodView
-from gpuwarden.policy.parse import API_VERSION, KIND
+from gpuwarden.policy import API_VERSION, KIND, PodView
 
 __all__ = [
     "API_VERSION",

@@ -23,9 +23,7 @@ from gpuwarden.operator.metrics import OperatorMetrics, store_gauges
 from gpuwarden.operator.pacing import Pacing, PolicySchedule
 from gpuwarden.operator.resources import PodRecord, PolicyKey
 from gpuwarden.operator.sharding import Leadership, Sharding, VerdictBoard, VerdictIngest, VerdictSender
-from gpuwarden.policy.healthstore import Admission, HealthStore
-from gpuwarden.policy.intake import points_from_snapshot
-from gpuwarden.policy.series import PodId, SeriesKey, SeriesStore
+from gpuwarden.policy import Admission, HealthStore, PodId, SeriesKey, SeriesStore, points_from_snapshot
 from gpuwarden.wire.node import NodeReport
 from gpuwarden.wire.verdicts import VerdictReport
 

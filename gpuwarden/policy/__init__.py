@@ -4,6 +4,23 @@ Feed samples into a :class:`SeriesStore` (:func:`points_from_report` attributes 
 node report's readings to pods), keep one :class:`PolicyEvaluator` per policy,
 and call :meth:`PolicyEvaluator.evaluate` with the pods and ``now``: it returns
 an :class:`Evaluation` with the findings' transitions.
+
+This module is the one surface the operator and local mode import (``make lint`` checks it); what
+is not in ``__all__`` is the engine's own. Inside, by job:
+
+- ``parse``: a GPUMonitorPolicy's spec checked and typed, with the messages users read.
+- ``spec/``: the policy spec's model (``model``), the field readers behind every parser message
+  (``fields``), label selectors.
+- ``store/``: what the engine remembers: readings per pod (``series``), GPU health records
+  (``health``), and how node reports become readings (``intake``).
+- ``rules/``: one module per rule kind (its parser, evaluator and :class:`RuleType`), the registry
+  of them (:data:`RULE_TYPES`), and their shared vocabulary (``common``).
+- ``scaling/``: the scale decision (``decider``) and its load forecast (``predictive``, ``forecast``).
+- ``engine``, ``findings`` (what is open and what changed), ``stats`` (robust line fits),
+  ``humanize`` (numbers and times for messages), ``xids`` (the XID catalogue).
+
+Imports point down only: the engine and the parser on top, then findings, scaling, rules, and at
+the bottom store and spec, which know nothing of each other.
 """
 
 from gpuwarden.policy.engine import (
@@ -25,15 +42,35 @@ from gpuwarden.policy.findings import (
     Resolution,
     Transition,
 )
-from gpuwarden.policy.intake import (
+from gpuwarden.policy.humanize import approx_duration, format_bytes
+from gpuwarden.policy.parse import API_VERSION, KIND, SpecError, parse_policy_object, parse_spec
+from gpuwarden.policy.rules import RULE_TYPES, RuleType, rule_type
+from gpuwarden.policy.rules.anomaly import Pattern
+from gpuwarden.policy.rules.common import Outcome, RuleKind, WindowParams
+from gpuwarden.policy.rules.gpu_health import Problem, gpu_name, gpu_problems
+from gpuwarden.policy.rules.growth import HOST_IMMINENT_REASON, IMMINENT_REASON
+from gpuwarden.policy.scaling.decider import (
+    ActiveFinding,
+    Blocker,
+    Direction,
+    ScaleDecider,
+    ScaleDecision,
+    ScaleStep,
+    StepKind,
+    scale_step,
+)
+from gpuwarden.policy.scaling.predictive import WorkloadLoad
+from gpuwarden.policy.spec.model import LabelSelector, PolicySpec, ScaleAction, ScaleTargetRef
+from gpuwarden.policy.store.health import Admission, GpuRecord, HealthStore, Incident, IncidentKind
+from gpuwarden.policy.store.intake import (
     PROCESS_NAMESPACE,
+    pods_of,
     points_from_processes,
     points_from_report,
     points_from_snapshot,
     process_subject,
 )
-from gpuwarden.policy.rules import Outcome, RuleKind, WindowParams
-from gpuwarden.policy.series import (
+from gpuwarden.policy.store.series import (
     BYTES_PER_POINT,
     Column,
     PodId,
@@ -44,38 +81,76 @@ from gpuwarden.policy.series import (
     UtilizationSource,
     Window,
 )
+from gpuwarden.policy.xids import CRITICAL_XIDS, describe_xid
 
 __all__ = [
+    "API_VERSION",
     "BYTES_PER_POINT",
+    "CRITICAL_XIDS",
+    "HOST_IMMINENT_REASON",
+    "IMMINENT_REASON",
+    "KIND",
     "PROCESS_NAMESPACE",
+    "RULE_TYPES",
     "SNOOZE_PREFIX",
+    "ActiveFinding",
+    "Admission",
+    "Blocker",
     "Column",
+    "Direction",
     "Evaluation",
     "Finding",
     "FindingKey",
     "FindingState",
     "FindingTracker",
     "FindingTransition",
+    "GpuRecord",
+    "HealthStore",
+    "Incident",
+    "IncidentKind",
+    "LabelSelector",
     "Outcome",
+    "Pattern",
     "PodId",
     "PodView",
     "Point",
     "PolicyEvaluator",
+    "PolicySpec",
+    "Problem",
     "Resolution",
     "RuleKind",
+    "RuleType",
+    "ScaleAction",
+    "ScaleDecider",
+    "ScaleDecision",
+    "ScaleStep",
+    "ScaleTargetRef",
     "SeriesKey",
     "SeriesStore",
+    "SpecError",
+    "StepKind",
     "StoreStats",
     "Transition",
     "UtilizationSource",
     "Window",
     "WindowParams",
+    "WorkloadLoad",
+    "approx_duration",
+    "describe_xid",
     "evaluate_rule",
+    "format_bytes",
+    "gpu_name",
+    "gpu_problems",
     "horizon_seconds",
+    "parse_policy_object",
+    "parse_spec",
+    "pods_of",
     "points_from_processes",
     "points_from_report",
     "points_from_snapshot",
     "process_subject",
     "rule_kind",
+    "rule_type",
+    "scale_step",
     "snoozed_until",
 ]

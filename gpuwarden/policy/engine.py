@@ -13,7 +13,7 @@ One evaluation, in order:
    is not judged by that rule until that time; an active finding resolves with
    ``Snoozed``. An annotation that does not parse is ignored.
 3. **Rules**, in spec order, per pod in (namespace, name) order: each yields an
-   :class:`~gpuwarden.policy.rules.Outcome`, which the
+   :class:`~gpuwarden.policy.rules.common.Outcome`, which the
    :class:`~gpuwarden.policy.findings.FindingTracker` turns into a transition.
 4. **Sweep.** Active findings whose rule left the spec (or changed kind)
    resolve with ``RuleRemoved``; those whose pod is no longer selected with
@@ -27,7 +27,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from gpuwarden.policy.anomaly import evaluate_anomaly
 from gpuwarden.policy.findings import (
     Finding,
     FindingKey,
@@ -36,33 +35,20 @@ from gpuwarden.policy.findings import (
     Resolution,
     Transition,
 )
-from gpuwarden.policy.growth import BUCKETS as GROWTH_BUCKETS
-from gpuwarden.policy.growth import GrowthCache, evaluate_growth
-from gpuwarden.policy.health import evaluate_health, with_throttling
-from gpuwarden.policy.healthstore import HealthStore
-from gpuwarden.policy.memory import evaluate_memory_ceiling
-from gpuwarden.policy.model import (
-    Anomaly,
-    GpuHealthRule,
-    MemoryCeiling,
-    MemoryGrowth,
-    PolicySpec,
-    Rule,
-    UtilizationCeiling,
-    UtilizationFloor,
-)
-from gpuwarden.policy.predictive import WorkloadLoad, workload_load
-from gpuwarden.policy.rules import Outcome, RuleKind, WindowParams, unknown
-from gpuwarden.policy.selector import selector_matches
-from gpuwarden.policy.series import PodId, SeriesKey, SeriesStore, Window
-from gpuwarden.policy.utilization import evaluate_ceiling, evaluate_floor
+from gpuwarden.policy.rules import RULE_TYPES, Memo, type_of
+from gpuwarden.policy.rules.common import Outcome, RuleKind, WindowParams, unknown
+from gpuwarden.policy.scaling.predictive import WorkloadLoad, workload_load
+from gpuwarden.policy.spec.model import PolicySpec, Rule
+from gpuwarden.policy.spec.selector import selector_matches
+from gpuwarden.policy.store.health import HealthStore
+from gpuwarden.policy.store.series import PodId, SeriesKey, SeriesStore, Window
 
 SNOOZE_PREFIX = "snooze.gpuwarden.dev/"
 """Annotation prefix; the rule's name follows it."""
 
 HORIZON_SLACK_SECONDS = 30.0
 """Retention beyond what the rules read: keeps the sample just before a window (it covers the window's
-start; see :func:`gpuwarden.policy.rules.covered`) and absorbs clock jitter."""
+start; see :func:`gpuwarden.policy.rules.common.covered`) and absorbs clock jitter."""
 
 DEFAULT_NO_DATA_SECONDS = 600.0
 """An active finding whose pod sent nothing usable this long resolves with ``NoData``."""
@@ -108,43 +94,20 @@ class Evaluation:
 
 def rule_kind(rule: Rule) -> RuleKind:
     """The kind of a rule."""
-    match rule:
-        case UtilizationFloor():
-            return RuleKind.UTILIZATION_FLOOR
-        case UtilizationCeiling():
-            return RuleKind.UTILIZATION_CEILING
-        case MemoryCeiling():
-            return RuleKind.MEMORY_CEILING
-        case MemoryGrowth():
-            return RuleKind.MEMORY_GROWTH
-        case Anomaly():
-            return RuleKind.ANOMALY
-        case GpuHealthRule():
-            return RuleKind.GPU_HEALTH
+    return type_of(rule).kind
 
 
 def horizon_seconds(spec: PolicySpec, params: WindowParams | None = None) -> float:
     """The store retention this policy needs: its longest reach back, plus staleness and slack.
 
-    A rule reaches back its window (memoryGrowth: its window plus one bucket,
-    see :func:`gpuwarden.policy.growth.growth_window`) from the pod's newest
+    A rule reaches back its window (its kind's ``reach``; memoryGrowth: its window plus one bucket,
+    see :func:`gpuwarden.policy.rules.growth.growth_window`) from the pod's newest
     sample, which may be up to ``stale_after_seconds`` old. Size the store's
     ``retention_seconds`` as the largest horizon over all policies.
     """
     params = params or WindowParams()
-    longest = max((rule_reach_seconds(r) for r in spec.rules), default=0.0)
+    longest = max((type_of(r).reach(r) for r in spec.rules), default=0.0)
     return longest + params.stale_after_seconds + HORIZON_SLACK_SECONDS
-
-
-def rule_reach_seconds(rule: Rule) -> float:
-    """How far back before the pod's newest sample a rule reads."""
-    if isinstance(rule, MemoryGrowth):
-        return rule.window_seconds * (1 + 1 / GROWTH_BUCKETS)
-    if isinstance(rule, Anomaly):
-        return rule.window_seconds
-    if isinstance(rule, GpuHealthRule):
-        return max(rule.for_seconds, rule.clear_after_seconds)
-    return rule.for_seconds
 
 
 def evaluate_rule(
@@ -153,30 +116,16 @@ def evaluate_rule(
     series: Sequence[tuple[SeriesKey, Window]],
     now: float,
     params: WindowParams,
-    growth_cache: GrowthCache | None = None,
+    memo: Memo | None = None,
     health: HealthStore | None = None,
 ) -> Outcome:
-    """Judge one rule for one pod (dispatches on its kind); ``growth_cache`` memoizes memoryGrowth fits.
+    """Judge one rule for one pod (its kind's evaluator); ``memo`` is what its kind keeps between
+    evaluations (memoryGrowth: a :class:`~gpuwarden.policy.rules.growth.GrowthCache`), if any.
 
     ``health`` is what gpuHealth judges, and what puts throttling beside utilization findings
-    (:mod:`gpuwarden.policy.health`); without it gpuHealth has nothing to judge.
+    (:mod:`gpuwarden.policy.rules.gpu_health`); without it gpuHealth has nothing to judge.
     """
-    match rule:
-        case UtilizationFloor():
-            return with_throttling(
-                evaluate_floor(rule, pod, series, now, params), series, now, params, health
-            )
-        case UtilizationCeiling():
-            outcome = evaluate_ceiling(rule, pod, series, now, params)
-            return with_throttling(outcome, series, now, params, health)
-        case MemoryCeiling():
-            return evaluate_memory_ceiling(rule, pod, series, now, params)
-        case MemoryGrowth():
-            return evaluate_growth(rule, pod, series, now, params, growth_cache)
-        case Anomaly():
-            return evaluate_anomaly(rule, pod, series, now, params)
-        case GpuHealthRule():
-            return evaluate_health(rule, pod, health, now, params)
+    return type_of(rule).evaluate(rule, pod, series, now, params, memo, health)
 
 
 def snoozed_until(annotations: Mapping[str, str], rule_name: str) -> float | None:
@@ -220,7 +169,7 @@ class PolicyEvaluator:
         self.namespace = namespace
         self.params = params or WindowParams()
         self.spec = spec
-        self._growth_cache = GrowthCache()
+        self._memos: dict[RuleKind, Memo] = {t.kind: t.memo() for t in RULE_TYPES if t.memo is not None}
         self._tracker = FindingTracker(
             policy_key, renotify_seconds=spec.actions.renotify_seconds, no_data_seconds=no_data_seconds
         )
@@ -282,9 +231,14 @@ class PolicyEvaluator:
                     until = snoozed_until(pod.annotations, rule.name)
                     if until is not None and now < until:
                         continue
-                out.append(evaluate_rule(rule, pod_id, series, now, self.params, self._growth_cache, health))
-        self._growth_cache.sweep()
+                memo = self._memos.get(rule_kind(rule))
+                out.append(evaluate_rule(rule, pod_id, series, now, self.params, memo, health))
+        self._sweep()
         return judged
+
+    def _sweep(self) -> None:
+        for memo in self._memos.values():
+            memo.sweep()
 
     def evaluate(
         self,
@@ -304,10 +258,11 @@ class PolicyEvaluator:
         """
         tracker = self._tracker
         rules = {r.name: r for r in self.spec.rules}
-        # Per rule, once: its kind and the `for` the tracker applies (memoryGrowth only).
+        # Per rule, once: its kind, the `for` the tracker applies (memoryGrowth only) and its kind's memo.
         plan = [
-            (rule, rule_kind(rule), rule.for_seconds if isinstance(rule, MemoryGrowth) else 0.0)
+            (rule, t.kind, 0.0 if t.hold is None else t.hold(rule), self._memos.get(t.kind))
             for rule in self.spec.rules
+            for t in (type_of(rule),)
         ]
         present, selected = self._select(pods)
         remote = elsewhere or {}
@@ -321,7 +276,7 @@ class PolicyEvaluator:
             series = store.series_of(namespace, name) if sent is None else []
             by_rule = {o.rule: o for o in sent} if sent is not None else {}
             snoozes = any(k.startswith(SNOOZE_PREFIX) for k in pod.annotations)
-            for rule, kind, for_seconds in plan:
+            for rule, kind, for_seconds, memo in plan:
                 key = FindingKey(rule.name, namespace, name)
                 state = tracker.state(key)
                 if state is not None and state.finding.kind is not kind:
@@ -332,8 +287,7 @@ class PolicyEvaluator:
                         _append(transitions, tracker.resolve(key, Resolution.SNOOZED, now))
                         continue
                 if sent is None:
-                    params, cache = self.params, self._growth_cache
-                    outcome = evaluate_rule(rule, pod_id, series, now, params, cache, health)
+                    outcome = evaluate_rule(rule, pod_id, series, now, self.params, memo, health)
                 else:
                     outcome = by_rule.get(rule.name) or unknown(rule.name, kind, pod_id, 0.0, "")
                 outcomes.append(outcome)
@@ -354,7 +308,7 @@ class PolicyEvaluator:
             if key.rule not in rules or (key.namespace, key.pod) not in selected:
                 tracker.forget_pending(key)
 
-        self._growth_cache.sweep()
+        self._sweep()
         scale = self.spec.actions.scale
         load = None
         if scale is not None and scale.forecast is not None:

@@ -5,7 +5,7 @@ A finding is keyed by (rule, namespace, pod). Its lifecycle, one evaluation at a
 - not active and the rule *holds* (for ``memoryGrowth`` with ``for``: has held at
   every evaluation for ``for`` seconds) → ``STARTED``;
 - active and the rule *clears* (the value went past the threshold by the rule's
-  hysteresis margin; see :mod:`gpuwarden.policy.rules`) → ``RESOLVED`` (``Recovered``);
+  hysteresis margin; see :mod:`gpuwarden.policy.rules.common`) → ``RESOLVED`` (``Recovered``);
 - active otherwise → ``ONGOING`` with the latest value, or ``RENOTIFY`` once
   ``renotify_seconds`` have passed since the last ``STARTED``/``RENOTIFY``, or at
   once when its reason changed (the outcome's reason differs from the finding's,
@@ -29,7 +29,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from gpuwarden.policy.rules import Outcome, RuleKind
+from gpuwarden.policy.rules import rule_type
+from gpuwarden.policy.rules.common import Outcome, RuleKind
 
 
 class Transition(enum.StrEnum):
@@ -134,7 +135,7 @@ def finding_from(policy: str, outcome: Outcome, started_at: float, reason: str |
         policy=policy,
         rule=outcome.rule,
         kind=outcome.kind,
-        reason=reason or outcome.reason or outcome.kind.reason,
+        reason=reason or outcome.reason or rule_type(outcome.kind).reason,
         namespace=outcome.pod.namespace,
         pod=outcome.pod.name,
         gpus=outcome.gpus,
@@ -201,7 +202,7 @@ class FindingTracker:
             finding = finding_from(self.policy, outcome, started_at=state.finding.started_at, reason=current)
             del self._active[key]
             return FindingTransition(Transition.RESOLVED, finding, now, Resolution.RECOVERED)
-        reason = outcome.reason or outcome.kind.reason
+        reason = outcome.reason or rule_type(outcome.kind).reason
         kept = current in (reason, outcome.kept_reason)
         finding = finding_from(
             self.policy, outcome, started_at=state.finding.started_at, reason=current if kept else reason

@@ -30,7 +30,7 @@ def approx_duration(seconds: float) -> str:
     """A projected duration, to its two largest units: ``45s``, ``14m``, ``1h5m``, ``2d3h``.
 
     For estimates; a policy's own durations read exactly through
-    :func:`gpuwarden.policy.units.format_duration`.
+    :func:`gpuwarden.units.format_duration`.
     """
     if not math.isfinite(seconds):
         return "never"

@@ -58,7 +58,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-from gpuwarden.policy.units import parse_duration, parse_quantity, parse_rate
+from gpuwarden.units import parse_duration, parse_quantity, parse_rate
 from gpuwarden.wire.node import ClockEventReason
 
 

@@ -17,8 +17,8 @@ import pytest
 import yaml
 from controlplane import REPO_ROOT, ControlPlane, wait_for
 
-from gpuwarden.policy.model import GpuHealthRule
 from gpuwarden.policy.parse import parse_spec
+from gpuwarden.policy.spec.model import GpuHealthRule
 from gpuwarden.policy.xids import CRITICAL_XIDS
 
 pytestmark = pytest.mark.integration

@@ -51,8 +51,8 @@ from gpuwarden.operator.resources import GROUP, PLURAL, VERSION, PolicyKey
 from gpuwarden.operator.scaling.api import KubeScaleApi
 from gpuwarden.operator.scaling.claims import policy_claim
 from gpuwarden.operator.scaling.workload import ScaleOutcome, WorkloadScaler
-from gpuwarden.policy.model import ScaleAction
 from gpuwarden.policy.parse import parse_spec
+from gpuwarden.policy.spec.model import ScaleAction
 
 pytestmark = pytest.mark.integration
 

@@ -17,10 +17,10 @@ import jsonschema
 import pytest
 import yaml
 
-from gpuwarden.policy.model import Throttling
 from gpuwarden.policy.parse import DEFAULTS, SpecError, parse_spec
-from gpuwarden.policy.units import DURATION_PATTERN, RATE_PATTERN
+from gpuwarden.policy.spec.model import Throttling
 from gpuwarden.policy.xids import CRITICAL_XIDS
+from gpuwarden.units import DURATION_PATTERN, RATE_PATTERN
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "gpuwarden.dev_gpumonitorpolicies.yaml"

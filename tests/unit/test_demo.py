@@ -32,7 +32,7 @@ from gpuwarden.local.policies import demo_policy_path, for_processes, load_polic
 from gpuwarden.local.session import GpuRow, ScaleNote, Step, TargetRow
 from gpuwarden.policy import Resolution, RuleKind
 from gpuwarden.policy.parse import SpecError
-from gpuwarden.policy.scaling import Direction, ScaleDecision
+from gpuwarden.policy.scaling.decider import Direction, ScaleDecision
 from gpuwarden.sim.scenario import DEFAULT_ORIGIN, load_scenario
 from gpuwarden.wire.node import DeviceState
 

@@ -26,23 +26,21 @@ from dataclasses import dataclass
 
 from gpuwarden.operator.kube import EventSink
 from gpuwarden.operator.resources import ObjectRef
-from gpuwarden.policy.anomaly import Pattern
-from gpuwarden.policy.engine import Evaluation
-from gpuwarden.policy.findings import Finding, FindingKey, FindingTransition, Resolution, Transition
-from gpuwarden.policy.growth import HOST_IMMINENT_REASON, IMMINENT_REASON
-from gpuwarden.policy.humanize import approx_duration
-from gpuwarden.policy.rules import RuleKind
+from gpuwarden.policy import (
+    HOST_IMMINENT_REASON,
+    IMMINENT_REASON,
+    Evaluation,
+    Finding,
+    FindingKey,
+    FindingTransition,
+    Pattern,
+    Resolution,
+    Transition,
+    approx_duration,
+    rule_type,
+)
 
 __all__ = ["Announcer", "EventSpec", "Target", "announce", "resolved_reason"]
-
-MEANING: Mapping[RuleKind, str] = {
-    RuleKind.UTILIZATION_FLOOR: "its GPUs sit mostly idle: release them, share them or scale in",
-    RuleKind.UTILIZATION_CEILING: "its GPUs are fully busy: it may need more replicas",
-    RuleKind.MEMORY_CEILING: "it is close to running out of GPU memory",
-    RuleKind.MEMORY_GROWTH: "steady growth like this usually means a leak, heading for out-of-memory",
-    RuleKind.GPU_HEALTH: "its GPU is failing: its work may have crashed or be wrong; move it elsewhere",
-    RuleKind.ANOMALY: "its GPU readings left their usual band",
-}
 
 PATTERN_MEANING: Mapping[str, str] = {
     Pattern.SPIKE: "a sudden departure from its usual readings",
@@ -90,7 +88,7 @@ class _Announcement:
 
 
 def _meaning(f: Finding) -> str:
-    return PATTERN_MEANING.get(f.reason) or MEANING[f.kind]
+    return PATTERN_MEANING.get(f.reason) or rule_type(f.kind).meaning
 
 
 def resolved_reason(reason: str) -> str:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuwarden.operator.resources import PodRecord
-from gpuwarden.policy.engine import SNOOZE_PREFIX, PodView
+from gpuwarden.policy import SNOOZE_PREFIX, PodView
 
 __all__ = ["pod_record", "requests_gpu"]
 

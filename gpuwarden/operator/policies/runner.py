@@ -41,11 +41,16 @@ from gpuwarden.operator.resources import FIELD_MANAGER, GROUP, PLURAL, VERSION, 
 from gpuwarden.operator.scaling import PolicyClaim, Scaler, ScaleResult
 from gpuwarden.operator.sharding import pod_verdicts, verdicts_url
 from gpuwarden.operator.state import OperatorState
-from gpuwarden.policy.engine import Evaluation, PolicyEvaluator, rule_kind
-from gpuwarden.policy.model import PolicySpec
-from gpuwarden.policy.parse import SpecError, parse_spec
-from gpuwarden.policy.rules import Outcome
-from gpuwarden.policy.series import PodId
+from gpuwarden.policy import (
+    Evaluation,
+    Outcome,
+    PodId,
+    PolicyEvaluator,
+    PolicySpec,
+    SpecError,
+    parse_spec,
+    rule_kind,
+)
 from gpuwarden.wire.verdicts import SCHEMA_VERSION as VERDICT_SCHEMA_VERSION
 from gpuwarden.wire.verdicts import VerdictReport
 

@@ -21,11 +21,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpuwarden.operator.scaling import SCALING_ACTIVE
-from gpuwarden.policy.engine import Evaluation, rule_kind
-from gpuwarden.policy.findings import Finding, FindingKey
-from gpuwarden.policy.model import PolicySpec
-from gpuwarden.policy.rules import RuleKind
-from gpuwarden.policy.units import format_duration
+from gpuwarden.policy import Evaluation, Finding, FindingKey, PolicySpec, rule_kind, rule_type
+from gpuwarden.units import format_duration
 
 __all__ = [
     "MAX_VIOLATIONS",
@@ -44,13 +41,6 @@ MAX_MESSAGE = 1024
 READY = "Ready"
 VIOLATING = "Violating"
 OWNED_CONDITIONS = (READY, VIOLATING)
-
-_PER_GPU_KINDS = (
-    RuleKind.MEMORY_CEILING,
-    RuleKind.MEMORY_GROWTH,
-    RuleKind.GPU_HEALTH,
-    RuleKind.ANOMALY,
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +152,7 @@ def _violations(active: Sequence[Finding], messages: Mapping[FindingKey, str]) -
             "message": _clip(messages.get(f.key) or f.message, MAX_MESSAGE),
             "since": rfc3339(f.started_at),
         }
-        if f.kind in _PER_GPU_KINDS and f.gpus:
+        if rule_type(f.kind).per_gpu and f.gpus:
             item["gpu"] = f.gpus[0]
         out.append(item)
     return out
@@ -228,7 +218,7 @@ def findings_from_status(
                 policy=policy,
                 rule=rule.name,
                 kind=kind,
-                reason=kind.reason,
+                reason=rule_type(kind).reason,
                 namespace=namespace,
                 pod=pod,
                 gpus=(str(gpu),) if gpu else (),

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from gpuwarden.operator.kube import ApiError, JsonObject, KubeApi
 from gpuwarden.operator.resources import SCALER_FIELD_MANAGER, ObjectRef, policies_path
-from gpuwarden.policy.model import ScaleTargetRef
+from gpuwarden.policy import ScaleTargetRef
 
 # The built-in workloads with a /scale subresource: no discovery round trip for them.
 _KNOWN_PLURALS = {

@@ -11,8 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuwarden.policy.model import ScaleAction
-from gpuwarden.policy.parse import SpecError, parse_spec
+from gpuwarden.policy import ScaleAction, SpecError, parse_spec
 
 __all__ = ["PolicyClaim", "policy_claim"]
 

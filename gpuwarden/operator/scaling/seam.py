@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from gpuwarden.operator.resources import PolicyKey
     from gpuwarden.operator.scaling.claims import PolicyClaim
-    from gpuwarden.policy.engine import Evaluation
-    from gpuwarden.policy.model import PolicySpec
+    from gpuwarden.policy import Evaluation, PolicySpec
 
 __all__ = ["SCALING_ACTIVE", "ScaleResult", "Scaler"]
 

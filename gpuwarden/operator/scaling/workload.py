@@ -7,8 +7,8 @@ each policy's evaluation loop, which calls :meth:`WorkloadScaler.scale`. Per cal
    this one's uid (for its Events) and, after a restart, its ``status.scale.lastScaleTime``
    (so cooldowns run on); and the others that scale the same workload;
 2. read the target's ``/scale`` (current replicas);
-3. take a :func:`~gpuwarden.policy.scaling.scale_step` (pure) with the policy's
-   :class:`~gpuwarden.policy.scaling.ScaleDecider`: the desired replicas, published as
+3. take a :func:`~gpuwarden.policy.scaling.decider.scale_step` (pure) with the policy's
+   :class:`~gpuwarden.policy.scaling.decider.ScaleDecider`: the desired replicas, published as
    ``gpuwarden_policy_desired_replicas{namespace,policy}``, and whether to hold, announce or apply;
 4. unless ``dryRun``, refuse to act when another policy (not in dryRun) scales the same
    workload (``PolicyConflict``: every such policy stops, whichever evaluates first,
@@ -46,17 +46,19 @@ from gpuwarden.operator.scaling.api import (
 )
 from gpuwarden.operator.scaling.claims import PolicyClaim, policy_claim
 from gpuwarden.operator.scaling.seam import SCALING_ACTIVE, ScaleResult
-from gpuwarden.policy.engine import Evaluation
-from gpuwarden.policy.model import PolicySpec, ScaleAction, ScaleTargetRef
-from gpuwarden.policy.predictive import WorkloadLoad
-from gpuwarden.policy.scaling import (
+from gpuwarden.policy import (
     ActiveFinding,
     Blocker,
     Direction,
+    Evaluation,
+    PolicySpec,
+    ScaleAction,
     ScaleDecider,
     ScaleDecision,
     ScaleStep,
+    ScaleTargetRef,
     StepKind,
+    WorkloadLoad,
     scale_step,
 )
 

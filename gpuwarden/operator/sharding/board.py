@@ -14,8 +14,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuwarden.policy.rules import Outcome, RuleKind
-from gpuwarden.policy.series import PodId
+from gpuwarden.policy import Outcome, PodId, RuleKind
 from gpuwarden.wire.verdicts import MAX_PODS, PodVerdict, RuleVerdict, VerdictReport
 
 __all__ = ["SILENT_INTERVALS", "VerdictBoard", "outcome_from", "pod_verdicts"]

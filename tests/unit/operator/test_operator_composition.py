@@ -19,7 +19,7 @@ from event_store_support import EventStore
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.resources import PolicyKey
-from gpuwarden.policy.model import ScaleAction, ScaleDirection, ScaleTargetRef
+from gpuwarden.policy.spec.model import ScaleAction, ScaleDirection, ScaleTargetRef
 
 NS = "inference"
 T0 = 1_800_000_000.0

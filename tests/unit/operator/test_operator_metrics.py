@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp.test_utils import TestClient, TestServer
 
 from gpuwarden.operator.metrics import REJECT_REASONS, OperatorMetrics, make_metrics_app
-from gpuwarden.policy.series import Point, SeriesKey
+from gpuwarden.policy.store.series import Point, SeriesKey
 from gpuwarden.wire.node import REFUSALS
 
 T0 = 1_800_000_000.0

@@ -25,7 +25,7 @@ from gpuwarden.operator.nodehealth import (
 )
 from gpuwarden.operator.resources import ObjectRef, PodRecord
 from gpuwarden.policy.engine import PodView
-from gpuwarden.policy.healthstore import HealthStore
+from gpuwarden.policy.store.health import HealthStore
 from gpuwarden.policy.xids import CRITICAL_XIDS
 from gpuwarden.wire.node import (
     ClockEventReason,

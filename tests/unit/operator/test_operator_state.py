@@ -9,7 +9,7 @@ import pytest
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.state import MIN_RETENTION, PRUNE_SECONDS
-from gpuwarden.policy.series import Point, SeriesKey
+from gpuwarden.policy.store.series import Point, SeriesKey
 
 T0 = 1_800_000_000.0
 

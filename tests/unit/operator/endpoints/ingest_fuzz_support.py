@@ -45,7 +45,7 @@ from gpuwarden.operator.sharding.exchange import VerdictIngest
 from gpuwarden.operator.state import MAX_REPORT_AGE
 from gpuwarden.policy.engine import PodView, PolicyEvaluator
 from gpuwarden.policy.parse import parse_spec
-from gpuwarden.policy.series import SeriesKey
+from gpuwarden.policy.store.series import SeriesKey
 from gpuwarden.policy.xids import CRITICAL_XIDS
 from gpuwarden.wire.base import MAX_BYTES, MAX_COUNT, MAX_TIMESTAMP
 from gpuwarden.wire.verdicts import MAX_PODS

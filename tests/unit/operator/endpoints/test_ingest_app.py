@@ -29,7 +29,7 @@ from gpuwarden.operator.resources import PolicyKey
 from gpuwarden.operator.state import MAX_GPUS_PER_POD, MAX_REPORT_AGE, OperatorState
 from gpuwarden.policy import PodView, PolicyEvaluator
 from gpuwarden.policy.parse import parse_spec
-from gpuwarden.policy.series import SeriesKey
+from gpuwarden.policy.store.series import SeriesKey
 from gpuwarden.sim.scenario import load_scenario
 from gpuwarden.wire.node import (
     SCHEMA_VERSION,

@@ -15,8 +15,8 @@ from gpuwarden.operator.resources import ObjectRef, PodRecord, PolicyKey
 from gpuwarden.operator.scaling.seam import ScaleResult
 from gpuwarden.operator.state import OperatorState
 from gpuwarden.policy.engine import PodView
-from gpuwarden.policy.model import PolicySpec
-from gpuwarden.policy.series import Point, SeriesKey
+from gpuwarden.policy.spec.model import PolicySpec
+from gpuwarden.policy.store.series import Point, SeriesKey
 
 T0 = 1_800_000_000.0
 

@@ -10,7 +10,8 @@ from gpuwarden.operator.policies.announce import Announcer, EventSpec, Target, a
 from gpuwarden.operator.resources import ObjectRef
 from gpuwarden.policy.engine import Evaluation
 from gpuwarden.policy.findings import Finding, FindingTransition, Resolution, Transition
-from gpuwarden.policy.rules import RuleKind
+from gpuwarden.policy.rules import rule_type
+from gpuwarden.policy.rules.common import RuleKind
 
 T0 = 1_800_000_000.0
 
@@ -22,7 +23,7 @@ def finding(
         policy="ns/pol",
         rule="idle",
         kind=kind,
-        reason=kind.reason,
+        reason=rule_type(kind).reason,
         namespace="ns",
         pod=pod,
         gpus=("GPU-1",),

@@ -15,8 +15,9 @@ from gpuwarden.operator.policies.status import (
 from gpuwarden.policy.engine import Evaluation
 from gpuwarden.policy.findings import Finding
 from gpuwarden.policy.parse import parse_spec
-from gpuwarden.policy.rules import RuleKind
-from gpuwarden.policy.series import PodId
+from gpuwarden.policy.rules import rule_type
+from gpuwarden.policy.rules.common import RuleKind
+from gpuwarden.policy.store.series import PodId
 
 T0 = 1_800_000_000.0
 
@@ -39,7 +40,7 @@ def finding(
         policy="ns/p",
         rule=rule,
         kind=kind,
-        reason=kind.reason,
+        reason=rule_type(kind).reason,
         namespace="ns",
         pod=pod,
         gpus=("GPU-a", "GPU-b"),

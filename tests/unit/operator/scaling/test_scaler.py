@@ -32,9 +32,9 @@ from gpuwarden.operator.scaling.seam import ScaleResult
 from gpuwarden.operator.scaling.workload import WorkloadScaler
 from gpuwarden.policy.engine import Evaluation, RuleKind
 from gpuwarden.policy.findings import Finding
-from gpuwarden.policy.model import ScaleAction, ScaleDirection, ScaleTargetRef
 from gpuwarden.policy.parse import parse_spec
-from gpuwarden.policy.series import PodId
+from gpuwarden.policy.spec.model import ScaleAction, ScaleDirection, ScaleTargetRef
+from gpuwarden.policy.store.series import PodId
 
 NS = "inference"
 TARGET = ScaleTargetRef("apps/v1", "Deployment", "llm-server")
@@ -471,7 +471,7 @@ async def test_the_operator_and_local_mode_take_the_same_scale_steps(
 ) -> None:
     """One evaluation sequence through both owners of a target: the same replicas, wishes and changes.
 
-    Both take :func:`~gpuwarden.policy.scaling.scale_step`; were one to record a change the other
+    Both take :func:`~gpuwarden.policy.scaling.decider.scale_step`; were one to record a change the other
     does not (or apply one in dryRun), a cooldown would differ and so would the steps that follow.
     """
     obj = policy_object("llm-serving", dry_run=dry_run)

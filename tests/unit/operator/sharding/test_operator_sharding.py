@@ -25,7 +25,7 @@ from gpuwarden.operator.sharding.membership import URL_ANNOTATION, Member, Shard
 from gpuwarden.operator.sharding.ring import policy_key
 from gpuwarden.operator.state import OperatorState
 from gpuwarden.policy.engine import PodView
-from gpuwarden.policy.series import Point, SeriesKey
+from gpuwarden.policy.store.series import Point, SeriesKey
 from gpuwarden.wire.node import dump_report
 from gpuwarden.wire.verdicts import SCHEMA_VERSION, VerdictReport
 

@@ -7,8 +7,8 @@ from gpuwarden.operator.sharding.board import SILENT_INTERVALS, VerdictBoard, ou
 from gpuwarden.policy.engine import PodView, PolicyEvaluator
 from gpuwarden.policy.findings import Resolution, Transition
 from gpuwarden.policy.parse import parse_spec
-from gpuwarden.policy.rules import RuleKind
-from gpuwarden.policy.series import PodId, Point, SeriesKey, SeriesStore
+from gpuwarden.policy.rules.common import RuleKind
+from gpuwarden.policy.store.series import PodId, Point, SeriesKey, SeriesStore
 from gpuwarden.wire.verdicts import SCHEMA_VERSION, PodVerdict, RuleVerdict, VerdictReport
 
 T0 = 1_800_000_000.0

@@ -1,0 +1,348 @@
+"""gpuHealth, and throttling as a reason beside utilization findings: judged from the health store.
+
+**A GPU's problems** (:func:`gpu_problems`), as of ``now``, for one set of settings (a rule's,
+or the operator's node view):
+
+- *lost*: off the bus, for as long as it is;
+- *XID*: one of the counted codes within the last ``hold`` seconds (each XID is an event; NVML
+  never says one is over, so it counts for ``hold`` after it, and a GPU that keeps failing
+  keeps raising them);
+- *memory*: a rise of the uncorrected ECC count within the last ``hold``, or a memory repair
+  (row remapping, page retirement) that failed or waits for a GPU reset, while reported;
+- *throttling* (rules only): one of the counted clock event reasons, without a break for at
+  least ``for``.
+
+A GPU the agents have not reported for ``stale_after`` seconds has nothing to judge.
+
+**gpuHealth** (:func:`evaluate_health`) holds while one of the pod's GPUs (those it was on in
+the last ``stale_after`` seconds) has a problem, and clears as soon as none has; the finding's
+value is the number of problems, its message the first problem GPU's, in words (XIDs with
+their meaning and the recommended action, :mod:`gpuwarden.policy.xids`).
+
+**Throttling beside utilization** (:func:`throttling_note`): a GPU read by its device-wide
+utilization (not a shared GPU's per-process readings: see :func:`with_throttling`) and held down by thermal,
+power or hardware slowdown reasons for at least :data:`THROTTLED_SHARE` of a utilization
+rule's window is not idle: its utilization measures the throttling, not the workload. So a
+utilizationFloor does not hold for its pod, and an active finding clears, with the reason in
+the message (``…; throttled 80% of the window (thermal): not idle``), as a GPU busy by power
+does; a utilizationCeiling still holds (the GPU is saturated either way) and says so
+(``…; throttled 80% of the window (thermal)``): more replicas may not help a GPU that is hot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuwarden.policy.humanize import approx_duration, time_of_day
+from gpuwarden.policy.rules.common import Outcome, RuleKind, RuleType, WindowParams, pod_end, unknown
+from gpuwarden.policy.spec.fields import (
+    SpecError,
+    as_list,
+    boolean,
+    check_fields,
+    duration,
+    member,
+    type_name,
+)
+from gpuwarden.policy.spec.model import GpuHealthRule, Throttling
+from gpuwarden.policy.store.health import GpuRecord, HealthStore
+from gpuwarden.policy.store.series import PodId, SeriesKey, UtilizationSource, Window
+from gpuwarden.policy.xids import CRITICAL_XIDS, describe_xid
+from gpuwarden.wire.node import ClockEventReason
+
+__all__ = [
+    "ANY_THROTTLING",
+    "RULE_TYPE",
+    "THROTTLED_SHARE",
+    "THROTTLING_REASONS",
+    "Problem",
+    "evaluate_health",
+    "gpu_problems",
+    "parse_gpu_health",
+    "throttling_note",
+    "with_throttling",
+]
+
+THROTTLING_REASONS: Mapping[Throttling, frozenset[ClockEventReason]] = {
+    Throttling.THERMAL: frozenset(
+        {ClockEventReason.SW_THERMAL_SLOWDOWN, ClockEventReason.HW_THERMAL_SLOWDOWN}
+    ),
+    Throttling.POWER: frozenset({ClockEventReason.SW_POWER_CAP, ClockEventReason.HW_POWER_BRAKE_SLOWDOWN}),
+    Throttling.HW_SLOWDOWN: frozenset({ClockEventReason.HW_SLOWDOWN}),
+}
+"""Which clock event reasons each throttling class stands for."""
+
+ANY_THROTTLING = frozenset().union(*THROTTLING_REASONS.values())
+"""Every reason that holds the clocks down for heat, power or the hardware's protection (not idling,
+application clocks, sync boost or display settings)."""
+
+THROTTLED_SHARE = 0.5
+"""The share of a utilization rule's window a GPU must be throttled for to count as throttled."""
+
+UNIT = "problems"
+
+_CLASS_WORDS = {
+    Throttling.THERMAL: "thermal",
+    Throttling.POWER: "power",
+    Throttling.HW_SLOWDOWN: "hardware slowdown",
+}
+
+
+def reasons_of(classes: Iterable[Throttling]) -> frozenset[ClockEventReason]:
+    """The clock event reasons of some throttling classes."""
+    return frozenset().union(*(THROTTLING_REASONS[c] for c in classes))
+
+
+def throttling_words(reasons: Iterable[ClockEventReason]) -> str:
+    """The classes some reasons belong to, in words: ``thermal, power``."""
+    held = set(reasons)
+    return ", ".join(_CLASS_WORDS[c] for c, rs in THROTTLING_REASONS.items() if held & rs)
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """Something wrong with one GPU; ``reason`` is a CamelCase word for a Node condition."""
+
+    gpu: GpuRecord
+    reason: str
+    text: str
+
+
+def gpu_name(record: GpuRecord) -> str:
+    """``GPU 3 (GPU-8f3c…)``."""
+    return f"GPU {record.index} ({record.uuid})"
+
+
+def gpu_problems(
+    record: GpuRecord,
+    now: float,
+    *,
+    xids: Iterable[int],
+    gpu_lost: bool = True,
+    memory_errors: bool = True,
+    hold: float,
+    throttling: frozenset[ClockEventReason] = frozenset(),
+    throttling_for: float = 0.0,
+) -> list[Problem]:
+    """What is wrong with one GPU as of ``now`` (see the module doc), most serious first."""
+    out: list[Problem] = []
+    if gpu_lost and record.lost_since is not None:
+        out.append(Problem(record, "GPULost", f"off the bus since {time_of_day(record.lost_since)}"))
+    seen = record.xids_since(now - hold, xids)
+    if seen:
+        t, code = seen[-1]
+        more = f" (and {len(seen) - 1} more)" if len(seen) > 1 else ""
+        out.append(Problem(record, "GPUXidError", f"{describe_xid(code)} at {time_of_day(t)}{more}"))
+    if memory_errors:
+        errors = record.ecc_since(now - hold)
+        if errors:
+            count = sum(n for _, n in errors)
+            text = (
+                f"{count} uncorrected ECC error{'s' if count != 1 else ''} since {time_of_day(errors[0][0])}"
+            )
+            out.append(Problem(record, "GPUMemoryError", text))
+        if record.memory_repair is not None:
+            out.append(Problem(record, "GPUMemoryError", f"{record.memory_repair} (reset the GPU)"))
+    if throttling:
+        lasted, held = record.throttled_for(throttling)
+        if held and lasted >= throttling_for:
+            what = throttling_words(held)
+            out.append(Problem(record, "GPUThrottled", f"throttled ({what}) for {approx_duration(lasted)}"))
+    return out
+
+
+def health_message(o: Outcome) -> str:
+    """The problem GPUs' problems, as :func:`evaluate_health` put them in :attr:`Outcome.detail`."""
+    return o.detail or ("no problem" if o.value == 0 else "")
+
+
+def evaluate_health(
+    rule: GpuHealthRule, pod: PodId, health: HealthStore | None, now: float, params: WindowParams
+) -> Outcome:
+    """Judge a gpuHealth rule for one pod (see the module doc)."""
+    kind = RuleKind.GPU_HEALTH
+    if health is None:
+        return unknown(rule.name, kind, pod, 0.0, UNIT)
+    fresh = [
+        r
+        for r in health.gpus_of(pod.namespace, pod.name, since=now - params.stale_after_seconds)
+        if r.fresh(now, params.stale_after_seconds)
+    ]
+    if not fresh:
+        return unknown(rule.name, kind, pod, 0.0, UNIT)
+    throttling = reasons_of(rule.throttling)
+    by_gpu = [
+        (record, problems)
+        for record in fresh
+        if (
+            problems := gpu_problems(
+                record,
+                now,
+                xids=rule.xids,
+                gpu_lost=rule.gpu_lost,
+                memory_errors=rule.memory_errors,
+                hold=rule.clear_after_seconds,
+                throttling=throttling,
+                throttling_for=rule.for_seconds,
+            )
+        )
+    ]
+    count = sum(len(p) for _, p in by_gpu)
+    text = ""
+    if by_gpu:
+        record, problems = by_gpu[0]
+        text = f"{gpu_name(record)}: " + "; ".join(p.text for p in problems)
+        if len(by_gpu) > 1:
+            text += f"; and {len(by_gpu) - 1} more GPU{'s' if len(by_gpu) > 2 else ''}"
+    return Outcome(
+        rule.name,
+        kind,
+        pod,
+        float(count),
+        0.0,
+        UNIT,
+        holds=count > 0,
+        clears=count == 0,
+        gpus=tuple(r.uuid for r, _ in by_gpu),
+        gpu_count=len(fresh),
+        detail=text,
+        describe=health_message,
+    )
+
+
+def throttling_note(
+    health: HealthStore | None, pod: PodId, gpus: Sequence[str], start: float, end: float
+) -> tuple[str, bool]:
+    """The note for a utilization outcome of ``pod`` over ``[start, end]``, and whether a GPU was throttled.
+
+    ``gpus`` are the series' GPU ids (MIG device UUIDs included), each read from the record of
+    the node that reported the pod on it: another node's word on that UUID counts for nothing.
+    Empty note when none was throttled for :data:`THROTTLED_SHARE` of the window.
+    """
+    if health is None:
+        return "", False
+    worst = 0.0
+    held: set[ClockEventReason] = set()
+    for gpu in gpus:
+        record = health.gpu_of(pod.namespace, pod.name, gpu)
+        if record is None:
+            continue
+        share, reasons = record.throttled_share(ANY_THROTTLING, start, end)
+        if share >= THROTTLED_SHARE:
+            worst = max(worst, share)
+            held |= reasons
+    if not held:
+        return "", False
+    return f"throttled {round(worst * 100)}% of the window ({throttling_words(held)})", True
+
+
+def with_throttling(
+    outcome: Outcome,
+    series: Sequence[tuple[SeriesKey, Window]],
+    now: float,
+    params: WindowParams,
+    health: HealthStore | None,
+) -> Outcome:
+    """A utilization rule's outcome, with throttling as a reason beside it (see the module doc)."""
+    if health is None or outcome.value is None or not outcome.gpus:
+        return outcome
+    end = pod_end(series, now, params)
+    if end is None:
+        return outcome
+    # Only a device-wide reading measures the throttling. A process's own share of SM time on a
+    # shared GPU does not drop when the clocks do, and a process that ran no kernel is idle
+    # however the GPU is held down (its clocks are the other processes' doing: an H200 at full
+    # load sits at its power cap).
+    device_read = {key.gpu for key, window in series if window.util_source is UtilizationSource.DEVICE}
+    gpus = [gpu for gpu in outcome.gpus if gpu in device_read]
+    note, throttled = throttling_note(health, outcome.pod, gpus, end - outcome.window_seconds, end)
+    if not throttled:
+        return outcome
+    outcome.note = note
+    if outcome.kind is RuleKind.UTILIZATION_FLOOR:
+        # Its utilization measures the throttling, not the workload: not idle (as busy by power).
+        outcome.note += ": not idle"
+        outcome.holds = False
+        outcome.clears = True
+    return outcome
+
+
+# --- the kind ----------------------------------------------------------------------------------------
+
+DEFAULTS: Mapping[str, Any] = {"gpuLost": True, "memoryErrors": True, "for": "5m", "clearAfter": "10m"}
+
+MAX_XIDS = 64
+MAX_XID = 2**32 - 1  # NVML reports an XID as an unsigned 32-bit number
+
+
+def parse_gpu_health(name: str, obj: Mapping[str, Any], path: str) -> GpuHealthRule:
+    """A gpuHealth rule's body (``path`` is its own)."""
+    check_fields(obj, path, ("xids", "gpuLost", "memoryErrors", "throttling", "for", "clearAfter"))
+    raw_xids = obj.get("xids")
+    xids = CRITICAL_XIDS  # absent; the CRD has no list default (its defaults are scalars: DEFAULTS)
+    if raw_xids is not None:
+        items = as_list(raw_xids, f"{path}.xids", max_items=MAX_XIDS)
+        codes: list[int] = []
+        for i, code in enumerate(items):
+            item_path = f"{path}.xids[{i}]"
+            if isinstance(code, float) and code.is_integer():
+                code = int(code)  # JSON has one number type (as fields.integer says)
+            if isinstance(code, bool) or not isinstance(code, int):
+                raise SpecError(item_path, f"must be an XID code (a whole number), not {type_name(code)}")
+            if not 1 <= code <= MAX_XID:
+                raise SpecError(item_path, f"{code} is out of range; must be between 1 and {MAX_XID}")
+            if code in codes:
+                raise SpecError(item_path, f"duplicate XID {code}")
+            codes.append(code)
+        xids = tuple(codes)
+    raw_throttling = obj.get("throttling")
+    throttling: list[Throttling] = []
+    items = [] if raw_throttling is None else as_list(raw_throttling, f"{path}.throttling", max_items=3)
+    for i, item in enumerate(items):
+        value = member(Throttling, item, f"{path}.throttling[{i}]")
+        if value in throttling:
+            raise SpecError(f"{path}.throttling[{i}]", f'duplicate entry "{value}"')
+        throttling.append(value)
+    rule = GpuHealthRule(
+        name=name,
+        xids=xids,
+        gpu_lost=boolean(obj, "gpuLost", path, DEFAULTS["gpuLost"]),
+        memory_errors=boolean(obj, "memoryErrors", path, DEFAULTS["memoryErrors"]),
+        throttling=tuple(throttling),
+        for_seconds=duration(obj, "for", path, DEFAULTS["for"]),
+        clear_after_seconds=duration(obj, "clearAfter", path, DEFAULTS["clearAfter"], minimum=1.0),
+    )
+    if not (rule.xids or rule.gpu_lost or rule.memory_errors or rule.throttling):
+        raise SpecError(path, "gpuHealth counts nothing: set xids, gpuLost, memoryErrors or throttling")
+    return rule
+
+
+def _judge(
+    rule: GpuHealthRule,
+    pod: PodId,
+    series: Sequence[tuple[SeriesKey, Window]],
+    now: float,
+    params: WindowParams,
+    memo: Any,
+    health: HealthStore | None,
+) -> Outcome:
+    return evaluate_health(rule, pod, health, now, params)
+
+
+RULE_TYPE = RuleType(
+    kind=RuleKind.GPU_HEALTH,
+    model=GpuHealthRule,
+    parse=parse_gpu_health,
+    defaults=DEFAULTS,
+    evaluate=_judge,
+    reach=lambda rule: max(rule.for_seconds, rule.clear_after_seconds),
+    # No window of samples: it judges states and events as they are reported.
+    window=None,
+    reason="GPUUnhealthy",
+    meaning="its GPU is failing: its work may have crashed or be wrong; move it elsewhere",
+    per_gpu=True,
+    colour="black",
+    utilization=False,
+)

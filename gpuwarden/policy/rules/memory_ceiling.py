@@ -1,0 +1,178 @@
+"""memoryCeiling: GPU memory used stayed above a limit for the whole ``for`` window.
+
+Semantics (the window, coverage and as-of time are in :mod:`gpuwarden.policy.rules.common`):
+
+- **Per GPU.** The GPU's value is the *lowest* memory used over
+  ``[end - for, end]``: the level it stayed above for the whole window. With
+  ``percent`` it is a share of the card's total memory (as last reported; a GPU
+  that never reported its total cannot be judged), with ``bytes`` a size.
+- **Holds** when some GPU covers the window and its value is above the limit;
+  each GPU is judged on its own readings, so one GPU's gap does not hide
+  another's full card. The pod's value is its worst GPU's; the finding names
+  the GPUs over the limit.
+- **Clears** when every GPU's value is at or below the limit minus
+  ``hysteresis`` (percentage points of the card with ``percent``; per cent of
+  ``bytes`` with ``bytes``): memory dipped clearly below the limit within the window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuwarden.policy.humanize import format_bytes
+from gpuwarden.policy.rules.common import (
+    Outcome,
+    RuleKind,
+    RuleType,
+    WindowParams,
+    covered,
+    on_series,
+    percent,
+    pod_end,
+    readings,
+    unknown,
+)
+from gpuwarden.policy.spec.fields import SpecError, check_fields, duration, number, optional_number, type_name
+from gpuwarden.policy.spec.model import MemoryCeiling
+from gpuwarden.policy.store.series import Column, PodId, SeriesKey, Window
+from gpuwarden.units import format_duration, parse_quantity
+
+
+@dataclass(slots=True)
+class GpuMemoryLevel:
+    """The memory a GPU stayed above over a window."""
+
+    gpu: str
+    low_bytes: float
+    total_bytes: float | None
+    value: float
+    """In the rule's unit: percent of the card, or bytes."""
+    covered: bool
+
+
+def _limits(rule: MemoryCeiling) -> tuple[float, float, str]:
+    """The rule's threshold, clear line and unit."""
+    if rule.percent is not None:
+        return rule.percent, rule.percent - rule.hysteresis, "percent"
+    if rule.bytes is None:
+        raise ValueError(f"memoryCeiling {rule.name!r} has neither percent nor bytes")
+    return float(rule.bytes), rule.bytes * (1 - rule.hysteresis / 100), "bytes"
+
+
+def memory_message(o: Outcome) -> str:
+    """``GPU memory stayed above 95% of the card (76Gi of 80Gi) for 1m, limit 90%`` (sizes with ``bytes``)."""
+    low = format_bytes(o.level_bytes or 0.0)
+    if o.unit == "percent":
+        level = f"{percent(o.value or 0.0)} of the card ({low} of {format_bytes(o.total_bytes or 0.0)})"
+        limit = percent(o.threshold)
+    else:
+        level, limit = low, format_bytes(o.threshold)
+    on = f" on {len(o.gpus)} of {o.gpu_count} GPUs" if o.gpu_count > 1 and o.gpus else ""
+    return f"GPU memory stayed above {level} for {format_duration(o.window_seconds)}{on}, limit {limit}"
+
+
+def evaluate_memory_ceiling(
+    rule: MemoryCeiling,
+    pod: PodId,
+    series: Sequence[tuple[SeriesKey, Window]],
+    now: float,
+    params: WindowParams,
+) -> Outcome:
+    """Judge a memoryCeiling rule for one pod (see the module doc)."""
+    kind = RuleKind.MEMORY_CEILING
+    threshold, clear_line, unit = _limits(rule)
+    end = pod_end(series, now, params)
+    if end is None:
+        return unknown(rule.name, kind, pod, threshold, unit)
+    start = end - rule.for_seconds
+    levels: list[GpuMemoryLevel] = []
+    for key, window in series:
+        r = readings(window, Column.MEM_USED, start, end)
+        if not r.values:
+            continue
+        total = window.mem_total
+        low = min(r.values)
+        if unit == "percent":
+            if not total:
+                continue
+            value = 100.0 * low / total
+        else:
+            value = low
+        levels.append(
+            GpuMemoryLevel(key.gpu, low, total, value, covered(r, start, end, params.max_gap_seconds))
+        )
+    if not levels:
+        return unknown(rule.name, kind, pod, threshold, unit)
+
+    over = [g for g in levels if g.covered and g.value > threshold]
+    holds = bool(over)
+    clears = all(g.value <= clear_line for g in levels)
+    named = over if holds else [g for g in levels if g.value > clear_line]
+    worst = max(over or levels, key=lambda g: g.value)
+
+    return Outcome(
+        rule.name,
+        kind,
+        pod,
+        worst.value,
+        threshold,
+        unit,
+        holds=holds,
+        clears=clears,
+        gpus=tuple(g.gpu for g in named),
+        gpu_count=len(levels),
+        window_seconds=rule.for_seconds,
+        level_bytes=worst.low_bytes,
+        total_bytes=worst.total_bytes,
+        describe=memory_message,
+    )
+
+
+# --- the kind ----------------------------------------------------------------------------------------
+
+DEFAULTS: Mapping[str, Any] = {"for": "1m", "hysteresis": 2}
+
+
+def parse_memory_ceiling(name: str, obj: Mapping[str, Any], path: str) -> MemoryCeiling:
+    """A memoryCeiling rule's body (``path`` is its own)."""
+    check_fields(obj, path, ("percent", "bytes", "for", "hysteresis"))
+    has_percent, has_bytes = obj.get("percent") is not None, obj.get("bytes") is not None
+    if has_percent == has_bytes:
+        found = "both" if has_percent else "neither"
+        raise SpecError(path, f"memoryCeiling must set exactly one of percent or bytes; found {found}")
+    size: int | None = None
+    if has_bytes:
+        raw = obj["bytes"]
+        if isinstance(raw, bool) or not isinstance(raw, str | int):
+            raise SpecError(f"{path}.bytes", f"must be a quantity such as 120Gi, not {type_name(raw)}")
+        try:
+            size = parse_quantity(raw)
+        except ValueError as exc:
+            raise SpecError(f"{path}.bytes", str(exc)) from None
+        if size == 0:
+            raise SpecError(f"{path}.bytes", "must be greater than zero")
+    return MemoryCeiling(
+        name=name,
+        for_seconds=duration(obj, "for", path, DEFAULTS["for"]),
+        percent=optional_number(obj, "percent", path, 0, 100),
+        bytes=size,
+        hysteresis=number(obj, "hysteresis", path, DEFAULTS["hysteresis"], 0, 50),
+    )
+
+
+RULE_TYPE = RuleType(
+    kind=RuleKind.MEMORY_CEILING,
+    model=MemoryCeiling,
+    parse=parse_memory_ceiling,
+    defaults=DEFAULTS,
+    evaluate=on_series(evaluate_memory_ceiling),
+    reach=lambda rule: rule.for_seconds,
+    window=lambda rule: ("for", rule.for_seconds),
+    reason="GPUMemoryNearLimit",
+    meaning="it is close to running out of GPU memory",
+    per_gpu=True,
+    colour="tab:orange",
+    utilization=False,
+)

@@ -1,0 +1,357 @@
+"""utilizationFloor and utilizationCeiling: a pod's mean GPU activity over the rule's ``for`` window.
+
+Semantics (the window, coverage and as-of time are in :mod:`gpuwarden.policy.rules.common`):
+
+- **Signal.** ``smActive`` or ``gpuUtil`` as the rule says; ``auto`` uses a GPU's
+  smActive readings when it has any in the window, else its gpuUtil readings.
+  (gpuUtil reads near 100 under a trickle of tiny kernels; SM activity is the
+  share of SM cycles doing work.) What a reading is made of depends on the
+  subject, and the message says it: smActive is the device's GPM SM activity;
+  gpuUtil is the device counter (utilization.gpu) for a subject alone on its GPU,
+  and on a shared GPU the sum of the subject's per-process SM utilization, 0 for
+  a process NVML's per-process reading leaves out (it ran no kernel). GPM
+  cannot be split per process, so on a shared GPU ``auto`` judges per-process
+  SM utilization and ``smActive`` has nothing to judge.
+- **Noise floor** (floor only). A reading at or below ``noiseFloor`` counts as 0.
+- **Value.** Per GPU, the mean of its readings over ``[end - for, end]``; for the
+  pod, the mean of its GPUs' means (the same as averaging the GPUs at each
+  timestamp, since one node snapshot samples them together). A pod holding 8
+  GPUs and using one reads 12.5%.
+- **"For" is the window.** The rule holds when every GPU covers the window and
+  the mean is below (floor) / above (ceiling) ``percent``. Brief spikes lift the
+  mean only a little, so an idle GPU with brief spikes still trips the floor;
+  it is spared only when its activity lifts the mean over the window.
+- **Power** (floor only). With ``powerThresholdWatts``, a GPU whose mean power
+  draw over the window is at least the threshold counts as busy: the floor does
+  not hold for its pod, and an active finding clears.
+- **Clearing.** A floor finding clears once the mean is at or above
+  ``percent + hysteresis`` (or a GPU is busy by power); a ceiling finding once it
+  is at or below ``percent - hysteresis``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from gpuwarden.policy.rules.common import (
+    Judge,
+    Outcome,
+    RuleKind,
+    RuleType,
+    WindowParams,
+    covered,
+    percent,
+    pod_end,
+    readings,
+    unknown,
+)
+from gpuwarden.policy.rules.gpu_health import with_throttling
+from gpuwarden.policy.spec.fields import check_fields, duration, member, number, optional_number, value_or
+from gpuwarden.policy.spec.model import Signal, UtilizationCeiling, UtilizationFloor
+from gpuwarden.policy.store.health import HealthStore
+from gpuwarden.policy.store.series import Column, PodId, SeriesKey, UtilizationSource, Window
+from gpuwarden.units import format_duration
+
+UNIT = "percent"
+
+SIGNAL_NAMES = {
+    UtilizationSource.DEVICE: "GPU utilization (device counter)",
+    UtilizationSource.PROCESSES: "per-process SM utilization",
+    UtilizationSource.NO_PROCESS: "per-process SM utilization (no process of its own on the shared GPU)",
+}
+"""How a message names a gpuUtil reading, by what it is made of."""
+GPM_SIGNAL = "SM activity (GPM)"
+
+
+@dataclass(slots=True)
+class GpuActivity:
+    """One GPU's activity over a window."""
+
+    gpu: str
+    column: Column
+    """The reading used (SM_ACTIVE or GPU_UTIL)."""
+    signal: str
+    """What that reading is made of, in words (see :data:`SIGNAL_NAMES`)."""
+    mean: float | None
+    """None when the window has no reading of ``column``."""
+    covered: bool
+    power_w: float | None = None
+    """Mean power draw over the window, when asked for and reported."""
+
+
+def gpu_activity(
+    gpu: str,
+    window: Window,
+    signal: Signal,
+    start: float,
+    end: float,
+    *,
+    noise_floor: float = 0.0,
+    max_gap: float | None = None,
+    with_power: bool = False,
+) -> GpuActivity:
+    """One GPU's mean activity over ``[start, end]`` per ``signal``, readings <= ``noise_floor`` as 0."""
+    column = Column.GPU_UTIL if signal is Signal.GPU_UTIL else Column.SM_ACTIVE
+    r = readings(window, column, start, end)
+    if not r.values and signal is Signal.AUTO:
+        column = Column.GPU_UTIL
+        r = readings(window, column, start, end)
+    power: float | None = None
+    if with_power:
+        watts = readings(window, Column.POWER_W, start, end).values
+        power = sum(watts) / len(watts) if watts else None
+    signal_name = GPM_SIGNAL if column is Column.SM_ACTIVE else SIGNAL_NAMES[window.util_source]
+    if not r.values:
+        return GpuActivity(gpu, column, signal_name, None, covered=False, power_w=power)
+    total = sum(filter(noise_floor.__lt__, r.values)) if noise_floor > 0 else sum(r.values)
+    return GpuActivity(
+        gpu,
+        column,
+        signal_name,
+        total / len(r.values),
+        covered=covered(r, start, end, max_gap),
+        power_w=power,
+    )
+
+
+def pod_activity(
+    series: Sequence[tuple[SeriesKey, Window]],
+    signal: Signal,
+    start: float,
+    end: float,
+    *,
+    noise_floor: float = 0.0,
+    max_gap: float | None = None,
+    with_power: bool = False,
+) -> list[GpuActivity]:
+    """Activity of each of the pod's GPUs that has any point in ``[start, end]``."""
+    out = []
+    for key, window in series:
+        i0, i1 = window.span(start, end)
+        if i0 == i1:
+            continue  # silent for the whole window: no longer part of the pod's view
+        out.append(
+            gpu_activity(
+                key.gpu,
+                window,
+                signal,
+                start,
+                end,
+                noise_floor=noise_floor,
+                max_gap=max_gap,
+                with_power=with_power,
+            )
+        )
+    return out
+
+
+def _signal_name(gpus: Sequence[GpuActivity]) -> str:
+    """The signal that decided, in words; several when the pod's GPUs were judged on different ones."""
+    names = list(dict.fromkeys(g.signal for g in gpus if g.mean is not None))
+    if len(names) == 1:
+        return names[0]
+    return f"GPU activity ({'; '.join(names)})"
+
+
+def _mean_over(o: Outcome) -> str:
+    across = f" across {o.gpu_count} GPUs" if o.gpu_count > 1 else ""
+    return f"mean {o.signal} {percent(o.value or 0.0)} over {format_duration(o.window_seconds)}{across}"
+
+
+def floor_message(o: Outcome) -> str:
+    """``mean SM activity (GPM) 3% over 5m, floor 20%`` (``; busy by power (310 W)`` when it is)."""
+    text = f"{_mean_over(o)}, floor {percent(o.threshold)}"
+    if o.busy_watts is not None:
+        text += f"; busy by power ({o.busy_watts:.0f} W)"
+    return text
+
+
+def ceiling_message(o: Outcome) -> str:
+    """``mean per-process SM utilization 97% over 2m, ceiling 95%``."""
+    return f"{_mean_over(o)}, ceiling {percent(o.threshold)}"
+
+
+def evaluate_floor(
+    rule: UtilizationFloor,
+    pod: PodId,
+    series: Sequence[tuple[SeriesKey, Window]],
+    now: float,
+    params: WindowParams,
+) -> Outcome:
+    """Judge a utilizationFloor rule for one pod (see the module doc)."""
+    kind = RuleKind.UTILIZATION_FLOOR
+    end = pod_end(series, now, params)
+    if end is None:
+        return unknown(rule.name, kind, pod, rule.percent, UNIT)
+    with_power = rule.power_threshold_watts is not None
+    gpus = pod_activity(
+        series,
+        rule.signal,
+        end - rule.for_seconds,
+        end,
+        noise_floor=rule.noise_floor,
+        max_gap=params.max_gap_seconds,
+        with_power=with_power,
+    )
+    means = [g.mean for g in gpus if g.mean is not None]
+    if not means:
+        return unknown(rule.name, kind, pod, rule.percent, UNIT)
+    value = sum(means) / len(means)
+    busy = [
+        g
+        for g in gpus
+        if rule.power_threshold_watts is not None
+        and g.power_w is not None
+        and g.power_w >= rule.power_threshold_watts
+    ]
+    complete = all(g.covered for g in gpus)
+    holds = complete and value < rule.percent and not busy
+    clears = not holds and (value >= rule.percent + rule.hysteresis or bool(busy))
+
+    return Outcome(
+        rule.name,
+        kind,
+        pod,
+        value,
+        rule.percent,
+        UNIT,
+        holds=holds,
+        clears=clears,
+        gpus=tuple(g.gpu for g in gpus),
+        gpu_count=len(gpus),
+        window_seconds=rule.for_seconds,
+        signal=_signal_name(gpus),
+        busy_watts=max(g.power_w or 0.0 for g in busy) if busy else None,
+        describe=floor_message,
+    )
+
+
+def evaluate_ceiling(
+    rule: UtilizationCeiling,
+    pod: PodId,
+    series: Sequence[tuple[SeriesKey, Window]],
+    now: float,
+    params: WindowParams,
+) -> Outcome:
+    """Judge a utilizationCeiling rule for one pod (see the module doc)."""
+    kind = RuleKind.UTILIZATION_CEILING
+    end = pod_end(series, now, params)
+    if end is None:
+        return unknown(rule.name, kind, pod, rule.percent, UNIT)
+    gpus = pod_activity(series, rule.signal, end - rule.for_seconds, end, max_gap=params.max_gap_seconds)
+    means = [g.mean for g in gpus if g.mean is not None]
+    if not means:
+        return unknown(rule.name, kind, pod, rule.percent, UNIT)
+    value = sum(means) / len(means)
+    holds = all(g.covered for g in gpus) and value > rule.percent
+    clears = not holds and value <= rule.percent - rule.hysteresis
+    return Outcome(
+        rule.name,
+        kind,
+        pod,
+        value,
+        rule.percent,
+        UNIT,
+        holds=holds,
+        clears=clears,
+        gpus=tuple(g.gpu for g in gpus),
+        gpu_count=len(gpus),
+        window_seconds=rule.for_seconds,
+        signal=_signal_name(gpus),
+        describe=ceiling_message,
+    )
+
+
+# --- the two kinds ------------------------------------------------------------------------------------
+
+_U = TypeVar("_U", UtilizationFloor, UtilizationCeiling)
+
+FLOOR_DEFAULTS: Mapping[str, Any] = {"for": "5m", "signal": "auto", "noiseFloor": 0, "hysteresis": 5}
+CEILING_DEFAULTS: Mapping[str, Any] = {"for": "2m", "signal": "auto", "hysteresis": 5}
+
+
+def _signal(obj: Mapping[str, Any], path: str, default: str) -> Signal:
+    return member(Signal, value_or(obj, "signal", default), f"{path}.signal")
+
+
+def parse_floor(name: str, obj: Mapping[str, Any], path: str) -> UtilizationFloor:
+    """A utilizationFloor rule's body (``path`` is its own)."""
+    check_fields(
+        obj,
+        path,
+        ("percent", "for", "signal", "noiseFloor", "powerThresholdWatts", "hysteresis"),
+        ("percent",),
+    )
+    return UtilizationFloor(
+        name=name,
+        percent=number(obj, "percent", path, None, 0, 100),
+        for_seconds=duration(obj, "for", path, FLOOR_DEFAULTS["for"]),
+        signal=_signal(obj, path, FLOOR_DEFAULTS["signal"]),
+        noise_floor=number(obj, "noiseFloor", path, FLOOR_DEFAULTS["noiseFloor"], 0, 100),
+        power_threshold_watts=optional_number(obj, "powerThresholdWatts", path, 0, None),
+        hysteresis=number(obj, "hysteresis", path, FLOOR_DEFAULTS["hysteresis"], 0, 50),
+    )
+
+
+def parse_ceiling(name: str, obj: Mapping[str, Any], path: str) -> UtilizationCeiling:
+    """A utilizationCeiling rule's body (``path`` is its own)."""
+    check_fields(obj, path, ("percent", "for", "signal", "hysteresis"), ("percent",))
+    return UtilizationCeiling(
+        name=name,
+        percent=number(obj, "percent", path, None, 0, 100),
+        for_seconds=duration(obj, "for", path, CEILING_DEFAULTS["for"]),
+        signal=_signal(obj, path, CEILING_DEFAULTS["signal"]),
+        hysteresis=number(obj, "hysteresis", path, CEILING_DEFAULTS["hysteresis"], 0, 50),
+    )
+
+
+def _with_throttling(
+    evaluate: Callable[[_U, PodId, Sequence[tuple[SeriesKey, Window]], float, WindowParams], Outcome],
+) -> Judge[_U]:
+    """A utilization evaluator with the GPUs' throttling noted beside its verdict."""
+
+    def judge(
+        rule: _U,
+        pod: PodId,
+        series: Sequence[tuple[SeriesKey, Window]],
+        now: float,
+        params: WindowParams,
+        memo: Any,
+        health: HealthStore | None,
+    ) -> Outcome:
+        return with_throttling(evaluate(rule, pod, series, now, params), series, now, params, health)
+
+    return judge
+
+
+FLOOR_TYPE = RuleType(
+    kind=RuleKind.UTILIZATION_FLOOR,
+    model=UtilizationFloor,
+    parse=parse_floor,
+    defaults=FLOOR_DEFAULTS,
+    evaluate=_with_throttling(evaluate_floor),
+    reach=lambda rule: rule.for_seconds,
+    window=lambda rule: ("for", rule.for_seconds),
+    reason="GPUUnderutilized",
+    meaning="its GPUs sit mostly idle: release them, share them or scale in",
+    per_gpu=False,
+    colour="tab:purple",
+    utilization=True,
+)
+
+CEILING_TYPE = RuleType(
+    kind=RuleKind.UTILIZATION_CEILING,
+    model=UtilizationCeiling,
+    parse=parse_ceiling,
+    defaults=CEILING_DEFAULTS,
+    evaluate=_with_throttling(evaluate_ceiling),
+    reach=lambda rule: rule.for_seconds,
+    window=lambda rule: ("for", rule.for_seconds),
+    reason="GPUSaturated",
+    meaning="its GPUs are fully busy: it may need more replicas",
+    per_gpu=False,
+    colour="tab:red",
+    utilization=True,
+)
