@@ -22,11 +22,10 @@ One evaluation, in order:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
+from gpuwarden.kubetime import parse_epoch
 from gpuwarden.policy.findings import (
     Finding,
     FindingKey,
@@ -134,16 +133,7 @@ def snoozed_until(annotations: Mapping[str, str], rule_name: str) -> float | Non
     The value is an RFC 3339 time (``2026-12-03T08:00:00Z``); one without an offset is read as UTC.
     """
     raw = annotations.get(SNOOZE_PREFIX + rule_name)
-    if raw is None:
-        return None
-    try:
-        when = datetime.fromisoformat(raw.strip())
-    except ValueError:
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    seconds = when.timestamp()
-    return seconds if math.isfinite(seconds) else None
+    return None if raw is None else parse_epoch(raw.strip())
 
 
 class PolicyEvaluator:

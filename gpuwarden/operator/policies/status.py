@@ -17,9 +17,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
+from gpuwarden.kubetime import format_time, parse_epoch
 from gpuwarden.operator.scaling import SCALING_ACTIVE
 from gpuwarden.policy import Evaluation, Finding, FindingKey, PolicySpec, rule_kind, rule_type
 from gpuwarden.units import format_duration
@@ -29,7 +29,6 @@ __all__ = [
     "PolicyVerdict",
     "build_status",
     "findings_from_status",
-    "rfc3339",
 ]
 
 MAX_VIOLATIONS = 20
@@ -63,22 +62,6 @@ class PolicyVerdict:
     """``(status, reason, message)`` of the scaler's ``ScalingActive`` condition; None keeps what is there."""
     scaling: bool = True
     """Whether the spec has ``actions.scale``; False removes ``ScalingActive`` and ``status.scale``."""
-
-
-def rfc3339(epoch: float) -> str:
-    """A metav1.Time: UTC, whole seconds, ``Z``."""
-    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_rfc3339(text: str) -> float | None:
-    """Epoch seconds of an RFC 3339 time, or None when it does not parse."""
-    try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except (ValueError, AttributeError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return when.timestamp()
 
 
 def build_status(verdict: PolicyVerdict, previous: Mapping[str, Any] | None, now: float) -> dict[str, Any]:
@@ -150,7 +133,7 @@ def _violations(active: Sequence[Finding], messages: Mapping[FindingKey, str]) -
             "rule": f.rule,
             "reason": f.reason,
             "message": _clip(messages.get(f.key) or f.message, MAX_MESSAGE),
-            "since": rfc3339(f.started_at),
+            "since": format_time(f.started_at),
         }
         if rule_type(f.kind).per_gpu and f.gpus:
             item["gpu"] = f.gpus[0]
@@ -176,7 +159,7 @@ def _conditions(
             "status": cstatus,
             "reason": reason,
             "message": message,
-            "lastTransitionTime": since or rfc3339(now),
+            "lastTransitionTime": since or format_time(now),
         }
         if generation is not None:
             condition["observedGeneration"] = generation
@@ -208,7 +191,7 @@ def findings_from_status(
             continue
         rule = rules.get(str(item.get("rule", "")))
         pod = item.get("pod")
-        since = parse_rfc3339(str(item.get("since", "")))
+        since = parse_epoch(str(item.get("since", "")))
         if rule is None or not isinstance(pod, str) or since is None:
             continue
         kind = rule_kind(rule)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 
+from gpuwarden.kubetime import format_time
 from gpuwarden.operator.policies.status import (
     MAX_VIOLATIONS,
     PolicyVerdict,
     build_status,
     findings_from_status,
     owned_part,
-    rfc3339,
 )
 from gpuwarden.policy.engine import Evaluation
 from gpuwarden.policy.findings import Finding
@@ -76,7 +76,7 @@ def test_healthy_policy_is_ready_and_not_violating() -> None:
     assert c["Ready"]["observedGeneration"] == 3
     assert c["Violating"]["status"] == "False"
     assert c["Violating"]["reason"] == "NoViolations"
-    assert c["Ready"]["lastTransitionTime"] == rfc3339(T0)
+    assert c["Ready"]["lastTransitionTime"] == format_time(T0)
 
 
 def test_invalid_spec_is_not_ready_with_the_message() -> None:
@@ -87,7 +87,7 @@ def test_invalid_spec_is_not_ready_with_the_message() -> None:
         "status": "False",
         "reason": "InvalidSpec",
         "message": "spec.rules[0].name: duplicate",
-        "lastTransitionTime": rfc3339(T0),
+        "lastTransitionTime": format_time(T0),
         "observedGeneration": 2,
     }
     assert c["Violating"]["status"] == "Unknown"
@@ -98,15 +98,15 @@ def test_transition_time_moves_only_when_the_status_moves() -> None:
     first = build_status(PolicyVerdict(1, 10.0, evaluation=evaluation([], 2)), None, T0)
     # Later, same verdict with other counts: the message changes, the transition time does not.
     second = build_status(PolicyVerdict(1, 10.0, evaluation=evaluation([], 3)), first, T0 + 60)
-    assert conditions(second)["Violating"]["lastTransitionTime"] == rfc3339(T0)
+    assert conditions(second)["Violating"]["lastTransitionTime"] == format_time(T0)
     assert conditions(second)["Violating"]["message"] != conditions(first)["Violating"]["message"]
     # Then a violation: Violating flips, Ready stays.
     third = build_status(
         PolicyVerdict(1, 10.0, evaluation=evaluation([finding("pod-0")], 3)), second, T0 + 120
     )
     assert conditions(third)["Violating"]["status"] == "True"
-    assert conditions(third)["Violating"]["lastTransitionTime"] == rfc3339(T0 + 120)
-    assert conditions(third)["Ready"]["lastTransitionTime"] == rfc3339(T0)
+    assert conditions(third)["Violating"]["lastTransitionTime"] == format_time(T0 + 120)
+    assert conditions(third)["Ready"]["lastTransitionTime"] == format_time(T0)
 
 
 def test_same_verdict_builds_the_same_status() -> None:
@@ -127,7 +127,7 @@ def test_violations_are_capped_and_newest_first() -> None:
         "rule": "idle",
         "reason": "GPUUnderutilized",
         "message": "pod-0 is idle",
-        "since": rfc3339(T0 + 100),
+        "since": format_time(T0 + 100),
     }
 
 
@@ -178,7 +178,7 @@ def test_findings_round_trip_through_status() -> None:
     idle = finding("a", at=T0 - 300)
     oom = finding("b", rule="oom", kind=RuleKind.MEMORY_CEILING, at=T0 - 60)
     status = build_status(PolicyVerdict(1, 10.0, evaluation=evaluation([oom, idle], 2)), None, T0)
-    status["violations"].append({"pod": "c", "rule": "removed-rule", "reason": "X", "since": rfc3339(T0)})
+    status["violations"].append({"pod": "c", "rule": "removed-rule", "reason": "X", "since": format_time(T0)})
     status["violations"].append({"pod": "d", "rule": "idle", "reason": "X", "since": "garbage"})
     restored = findings_from_status(status, SPEC, policy="ns/p", namespace="ns")
     assert [(f.pod, f.rule, f.kind, f.started_at) for f in restored] == [
