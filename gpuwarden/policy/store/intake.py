@@ -40,7 +40,7 @@ Attribution of one GPU (or MIG device, keyed by its ``mig_id``) in one snapshot:
   lacks it (an older hook), or when the sum is already over it (the
   copy-on-write pages a forked worker shares, counted per process, can
   make it so); the series keeps the last limit known
-  (:attr:`~gpuwarden.policy.series.Window.host_limit`).
+  (:attr:`~gpuwarden.policy.store.series.Window.host_limit`).
   The sites are the subject's processes' newest, the largest
   :data:`KEPT_SITES` by growth.
 
