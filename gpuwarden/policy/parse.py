@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuwarden.policy.rules import RULE_TYPES, RuleType, type_of
@@ -37,6 +37,7 @@ from gpuwarden.policy.spec.model import (
     LabelRequirement,
     LabelSelector,
     PolicySpec,
+    RequestLatency,
     Rule,
     ScaleAction,
     ScaleDirection,
@@ -44,9 +45,11 @@ from gpuwarden.policy.spec.model import (
     ScaleTargetRef,
     Server,
     ServiceMetricsSource,
+    ServiceRule,
     UtilizationCeiling,
     UtilizationFloor,
 )
+from gpuwarden.policy.spec.servers import rule_metric
 from gpuwarden.units import format_duration
 
 __all__ = [
@@ -140,7 +143,7 @@ def parse_spec(spec: Mapping[str, Any], *, path: str = "spec") -> PolicySpec:
     source = None
     if spec.get("serviceMetrics") is not None:
         source = _service_metrics(spec["serviceMetrics"], f"{path}.serviceMetrics")
-    rules = _rules(spec["rules"], f"{path}.rules")
+    rules = _with_servers(_rules(spec["rules"], f"{path}.rules"), source, path)
     _check_windows(rules, interval, f"{path}.rules")
     actions = _actions(spec.get("actions"), f"{path}.actions", rules)
     return PolicySpec(
@@ -262,6 +265,32 @@ def _rules(value: Any, path: str) -> tuple[Rule, ...]:
         seen[rule.name] = i
         rules.append(rule)
     return tuple(rules)
+
+
+def _with_servers(
+    rules: tuple[Rule, ...], source: ServiceMetricsSource | None, path: str
+) -> tuple[Rule, ...]:
+    """The service rules that name neither ``server`` nor ``metric`` take ``serviceMetrics.server``; each
+    must then read a metric its server exports (Triton has no end-to-end latency histogram)."""
+    default = None if source is None else source.server
+    out: list[Rule] = []
+    for i, rule in enumerate(rules):
+        if isinstance(rule, ServiceRule):
+            field = f"{path}.rules[{i}].{type_of(rule).key}"
+            if rule.server is None and rule.metric is None:
+                if default is None:
+                    raise SpecError(
+                        field,
+                        "names no metric: set its server (one of vllm, sglang, triton, tgi) or its metric,"
+                        " or spec.serviceMetrics.server",
+                    )
+                rule = replace(rule, server=default)
+            found = rule_metric(rule)
+            if isinstance(found, str):
+                culprit = "latency" if isinstance(rule, RequestLatency) else "server"
+                raise SpecError(f"{field}.{culprit}", found)
+        out.append(rule)
+    return tuple(out)
 
 
 def _check_windows(rules: Sequence[Rule], interval: float, path: str) -> None:

@@ -236,7 +236,17 @@ class KvCacheUsage:
 ServiceRule = RequestLatency | RequestQueue | KvCacheUsage
 """The rule kinds that read the pods' own metrics (the :class:`ServiceStore`), not their GPUs'."""
 
-Rule = UtilizationFloor | UtilizationCeiling | MemoryCeiling | MemoryGrowth | GpuHealthRule | Anomaly
+Rule = (
+    UtilizationFloor
+    | UtilizationCeiling
+    | MemoryCeiling
+    | MemoryGrowth
+    | GpuHealthRule
+    | Anomaly
+    | RequestLatency
+    | RequestQueue
+    | KvCacheUsage
+)
 
 
 @dataclass(frozen=True, slots=True)

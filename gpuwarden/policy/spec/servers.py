@@ -154,7 +154,7 @@ def kv_cache_metric(rule: KvCacheUsage) -> Metric | str:
     return _of(None if rule.server is None else PRESETS[rule.server].kv_cache, rule.metric, scale)
 
 
-def rule_metric(rule: Rule | ServiceRule) -> Metric | str | None:
+def rule_metric(rule: Rule) -> Metric | str | None:
     """The metric a service rule reads (or why it has none); None for a rule of the GPUs."""
     if isinstance(rule, RequestLatency):
         return latency_metric(rule)
@@ -178,8 +178,7 @@ def service_metric_names(spec: PolicySpec) -> frozenset[str]:
     """
     names: set[str] = set()
     servers: set[Server] = set()
-    rules: tuple[Rule | ServiceRule, ...] = spec.rules
-    for rule in rules:
+    for rule in spec.rules:
         if not isinstance(rule, ServiceRule):
             continue
         metric = rule_metric(rule)

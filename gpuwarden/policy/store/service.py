@@ -18,7 +18,7 @@ import math
 import statistics
 from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpuwarden.policy.store.series import PodId
 
@@ -76,6 +76,9 @@ class Increase:
     """A histogram's: the window's observations, cumulative per bound (its ``counts[-1]``: how many)."""
     value: float = 0.0
     """A counter's."""
+    covered: bool = True
+    """Whether the pod was scraped since before the window began (or exactly at its start): the
+    increase then speaks for the whole window, not for a pod that began inside it."""
 
     @property
     def rate(self) -> float:
@@ -226,12 +229,16 @@ class ServiceStore:
         if name is None:
             return None
         scrapes, n = self._upto(pod, now)
-        first = bisect_left(scrapes, end.at - window, 0, n, key=_at)
+        start = end.at - window
+        first = bisect_left(scrapes, start, 0, n, key=_at)
+        covered = first > 0 or scrapes[first].at == start
         if name in end.histograms:
-            return _histogram_increase(name, [h for s in scrapes[first:n] if (h := _hist(s, name))])
-        return _counter_increase(
-            name, [(s.at, c) for s in scrapes[first:n] if (c := s.counters.get(name)) is not None]
-        )
+            found = _histogram_increase(name, [h for s in scrapes[first:n] if (h := _hist(s, name))])
+        else:
+            found = _counter_increase(
+                name, [(s.at, c) for s in scrapes[first:n] if (c := s.counters.get(name)) is not None]
+            )
+        return found if found is None or covered else replace(found, covered=False)
 
 
 def _at(scrape: ServiceScrape) -> float:
