@@ -36,8 +36,8 @@ from gpuwarden.policy.findings import (
 )
 from gpuwarden.policy.rules import RULE_TYPES, Memo, type_of
 from gpuwarden.policy.rules.common import Outcome, RuleKind, Services, WindowParams, unknown
-from gpuwarden.policy.scaling.predictive import WorkloadLoad, workload_load
-from gpuwarden.policy.spec.model import PolicySpec, Rule
+from gpuwarden.policy.scaling.predictive import WorkloadLoad, request_load, workload_load
+from gpuwarden.policy.spec.model import ForecastLoad, PolicySpec, Rule
 from gpuwarden.policy.spec.selector import selector_matches
 from gpuwarden.policy.store.health import HealthStore
 from gpuwarden.policy.store.series import PodId, SeriesKey, SeriesStore, Window
@@ -318,14 +318,20 @@ class PolicyEvaluator:
         self._sweep()
         scale = self.spec.actions.scale
         load = None
+        interval = self.spec.evaluation_interval_seconds
         if scale is not None and scale.forecast is not None:
-            load = workload_load(
-                (store.series_of(*pod_id) for pod_id in sorted(selected)),
-                scale.forecast,
-                now,
-                self.spec.evaluation_interval_seconds,
-                self.params,
-            )
+            if scale.forecast.load is ForecastLoad.REQUESTS:
+                if services is not None:
+                    every = Services(services, tuple(sorted(selected)))
+                    load = request_load(every, scale.forecast, now, interval, self.params)
+            else:
+                load = workload_load(
+                    (store.series_of(*pod_id) for pod_id in sorted(selected)),
+                    scale.forecast,
+                    now,
+                    interval,
+                    self.params,
+                )
         active = tracker.active()
         violating = sorted({PodId(f.namespace, f.pod) for f in active})
         return Evaluation(
