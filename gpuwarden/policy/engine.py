@@ -270,7 +270,7 @@ class PolicyEvaluator:
         present, selected = self._select(pods)
         remote = elsewhere or {}
         # A per-replica figure is over the pods judged here (another shard's send their verdicts).
-        scrapes = None
+        scrapes: Services | None = None
         if services is not None:
             scrapes = Services(services, tuple(p for p in sorted(selected) if p not in remote))
 
