@@ -75,26 +75,29 @@ def compact(text: str, content_type: str, names: Collection[str]) -> Compacted:
         raise ScrapeFailed(ScrapeFailure.NOT_PROMETHEUS, f"content type {content_type[:80]!r}")
     wanted = frozenset(names)
     out = Compacted()
+    # Across families: the parser makes a family of each untyped line.
+    counters: dict[str, float] = {}
+    gauges: dict[str, list[float]] = {}
     try:
         # The parser is lazy: it raises on a bad line while being iterated.
         for family in parse(text):
-            _keep(family, wanted, out)
+            if family.type == "histogram":
+                histogram = _histogram(family) if family.name in wanted else None
+                if histogram is not None:
+                    out.histograms.append(histogram)
+            elif family.type in ("counter", "gauge", "unknown"):
+                _values(family, wanted, counters, gauges)
+            # summaries, gauge histograms, info and state sets: no rule reads them
     except ValueError as exc:
         raise ScrapeFailed(ScrapeFailure.NOT_PROMETHEUS, str(exc)[:200]) from None
+    out.counters.extend(ServiceCounter(name=n, value=v) for n, v in counters.items() if 0 <= v <= MAX_COUNT)
+    out.gauges.extend(ServiceGauge(name=name, values=values) for name, values in gauges.items())
     return out
 
 
-def _keep(family: Metric, wanted: frozenset[str], out: Compacted) -> None:
-    if family.type == "histogram":
-        if family.name in wanted:
-            histogram = _histogram(family)
-            if histogram is not None:
-                out.histograms.append(histogram)
-        return
-    if family.type not in ("counter", "gauge", "unknown"):
-        return  # summaries, gauge histograms, info and state sets: no rule reads them
-    counters: dict[str, float] = {}
-    gauges: dict[str, list[float]] = {}
+def _values(
+    family: Metric, wanted: frozenset[str], counters: dict[str, float], gauges: dict[str, list[float]]
+) -> None:
     for sample in family.samples:
         name, value = sample.name, sample.value
         if not _finite(value):
@@ -107,10 +110,6 @@ def _keep(family: Metric, wanted: frozenset[str], out: Compacted) -> None:
             values = gauges.setdefault(name, [])
             if len(values) < MAX_GAUGE_VALUES:
                 values.append(value)
-    for name, total in counters.items():
-        if 0 <= total <= MAX_COUNT:
-            out.counters.append(ServiceCounter(name=name, value=total))
-    out.gauges.extend(ServiceGauge(name=name, values=values) for name, values in gauges.items())
 
 
 def _histogram(family: Metric) -> ServiceHistogram | None:
