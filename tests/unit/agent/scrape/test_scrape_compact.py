@@ -96,7 +96,9 @@ def test_values_that_are_no_readings_are_left_out() -> None:
 
 
 def test_a_histogram_with_decreasing_buckets_or_without_inf_is_no_histogram() -> None:
-    decreasing = '# TYPE h histogram\nh_bucket{le="1"} 5\nh_bucket{le="2"} 3\nh_bucket{le="+Inf"} 5\nh_sum 1\nh_count 5\n'
+    decreasing = '# TYPE h histogram\nh_bucket{le="1"} 5\nh_bucket{le="2"} 3\n' + (
+        'h_bucket{le="+Inf"} 5\nh_sum 1\nh_count 5\n'
+    )
     no_inf = '# TYPE h histogram\nh_bucket{le="1"} 5\nh_sum 1\nh_count 5\n'
     assert compact(decreasing, "text/plain", ["h"]).histograms == []
     assert compact(no_inf, "text/plain", ["h"]).histograms == []
