@@ -22,9 +22,11 @@ from gpuwarden.operator.kube import EventPoster, KubeApi, TokenAuthenticator
 from gpuwarden.operator.metrics import OperatorMetrics, store_gauges
 from gpuwarden.operator.pacing import Pacing, PolicySchedule
 from gpuwarden.operator.resources import PodRecord, PolicyKey
+from gpuwarden.operator.scrape import ScrapeBook, ServicePod, ServicePolicy, plan_node
 from gpuwarden.operator.sharding import Leadership, Sharding, VerdictBoard, VerdictIngest, VerdictSender
 from gpuwarden.policy import Admission, HealthStore, PodId, SeriesKey, SeriesStore, points_from_snapshot
-from gpuwarden.wire.node import NodeReport
+from gpuwarden.wire.node import NodeReport, Snapshot
+from gpuwarden.wire.scrape import ScrapeFailure, dump_plan
 from gpuwarden.wire.verdicts import VerdictReport
 
 __all__ = [
@@ -49,6 +51,9 @@ MAX_GPUS_PER_POD = 64
 """GPU series a pod may have (8 GPUs of 7 MIG devices each is 56): the rest of its readings are refused."""
 MAX_REPORT_AGE = MAX_RETENTION
 """Readings older than this (by the operator's clock) are refused: no window could use them."""
+
+NO_PLAN = '{"targets":[]}'
+"""The scrape plan while no policy has ``serviceMetrics`` (the JSON of an empty plan)."""
 
 _OUT_OF_SCOPE = "out_of_scope"
 """A pod of a namespace not watched: its readings are dropped without a word (not a refusal)."""
@@ -87,6 +92,12 @@ class OperatorState:
     """GPU pods by (namespace, name) -> the node they run on: Kopf's ``gpu_pod_nodes`` index."""
     pods: Mapping[str, Iterable[PodRecord]] = field(default_factory=dict)
     """GPU pods by namespace -> their records: Kopf's ``gpu_pods`` index (bound at startup)."""
+    service_pods: Mapping[str, Iterable[ServicePod]] = field(default_factory=dict)
+    """GPU pods by node -> their endpoints' records: Kopf's ``service_pods`` index (bound at startup)."""
+    service_policies: Mapping[str, Iterable[ServicePolicy]] = field(default_factory=dict)
+    """Policies with ``serviceMetrics`` by namespace: Kopf's ``service_policies`` index (bound at startup)."""
+    scrapes: ScrapeBook = field(default_factory=lambda: ScrapeBook(retention_seconds=MIN_RETENTION))
+    """Each pod's latest scrape outcome, for the ``ServiceMetricsAvailable`` conditions."""
     pods_synced: bool = False
     """Whether ``pod_nodes`` holds every pod (Kopf listed them); until then unknown pods are let in."""
     horizons: dict[PolicyKey, float] = field(default_factory=dict)
@@ -158,6 +169,8 @@ class OperatorState:
             if untimely is None:
                 # A GPU's health, too, keeps only what is newer than its latest: nothing from the future.
                 self.health.observe(snapshot, node=node, admission=admission)
+            if snapshot.services:
+                self._accept_services(snapshot, node, admission, verdicts)
             for key, point in points_from_snapshot(snapshot):
                 pod = (key.namespace, key.pod)
                 if pod in verdicts:
@@ -186,6 +199,28 @@ class OperatorState:
             self.schedule.nudge_data(namespaces)
         return intake
 
+    def _accept_services(
+        self,
+        snapshot: Snapshot,
+        node: str,
+        admission: Admission,
+        verdicts: dict[tuple[str, str], str | None],
+    ) -> None:
+        """Book the pods' scrapes a snapshot carries, held to the readings' bounds: each its own time
+        within the skew and the retention, each of a pod the pod index places on the reporting node."""
+        for sample in snapshot.services:
+            at, pod = sample.at, (sample.namespace, sample.name)
+            if pod not in verdicts:
+                verdicts[pod] = self._pod_verdict(node, pod)
+            verdict = verdicts[pod]
+            if verdict == _OUT_OF_SCOPE:
+                continue
+            reason = "future" if at > admission.latest else "past" if at < admission.earliest else verdict
+            if reason is not None:
+                admission.refuse(reason)
+                continue
+            self.scrapes.saw(PodId(*pod), sample.error, at)
+
     def _room_for(self, key: SeriesKey) -> bool:
         """Whether ``key``'s series exists, or its pod has fewer than :data:`MAX_GPUS_PER_POD` GPUs."""
         return self.store.window(key) is not None or (
@@ -207,9 +242,21 @@ class OperatorState:
         """Another shard's verdicts on a policy owned here arrived: its daemon may evaluate."""
         self.schedule.nudge_policy_data(report.namespace, report.policy)
 
+    def scrape_plan(self, node: str) -> str:
+        """The JSON of ``node``'s scrape plan (:mod:`gpuwarden.operator.scrape`), for the answer to its
+        report; the selected pods with no port to scrape are booked as such."""
+        if not self.service_policies:
+            return NO_PLAN
+        planned = plan_node(self.service_pods.get(node, ()), self.service_policies)
+        now = self.clock()
+        for pod in planned.no_port:
+            self.scrapes.saw(pod, ScrapeFailure.NO_PORT, now)
+        return dump_plan(planned.plan)
+
     def forget_pod(self, namespace: str, name: str) -> None:
         """A pod was deleted: drop its series and its per-pod metrics."""
         self.store.forget_pod(namespace, name)
+        self.scrapes.forget_pod(namespace, name)
         self.health.forget_pod(namespace, name)
         self.metrics.latest.forget_pod(namespace, name)
 
@@ -227,6 +274,7 @@ class OperatorState:
             now = self.clock()
             self.store.prune(now)
             self.health.prune(now)
+            self.scrapes.prune(now)
 
     # -- policies --
 
@@ -252,6 +300,7 @@ class OperatorState:
         wanted = max(self.horizons.values(), default=MIN_RETENTION)
         self.store.retention_seconds = min(MAX_RETENTION, max(MIN_RETENTION, wanted))
         self.health.retention_seconds = self.store.retention_seconds
+        self.scrapes.retention_seconds = self.store.retention_seconds
 
     def acts_on(self, key: PolicyKey) -> bool:
         """Whether this replica evaluates ``key`` (always, but in sharded mode: its owner only)."""

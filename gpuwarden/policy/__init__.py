@@ -61,6 +61,7 @@ from gpuwarden.policy.scaling.decider import (
 )
 from gpuwarden.policy.scaling.predictive import WorkloadLoad
 from gpuwarden.policy.spec.model import LabelSelector, PolicySpec, ScaleAction, ScaleTargetRef
+from gpuwarden.policy.spec.selector import selector_matches
 from gpuwarden.policy.store.health import Admission, GpuRecord, HealthStore, Incident, IncidentKind
 from gpuwarden.policy.store.intake import (
     PROCESS_NAMESPACE,
@@ -152,5 +153,6 @@ __all__ = [
     "rule_kind",
     "rule_type",
     "scale_step",
+    "selector_matches",
     "snoozed_until",
 ]

@@ -27,8 +27,10 @@ from gpuwarden.wire.base import MAX_COUNT, MAX_TIMESTAMP, WireModel, first_error
 __all__ = [
     "MAX_BUCKETS",
     "MAX_GAUGE_VALUES",
+    "MAX_INTERVAL",
     "MAX_METRICS",
     "MAX_TARGETS",
+    "MIN_INTERVAL",
     "MetricName",
     "PlanError",
     "ScrapeFailure",
@@ -52,6 +54,7 @@ MAX_TARGETS = 256
 """Targets per plan, and scrapes per snapshot: more pods than a node runs (the kubelet's default is 110)."""
 MIN_INTERVAL = 1.0
 MAX_INTERVAL = 3600.0
+"""A target's interval in seconds: at most one scrape a second, at least one an hour."""
 
 MetricName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")]
 """A Prometheus metric name, as exposed (a counter's with its ``_total``; a histogram's base name)."""
