@@ -52,9 +52,6 @@ MAX_GPUS_PER_POD = 64
 MAX_REPORT_AGE = MAX_RETENTION
 """Readings older than this (by the operator's clock) are refused: no window could use them."""
 
-NO_PLAN = '{"targets":[]}'
-"""The scrape plan while no policy has ``serviceMetrics`` (the JSON of an empty plan)."""
-
 _OUT_OF_SCOPE = "out_of_scope"
 """A pod of a namespace not watched: its readings are dropped without a word (not a refusal)."""
 
@@ -242,16 +239,16 @@ class OperatorState:
         """Another shard's verdicts on a policy owned here arrived: its daemon may evaluate."""
         self.schedule.nudge_policy_data(report.namespace, report.policy)
 
-    def scrape_plan(self, node: str) -> str:
-        """The JSON of ``node``'s scrape plan (:mod:`gpuwarden.operator.scrape`), for the answer to its
-        report; the selected pods with no port to scrape are booked as such."""
+    def scrape_plan(self, node: str) -> str | None:
+        """The JSON of ``node``'s scrape plan (:mod:`gpuwarden.operator.scrape`) for the answer to its
+        report, None when it has nothing to scrape; the selected pods with no port are booked as such."""
         if not self.service_policies:
-            return NO_PLAN
+            return None  # no policy reads the pods' metrics: the common case, at no cost
         planned = plan_node(self.service_pods.get(node, ()), self.service_policies)
         now = self.clock()
         for pod in planned.no_port:
             self.scrapes.saw(pod, ScrapeFailure.NO_PORT, now)
-        return dump_plan(planned.plan)
+        return dump_plan(planned.plan) if planned.plan.targets else None
 
     def forget_pod(self, namespace: str, name: str) -> None:
         """A pod was deleted: drop its series and its per-pod metrics."""

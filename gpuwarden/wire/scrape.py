@@ -4,7 +4,8 @@ agent sends back in its snapshots (NodeReport schema version 6).
 The plan rides in the 2xx answer to a report (``{"accepted": ..., "scrape": {"targets": [...]}}``):
 the pods of that node which a policy with ``serviceMetrics`` selects, where their endpoint is, which
 metric names to keep and how often. An agent that predates it ignores the key; an operator that
-predates it sends none, and the agent then scrapes nothing. An agent scrapes only the pods its own
+predates it sends none, nor does one with nothing for that node to scrape: the agent then scrapes
+nothing. An agent scrapes only the pods its own
 pod list places on its node, at the address that list gives (:mod:`gpuwarden.agent.scrape`).
 
 A scrape is compacted before it leaves the agent, so a report stays small whatever a server

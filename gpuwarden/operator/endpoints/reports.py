@@ -30,8 +30,8 @@ such GPU pod is watched), ``tooManyGpus`` and ``tooManyPods`` (past a bound of
 docs/operator.md, "Bounds"); empty when all were.
 ``duplicate: true`` answers a seq the same agent had stored lately (:class:`ReportBook`).
 ``scrape`` is the node's scrape plan (:class:`~gpuwarden.wire.scrape.ScrapePlan`: the pods of that
-node whose own metrics its agent is to read), in every 200, duplicates included; absent when the
-operator plans none (``plan`` unset).
+node whose own metrics its agent is to read), in every 200, duplicates included; absent when there
+is nothing to scrape, which the agent reads as an empty plan (as it reads an older operator's answer).
 
 Error bodies are JSON ``{"reason": ..., "message": ...}``. A request is
 independent of every other: one bad report never costs a good one; an
@@ -176,8 +176,8 @@ class ReportIngest:
     """The operator's clock, which snapshots' timestamps are held against."""
     route: Callable[[str], Elsewhere | None] | None = None
     """Sharded mode: None when the token's node is ours, else its owner (a 421). None: every node is ours."""
-    plan: Callable[[str], str] | None = None
-    """The scrape plan of a node, as the JSON of the answer's ``scrape`` (None: no ``scrape`` key)."""
+    plan: Callable[[str], str | None] | None = None
+    """The scrape plan of a node, as the JSON of the answer's ``scrape``; None: nothing to scrape."""
     _large: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
 
     async def handle(self, request: web.Request) -> web.Response:
@@ -245,8 +245,9 @@ class ReportIngest:
         # comes as JSON already.
         text = json.dumps(refused) if refused else "{}"
         body = f'{{"accepted": {accepted}, "duplicate": {"true" if duplicate else "false"}, "refused": {text}'
-        if self.plan is not None:
-            body += f', "scrape": {self.plan(node)}'
+        scrape = self.plan(node) if self.plan is not None else None
+        if scrape is not None:
+            body += f', "scrape": {scrape}'
         return web.Response(text=body + "}", content_type="application/json")
 
 
