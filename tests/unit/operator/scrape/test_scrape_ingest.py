@@ -120,7 +120,7 @@ async def test_scrapes_are_booked_for_the_nodes_own_pods_within_the_clocks_bound
             0,
             [
                 sample("llm-0"),
-                sample("llm-1", error=ScrapeFailure.TIMEOUT),
+                sample("llm-0", at=T0 + 1, error=ScrapeFailure.TIMEOUT),
                 sample("far"),  # node-2's pod: node-1 may not speak for it
                 sample("ghost"),  # no such GPU pod
                 sample("llm-0", at=T0 + 3600),  # ahead of the operator's clock
@@ -128,14 +128,11 @@ async def test_scrapes_are_booked_for_the_nodes_own_pods_within_the_clocks_bound
         ),
     )
     assert answer["refused"] == {"foreignPod": 1, "unknownPod": 1, "future": 1}
-    first = state.scrapes.latest(PodId("serving", "llm-0"))
-    assert first is not None
-    assert (first.error, first.at) == (None, T0)
+    latest = state.scrapes.latest(PodId("serving", "llm-0"))
+    assert latest is not None
+    assert (latest.error, latest.at) == (ScrapeFailure.TIMEOUT, T0 + 1)
     assert state.scrapes.latest(PodId("serving", "far")) is None
     assert state.scrapes.latest(PodId("serving", "ghost")) is None
-    failing = state.scrapes.latest(PodId("serving", "llm-1"))
-    assert failing is not None
-    assert failing.error is ScrapeFailure.TIMEOUT
 
 
 async def test_the_agents_sender_hands_the_plan_to_its_scraper(served: Any, tmp_path: Path) -> None:
