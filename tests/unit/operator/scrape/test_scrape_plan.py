@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
+from gpuwarden.operator.policies.status import PolicyVerdict, build_status
 from gpuwarden.operator.scrape import (
+    AVAILABLE,
     ScrapeBook,
     ServicePod,
     ServicePolicy,
@@ -164,3 +166,17 @@ def test_an_interval_outside_the_wires_bounds_is_clamped(interval: float) -> Non
         [pod("a")], {"serving": [policy("p", {LATENCY}, interval=interval, port=1)]}
     ).plan.targets
     assert 1.0 <= target.interval_seconds <= 3600.0
+
+
+def test_the_condition_is_in_the_status_while_the_spec_reads_pods_and_goes_when_it_stops() -> None:
+    book = ScrapeBook(retention_seconds=600)
+    book.saw(PodId("serving", "llm-0"), ScrapeFailure.TOO_LARGE, 100.0)
+    condition = availability(book, [PodId("serving", "llm-0")])
+    first = build_status(PolicyVerdict(generation=1, service_metrics=condition), None, now=1000.0)
+    (written,) = [c for c in first["conditions"] if c["type"] == AVAILABLE]
+    assert (written["status"], written["reason"]) == ("False", "EndpointsFailing")
+    assert written["message"] == "1 of 1 pods' metrics cannot be read: TooLarge 1 (llm-0)."
+    invalid = build_status(PolicyVerdict(generation=2, spec_error="rules: bad"), first, now=1001.0)
+    assert AVAILABLE in {c["type"] for c in invalid["conditions"]}  # nothing new to say until it is valid
+    gone = build_status(PolicyVerdict(generation=3), first, now=1002.0)
+    assert AVAILABLE not in {c["type"] for c in gone["conditions"]}
