@@ -5,6 +5,8 @@
 - ``gpu_pod_nodes`` index: the node each GPU pod runs on, for the reports' pods;
 - ``service_pods`` index: GPU pods by node with their IP and metrics endpoint hints, for the nodes'
   scrape plans;
+- ``service_policies`` index: the policies whose rules read the pods' own metrics by namespace,
+  parsed once per change, for the nodes' scrape plans;
 - ``policy_claims`` index: each policy's parsed scale action by namespace, for the scaler's
   conflict check (parsed once per change, not by every policy at every round);
 - pod deletion: forget the pod's series;
@@ -29,7 +31,7 @@ from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.policies import pod_record, requests_gpu
 from gpuwarden.operator.resources import FINALIZER, GROUP, PLURAL, PREFIX, VERSION, PodRecord, PolicyKey
 from gpuwarden.operator.scaling import PolicyClaim, policy_claim
-from gpuwarden.operator.scrape import ServicePod, service_pod
+from gpuwarden.operator.scrape import ServicePod, ServicePolicy, service_pod, service_policy
 from gpuwarden.operator.state import OperatorState
 
 logger = logging.getLogger(__name__)
@@ -85,6 +87,7 @@ async def start_services(memo: kopf.Memo, **kwargs: Any) -> None:
     state.pod_nodes = kwargs["gpu_pod_nodes"]
     state.pods = kwargs["gpu_pods"]
     state.service_pods = kwargs["service_pods"]
+    state.service_policies = kwargs["service_policies"]
     await _operator(memo).services.start()
 
 
@@ -138,6 +141,15 @@ def service_pods(
         status=status,
     )
     return {str(spec["nodeName"]): pod}
+
+
+@kopf.index(GROUP, VERSION, PLURAL, registry=registry)
+def service_policies(namespace: str | None, body: kopf.Body, **_: Any) -> dict[str, ServicePolicy]:
+    assert namespace is not None
+    record = service_policy(body)
+    # {} rather than None: Kopf keeps an entry a None leaves alone, and drops the ones {} does not name
+    # (and a namespace left with none), so "is any policy reading pods?" stays a len() at every report.
+    return {} if record is None else {namespace: record}
 
 
 @kopf.index(GROUP, VERSION, PLURAL, registry=registry)

@@ -22,7 +22,7 @@ from gpuwarden.operator.kube import EventPoster, KubeApi, TokenAuthenticator
 from gpuwarden.operator.metrics import OperatorMetrics, store_gauges
 from gpuwarden.operator.pacing import Pacing, PolicySchedule
 from gpuwarden.operator.resources import PodRecord, PolicyKey
-from gpuwarden.operator.scrape import ScrapeBook, ServicePod, ServicePolicy, plan_node
+from gpuwarden.operator.scrape import ServicePod, ServicePolicy, plan_node
 from gpuwarden.operator.sharding import Leadership, Sharding, VerdictBoard, VerdictIngest, VerdictSender
 from gpuwarden.policy import (
     Admission,
@@ -30,8 +30,10 @@ from gpuwarden.policy import (
     PodId,
     SeriesKey,
     SeriesStore,
+    ServiceScrape,
     ServiceStore,
     points_from_snapshot,
+    service_scrape,
 )
 from gpuwarden.wire.node import NodeReport, Snapshot
 from gpuwarden.wire.scrape import ScrapeFailure, dump_plan
@@ -103,8 +105,6 @@ class OperatorState:
     """GPU pods by node -> their endpoints' records: Kopf's ``service_pods`` index (bound at startup)."""
     service_policies: Mapping[str, Iterable[ServicePolicy]] = field(default_factory=dict)
     """Policies with ``serviceMetrics`` by namespace: Kopf's ``service_policies`` index (bound at startup)."""
-    scrapes: ScrapeBook = field(default_factory=lambda: ScrapeBook(retention_seconds=MIN_RETENTION))
-    """Each pod's latest scrape outcome, for the ``ServiceMetricsAvailable`` conditions."""
     pods_synced: bool = False
     """Whether ``pod_nodes`` holds every pod (Kopf listed them); until then unknown pods are let in."""
     horizons: dict[PolicyKey, float] = field(default_factory=dict)
@@ -213,7 +213,7 @@ class OperatorState:
         admission: Admission,
         verdicts: dict[tuple[str, str], str | None],
     ) -> None:
-        """Book the pods' scrapes a snapshot carries, held to the readings' bounds: each its own time
+        """Store the pods' scrapes a snapshot carries, held to the readings' bounds: each its own time
         within the skew and the retention, each of a pod the pod index places on the reporting node."""
         for sample in snapshot.services:
             at, pod = sample.at, (sample.namespace, sample.name)
@@ -226,7 +226,7 @@ class OperatorState:
             if reason is not None:
                 admission.refuse(reason)
                 continue
-            self.scrapes.saw(PodId(*pod), sample.error, at)
+            self.services.record(PodId(*pod), service_scrape(sample))
 
     def _room_for(self, key: SeriesKey) -> bool:
         """Whether ``key``'s series exists, or its pod has fewer than :data:`MAX_GPUS_PER_POD` GPUs."""
@@ -251,19 +251,20 @@ class OperatorState:
 
     def scrape_plan(self, node: str) -> str | None:
         """The JSON of ``node``'s scrape plan (:mod:`gpuwarden.operator.scrape`) for the answer to its
-        report, None when it has nothing to scrape; the selected pods with no port are booked as such."""
+        report, None when it has nothing to scrape. A selected pod with no port gets a ``NoPort`` scrape
+        (once, until another outcome or the retention replaces it): its policies' condition says so."""
         if not self.service_policies:
             return None  # no policy reads the pods' metrics: the common case, at no cost
         planned = plan_node(self.service_pods.get(node, ()), self.service_policies)
-        now = self.clock()
         for pod in planned.no_port:
-            self.scrapes.saw(pod, ScrapeFailure.NO_PORT, now)
+            kept = self.services.scrapes(pod)
+            if not kept or kept[-1].error != ScrapeFailure.NO_PORT:
+                self.services.record(pod, ServiceScrape(at=self.clock(), error=ScrapeFailure.NO_PORT.value))
         return dump_plan(planned.plan) if planned.plan.targets else None
 
     def forget_pod(self, namespace: str, name: str) -> None:
         """A pod was deleted: drop its series and its per-pod metrics."""
         self.store.forget_pod(namespace, name)
-        self.scrapes.forget_pod(namespace, name)
         self.health.forget_pod(namespace, name)
         self.services.forget_pod(PodId(namespace, name))
         self.metrics.latest.forget_pod(namespace, name)
@@ -282,7 +283,6 @@ class OperatorState:
             now = self.clock()
             self.store.prune(now)
             self.health.prune(now)
-            self.scrapes.prune(now)
             self.services.prune(now)
 
     # -- policies --
@@ -309,7 +309,6 @@ class OperatorState:
         wanted = max(self.horizons.values(), default=MIN_RETENTION)
         self.store.retention_seconds = min(MAX_RETENTION, max(MIN_RETENTION, wanted))
         self.health.retention_seconds = self.store.retention_seconds
-        self.scrapes.retention_seconds = self.store.retention_seconds
         self.services.retention_seconds = self.store.retention_seconds
 
     def acts_on(self, key: PolicyKey) -> bool:

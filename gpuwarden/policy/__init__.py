@@ -79,6 +79,7 @@ from gpuwarden.policy.store.intake import (
     points_from_report,
     points_from_snapshot,
     process_subject,
+    service_scrape,
 )
 from gpuwarden.policy.store.series import (
     BYTES_PER_POINT,
@@ -170,5 +171,6 @@ __all__ = [
     "scale_step",
     "selector_matches",
     "service_metric_names",
+    "service_scrape",
     "snoozed_until",
 ]

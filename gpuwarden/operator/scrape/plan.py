@@ -1,8 +1,9 @@
-"""Which pods a node's agent scrapes: the plan, from the policies with ``serviceMetrics`` and the pods (pure).
+"""Which pods a node's agent scrapes: the plan, from the policies that read pods' metrics and the pods (pure).
 
 The operator answers each report with its node's plan (:mod:`gpuwarden.wire.scrape`): every GPU pod
-on that node that a policy with ``serviceMetrics`` selects and that has an IP, with the union of the
-metric names those policies' rules read, at the shortest of their intervals.
+on that node that a policy whose rules read the pods' own metrics selects (``service_metric_names``
+not empty: a service rule, with or without ``serviceMetrics``), once it has an IP, with the union of
+the metric names those policies' rules read, at the shortest of their intervals.
 
 Where a pod's endpoint is, first found wins:
 
@@ -24,7 +25,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuwarden.policy import LabelSelector, PodId, selector_matches
+from gpuwarden.policy import (
+    LabelSelector,
+    PodId,
+    SpecError,
+    parse_spec,
+    selector_matches,
+    service_metric_names,
+)
 from gpuwarden.wire.scrape import (
     MAX_INTERVAL,
     MAX_METRICS,
@@ -44,6 +52,7 @@ __all__ = [
     "ServicePolicy",
     "plan_node",
     "service_pod",
+    "service_policy",
 ]
 
 PORT_ANNOTATION = "prometheus.io/port"
@@ -97,6 +106,32 @@ class NodePlan:
 
     plan: ScrapePlan
     no_port: tuple[PodId, ...] = ()
+
+
+def service_policy(body: Mapping[str, Any]) -> ServicePolicy | None:
+    """The policy index's record of a policy object: None unless its rules read the pods' own metrics
+    (an invalid spec is not evaluated, a policy being deleted is stopping)."""
+    meta = body.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return None
+    try:
+        spec = parse_spec(body.get("spec") or {})
+    except SpecError:
+        return None
+    names = service_metric_names(spec)
+    if not names:
+        return None
+    source = spec.service_metrics
+    interval = source.interval_seconds if source is not None else None
+    return ServicePolicy(
+        name=str(meta.get("name", "")),
+        selector=spec.selector,
+        metrics=names,
+        interval_seconds=interval if interval is not None else spec.evaluation_interval_seconds,
+        port=source.port if source is not None else None,
+        path=source.path if source is not None else None,
+        scheme=source.scheme if source is not None else "http",
+    )
 
 
 def service_pod(

@@ -1,11 +1,12 @@
 """The operator's side end to end on the real ingest app: the node's plan in the answer to its agent's
-report (read by the agent's own ReportSender and Scraper), and the scrapes a report carries booked only
+report (read by the agent's own ReportSender and Scraper), and the scrapes a report carries stored only
 for pods of the reporting node, within the clock's bounds."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+import math
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +22,9 @@ from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.endpoints import make_ingest_app
 from gpuwarden.operator.scrape import AVAILABLE, ServicePod, ServicePolicy, availability
 from gpuwarden.operator.state import OperatorState
-from gpuwarden.policy import LabelSelector, PodId
+from gpuwarden.policy import Histogram, LabelSelector, PodId, ServiceScrape
 from gpuwarden.wire.node import NodeReport, Snapshot, dump_report
-from gpuwarden.wire.scrape import ScrapeFailure, ServiceSample, parse_plan
+from gpuwarden.wire.scrape import ScrapeFailure, ServiceHistogram, ServiceSample, parse_plan
 
 AGENT = "system:serviceaccount:gpuwarden-system:gpuwarden-agent"
 T0 = 1_800_000_000.0
@@ -89,9 +90,10 @@ async def test_the_answer_carries_the_nodes_plan_and_only_its_pods(served: Any) 
     assert [(t.name, t.ip, t.port, t.metrics, t.interval_seconds) for t in plan.targets] == [
         ("llm-0", "127.0.0.1", 8000, [LATENCY], 5.0)
     ]
-    # The pod with no port is booked for its policy's condition; the other node's pod is not this node's.
+    # The pod with no port gets a NoPort scrape for its policy's condition, once; the other node's pod
+    # is not this node's.
     pods = [PodId("serving", n) for n in ("llm-0", "llm-1", "far")]
-    assert availability(state.scrapes, pods) == (
+    assert availability(latest(state), pods) == (
         "False",
         "EndpointsFailing",
         "1 of 1 pods' metrics cannot be read: NoPort 1 (llm-1).",
@@ -99,6 +101,7 @@ async def test_the_answer_carries_the_nodes_plan_and_only_its_pods(served: Any) 
     duplicate = await post(client, report(0, []))
     assert duplicate["duplicate"] is True
     assert duplicate["scrape"] == answer["scrape"]
+    assert len(state.services.scrapes(PodId("serving", "llm-1"))) == 1
 
 
 async def test_without_a_policy_that_reads_pods_the_answer_has_no_plan(served: Any) -> None:
@@ -108,11 +111,24 @@ async def test_without_a_policy_that_reads_pods_the_answer_has_no_plan(served: A
     assert answer == {"accepted": 0, "duplicate": False, "refused": {}}
 
 
-async def test_scrapes_are_booked_for_the_nodes_own_pods_within_the_clocks_bounds(served: Any) -> None:
+def latest(state: OperatorState) -> Callable[[PodId], ServiceScrape | None]:
+    def newest(pod: PodId) -> ServiceScrape | None:
+        kept = state.services.scrapes(pod)
+        return kept[-1] if kept else None
+
+    return newest
+
+
+async def test_scrapes_are_stored_for_the_nodes_own_pods_within_the_clocks_bounds(served: Any) -> None:
     client, state = served
 
     def sample(name: str, at: float = T0, error: ScrapeFailure | None = None) -> ServiceSample:
-        return ServiceSample(namespace="serving", name=name, uid=f"u-{name}", at=at, error=error)
+        histograms = (
+            [] if error else [ServiceHistogram(name=LATENCY, bounds=[0.5], counts=[1], count=2, sum=1.5)]
+        )
+        return ServiceSample(
+            namespace="serving", name=name, uid=f"u-{name}", at=at, error=error, histograms=histograms
+        )
 
     answer = await post(
         client,
@@ -128,11 +144,12 @@ async def test_scrapes_are_booked_for_the_nodes_own_pods_within_the_clocks_bound
         ),
     )
     assert answer["refused"] == {"foreignPod": 1, "unknownPod": 1, "future": 1}
-    latest = state.scrapes.latest(PodId("serving", "llm-0"))
-    assert latest is not None
-    assert (latest.error, latest.at) == (ScrapeFailure.TIMEOUT, T0 + 1)
-    assert state.scrapes.latest(PodId("serving", "far")) is None
-    assert state.scrapes.latest(PodId("serving", "ghost")) is None
+    scrapes = state.services.scrapes(PodId("serving", "llm-0"))
+    assert [(s.at, s.error) for s in scrapes] == [(T0, None), (T0 + 1, "Timeout")]
+    (histogram,) = scrapes[0].histograms.values()
+    assert histogram == Histogram((0.5, math.inf), (1.0, 2.0), 1.5)
+    assert state.services.scrapes(PodId("serving", "far")) == ()
+    assert state.services.scrapes(PodId("serving", "ghost")) == ()
 
 
 async def test_the_agents_sender_hands_the_plan_to_its_scraper(served: Any, tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ the ServiceMetricsAvailable condition from the pods' latest outcomes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -10,14 +11,14 @@ import pytest
 from gpuwarden.operator.policies.status import PolicyVerdict, build_status
 from gpuwarden.operator.scrape import (
     AVAILABLE,
-    ScrapeBook,
     ServicePod,
     ServicePolicy,
     availability,
     plan_node,
     service_pod,
+    service_policy,
 )
-from gpuwarden.policy import LabelSelector, PodId
+from gpuwarden.policy import LabelSelector, PodId, ServiceScrape, ServiceStore
 from gpuwarden.wire.scrape import MAX_METRICS, ScrapeFailure
 
 LATENCY = "vllm:e2e_request_latency_seconds"
@@ -127,37 +128,54 @@ def test_the_pod_index_reads_the_annotations_and_ports_and_drops_invalid_ones() 
     assert kube_pod({}, [], None).ip is None
 
 
+def latest_of(store: ServiceStore) -> Callable[[PodId], ServiceScrape | None]:
+    def latest(pod: PodId) -> ServiceScrape | None:
+        kept = store.scrapes(pod)
+        return kept[-1] if kept else None
+
+    return latest
+
+
 def test_the_condition_counts_reasons_and_names_a_few_pods() -> None:
-    book = ScrapeBook(retention_seconds=600)
+    store = ServiceStore(retention_seconds=600)
     pods = [PodId("serving", f"llm-{i}") for i in range(7)]
-    assert availability(book, pods)[:2] == ("Unknown", "NoScrapes")
-    book.saw(pods[0], None, 100.0)
-    assert availability(book, pods) == ("True", "MetricsRead", "The metrics of all 1 scraped pods are read.")
+    assert availability(latest_of(store), pods)[:2] == ("Unknown", "NoScrapes")
+    store.record(pods[0], ServiceScrape(at=100.0))
+    assert availability(latest_of(store), pods) == (
+        "True",
+        "MetricsRead",
+        "The metrics of all 1 scraped pods are read.",
+    )
     for p in pods[1:5]:
-        book.saw(p, ScrapeFailure.TIMEOUT, 100.0)
-    book.saw(pods[5], ScrapeFailure.NO_PORT, 100.0)
-    status, reason, message = availability(book, pods)
+        store.record(p, ServiceScrape(at=100.0, error=ScrapeFailure.TIMEOUT.value))
+    store.record(pods[5], ServiceScrape(at=100.0, error=ScrapeFailure.NO_PORT.value))
+    status, reason, message = availability(latest_of(store), pods)
     assert (status, reason) == ("False", "EndpointsFailing")
     assert message == (
         "5 of 6 pods' metrics cannot be read: NoPort 1 (llm-5); Timeout 4 (llm-1, llm-2, llm-3, …)."
     )
+    store.record(pods[5], ServiceScrape(at=101.0))  # the latest decides
+    assert "NoPort" not in availability(latest_of(store), pods)[2]
 
 
-def test_the_book_keeps_the_latest_outcome_forgets_deleted_pods_and_prunes() -> None:
-    book = ScrapeBook(retention_seconds=600)
-    pod_a = PodId("serving", "a")
-    book.saw(pod_a, ScrapeFailure.TIMEOUT, 200.0)
-    book.saw(pod_a, None, 150.0)  # a replay of an older scrape
-    latest = book.latest(pod_a)
-    assert latest is not None
-    assert latest.error is ScrapeFailure.TIMEOUT
-    book.prune(now=700.0)
-    assert len(book) == 1
-    book.prune(now=801.0)
-    assert len(book) == 0
-    book.saw(pod_a, None, 900.0)
-    book.forget_pod("serving", "a")
-    assert book.latest(pod_a) is None
+def policy_object(spec: dict[str, Any], **meta: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "latency", "namespace": "serving", **meta}, "spec": spec}
+
+
+def test_a_policy_of_gpu_rules_or_an_invalid_or_deleted_one_reads_no_pods() -> None:
+    selector = {"matchLabels": {"app": "llm"}}
+    idle = {"name": "idle", "utilizationFloor": {"percent": 20, "for": "5m"}}
+    assert (
+        service_policy(
+            policy_object({"selector": selector, "serviceMetrics": {"port": 8000}, "rules": [idle]})
+        )
+        is None
+    )
+    assert service_policy(policy_object({"selector": selector, "rules": [{"name": "x"}]})) is None
+    deleting = policy_object(
+        {"selector": selector, "rules": [idle]}, deletionTimestamp="2026-12-04T18:00:00Z"
+    )
+    assert service_policy(deleting) is None
 
 
 @pytest.mark.parametrize("interval", [0.2, 7200.0])
@@ -169,9 +187,9 @@ def test_an_interval_outside_the_wires_bounds_is_clamped(interval: float) -> Non
 
 
 def test_the_condition_is_in_the_status_while_the_spec_reads_pods_and_goes_when_it_stops() -> None:
-    book = ScrapeBook(retention_seconds=600)
-    book.saw(PodId("serving", "llm-0"), ScrapeFailure.TOO_LARGE, 100.0)
-    condition = availability(book, [PodId("serving", "llm-0")])
+    store = ServiceStore(retention_seconds=600)
+    store.record(PodId("serving", "llm-0"), ServiceScrape(at=100.0, error=ScrapeFailure.TOO_LARGE.value))
+    condition = availability(latest_of(store), [PodId("serving", "llm-0")])
     first = build_status(PolicyVerdict(generation=1, service_metrics=condition), None, now=1000.0)
     (written,) = [c for c in first["conditions"] if c["type"] == AVAILABLE]
     assert (written["status"], written["reason"]) == ("False", "EndpointsFailing")
