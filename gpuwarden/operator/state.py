@@ -35,8 +35,8 @@ from gpuwarden.policy import (
     points_from_snapshot,
     service_scrape,
 )
-from gpuwarden.wire.node import NodeReport, Snapshot
-from gpuwarden.wire.scrape import ScrapeFailure, dump_plan
+from gpuwarden.wire.node import NodeReport
+from gpuwarden.wire.scrape import ScrapeFailure, ServiceSample, dump_plan
 from gpuwarden.wire.verdicts import VerdictReport
 
 __all__ = [
@@ -177,7 +177,7 @@ class OperatorState:
                 # A GPU's health, too, keeps only what is newer than its latest: nothing from the future.
                 self.health.observe(snapshot, node=node, admission=admission)
             if snapshot.services:
-                self._accept_services(snapshot, node, admission, verdicts)
+                self._accept_services(snapshot.services, node, admission, verdicts)
             for key, point in points_from_snapshot(snapshot):
                 pod = (key.namespace, key.pod)
                 if pod in verdicts:
@@ -208,14 +208,14 @@ class OperatorState:
 
     def _accept_services(
         self,
-        snapshot: Snapshot,
+        samples: Iterable[ServiceSample],
         node: str,
         admission: Admission,
         verdicts: dict[tuple[str, str], str | None],
     ) -> None:
-        """Store the pods' scrapes a snapshot carries, held to the readings' bounds: each its own time
+        """Store the pods' scrapes of a snapshot, held to the readings' bounds: each its own time
         within the skew and the retention, each of a pod the pod index places on the reporting node."""
-        for sample in snapshot.services:
+        for sample in samples:
             at, pod = sample.at, (sample.namespace, sample.name)
             if pod not in verdicts:
                 verdicts[pod] = self._pod_verdict(node, pod)

@@ -220,9 +220,9 @@ class Snapshot(WireModel):
     """
     gpus: list[GpuSample] = Field(max_length=64)
     pod_host_memory: list[PodHostMemory] = Field(default_factory=list, max_length=1024)
-    services: list[ServiceSample] = Field(default_factory=list, max_length=MAX_TARGETS)
+    services: list[ServiceSample] | None = Field(default=None, max_length=MAX_TARGETS)
     """The pods' metrics the agent scraped since the previous snapshot (schema version 6; the operator's
-    plan says which, :class:`~gpuwarden.wire.scrape.ScrapePlan`)."""
+    plan says which, :class:`~gpuwarden.wire.scrape.ScrapePlan`); None, and not sent, when none."""
 
 
 class NodeReport(WireModel):
