@@ -98,7 +98,7 @@ class Pods:
         return web.Response(body=b"#\n" * (5 * MiB), content_type="text/plain")
 
     async def big(self, request: web.Request) -> web.Response:
-        # Just under the cap (about 870 kB) and valid: 9,000 series of one gauge, for the parser to chew on.
+        # Just under the cap (about 810 kB) and valid: 9,000 series of one gauge, for the parser to chew on.
         lines = [
             f'{WAITING}{{model_name="m{i}",replica="{i % 7}",pad="{"x" * 20}"}} {i}' for i in range(9_000)
         ]
@@ -276,7 +276,7 @@ async def test_hung_and_huge_pods_do_not_slow_the_good_ones(pods: Pods, registry
     await stop(ticking)
     # The event loop (the agent's sampler, hook socket, /metrics and reports share it) stayed free:
     # what a 10 ms timer was late by, at worst, while the big page was parsed and the others failed
-    # (47 ms on the 2-core VM under load; parsed on the loop, the page alone holds it ~300 ms).
+    # (47 ms on the 2-core VM under load; parsed on the loop, the page alone holds it about 200 ms).
     print(f"\nevent loop lag while scraping: max {max(lags) * 1000:.1f} ms over {len(lags)} ticks")
     assert max(lags) < 0.2
     (big,) = got["big"][:1]
