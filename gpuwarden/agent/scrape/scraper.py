@@ -153,6 +153,8 @@ class Scraper:
     def accept_plan(self, value: Any) -> None:
         """Take the ``scrape`` value of an answer (None: the operator sent none, so nothing is scraped)."""
         if value is None:
+            if not self._plan.targets and not self._plan.refused:
+                return  # nothing planned, nothing to stop: the answer to most reports
             plan = ScrapePlan()
         else:
             try:
