@@ -17,7 +17,7 @@ format nor OpenMetrics, raises :class:`ScrapeFailed` (``NotPrometheus``).
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 from prometheus_client.metrics_core import Metric
@@ -67,6 +67,7 @@ def media_type(content_type: str) -> str:
 def compact(text: str, content_type: str, names: Collection[str]) -> Compacted:
     """Parse ``text`` (as its ``content_type`` says) and keep ``names`` (see the module doc)."""
     kind = media_type(content_type)
+    parse: Callable[[str], Iterable[Metric]]
     if kind == OPENMETRICS:
         parse = openmetrics_families
     elif kind in (TEXT, ""):

@@ -258,7 +258,6 @@ class Scraper:
 
     async def _sample(self, session: aiohttp.ClientSession, target: ScrapeTarget) -> ServiceSample:
         at = self._clock()
-        who = {"namespace": target.namespace, "name": target.name, "uid": target.uid, "at": at}
         timeout = min(self._timeout, target.interval_seconds / 2)
         try:
             page = await fetch(session, target.url(), seconds=timeout, max_bytes=self._max_bytes)
@@ -266,8 +265,18 @@ class Scraper:
             found = await asyncio.to_thread(compact, page.text, page.content_type, target.metrics)
         except ScrapeFailed as failed:
             log.debug("scraping %s/%s: %s", target.namespace, target.name, failed)
-            return ServiceSample(**who, error=failed.reason)
-        return ServiceSample(**who, histograms=found.histograms, counters=found.counters, gauges=found.gauges)
+            return ServiceSample(
+                namespace=target.namespace, name=target.name, uid=target.uid, at=at, error=failed.reason
+            )
+        return ServiceSample(
+            namespace=target.namespace,
+            name=target.name,
+            uid=target.uid,
+            at=at,
+            histograms=found.histograms,
+            counters=found.counters,
+            gauges=found.gauges,
+        )
 
 
 def _delay(interval: float, failures: int) -> float:

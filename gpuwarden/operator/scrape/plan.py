@@ -171,7 +171,10 @@ def plan_node(pods: Iterable[ServicePod], policies: Mapping[str, Iterable[Servic
             (p for p in policies.get(pod.namespace, ()) if selector_matches(p.selector, pod.labels)),
             key=lambda p: p.name,
         )
-        metrics = sorted(set().union(*(p.metrics for p in selecting)))[:MAX_METRICS]
+        names: set[str] = set()
+        for p in selecting:
+            names |= p.metrics
+        metrics = sorted(names)[:MAX_METRICS]
         if not metrics:
             continue  # its policies' rules read none of its metrics (yet)
         target = _target(pod, selecting, metrics)
