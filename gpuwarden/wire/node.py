@@ -238,9 +238,9 @@ class NodeReport(WireModel):
 
 
 REFUSALS = ("future", "past", "foreignPod", "unknownPod", "tooManyGpus", "tooManyPods")
-"""Why the operator leaves readings (and XIDs, pods on a GPU) of an accepted report unstored (its
-answer's ``refused``): a timestamp ahead of its clock by more than its skew, or older than its
-retention; a pod the API places on another node than the reporting one, or does not know; a GPU
+"""Why the operator leaves readings (and XIDs, pods on a GPU, pods' scrapes) of an accepted report
+unstored (its answer's ``refused``): a timestamp ahead of its clock by more than its skew, or older
+than its retention; a pod the API places on another node than the reporting one, or does not know; a GPU
 past the node's or a pod's bound, or a pod past a GPU's (docs/operator.md, "Bounds")."""
 
 
