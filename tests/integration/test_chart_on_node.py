@@ -177,7 +177,10 @@ def prepare(node: Node, prefix: str) -> str:
 
 def helm_install(node: Node) -> None:
     """``helm install`` of the chart with :func:`values`; the CRDs are Established when it returns."""
-    helm = node.control_plane.run_helm(
+    cp = node.control_plane
+    # An earlier module's release namespace may still be terminating (tear_down does not wait for it).
+    cp.kubectl("wait", "--for=delete", f"namespace/{SYSTEM}", "--timeout=120s", check=True, timeout=150)
+    helm = cp.run_helm(
         "install", RELEASE, str(CHART), "--namespace", SYSTEM, "--create-namespace", "-f", "-",
         input=yaml.safe_dump(values(node)), timeout=180,
     )  # fmt: skip
