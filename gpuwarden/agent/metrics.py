@@ -543,14 +543,13 @@ class ScrapeMetrics:
     """
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.scrapes = Counter(
+        self.scrapes = _by_reason(
             "gpuwarden_agent_service_scrapes",
             "Scrapes of the pods' own metrics endpoints (the operator's plan), by result (docs/agent.md).",
-            ["result"],
-            registry=registry,
+            SCRAPE_RESULTS,
+            registry,
+            label="result",
         )
-        for result in SCRAPE_RESULTS:
-            self.scrapes.labels(result)
         self.duration = Histogram(
             "gpuwarden_agent_service_scrape_duration_seconds",
             "Time one scrape took, from its request to its page compacted (or its failure).",
@@ -583,9 +582,16 @@ class ScrapeMetrics:
         self.planned.set(count)
 
 
-def _by_reason(name: str, documentation: str, reasons: Iterable[str], registry: CollectorRegistry) -> Counter:
-    """A counter labelled ``reason``, each of ``reasons`` created at 0."""
-    counter = Counter(name, documentation, ["reason"], registry=registry)
+def _by_reason(
+    name: str,
+    documentation: str,
+    reasons: Iterable[str],
+    registry: CollectorRegistry,
+    *,
+    label: str = "reason",
+) -> Counter:
+    """A counter labelled ``label`` (``reason``), each of ``reasons`` created at 0."""
+    counter = Counter(name, documentation, [label], registry=registry)
     for reason in reasons:
         counter.labels(reason)
     return counter
