@@ -28,6 +28,7 @@ import enum
 import heapq
 import itertools
 import json
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -48,6 +49,8 @@ from gpuwarden.sim.service import (
     ReplicaConfig,
     Request,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "HUGE_BYTES",
@@ -276,15 +279,19 @@ async def _huge(request: web.Request) -> web.StreamResponse:
     response.enable_chunked_encoding()
     await response.prepare(request)
     header = b"# HELP sim_padding One series per line, to make the page large.\n# TYPE sim_padding gauge\n"
-    await response.write(header)
-    written = len(header)
-    line = 0
-    while written < HUGE_BYTES:
-        chunk = b"".join(b'sim_padding{line="%09d"} 0\n' % (line + i) for i in range(HUGE_CHUNK_LINES))
-        await response.write(chunk)
-        written += len(chunk)
-        line += HUGE_CHUNK_LINES
-    await response.write_eof()
+    written = line = 0
+    try:
+        await response.write(header)
+        written = len(header)
+        while written < HUGE_BYTES:
+            chunk = b"".join(b'sim_padding{line="%09d"} 0\n' % (line + i) for i in range(HUGE_CHUNK_LINES))
+            await response.write(chunk)
+            written += len(chunk)
+            line += HUGE_CHUNK_LINES
+        await response.write_eof()
+    except ConnectionResetError:
+        # The scraper hung up at its cap, as it should: nothing to answer any more.
+        log.debug("/metrics: the reader left after %d bytes", written)
     return response
 
 
