@@ -56,6 +56,7 @@ from gpuwarden.policy import (
     ScaleDecision,
     SeriesKey,
     SeriesStore,
+    ServiceStore,
     StepKind,
     Transition,
     pods_of,
@@ -344,6 +345,8 @@ class Session:
             retention_seconds=retention, max_points=int(retention / sample_interval * POINT_SLACK) + 16
         )
         self.health = HealthStore(retention_seconds=retention)
+        self.services = ServiceStore(retention_seconds=retention)
+        """The subjects' own metrics (the service rules), for whoever records scrapes into it."""
         self.history = history if history is not None else History()
         self.subject_names: dict[PodId, str] = {}
         """Display name of every subject seen: ``research/notebook-0``, ``pid 4242 python train.py``."""
@@ -382,7 +385,8 @@ class Session:
                 pods = self._pods_of(snapshot)
                 self.store.prune(now)
                 self.health.prune(now)
-            evaluation = entry.evaluator.evaluate(pods, self.store, now, self.health)
+                self.services.prune(now)
+            evaluation = entry.evaluator.evaluate(pods, self.store, now, self.health, services=self.services)
             entry.active = evaluation.active
             for transition in evaluation.transitions:
                 announced = self._track(transition)

@@ -43,7 +43,7 @@ from gpuwarden.policy.findings import (
     Resolution,
     Transition,
 )
-from gpuwarden.policy.humanize import approx_duration, format_bytes
+from gpuwarden.policy.humanize import approx_duration, format_bytes, format_count, format_latency
 from gpuwarden.policy.parse import API_VERSION, KIND, SpecError, parse_policy_object, parse_spec
 from gpuwarden.policy.rules import RULE_TYPES, RuleType, rule_type
 from gpuwarden.policy.rules.anomaly import Pattern
@@ -154,6 +154,8 @@ __all__ = [
     "describe_xid",
     "evaluate_rule",
     "format_bytes",
+    "format_count",
+    "format_latency",
     "gpu_name",
     "gpu_problems",
     "horizon_seconds",

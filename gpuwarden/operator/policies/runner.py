@@ -143,6 +143,7 @@ class PolicyRunner:
                 now,
                 self.state.health,
                 elsewhere=self._judged_elsewhere(records, now),
+                services=self.state.services,
             )
             self.evaluation = evaluation
             assert self.spec is not None
@@ -207,7 +208,9 @@ class PolicyRunner:
             return
         pacing.interval = judge.spec.evaluation_interval_seconds
         records = [r for r in pods if self._judged_here(r)]
-        judged = judge.judge((r.view for r in records), self.state.store, now, self.state.health)
+        judged = judge.judge(
+            (r.view for r in records), self.state.store, now, self.state.health, services=self.state.services
+        )
         if not judged:
             return  # none of the policy's pods is ours
         report = VerdictReport(
