@@ -69,6 +69,7 @@ from gpuwarden.policy.spec.model import (
     Server,
     ServiceMetricsSource,
 )
+from gpuwarden.policy.spec.selector import selector_matches
 from gpuwarden.policy.spec.servers import service_metric_names
 from gpuwarden.policy.store.health import Admission, GpuRecord, HealthStore, Incident, IncidentKind
 from gpuwarden.policy.store.intake import (
@@ -78,6 +79,7 @@ from gpuwarden.policy.store.intake import (
     points_from_report,
     points_from_snapshot,
     process_subject,
+    service_scrape,
 )
 from gpuwarden.policy.store.series import (
     BYTES_PER_POINT,
@@ -169,6 +171,8 @@ __all__ = [
     "rule_kind",
     "rule_type",
     "scale_step",
+    "selector_matches",
     "service_metric_names",
+    "service_scrape",
     "snoozed_until",
 ]
