@@ -87,7 +87,7 @@ def test_demo_finds_idle_leak_and_patterns_scales_ahead_but_not_the_plateau_and_
     # Longer answers from 18m fill the three replicas' batches and a queue, which their GPUs (~77%)
     # do not show: the servers' own P99 latency does, and the Deployment is scaled on it, once.
     assert re.search(
-        r"STARTED slow-requests inference/llm-server-\S+: RequestLatencyHigh: "
+        r"STARTED slow-requests inference/llm-server-\S+ on GPU [3-5]: RequestLatencyHigh: "
         r"P99 latency 1\d(\.\d+)?s over 1m above 10s \(\d+ requests\)",
         out,
     )
@@ -97,7 +97,8 @@ def test_demo_finds_idle_leak_and_patterns_scales_ahead_but_not_the_plateau_and_
         out,
     )
     assert re.search(
-        r"CLEARED slow-requests inference/llm-server-\S+: Recovered: P99 latency \S+ over 1m at or below 10s",
+        r"CLEARED slow-requests inference/llm-server-\S+ on GPU [3-5]: Recovered: "
+        r"P99 latency \S+ over 1m at or below 10s",
         out,
     )
     assert "inference/llm-server 4 -> 5" not in out

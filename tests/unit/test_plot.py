@@ -65,7 +65,10 @@ def test_findings_are_marked_on_the_panel_of_what_they_judged(figure: Figure) ->
     assert marks(axes[3], "start") == ["leak", "near-oom"]  # GPU 1 memory
     assert marks(axes[4], "start") == marks(axes[5], "start") == []  # the plateau: nothing
     # The ramp the replicas on GPUs 3 and 4 see begin: an anomaly of utilization, on its panel.
-    assert marks(axes[6], "start") == marks(axes[8], "start") == ["unusual-activity"]
+    # The servers: the climb on the two that saw the ramp, and their P99 latency on all three serving
+    # when the answers grow longer (a service rule speaks for the pod's GPU).
+    assert marks(axes[6], "start") == marks(axes[8], "start") == ["slow-requests", "unusual-activity"]
+    assert marks(axes[10], "start") == ["slow-requests"]
     assert marks(axes[7], "start") == marks(axes[9], "start") == []
     assert marks(axes[0], "span") == ["idle-gpu", "unusual-activity"]
     assert marks(axes[3], "span") == ["leak", "near-oom"]
