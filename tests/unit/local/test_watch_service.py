@@ -39,6 +39,8 @@ spec:
   rules:
     - name: slow-requests
       requestLatency: {server: vllm, percentile: 99, window: 5s, threshold: 500ms, for: 2s}
+    - name: queue
+      requestQueue: {server: vllm, limit: 2, for: 2s}
     - name: idle-gpu
       utilizationFloor: {percent: 20, for: 10s}
 """
@@ -103,7 +105,7 @@ def latency_policy(tmp_path: Path) -> Path:
     return path
 
 
-async def test_latency_past_the_limit_is_flagged_with_its_percentile_and_clears_when_it_falls(
+async def test_latency_and_queue_past_their_limits_are_flagged_and_latency_clears_when_it_falls(
     latency_policy: Path,
 ) -> None:
     async with asyncio.timeout(90), sim_server() as url, watching(latency_policy, url) as until:
@@ -114,6 +116,8 @@ async def test_latency_past_the_limit_is_flagged_with_its_percentile_and_clears_
         async with aiohttp.ClientSession() as http:
             clients = [asyncio.create_task(keep_in_flight(http, url, level, rank)) for rank in range(6)]
             line = (await until(rf"STARTED slow-requests {re.escape(subject)}\b.*")).group(0)
+            # One served, five waiting (a gauge, where the latency was a histogram).
+            queue = (await until(rf"STARTED queue {re.escape(subject)}: RequestQueueLong: .*")).group(0)
             async with http.get(f"http://{address}/metrics") as response:
                 body = await response.text()
             level[0] = 1  # one at a time: 0.1 s each
@@ -129,6 +133,9 @@ async def test_latency_past_the_limit_is_flagged_with_its_percentile_and_clears_
         rf'gpuwarden_local_finding_active\{{[^}}]*pod="{re.escape(subject)}"[^}}]*rule="slow-requests"', body
     )
     assert "P99" in cleared
+    waiting = re.search(r"([0-9.]+) waiting requests", queue)
+    assert waiting, queue
+    assert 3 <= float(waiting.group(1)) <= 5, queue
 
 
 async def test_a_hanging_endpoint_is_a_failed_scrape_and_the_gpus_are_still_judged(
