@@ -104,7 +104,7 @@ class OperatorState:
     service_pods: Mapping[str, Iterable[ServicePod]] = field(default_factory=dict)
     """GPU pods by node -> their endpoints' records: Kopf's ``service_pods`` index (bound at startup)."""
     service_policies: Mapping[str, Iterable[ServicePolicy]] = field(default_factory=dict)
-    """Policies with ``serviceMetrics`` by namespace: Kopf's ``service_policies`` index (bound at startup)."""
+    """Policies whose rules read the pods' own metrics, by namespace: Kopf's ``service_policies`` index."""
     pods_synced: bool = False
     """Whether ``pod_nodes`` holds every pod (Kopf listed them); until then unknown pods are let in."""
     horizons: dict[PolicyKey, float] = field(default_factory=dict)
@@ -151,7 +151,8 @@ class OperatorState:
         The GPUs' health of every timely snapshot goes into the health store as ``node``'s, whatever
         the namespaces (the node view needs all); a pod goes on a GPU there only when it would
         be let in here (so a node cannot put another node's pod on its GPUs), and an XID is held
-        to the same bounds as the snapshots.
+        to the same bounds as the snapshots. So is each pod's scrape (``Snapshot.services``), stored
+        in the service store when its pod's readings would be.
         """
         add, update = self.store.add, self.metrics.latest.update
         intake = Intake()

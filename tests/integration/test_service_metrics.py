@@ -26,10 +26,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 from node import Node
 from operator_support import events, get, policy_status
-from test_chart_on_node import CHART, GPU_PRESENT, RELEASE, SYSTEM, Installed, total, values
+from test_chart_on_node import Installed, helm_install, prepare, tear_down, total
 from test_node import apply, deployment, pod, wait
 
 pytestmark = pytest.mark.integration
@@ -135,12 +134,7 @@ class Load:
 
 @pytest.fixture(scope="module")
 def served(node: Node) -> Iterator[Installed]:
-    cp = node.control_plane
-    for image in (node.images.agent, node.images.operator):
-        node.import_image(image.archive)
-    cp.kubectl("label", "node", node.name, f"{GPU_PRESENT}=true", "--overwrite", check=True)
-    namespace = cp.create_namespace(f"served-{int(time.time()) % 100000}")
-    cp.kubectl("wait", "--for=create", "serviceaccount/default", "-n", namespace, "--timeout=60s", check=True)
+    namespace = prepare(node, "served")
     image = node.images.agent.name
     apply(node, namespace, deployment(APP, 1, server(image)))
     for fault in BROKEN:
@@ -151,20 +145,12 @@ def served(node: Node) -> Iterator[Installed]:
         manifest["metadata"]["labels"] = {"app": "broken"}
         apply(node, namespace, manifest)
     wait(node, namespace, "--for=condition=Ready", "pod", "--all")
-    helm = cp.run_helm(
-        "install", RELEASE, str(CHART), "--namespace", SYSTEM, "--create-namespace", "-f", "-",
-        input=yaml.safe_dump(values(node)), timeout=180,
-    )  # fmt: skip
-    assert helm.returncode == 0, f"helm install: {helm.stderr}"
+    helm_install(node)
     apply(node, namespace, *policies(namespace))
-    world = Installed(node, namespace, time.time())
     try:
-        yield world
+        yield Installed(node, namespace, time.time())
     finally:
-        cp.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=90s", timeout=120)
-        cp.run_helm("uninstall", RELEASE, "--namespace", SYSTEM, "--wait", "--timeout=90s", timeout=120)
-        cp.kubectl("delete", "namespace", SYSTEM, "--wait=false")
-        cp.kubectl("label", "node", node.name, f"{GPU_PRESENT}-")
+        tear_down(node, namespace)
 
 
 def condition(world: Installed, policy: str) -> dict[str, Any] | None:

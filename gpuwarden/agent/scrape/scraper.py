@@ -283,7 +283,8 @@ def _delay(interval: float, failures: int) -> float:
     """The interval, doubled per failure in a row after the first, within the backoff's bounds."""
     if failures <= 1:
         return interval
-    return min(interval * min(MAX_BACKOFF, 2 ** (failures - 1)), max(interval, MAX_BACKOFF_SECONDS))
+    factor = min(MAX_BACKOFF, 1 << (failures - 1))
+    return min(interval * factor, max(interval, MAX_BACKOFF_SECONDS))
 
 
 def _same_endpoint(a: ScrapeTarget, b: ScrapeTarget) -> bool:
