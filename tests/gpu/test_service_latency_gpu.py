@@ -176,9 +176,9 @@ async def flagged_as_measured(tmp_path: Path) -> None:
     finally:
         if watch is not None and watch.returncode is None:
             watch.send_signal(signal.SIGINT)
-            await watch.wait()
+            await watch.communicate()  # drains what it still writes: no blocked pipe
         server.send_signal(signal.SIGTERM)
-        await server.wait()
+        await server.communicate()
 
     # The percentile watch names, and its value against the client's own over the same window.
     match = re.search(r"P99 latency ([0-9.]+)(ms|s)\b", line)
