@@ -2,7 +2,9 @@
 
 One place says what the operator is made of, so that the state only keeps records and each
 collaborator is handed what it needs: the clock (one, epoch seconds, read by the ingest, the
-evaluation loops, the pruning, the Events and the node view); the API client; the metrics;
+evaluation loops, the pruning, the Events, the node view, the peering verdict, the Leases and the
+verdict exchange) and, for spans that a step of the system's clock must not bend, the monotonic
+clock (the rate limiter's buckets, sharded mode's view); the API client; the metrics;
 leadership (peering), or in sharded mode membership with its ring; the TokenReview authenticator
 of the agents' tokens; the per-node rate limiter; the ingest endpoint's core, which stores through
 the state; the Event poster every Event goes through (the scaler's included); the scaler; with
@@ -49,13 +51,17 @@ class Operator:
 
 
 def build_operator(
-    config: OperatorConfig, *, api: KubeApi | None = None, clock: Callable[[], float] = time.time
+    config: OperatorConfig,
+    *,
+    api: KubeApi | None = None,
+    clock: Callable[[], float] = time.time,
+    monotonic: Callable[[], float] = time.monotonic,
 ) -> Operator:
     """The operator for ``config``, wired: ``api`` (default: from the environment), ``clock`` (epoch
-    seconds; the one wall clock of the whole operator)."""
+    seconds; the one wall clock of the whole operator), ``monotonic`` (seconds that only move on)."""
     api = api or KubeApi()
     metrics = OperatorMetrics()
-    sharding = Sharding(config, api) if config.shards else None
+    sharding = Sharding(config, api, clock=clock, monotonic=monotonic) if config.shards else None
 
     async def review(token: str) -> dict[str, Any]:
         return await api.create_token_review(token, [config.token_audience])
@@ -65,12 +71,12 @@ def build_operator(
         api=api,
         metrics=metrics,
         events=EventPoster(api, instance=config.identity, dropped=metrics.events_dropped, clock=clock),
-        leadership=sharding or Leadership(config, api),
+        leadership=sharding or Leadership(config, api, clock=clock),
         sharding=sharding,
         authenticator=TokenAuthenticator(
             review, audience=config.token_audience, username=config.agent_service_account.username
         ),
-        limiter=NodeRateLimiter(config.node_rate, config.node_burst, clock=time.monotonic),
+        limiter=NodeRateLimiter(config.node_rate, config.node_burst, clock=monotonic),
         clock=clock,
     )
     leadership = state.leadership
@@ -101,6 +107,7 @@ def build_operator(
             received=state.verdicts_arrived,
             known=state.runs_policy,
             max_body_bytes=config.max_body_bytes,
+            clock=clock,
         )
     scaler = WorkloadScaler(KubeScaleApi(api), state.events)
     metrics.registry.register(DesiredReplicasCollector(scaler.desired_replicas, clock))

@@ -70,11 +70,14 @@ class Leadership:
         config: OperatorConfig,
         api: KubeApi,
         *,
+        clock: Callable[[], float],
         on_change: Callable[[bool], Awaitable[None] | None] | None = None,
         poll_seconds: float = POLL_SECONDS,
     ) -> None:
         self.config = config
         self.api = api
+        self.clock = clock
+        """Wall time, epoch seconds (the operator's one clock): held against the peers' ``lastseen``."""
         self.active = False
         """Whether this replica acts (and accepts reports)."""
         self.labelled: bool | None = None
@@ -90,7 +93,7 @@ class Leadership:
 
     async def decide(self) -> bool:
         """Read the peering object(s) now; True when this replica acts."""
-        now = datetime.now(UTC)
+        now = datetime.fromtimestamp(self.clock(), UTC)
         for path in self._peering_paths():
             try:
                 obj = await self.api.get(path)

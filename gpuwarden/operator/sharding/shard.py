@@ -13,7 +13,6 @@ moves within a poll. See docs/scaling-out.md.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -47,27 +46,30 @@ class Sharding(Leadership):
         config: OperatorConfig,
         api: KubeApi,
         *,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float],
+        monotonic: Callable[[], float],
         poll_seconds: float = POLL_SECONDS,
     ) -> None:
-        super().__init__(config, api, poll_seconds=poll_seconds)
+        super().__init__(config, api, clock=clock, poll_seconds=poll_seconds)
         assert config.pod_namespace is not None  # OperatorConfig.from_args insists
         self.namespace = config.pod_namespace
         self.group = config.peering
         self.me = Member(config.identity, config.advertise_url)
         self.view = ShardView(config.identity)
-        self._clock = clock
+        self.monotonic = monotonic
+        """Elapsed seconds, for the view's freshness and settling: unlike the Leases' wall time
+        (``clock``), a step of the system's clock must not make a stale view look fresh."""
         self._renewed_at: float | None = None
 
     # -- what the rest of the operator asks --
 
     def acting(self) -> bool:
         """Whether this replica acts now (a fresh view that counts it in): else ingest answers 503."""
-        return self.view.acting(self._clock())
+        return self.view.acting(self.monotonic())
 
     def route(self, node: str) -> Elsewhere | None:
         """None when ``node``'s reports are ours; else the owner, for the 421."""
-        now = self._clock()
+        now = self.monotonic()
         if self.view.owns(node, now):
             return None
         owner = self.view.owner(node)
@@ -76,7 +78,7 @@ class Sharding(Leadership):
 
     def owns_node(self, node: str) -> bool:
         """Whether ``node``'s reports are taken here (its pods are judged here)."""
-        return self.view.owns(node, self._clock())
+        return self.view.owns(node, self.monotonic())
 
     def policy_owner(self, namespace: str, name: str) -> Member | None:
         """The replica that owns a policy in the current ring (where this one sends its verdicts)."""
@@ -84,20 +86,20 @@ class Sharding(Leadership):
 
     def acts_on_policy(self, namespace: str, name: str) -> bool:
         """Whether this replica evaluates, announces, scales and writes the status of a policy."""
-        return self.view.settled_owner(policy_key(namespace, name), self._clock())
+        return self.view.settled_owner(policy_key(namespace, name), self.monotonic())
 
     # -- the loop (Leadership.run calls _follow every poll) --
 
     async def _follow(self) -> None:
-        now = self._clock()
+        now = self.monotonic()
         try:
             if self._renewed_at is None or now - self._renewed_at >= RENEW_SECONDS:
-                body = lease_body(self.group, self.me, datetime.now(UTC))
+                body = lease_body(self.group, self.me, datetime.fromtimestamp(self.clock(), UTC))
                 await self.api.renew_lease(self.namespace, body, manager=FIELD_MANAGER)
                 self._renewed_at = now
             leases = await self.api.list_leases(self.namespace, f"{GROUP_LABEL}={self.group}")
-            members = live_members(leases, datetime.now(UTC))
-            if self.view.update(members, self._clock()):
+            members = live_members(leases, datetime.fromtimestamp(self.clock(), UTC))
+            if self.view.update(members, self.monotonic()):
                 logger.info("Shards: %d live replica(s): %s.", len(members), ", ".join(sorted(members)))
         finally:
             # Also when the API failed: a view going stale stops this replica acting.

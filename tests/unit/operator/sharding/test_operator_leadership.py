@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -12,6 +13,11 @@ from gpuwarden.operator.kube.client import ApiError
 from gpuwarden.operator.sharding.leadership import Leadership, peering_paused
 
 NOW = datetime(2027, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def at(moment: datetime) -> Callable[[], float]:
+    """The operator's clock, stopped at ``moment``."""
+    return lambda: moment.timestamp()
 
 
 def peer(priority: int, seen_ago: float = 5, lifetime: int = 60) -> dict[str, Any]:
@@ -61,7 +67,7 @@ CLUSTER_PATH = "/apis/kopf.dev/v1/clusterkopfpeerings/gw"
 
 
 async def test_no_peering_object_pauses_like_kopf() -> None:
-    leadership = Leadership(CONFIG, FakeApi())  # type: ignore[arg-type]
+    leadership = Leadership(CONFIG, FakeApi(), clock=at(NOW))  # type: ignore[arg-type]
     assert await leadership.decide() is False
 
 
@@ -70,16 +76,28 @@ async def test_namespaced_peering_pauses_if_any_namespace_says_so() -> None:
     config = OperatorConfig(namespaces=("a", "b"), identity="me", priority=10, peering="gw")
     api.objects["/apis/kopf.dev/v1/namespaces/a/kopfpeerings/gw"] = {"status": {}}
     api.objects["/apis/kopf.dev/v1/namespaces/b/kopfpeerings/gw"] = {"status": {"x": peer(99)}}
-    leadership = Leadership(config, api)  # type: ignore[arg-type]
+    leadership = Leadership(config, api, clock=at(NOW))  # type: ignore[arg-type]
     assert await leadership.decide() is False
     api.objects["/apis/kopf.dev/v1/namespaces/b/kopfpeerings/gw"] = {"status": {}}
+    assert await leadership.decide() is True
+
+
+async def test_a_peer_is_live_until_its_lifetime_runs_out_on_the_operators_clock() -> None:
+    api = FakeApi()
+    api.objects[CLUSTER_PATH] = {"status": {"me": peer(10), "other": peer(20, seen_ago=0, lifetime=60)}}
+    now = [NOW]
+    leadership = Leadership(CONFIG, api, clock=lambda: now[0].timestamp())  # type: ignore[arg-type]
+    assert await leadership.decide() is False
+    now[0] = NOW + timedelta(seconds=59)
+    assert await leadership.decide() is False
+    now[0] = NOW + timedelta(seconds=60)  # the higher peer's lifetime is over: this one acts
     assert await leadership.decide() is True
 
 
 async def test_label_follows_the_verdict_and_is_removed_on_exit() -> None:
     api = FakeApi()
     changes: list[bool] = []
-    leadership = Leadership(CONFIG, api, on_change=changes.append)  # type: ignore[arg-type]
+    leadership = Leadership(CONFIG, api, clock=at(NOW), on_change=changes.append)  # type: ignore[arg-type]
     api.objects[CLUSTER_PATH] = {"status": {"me": {"priority": 10}}}
     await leadership._set_active(await leadership.decide())
     await leadership._reconcile_label()
@@ -98,7 +116,7 @@ async def test_label_follows_the_verdict_and_is_removed_on_exit() -> None:
 
 async def test_no_pod_name_means_no_label() -> None:
     api = FakeApi()
-    leadership = Leadership(OperatorConfig(identity="me", priority=1), api)  # type: ignore[arg-type]
+    leadership = Leadership(OperatorConfig(identity="me", priority=1), api, clock=at(NOW))  # type: ignore[arg-type]
     leadership.active = True
     await leadership._reconcile_label()
     assert api.labels == []

@@ -14,6 +14,7 @@ from test_ingest_app import FakeApi as ReviewApi
 from test_operator_evaluation import PODS, POLICY, T0, feed
 from test_operator_evaluation import FakeApi as StatusApi
 
+from gpuwarden.kubetime import format_micro_time
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import ConfigError, OperatorConfig
 from gpuwarden.operator.endpoints.reports import make_ingest_app
@@ -21,7 +22,14 @@ from gpuwarden.operator.metrics import OperatorMetrics
 from gpuwarden.operator.policies.runner import PolicyRunner
 from gpuwarden.operator.resources import ObjectRef, PodRecord, PolicyKey
 from gpuwarden.operator.sharding.exchange import VerdictSender
-from gpuwarden.operator.sharding.membership import URL_ANNOTATION, Member, ShardView, lease_name
+from gpuwarden.operator.sharding.membership import (
+    LEASE_SECONDS,
+    RENEW_SECONDS,
+    URL_ANNOTATION,
+    Member,
+    ShardView,
+    lease_name,
+)
 from gpuwarden.operator.sharding.ring import policy_key
 from gpuwarden.operator.state import OperatorState
 from gpuwarden.policy.engine import PodView
@@ -95,10 +103,23 @@ def test_the_flags_build_a_sharded_config() -> None:
         OperatorConfig.parse([*flags, "--advertise-url", "http://x/v1/reports"], env)
 
 
+class Clocks:
+    """The operator's two clocks, driven by the test: wall time (the Leases') and monotonic (the view's)."""
+
+    def __init__(self) -> None:
+        self.wall = T0
+        self.mono = 1000.0
+
+    def build(self, identity: str, api: LeaseApi) -> OperatorState:
+        config = sharded(identity)
+        return build_operator(config, api=api, clock=lambda: self.wall, monotonic=lambda: self.mono).state  # type: ignore[arg-type]
+
+
 async def test_the_loop_renews_its_lease_sees_the_others_and_hands_over_on_exit() -> None:
     api = LeaseApi()
-    a = build_operator(sharded("op-a"), api=api).state  # type: ignore[arg-type]
-    b = build_operator(sharded("op-b"), api=api).state  # type: ignore[arg-type]
+    clocks = Clocks()
+    a = clocks.build("op-a", api)
+    b = clocks.build("op-b", api)
     assert a.sharding is not None
     assert b.sharding is not None
     await a.sharding._follow()
@@ -108,6 +129,7 @@ async def test_the_loop_renews_its_lease_sees_the_others_and_hands_over_on_exit(
     assert set(a.sharding.view.members) == {"op-a"}
     lease = api.leases[lease_name("gpuwarden", "op-a")]
     assert lease["metadata"]["annotations"] == {URL_ANNOTATION: "http://op-a:8443/v1/reports"}
+    assert lease["spec"]["renewTime"] == format_micro_time(T0)  # the operator's clock
     await b.sharding._follow()
     await a.sharding._follow()
     assert set(a.sharding.view.members) == {"op-a", "op-b"}
@@ -120,12 +142,35 @@ async def test_the_loop_renews_its_lease_sees_the_others_and_hands_over_on_exit(
 
     # The API away: the view goes stale and the replica stops acting, though it was active.
     api.down = True
-    clock = [time.monotonic() + 10]
-    a.sharding._clock = lambda: clock[0]
+    clocks.mono += 10
     with pytest.raises(Exception, match="away"):
         await a.sharding._follow()
     assert not a.sharding.active
     assert not a.sharding.acting()
+
+
+async def test_a_lease_not_renewed_dies_by_the_operators_clock() -> None:
+    api = LeaseApi()
+    clocks = Clocks()
+    a = clocks.build("op-a", api)
+    b = clocks.build("op-b", api)
+    assert a.sharding is not None
+    assert b.sharding is not None
+    await b.sharding._follow()
+    await a.sharding._follow()
+    await a.sharding._follow()
+    assert set(a.sharding.view.members) == {"op-a", "op-b"}
+    # b stops renewing (killed); a renews its own every RENEW_SECONDS of its monotonic clock.
+    clocks.wall += LEASE_SECONDS - 1
+    clocks.mono += RENEW_SECONDS
+    await a.sharding._follow()
+    assert set(a.sharding.view.members) == {"op-a", "op-b"}  # b's Lease lives a second more
+    clocks.wall += 1
+    clocks.mono += RENEW_SECONDS
+    await a.sharding._follow()
+    assert set(a.sharding.view.members) == {"op-a"}
+    assert api.leases[lease_name("gpuwarden", "op-a")]["spec"]["renewTime"] == format_micro_time(clocks.wall)
+    assert a.sharding.active
 
 
 @pytest.fixture
@@ -264,7 +309,6 @@ async def test_a_policy_spanning_shards_is_judged_on_all_its_pods_and_announced_
     for state in (owner, shard):
         state.pod_nodes = {("ns", "p"): [node_a], ("ns", "q"): [node_b]}
     assert owner.verdict_ingest is not None
-    owner.verdict_ingest.clock = lambda: clock[0]
     server = TestServer(make_ingest_app(owner.ingest, owner.verdict_ingest.handle))
     c = TestClient(server)
     await c.start_server()
