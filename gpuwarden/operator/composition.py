@@ -101,7 +101,7 @@ def build_operator(
             known=state.runs_policy,
             max_body_bytes=config.max_body_bytes,
         )
-    scaler = WorkloadScaler(KubeScaleApi(api), state.events)
+    scaler = WorkloadScaler(KubeScaleApi(api), state.events, decided=metrics.scale_decided)
     metrics.registry.register(DesiredReplicasCollector(scaler.desired_replicas, clock))
     node_health = None
     if config.node_health:

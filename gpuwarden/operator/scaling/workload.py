@@ -28,7 +28,7 @@ and the ``ScalingActive`` condition. The WorkloadScaler holds no clock of its ow
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,9 +151,14 @@ class _PolicyScaling:
 class WorkloadScaler:
     """Scales the targets of every policy with ``spec.actions.scale``; one per operator."""
 
-    def __init__(self, api: ScaleApi, events: EventSink) -> None:
+    def __init__(
+        self, api: ScaleApi, events: EventSink, decided: Callable[[str, str, str], None] | None = None
+    ) -> None:
+        """``decided(namespace, policy, reason)`` hears of every change made or, in dryRun, announced
+        (the reason of its Events), for the metrics."""
         self._api = api
         self._events = events
+        self._decided = decided
         self._policies: dict[PolicyKey, _PolicyScaling] = {}
 
     # --- the operator's seam ----------------------------------------------------------------------
@@ -343,6 +348,8 @@ class WorkloadScaler:
         else:
             message, reason = f"would scale {change} (dryRun)", "WouldScaleUp" if up else "WouldScaleDown"
         state.last_scale_time, state.last_scale_reason = now, message
+        if self._decided is not None:
+            self._decided(me.namespace, me.name, reason)
         await self._events.post(me, "Normal", reason, message)
         await self._events.post(scale.target, "Normal", reason, f"policy {me.name}: {message}")
         return _outcome(state, scale, decision, *_quiet(action), message, applied=made)

@@ -219,6 +219,15 @@ async def test_scales_up_and_announces_on_both_objects(
     assert desired(registry) == 3
 
 
+async def test_every_change_made_or_announced_is_told_by_its_reason(cluster: FakeCluster) -> None:
+    decided: list[tuple[str, str, str]] = []
+    scaler = WorkloadScaler(cluster, cluster, decided=lambda *d: decided.append(d))
+    await scaler.reconcile(policy(), action(), SATURATED, 2, T0, cluster.claims())
+    await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + 30, cluster.claims())  # cooling down
+    await scaler.reconcile(policy(), action(dry_run=True), SATURATED, 2, T0 + 60, cluster.claims())
+    assert decided == [(NS, "llm-serving", "ScaledUp"), (NS, "llm-serving", "WouldScaleUp")]
+
+
 async def test_cooldown_then_next_step(scaler: WorkloadScaler, cluster: FakeCluster) -> None:
     await scaler.reconcile(policy(), action(), SATURATED, 2, T0, cluster.claims())
     held = await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + 30, cluster.claims())
