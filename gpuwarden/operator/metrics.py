@@ -318,7 +318,7 @@ class OperatorMetrics:
             self._findings.pop((namespace, policy), None)
 
     def scale_decided(self, namespace: str, policy: str, reason: str) -> None:
-        """Count a scale decision of the policy, by its Events' reason (``ScaledUp``, ``WouldScaleDown``...)."""
+        """Count a scale decision of the policy, by its Events' reason (``ScaledUp``, ``WouldScaleDown``)."""
         self.scale_decisions.labels(namespace, policy, reason).inc()
 
     def exposition(self) -> bytes:
