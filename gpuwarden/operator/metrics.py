@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
@@ -35,6 +35,7 @@ __all__ = [
     "DesiredReplicasCollector",
     "LatestReadings",
     "OperatorMetrics",
+    "ScaleDecisionsCollector",
     "make_metrics_app",
 ]
 
@@ -242,13 +243,6 @@ class OperatorMetrics:
         )
         self._findings: dict[tuple[str, str], tuple[Finding, ...]] = {}
         r.register(_FindingsCollector(self._findings))
-        self.scale_decisions = Counter(
-            "gpuwarden_policy_scale_decisions",
-            "Scale decisions acted on (ScaledUp, ScaledDown) or, in dryRun, announced (WouldScaleUp, "
-            "WouldScaleDown), by policy and reason.",
-            ["namespace", "policy", "reason"],
-            registry=r,
-        )
         self.events = Counter(
             "gpuwarden_operator_events",
             "Kubernetes Events emitted, by type and reason.",
@@ -316,10 +310,6 @@ class OperatorMetrics:
             self._findings[(namespace, policy)] = kept
         else:
             self._findings.pop((namespace, policy), None)
-
-    def scale_decided(self, namespace: str, policy: str, reason: str) -> None:
-        """Count a scale decision of the policy, by its Events' reason (``ScaledUp``, ``WouldScaleDown``)."""
-        self.scale_decisions.labels(namespace, policy, reason).inc()
 
     def exposition(self) -> bytes:
         """The registry in the Prometheus text format."""
@@ -410,4 +400,24 @@ class DesiredReplicasCollector(Collector):
         # Keys are the operator's PolicyKeys (namespace, name); sorted, so scrapes read alike.
         for key, desired in sorted(self._desired(self._clock()).items(), key=lambda kv: str(kv[0])):
             family.add_metric([key.namespace, key.name], desired)
+        return [family]
+
+
+class ScaleDecisionsCollector(Collector):
+    """``gpuwarden_policy_scale_decisions_total{namespace,policy,reason}``, read from the scaler at
+    scrape time: its ``decisions()``, the changes made or (dryRun) announced by their Events' reason."""
+
+    def __init__(self, decisions: Callable[[], Mapping[tuple[str, str, str], int]]) -> None:
+        self._decisions = decisions
+
+    def collect(self) -> Iterable[Metric]:
+        """One sample per policy and reason (each reads 0 from the policy's first reconcile)."""
+        family = CounterMetricFamily(
+            "gpuwarden_policy_scale_decisions",
+            "Scale changes made (ScaledUp, ScaledDown) or, in dryRun, announced (WouldScaleUp, "
+            "WouldScaleDown), by policy and reason.",
+            labels=["namespace", "policy", "reason"],
+        )
+        for (namespace, policy, reason), count in sorted(self._decisions().items()):
+            family.add_metric([namespace, policy, reason], count)
         return [family]

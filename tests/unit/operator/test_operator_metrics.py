@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpuwarden.operator.metrics import REJECT_REASONS, OperatorMetrics, make_metrics_app
+from gpuwarden.operator.metrics import (
+    REJECT_REASONS,
+    OperatorMetrics,
+    ScaleDecisionsCollector,
+    make_metrics_app,
+)
 from gpuwarden.policy.findings import Finding
 from gpuwarden.policy.rules.common import RuleKind
 from gpuwarden.policy.store.series import Point, SeriesKey
@@ -93,12 +98,14 @@ def test_findings_series_follow_the_active_findings() -> None:
     assert "gpuwarden_operator_findings{" not in metrics.exposition().decode()
 
 
-def test_scale_decisions_count_by_reason() -> None:
+def test_scale_decisions_are_read_from_the_scaler_at_scrape_time() -> None:
     metrics = OperatorMetrics()
-    metrics.scale_decided("ns", "pol", "ScaledUp")
-    metrics.scale_decided("ns", "pol", "ScaledUp")
-    labels = {"namespace": "ns", "policy": "pol", "reason": "ScaledUp"}
-    assert metrics.registry.get_sample_value("gpuwarden_policy_scale_decisions_total", labels) == 2
+    counts = {("ns", "pol", "ScaledUp"): 2, ("ns", "pol", "ScaledDown"): 0}
+    metrics.registry.register(ScaleDecisionsCollector(lambda: counts))
+    get = metrics.registry.get_sample_value
+    labels = {"namespace": "ns", "policy": "pol"}
+    assert get("gpuwarden_policy_scale_decisions_total", {**labels, "reason": "ScaledUp"}) == 2
+    assert get("gpuwarden_policy_scale_decisions_total", {**labels, "reason": "ScaledDown"}) == 0
 
 
 async def test_endpoints() -> None:
