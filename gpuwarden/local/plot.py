@@ -282,7 +282,7 @@ def _fit(ax: Axes, data: tuple[float, float], lanes: int, labels: list[Bbox], *,
 
 def _points_tall(ax: Axes) -> float:
     """The panel's height in points."""
-    return float(ax.get_position().height * ax.figure.get_figheight() * 72)
+    return float(ax.bbox.height / _dpp(ax))
 
 
 def _dpp(ax: Axes) -> float:

@@ -372,7 +372,7 @@ def test_every_variable_lists_this_node_and_namespace(watched: Watched) -> None:
 
 
 def test_every_rule_loads_and_evaluates_without_an_error(watched: Watched) -> None:
-    names = sorted(r.get("alert") or r.get("record") for r in watched.rules)
+    names = sorted(str(r.get("alert") or r.get("record")) for r in watched.rules)
 
     def evaluated() -> list[dict[str, Any]] | None:
         loaded = watched.prometheus.rules()

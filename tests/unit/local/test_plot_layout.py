@@ -77,7 +77,7 @@ def label_boxes(figure: Figure, ax: Axes) -> list[Bbox]:
 def bands(ax: Axes) -> dict[str, Bbox]:
     """The finding bands on a panel, by gid, in display pixels."""
     return {
-        p.get_gid(): p.get_window_extent()
+        str(p.get_gid()): p.get_window_extent()
         for p in ax.patches
         if (p.get_gid() or "").startswith("finding-span:")
     }
@@ -113,7 +113,7 @@ def test_memory_near_the_card_brings_the_card_into_view() -> None:
     figure = build_figure(one_gpu([100.0, 130.0]), "near full")
     mem = figure.axes[1]
     (card,) = [line for line in mem.lines if line.get_label() == "card's memory"]
-    assert card.get_ydata()[0] == pytest.approx(CARD / GIB)
+    assert card.get_ydata()[0] == pytest.approx(CARD / GIB)  # type: ignore[index]
     assert mem.get_ylim()[1] >= CARD / GIB
     assert mem.get_ylim()[0] >= 90  # still the readings' range below
 
