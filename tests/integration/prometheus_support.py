@@ -44,11 +44,55 @@ def _relabel(config: dict[str, Any]) -> dict[str, Any]:
     return {re.sub(r"([A-Z])", r"_\1", key).lower(): value for key, value in config.items()}
 
 
-def podmonitor_scrape_config(monitor: dict[str, Any], cp: ControlPlane) -> list[dict[str, Any]]:
-    """The scrape configs prometheus-operator generates for ``monitor`` (one per endpoint), discovering
-    pods through ``cp``'s API server with its admin token."""
+def discovered(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """File service discovery target groups carrying the ``__meta_kubernetes_pod_*`` labels that
+    Kubernetes pod discovery gives each declared container port of ``pods`` (as the API server has them).
+
+    Debian's prometheus is built without Kubernetes service discovery (``kubernetes_sd_configs`` is
+    not a field it knows), so the test lists the pods and Prometheus relabels what it is handed as it
+    would relabel what it discovered.
+    """
+    groups = []
+    for pod in pods:
+        meta, spec, status = pod["metadata"], pod["spec"], pod["status"]
+        if not status.get("podIP"):
+            continue
+        common = {
+            "__meta_kubernetes_namespace": meta["namespace"],
+            "__meta_kubernetes_pod_name": meta["name"],
+            "__meta_kubernetes_pod_node_name": spec.get("nodeName", ""),
+            "__meta_kubernetes_pod_ip": status["podIP"],
+            "__meta_kubernetes_pod_phase": status.get("phase", ""),
+        }
+        for key, value in meta.get("labels", {}).items():
+            common[f"__meta_kubernetes_pod_label_{_label_name(key)}"] = value
+            common[f"__meta_kubernetes_pod_labelpresent_{_label_name(key)}"] = "true"
+        for c in spec["containers"]:
+            for port in c.get("ports", []):
+                labels = {
+                    **common,
+                    "__meta_kubernetes_pod_container_name": c["name"],
+                    "__meta_kubernetes_pod_container_port_name": port.get("name", ""),
+                    "__meta_kubernetes_pod_container_port_number": str(port["containerPort"]),
+                }
+                groups.append({"targets": [f"{status['podIP']}:{port['containerPort']}"], "labels": labels})
+    return groups
+
+
+def podmonitor_scrape_config(
+    monitor: dict[str, Any], cp: ControlPlane, workdir: Path
+) -> list[dict[str, Any]]:
+    """The scrape configs prometheus-operator generates for ``monitor`` (one per endpoint), the pods of
+    its namespaces listed through ``cp`` now (:func:`discovered`, in a file under ``workdir``)."""
     meta, spec = monitor["metadata"], monitor["spec"]
     namespaces = spec.get("namespaceSelector", {}).get("matchNames") or [meta["namespace"]]
+    pods = [
+        p
+        for ns in namespaces
+        for p in json.loads(cp.kubectl("get", "pods", "-n", ns, "-o", "json", check=True).stdout)["items"]
+    ]
+    targets = workdir / f"{meta['namespace']}-{meta['name']}.json"
+    targets.write_text(json.dumps(discovered(pods)))
     keep_selected = [
         {
             "action": "keep",
@@ -67,15 +111,7 @@ def podmonitor_scrape_config(monitor: dict[str, Any], cp: ControlPlane) -> list[
             "honor_labels": bool(endpoint.get("honorLabels", False)),
             "metrics_path": endpoint.get("path", "/metrics"),
             "scheme": endpoint.get("scheme", "http"),
-            "kubernetes_sd_configs": [
-                {
-                    "role": "pod",
-                    "api_server": cp.server,
-                    "namespaces": {"names": namespaces},
-                    "tls_config": {"ca_file": str(cp.ca_path)},
-                    "authorization": {"credentials": cp.admin_token},
-                }
-            ],
+            "file_sd_configs": [{"files": [str(targets)]}],
             "relabel_configs": [
                 {
                     "action": "drop",

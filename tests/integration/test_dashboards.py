@@ -6,9 +6,10 @@ the PodMonitors, the PrometheusRule and the dashboards' ConfigMap. prometheus-op
 here, so its kinds are permissive stand-in CRDs (as in test_chart.py) and the test does its part:
 the PodMonitors and the PrometheusRule, as the API server stored them, become a real Prometheus
 server's scrape configuration (:func:`prometheus_support.podmonitor_scrape_config`, what
-prometheus-operator generates, the chart's relabelings included) and rule file. Prometheus
-discovers the agent's and both operator replicas' pods through the node's API server and scrapes
-them over the pod network.
+prometheus-operator generates, the chart's relabelings included) and rule file. Debian's build
+has no Kubernetes discovery, so the test lists the agent's and both operator replicas' pods and
+hands Prometheus the labels that discovery gives them (file discovery); Prometheus relabels them
+and scrapes the pods over the pod network.
 
 Then every query of both dashboards (every panel's every target, and every variable's
 ``label_values``), as the ConfigMap holds them, with Grafana's variables replaced by what Grafana
@@ -154,10 +155,13 @@ def watched(
         (dashboards,) = get(cp, "configmaps", "-n", SYSTEM, "-l", "app.kubernetes.io/component=monitoring")[
             "items"
         ]
+        for selector in ("app.kubernetes.io/component=agent", "app.kubernetes.io/component=operator"):
+            wait(node, SYSTEM, "--for=condition=Ready", "pod", "-l", selector)
+        workdir = tmp_path_factory.mktemp("prometheus")
         prometheus = Prometheus(
             prometheus_server,
-            tmp_path_factory.mktemp("prometheus"),
-            [c for m in monitors for c in podmonitor_scrape_config(m, cp)],
+            workdir,
+            [c for m in monitors for c in podmonitor_scrape_config(m, cp, workdir)],
             rule["spec"]["groups"],
             interval=f"{SCRAPE_SECONDS}s",
         )
@@ -173,8 +177,6 @@ def watched(
         scaling = policy(namespace, hi=REPLICAS + 1, interval="1s")
         scaling["spec"]["rules"].append(LEAK_RULE)
         apply(node, namespace, scaling)
-        for selector in ("app.kubernetes.io/component=agent", "app.kubernetes.io/component=operator"):
-            wait(node, SYSTEM, "--for=condition=Ready", "pod", "-l", selector)
         yield world
     finally:
         if prometheus is not None:
