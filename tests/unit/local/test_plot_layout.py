@@ -7,34 +7,21 @@ from itertools import combinations, pairwise
 from typing import Any
 
 import pytest
-import yaml
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.transforms import Bbox
+from test_shared_views import POLICY as SHARED_POLICY  # idle, saturated and a 20Gi ceiling
 
 from gpuwarden.local.demo import ScenarioRun
 from gpuwarden.local.history import FindingSpan, History
 from gpuwarden.local.plot import build_figure
 from gpuwarden.local.policies import LocalPolicy
 from gpuwarden.policy import RuleKind
-from gpuwarden.policy.parse import parse_spec
 from gpuwarden.sim.scenario import load_scenario
 
 GIB = 2.0**30
 CARD = 143771 * 2.0**20
 """An H200's memory, 140Gi."""
-SHARED_POLICY = parse_spec(
-    yaml.safe_load(
-        """
-        selector: {}
-        evaluationInterval: 5s
-        rules:
-          - {name: idle, utilizationFloor: {percent: 10, for: 1m}}
-          - {name: saturated, utilizationCeiling: {percent: 90, for: 1m}}
-          - {name: big, memoryCeiling: {bytes: 20Gi, for: 1m}}
-        """
-    )
-)
 SHARED_GPU0 = ("inference/llm-server-0", "research/notebook-0", "batch/embed-0")
 """shared-gpu's GPU 0: the server saturates it, the other two are idle beside it."""
 
