@@ -78,7 +78,6 @@ class PolicyRunner:
         self.scale_result: ScaleResult | None = None
         self.written: dict[str, Any] | None = None
         """The status fields last written (or found, at start)."""
-        self._rules_counted: set[str] = set()
         self._judge: tuple[int | None, PolicyEvaluator | None] | None = None
         """Sharded mode, not the owner: the generation judged by, and its evaluator (None: invalid)."""
 
@@ -115,7 +114,7 @@ class PolicyRunner:
         finally:
             self.state.close_policy(self.key)
             self.state.verdicts.forget(self.key.namespace, self.key.name)
-            self.state.metrics.set_findings(self.key.namespace, self.key.name, {}, self._rules_counted)
+            self.state.metrics.set_findings(self.key.namespace, self.key.name, ())
 
     async def round(
         self,
@@ -158,7 +157,7 @@ class PolicyRunner:
                 sink = self.state.events
                 for spec in await announce(specs, policy=object_ref(body), pods=refs, sink=sink):
                     self.state.metrics.events.labels(spec.type, spec.reason).inc()
-            self._count_findings(evaluation)
+            self.state.metrics.set_findings(self.key.namespace, self.key.name, evaluation.active)
             if self.scaler is not None:
                 # Also without actions.scale: the scaler then forgets the policy and answers None, so a
                 # removed action takes its last result (a problem, the condition) with it.
@@ -250,12 +249,11 @@ class PolicyRunner:
         if not self.parsed:
             return
         self.log.info("Another replica owns this policy now; this one sends it its verdicts.")
-        self.state.metrics.set_findings(self.key.namespace, self.key.name, {}, self._rules_counted)
+        self.state.metrics.set_findings(self.key.namespace, self.key.name, ())
         self.state.set_horizon(self.key, None)
         self.generation = self.spec = self.spec_error = self.evaluator = self.announcer = None
         self.evaluation = self.scale_result = self.written = None
         self.parsed = False
-        self._rules_counted = set()
 
     def sync_spec(
         self, generation: int | None, spec: Mapping[str, Any], status: Mapping[str, Any], now: float
@@ -298,13 +296,6 @@ class PolicyRunner:
         except Exception:
             self.log.exception("The scaler failed; scaling is retried at the next evaluation.")
             return self.scale_result
-
-    def _count_findings(self, evaluation: Evaluation) -> None:
-        counts: dict[str, int] = {}
-        for f in evaluation.active:
-            counts[f.rule] = counts.get(f.rule, 0) + 1
-        self.state.metrics.set_findings(self.key.namespace, self.key.name, counts, self._rules_counted)
-        self._rules_counted = set(counts)
 
     def verdict(self) -> PolicyVerdict:
         """What this round concluded, for the status."""

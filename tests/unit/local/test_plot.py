@@ -45,7 +45,7 @@ def test_a_panel_pair_per_gpu_titled_with_its_pod(figure: Figure) -> None:
     for i, pod in enumerate(PODS):
         util, mem = axes[2 * i], axes[2 * i + 1]
         assert util.get_title(loc="left") == f"GPU {i}: {pod}  (utilization)"
-        assert mem.get_title(loc="left") == f"GPU {i}: {pod}  (memory)"
+        assert mem.get_title(loc="left") == f"GPU {i}: {pod}  (memory; card 140Gi)"
     for i in range(GPUS):
         assert axes[2 * i].get_ylabel() == "utilization (%)"
         assert axes[2 * i + 1].get_ylabel() == "memory (GiB)"
