@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden.local.history import DeviceHistory, FindingSpan, History, ShareHistory
-from gpuwarden.policy import format_bytes, rule_type
+from gpuwarden.policy import format_bytes, format_count, format_latency, rule_type
 
 if TYPE_CHECKING:
     from matplotlib.artist import Artist
@@ -273,6 +273,10 @@ def _value_text(span: FindingSpan) -> str:
         return format_bytes(span.value)
     if span.unit == "problems":
         return ""  # gpuHealth: the problem is in the rule's name and the log, not a figure
+    if span.unit == "seconds":
+        return format_latency(span.value)  # requestLatency
+    if span.unit == "requests":
+        return format_count(span.value)  # requestQueue
     return f"{span.value:.0f}%"
 
 

@@ -84,6 +84,7 @@ def build_operator(
         max_body_bytes=config.max_body_bytes,
         clock=clock,
         route=sharding.route if sharding else None,
+        plan=state.scrape_plan,
     )
     if sharding is not None:
         state.verdict_sender = VerdictSender(config.peer_token_file, metrics)

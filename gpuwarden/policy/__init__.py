@@ -43,7 +43,7 @@ from gpuwarden.policy.findings import (
     Resolution,
     Transition,
 )
-from gpuwarden.policy.humanize import approx_duration, format_bytes
+from gpuwarden.policy.humanize import approx_duration, format_bytes, format_count, format_latency
 from gpuwarden.policy.parse import API_VERSION, KIND, SpecError, parse_policy_object, parse_spec
 from gpuwarden.policy.rules import RULE_TYPES, RuleType, rule_type
 from gpuwarden.policy.rules.anomaly import Pattern
@@ -69,6 +69,7 @@ from gpuwarden.policy.spec.model import (
     Server,
     ServiceMetricsSource,
 )
+from gpuwarden.policy.spec.selector import selector_matches
 from gpuwarden.policy.spec.servers import service_metric_names
 from gpuwarden.policy.store.health import Admission, GpuRecord, HealthStore, Incident, IncidentKind
 from gpuwarden.policy.store.intake import (
@@ -78,6 +79,7 @@ from gpuwarden.policy.store.intake import (
     points_from_report,
     points_from_snapshot,
     process_subject,
+    service_scrape,
 )
 from gpuwarden.policy.store.series import (
     BYTES_PER_POINT,
@@ -154,6 +156,8 @@ __all__ = [
     "describe_xid",
     "evaluate_rule",
     "format_bytes",
+    "format_count",
+    "format_latency",
     "gpu_name",
     "gpu_problems",
     "horizon_seconds",
@@ -167,6 +171,8 @@ __all__ = [
     "rule_kind",
     "rule_type",
     "scale_step",
+    "selector_matches",
     "service_metric_names",
+    "service_scrape",
     "snoozed_until",
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuwarden.policy.rules import RULE_TYPES, RuleType, type_of
@@ -34,9 +34,11 @@ from gpuwarden.policy.spec.model import (
     BUCKET_SECONDS,
     MAX_STEPS,
     Actions,
+    ForecastLoad,
     LabelRequirement,
     LabelSelector,
     PolicySpec,
+    RequestLatency,
     Rule,
     ScaleAction,
     ScaleDirection,
@@ -44,9 +46,12 @@ from gpuwarden.policy.spec.model import (
     ScaleTargetRef,
     Server,
     ServiceMetricsSource,
+    ServiceRule,
+    Signal,
     UtilizationCeiling,
     UtilizationFloor,
 )
+from gpuwarden.policy.spec.servers import Metric, request_counters, rule_metric
 from gpuwarden.units import format_duration
 
 __all__ = [
@@ -76,6 +81,7 @@ MIN_FORECAST_HORIZON = 10.0
 MAX_FORECAST_HORIZON = MAX_STEPS * BUCKET_SECONDS
 MIN_SCRAPE_INTERVAL = 1.0
 MAX_METRICS_PATH = 256
+MAX_REQUEST_RATE = 1_000_000.0
 
 # The CRD's scalar defaults, by the schema path of the object that holds them. The API server fills them
 # in; local mode's policy files never went through one, so the parser does. tests/unit/test_crd_schema.py
@@ -89,7 +95,7 @@ DEFAULTS: Mapping[str, Mapping[str, Any]] = {
     ".spec.actions.scale": {"minReplicas": 1, "scaleUpMinPods": 1, "dryRun": False},
     ".spec.actions.scale.behavior.scaleUp": {"stabilizationWindow": "0s", "step": 1, "cooldown": "1m"},
     ".spec.actions.scale.behavior.scaleDown": {"stabilizationWindow": "5m", "step": 1, "cooldown": "5m"},
-    ".spec.actions.scale.forecast": {"maxUncertainty": 20},
+    ".spec.actions.scale.forecast": {"maxUncertainty": 20, "load": "utilization"},
 }
 _SPEC = DEFAULTS[".spec"]
 _ACTIONS = DEFAULTS[".spec.actions"]
@@ -140,7 +146,7 @@ def parse_spec(spec: Mapping[str, Any], *, path: str = "spec") -> PolicySpec:
     source = None
     if spec.get("serviceMetrics") is not None:
         source = _service_metrics(spec["serviceMetrics"], f"{path}.serviceMetrics")
-    rules = _rules(spec["rules"], f"{path}.rules")
+    rules = _with_servers(_rules(spec["rules"], f"{path}.rules"), source, path)
     _check_windows(rules, interval, f"{path}.rules")
     actions = _actions(spec.get("actions"), f"{path}.actions", rules)
     return PolicySpec(
@@ -264,6 +270,32 @@ def _rules(value: Any, path: str) -> tuple[Rule, ...]:
     return tuple(rules)
 
 
+def _with_servers(
+    rules: tuple[Rule, ...], source: ServiceMetricsSource | None, path: str
+) -> tuple[Rule, ...]:
+    """The service rules that name neither ``server`` nor ``metric`` take ``serviceMetrics.server``; each
+    must then read a metric its server exports (Triton has no end-to-end latency histogram)."""
+    default = None if source is None else source.server
+    out: list[Rule] = []
+    for i, rule in enumerate(rules):
+        if isinstance(rule, ServiceRule):
+            field = f"{path}.rules[{i}].{type_of(rule).key}"
+            if rule.server is None and rule.metric is None:
+                if default is None:
+                    raise SpecError(
+                        field,
+                        "names no metric: set its server (one of vllm, sglang, triton, tgi) or its metric,"
+                        " or spec.serviceMetrics.server",
+                    )
+                rule = replace(rule, server=default)
+            found = rule_metric(rule)
+            if isinstance(found, str):
+                culprit = "latency" if isinstance(rule, RequestLatency) else "server"
+                raise SpecError(f"{field}.{culprit}", found)
+        out.append(rule)
+    return tuple(out)
+
+
 def _check_windows(rules: Sequence[Rule], interval: float, path: str) -> None:
     """Every rule's window (``for``, memoryGrowth's and anomaly's ``window``) spans an evaluation interval.
 
@@ -351,10 +383,17 @@ def _scale(value: Any, path: str, rules: Sequence[Rule]) -> ScaleAction:
     down_on = _rule_refs(obj, "scaleDownOn", path, rule_names)
     if not up_on and not down_on:
         raise SpecError(path, "scale needs at least one rule in scaleUpOn or scaleDownOn")
+    by_name = {r.name: r for r in rules}
     for i, rule in enumerate(down_on):
         if rule in up_on:
             raise SpecError(
                 f"{path}.scaleDownOn[{i}]", f'"{rule}" is also in scaleUpOn; a rule cannot be in both'
+            )
+        if isinstance(by_name[rule], ServiceRule):
+            raise SpecError(
+                f"{path}.scaleDownOn[{i}]",
+                f'"{rule}" is a {type_of(by_name[rule]).key} rule: it fires when the service is short of'
+                " replicas, so it can only scale up (scale down on a utilizationFloor rule)",
             )
     min_pods, min_pods_percent = _count_or_percent(
         obj, "scaleUpMinPods", path, _SCALE["scaleUpMinPods"], _MIN_PODS_PERCENT, "1% to 100%"
@@ -383,9 +422,21 @@ def _scale(value: Any, path: str, rules: Sequence[Rule]) -> ScaleAction:
 def _forecast(
     value: Any, path: str, rules: Sequence[Rule], up_on: Sequence[str], down_on: Sequence[str]
 ) -> ScaleForecast:
-    """scale.forecast, its ceiling and floor taken from the first utilization rules scale names."""
+    """scale.forecast, its ceiling and floor taken from the first utilization rules scale names
+    (requests load: its ceiling is requestsPerReplica)."""
     obj = as_object(value, path)
-    check_fields(obj, path, ("horizon", "maxUncertainty"))
+    check_fields(obj, path, ("horizon", "maxUncertainty", "load", "requestsPerReplica"))
+    load = member(ForecastLoad, value_or(obj, "load", _FORECAST["load"]), f"{path}.load")
+    horizon = None
+    if obj.get("horizon") is not None:
+        horizon = duration(obj, "horizon", path, "0s", minimum=MIN_FORECAST_HORIZON)
+        if horizon > MAX_FORECAST_HORIZON:
+            raise SpecError(f"{path}.horizon", f"must be at most {format_duration(MAX_FORECAST_HORIZON)}")
+    uncertainty = number(obj, "maxUncertainty", path, _FORECAST["maxUncertainty"], 1, 100)
+    if load is ForecastLoad.REQUESTS:
+        return _request_forecast(obj, path, rules, up_on, horizon, uncertainty)
+    if obj.get("requestsPerReplica") is not None:
+        raise SpecError(f"{path}.requestsPerReplica", "is for load: requests only")
     by_name = {r.name: r for r in rules}
     ceilings = [r for n in up_on if isinstance(r := by_name[n], UtilizationCeiling)]
     floors = [r for n in down_on if isinstance(r := by_name[n], UtilizationFloor)]
@@ -396,11 +447,6 @@ def _forecast(
         )
     ceiling = ceilings[0]
     floor = floors[0] if floors else None
-    horizon = None
-    if obj.get("horizon") is not None:
-        horizon = duration(obj, "horizon", path, "0s", minimum=MIN_FORECAST_HORIZON)
-        if horizon > MAX_FORECAST_HORIZON:
-            raise SpecError(f"{path}.horizon", f"must be at most {format_duration(MAX_FORECAST_HORIZON)}")
     return ScaleForecast(
         ceiling_rule=ceiling.name,
         ceiling_percent=ceiling.percent,
@@ -408,7 +454,52 @@ def _forecast(
         floor_rule=None if floor is None else floor.name,
         floor_percent=None if floor is None else floor.percent,
         horizon_seconds=horizon,
-        max_uncertainty=number(obj, "maxUncertainty", path, _FORECAST["maxUncertainty"], 1, 100),
+        max_uncertainty=uncertainty,
+    )
+
+
+def _request_forecast(
+    obj: Mapping[str, Any],
+    path: str,
+    rules: Sequence[Rule],
+    up_on: Sequence[str],
+    horizon: float | None,
+    uncertainty: float,
+) -> ScaleForecast:
+    """A forecast of the requests the pods serve: their servers' counters of requests served, else
+    the count of the latency histograms their rules read."""
+    if obj.get("requestsPerReplica") is None:
+        raise SpecError(f"{path}.requestsPerReplica", "required field is missing with load: requests")
+    per_replica = number(obj, "requestsPerReplica", path, None, 0, MAX_REQUEST_RATE)
+    if per_replica <= 0:
+        raise SpecError(f"{path}.requestsPerReplica", "must be above 0")
+    by_name = {r.name: r for r in rules}
+    service = [r for r in rules if isinstance(r, ServiceRule)]
+    if not any(isinstance(by_name[n], ServiceRule) for n in up_on):
+        raise SpecError(
+            path,
+            "forecast with load: requests needs a requestLatency, requestQueue or kvCacheUsage rule in"
+            " scaleUpOn: the pods it reads are scraped, and their server says where the rate is read",
+        )
+    servers = [r.server for r in service if r.server is not None and r.metric is None]
+    histograms = [
+        m for r in service if isinstance(r, RequestLatency) and isinstance(m := rule_metric(r), Metric)
+    ]
+    names = (*request_counters(servers), *(n for m in histograms for n in m.names))
+    if not names:
+        raise SpecError(
+            f"{path}.load",
+            "no request rate to read: no rule names a server (whose counter of requests served is"
+            " read) nor a requestLatency histogram (whose count is)",
+        )
+    return ScaleForecast(
+        ceiling_rule=next(n for n in up_on if isinstance(by_name[n], ServiceRule)),
+        ceiling_percent=per_replica,
+        signal=Signal.AUTO,
+        horizon_seconds=horizon,
+        max_uncertainty=uncertainty,
+        load=ForecastLoad.REQUESTS,
+        request_metrics=tuple(dict.fromkeys(names)),
     )
 
 

@@ -57,11 +57,58 @@ REQUEST_SUCCESS = "vllm:request_success_total"
 
 # vLLM's own bucket upper bounds (vllm/v1/metrics/loggers.py), so that a percentile read from the
 # simulated histograms is as coarse as one read from a real server's.
-_E2E_BOUNDS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
+_E2E_BOUNDS: tuple[float, ...] = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+)
 _E2E_BOUNDS += (120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-_TTFT_BOUNDS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0)
+_TTFT_BOUNDS: tuple[float, ...] = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+)
 _TTFT_BOUNDS += (7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-_ITL_BOUNDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5)
+_ITL_BOUNDS: tuple[float, ...] = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+)
 _ITL_BOUNDS += (10.0, 20.0, 40.0, 80.0)
 
 HISTOGRAM_BOUNDS: Mapping[str, tuple[float, ...]] = {

@@ -39,6 +39,7 @@ from gpuwarden.operator.policies.announce import Announcer, announce
 from gpuwarden.operator.policies.status import PolicyVerdict, build_status, findings_from_status, owned_part
 from gpuwarden.operator.resources import FIELD_MANAGER, GROUP, PLURAL, VERSION, PodRecord, PolicyKey
 from gpuwarden.operator.scaling import PolicyClaim, Scaler, ScaleResult
+from gpuwarden.operator.scrape import availability
 from gpuwarden.operator.sharding import pod_verdicts, verdicts_url
 from gpuwarden.operator.state import OperatorState
 from gpuwarden.policy import (
@@ -47,9 +48,11 @@ from gpuwarden.policy import (
     PodId,
     PolicyEvaluator,
     PolicySpec,
+    ServiceScrape,
     SpecError,
     parse_spec,
     rule_kind,
+    service_metric_names,
 )
 from gpuwarden.wire.verdicts import SCHEMA_VERSION as VERDICT_SCHEMA_VERSION
 from gpuwarden.wire.verdicts import VerdictReport
@@ -143,6 +146,7 @@ class PolicyRunner:
                 now,
                 self.state.health,
                 elsewhere=self._judged_elsewhere(records, now),
+                services=self.state.services,
             )
             self.evaluation = evaluation
             assert self.spec is not None
@@ -207,7 +211,9 @@ class PolicyRunner:
             return
         pacing.interval = judge.spec.evaluation_interval_seconds
         records = [r for r in pods if self._judged_here(r)]
-        judged = judge.judge((r.view for r in records), self.state.store, now, self.state.health)
+        judged = judge.judge(
+            (r.view for r in records), self.state.store, now, self.state.health, services=self.state.services
+        )
         if not judged:
             return  # none of the policy's pods is ours
         report = VerdictReport(
@@ -312,7 +318,20 @@ class PolicyRunner:
             scale=self.scale_result.status if self.scale_result else None,
             scale_condition=self.scale_result.condition if self.scale_result else None,
             scaling=self.spec is None or self.spec.actions.scale is not None,
+            service_metrics=self._service_metrics(),
         )
+
+    def _service_metrics(self) -> tuple[str, str, str] | None:
+        """``ServiceMetricsAvailable`` over the selected pods, while the rules read the pods' own metrics."""
+        if self.spec is None or self.evaluation is None or not service_metric_names(self.spec):
+            return None
+        services = self.state.services
+
+        def latest(pod: PodId) -> ServiceScrape | None:
+            kept = services.scrapes(pod)
+            return kept[-1] if kept else None
+
+        return availability(latest, self.evaluation.matched_pods)
 
     async def write_status(self, live: Mapping[str, Any], now: float) -> None:
         """Patch the status subresource if what this round concluded differs from what was written."""

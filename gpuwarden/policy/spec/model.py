@@ -236,7 +236,17 @@ class KvCacheUsage:
 ServiceRule = RequestLatency | RequestQueue | KvCacheUsage
 """The rule kinds that read the pods' own metrics (the :class:`ServiceStore`), not their GPUs'."""
 
-Rule = UtilizationFloor | UtilizationCeiling | MemoryCeiling | MemoryGrowth | GpuHealthRule | Anomaly
+Rule = (
+    UtilizationFloor
+    | UtilizationCeiling
+    | MemoryCeiling
+    | MemoryGrowth
+    | GpuHealthRule
+    | Anomaly
+    | RequestLatency
+    | RequestQueue
+    | KvCacheUsage
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,16 +276,26 @@ MAX_STEPS = 60
 Here, not in :mod:`gpuwarden.policy.scaling.forecast`, because the parser bounds ``horizon`` by it."""
 
 
+class ForecastLoad(enum.StrEnum):
+    """What a scale forecast forecasts."""
+
+    UTILIZATION = "utilization"  # the pods' summed GPU utilization, percent
+    REQUESTS = "requests"  # the pods' summed rate of requests served, per second
+
+
 @dataclass(frozen=True, slots=True)
 class ScaleForecast:
     """spec.actions.scale.forecast, with the thresholds it compares against resolved from the rules.
 
-    ``ceiling_*`` come from the first utilizationCeiling rule in scaleUpOn, ``floor_*`` from the
-    first utilizationFloor rule in scaleDownOn (none: the forecast never holds a scale-down back).
+    Utilization load: ``ceiling_*`` come from the first utilizationCeiling rule in scaleUpOn,
+    ``floor_*`` from the first utilizationFloor rule in scaleDownOn (none: the forecast never holds a
+    scale-down back). Requests load: the ceiling is ``requestsPerReplica`` (``ceiling_rule`` the first
+    rule in scaleUpOn, which the forecast speaks beside), and there is no floor.
     """
 
     ceiling_rule: str
     ceiling_percent: float
+    """The per-replica ceiling in the load's unit: percent, or requests per second."""
     signal: Signal
     """The ceiling rule's signal: the utilization reading the load is summed from."""
     floor_rule: str | None = None
@@ -283,7 +303,19 @@ class ScaleForecast:
     horizon_seconds: float | None = None
     """How far ahead to look; None: the workload's observed replica start-up time."""
     max_uncertainty: float = 20.0
-    """The widest 80% interval (percentage points of per-replica utilization) the forecast may act on."""
+    """The widest 80% interval the forecast may act on: percentage points of per-replica utilization,
+    or (requests load) percent of the ceiling."""
+    load: ForecastLoad = ForecastLoad.UTILIZATION
+    request_metrics: tuple[str, ...] = ()
+    """Requests load: the counters (or latency histograms, by their count) a pod's rate is read
+    from, the first it exports."""
+
+    @property
+    def widest(self) -> float:
+        """:attr:`max_uncertainty` in the load's unit."""
+        if self.load is ForecastLoad.REQUESTS:
+            return self.max_uncertainty / 100 * self.ceiling_percent
+        return self.max_uncertainty
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,6 @@ from gpuwarden.policy.spec.model import (
     RequestQueue,
     Rule,
     Server,
-    ServiceRule,
 )
 
 __all__ = [
@@ -154,7 +153,7 @@ def kv_cache_metric(rule: KvCacheUsage) -> Metric | str:
     return _of(None if rule.server is None else PRESETS[rule.server].kv_cache, rule.metric, scale)
 
 
-def rule_metric(rule: Rule | ServiceRule) -> Metric | str | None:
+def rule_metric(rule: Rule) -> Metric | str | None:
     """The metric a service rule reads (or why it has none); None for a rule of the GPUs."""
     if isinstance(rule, RequestLatency):
         return latency_metric(rule)
@@ -174,20 +173,15 @@ def service_metric_names(spec: PolicySpec) -> frozenset[str]:
     """The Prometheus metric names, as exposed (histograms by base name), that the spec's rules read:
     what the agents keep of the pods' scrapes. Empty when no rule reads the pods' own metrics.
 
-    With a scale forecast, also the servers' counters of requests served (the forecast's load).
+    With a scale forecast of requests, also what its rate is read from (the servers' counters of
+    requests served).
     """
     names: set[str] = set()
-    servers: set[Server] = set()
-    rules: tuple[Rule | ServiceRule, ...] = spec.rules
-    for rule in rules:
-        if not isinstance(rule, ServiceRule):
-            continue
+    for rule in spec.rules:
         metric = rule_metric(rule)
         if isinstance(metric, Metric):
             names.update(metric.names)
-            if rule.server is not None and rule.metric is None:
-                servers.add(rule.server)
     scale = spec.actions.scale
-    if names and scale is not None and scale.forecast is not None:
-        names.update(request_counters(servers))
+    if scale is not None and scale.forecast is not None:
+        names.update(scale.forecast.request_metrics)
     return frozenset(names)
