@@ -42,18 +42,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwarden.policy import (
+    Histogram,
+    PodId,
     PodView,
     Point,
     PolicyEvaluator,
     ScaleDecider,
     SeriesKey,
     SeriesStore,
+    ServiceScrape,
+    ServiceStore,
     StepKind,
     horizon_seconds,
     parse_spec,
     scale_step,
+    service_metric_names,
 )
-from gpuwarden.sim.service import Replica, ReplicaConfig
+from gpuwarden.sim.service import Replica, ReplicaConfig, ReplicaMetrics
 
 BUCKET = 10.0
 """Seconds per trace value (the arrival rate is constant within one)."""
@@ -212,25 +217,43 @@ def scale(scale_up_on: list[str], **extra: Any) -> dict[str, Any]:
     }
 
 
-# The example policy's serving rules (examples/gpumonitorpolicy.yaml): saturated above 95% for 2m,
-# idle below 20% for 5m. Every policy scales down on idle-gpu, so they differ in what scales up.
-GPU_RULES: list[dict[str, Any]] = [
-    {"name": "idle-gpu", "utilizationFloor": {"percent": 20, "for": "5m", "hysteresis": 5}},
-    {"name": "saturated", "utilizationCeiling": {"percent": 95, "for": "2m", "hysteresis": 5}},
-]
+# Every policy scales down on the example policy's idle-gpu (examples/gpumonitorpolicy.yaml: below
+# 20% for 5m), so they differ only in what scales up. The GPU-only one is the example's `saturated`
+# (above 95% for 2m). The service rules' thresholds were chosen on the training seeds (see --seeds).
+IDLE = {"name": "idle-gpu", "utilizationFloor": {"percent": 20, "for": "5m", "hysteresis": 5}}
+SATURATED = {"name": "saturated", "utilizationCeiling": {"percent": 95, "for": "2m", "hysteresis": 5}}
+QUEUEING = {"name": "queueing", "requestQueue": {"limit": 4, "for": "30s", "per": "replica"}}
+SLOW = {
+    "name": "slow-requests",
+    "requestLatency": {"percentile": 99, "threshold": "15s", "window": "1m", "for": "30s"},
+}
+REQUESTS_PER_REPLICA = 3.0
+"""The forecast's capacity of one replica: about 80% of what a full batch completes (CAPACITY)."""
 
 
 def policy(rules: list[dict[str, Any]], action: dict[str, Any]) -> dict[str, Any]:
-    return {
+    doc: dict[str, Any] = {
         "selector": {"matchLabels": {"app": APP}},
         "evaluationInterval": "10s",
-        "rules": rules,
+        "rules": [IDLE, *rules],
         "actions": {"events": False, "scale": action},
     }
+    if any(k in rule for rule in rules for k in ("requestLatency", "requestQueue")):
+        doc["serviceMetrics"] = {"server": "vllm", "interval": "10s"}
+    return doc
 
 
 POLICIES: dict[str, dict[str, Any]] = {
-    "utilizationCeiling": policy(GPU_RULES, scale(["saturated"])),
+    "utilizationCeiling": policy([SATURATED], scale(["saturated"])),
+    "requestQueue": policy([QUEUEING], scale(["queueing"])),
+    "requestLatency P99": policy([SLOW], scale(["slow-requests"])),
+    "requestLatency P99 + forecast": policy(
+        [SLOW],
+        scale(
+            ["slow-requests"],
+            forecast={"load": "requests", "requestsPerReplica": REQUESTS_PER_REPLICA, "maxUncertainty": 25},
+        ),
+    ),
 }
 
 
@@ -306,8 +329,23 @@ class Fleet:
             pod.replica.metrics(now)
         self.draining = [p for p in self.draining if p.replica.in_flight]
 
+    def scrape(self, now: float, names: frozenset[str]) -> Iterator[tuple[PodId, ServiceScrape]]:
+        """Each pod's metrics as the agent would send them: only the names asked for, compacted."""
+        for pod in self.pods:
+            yield PodId(NAMESPACE, pod.name), compact(pod.replica.metrics(now), names)
+
     def views(self) -> list[PodView]:
         return [PodView(NAMESPACE, p.name, labels={"app": APP}) for p in self.pods]
+
+
+def compact(m: ReplicaMetrics, names: frozenset[str]) -> ServiceScrape:
+    """A replica's metrics as a :class:`ServiceScrape` of the names asked for (one label set each)."""
+    return ServiceScrape(
+        at=m.at,
+        histograms={n: Histogram(h.bounds, h.counts, h.sum) for n, h in m.histograms.items() if n in names},
+        counters={n: v for n, v in m.counters.items() if n in names},
+        gauges={n: (v,) for n, v in m.gauges.items() if n in names},
+    )
 
 
 def p99(values: list[float]) -> float:
@@ -321,6 +359,11 @@ def simulate(trace: list[float], spec_doc: Mapping[str, Any], seed: int, args: a
     evaluator = PolicyEvaluator(f"{NAMESPACE}/llm-serving", spec, namespace=NAMESPACE)
     retention = horizon_seconds(spec)
     store = SeriesStore(retention_seconds=retention, max_points=int(retention / SAMPLE * 1.25) + 16)
+    services = ServiceStore(retention_seconds=retention)
+    names = service_metric_names(spec)
+    source = spec.service_metrics
+    scrape_every = (source and source.interval_seconds) or spec.evaluation_interval_seconds
+    scrape_due = 0.0
     decider = ScaleDecider()
     action = spec.actions.scale
     assert action is not None
@@ -344,11 +387,16 @@ def simulate(trace: list[float], spec_doc: Mapping[str, Any], seed: int, args: a
             pending = next(incoming, None)
         replica_seconds += (len(fleet.pods) + len(fleet.draining)) * SAMPLE
         store.extend(fleet.read(now))
+        if names and now >= scrape_due:
+            scrape_due = now + scrape_every
+            for pod_id, scrape in fleet.scrape(now, names):
+                services.record(pod_id, scrape)
         if now < due:
             continue
         due = now + spec.evaluation_interval_seconds
         store.prune(now)
-        evaluation = evaluator.evaluate(fleet.views(), store, now)
+        services.prune(now)
+        evaluation = evaluator.evaluate(fleet.views(), store, now, services=services)
         step = scale_step(
             decider,
             action,
@@ -365,6 +413,7 @@ def simulate(trace: list[float], spec_doc: Mapping[str, Any], seed: int, args: a
             while len(fleet.pods) > desired:
                 gone = fleet.remove_newest()
                 store.forget_pod(NAMESPACE, gone.name)
+                services.forget_pod(PodId(NAMESPACE, gone.name))
             actions += 1
         if step.kind is not StepKind.HOLD:
             step.settle(made=step.kind is StepKind.APPLY)
