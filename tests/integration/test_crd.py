@@ -171,7 +171,7 @@ def test_forecast_and_anomaly_are_valid_and_defaulted(
     created = create(control_plane, namespace, policy)
     assert created.returncode == 0, created.stderr
     spec = get_json(control_plane, namespace, "ahead")["spec"]
-    assert spec["actions"]["scale"]["forecast"] == {"maxUncertainty": 20}
+    assert spec["actions"]["scale"]["forecast"] == {"load": "utilization", "maxUncertainty": 20}
     assert spec["rules"][4]["anomaly"] == {
         "metric": "utilization",
         "window": "30m",
@@ -620,7 +620,7 @@ INVALID: list[tuple[str, Callable[[Policy], None], str]] = [
             "spec.rules.3",
             {"name": "slow", "requestLatency": {"percentile": 99, "threshold": "2s", "server": "triton"}},
         ),
-        'spec.rules[3].requestLatency.latency: Invalid value: "object": Triton exports no end-to-end',
+        'spec.rules[3].requestLatency.latency: Invalid value: Triton exports no end-to-end',
     ),
     (
         "latency-window-shorter-than-the-interval",
@@ -636,7 +636,7 @@ INVALID: list[tuple[str, Callable[[Policy], None], str]] = [
     (
         "kv-cache-tgi",
         _set("spec.rules.3", {"name": "kv", "kvCacheUsage": {"percent": 90, "server": "tgi"}}),
-        'spec.rules[3].kvCacheUsage.server: Invalid value: "object": Triton and TGI export no KV-cache usage',
+        'spec.rules[3].kvCacheUsage.server: Invalid value: Triton and TGI export no KV-cache usage',
     ),
     (
         "queue-metric-not-a-name",
@@ -651,7 +651,7 @@ INVALID: list[tuple[str, Callable[[Policy], None], str]] = [
     (
         "service-metrics-path-relative",
         _set("spec.serviceMetrics", {"path": "metrics"}),
-        'spec.serviceMetrics.path: Invalid value: "string": must be a URL path such as /metrics',
+        'spec.serviceMetrics.path: Invalid value: "metrics": must be a URL path such as /metrics',
     ),
     (
         "service-metrics-interval-too-short",
