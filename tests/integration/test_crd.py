@@ -620,7 +620,7 @@ INVALID: list[tuple[str, Callable[[Policy], None], str]] = [
             "spec.rules.3",
             {"name": "slow", "requestLatency": {"percentile": 99, "threshold": "2s", "server": "triton"}},
         ),
-        'spec.rules[3].requestLatency.latency: Invalid value: Triton exports no end-to-end',
+        "spec.rules[3].requestLatency.latency: Invalid value: Triton exports no end-to-end",
     ),
     (
         "latency-window-shorter-than-the-interval",
@@ -636,7 +636,7 @@ INVALID: list[tuple[str, Callable[[Policy], None], str]] = [
     (
         "kv-cache-tgi",
         _set("spec.rules.3", {"name": "kv", "kvCacheUsage": {"percent": 90, "server": "tgi"}}),
-        'spec.rules[3].kvCacheUsage.server: Invalid value: Triton and TGI export no KV-cache usage',
+        "spec.rules[3].kvCacheUsage.server: Invalid value: Triton and TGI export no KV-cache usage",
     ),
     (
         "queue-metric-not-a-name",

@@ -174,8 +174,16 @@ def watched(
         )  # fmt: skip
         # The policy only now, so that Prometheus has seen the time before any finding.
         world.policy_at = time.time()
-        scaling = policy(namespace, hi=REPLICAS + 1, interval="1s")
+        # First at its maximum, so that the scaler knows the policy (its decision counters born at 0)
+        # and Prometheus has scraped the zeros before the one scale-up: a counter whose first sample
+        # is already 1 shows no increase() (Prometheus's rule for a new series), and the readings
+        # are saturated before the policy exists, so it would scale at its first evaluation.
+        scaling = policy(namespace, hi=REPLICAS, interval="1s")
         scaling["spec"]["rules"].append(LEAK_RULE)
+        apply(node, namespace, scaling)
+        zeros = f'gpuwarden_policy_scale_decisions_total{{namespace="{namespace}"}} == 0'
+        until(world, lambda: world.prometheus.query(zeros), "the policy's scale decisions scraped at 0")
+        scaling["spec"]["actions"]["scale"]["maxReplicas"] = REPLICAS + 1
         apply(node, namespace, scaling)
         yield world
     finally:
