@@ -327,6 +327,26 @@ def on_series(
     return judge
 
 
+def on_services(
+    evaluate: Callable[[_R, PodId, float, WindowParams, Services | None], Outcome],
+) -> Judge[_R]:
+    """An evaluator that reads only the pods' own metrics, as a :data:`Judge` (no series, memo or health)."""
+
+    def judge(
+        rule: _R,
+        pod: PodId,
+        series: Sequence[tuple[SeriesKey, Window]],
+        now: float,
+        params: WindowParams,
+        memo: Any,
+        health: HealthStore | None,
+        services: Services | None,
+    ) -> Outcome:
+        return evaluate(rule, pod, now, params, services)
+
+    return judge
+
+
 @dataclass(frozen=True, slots=True)
 class RuleType(Generic[_R]):
     """Everything gpuwarden knows of one rule kind, in one record; each kind's module defines its own

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from gpuwarden.policy.rules.common import (
@@ -20,6 +20,7 @@ from gpuwarden.policy.rules.common import (
     RuleType,
     Services,
     WindowParams,
+    on_services,
     percent,
     unknown,
 )
@@ -27,8 +28,7 @@ from gpuwarden.policy.rules.serving import metric_of, parse_source
 from gpuwarden.policy.spec.fields import check_fields, duration, member, number, value_or
 from gpuwarden.policy.spec.model import GaugeUnit, KvCacheUsage
 from gpuwarden.policy.spec.servers import kv_cache_metric
-from gpuwarden.policy.store.health import HealthStore
-from gpuwarden.policy.store.series import PodId, SeriesKey, Window
+from gpuwarden.policy.store.series import PodId
 
 UNIT = "percent"
 
@@ -86,25 +86,12 @@ def evaluate_kv_cache(
     )
 
 
-def _judge(
-    rule: KvCacheUsage,
-    pod: PodId,
-    series: Sequence[tuple[SeriesKey, Window]],
-    now: float,
-    params: WindowParams,
-    memo: Any,
-    health: HealthStore | None,
-    services: Services | None,
-) -> Outcome:
-    return evaluate_kv_cache(rule, pod, now, params, services)
-
-
 RULE_TYPE = RuleType(
     kind=RuleKind.KV_CACHE_USAGE,
     model=KvCacheUsage,
     parse=parse_kv_cache,
     defaults=DEFAULTS,
-    evaluate=_judge,
+    evaluate=on_services(evaluate_kv_cache),
     # It reads the newest scrape; the last few tell the pod's scrape interval (its staleness).
     reach=lambda rule: max(rule.for_seconds, 60.0),
     window=None,

@@ -15,17 +15,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from gpuwarden.policy.humanize import format_count, format_latency
-from gpuwarden.policy.rules.common import Outcome, RuleKind, RuleType, Services, WindowParams, unknown
+from gpuwarden.policy.rules.common import (
+    Outcome,
+    RuleKind,
+    RuleType,
+    Services,
+    WindowParams,
+    on_services,
+    unknown,
+)
 from gpuwarden.policy.rules.serving import metric_of, parse_source
 from gpuwarden.policy.spec.fields import SpecError, check_fields, duration, integer, member, number, value_or
 from gpuwarden.policy.spec.model import Latency, RequestLatency
 from gpuwarden.policy.spec.servers import latency_metric
-from gpuwarden.policy.store.health import HealthStore
-from gpuwarden.policy.store.series import PodId, SeriesKey, Window
+from gpuwarden.policy.store.series import PodId
 from gpuwarden.policy.store.service import histogram_quantile
 from gpuwarden.units import format_duration
 
@@ -117,25 +124,12 @@ def evaluate_latency(
     )
 
 
-def _judge(
-    rule: RequestLatency,
-    pod: PodId,
-    series: Sequence[tuple[SeriesKey, Window]],
-    now: float,
-    params: WindowParams,
-    memo: Any,
-    health: HealthStore | None,
-    services: Services | None,
-) -> Outcome:
-    return evaluate_latency(rule, pod, now, params, services)
-
-
 RULE_TYPE = RuleType(
     kind=RuleKind.REQUEST_LATENCY,
     model=RequestLatency,
     parse=parse_latency,
     defaults=DEFAULTS,
-    evaluate=_judge,
+    evaluate=on_services(evaluate_latency),
     # The window, and the scrape before it (which tells the window is covered): scrapes come at most
     # a minute apart in any sensible serviceMetrics.interval.
     reach=lambda rule: rule.window_seconds + 60.0,
