@@ -198,6 +198,10 @@ class Ledger:
         """The pods (namespace, name) with totals."""
         return list(self._totals)
 
+    def knows(self, namespace: str, pod: str) -> bool:
+        """Whether the pod has a series or totals here (it was read, and not forgotten since)."""
+        return (namespace, pod) in self._series or (namespace, pod) in self._totals
+
     def pod_totals(self, namespace: str, pod: str) -> dict[str, Usage]:
         """One pod's totals by GPU model (live: read, do not keep)."""
         return self._totals.get((namespace, pod), {})

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpuwarden.operator.accounting import AccountingBook, OwnerResolver
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.endpoints import NodeRateLimiter, ReportIngest
 from gpuwarden.operator.kube import EventPoster, KubeApi, TokenAuthenticator
@@ -73,6 +74,10 @@ def build_operator(
         limiter=NodeRateLimiter(config.node_rate, config.node_burst, clock=time.monotonic),
         clock=clock,
     )
+    state.accounting = AccountingBook(
+        config.accounting, OwnerResolver(api.get, group_label=config.accounting.group_label), clock
+    )
+    metrics.registry.register(state.accounting)
     leadership = state.leadership
     state.ingest = ReportIngest(
         authenticator=state.authenticator,
