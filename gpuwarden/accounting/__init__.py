@@ -17,6 +17,8 @@ from gpuwarden.accounting.ledger import (
     Subject,
     Usage,
     devices_of,
+    observe_processes,
+    usage_lines,
 )
 
 __all__ = [
@@ -28,4 +30,6 @@ __all__ = [
     "Subject",
     "Usage",
     "devices_of",
+    "observe_processes",
+    "usage_lines",
 ]

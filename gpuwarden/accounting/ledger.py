@@ -37,9 +37,10 @@ The same readings in the same order give the same totals: plain float sums, no c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpuwarden.policy import GAP_RECORD_SECONDS, Point, SeriesKey
+from gpuwarden.policy import GAP_RECORD_SECONDS, Point, SeriesKey, points_from_processes, process_subject
 from gpuwarden.wire.node import DeviceState, Snapshot
 
 DEFAULT_IDLE_FLOOR = 5.0
@@ -65,15 +66,22 @@ class Device:
     """The pods (namespace, name) the device is allocated to; empty: allocated to nobody known."""
 
 
-def devices_of(snapshot: Snapshot) -> dict[str, Device]:
-    """Each readable device of ``snapshot`` by its series' device id (the MIG UUID for a MIG device)."""
+def devices_of(snapshot: Snapshot, *, processes: bool = False) -> dict[str, Device]:
+    """Each readable device of ``snapshot`` by its series' device id (the MIG UUID for a MIG device).
+
+    ``processes``: local mode, where nothing allocates GPUs: a device is held by the host processes
+    running on it (as ``("", "pid/<pid>")``, local mode's subjects), split evenly among them.
+    """
     totals = {g.uuid: g.memory_total_bytes for g in snapshot.gpus if g.mig_id is None}
     models = {g.uuid: g.model for g in snapshot.gpus if g.mig_id is None}
     devices: dict[str, Device] = {}
     for gpu in snapshot.gpus:
         if gpu.state is not DeviceState.OK:
             continue
-        holders = frozenset((p.namespace, p.name) for p in gpu.pods)
+        if processes:
+            holders = frozenset(("", process_subject(p.pid)) for p in gpu.processes)
+        else:
+            holders = frozenset((p.namespace, p.name) for p in gpu.pods)
         if gpu.mig_id is None:
             devices[gpu.uuid] = Device(gpu.model, 1.0, holders)
             continue
@@ -90,12 +98,15 @@ class Usage:
     allocated: float = 0.0
     used: float = 0.0
     idle: float = 0.0
+    unknown: float = 0.0
+    """Allocated seconds whose activity was not known (neither used nor idle); not exported."""
 
     def add(self, other: Usage) -> None:
         """Add ``other``'s seconds to these."""
         self.allocated += other.allocated
         self.used += other.used
         self.idle += other.idle
+        self.unknown += other.unknown
 
     @property
     def efficiency(self) -> float | None:
@@ -173,7 +184,9 @@ class Ledger:
         else:
             share = 0.0
         usage = Usage(allocated=share * interval)
-        if activity is not None:
+        if activity is None:
+            usage.unknown = usage.allocated
+        else:
             usage.used = activity * device.fraction * interval
             if share > 0 and activity * holders * 100.0 < self.idle_floor:
                 usage.idle = usage.allocated
@@ -216,6 +229,33 @@ class Ledger:
         return sorted(
             pod for pod in self._totals if all(s.last_t < before for s in self._series.get(pod, {}).values())
         )
+
+
+def observe_processes(ledger: Ledger, snapshot: Snapshot) -> None:
+    """Local mode: account for every host process's share of its devices in ``snapshot``."""
+    devices = devices_of(snapshot, processes=True)
+    for key, point in points_from_processes(snapshot):
+        device = devices.get(key.gpu)
+        if device is not None:
+            ledger.observe(key, point, device)
+
+
+def usage_lines(ledger: Ledger, name_of: Callable[[str, str], str]) -> list[str]:
+    """One line per subject and GPU model: its GPU-seconds allocated, used, idle (``name_of``: a
+    subject's display name from its namespace and pod)."""
+    lines = []
+    for namespace, pod in sorted(ledger.pods()):
+        for model, u in sorted(ledger.pod_totals(namespace, pod).items()):
+            if u.efficiency is None or u.unknown >= u.allocated:
+                used = "activity unknown"
+            else:
+                used = f"{u.used:.0f} used ({100 * u.efficiency:.0f}%), {u.idle:.0f} idle"
+                if u.unknown > 0:
+                    used += f", activity unknown for {u.unknown:.0f}"
+            lines.append(
+                f"{name_of(namespace, pod)} on {model or 'GPU'}: {u.allocated:.0f} GPU-s held, {used}"
+            )
+    return lines
 
 
 def _activity(point: Point) -> float | None:

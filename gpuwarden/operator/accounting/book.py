@@ -152,7 +152,7 @@ class AccountingBook(Collector):
     def rows(self) -> dict[Row, Usage]:
         """Each row's exported totals now (never below what was exported before)."""
         now = self._clock()
-        sums = {row: Usage(u.allocated, u.used, u.idle) for row, u in self._retired.items()}
+        sums = {row: Usage(u.allocated, u.used, u.idle, u.unknown) for row, u in self._retired.items()}
         for pod, workload in self._workloads.items():
             for model, usage in self.ledger.pod_totals(*pod).items():
                 row = (pod[0], workload.kind, workload.name, workload.group, model)

@@ -88,6 +88,8 @@ def test_unknown_activity_carries_the_last_known_for_a_while_then_counts_neither
     play(ledger, KEY, ALONE, readings)
     assert total(ledger).allocated == pytest.approx(60.0)
     assert total(ledger).used == pytest.approx(15.0)  # 30 s carried at 50%
+    assert total(ledger).unknown == pytest.approx(30.0)
+    assert total(ledger).idle == 0.0
 
 
 def test_mig_devices_count_their_memory_share_of_the_gpu() -> None:
