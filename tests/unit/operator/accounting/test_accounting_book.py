@@ -15,8 +15,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuwarden.accounting import Device
 from gpuwarden.operator.accounting import AccountingBook, AccountingSettings, OwnerResolver
 from gpuwarden.operator.accounting.book import EXPIRE_SECONDS, RETIRE_SECONDS
+from gpuwarden.operator.composition import build_operator
+from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.kube import ApiError
 from gpuwarden.policy import Point, SeriesKey
+from gpuwarden.wire.node import GpuSample, NodeReport, PodRef, Snapshot
 
 H200 = "NVIDIA H200"
 
@@ -151,3 +154,34 @@ def test_promtool_accepts_the_counters() -> None:
         [path, "check", "metrics"], input=generate_latest(registry), capture_output=True, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_ingest_feeds_the_ledger_what_the_store_takes_once() -> None:
+    now = 1_800_000_000.0
+    state = build_operator(OperatorConfig(), clock=lambda: now).state
+    assert state.accounting is not None
+
+    def report(seq: int, times: list[float]) -> NodeReport:
+        snapshots = [
+            Snapshot(
+                timestamp=t,
+                gpus=[
+                    GpuSample(
+                        uuid="GPU-1",
+                        index=0,
+                        model=H200,
+                        utilization_gpu=50.0,
+                        pods=[PodRef(namespace="ml", name="a")],
+                    )
+                ],
+            )
+            for t in times
+        ]
+        return NodeReport(schema_version=5, node="n1", agent_id="x", seq=seq, snapshots=snapshots)
+
+    state.accept(report(1, [now - 3, now - 2, now - 1]), "n1", now)
+    # A replay of readings already taken, and one from the future (refused by the store): nothing more.
+    state.accept(report(2, [now - 3, now - 2, now + 60]), "n1", now)
+    totals = state.accounting.ledger.pod_totals("ml", "a")[H200]
+    assert totals.allocated == pytest.approx(2.0)
+    assert totals.used == pytest.approx(1.0)
