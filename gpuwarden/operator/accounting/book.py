@@ -11,9 +11,10 @@ The counters, GPU-seconds (and the idle part's price), labelled ``namespace``, `
 totals, those of live pods and those retired into the workload's row. A pod is exported once its
 workload is known (its first seconds wait for that read, they are not lost); a pod none of whose
 GPUs has been read for :data:`RETIRE_SECONDS` is retired (its totals stay in its workload's row);
-a row that has not grown for :data:`EXPIRE_SECONDS` is dropped, so finished workloads do not stay
-in ``/metrics`` for ever. A row's exported value never decreases (floating sums in another order
-could make it dip by a rounding error, which Prometheus would read as a counter reset).
+a row that has not grown for :data:`EXPIRE_SECONDS` and has no live pod is dropped, so finished
+workloads do not stay in ``/metrics`` for ever. A row's exported value never decreases (floating
+sums in another order could make it dip by a rounding error, which Prometheus would read as a
+counter reset).
 
 Restarts and handovers (docs/accounting.md): a counter belongs to one process. A new process starts
 its counters from zero, which PromQL's ``increase()`` and ``rate()`` read as a reset; in sharded
@@ -128,7 +129,15 @@ class AccountingBook(Collector):
         for pod in self.ledger.silent_pods(before=now - RETIRE_SECONDS):
             self.retire(*pod)
         self.rows()  # brings the rows' growth times up to date before judging them stale
-        for row in [r for r, e in self._exported.items() if e.grown_at < now - EXPIRE_SECONDS]:
+        # A row with a live pod stays, grown or not: dropped, it would come back lower (its retired
+        # pods' seconds gone), which Prometheus would take for a reset and count again.
+        live = {
+            (namespace, w.kind, w.name, w.group, model)
+            for (namespace, pod), w in self._workloads.items()
+            for model in self.ledger.pod_totals(namespace, pod)
+        }
+        stale = [r for r, e in self._exported.items() if e.grown_at < now - EXPIRE_SECONDS and r not in live]
+        for row in stale:
             del self._exported[row]
             self._retired.pop(row, None)
 
