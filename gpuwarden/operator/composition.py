@@ -5,7 +5,8 @@ collaborator is handed what it needs: the clock (one, epoch seconds, read by the
 evaluation loops, the pruning, the Events and the node view); the API client; the metrics;
 leadership (peering), or in sharded mode membership with its ring; the TokenReview authenticator
 of the agents' tokens; the per-node rate limiter; the ingest endpoint's core, which stores through
-the state; the Event poster every Event goes through (the scaler's included); the scaler; with
+the state; the accounting book (GPU time per workload, fed by the ingest, on ``/metrics``); the
+Event poster every Event goes through (the scaler's included); the scaler; with
 ``--node-health`` the node view; in sharded mode the verdict exchange (the sender to the policies'
 owners, the endpoint the other shards post to); and the :class:`~gpuwarden.operator.services.Services`
 that start and stop the servers and background tasks.
@@ -74,10 +75,11 @@ def build_operator(
         limiter=NodeRateLimiter(config.node_rate, config.node_burst, clock=time.monotonic),
         clock=clock,
     )
-    state.accounting = AccountingBook(
+    accounting = AccountingBook(
         config.accounting, OwnerResolver(api.get, group_label=config.accounting.group_label), clock
     )
-    metrics.registry.register(state.accounting)
+    metrics.registry.register(accounting)
+    state.accounting = accounting
     leadership = state.leadership
     state.ingest = ReportIngest(
         authenticator=state.authenticator,

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
+import kopf
 
 from gpuwarden.accounting.report import FORMATS, Finding, Line, WorkloadRef, build_report, render
 from gpuwarden.operator.accounting.owners import OwnerResolver, Unresolved
@@ -97,7 +98,7 @@ async def _report(args: argparse.Namespace, window: str) -> str:
         if api is not None and not args.no_findings:
             try:
                 findings = await workload_findings(api, args.namespace)
-            except (ApiError, Unresolved) as exc:
+            except (ApiError, Unresolved, kopf.LoginError) as exc:
                 print(f"gpuwarden report: findings not read ({exc}); the figures stand", file=sys.stderr)
         label = {"1d": "day", "7d": "week"}.get(window, window)
         return render(build_report(label, workloads, findings, top=args.top), args.output)
@@ -125,11 +126,12 @@ def _proxied(api: KubeApi | None, service: str) -> Query:
     match = SERVICE.match(service)
     if api is None or match is None:
         raise ReportFailed(f"--prometheus-service {service!r} is not NAMESPACE/NAME:PORT")
+    client = api
     path = f"/api/v1/namespaces/{match['ns']}/services/{match['name']}:{match['port']}/proxy/api/v1/query"
 
     async def query(promql: str) -> Mapping[str, Any]:
         try:
-            return await api.request("GET", path, params={"query": promql})
+            return await client.request("GET", path, params={"query": promql})
         except ApiError as exc:
             raise ReportFailed(f"Prometheus through {service}: {exc}") from None
 
