@@ -185,3 +185,24 @@ def test_the_ingest_feeds_the_ledger_what_the_store_takes_once() -> None:
     totals = state.accounting.ledger.pod_totals("ml", "a")[H200]
     assert totals.allocated == pytest.approx(2.0)
     assert totals.used == pytest.approx(1.0)
+
+
+async def test_a_handover_counts_each_reading_on_one_replica_and_the_sum_over_replicas_is_the_whole() -> None:
+    # Sharded mode: the node's reports go to the replica owning it; at 300 s the ring gives it to
+    # another. The old owner's row freezes (and stays after the pod is retired there), the new
+    # owner's starts from zero; `sum by (...)` over the replicas is the pod's whole time, less the one
+    # interval that opens the new owner's account.
+    clock = Clock()
+    start = clock.now
+    old, new, alone = book(clock), book(clock), book(clock)
+    feed(old, "web-1", "GPU-1", start, 300, 40.0)
+    feed(new, "web-1", "GPU-1", start + 301, 299, 40.0)
+    feed(alone, "web-1", "GPU-1", start, 600, 40.0)
+    for accounting in (old, new, alone):
+        await accounting.resolve_pending()
+    clock.now = start + 600 + RETIRE_SECONDS + 1
+    old.sweep()
+    assert old.ledger.pods() == []
+    web = labels("Deployment", "web", "search")
+    key = ("gpuwarden_gpu_allocated_seconds_total", web)
+    assert scrape(old)[key] + scrape(new)[key] == pytest.approx(scrape(alone)[key] - 1.0)
