@@ -24,7 +24,15 @@ from gpuwarden.operator.metrics import OperatorMetrics, store_gauges
 from gpuwarden.operator.pacing import Pacing, PolicySchedule
 from gpuwarden.operator.resources import PodRecord, PolicyKey
 from gpuwarden.operator.sharding import Leadership, Sharding, VerdictBoard, VerdictIngest, VerdictSender
-from gpuwarden.policy import Admission, HealthStore, PodId, SeriesKey, SeriesStore, points_from_snapshot
+from gpuwarden.policy import (
+    Admission,
+    HealthStore,
+    PodId,
+    SeriesKey,
+    SeriesStore,
+    ServiceStore,
+    points_from_snapshot,
+)
 from gpuwarden.wire.node import NodeReport
 from gpuwarden.wire.verdicts import VerdictReport
 
@@ -81,6 +89,8 @@ class OperatorState:
     )
     health: HealthStore = field(default_factory=lambda: HealthStore(retention_seconds=MIN_RETENTION))
     """The GPUs' health (gpuHealth rules, throttling, the node view), kept as long as the series."""
+    services: ServiceStore = field(default_factory=lambda: ServiceStore(retention_seconds=MIN_RETENTION))
+    """The pods' own metrics as the agents scraped them (the service rules), kept as long as the series."""
     book: ReportBook = field(default_factory=ReportBook)
     schedule: PolicySchedule = field(default_factory=PolicySchedule)
     """The running evaluation daemons' pacing."""
@@ -220,6 +230,7 @@ class OperatorState:
         """A pod was deleted: drop its series and its per-pod metrics."""
         self.store.forget_pod(namespace, name)
         self.health.forget_pod(namespace, name)
+        self.services.forget_pod(PodId(namespace, name))
         self.metrics.latest.forget_pod(namespace, name)
 
     async def prune(self) -> None:
@@ -236,6 +247,7 @@ class OperatorState:
             now = self.clock()
             self.store.prune(now)
             self.health.prune(now)
+            self.services.prune(now)
 
     # -- policies --
 
@@ -261,6 +273,7 @@ class OperatorState:
         wanted = max(self.horizons.values(), default=MIN_RETENTION)
         self.store.retention_seconds = min(MAX_RETENTION, max(MIN_RETENTION, wanted))
         self.health.retention_seconds = self.store.retention_seconds
+        self.services.retention_seconds = self.store.retention_seconds
 
     def acts_on(self, key: PolicyKey) -> bool:
         """Whether this replica evaluates ``key`` (always, but in sharded mode: its owner only)."""

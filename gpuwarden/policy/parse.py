@@ -7,6 +7,7 @@ Every error is a :class:`SpecError` naming the field, in the API server's path n
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from gpuwarden.policy.spec.fields import (
     did_you_mean,
     duration,
     integer,
+    member,
     number,
     show,
     string,
@@ -40,6 +42,8 @@ from gpuwarden.policy.spec.model import (
     ScaleDirection,
     ScaleForecast,
     ScaleTargetRef,
+    Server,
+    ServiceMetricsSource,
     UtilizationCeiling,
     UtilizationFloor,
 )
@@ -70,6 +74,8 @@ MIN_RENOTIFY_INTERVAL = 60.0
 # A forecast looks at least one evaluation ahead and at most as far as it forecasts (model.MAX_STEPS).
 MIN_FORECAST_HORIZON = 10.0
 MAX_FORECAST_HORIZON = MAX_STEPS * BUCKET_SECONDS
+MIN_SCRAPE_INTERVAL = 1.0
+MAX_METRICS_PATH = 256
 
 # The CRD's scalar defaults, by the schema path of the object that holds them. The API server fills them
 # in; local mode's policy files never went through one, so the parser does. tests/unit/test_crd_schema.py
@@ -78,6 +84,7 @@ MAX_FORECAST_HORIZON = MAX_STEPS * BUCKET_SECONDS
 DEFAULTS: Mapping[str, Mapping[str, Any]] = {
     ".spec": {"evaluationInterval": "10s"},
     **{f".spec.rules[].{t.key}": t.defaults for t in RULE_TYPES},
+    ".spec.serviceMetrics": {"scheme": "http"},
     ".spec.actions": {"events": True, "renotifyInterval": "1h"},
     ".spec.actions.scale": {"minReplicas": 1, "scaleUpMinPods": 1, "dryRun": False},
     ".spec.actions.scale.behavior.scaleUp": {"stabilizationWindow": "0s", "step": 1, "cooldown": "1m"},
@@ -90,6 +97,7 @@ _SCALE = DEFAULTS[".spec.actions.scale"]
 _SCALE_UP = DEFAULTS[".spec.actions.scale.behavior.scaleUp"]
 _SCALE_DOWN = DEFAULTS[".spec.actions.scale.behavior.scaleDown"]
 _FORECAST = DEFAULTS[".spec.actions.scale.forecast"]
+_SERVICE_METRICS = DEFAULTS[".spec.serviceMetrics"]
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -98,6 +106,15 @@ _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 _KIND = re.compile(r"[A-Z][A-Za-z0-9]*")
 _MIN_PODS_PERCENT = re.compile(r"(100|[1-9][0-9]?)%")
 _STEP_PERCENT = re.compile(r"[1-9][0-9]{0,2}%")
+_METRICS_PATH = re.compile(r"/[!$&'()*+,;=:@A-Za-z0-9._~/%-]*")
+
+
+class Scheme(enum.StrEnum):
+    """serviceMetrics.scheme."""
+
+    HTTP = "http"
+    HTTPS = "https"
+
 
 _OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 _RULE_TYPES: Mapping[str, RuleType[Any]] = {t.key: t for t in RULE_TYPES}
@@ -110,15 +127,29 @@ def parse_spec(spec: Mapping[str, Any], *, path: str = "spec") -> PolicySpec:
     including unknown fields, duplicate rule names and scale actions naming rules that do not exist.
     """
     spec = as_object(spec, path)
-    check_fields(spec, path, ("selector", "evaluationInterval", "rules", "actions"), ("selector", "rules"))
+    check_fields(
+        spec,
+        path,
+        ("selector", "evaluationInterval", "serviceMetrics", "rules", "actions"),
+        ("selector", "rules"),
+    )
     selector = parse_selector(spec["selector"], path=f"{path}.selector")
     interval = duration(
         spec, "evaluationInterval", path, _SPEC["evaluationInterval"], minimum=MIN_EVALUATION_INTERVAL
     )
+    source = None
+    if spec.get("serviceMetrics") is not None:
+        source = _service_metrics(spec["serviceMetrics"], f"{path}.serviceMetrics")
     rules = _rules(spec["rules"], f"{path}.rules")
     _check_windows(rules, interval, f"{path}.rules")
     actions = _actions(spec.get("actions"), f"{path}.actions", rules)
-    return PolicySpec(selector=selector, rules=rules, evaluation_interval_seconds=interval, actions=actions)
+    return PolicySpec(
+        selector=selector,
+        rules=rules,
+        evaluation_interval_seconds=interval,
+        actions=actions,
+        service_metrics=source,
+    )
 
 
 def parse_selector(selector: Any, *, path: str = "selector") -> LabelSelector:
@@ -181,6 +212,34 @@ def parse_policy_object(doc: Any) -> PolicyObject:
     ):
         raise SpecError("metadata.namespace", f"{show(namespace)} is not a namespace name")
     return PolicyObject(name, namespace, parse_spec(obj["spec"]))
+
+
+# --- service metrics ---------------------------------------------------------------------------------
+
+
+def _service_metrics(value: Any, path: str) -> ServiceMetricsSource:
+    """spec.serviceMetrics: where to scrape the pods' own metrics, and the service rules' preset."""
+    obj = as_object(value, path)
+    check_fields(obj, path, ("port", "path", "scheme", "interval", "server"))
+    port = None if obj.get("port") is None else integer(obj, "port", path, None, 1, 65535)
+    metrics_path = None
+    if obj.get("path") is not None:
+        metrics_path = string(obj, "path", path, max_length=MAX_METRICS_PATH)
+        if not _METRICS_PATH.fullmatch(metrics_path):
+            raise SpecError(
+                f"{path}.path",
+                f"{show(metrics_path)} is not a URL path such as /metrics (no query, no space)",
+            )
+    interval = None
+    if obj.get("interval") is not None:
+        interval = duration(obj, "interval", path, "0s", minimum=MIN_SCRAPE_INTERVAL)
+    return ServiceMetricsSource(
+        port=port,
+        path=metrics_path,
+        scheme=member(Scheme, value_or(obj, "scheme", _SERVICE_METRICS["scheme"]), f"{path}.scheme").value,
+        interval_seconds=interval,
+        server=None if obj.get("server") is None else member(Server, obj["server"], f"{path}.server"),
+    )
 
 
 # --- rules -------------------------------------------------------------------------------------------

@@ -186,6 +186,7 @@ def test_defaults_validate_against_their_own_schema() -> None:
 
 DURATION_FIELDS: dict[str, str | None] = {
     ".spec.evaluationInterval": "10s",
+    ".spec.serviceMetrics.interval": None,  # unset: the evaluationInterval
     ".spec.rules[].utilizationFloor.for": "5m",
     ".spec.rules[].utilizationCeiling.for": "2m",
     ".spec.rules[].memoryCeiling.for": "1m",

@@ -530,7 +530,7 @@ INVALID: list[tuple[str, Edit, str]] = [
     (
         "unknown spec field",
         put("interval", "10s"),
-        "spec.interval: unknown field (expected one of: actions, evaluationInterval, rules, selector)",
+        "spec.interval: unknown field (expected one of: actions, evaluationInterval, rules, selector, serviceMetrics)",
     ),
     ("selector missing", drop("selector"), "spec.selector: required field is missing"),
     ("selector list", put("selector", ["app=llm"]), "spec.selector: must be an object, not a list"),
