@@ -41,6 +41,7 @@ from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
 
+from gpuwarden.accounting import DEFAULT_IDLE_FLOOR, Ledger, observe_processes, usage_lines
 from gpuwarden.agent.backend import BackendError, DeviceBackend
 from gpuwarden.agent.config import DEFAULT_HOOK_SOCKET, HOOK_SOCKET_ENV
 from gpuwarden.agent.hookattach import HookStage
@@ -308,6 +309,7 @@ async def watch(
         if config.service_urls
         else None
     )
+    ledger = Ledger()  # each process's GPU-seconds held, used, idle (docs/accounting.md), in the summary
     # A scenario's time starts at the backend's origin: findings are labelled in scenario time.
     start = backend.origin if isinstance(backend, ScriptedBackend) and backend.origin else clock()
     label = elapsed_clock(start) if scripted else wall_clock
@@ -334,6 +336,7 @@ async def watch(
         metrics.count_xids(snapshot)
         try:
             step = session.observe(snapshot)
+            observe_processes(ledger, snapshot)
             display.show(step, f"{title}, {label(snapshot.timestamp)}")
         except Exception:
             log.exception("evaluating a snapshot failed")
@@ -376,7 +379,7 @@ async def watch(
         code = await _serve_until_stopped(config, sampler, scraper, registry, ring, display, stop, source)
         if code is not None:
             return code
-        _summarise(history, label, config, title)
+        _summarise(history, label, config, title, usage_lines(ledger, session.subject_name))
     finally:
         if hooks is not None:
             await hooks.close()
@@ -436,11 +439,17 @@ async def _serve_until_stopped(
     return None
 
 
-def _summarise(history: History, label: Callable[[float], str], config: WatchConfig, title: str) -> None:
+def _summarise(
+    history: History, label: Callable[[float], str], config: WatchConfig, title: str, usage: list[str]
+) -> None:
     watched = (history.last - history.first) if history.first is not None and history.last else 0.0
     print(f"\nSummary: watched {len(history.devices)} GPUs for {format_duration(max(0, round(watched)))}")
     for line in summary_lines(history, [], label):
         print(line)
+    if usage:
+        print(f"GPU time per process (idle: under {DEFAULT_IDLE_FLOOR:g}% active):")
+        for line in usage:
+            print(f"  {line}")
     if config.plot is not None:
         save_plot(history, config.plot, title)
         print(f"Plot: {config.plot}")

@@ -7,7 +7,8 @@ verdict exchange) and, for spans that a step of the system's clock must not bend
 clock (the rate limiter's buckets, sharded mode's view); the API client; the metrics;
 leadership (peering), or in sharded mode membership with its ring; the TokenReview authenticator
 of the agents' tokens; the per-node rate limiter; the ingest endpoint's core, which stores through
-the state; the Event poster every Event goes through (the scaler's included); the scaler; with
+the state; the accounting book (GPU time per workload, fed by the ingest, on ``/metrics``); the
+Event poster every Event goes through (the scaler's included); the scaler; with
 ``--node-health`` the node view; in sharded mode the verdict exchange (the sender to the policies'
 owners, the endpoint the other shards post to); and the :class:`~gpuwarden.operator.services.Services`
 that start and stop the servers and background tasks.
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpuwarden.operator.accounting import AccountingBook, OwnerResolver
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.endpoints import NodeRateLimiter, ReportIngest
 from gpuwarden.operator.kube import EventPoster, KubeApi, TokenAuthenticator
@@ -79,6 +81,11 @@ def build_operator(
         limiter=NodeRateLimiter(config.node_rate, config.node_burst, clock=monotonic),
         clock=clock,
     )
+    accounting = AccountingBook(
+        config.accounting, OwnerResolver(api.get, group_label=config.accounting.group_label), clock
+    )
+    metrics.registry.register(accounting)
+    state.accounting = accounting
     leadership = state.leadership
     state.ingest = ReportIngest(
         authenticator=state.authenticator,

@@ -18,6 +18,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from gpuwarden.operator.accounting import AccountingSettings
 from gpuwarden.policy import CRITICAL_XIDS
 from gpuwarden.units import parse_duration, parse_quantity
 
@@ -139,6 +140,8 @@ class OperatorConfig:
     advertise_url: str | None = None
     """Sharded mode: where agents reach this replica directly (``--advertise-url``; default from
     ``POD_IP``), published on its Lease and in the 421 answers of the other replicas."""
+    accounting: AccountingSettings = field(default_factory=AccountingSettings)
+    """How GPU time is counted and priced (``--accounting-*``, docs/accounting.md)."""
     verbose: bool = False
     """Log more (Kopf's verbose mode)."""
     debug: bool = False
@@ -262,6 +265,7 @@ class OperatorConfig:
             help="cordon a node whose GPUs turn unhealthy: off (default), dry-run (an Event says it "
             "would), on",
         )
+        AccountingSettings.add_arguments(parser)
         parser.add_argument("--verbose", action="store_true", help="log more (Kopf's verbose mode)")
         parser.add_argument("--debug", action="store_true", help="log everything, including each API call")
 
@@ -316,6 +320,10 @@ class OperatorConfig:
         if args.peer_token_file and not args.shards:
             raise ConfigError("--peer-token-file goes with --shards")
         xids = args.node_health_xids
+        try:
+            accounting = AccountingSettings.from_args(args)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         return cls(
             namespaces=tuple(dict.fromkeys(args.namespaces)),
             ingest=parse_address(args.ingest_address, flag="--ingest-address"),
@@ -347,6 +355,7 @@ class OperatorConfig:
             cordon=cordon,
             shards=args.shards,
             advertise_url=advertise_url or None,
+            accounting=accounting,
             verbose=args.verbose,
             debug=args.debug,
         )

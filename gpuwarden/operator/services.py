@@ -107,6 +107,8 @@ class Services:
             self._task(stack, state.leadership.run(), "gpuwarden leadership")
             self._task(stack, state.prune(), "gpuwarden pruning")
             self._task(stack, return_freed_memory(), "gpuwarden heap trim")
+            if state.accounting is not None:
+                self._task(stack, state.accounting.run(), "gpuwarden accounting")
             if self.node_health is not None:
                 self._task(stack, self.node_health.run(), "gpuwarden node health")
             stack.callback(setattr, state, "started", False)

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from gpuwarden.operator.accounting import AccountingBook
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.endpoints import MAX_FUTURE_SKEW, Intake, NodeRateLimiter, ReportBook, ReportIngest
 from gpuwarden.operator.kube import EventPoster, KubeApi, TokenAuthenticator
@@ -118,6 +119,9 @@ class OperatorState:
     verdict_ingest: VerdictIngest | None = None
     """Sharded mode: ``POST /v1/verdicts``, the other shards' verdicts (the operator's own
     ServiceAccount only); plugged in by the composition root (it nudges through :meth:`verdicts_arrived`)."""
+    accounting: AccountingBook | None = None
+    """GPU time per workload, fed by :meth:`accept` with what the store took; plugged in by the
+    composition root."""
     ingest: ReportIngest = field(init=False)
     """The ingest endpoint's core; plugged in by the composition root (it stores through :meth:`accept`)."""
 
@@ -174,9 +178,12 @@ class OperatorState:
         for snapshot in report.snapshots:
             t = snapshot.timestamp
             untimely = "future" if t > latest else "past" if t < earliest else None
+            devices = None
             if untimely is None:
                 # A GPU's health, too, keeps only what is newer than its latest: nothing from the future.
                 self.health.observe(snapshot, node=node, admission=admission)
+                if self.accounting is not None:
+                    devices = self.accounting.devices(snapshot)
             if snapshot.services:
                 self._accept_services(snapshot.services, node, admission, verdicts)
             for key, point in points_from_snapshot(snapshot):
@@ -203,6 +210,8 @@ class OperatorState:
                 if add(key, point):
                     intake.stored += 1
                     namespaces.add(key.namespace)
+                    if devices is not None and self.accounting is not None:
+                        self.accounting.observe(key, point, devices)
         if namespaces:
             self.schedule.nudge_data(namespaces)
         return intake

@@ -83,6 +83,7 @@ from gpuwarden.policy.store.intake import (
 )
 from gpuwarden.policy.store.series import (
     BYTES_PER_POINT,
+    GAP_RECORD_SECONDS,
     Column,
     PodId,
     Point,
@@ -99,6 +100,7 @@ __all__ = [
     "API_VERSION",
     "BYTES_PER_POINT",
     "CRITICAL_XIDS",
+    "GAP_RECORD_SECONDS",
     "HOST_IMMINENT_REASON",
     "IMMINENT_REASON",
     "KIND",

@@ -1,0 +1,141 @@
+"""Benchmark of accounting's cost: series on /metrics, exposition size and scrape time, memory, per reading.
+
+Not a test: it prints figures for docs/accounting.md and docs/benchmarks.md. It fills the operator's
+:class:`~gpuwarden.operator.accounting.AccountingBook` (the ledger behind the counters) with a minute
+of 1 s readings, every pod on one H200, for ``--pods`` pods grouped into workloads of
+``--pods-per-workload`` (1: every pod bare, its own workload, the worst case), each resolved through
+the real :class:`~gpuwarden.operator.accounting.OwnerResolver` against an in-memory API, and with a
+price set (four counters a row), then scrapes it as ``/metrics`` does.
+
+    .venv/bin/python bench/accounting_cardinality.py                # 10,000 pods, 8 a workload, then bare
+    .venv/bin/python bench/accounting_cardinality.py --pods 1000    # a quick look
+
+Times are CPU seconds of this process (``time.process_time``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import time
+import tracemalloc
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from gpuwarden.accounting import Device
+from gpuwarden.operator.accounting import AccountingBook, AccountingSettings, OwnerResolver
+from gpuwarden.operator.kube import ApiError
+from gpuwarden.policy import Point, SeriesKey
+
+H200 = "NVIDIA H200"
+
+
+class Api:
+    """Pods owned by ReplicaSets of Deployments (or bare), answered from memory."""
+
+    def __init__(self, per_workload: int) -> None:
+        self.per_workload = per_workload
+
+    async def get(self, path: str) -> dict[str, Any]:
+        parts = path.strip("/").split("/")
+        kind, name = parts[-2], parts[-1]
+        if kind == "pods":
+            index = int(name.rpartition("-")[2])
+            meta: dict[str, Any] = {"labels": {"team": f"team-{index // self.per_workload % 20}"}}
+            if self.per_workload > 1:
+                rs = f"rs-{index // self.per_workload}"
+                meta["ownerReferences"] = [
+                    {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs, "controller": True}
+                ]
+            return {"metadata": meta}
+        if kind == "replicasets":
+            deployment = name.replace("rs-", "deploy-")
+            refs = [{"apiVersion": "apps/v1", "kind": "Deployment", "name": deployment, "controller": True}]
+            return {"metadata": {"ownerReferences": refs}}
+        raise ApiError(404, "not found")
+
+
+def fill(book: AccountingBook, pods: int, seconds: int, t0: float) -> None:
+    """``seconds`` readings 1 s apart for each pod, pod ``i`` alone on ``GPU-i``."""
+    names = [f"pod-{i}" for i in range(pods)]
+    devices = {f"GPU-{i}": Device(H200, 1.0, frozenset({("ml", names[i])})) for i in range(pods)}
+    keys = [SeriesKey("ml", names[i], f"GPU-{i}") for i in range(pods)]
+    for s in range(seconds):
+        for i, key in enumerate(keys):
+            book.observe(key, Point(t0 + s, gpu_util=float((i + s) % 100)), devices)
+    asyncio.run(book.resolve_pending())
+
+
+def run(pods: int, per_workload: int, seconds: int) -> dict[str, float]:
+    """One case's figures (see the module doc)."""
+    clock = [1_000_000.0]
+
+    def new_book() -> AccountingBook:
+        return AccountingBook(
+            AccountingSettings(group_label="team", prices={H200: 3.5}),
+            OwnerResolver(Api(per_workload).get, group_label="team"),
+            lambda: clock[0],
+        )
+
+    # Memory first, under tracemalloc (which slows every allocation): what the book holds per pod.
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    held_book = new_book()
+    fill(held_book, pods, 3, clock[0])
+    held = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    del held_book
+    book = new_book()
+    start = time.process_time()
+    fill(book, pods, seconds, clock[0])
+    observe = time.process_time() - start
+    clock[0] += seconds
+    registry = CollectorRegistry()
+    registry.register(book)
+    start = time.process_time()
+    scrapes = 5
+    for _ in range(scrapes):
+        text = generate_latest(registry)
+    scrape = (time.process_time() - start) / scrapes
+    series = sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
+    return {
+        "rows": len(book.rows()),
+        "series": series,
+        "bytes": len(text),
+        "scrape_ms": scrape * 1000,
+        "memory_bytes_per_pod": held / pods,
+        "observe_us": observe / (pods * seconds) * 1e6,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pods", type=int, default=10_000)
+    parser.add_argument("--pods-per-workload", type=int, nargs="+", default=[8, 1])
+    parser.add_argument(
+        "--seconds", type=int, default=60, help="readings per pod, 1 s apart, timed (%(default)s)"
+    )
+    args = parser.parse_args()
+    print(
+        f"{args.pods:,} pods on one H200 each, {args.seconds} readings each, a price set (4 counters a row)"
+    )
+    print(
+        "| pods a workload | workloads (rows) | series on /metrics | series a pod | exposition "
+        "| scrape (CPU) | book memory a pod | CPU a reading |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for per in args.pods_per_workload:
+        got = run(args.pods, per, args.seconds)
+        print(
+            f"| {per} | {got['rows']:,.0f} | {got['series']:,.0f} | {got['series'] / args.pods:.2f} | "
+            f"{got['bytes'] / 1024:,.0f} KiB | {got['scrape_ms']:.0f} ms | "
+            f"{got['memory_bytes_per_pod']:.0f} B | "
+            f"{got['observe_us']:.2f} µs |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""``gpuwarden report``: the last day or week of GPU-hours by namespace and workload, from Prometheus.
+
+History comes from Prometheus, which scrapes the operator's accounting counters and keeps them
+(docs/accounting.md says why not a ledger of the operator's own): each figure is
+``sum by (namespace, workload_kind, workload) (increase(<counter>[<window>]))``, which spans the
+operator's restarts (a counter reset) and the shards' handovers (one series per replica, summed).
+Prometheus is reached at ``--prometheus URL``, or through the API server's service proxy
+(``--prometheus-service NAMESPACE/NAME:PORT``, with the user's kubeconfig). The findings of the
+worst offenders are the policies' ``status.violations``, read with the user's kubeconfig, their
+pods resolved to workloads as the operator does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import sys
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import aiohttp
+import kopf
+
+from gpuwarden.accounting.report import FORMATS, Finding, Line, WorkloadRef, build_report, render
+from gpuwarden.operator.accounting.owners import OwnerResolver, Unresolved
+from gpuwarden.operator.kube import ApiError, KubeApi
+from gpuwarden.operator.resources import GROUP, PLURAL, VERSION
+
+__all__ = ["add_arguments", "run"]
+
+WINDOWS = {"day": "1d", "week": "7d"}
+DURATION = re.compile(r"^([0-9]{1,5}(w|d|h|m|s))+$")
+"""A PromQL range: ``1d``, ``7d``, ``12h``, ``1h30m``."""
+METRICS = {
+    "allocated": "gpuwarden_gpu_allocated_seconds_total",
+    "used": "gpuwarden_gpu_used_seconds_total",
+    "idle": "gpuwarden_gpu_idle_seconds_total",
+    "cost": "gpuwarden_gpu_idle_cost_total",
+}
+SERVICE = re.compile(r"^(?P<ns>[a-z0-9-]+)/(?P<name>[a-z0-9-]+):(?P<port>[A-Za-z0-9-]+)$")
+
+Query = Callable[[str], Awaitable[Mapping[str, Any]]]
+"""Runs one instant PromQL query; returns Prometheus' JSON answer."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The report's flags."""
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prometheus", metavar="URL", help="the Prometheus that scrapes the operator")
+    source.add_argument(
+        "--prometheus-service",
+        metavar="NAMESPACE/NAME:PORT",
+        help="that Prometheus's Service, reached through the API server's service proxy (your kubeconfig)",
+    )
+    parser.add_argument(
+        "--window", default="day", help="day, week, or a PromQL range such as 12h (%(default)s)"
+    )
+    parser.add_argument("--output", "-o", choices=FORMATS, default="table", help="%(default)s")
+    parser.add_argument("--top", type=int, default=5, help="worst offenders listed (%(default)s)")
+    parser.add_argument("--namespace", "-n", default="", help="only this namespace")
+    parser.add_argument(
+        "--no-findings", action="store_true", help="do not read the policies' findings (no kubeconfig needed)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the report; 1 when Prometheus cannot be asked, 2 on a bad flag."""
+    window = WINDOWS.get(args.window, args.window)
+    if not DURATION.match(window):
+        print(
+            f"gpuwarden report: --window {args.window!r} is not day, week or a range like 12h",
+            file=sys.stderr,
+        )
+        return 2
+    if args.top < 0:
+        print("gpuwarden report: --top must be 0 or more", file=sys.stderr)
+        return 2
+    try:
+        text = asyncio.run(_report(args, window))
+    except ReportFailed as exc:
+        print(f"gpuwarden report: {exc}", file=sys.stderr)
+        return 1
+    sys.stdout.write(text)
+    return 0
+
+
+class ReportFailed(Exception):
+    """Prometheus could not be asked, or answered something else than a result."""
+
+
+async def _report(args: argparse.Namespace, window: str) -> str:
+    api = KubeApi() if args.prometheus_service or not args.no_findings else None
+    try:
+        query = _direct(args.prometheus) if args.prometheus else _proxied(api, args.prometheus_service)
+        workloads = await workload_lines(query, window, args.namespace)
+        findings: dict[WorkloadRef, list[Finding]] = {}
+        if api is not None and not args.no_findings:
+            try:
+                findings = await workload_findings(api, args.namespace)
+            except (ApiError, Unresolved, kopf.LoginError) as exc:
+                print(f"gpuwarden report: findings not read ({exc}); the figures stand", file=sys.stderr)
+        label = {"1d": "day", "7d": "week"}.get(window, window)
+        return render(build_report(label, workloads, findings, top=args.top), args.output)
+    finally:
+        if api is not None:
+            await api.close()
+
+
+def _direct(url: str) -> Query:
+    async def query(promql: str) -> Mapping[str, Any]:
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
+                session.get(url.rstrip("/") + "/api/v1/query", params={"query": promql}) as rsp,
+            ):
+                answer: Mapping[str, Any] = await rsp.json(content_type=None)
+                return answer
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise ReportFailed(f"Prometheus at {url}: {exc!r}") from None
+
+    return query
+
+
+def _proxied(api: KubeApi | None, service: str) -> Query:
+    match = SERVICE.match(service)
+    if api is None or match is None:
+        raise ReportFailed(f"--prometheus-service {service!r} is not NAMESPACE/NAME:PORT")
+    client = api
+    path = f"/api/v1/namespaces/{match['ns']}/services/{match['name']}:{match['port']}/proxy/api/v1/query"
+
+    async def query(promql: str) -> Mapping[str, Any]:
+        try:
+            return await client.request("GET", path, params={"query": promql})
+        except ApiError as exc:
+            raise ReportFailed(f"Prometheus through {service}: {exc}") from None
+
+    return query
+
+
+async def workload_lines(query: Query, window: str, namespace: str = "") -> dict[WorkloadRef, Line]:
+    """Each workload's GPU-hours over ``window`` (and idle cost, where a price is set)."""
+    selector = f'{{namespace="{namespace}"}}' if namespace else ""
+    lines: dict[WorkloadRef, Line] = {}
+    for field, metric in METRICS.items():
+        promql = f"sum by (namespace, workload_kind, workload) (increase({metric}{selector}[{window}]))"
+        answer = await query(promql)
+        if answer.get("status") != "success":
+            raise ReportFailed(f"Prometheus refused {promql}: {answer.get('error', answer)}")
+        for sample in answer.get("data", {}).get("result", []):
+            labels = sample.get("metric", {})
+            ref = WorkloadRef(
+                labels.get("namespace", ""), labels.get("workload_kind", ""), labels.get("workload", "")
+            )
+            value = float(sample["value"][1])
+            line = lines.setdefault(ref, Line())
+            if field == "cost":
+                line.cost = value
+            else:
+                setattr(line, field, value / 3600.0)
+    return lines
+
+
+async def workload_findings(api: KubeApi, namespace: str = "") -> dict[WorkloadRef, list[Finding]]:
+    """The policies' active violations (``status.violations``) by the workload of their pods."""
+    where = f"/namespaces/{namespace}" if namespace else ""
+    policies = await api.get(f"/apis/{GROUP}/{VERSION}{where}/{PLURAL}")
+    resolver = OwnerResolver(api.get)
+    found: dict[WorkloadRef, list[Finding]] = {}
+    for policy in policies.get("items", []):
+        meta = policy.get("metadata", {})
+        ns, name = meta.get("namespace", ""), meta.get("name", "")
+        for violation in (policy.get("status") or {}).get("violations") or []:
+            pod = str(violation.get("pod", ""))
+            workload = await resolver.workload(ns, pod)
+            found.setdefault(WorkloadRef(ns, workload.kind, workload.name), []).append(
+                Finding(
+                    f"{ns}/{name}",
+                    pod,
+                    str(violation.get("rule", "")),
+                    str(violation.get("reason", "")),
+                    str(violation.get("message", "")),
+                )
+            )
+    return found

@@ -1,0 +1,208 @@
+"""The operator's accounting book: readings in, counters out, as /metrics exposes them."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuwarden.accounting import Device
+from gpuwarden.operator.accounting import AccountingBook, AccountingSettings, OwnerResolver
+from gpuwarden.operator.accounting.book import EXPIRE_SECONDS, RETIRE_SECONDS
+from gpuwarden.operator.composition import build_operator
+from gpuwarden.operator.config import OperatorConfig
+from gpuwarden.operator.kube import ApiError
+from gpuwarden.policy import Point, SeriesKey
+from gpuwarden.wire.node import GpuSample, NodeReport, PodRef, Snapshot
+
+H200 = "NVIDIA H200"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Api:
+    def __init__(self, objects: Mapping[str, dict[str, Any]]) -> None:
+        self.objects = objects
+
+    async def get(self, path: str) -> dict[str, Any]:
+        if path not in self.objects:
+            raise ApiError(404, "not found")
+        return self.objects[path]
+
+
+def pod(name: str, team: str, owner: tuple[str, str, str] | None = None) -> tuple[str, dict[str, Any]]:
+    meta: dict[str, Any] = {"labels": {"team": team}}
+    if owner:
+        meta["ownerReferences"] = [
+            {"apiVersion": owner[0], "kind": owner[1], "name": owner[2], "controller": True}
+        ]
+    return f"/api/v1/namespaces/ml/pods/{name}", {"metadata": meta}
+
+
+API = Api(
+    dict(
+        [
+            pod("web-1", "search", ("apps/v1", "Deployment", "web")),
+            pod("web-2", "search", ("apps/v1", "Deployment", "web")),
+            pod("nb", "research"),
+        ]
+    )
+)
+
+
+def book(clock: Clock, **settings: Any) -> AccountingBook:
+    return AccountingBook(
+        AccountingSettings(group_label="team", **settings), OwnerResolver(API.get, group_label="team"), clock
+    )
+
+
+def feed(accounting: AccountingBook, name: str, gpu: str, start: float, seconds: int, util: float) -> None:
+    device = {gpu: Device(H200, 1.0, frozenset({("ml", name)}))}
+    for i in range(seconds + 1):
+        accounting.observe(SeriesKey("ml", name, gpu), Point(start + i, gpu_util=util), device)
+
+
+def scrape(accounting: AccountingBook) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    registry = CollectorRegistry()
+    registry.register(accounting)
+    text = generate_latest(registry).decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.endswith("_total")
+    }
+
+
+def labels(kind: str, name: str, group: str) -> tuple[tuple[str, str], ...]:
+    values = {"namespace": "ml", "workload_kind": kind, "workload": name, "group": group, "gpu_model": H200}
+    return tuple(sorted(values.items()))
+
+
+async def test_pods_are_summed_by_workload_and_exported_once_resolved() -> None:
+    clock = Clock()
+    accounting = book(clock, prices={H200: 3.6})
+    feed(accounting, "web-1", "GPU-1", clock.now, 100, 50.0)
+    feed(accounting, "web-2", "GPU-2", clock.now, 100, 1.0)
+    feed(accounting, "nb", "GPU-3", clock.now, 3600, 2.0)
+    assert scrape(accounting) == {}  # nobody resolved yet: held back, not lost
+    await accounting.resolve_pending()
+    got = scrape(accounting)
+    web, nb = labels("Deployment", "web", "search"), labels("Pod", "nb", "research")
+    assert got[("gpuwarden_gpu_allocated_seconds_total", web)] == pytest.approx(200.0)
+    assert got[("gpuwarden_gpu_used_seconds_total", web)] == pytest.approx(51.0)
+    assert got[("gpuwarden_gpu_idle_seconds_total", web)] == pytest.approx(100.0)
+    assert got[("gpuwarden_gpu_idle_cost_total", nb)] == pytest.approx(3.6)
+
+
+async def test_no_cost_without_a_price_and_a_retired_pod_stays_in_its_workload_row() -> None:
+    clock = Clock()
+    accounting = book(clock)
+    feed(accounting, "web-1", "GPU-1", clock.now, 100, 50.0)
+    await accounting.resolve_pending()
+    before = scrape(accounting)
+    assert not any(name == "gpuwarden_gpu_idle_cost_total" for name, _ in before)
+    clock.now += RETIRE_SECONDS + 200
+    accounting.sweep()
+    assert accounting.ledger.pods() == []
+    assert scrape(accounting) == before
+    clock.now += EXPIRE_SECONDS + 1
+    accounting.sweep()
+    assert scrape(accounting) == {}
+
+
+async def test_counters_never_decrease_when_pods_retire() -> None:
+    clock = Clock()
+    accounting = book(clock)
+    # Many pods of one workload with awkward fractions: folding them in another order must not dip.
+    for i in range(1, 3):
+        device = {"GPU-x": Device(H200, 1 / 3, frozenset({("ml", f"web-{i}")}))}
+        for t in range(50):
+            point = Point(clock.now + t * 0.1 * i, gpu_util=(t * 7 % 10) * 3.3)
+            accounting.observe(SeriesKey("ml", f"web-{i}", "GPU-x"), point, device)
+    await accounting.resolve_pending()
+    first = scrape(accounting)
+    accounting.retire("ml", "web-2")
+    accounting.retire("ml", "web-1")
+    second = scrape(accounting)
+    assert all(second[k] >= v for k, v in first.items())
+
+
+def test_promtool_accepts_the_counters() -> None:
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.fail("promtool is missing (Debian: apt-get install prometheus)")
+    clock = Clock()
+    accounting = book(clock, prices={H200: 2.0})
+    feed(accounting, "web-1", "GPU-1", clock.now, 10, 50.0)
+    asyncio.run(accounting.resolve_pending())
+    registry = CollectorRegistry()
+    registry.register(accounting)
+    done = subprocess.run(
+        [path, "check", "metrics"], input=generate_latest(registry), capture_output=True, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_ingest_feeds_the_ledger_what_the_store_takes_once() -> None:
+    now = 1_800_000_000.0
+    state = build_operator(OperatorConfig(), clock=lambda: now).state
+    assert state.accounting is not None
+
+    def report(seq: int, times: list[float]) -> NodeReport:
+        snapshots = [
+            Snapshot(
+                timestamp=t,
+                gpus=[
+                    GpuSample(
+                        uuid="GPU-1",
+                        index=0,
+                        model=H200,
+                        utilization_gpu=50.0,
+                        pods=[PodRef(namespace="ml", name="a")],
+                    )
+                ],
+            )
+            for t in times
+        ]
+        return NodeReport(schema_version=5, node="n1", agent_id="x", seq=seq, snapshots=snapshots)
+
+    state.accept(report(1, [now - 3, now - 2, now - 1]), "n1", now)
+    # A replay of readings already taken, and one from the future (refused by the store): nothing more.
+    state.accept(report(2, [now - 3, now - 2, now + 60]), "n1", now)
+    totals = state.accounting.ledger.pod_totals("ml", "a")[H200]
+    assert totals.allocated == pytest.approx(2.0)
+    assert totals.used == pytest.approx(1.0)
+
+
+async def test_a_handover_counts_each_reading_on_one_replica_and_the_sum_over_replicas_is_the_whole() -> None:
+    # Sharded mode: the node's reports go to the replica owning it; at 300 s the ring gives it to
+    # another. The old owner's row freezes (and stays after the pod is retired there), the new
+    # owner's starts from zero; `sum by (...)` over the replicas is the pod's whole time, less the one
+    # interval that opens the new owner's account.
+    clock = Clock()
+    start = clock.now
+    old, new, alone = book(clock), book(clock), book(clock)
+    feed(old, "web-1", "GPU-1", start, 300, 40.0)
+    feed(new, "web-1", "GPU-1", start + 301, 299, 40.0)
+    feed(alone, "web-1", "GPU-1", start, 600, 40.0)
+    for accounting in (old, new, alone):
+        await accounting.resolve_pending()
+    clock.now = start + 600 + RETIRE_SECONDS + 1
+    old.sweep()
+    assert old.ledger.pods() == []
+    web = labels("Deployment", "web", "search")
+    key = ("gpuwarden_gpu_allocated_seconds_total", web)
+    assert scrape(old)[key] + scrape(new)[key] == pytest.approx(scrape(alone)[key] - 1.0)
