@@ -18,7 +18,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpuwarden.operator.accounting import AccountingSettings
+from gpuwarden.operator.accounting.settings import AccountingSettings
 from gpuwarden.policy import CRITICAL_XIDS
 from gpuwarden.units import parse_duration, parse_quantity
 
