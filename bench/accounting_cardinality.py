@@ -75,7 +75,7 @@ def run(pods: int, per_workload: int, seconds: int) -> dict[str, float]:
     def new_book() -> AccountingBook:
         return AccountingBook(
             AccountingSettings(group_label="team", prices={H200: 3.5}),
-            OwnerResolver(Api(per_workload).get, group_label="team"),
+            OwnerResolver(Api(per_workload), group_label="team"),
             lambda: clock[0],
         )
 

@@ -64,7 +64,7 @@ API = Api(
 
 def book(clock: Clock, **settings: Any) -> AccountingBook:
     return AccountingBook(
-        AccountingSettings(group_label="team", **settings), OwnerResolver(API.get, group_label="team"), clock
+        AccountingSettings(group_label="team", **settings), OwnerResolver(API, group_label="team"), clock
     )
 
 

@@ -50,7 +50,7 @@ async def test_a_deployments_pods_are_accounted_to_it_and_its_replicaset_is_read
             RS + "web-abc": obj(owner=("apps/v1", "Deployment", "web")),
         }
     )
-    resolver = OwnerResolver(api.get, group_label="team")
+    resolver = OwnerResolver(api, group_label="team")
     assert await resolver.workload("ml", "web-abc-1") == Workload("Deployment", "web", "search")
     assert await resolver.workload("ml", "web-abc-2") == Workload("Deployment", "web", "search")
     assert api.reads.count(RS + "web-abc") == 1
@@ -65,7 +65,7 @@ async def test_a_cronjobs_job_pods_go_to_the_cronjob_and_a_plain_job_is_its_own_
             "/apis/batch/v1/namespaces/ml/jobs/once": obj(),
         }
     )
-    resolver = OwnerResolver(api.get)
+    resolver = OwnerResolver(api)
     assert await resolver.workload("ml", "nightly-1-x") == Workload("CronJob", "nightly")
     assert await resolver.workload("ml", "once-x") == Workload("Job", "once")
 
@@ -80,7 +80,7 @@ async def test_a_leaderworkerset_above_its_statefulset_and_a_daemonset_without_a
             POD + "ds-x": obj(owner=("apps/v1", "DaemonSet", "ds")),
         }
     )
-    resolver = OwnerResolver(api.get)
+    resolver = OwnerResolver(api)
     assert await resolver.workload("ml", "lws-0") == Workload("LeaderWorkerSet", "lws")
     assert await resolver.workload("ml", "ds-x") == Workload("DaemonSet", "ds")
     assert api.reads == [POD + "lws-0", "/apis/apps/v1/namespaces/ml/statefulsets/lws", POD + "ds-x"]
@@ -94,7 +94,7 @@ async def test_a_bare_pod_a_gone_pod_and_an_unreadable_owner() -> None:
             RS + "forbidden": 403,
         }
     )
-    resolver = OwnerResolver(api.get, group_label="team")
+    resolver = OwnerResolver(api, group_label="team")
     assert await resolver.workload("ml", "bare") == Workload("Pod", "bare", "x")
     assert await resolver.workload("ml", "gone") == Workload("Pod", "gone")
     assert await resolver.workload("ml", "orphan") == Workload("ReplicaSet", "forbidden")
@@ -104,7 +104,7 @@ async def test_a_bare_pod_a_gone_pod_and_an_unreadable_owner() -> None:
 async def test_an_api_that_cannot_answer_now_leaves_the_pod_unresolved(status: int) -> None:
     api = Api({POD + "web-1": obj(owner=("apps/v1", "ReplicaSet", "web-abc")), RS + "web-abc": status})
     with pytest.raises(Unresolved):
-        await OwnerResolver(api.get).workload("ml", "web-1")
+        await OwnerResolver(api).workload("ml", "web-1")
     api.objects[POD + "web-2"] = status
     with pytest.raises(Unresolved):
-        await OwnerResolver(api.get).workload("ml", "web-2")
+        await OwnerResolver(api).workload("ml", "web-2")
