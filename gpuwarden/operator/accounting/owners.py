@@ -2,9 +2,10 @@
 
 A pod's workload is the top of its chain of controllers: the controller ``ownerReference`` of the
 pod, then of that owner, and so on. Only the owners whose own owners matter are read: a ReplicaSet
-(a Deployment above it), a Job (a CronJob above it) and a StatefulSet (a LeaderWorkerSet or a
-Kubeflow Notebook above it); any other kind (DaemonSet, Deployment, LeaderWorkerSet, ...) is taken
-as the top without a read. A bare pod is its own workload (kind ``Pod``). An owner that cannot be
+(a Deployment above it), a Job (a CronJob above it), a StatefulSet (a LeaderWorkerSet or a Kubeflow
+Notebook above it) and a Pod (a LeaderWorkerSet's leader pod controls the StatefulSet of its group's
+workers); any other kind (DaemonSet, Deployment, LeaderWorkerSet, ...) is taken as the top without
+a read. A bare pod is its own workload (kind ``Pod``). An owner that cannot be
 read (deleted, or not ours to read) is the top as far as we know; an API server that does not
 answer is tried again later (:class:`Unresolved`).
 
@@ -27,11 +28,13 @@ FOLLOWED = {
     ("apps", "ReplicaSet"): "replicasets",
     ("batch", "Job"): "jobs",
     ("apps", "StatefulSet"): "statefulsets",
+    ("", "Pod"): "pods",
 }
 """The owners read to find theirs, by (API group, kind): their resource names (the chart's
 operator ClusterRole grants ``get`` on exactly these)."""
 MAX_DEPTH = 4
-"""Owners followed at most: Pod, StatefulSet, LeaderWorkerSet is the deepest chain known."""
+"""Owners followed at most: a LeaderWorkerSet's worker pod's (StatefulSet, leader Pod, StatefulSet,
+LeaderWorkerSet) is the deepest chain known."""
 MAX_CACHED = 100_000
 """Owners remembered (least recently used forgotten first)."""
 GONE = frozenset({403, 404, 410})
@@ -116,7 +119,7 @@ class OwnerResolver:
                 top = (kind, name)
                 break
             try:
-                obj = await self._api.get(f"/apis/{group}/v1/namespaces/{namespace}/{plural}/{name}")
+                obj = await self._api.get(f"{_api_root(group)}/namespaces/{namespace}/{plural}/{name}")
             except ApiError as exc:
                 if exc.status not in GONE:
                     raise Unresolved(f"{kind} {namespace}/{name}: API answered {exc.status}") from None
@@ -135,3 +138,8 @@ class OwnerResolver:
         while len(self._tops) > self._max_cached:
             self._tops.popitem(last=False)
         return top
+
+
+def _api_root(group: str) -> str:
+    """The path of an API group's v1 (the core group's is ``/api/v1``)."""
+    return f"/apis/{group}/v1" if group else "/api/v1"

@@ -40,6 +40,7 @@ class Api:
 
 POD = "/api/v1/namespaces/ml/pods/"
 RS = "/apis/apps/v1/namespaces/ml/replicasets/"
+STS = "/apis/apps/v1/namespaces/ml/statefulsets/"
 
 
 async def test_a_deployments_pods_are_accounted_to_it_and_its_replicaset_is_read_once() -> None:
@@ -98,6 +99,24 @@ async def test_a_bare_pod_a_gone_pod_and_an_unreadable_owner() -> None:
     assert await resolver.workload("ml", "bare") == Workload("Pod", "bare", "x")
     assert await resolver.workload("ml", "gone") == Workload("Pod", "gone")
     assert await resolver.workload("ml", "orphan") == Workload("ReplicaSet", "forbidden")
+
+
+async def test_a_leaderworkerset_workers_pod_goes_up_through_its_leader_pod() -> None:
+    # LeaderWorkerSet: the leader StatefulSet is the set's; each group's workers are a StatefulSet
+    # controlled by the group's leader pod.
+    lws = ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "llm")
+    api = Api(
+        {
+            POD + "llm-0": obj(owner=("apps/v1", "StatefulSet", "llm")),
+            POD + "llm-0-1": obj(owner=("apps/v1", "StatefulSet", "llm-0")),
+            STS + "llm": obj(owner=lws),
+            STS + "llm-0": obj(owner=("v1", "Pod", "llm-0")),
+        }
+    )
+    resolver = OwnerResolver(api)
+    assert await resolver.workload("ml", "llm-0-1") == Workload("LeaderWorkerSet", "llm")
+    assert await resolver.workload("ml", "llm-0") == Workload("LeaderWorkerSet", "llm")
+    assert api.reads == [POD + "llm-0-1", STS + "llm-0", POD + "llm-0", STS + "llm", POD + "llm-0"]
 
 
 @pytest.mark.parametrize("status", [0, 429, 500, 503])
