@@ -319,7 +319,12 @@ def test_a_scripted_day_is_counted_across_a_restart_and_reported(
     names = {"a": a, "b": b}
     truth = {(names[ns], kind, name): figures for (ns, kind, name), figures in TRUTH.items()}
     day = scenario(setup.workdir / "day.yaml", a, b)
-    args = [f"--namespace={b}", "--accounting-group-label=team", "--accounting-price=NVIDIA H200=3.6"]
+    args = [
+        f"--namespace={b}",
+        "--accounting-group-label=team",
+        "--accounting-price=NVIDIA H200=3.6",
+        "--accounting-scrape-interval=1s",  # Prometheus scrapes every 250 ms: it keeps each new row's 0
+    ]
     allocated = "gpuwarden_gpu_allocated_seconds_total"
 
     binary = prometheus_binary()
