@@ -33,6 +33,7 @@ from gpuwarden.operator.accounting import AccountingBook, AccountingSettings, Ow
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.kube import ApiError
+from gpuwarden.operator.state import OperatorState
 from gpuwarden.policy import Point, SeriesKey
 from gpuwarden.wire.node import SCHEMA_VERSION, GpuSample, NodeReport, PodRef, Snapshot
 
@@ -147,7 +148,7 @@ def ingest_cost(nodes: int, seconds: int) -> dict[str, float]:
     """CPU µs per report through ``OperatorState.accept``, with the accounting book and without."""
     t0 = 1_800_000_000.0
     clock = [t0]
-    states = {}
+    states: dict[str, OperatorState] = {}
     for name in ("with", "without"):
         state = build_operator(OperatorConfig(), clock=lambda: clock[0]).state
         if name == "without":
