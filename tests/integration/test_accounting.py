@@ -352,6 +352,16 @@ def test_a_scripted_day_is_counted_across_a_restart_and_reported(
             what="every workload counted",
             alive=lambda: first.alive() or scripted.alive(),
         )
+
+        # Mid-day, while the policy flags the notebook idle, the report names that finding under it.
+        def flagged() -> str | None:
+            table = report(cp, url)
+            return table if f"{b}/idle: pod notebook idle" in table else None
+
+        midday = wait_until(flagged, timeout=60, every=2, what="the report naming the notebook's finding")
+        print(midday)  # the report as people read it, in the test's log
+        assert f"{b}/Pod/notebook" in midday.split("Worst offenders")[1]
+        assert time.time() < started + RESTART_AT, "the mid-day report came after the restart's time"
         wait_until(
             lambda: time.time() > started + RESTART_AT, timeout=RESTART_AT + 30, what="the restart's time"
         )
@@ -407,6 +417,6 @@ def test_a_scripted_day_is_counted_across_a_restart_and_reported(
         })  # fmt: skip
 
         table = report(cp, url)
-        print(table)  # the report as people read it, in the test's log
-        assert f"{b}/Pod/notebook" in table.split("Worst offenders")[1]
-        assert f"{b}/idle: pod notebook idle" in table
+        print(table)
+        worst = table.split("Worst offenders (most idle GPU-hours):\n")[1].splitlines()[0]
+        assert worst.startswith(f"  {b}/Pod/notebook: "), table  # 160 idle GPU-s, web's 110
