@@ -115,7 +115,7 @@ class Outcome:
     signal: str = ""
     """Utilization rules: the signal that decided, in words (``SM activity (GPM)``,
     ``GPU utilization (device counter)``, ``per-process SM utilization``); memoryGrowth: the
-    memory judged (a :class:`~gpuwarden.policy.spec.model.MemorySource` value, ``auto`` resolved)."""
+    memory judged (a :class:`~gpuwarden.policy.rules.growth.MemorySource` value, ``auto`` resolved)."""
     busy_watts: float | None = None
     """utilizationFloor: the mean power of the GPU that counts as busy, if one does."""
     level_bytes: float | None = None

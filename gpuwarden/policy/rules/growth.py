@@ -95,7 +95,7 @@ the same account for users):
   shortest span's ends rose so, and its own ends project the card full within
   its urgency. A GPU whose memory is not growing costs one window fit per
   window bucket and two small medians per evaluation.
-- **Which memory** (``memory``, :class:`~gpuwarden.policy.spec.model.MemorySource`):
+- **Which memory** (``memory``, :class:`MemorySource`):
   ``device`` reads NVML's used memory; ``allocated``, ``reserved`` and ``host``
   the training hook's columns (:class:`~gpuwarden.policy.store.series.HookColumns`),
   and a GPU whose series has none is not judged (the outcome is unknown, never
