@@ -21,11 +21,21 @@ test: $(BIN)/.installed control-plane images
 	$(MAKE) lint
 	$(BIN)/pytest -q
 
-## lint: ruff, mypy --strict, and the import contracts between the parts (pyproject.toml [tool.importlinter])
+# The tests for mypy as pytest imports them: pytest puts each test's folder on sys.path (its default import
+# mode), so a test imports its neighbours by bare name (`from test_node import apply`); mypy gets every test
+# folder as a base. Each root (unit, integration, gpu) has a `conftest` module of its own: one run per root.
+TEST_DIRS := $(shell find tests -name __pycache__ -prune -o -type d -print)
+TEST_ROOTS := $(patsubst %/conftest.py,%,$(wildcard tests/*/conftest.py))
+empty :=
+space := $(empty) $(empty)
+
+## lint: ruff, mypy --strict (the package, then the tests), and the import contracts between the parts
+## (pyproject.toml [tool.importlinter])
 lint: $(BIN)/.installed
 	$(BIN)/ruff check gpuwarden tests bench
 	$(BIN)/ruff format --check gpuwarden tests bench
 	$(BIN)/mypy
+	for root in $(TEST_ROOTS); do MYPYPATH=$(subst $(space),:,$(TEST_DIRS)) $(BIN)/mypy $$root || exit 1; done
 	$(BIN)/lint-imports
 
 ## demo-cluster: the operator, a scripted agent and the example policy on a throwaway kube-apiserver (~4 min)
