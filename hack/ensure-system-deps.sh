@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the system tools the test suite needs, when they are missing, from Debian's packages:
 #
-#   promtool                      checks our alert rules          (prometheus; only the binary is used)
+#   promtool, prometheus          check our metrics and rules; the server runs the dashboards' queries
+#                                 and the alerts in tests/integration/test_dashboards.py (prometheus)
 #   containerd, ctr, runc         the test node's container runtime (containerd, runc)
 #   /usr/lib/cni/{bridge,...}     the test node's pod network     (containernetworking-plugins)
 #   iptables, conntrack           kube-proxy's Service routing    (iptables, conntrack)
@@ -15,6 +16,7 @@ want() { # want <command or absolute path> <Debian package>
   if [[ "$1" == /* ]]; then [[ -e "$1" ]] || packages+=("$2"); else command -v "$1" >/dev/null 2>&1 || packages+=("$2"); fi
 }
 want promtool prometheus
+want prometheus prometheus
 want containerd containerd
 want ctr containerd
 want runc runc
@@ -38,4 +40,4 @@ if [[ ${#packages[@]} -gt 0 ]]; then
   # the prometheus package's postinst may start a server we do not want
   pkill -x prometheus 2>/dev/null || true
 fi
-command -v promtool containerd ctr runc iptables conntrack
+command -v promtool prometheus containerd ctr runc iptables conntrack

@@ -20,7 +20,7 @@ component="$2"
 [[ -d "${wheel_dir}" ]] || die "${wheel_dir} is not a directory"
 # What the component's command imports, and what only the other one needs (which must not be there).
 case "${component}" in
-agent) imports="gpuwarden.agent.command, gpuwarden.agent.podresources.podresources_pb2_grpc, pynvml, grpc.aio" absent=kopf ;;
+agent) imports="gpuwarden.agent.command, gpuwarden.simserver.command, gpuwarden.agent.podresources.podresources_pb2_grpc, pynvml, grpc.aio" absent=kopf ;;
 operator) imports="gpuwarden.operator.command, gpuwarden.operator.handlers, kopf" absent=grpc ;;
 *) die "unknown component '${component}' (agent or operator)" ;;
 esac

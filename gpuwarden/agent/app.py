@@ -1,5 +1,6 @@
 """The running agent: :func:`serve` wires the sampler, attribution, training hooks, the report
-sender and the HTTP server on an opened backend, and runs them until SIGTERM or SIGINT."""
+sender, the pods' scrapes and the HTTP server on an opened backend, and runs them until SIGTERM or
+SIGINT."""
 
 from __future__ import annotations
 
@@ -28,7 +29,14 @@ from gpuwarden.agent.config import AgentConfig
 from gpuwarden.agent.hookattach import HookStage
 from gpuwarden.agent.hooksocket import HookReadings, HookServer, HookSocketError
 from gpuwarden.agent.http import CleanupContext, background_task, build_app, listen
-from gpuwarden.agent.metrics import DraMetrics, HookMetrics, PodResourcesCollector, build_registry
+from gpuwarden.agent.metrics import (
+    DraMetrics,
+    HookMetrics,
+    PodResourcesCollector,
+    ScrapeMetrics,
+    build_registry,
+)
+from gpuwarden.agent.scrape import ListedPod, Scraper
 from gpuwarden.agent.sender import ReportSender
 from gpuwarden.agent.snapshots import Attributor, Sampler, SnapshotRing
 from gpuwarden.wire.node import Snapshot
@@ -77,6 +85,15 @@ def _attributor(
     )
 
 
+def _listed(closer: _Closer, uid: str) -> ListedPod | None:
+    """The pod of ``uid`` as this node's pod list has it: what a scrape target is held to."""
+    found = closer.pods.addresses(uid) if closer.pods is not None else None
+    if found is None:
+        return None  # without a pod list (no API token) no target is scraped
+    ref, ips = found
+    return ListedPod(ref.namespace, ref.name, ips)
+
+
 def _dra(config: AgentConfig, closer: _Closer, metrics: DraMetrics) -> DraResolver:
     # None without an API token: DRA devices then resolve by name only (logged).
     closer.slices = ResourceSlices.in_cluster(config.node) if config.dra_resource_slices else None
@@ -112,6 +129,16 @@ async def serve(
     attributor = _attributor(config, backend, closer, dra)
     if isinstance(attributor, PodAttributor):
         registry.register(PodResourcesCollector(lambda: attributor.pod_resources_state))
+    scraper = (
+        Scraper(
+            lambda uid: _listed(closer, uid),
+            ScrapeMetrics(registry),
+            concurrency=config.scrape_concurrency,
+            timeout=config.scrape_timeout,
+        )
+        if config.operator_url and config.service_metrics
+        else None
+    )
     sender = (
         ReportSender(
             url=config.operator_url,
@@ -120,6 +147,7 @@ async def serve(
             interval=config.report_interval,
             buffer_limit=config.buffer_limit,
             registry=registry,
+            on_plan=scraper.accept_plan if scraper is not None else None,
         )
         if config.operator_url
         else None
@@ -128,7 +156,9 @@ async def serve(
     def deliver(snapshot: Snapshot) -> None:
         metrics.count_xids(snapshot)  # XIDs are events: each is counted as its snapshot passes
         if sender is not None:
-            sender.submit(snapshot)
+            # The pods' scrapes ride on the next snapshot out (not on the ring's: /metrics is the GPUs').
+            services = scraper.drain() if scraper is not None else []
+            sender.submit(snapshot.model_copy(update={"services": services}) if services else snapshot)
 
     annotate = attributor.annotate
     hooks: HookServer | None = None
@@ -172,6 +202,8 @@ async def serve(
     background: list[CleanupContext] = []
     if sender is not None:
         background.append(background_task("sender", sender.run, on_exit=on_exit))
+    if scraper is not None:
+        background.append(background_task("scraper", scraper.run, on_exit=on_exit))
     background.append(background_task("attribution", refresh_attribution, on_exit=on_exit))
     if closer.slices is not None:
         background.append(background_task("resource slices", closer.slices.run, on_exit=on_exit))

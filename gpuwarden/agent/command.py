@@ -30,6 +30,7 @@ from gpuwarden.agent.config import (
     duration,
 )
 from gpuwarden.agent.nvml import NvmlBackend
+from gpuwarden.agent.scrape import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT
 from gpuwarden.agent.sender import DEFAULT_BUFFER_LIMIT, DEFAULT_REPORT_INTERVAL
 from gpuwarden.sim.scenarios import PACKAGED
 
@@ -134,6 +135,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help=f"Unix socket training hooks (gpuwarden.hook) write their readings to (default: "
         f"${HOOK_SOCKET_ENV}, else {DEFAULT_HOOK_SOCKET}); empty: no hook socket",
+    )
+    add(
+        "--service-metrics",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="scrape the metrics endpoints of the pods on this node that the operator's scrape plan names "
+        "(a policy's serviceMetrics), checked against this node's pod list, and send what its rules read "
+        "with the reports; --no-service-metrics: scrape nothing",
+    )
+    add(
+        "--scrape-timeout",
+        type=duration,
+        default=DEFAULT_TIMEOUT,
+        metavar="DURATION",
+        help=f"the longest one scrape may take, and at most half its interval ({DEFAULT_TIMEOUT:g}s)",
+    )
+    add(
+        "--scrape-concurrency",
+        type=_positive_int,
+        default=DEFAULT_CONCURRENCY,
+        metavar="N",
+        help=f"scrapes in flight at once ({DEFAULT_CONCURRENCY})",
     )
     paths = (
         ("--pod-resources-socket", DEFAULT_POD_RESOURCES_SOCKET, "the kubelet's PodResources socket"),

@@ -97,6 +97,12 @@ class AgentConfig:
     """The host's cgroup tree."""
     hook_socket: Path | None
     """Where training hooks (gpuwarden.hook) connect; None: no hook socket (``--hook-socket ""``)."""
+    service_metrics: bool
+    """Whether to scrape the pods the operator's plan names (their own metrics, issue 30)."""
+    scrape_timeout: float
+    """Seconds one scrape may take at most (and never more than half its interval)."""
+    scrape_concurrency: int
+    """Scrapes in flight at once."""
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, env: Mapping[str, str] | None = None) -> AgentConfig:
@@ -138,4 +144,7 @@ class AgentConfig:
             proc_root=args.proc_root,
             cgroup_root=args.cgroup_root,
             hook_socket=Path(args.hook_socket) if args.hook_socket else None,
+            service_metrics=args.service_metrics,
+            scrape_timeout=args.scrape_timeout,
+            scrape_concurrency=args.scrape_concurrency,
         )

@@ -3,8 +3,8 @@
 One collector per concern on a dedicated registry: :class:`DeviceCollector` (per GPU),
 :class:`ProcessCollector` (per process and per pod's host memory), :class:`HealthCollector`
 (GPU health states) and the agent's own (:class:`AgentMetrics`, with the XID counts,
-:class:`AgentCollector`, the report sender's :class:`SenderMetrics` and the hook channel's
-:class:`HookMetrics`). A scrape reads
+:class:`AgentCollector`, the report sender's :class:`SenderMetrics`, the hook channel's
+:class:`HookMetrics` and the pods' scrapes' :class:`ScrapeMetrics`). A scrape reads
 :meth:`SnapshotRing.latest` and never calls NVML; every series is rebuilt from that
 snapshot, so a pod's series vanish with the first snapshot it is no longer in.
 
@@ -35,6 +35,8 @@ from gpuwarden.agent.attribution.kubelet import PodResourcesState
 from gpuwarden.agent.health import CLOCK_EVENT_BITS
 from gpuwarden.agent.hooksocket import REFUSALS as HOOK_REFUSALS
 from gpuwarden.agent.hooksocket import HookReadings
+from gpuwarden.agent.scrape import REFUSALS as SCRAPE_REFUSALS
+from gpuwarden.agent.scrape import RESULTS as SCRAPE_RESULTS
 from gpuwarden.agent.snapshots import ERROR_KINDS, SnapshotRing
 from gpuwarden.wire.node import REFUSALS, DeviceState, GpuSample, PodRef, Snapshot, device_key
 
@@ -43,6 +45,9 @@ POD_LABELS = ("namespace", "pod", "container")
 
 SAMPLE_DURATION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 """From 100 µs (one GPU without per-process utilization) to 1 s (something is wrong)."""
+
+SCRAPE_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
+"""From a small page on the node's own network (5 ms) to the longest timeout."""
 
 DROP_REASONS = ("buffer_full", "rejected")
 """``buffer_full``: pushed out by newer snapshots; ``rejected``: in a report the operator refused (4xx)."""
@@ -531,9 +536,62 @@ class SenderMetrics:
         )
 
 
-def _by_reason(name: str, documentation: str, reasons: Iterable[str], registry: CollectorRegistry) -> Counter:
-    """A counter labelled ``reason``, each of ``reasons`` created at 0."""
-    counter = Counter(name, documentation, ["reason"], registry=registry)
+class ScrapeMetrics:
+    """The pods' scrapes' instruments; implements :class:`gpuwarden.agent.scrape.ScrapeEvents`.
+
+    Every result and reason is created at 0, so a rate() over them works before the first scrape.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.scrapes = _by_reason(
+            "gpuwarden_agent_service_scrapes",
+            "Scrapes of the pods' own metrics endpoints (the operator's plan), by result (docs/agent.md).",
+            SCRAPE_RESULTS,
+            registry,
+            label="result",
+        )
+        self.duration = Histogram(
+            "gpuwarden_agent_service_scrape_duration_seconds",
+            "Time one scrape took, from its request to its page compacted (or its failure).",
+            buckets=SCRAPE_DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.refusals = _by_reason(
+            "gpuwarden_agent_service_targets_refused",
+            "Targets of the operator's scrape plan not scraped (counted once per change), or plans refused.",
+            SCRAPE_REFUSALS,
+            registry,
+        )
+        self.planned = Gauge(
+            "gpuwarden_agent_service_targets",
+            "Pods of the operator's scrape plan this agent scrapes.",
+            registry=registry,
+        )
+
+    def scraped(self, result: str, seconds: float) -> None:
+        """Count one scrape's result and its duration."""
+        self.scrapes.labels(result).inc()
+        self.duration.observe(seconds)
+
+    def refused(self, reason: str) -> None:
+        """Count one refused target (or plan)."""
+        self.refusals.labels(reason=reason).inc()
+
+    def targets(self, count: int) -> None:
+        """The pods now scraped."""
+        self.planned.set(count)
+
+
+def _by_reason(
+    name: str,
+    documentation: str,
+    reasons: Iterable[str],
+    registry: CollectorRegistry,
+    *,
+    label: str = "reason",
+) -> Counter:
+    """A counter labelled ``label`` (``reason``), each of ``reasons`` created at 0."""
+    counter = Counter(name, documentation, [label], registry=registry)
     for reason in reasons:
         counter.labels(reason)
     return counter

@@ -22,6 +22,8 @@ What happens on each answer:
 - 2xx: delivered; readings the operator refused to store (``refused`` in the answer: a
   timestamp out of its clock's bounds, a pod the API places on another node) are counted
   by reason and logged, since retrying cannot help: this node's clock, or its pods, are off;
+  the answer's scrape plan (``scrape``; None when an older operator sends none) goes to
+  ``on_plan`` (:meth:`gpuwarden.agent.scrape.Scraper.accept_plan`);
 - 401, 403: retried; the token is re-read for every attempt (the kubelet rotates it);
 - 408, 429, 5xx, connection errors, timeouts: retried with capped exponential backoff
   and full jitter, honouring ``Retry-After``;
@@ -50,6 +52,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from prometheus_client import CollectorRegistry
@@ -111,6 +114,7 @@ class ReportSender:
     operator's ``--max-body-bytes``.
     ``session_factory``: builds the HTTP session on first delivery (TLS settings live there).
     ``rng``: the jitter's random source, for tests.
+    ``on_plan``: called with the ``scrape`` value of each 2xx answer (None when it has none).
     """
 
     def __init__(
@@ -129,6 +133,7 @@ class ReportSender:
         session_factory: Callable[[], aiohttp.ClientSession] | None = None,
         agent_id: str | None = None,
         rng: random.Random | None = None,
+        on_plan: Callable[[Any], None] | None = None,
     ) -> None:
         if interval <= 0 or buffer_limit < 1 or backoff_base <= 0 or backoff_cap < backoff_base:
             raise ValueError(
@@ -147,6 +152,7 @@ class ReportSender:
         self._backoff_cap = backoff_cap
         self._session_factory = session_factory or aiohttp.ClientSession
         self._rng = rng or random.Random()
+        self._on_plan = on_plan
         self._pending: deque[bytes] = deque()
         self._inflight: _Report | None = None
         self._next_seq = 0
@@ -289,7 +295,7 @@ class ReportSender:
                 url, data=body, headers=headers, timeout=self._timeout, allow_redirects=False
             ) as response:
                 status = response.status
-                text = (await response.text(errors="replace"))[:500]
+                text = await response.text(errors="replace")
                 retry_after = _retry_after(response.headers.get("Retry-After"))
         except TimeoutError:
             return self._failed("timeout", f"no answer from {url} within {self._timeout.total} s")
@@ -305,8 +311,16 @@ class ReportSender:
             self._failures = 0
             self._redirects = 0
             self._metrics.sent.inc()
-            self._count_refused(report, text)
+            try:
+                answer = json.loads(text)
+            except ValueError:
+                answer = None
+            answer = answer if isinstance(answer, dict) else {}
+            self._count_refused(report, answer)
+            if self._on_plan is not None:
+                self._on_plan(answer.get("scrape"))
             return _Outcome(delivered=True)
+        text = text[:500]  # for the log: an error page can be long
         if status in (401, 403):
             return self._failed("unauthorized", f"HTTP {status}: {text}")
         if status == 429:
@@ -360,10 +374,9 @@ class ReportSender:
         self.owner_url = url
         return _Outcome(redirected=True)
 
-    def _count_refused(self, report: _Report, text: str) -> None:
-        try:
-            refused = json.loads(text).get("refused") or {}
-        except (ValueError, AttributeError):
+    def _count_refused(self, report: _Report, answer: dict[str, Any]) -> None:
+        refused = answer.get("refused")
+        if not isinstance(refused, dict):
             refused = {}
         counts = {k: v for k, v in refused.items() if k in REFUSALS and isinstance(v, int) and v > 0}
         for reason, count in counts.items():

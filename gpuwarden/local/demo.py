@@ -3,9 +3,11 @@
 The scripted backend (the agent's, :class:`~gpuwarden.agent.scripted.ScriptedBackend`)
 is read at scenario time ``t`` directly, one sample per ``--interval`` of scenario time,
 attributed to the scenario's pods and fed to a :class:`~gpuwarden.local.session.Session`
-with the demo's policies. Nothing waits for scenario time to pass: at ``--speed`` 60 the
-loop only sleeps to keep the display at 60 scenario seconds per wall second (a few
-sleeps per frame, never one per sample), and ``--no-pace`` does not sleep at all.
+with the demo's policies; the scenario's served replicas' metrics (vLLM's, from the queueing
+model) go to the same session at the policies' scrape pace, for their service rules. Nothing
+waits for scenario time to pass: at ``--speed`` 60 the loop only sleeps to keep the display at
+60 scenario seconds per wall second (a few sleeps per frame, never one per sample), and
+``--no-pace`` does not sleep at all.
 
 Exit codes: 0 when the scenario played to its end; 2 for bad flags or an unreadable
 scenario or policy file; 130 when interrupted (Ctrl-C), after the summary.
@@ -37,8 +39,9 @@ from gpuwarden.local.options import (
 )
 from gpuwarden.local.plot import PlotUnavailable, require_matplotlib, save_plot
 from gpuwarden.local.policies import LocalPolicy, demo_policy_path, load_policies
+from gpuwarden.local.services import scrape_interval, scrape_of_replica, wanted_names
 from gpuwarden.local.session import ScaleNote, Session, Step, SubjectKind
-from gpuwarden.policy import PodView, SpecError
+from gpuwarden.policy import PodId, PodView, SpecError
 from gpuwarden.sim.scenario import DEFAULT_ORIGIN, PACKAGED, Scenario, ScenarioError, load_scenario
 from gpuwarden.units import format_duration
 from gpuwarden.wire.node import Snapshot, merge_process_utilization
@@ -166,12 +169,16 @@ class ScenarioRun:
         )
         self.scaling: list[ScaleNote] = []
         """Every scale decision so far (repeats included)."""
+        self._service_names = wanted_names(policies)
+        self._scrape_every = scrape_interval(policies)
+        self._next_scrape = 0.0
 
     def steps(self) -> Iterator[tuple[float, Snapshot, Step]]:
         """``(t, snapshot, step)`` from scenario time 0 to the scenario's end."""
         for i in range(int(self.scenario.duration // self.interval) + 1):
             t = i * self.interval
             snapshot = self.sample(t)
+            self.scrape(t)
             step = self.session.observe(snapshot)
             self.scaling.extend(step.scaling)
             for note in step.scaling:
@@ -188,6 +195,16 @@ class ScenarioRun:
             self._next_processes = t + PROCESS_INTERVAL
             gpus = merge_process_utilization(gpus, self.backend.sample_process_utilization(now))
         return self._attributor.annotate(Snapshot(timestamp=now, gpus=gpus))
+
+    def scrape(self, t: float) -> None:
+        """At the policies' scrape pace, what the scenario's served replicas export at ``t``, into the
+        session, as an agent would have scraped and compacted it."""
+        if not self._service_names or t < self._next_scrape:
+            return
+        self._next_scrape = t + self._scrape_every
+        for ref, metrics in self.scenario.service_metrics(t):
+            scrape = scrape_of_replica(metrics, DEFAULT_ORIGIN + t, self._service_names)
+            self.session.services.record(PodId(ref.namespace, ref.name), scrape)
 
     def _pods(self, snapshot: Snapshot) -> list[PodView]:
         """The scenario's pods at the snapshot's time, with their labels and annotations."""

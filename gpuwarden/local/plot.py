@@ -1,14 +1,19 @@
 """``--plot FILE.png``: each GPU's utilization and memory over the run, with its findings marked.
 
 One row per GPU, two panels: utilization (NVML utilization.gpu and, where the GPU has
-GPM, SM activity) and memory used against the card's size. A GPU that ran several pods
-or processes at once (a shared GPU) also gets one line per pod or process in each panel:
-its own per-process SM utilization, drawn through its readings (they come every
+GPM, SM activity) and memory used, its axis scaled to the readings (a leak of a few GiB
+on a 141 GiB card climbs across the panel; the card's size is in the title, and its line
+is drawn where the readings come near it). A GPU that ran several pods or processes at
+once (a shared GPU) also gets one line per pod or process in each panel: its own
+per-process SM utilization, drawn through its readings (they come every
 ``--process-interval``), and its own memory; the device's lines stay, thinner. A finding
 is drawn on the panel of what it judged (utilization rules on the left, memory rules on
-the right): a dashed line where it started and a shaded span until it cleared (or the
-run ended); on a shared GPU a dot on the line of the pod or process it concerns, and
-its name in the label.
+the right): a dashed line where it started and a shaded band until it cleared (or the
+run ended), its rule's name and value in a label above the readings. On a shared GPU
+each pod or process has a lane of its own under the readings, named in its colour, and
+its findings' bands run in its lane only; a dot marks where each started on its line,
+and the label names it. Labels never cover each other: each takes the first line of the
+headroom where it overlaps none placed before, and the headroom grows to hold them.
 
 matplotlib is an optional dependency (``pip install 'gpuwarden[plot]'``); the figure is
 built on the Agg canvas directly, never through pyplot, so nothing global changes and
@@ -23,12 +28,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden.local.history import DeviceHistory, FindingSpan, History, ShareHistory
-from gpuwarden.policy import format_bytes, rule_type
+from gpuwarden.policy import format_bytes, format_count, format_latency, rule_type
 
 if TYPE_CHECKING:
     from matplotlib.artist import Artist
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
+    from matplotlib.transforms import Bbox
 
 GIB = float(2**30)
 ROW_HEIGHT = 2.6
@@ -36,10 +42,14 @@ ROW_HEIGHT = 2.6
 TITLE_CHARS = 52
 """A panel title's pod or process is cut here (a process's command line can be long)."""
 
-LABEL_STEP = 11
-"""Points between the labels of successive findings on one panel."""
-LABEL_LINES = 3
-"""Labels stack this deep (in the headroom above the data), then start again at the top."""
+LABEL_POINTS = 12.0
+"""Height of one line of finding labels, in points (their font is 8 points)."""
+LANE_POINTS = 10.0
+"""Height of a pod's or process's lane under the readings of a shared GPU, in points."""
+MAX_LANES_SHARE = 0.4
+"""The lanes take at most this share of a panel's height (they get thinner past it)."""
+MEMORY_NEAR_FULL = 0.8
+"""Readings above this share of the card bring the card's size into the memory panel's view."""
 
 
 def judges_utilization(span: FindingSpan) -> bool:
@@ -107,29 +117,36 @@ def build_figure(history: History, title: str) -> Figure:
         return (t - origin) / scale
 
     end_x = x(history.last if history.last is not None else origin)
+    renderer = figure.canvas.get_renderer()  # type: ignore[attr-defined]
     for row, (key, device) in enumerate(devices):
         util_ax, mem_ax = axes[row][0], axes[row][1]
         subject = _cut(_subject_text(device))
+        card = f"; card {format_bytes(device.memory_total)}" if device.memory_total else ""
         util_ax.set_title(f"{device.name}: {subject}  (utilization)", loc="left", fontsize=10)
-        mem_ax.set_title(f"{device.name}: {subject}  (memory)", loc="left", fontsize=10)
+        mem_ax.set_title(f"{device.name}: {subject}  (memory{card})", loc="left", fontsize=10)
+        for ax in (util_ax, mem_ax):
+            ax.grid(True, alpha=0.3)
+            ax.set_xlim(0, max(end_x, 1e-9))  # first: the labels are placed by their width on it
         xs = [x(t) for t in device.times]
         _utilization_panel(util_ax, xs, device)
-        _memory_panel(mem_ax, xs, device)
+        memory_range = _memory_panel(mem_ax, xs, device)
         colors = _share_colors(device)
         if colors:
             _share_lines(util_ax, mem_ax, device, colors, x)
-        marked = {id(util_ax): 0, id(mem_ax): 0}
-        for span in (s for s in history.spans if key in s.devices):
+        labels: dict[int, list[Bbox]] = {id(util_ax): [], id(mem_ax): []}
+        for span in sorted((s for s in history.spans if key in s.devices), key=lambda s: s.start):
             ax = util_ax if judges_utilization(span) else mem_ax
-            shared = span.subject in colors
-            end = x(span.end) if span.end is not None else end_x
-            _mark(ax, span, x(span.start), end, marked[id(ax)], _who(span.subject) if shared else "")
-            marked[id(ax)] += 1
-            if shared:
-                _dot(ax, span, x(span.start), device.shares[span.subject])
-        for ax in (util_ax, mem_ax):
-            ax.grid(True, alpha=0.3)
-            ax.set_xlim(0, max(end_x, 1e-9))
+            start, end = x(span.start), x(span.end) if span.end is not None else end_x
+            lane = list(colors).index(span.subject) if span.subject in colors else None
+            _mark(ax, span, start, end, lane, len(colors))
+            who = _who(span.subject) if lane is not None else ""
+            _label(ax, span, start, who, labels[id(ax)], renderer)
+            if lane is not None:
+                _dot(ax, span, start, device.shares[span.subject])
+        _fit(util_ax, (0.0, 100.0), len(colors), labels[id(util_ax)], ticks=False)
+        _fit(mem_ax, memory_range, len(colors), labels[id(mem_ax)], ticks=True)
+        if colors:
+            _lane_names(util_ax, mem_ax, colors)
     for ax in axes[-1]:
         ax.set_xlabel(f"{unit} since start")
     # One legend for all panels, below them: per-panel legends would hide the finding labels.
@@ -170,25 +187,29 @@ def _share_colors(device: DeviceHistory) -> dict[str, str]:
 def _share_lines(
     util_ax: Axes, mem_ax: Axes, device: DeviceHistory, colors: dict[str, str], x: Callable[[float], float]
 ) -> None:
-    """Each subject's own utilization and memory on a shared GPU, with a legend of their names."""
-    handles: list[Artist] = []
+    """Each subject's own utilization and memory on a shared GPU."""
     for subject, color in colors.items():
         share = device.shares[subject]
         style: dict[str, Any] = {"color": color, "linewidth": 1.4, "label": _cut(subject)}
         style["gid"] = f"share:{subject}"
-        (line,) = util_ax.plot([x(t) for t in share.utilization_times], share.utilization, **style)
+        util_ax.plot([x(t) for t in share.utilization_times], share.utilization, **style)
         mem_ax.plot([x(t) for t in share.times], [v / GIB for v in share.memory_used], **style)
-        handles.append(line)
     if not any(device.shares[s].utilization for s in colors):
         util_ax.text(
-            0.5, 0.12, "no per-process utilization read", transform=util_ax.transAxes, ha="center", fontsize=9
-        )
-    # A subject at 0 would hide under the axis; a little room below shows it.
-    util_ax.set_ylim(-4, util_ax.get_ylim()[1])
-    top = mem_ax.get_ylim()[1]
-    mem_ax.set_ylim(-0.03 * top, top)
+            0.5, _lane(util_ax, 0, len(colors))[1] + 0.04, "no per-process utilization read",
+            transform=util_ax.transAxes, ha="center", fontsize=9,
+        )  # fmt: skip
+
+
+def _lane_names(util_ax: Axes, mem_ax: Axes, colors: dict[str, str]) -> None:
+    """Each subject's name in its colour, in its lane at the panel's left (the lanes' legend)."""
     for ax in (util_ax, mem_ax):
-        ax.legend(handles=handles, loc="center right", fontsize=7, framealpha=0.7)
+        for i, (subject, color) in enumerate(colors.items()):
+            bottom, top = _lane(ax, i, len(colors))
+            ax.text(
+                0.004, (bottom + top) / 2, _cut(subject), transform=ax.transAxes, va="center",
+                fontsize=6.5, color=color, fontweight="bold", gid=f"lane:{subject}",
+            )  # fmt: skip
 
 
 def _dot(ax: Axes, span: FindingSpan, start: float, share: ShareHistory) -> None:
@@ -214,47 +235,112 @@ def _utilization_panel(ax: Axes, xs: list[float], device: DeviceHistory) -> None
         ax.plot(
             xs, device.sm_active, color="tab:olive", linewidth=width, alpha=0.8 * alpha, label="SM activity"
         )
-    # Headroom above 100% for the finding labels.
-    ax.set_ylim(0, 118)
     ax.set_yticks([0, 25, 50, 75, 100])
     ax.set_ylabel("utilization (%)")
 
 
-def _memory_panel(ax: Axes, xs: list[float], device: DeviceHistory) -> None:
+def _memory_panel(ax: Axes, xs: list[float], device: DeviceHistory) -> tuple[float, float]:
+    """The device's memory line; returns the range of GiB to show: the readings' (its subjects'
+    too), with the card's size where they come near it."""
     width, alpha = (0.7, 0.5) if device.shared else (1.2, 1.0)
     memory = [v / GIB for v in device.memory_used]
     ax.plot(xs, memory, color="tab:blue", linewidth=width, alpha=alpha, label="memory used")
-    top = device.memory_total
-    if top is not None:
-        ax.axhline(top / GIB, color="black", linestyle=":", linewidth=1.0, label="card's memory")
-        ax.set_ylim(0, top / GIB * 1.18)
-    else:
-        ax.set_ylim(bottom=0)
+    readings = [v for v in memory if not math.isnan(v)]
+    for share in device.shares.values() if device.shared else ():
+        readings += [v / GIB for v in share.memory_used if not math.isnan(v)]
+    card = device.memory_total / GIB if device.memory_total else None
+    if not readings:
+        return 0.0, card or 1.0
+    lo, hi = min(readings), max(readings)
+    # Noise on a flat line is not magnified into hills: the range is at least 1% of the card (or 0.25 GiB).
+    pad = max(0.08 * (hi - lo), 0.005 * card if card else 0.125)
+    lo, hi = max(0.0, lo - pad), hi + pad
+    if card is not None and hi >= MEMORY_NEAR_FULL * card:
+        ax.axhline(card, color="black", linestyle=":", linewidth=1.0, label="card's memory")
+        hi = max(hi, card * 1.01)
     ax.set_ylabel("memory (GiB)")
+    return lo, hi
 
 
-def _mark(ax: Axes, span: FindingSpan, start: float, end: float, nth: int, who: str = "") -> None:
-    """A dashed line where the finding started, shading until it cleared, its rule's name on top.
+def _fit(ax: Axes, data: tuple[float, float], lanes: int, labels: list[Bbox], *, ticks: bool) -> None:
+    """The y limits that put ``data`` between the subjects' ``lanes`` (below) and the finding
+    ``labels`` (above: the headroom reaches down to the lowest one); with ``ticks``, ticks on the
+    data only."""
+    from matplotlib.ticker import MaxNLocator
 
-    ``nth``: how many findings this panel already shows; each label goes one line lower.
-    ``who``: the subject, named in the label where the panel shows several.
-    """
+    lo, hi = data
+    tall = _points_tall(ax)
+    axes_top = ax.transAxes.transform((0, 1))[1]
+    headroom = max((axes_top - b.y0 for b in labels), default=0.0) / _dpp(ax)
+    top = (headroom + 3) / tall if labels else 0.04
+    bottom = _lane(ax, 0, lanes)[1] + 0.02 if lanes else 0.0
+    span = (hi - lo) / max(1 - top - bottom, 0.2)
+    if ticks:
+        ax.set_yticks([t for t in MaxNLocator(5).tick_values(lo, hi) if lo - 1e-9 <= t <= hi + 1e-9])
+    ax.set_ylim(lo - bottom * span, hi + top * span)
+
+
+def _points_tall(ax: Axes) -> float:
+    """The panel's height in points."""
+    return float(ax.bbox.height / _dpp(ax))
+
+
+def _dpp(ax: Axes) -> float:
+    """Display pixels per point."""
+    return float(ax.figure.dpi / 72)
+
+
+def _lane(ax: Axes, i: int, lanes: int) -> tuple[float, float]:
+    """Subject ``i``'s lane in axes fraction (bottom, top): the lanes run down from under the
+    readings to the panel's bottom, in the subjects' order."""
+    height = min(LANE_POINTS / _points_tall(ax), MAX_LANES_SHARE / max(lanes, 1))
+    return (lanes - i - 1) * height, (lanes - i) * height
+
+
+def _mark(ax: Axes, span: FindingSpan, start: float, end: float, lane: int | None, lanes: int) -> None:
+    """A dashed line where the finding started and a band until it cleared: the panel's whole
+    height, or on a shared GPU its subject's lane (``lane`` of ``lanes``) only."""
+    from matplotlib.patches import Rectangle
+
     color = rule_type(span.kind).colour
     line = ax.axvline(start, color=color, linestyle="--", linewidth=1.4, label=f"{span.rule} started")
     line.set_gid(f"finding-start:{span.rule}")
-    shade = ax.axvspan(start, end, color=color, alpha=0.12, linewidth=0)
-    shade.set_gid(f"finding-span:{span.rule}")
-    ax.annotate(
-        " ".join(part for part in (span.rule, who, _value_text(span)) if part),
-        xy=(start, 1.0),
-        xycoords=("data", "axes fraction"),
-        xytext=(3, -3 - LABEL_STEP * (nth % LABEL_LINES)),
-        textcoords="offset points",
-        va="top",
-        fontsize=8,
-        color=color,
-        fontweight="bold",
-    )
+    if lane is None:
+        shade = ax.axvspan(start, end, color=color, alpha=0.12, linewidth=0)
+        shade.set_gid(f"finding-span:{span.rule}")
+        return
+    bottom, top = _lane(ax, lane, lanes)
+    gap = 0.12 * (top - bottom)  # neighbouring lanes' bands read as two
+    band = Rectangle(
+        (start, bottom + gap), end - start, top - bottom - 2 * gap, transform=ax.get_xaxis_transform(),
+        color=color, alpha=0.35, linewidth=0, gid=f"finding-span:{span.rule}:{span.subject}",
+    )  # fmt: skip
+    ax.add_patch(band)
+
+
+def _label(ax: Axes, span: FindingSpan, start: float, who: str, placed: list[Bbox], renderer: Any) -> None:
+    """The finding's rule, subject and value above the readings, at the start line: on the first
+    line of the headroom where it overlaps no label ``placed`` before (it is added to them); to the
+    start line's left where it would run past the panel's right edge."""
+    color = rule_type(span.kind).colour
+    text = " ".join(part for part in (span.rule, who, _value_text(span)) if part)
+    note = ax.annotate(
+        text, xy=(start, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -3),
+        textcoords="offset points", va="top", fontsize=8, color=color, fontweight="bold",
+    )  # fmt: skip
+    note.set_gid(f"finding-label:{span.rule}:{span.subject}")
+    right = ax.get_window_extent(renderer).x1
+    if note.get_window_extent(renderer).x1 > right:
+        note.set_horizontalalignment("right")
+        note.set_position((-3, -3))
+    line = 0
+    while True:
+        note.set_position((note.get_position()[0], -3 - LABEL_POINTS * line))
+        box = note.get_window_extent(renderer)
+        if not any(box.overlaps(other) for other in placed):
+            placed.append(box)
+            return
+        line += 1
 
 
 def _who(subject: str) -> str:
@@ -273,6 +359,10 @@ def _value_text(span: FindingSpan) -> str:
         return format_bytes(span.value)
     if span.unit == "problems":
         return ""  # gpuHealth: the problem is in the rule's name and the log, not a figure
+    if span.unit == "seconds":
+        return format_latency(span.value)  # requestLatency
+    if span.unit == "requests":
+        return format_count(span.value)  # requestQueue
     return f"{span.value:.0f}%"
 
 

@@ -56,6 +56,7 @@ from gpuwarden.policy import (
     ScaleDecision,
     SeriesKey,
     SeriesStore,
+    ServiceStore,
     StepKind,
     Transition,
     pods_of,
@@ -344,6 +345,8 @@ class Session:
             retention_seconds=retention, max_points=int(retention / sample_interval * POINT_SLACK) + 16
         )
         self.health = HealthStore(retention_seconds=retention)
+        self.services = ServiceStore(retention_seconds=retention)
+        """The subjects' own metrics (the service rules), for whoever records scrapes into it."""
         self.history = history if history is not None else History()
         self.subject_names: dict[PodId, str] = {}
         """Display name of every subject seen: ``research/notebook-0``, ``pid 4242 python train.py``."""
@@ -368,6 +371,7 @@ class Session:
         self.health.observe(snapshot, subjects=self._health_subjects)
         shares = self._shares(points)
         self._record(snapshot, subjects_by_device, shares)
+        devices_of = self._devices_of(snapshot)
 
         announcements: list[Announcement] = []
         scaling: list[ScaleNote] = []
@@ -382,10 +386,11 @@ class Session:
                 pods = self._pods_of(snapshot)
                 self.store.prune(now)
                 self.health.prune(now)
-            evaluation = entry.evaluator.evaluate(pods, self.store, now, self.health)
+                self.services.prune(now)
+            evaluation = entry.evaluator.evaluate(pods, self.store, now, self.health, services=self.services)
             entry.active = evaluation.active
             for transition in evaluation.transitions:
-                announced = self._track(transition)
+                announced = self._track(transition, devices_of)
                 if announced is not None:
                     announcements.append(announced)
             note = None if entry.scaler is None else entry.scaler.scale(evaluation, now)
@@ -393,7 +398,7 @@ class Session:
                 scaling.append(note)
         return Step(
             at=now,
-            rows=tuple(self._rows(snapshot, subjects_by_device, shares)),
+            rows=tuple(self._rows(snapshot, subjects_by_device, shares, devices_of)),
             announcements=tuple(announcements),
             scaling=tuple(scaling),
             evaluated=evaluated,
@@ -508,13 +513,18 @@ class Session:
                 None if gpu.memory_used_bytes is None else float(gpu.memory_used_bytes),
             )
 
-    def _track(self, transition: FindingTransition) -> Announcement | None:
+    def _track(
+        self, transition: FindingTransition, devices_of: dict[PodId, list[str]]
+    ) -> Announcement | None:
         """Keep the history's spans; the transitions worth announcing come back named."""
         finding = transition.finding
         subject = self.subject_name(finding.namespace, finding.pod)
-        devices = tuple(self._device_names.get(g, g) for g in finding.gpus)
+        # The GPUs the value speaks for; failing that (a service rule reads the pod's own metrics),
+        # wherever its subject runs, as the table shows it.
+        gpus = finding.gpus or tuple(devices_of.get(PodId(finding.namespace, finding.pod), ()))
+        devices = tuple(self._device_names.get(g, g) for g in gpus)
         if transition.transition is Transition.STARTED:
-            self.history.started(finding, subject, finding.gpus, transition.at)
+            self.history.started(finding, subject, gpus, transition.at)
         elif transition.transition is Transition.RESOLVED:
             self.history.resolved(finding, transition.resolution, transition.at)
         else:
@@ -523,14 +533,8 @@ class Session:
             return None
         return Announcement(transition, subject, devices)
 
-    def _rows(
-        self,
-        snapshot: Snapshot,
-        subjects_by_device: dict[str, list[str]],
-        shares: dict[str, list[_Share]],
-    ) -> Iterator[GpuRow]:
-        on_device: dict[str, list[str]] = {}
-        on_share: dict[tuple[PodId, str], list[str]] = {}
+    def _devices_of(self, snapshot: Snapshot) -> dict[PodId, list[str]]:
+        """Each subject's devices in the snapshot (by key): where its processes run, where it is allocated."""
         devices_of: dict[PodId, list[str]] = {}
         for gpu in snapshot.gpus:
             for proc in gpu.processes:
@@ -543,6 +547,17 @@ class Session:
                     devices_of.setdefault(subject, []).append(device_key(gpu))
             for ref in gpu.pods:
                 devices_of.setdefault(PodId(ref.namespace, ref.name), []).append(device_key(gpu))
+        return {subject: list(dict.fromkeys(keys)) for subject, keys in devices_of.items()}
+
+    def _rows(
+        self,
+        snapshot: Snapshot,
+        subjects_by_device: dict[str, list[str]],
+        shares: dict[str, list[_Share]],
+        devices_of: dict[PodId, list[str]],
+    ) -> Iterator[GpuRow]:
+        on_device: dict[str, list[str]] = {}
+        on_share: dict[tuple[PodId, str], list[str]] = {}
         for finding in self.active():
             # The GPUs the value speaks for; failing that, wherever its subject runs.
             gpus = finding.gpus or tuple(devices_of.get(PodId(finding.namespace, finding.pod), ()))

@@ -9,6 +9,11 @@ series, plus ``gpuwarden_local_finding_active``) is served on ``--listen``. Trai
 (:mod:`gpuwarden.hook`) reach it on ``--hook-socket``, as they reach the agent on a node; the path
 is printed at the start.
 
+``--service-metrics URL`` (repeatable) scrapes an inference server's own Prometheus metrics at the
+policies' pace (:class:`~gpuwarden.local.services.ServiceWatcher`: the agent's bounded fetch and
+compaction), so the service rules (``requestLatency``, ``requestQueue``, ``kvCacheUsage``) judge it:
+each URL is a subject of its own, ``service/<host:port>``.
+
 Host processes have no namespace and no labels, so every policy in the file judges
 every process: selectors and namespaces are set aside, and so are scale actions (there
 is no Deployment to scale); ``watch`` says so when it starts.
@@ -29,9 +34,10 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
 
@@ -56,8 +62,9 @@ from gpuwarden.local.options import (
 )
 from gpuwarden.local.plot import PlotUnavailable, require_matplotlib, save_plot
 from gpuwarden.local.policies import LocalPolicy, for_processes, load_policies
-from gpuwarden.local.session import Session, SubjectKind
-from gpuwarden.policy import SpecError
+from gpuwarden.local.services import ServiceWatcher, scrape_interval, service_subject, wanted_names
+from gpuwarden.local.session import Session, SubjectKind, processes_in
+from gpuwarden.policy import PodView, SpecError, service_metric_names
 from gpuwarden.sim.scenario import PACKAGED, Scenario, ScenarioError, load_scenario
 from gpuwarden.units import format_duration
 from gpuwarden.wire.node import Snapshot
@@ -137,6 +144,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "${XDG_RUNTIME_DIR:-/tmp}/gpuwarden/hook.sock); empty: none. Watch prints it at the start: "
         f"export {HOOK_SOCKET_ENV}=PATH in the job's environment when it is not the default",
     )
+    add(
+        "--service-metrics",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="an inference server's Prometheus metrics (e.g. http://127.0.0.1:8000/metrics), scraped at "
+        "the policies' pace for their service rules (requestLatency, requestQueue, kvCacheUsage); repeatable",
+    )
     add("--plot", type=Path, metavar="FILE.png", help="on exit, write utilization and memory per GPU")
     add("--plain", action="store_true", help="plain lines even on a terminal (no live table)")
 
@@ -159,6 +174,8 @@ class WatchConfig:
     live: bool
     hook_socket: Path | None
     """None: no hook socket (``--hook-socket ""``)."""
+    service_urls: tuple[str, ...] = ()
+    """``--service-metrics``: the servers whose metrics the service rules judge."""
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> WatchConfig:
@@ -173,9 +190,16 @@ class WatchConfig:
             scenario = load_scenario(args.scenario) if args.scenario is not None else None
         except (SpecError, ScenarioError) as exc:
             raise UsageError(str(exc)) from None
+        for url in args.service_metrics:
+            if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
+                raise UsageError(f"--service-metrics {url!r}: expected an http:// or https:// URL")
+        if args.service_metrics and not wanted_names(loaded):
+            raise UsageError(
+                "--service-metrics: no policy has a service rule (requestLatency, requestQueue, kvCacheUsage)"
+            )
         return cls(
             policies=[for_processes(p) for p in loaded],
-            notes=_set_aside(loaded),
+            notes=_set_aside(loaded, args.service_metrics),
             scenario=scenario,
             speed=args.speed,
             host=host,
@@ -188,12 +212,15 @@ class WatchConfig:
             plot=args.plot,
             live=wants_live_display(sys.stdout, plain=args.plain),
             hook_socket=Path(args.hook_socket) if args.hook_socket else None,
+            service_urls=tuple(args.service_metrics),
         )
 
 
-def _set_aside(policies: list[LocalPolicy]) -> list[str]:
+def _set_aside(policies: list[LocalPolicy], service_urls: Sequence[str]) -> list[str]:
     notes = []
     for p in policies:
+        if not service_urls and service_metric_names(p.spec):
+            notes.append(f"policy {p.key}: its service rules read nothing without --service-metrics URL")
         spec = p.spec
         if p.namespace or spec.selector.match_labels or spec.selector.match_expressions:
             notes.append(
@@ -257,11 +284,29 @@ async def watch(
     """Sample ``backend`` until stopped, evaluate, display, serve /metrics; plot and summarise on exit."""
     scripted = config.scenario is not None
     history = History()
+    services = [service_subject(url) for url in config.service_urls]
+
+    def subjects(snapshot: Snapshot) -> list[PodView]:
+        """The processes on the GPUs, and the servers whose metrics are scraped."""
+        return [*processes_in(snapshot), *(PodView(s.namespace, s.name) for s in services)]
+
     session = Session(
         config.policies,
         subjects=SubjectKind.PROCESSES,
+        pods_of=subjects,
         sample_interval=config.interval,
         history=history,
+    )
+    scraper = (
+        ServiceWatcher(
+            config.service_urls,
+            wanted_names(config.policies),
+            session.services.record,
+            interval=scrape_interval(config.policies) / config.speed,
+            clock=clock,
+        )
+        if config.service_urls
+        else None
     )
     # A scenario's time starts at the backend's origin: findings are labelled in scenario time.
     start = backend.origin if isinstance(backend, ScriptedBackend) and backend.origin else clock()
@@ -328,7 +373,7 @@ async def watch(
                     f"Training hooks: listening on {hooks.path} "
                     f"(export {HOOK_SOCKET_ENV}={hooks.path} for the job if that is not the default)"
                 )
-        code = await _serve_until_stopped(config, sampler, registry, ring, display, stop, source)
+        code = await _serve_until_stopped(config, sampler, scraper, registry, ring, display, stop, source)
         if code is not None:
             return code
         _summarise(history, label, config, title)
@@ -346,13 +391,14 @@ async def watch(
 async def _serve_until_stopped(
     config: WatchConfig,
     sampler: Sampler,
+    scraper: ServiceWatcher | None,
     registry: CollectorRegistry,
     ring: SnapshotRing,
     display: Display,
     stop: asyncio.Event,
     source: str,
 ) -> int | None:
-    """Serve /metrics and sample until ``stop``; an exit code if the server could not start."""
+    """Serve /metrics, sample (and scrape) until ``stop``; an exit code if the server could not start."""
     for note in config.notes:
         display.note(f"note: {note}")
     try:
@@ -364,22 +410,29 @@ async def _serve_until_stopped(
     speed = f" at {config.speed:g}x" if config.scenario is not None and config.speed != 1 else ""
     until = f", for {format_duration(config.duration)}" if config.duration is not None else ""
     display.note(f"Watching {source}{speed}{until}; /metrics on {', '.join(addresses)}; Ctrl-C stops")
+    if scraper is not None:
+        every = format_duration(scraper.interval * config.speed)
+        display.note(f"Service metrics: {', '.join(scraper.urls)} every {every}")
     # Started after the lines above, so that they come before the first finding.
-    sampling = asyncio.create_task(sampler.run(), name="sampler")
-    sampling.add_done_callback(lambda task: stop.set())
+    loops = {"sampling": asyncio.create_task(sampler.run(), name="sampler")}
+    if scraper is not None:
+        loops["scraping"] = asyncio.create_task(scraper.run(), name="service scraper")
+    for task in loops.values():
+        task.add_done_callback(lambda task: stop.set())
     try:
         await stop.wait()
     finally:
-        sampling.cancel()
-        results = await asyncio.gather(sampling, return_exceptions=True)
+        for task in loops.values():
+            task.cancel()
+        results = await asyncio.gather(*loops.values(), return_exceptions=True)
         await runner.cleanup()
         display.close()
-    error = results[0]
-    if not isinstance(error, asyncio.CancelledError):
-        # Sampler.run loops forever: it ended on its own, which only a bug can do.
-        log.error("the sampling loop ended", exc_info=error if isinstance(error, BaseException) else None)
-        print("gpuwarden watch: stopped because the sampling loop ended", file=sys.stderr)
-        return EXIT_FAILED
+    for name, error in zip(loops, results, strict=True):
+        if not isinstance(error, asyncio.CancelledError):
+            # Both loops run forever: one that ended on its own did so by a bug.
+            log.error("the %s loop ended", name, exc_info=error if isinstance(error, BaseException) else None)
+            print(f"gpuwarden watch: stopped because the {name} loop ended", file=sys.stderr)
+            return EXIT_FAILED
     return None
 
 

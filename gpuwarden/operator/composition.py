@@ -23,7 +23,7 @@ from typing import Any
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.endpoints import NodeRateLimiter, ReportIngest
 from gpuwarden.operator.kube import EventPoster, KubeApi, TokenAuthenticator
-from gpuwarden.operator.metrics import DesiredReplicasCollector, OperatorMetrics
+from gpuwarden.operator.metrics import DesiredReplicasCollector, OperatorMetrics, ScaleDecisionsCollector
 from gpuwarden.operator.nodehealth import NodeHealthMonitor
 from gpuwarden.operator.policies import PolicyRunner
 from gpuwarden.operator.resources import PolicyKey
@@ -90,6 +90,7 @@ def build_operator(
         max_body_bytes=config.max_body_bytes,
         clock=clock,
         route=sharding.route if sharding else None,
+        plan=state.scrape_plan,
     )
     if sharding is not None:
         state.verdict_sender = VerdictSender(config.peer_token_file, metrics)
@@ -110,6 +111,7 @@ def build_operator(
         )
     scaler = WorkloadScaler(KubeScaleApi(api), state.events)
     metrics.registry.register(DesiredReplicasCollector(scaler.desired_replicas, clock))
+    metrics.registry.register(ScaleDecisionsCollector(scaler.decisions))
     node_health = None
     if config.node_health:
         node_health = NodeHealthMonitor(

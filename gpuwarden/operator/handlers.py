@@ -3,6 +3,10 @@
 - startup: tune Kopf (one place, a reason per value), start the ingest and metrics servers;
 - ``gpu_pods`` index: GPU pods by namespace, for the policies' selectors;
 - ``gpu_pod_nodes`` index: the node each GPU pod runs on, for the reports' pods;
+- ``service_pods`` index: GPU pods by node with their IP and metrics endpoint hints, for the nodes'
+  scrape plans;
+- ``service_policies`` index: the policies whose rules read the pods' own metrics by namespace,
+  parsed once per change, for the nodes' scrape plans;
 - ``policy_claims`` index: each policy's parsed scale action by namespace, for the scaler's
   conflict check (parsed once per change, not by every policy at every round);
 - pod deletion: forget the pod's series;
@@ -27,6 +31,7 @@ from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.policies import pod_record, requests_gpu
 from gpuwarden.operator.resources import FINALIZER, GROUP, PLURAL, PREFIX, VERSION, PodRecord, PolicyKey
 from gpuwarden.operator.scaling import PolicyClaim, policy_claim
+from gpuwarden.operator.scrape import ServicePod, ServicePolicy, service_pod, service_policy
 from gpuwarden.operator.state import OperatorState
 
 logger = logging.getLogger(__name__)
@@ -81,6 +86,8 @@ async def start_services(memo: kopf.Memo, **kwargs: Any) -> None:
     state = _state(memo)
     state.pod_nodes = kwargs["gpu_pod_nodes"]
     state.pods = kwargs["gpu_pods"]
+    state.service_pods = kwargs["service_pods"]
+    state.service_policies = kwargs["service_policies"]
     await _operator(memo).services.start()
 
 
@@ -110,6 +117,39 @@ def _scheduled_gpu_pod(spec: kopf.Spec, **_: Any) -> bool:
 def gpu_pod_nodes(namespace: str | None, name: str, spec: kopf.Spec, **_: Any) -> dict[tuple[str, str], str]:
     assert namespace is not None
     return {(namespace, name): str(spec["nodeName"])}
+
+
+@kopf.index("pods", when=_scheduled_gpu_pod, registry=registry)
+def service_pods(
+    namespace: str | None,
+    name: str,
+    uid: str,
+    labels: kopf.Labels,
+    annotations: kopf.Annotations,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    **_: Any,
+) -> dict[str, ServicePod]:
+    assert namespace is not None
+    pod = service_pod(
+        namespace=namespace,
+        name=name,
+        uid=uid,
+        labels=labels,
+        annotations=annotations,
+        spec=spec,
+        status=status,
+    )
+    return {str(spec["nodeName"]): pod}
+
+
+@kopf.index(GROUP, VERSION, PLURAL, registry=registry)
+def service_policies(namespace: str | None, body: kopf.Body, **_: Any) -> dict[str, ServicePolicy]:
+    assert namespace is not None
+    record = service_policy(body)
+    # {} rather than None: Kopf keeps an entry a None leaves alone, and drops the ones {} does not name
+    # (and a namespace left with none), so "is any policy reading pods?" stays a len() at every report.
+    return {} if record is None else {namespace: record}
 
 
 @kopf.index(GROUP, VERSION, PLURAL, registry=registry)

@@ -16,12 +16,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
-from gpuwarden.policy import Point, SeriesKey, SeriesStore
+from gpuwarden.policy import Finding, Point, SeriesKey, SeriesStore
 from gpuwarden.wire.node import REFUSALS
 from gpuwarden.wire.verdicts import VERDICT_REFUSALS
 
@@ -35,6 +35,7 @@ __all__ = [
     "DesiredReplicasCollector",
     "LatestReadings",
     "OperatorMetrics",
+    "ScaleDecisionsCollector",
     "make_metrics_app",
 ]
 
@@ -126,6 +127,48 @@ class _PodGpuCollector(Collector):
         return [util, sm, used, total]
 
 
+class _FindingsCollector(Collector):
+    """The active findings of every policy this replica evaluates, read at scrape time.
+
+    ``gpuwarden_operator_findings{namespace,policy,rule}`` counts them per rule; one
+    ``gpuwarden_finding_started_timestamp_seconds`` per finding names its pod and reason (the
+    dashboards count them by reason, and show each one's age); a growth finding that projects when
+    the memory is full adds ``gpuwarden_finding_time_to_full_seconds``. A series per active
+    finding, no more: a resolved finding's go with it.
+    """
+
+    def __init__(self, findings: Mapping[tuple[str, str], tuple[Finding, ...]]) -> None:
+        self._findings = findings
+
+    def collect(self) -> Iterable[Metric]:
+        counts = GaugeMetricFamily(
+            "gpuwarden_operator_findings",
+            "Active violations by policy and rule.",
+            labels=["namespace", "policy", "rule"],
+        )
+        started = GaugeMetricFamily(
+            "gpuwarden_finding_started_timestamp_seconds",
+            "When an active finding started (Unix seconds), by its pod, policy, rule and reason.",
+            labels=["namespace", "pod", "policy", "rule", "reason"],
+        )
+        to_full = GaugeMetricFamily(
+            "gpuwarden_finding_time_to_full_seconds",
+            "A growing-memory finding's projected seconds until the memory it watches is full "
+            "(the card, or the container's limit), as of its policy's last evaluation.",
+            labels=["namespace", "pod", "policy", "rule"],
+        )
+        for (namespace, policy), findings in sorted(self._findings.items()):
+            per_rule: dict[str, int] = {}
+            for f in findings:
+                per_rule[f.rule] = per_rule.get(f.rule, 0) + 1
+                started.add_metric([namespace, f.pod, policy, f.rule, f.reason], f.started_at)
+                if f.seconds_to_full is not None:
+                    to_full.add_metric([namespace, f.pod, policy, f.rule], f.seconds_to_full)
+            for rule, count in sorted(per_rule.items()):
+                counts.add_metric([namespace, policy, rule], count)
+        return [counts, started, to_full]
+
+
 STATE_GAUGES = {
     "gpuwarden_operator_active": "1 while this replica acts (peering), else 0.",
     "gpuwarden_operator_tokenreviews": (
@@ -198,12 +241,8 @@ class OperatorMetrics:
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
             registry=r,
         )
-        self.findings = Gauge(
-            "gpuwarden_operator_findings",
-            "Active violations by policy and rule.",
-            ["namespace", "policy", "rule"],
-            registry=r,
-        )
+        self._findings: dict[tuple[str, str], tuple[Finding, ...]] = {}
+        r.register(_FindingsCollector(self._findings))
         self.events = Counter(
             "gpuwarden_operator_events",
             "Kubernetes Events emitted, by type and reason.",
@@ -263,14 +302,14 @@ class OperatorMetrics:
         :data:`STATE_GAUGES`)."""
         self.registry.register(_StateCollector(read))
 
-    def set_findings(
-        self, namespace: str, policy: str, counts: dict[str, int], previous: Iterable[str]
-    ) -> None:
-        """Set the active-findings gauge of a policy's rules; rules no longer counted go away."""
-        for rule in set(previous) - set(counts):
-            self.findings.remove(namespace, policy, rule)
-        for rule, count in counts.items():
-            self.findings.labels(namespace, policy, rule).set(count)
+    def set_findings(self, namespace: str, policy: str, active: Iterable[Finding]) -> None:
+        """The policy's active findings after an evaluation (none: it stopped, or stands aside);
+        what is no longer active goes from every findings series at once."""
+        kept = tuple(active)
+        if kept:
+            self._findings[(namespace, policy)] = kept
+        else:
+            self._findings.pop((namespace, policy), None)
 
     def exposition(self) -> bytes:
         """The registry in the Prometheus text format."""
@@ -361,4 +400,24 @@ class DesiredReplicasCollector(Collector):
         # Keys are the operator's PolicyKeys (namespace, name); sorted, so scrapes read alike.
         for key, desired in sorted(self._desired(self._clock()).items(), key=lambda kv: str(kv[0])):
             family.add_metric([key.namespace, key.name], desired)
+        return [family]
+
+
+class ScaleDecisionsCollector(Collector):
+    """``gpuwarden_policy_scale_decisions_total{namespace,policy,reason}``, read from the scaler at
+    scrape time: its ``decisions()``, the changes made or (dryRun) announced by their Events' reason."""
+
+    def __init__(self, decisions: Callable[[], Mapping[tuple[str, str, str], int]]) -> None:
+        self._decisions = decisions
+
+    def collect(self) -> Iterable[Metric]:
+        """One sample per policy and reason (each reads 0 from the policy's first reconcile)."""
+        family = CounterMetricFamily(
+            "gpuwarden_policy_scale_decisions",
+            "Scale changes made (ScaledUp, ScaledDown) or, in dryRun, announced (WouldScaleUp, "
+            "WouldScaleDown), by policy and reason.",
+            labels=["namespace", "policy", "reason"],
+        )
+        for (namespace, policy, reason), count in sorted(self._decisions().items()):
+            family.add_metric([namespace, policy, reason], count)
         return [family]

@@ -22,9 +22,21 @@ from gpuwarden.operator.kube import EventPoster, KubeApi, TokenAuthenticator
 from gpuwarden.operator.metrics import OperatorMetrics, store_gauges
 from gpuwarden.operator.pacing import Pacing, PolicySchedule
 from gpuwarden.operator.resources import PodRecord, PolicyKey
+from gpuwarden.operator.scrape import ServicePod, ServicePolicy, plan_node
 from gpuwarden.operator.sharding import Leadership, Sharding, VerdictBoard, VerdictIngest, VerdictSender
-from gpuwarden.policy import Admission, HealthStore, PodId, SeriesKey, SeriesStore, points_from_snapshot
+from gpuwarden.policy import (
+    Admission,
+    HealthStore,
+    PodId,
+    SeriesKey,
+    SeriesStore,
+    ServiceScrape,
+    ServiceStore,
+    points_from_snapshot,
+    service_scrape,
+)
 from gpuwarden.wire.node import NodeReport
+from gpuwarden.wire.scrape import ScrapeFailure, ServiceSample, dump_plan
 from gpuwarden.wire.verdicts import VerdictReport
 
 __all__ = [
@@ -80,6 +92,8 @@ class OperatorState:
     )
     health: HealthStore = field(default_factory=lambda: HealthStore(retention_seconds=MIN_RETENTION))
     """The GPUs' health (gpuHealth rules, throttling, the node view), kept as long as the series."""
+    services: ServiceStore = field(default_factory=lambda: ServiceStore(retention_seconds=MIN_RETENTION))
+    """The pods' own metrics as the agents scraped them (the service rules), kept as long as the series."""
     book: ReportBook = field(default_factory=ReportBook)
     schedule: PolicySchedule = field(default_factory=PolicySchedule)
     """The running evaluation daemons' pacing."""
@@ -87,6 +101,10 @@ class OperatorState:
     """GPU pods by (namespace, name) -> the node they run on: Kopf's ``gpu_pod_nodes`` index."""
     pods: Mapping[str, Iterable[PodRecord]] = field(default_factory=dict)
     """GPU pods by namespace -> their records: Kopf's ``gpu_pods`` index (bound at startup)."""
+    service_pods: Mapping[str, Iterable[ServicePod]] = field(default_factory=dict)
+    """GPU pods by node -> their endpoints' records: Kopf's ``service_pods`` index (bound at startup)."""
+    service_policies: Mapping[str, Iterable[ServicePolicy]] = field(default_factory=dict)
+    """Policies whose rules read the pods' own metrics, by namespace: Kopf's ``service_policies`` index."""
     pods_synced: bool = False
     """Whether ``pod_nodes`` holds every pod (Kopf listed them); until then unknown pods are let in."""
     horizons: dict[PolicyKey, float] = field(default_factory=dict)
@@ -133,7 +151,8 @@ class OperatorState:
         The GPUs' health of every timely snapshot goes into the health store as ``node``'s, whatever
         the namespaces (the node view needs all); a pod goes on a GPU there only when it would
         be let in here (so a node cannot put another node's pod on its GPUs), and an XID is held
-        to the same bounds as the snapshots.
+        to the same bounds as the snapshots. So is each pod's scrape (``Snapshot.services``), stored
+        in the service store when its pod's readings would be.
         """
         add, update = self.store.add, self.metrics.latest.update
         intake = Intake()
@@ -158,6 +177,8 @@ class OperatorState:
             if untimely is None:
                 # A GPU's health, too, keeps only what is newer than its latest: nothing from the future.
                 self.health.observe(snapshot, node=node, admission=admission)
+            if snapshot.services:
+                self._accept_services(snapshot.services, node, admission, verdicts)
             for key, point in points_from_snapshot(snapshot):
                 pod = (key.namespace, key.pod)
                 if pod in verdicts:
@@ -186,6 +207,28 @@ class OperatorState:
             self.schedule.nudge_data(namespaces)
         return intake
 
+    def _accept_services(
+        self,
+        samples: Iterable[ServiceSample],
+        node: str,
+        admission: Admission,
+        verdicts: dict[tuple[str, str], str | None],
+    ) -> None:
+        """Store the pods' scrapes of a snapshot, held to the readings' bounds: each its own time
+        within the skew and the retention, each of a pod the pod index places on the reporting node."""
+        for sample in samples:
+            at, pod = sample.at, (sample.namespace, sample.name)
+            if pod not in verdicts:
+                verdicts[pod] = self._pod_verdict(node, pod)
+            verdict = verdicts[pod]
+            if verdict == _OUT_OF_SCOPE:
+                continue
+            reason = "future" if at > admission.latest else "past" if at < admission.earliest else verdict
+            if reason is not None:
+                admission.refuse(reason)
+                continue
+            self.services.record(PodId(*pod), service_scrape(sample))
+
     def _room_for(self, key: SeriesKey) -> bool:
         """Whether ``key``'s series exists, or its pod has fewer than :data:`MAX_GPUS_PER_POD` GPUs."""
         return self.store.window(key) is not None or (
@@ -207,10 +250,24 @@ class OperatorState:
         """Another shard's verdicts on a policy owned here arrived: its daemon may evaluate."""
         self.schedule.nudge_policy_data(report.namespace, report.policy)
 
+    def scrape_plan(self, node: str) -> str | None:
+        """The JSON of ``node``'s scrape plan (:mod:`gpuwarden.operator.scrape`) for the answer to its
+        report, None when it has nothing to scrape. A selected pod with no port gets a ``NoPort`` scrape
+        (once, until another outcome or the retention replaces it): its policies' condition says so."""
+        if not self.service_policies:
+            return None  # no policy reads the pods' metrics: the common case, at no cost
+        planned = plan_node(self.service_pods.get(node, ()), self.service_policies)
+        for pod in planned.no_port:
+            kept = self.services.scrapes(pod)
+            if not kept or kept[-1].error != ScrapeFailure.NO_PORT:
+                self.services.record(pod, ServiceScrape(at=self.clock(), error=ScrapeFailure.NO_PORT.value))
+        return dump_plan(planned.plan) if planned.plan.targets else None
+
     def forget_pod(self, namespace: str, name: str) -> None:
         """A pod was deleted: drop its series and its per-pod metrics."""
         self.store.forget_pod(namespace, name)
         self.health.forget_pod(namespace, name)
+        self.services.forget_pod(PodId(namespace, name))
         self.metrics.latest.forget_pod(namespace, name)
 
     async def prune(self) -> None:
@@ -227,6 +284,7 @@ class OperatorState:
             now = self.clock()
             self.store.prune(now)
             self.health.prune(now)
+            self.services.prune(now)
 
     # -- policies --
 
@@ -252,6 +310,7 @@ class OperatorState:
         wanted = max(self.horizons.values(), default=MIN_RETENTION)
         self.store.retention_seconds = min(MAX_RETENTION, max(MIN_RETENTION, wanted))
         self.health.retention_seconds = self.store.retention_seconds
+        self.services.retention_seconds = self.store.retention_seconds
 
     def acts_on(self, key: PolicyKey) -> bool:
         """Whether this replica evaluates ``key`` (always, but in sharded mode: its owner only)."""

@@ -10,9 +10,10 @@ is not in ``__all__`` is the engine's own. Inside, by job:
 
 - ``parse``: a GPUMonitorPolicy's spec checked and typed, with the messages users read.
 - ``spec/``: the policy spec's model (``model``), the field readers behind every parser message
-  (``fields``), label selectors.
+  (``fields``), label selectors, the inference servers' metric names (``servers``).
 - ``store/``: what the engine remembers: readings per pod (``series``), GPU health records
-  (``health``), and how node reports become readings (``intake``).
+  (``health``), the pods' own metrics as scraped (``service``), and how node reports become
+  readings (``intake``).
 - ``rules/``: one module per rule kind (its parser, evaluator and :class:`RuleType`), the registry
   of them (:data:`RULE_TYPES`), and their shared vocabulary (``common``).
 - ``scaling/``: the scale decision (``decider``) and its load forecast (``predictive``, ``forecast``).
@@ -42,7 +43,7 @@ from gpuwarden.policy.findings import (
     Resolution,
     Transition,
 )
-from gpuwarden.policy.humanize import approx_duration, format_bytes
+from gpuwarden.policy.humanize import approx_duration, format_bytes, format_count, format_latency
 from gpuwarden.policy.parse import API_VERSION, KIND, SpecError, parse_policy_object, parse_spec
 from gpuwarden.policy.rules import RULE_TYPES, RuleType, rule_type
 from gpuwarden.policy.rules.anomaly import Pattern
@@ -60,7 +61,16 @@ from gpuwarden.policy.scaling.decider import (
     scale_step,
 )
 from gpuwarden.policy.scaling.predictive import WorkloadLoad
-from gpuwarden.policy.spec.model import LabelSelector, PolicySpec, ScaleAction, ScaleTargetRef
+from gpuwarden.policy.spec.model import (
+    LabelSelector,
+    PolicySpec,
+    ScaleAction,
+    ScaleTargetRef,
+    Server,
+    ServiceMetricsSource,
+)
+from gpuwarden.policy.spec.selector import selector_matches
+from gpuwarden.policy.spec.servers import service_metric_names
 from gpuwarden.policy.store.health import Admission, GpuRecord, HealthStore, Incident, IncidentKind
 from gpuwarden.policy.store.intake import (
     PROCESS_NAMESPACE,
@@ -69,6 +79,7 @@ from gpuwarden.policy.store.intake import (
     points_from_report,
     points_from_snapshot,
     process_subject,
+    service_scrape,
 )
 from gpuwarden.policy.store.series import (
     BYTES_PER_POINT,
@@ -81,6 +92,7 @@ from gpuwarden.policy.store.series import (
     UtilizationSource,
     Window,
 )
+from gpuwarden.policy.store.service import Histogram, ServiceScrape, ServiceStore
 from gpuwarden.policy.xids import CRITICAL_XIDS, describe_xid
 
 __all__ = [
@@ -106,6 +118,7 @@ __all__ = [
     "FindingTransition",
     "GpuRecord",
     "HealthStore",
+    "Histogram",
     "Incident",
     "IncidentKind",
     "LabelSelector",
@@ -127,6 +140,10 @@ __all__ = [
     "ScaleTargetRef",
     "SeriesKey",
     "SeriesStore",
+    "Server",
+    "ServiceMetricsSource",
+    "ServiceScrape",
+    "ServiceStore",
     "SpecError",
     "StepKind",
     "StoreStats",
@@ -139,6 +156,8 @@ __all__ = [
     "describe_xid",
     "evaluate_rule",
     "format_bytes",
+    "format_count",
+    "format_latency",
     "gpu_name",
     "gpu_problems",
     "horizon_seconds",
@@ -152,5 +171,8 @@ __all__ = [
     "rule_kind",
     "rule_type",
     "scale_step",
+    "selector_matches",
+    "service_metric_names",
+    "service_scrape",
     "snoozed_until",
 ]

@@ -35,12 +35,13 @@ from gpuwarden.policy.findings import (
     Transition,
 )
 from gpuwarden.policy.rules import RULE_TYPES, Memo, type_of
-from gpuwarden.policy.rules.common import Outcome, RuleKind, WindowParams, unknown
-from gpuwarden.policy.scaling.predictive import WorkloadLoad, workload_load
-from gpuwarden.policy.spec.model import PolicySpec, Rule
+from gpuwarden.policy.rules.common import Outcome, RuleKind, Services, WindowParams, unknown
+from gpuwarden.policy.scaling.predictive import WorkloadLoad, request_load, workload_load
+from gpuwarden.policy.spec.model import ForecastLoad, PolicySpec, Rule
 from gpuwarden.policy.spec.selector import selector_matches
 from gpuwarden.policy.store.health import HealthStore
 from gpuwarden.policy.store.series import PodId, SeriesKey, SeriesStore, Window
+from gpuwarden.policy.store.service import ServiceStore
 
 SNOOZE_PREFIX = "snooze.gpuwarden.dev/"
 """Annotation prefix; the rule's name follows it."""
@@ -117,14 +118,17 @@ def evaluate_rule(
     params: WindowParams,
     memo: Memo | None = None,
     health: HealthStore | None = None,
+    services: Services | None = None,
 ) -> Outcome:
     """Judge one rule for one pod (its kind's evaluator); ``memo`` is what its kind keeps between
     evaluations (memoryGrowth: a :class:`~gpuwarden.policy.rules.growth.GrowthCache`), if any.
 
     ``health`` is what gpuHealth judges, and what puts throttling beside utilization findings
     (:mod:`gpuwarden.policy.rules.gpu_health`); without it gpuHealth has nothing to judge.
+    ``services``: the pods' own metrics, what the service kinds judge (requestLatency,
+    requestQueue, kvCacheUsage); without them those have nothing to judge.
     """
-    return type_of(rule).evaluate(rule, pod, series, now, params, memo, health)
+    return type_of(rule).evaluate(rule, pod, series, now, params, memo, health, services)
 
 
 def snoozed_until(annotations: Mapping[str, str], rule_name: str) -> float | None:
@@ -202,7 +206,13 @@ class PolicyEvaluator:
         return present, selected
 
     def judge(
-        self, pods: Iterable[PodView], store: SeriesStore, now: float, health: HealthStore | None = None
+        self,
+        pods: Iterable[PodView],
+        store: SeriesStore,
+        now: float,
+        health: HealthStore | None = None,
+        *,
+        services: ServiceStore | None = None,
     ) -> dict[PodId, list[Outcome]]:
         """Every rule's outcome on every selected pod as of ``now``, findings left alone.
 
@@ -210,6 +220,7 @@ class PolicyEvaluator:
         snoozed on a pod is left out (the owner sees the annotation too).
         """
         _, selected = self._select(pods)
+        scrapes = None if services is None else Services(services, tuple(sorted(selected)))
         judged: dict[PodId, list[Outcome]] = {}
         for pod_id in sorted(selected):
             pod = selected[pod_id]
@@ -222,7 +233,7 @@ class PolicyEvaluator:
                     if until is not None and now < until:
                         continue
                 memo = self._memos.get(rule_kind(rule))
-                out.append(evaluate_rule(rule, pod_id, series, now, self.params, memo, health))
+                out.append(evaluate_rule(rule, pod_id, series, now, self.params, memo, health, scrapes))
         self._sweep()
         return judged
 
@@ -238,10 +249,12 @@ class PolicyEvaluator:
         health: HealthStore | None = None,
         *,
         elsewhere: Mapping[PodId, Sequence[Outcome]] | None = None,
+        services: ServiceStore | None = None,
     ) -> Evaluation:
         """Apply every rule to every selected pod as of ``now``; return the transitions and verdicts.
 
         ``health``: the GPUs' health (gpuHealth rules, throttling beside utilization findings).
+        ``services``: the pods' own metrics as scraped (requestLatency, requestQueue, kvCacheUsage).
         ``elsewhere``: pods judged by another shard (sharded mode), with the outcomes it sent
         (:meth:`judge`); the rules are not run on them here, and a rule with no outcome among
         theirs had nothing to judge.
@@ -256,6 +269,10 @@ class PolicyEvaluator:
         ]
         present, selected = self._select(pods)
         remote = elsewhere or {}
+        # A per-replica figure is over the pods judged here (another shard's send their verdicts).
+        scrapes: Services | None = None
+        if services is not None:
+            scrapes = Services(services, tuple(p for p in sorted(selected) if p not in remote))
 
         transitions: list[FindingTransition] = []
         outcomes: list[Outcome] = []
@@ -277,7 +294,7 @@ class PolicyEvaluator:
                         _append(transitions, tracker.resolve(key, Resolution.SNOOZED, now))
                         continue
                 if sent is None:
-                    outcome = evaluate_rule(rule, pod_id, series, now, self.params, memo, health)
+                    outcome = evaluate_rule(rule, pod_id, series, now, self.params, memo, health, scrapes)
                 else:
                     outcome = by_rule.get(rule.name) or unknown(rule.name, kind, pod_id, 0.0, "")
                 outcomes.append(outcome)
@@ -301,14 +318,20 @@ class PolicyEvaluator:
         self._sweep()
         scale = self.spec.actions.scale
         load = None
+        interval = self.spec.evaluation_interval_seconds
         if scale is not None and scale.forecast is not None:
-            load = workload_load(
-                (store.series_of(*pod_id) for pod_id in sorted(selected)),
-                scale.forecast,
-                now,
-                self.spec.evaluation_interval_seconds,
-                self.params,
-            )
+            if scale.forecast.load is ForecastLoad.REQUESTS:
+                if services is not None:
+                    every = Services(services, tuple(sorted(selected)))
+                    load = request_load(every, scale.forecast, now, interval, self.params)
+            else:
+                load = workload_load(
+                    (store.series_of(*pod_id) for pod_id in sorted(selected)),
+                    scale.forecast,
+                    now,
+                    interval,
+                    self.params,
+                )
         active = tracker.active()
         violating = sorted({PodId(f.namespace, f.pod) for f in active})
         return Evaluation(

@@ -1,4 +1,5 @@
-"""Numbers as people read them in findings' messages: ``212Mi``, ``1.5Gi``, about ``14m``, ``12:03:04Z``."""
+"""Numbers as people read them in findings' messages: ``212Mi``, ``1.5Gi``, about ``14m``, ``12:03:04Z``,
+``3.4s``."""
 
 from __future__ import annotations
 
@@ -51,3 +52,15 @@ def time_of_day(epoch: float) -> str:
     Absolute, not "4m ago": a message that does not change with time is written once.
     """
     return datetime.fromtimestamp(epoch, UTC).strftime("%H:%M:%SZ")
+
+
+def format_latency(seconds: float) -> str:
+    """A latency for a message, to three significant digits: ``850ms``, ``3.4s``, ``12.5s``."""
+    if seconds < 1:
+        return f"{_significant(seconds * 1000)}ms"
+    return f"{_significant(seconds)}s"
+
+
+def format_count(n: float) -> str:
+    """A count or a mean of counts, to three significant digits: ``12``, ``7.5``, ``0.25``."""
+    return _significant(n)

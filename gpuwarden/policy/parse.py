@@ -7,9 +7,10 @@ Every error is a :class:`SpecError` naming the field, in the API server's path n
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuwarden.policy.rules import RULE_TYPES, RuleType, type_of
@@ -22,6 +23,7 @@ from gpuwarden.policy.spec.fields import (
     did_you_mean,
     duration,
     integer,
+    member,
     number,
     show,
     string,
@@ -32,17 +34,24 @@ from gpuwarden.policy.spec.model import (
     BUCKET_SECONDS,
     MAX_STEPS,
     Actions,
+    ForecastLoad,
     LabelRequirement,
     LabelSelector,
     PolicySpec,
+    RequestLatency,
     Rule,
     ScaleAction,
     ScaleDirection,
     ScaleForecast,
     ScaleTargetRef,
+    Server,
+    ServiceMetricsSource,
+    ServiceRule,
+    Signal,
     UtilizationCeiling,
     UtilizationFloor,
 )
+from gpuwarden.policy.spec.servers import Metric, request_counters, rule_metric
 from gpuwarden.units import format_duration
 
 __all__ = [
@@ -70,6 +79,9 @@ MIN_RENOTIFY_INTERVAL = 60.0
 # A forecast looks at least one evaluation ahead and at most as far as it forecasts (model.MAX_STEPS).
 MIN_FORECAST_HORIZON = 10.0
 MAX_FORECAST_HORIZON = MAX_STEPS * BUCKET_SECONDS
+MIN_SCRAPE_INTERVAL = 1.0
+MAX_METRICS_PATH = 256
+MAX_REQUEST_RATE = 1_000_000.0
 
 # The CRD's scalar defaults, by the schema path of the object that holds them. The API server fills them
 # in; local mode's policy files never went through one, so the parser does. tests/unit/test_crd_schema.py
@@ -78,11 +90,12 @@ MAX_FORECAST_HORIZON = MAX_STEPS * BUCKET_SECONDS
 DEFAULTS: Mapping[str, Mapping[str, Any]] = {
     ".spec": {"evaluationInterval": "10s"},
     **{f".spec.rules[].{t.key}": t.defaults for t in RULE_TYPES},
+    ".spec.serviceMetrics": {"scheme": "http"},
     ".spec.actions": {"events": True, "renotifyInterval": "1h"},
     ".spec.actions.scale": {"minReplicas": 1, "scaleUpMinPods": 1, "dryRun": False},
     ".spec.actions.scale.behavior.scaleUp": {"stabilizationWindow": "0s", "step": 1, "cooldown": "1m"},
     ".spec.actions.scale.behavior.scaleDown": {"stabilizationWindow": "5m", "step": 1, "cooldown": "5m"},
-    ".spec.actions.scale.forecast": {"maxUncertainty": 20},
+    ".spec.actions.scale.forecast": {"maxUncertainty": 20, "load": "utilization"},
 }
 _SPEC = DEFAULTS[".spec"]
 _ACTIONS = DEFAULTS[".spec.actions"]
@@ -90,6 +103,7 @@ _SCALE = DEFAULTS[".spec.actions.scale"]
 _SCALE_UP = DEFAULTS[".spec.actions.scale.behavior.scaleUp"]
 _SCALE_DOWN = DEFAULTS[".spec.actions.scale.behavior.scaleDown"]
 _FORECAST = DEFAULTS[".spec.actions.scale.forecast"]
+_SERVICE_METRICS = DEFAULTS[".spec.serviceMetrics"]
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -98,6 +112,15 @@ _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 _KIND = re.compile(r"[A-Z][A-Za-z0-9]*")
 _MIN_PODS_PERCENT = re.compile(r"(100|[1-9][0-9]?)%")
 _STEP_PERCENT = re.compile(r"[1-9][0-9]{0,2}%")
+_METRICS_PATH = re.compile(r"/[!$&'()*+,;=:@A-Za-z0-9._~/%-]*")
+
+
+class Scheme(enum.StrEnum):
+    """serviceMetrics.scheme."""
+
+    HTTP = "http"
+    HTTPS = "https"
+
 
 _OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 _RULE_TYPES: Mapping[str, RuleType[Any]] = {t.key: t for t in RULE_TYPES}
@@ -110,15 +133,29 @@ def parse_spec(spec: Mapping[str, Any], *, path: str = "spec") -> PolicySpec:
     including unknown fields, duplicate rule names and scale actions naming rules that do not exist.
     """
     spec = as_object(spec, path)
-    check_fields(spec, path, ("selector", "evaluationInterval", "rules", "actions"), ("selector", "rules"))
+    check_fields(
+        spec,
+        path,
+        ("selector", "evaluationInterval", "serviceMetrics", "rules", "actions"),
+        ("selector", "rules"),
+    )
     selector = parse_selector(spec["selector"], path=f"{path}.selector")
     interval = duration(
         spec, "evaluationInterval", path, _SPEC["evaluationInterval"], minimum=MIN_EVALUATION_INTERVAL
     )
-    rules = _rules(spec["rules"], f"{path}.rules")
+    source = None
+    if spec.get("serviceMetrics") is not None:
+        source = _service_metrics(spec["serviceMetrics"], f"{path}.serviceMetrics")
+    rules = _with_servers(_rules(spec["rules"], f"{path}.rules"), source, path)
     _check_windows(rules, interval, f"{path}.rules")
     actions = _actions(spec.get("actions"), f"{path}.actions", rules)
-    return PolicySpec(selector=selector, rules=rules, evaluation_interval_seconds=interval, actions=actions)
+    return PolicySpec(
+        selector=selector,
+        rules=rules,
+        evaluation_interval_seconds=interval,
+        actions=actions,
+        service_metrics=source,
+    )
 
 
 def parse_selector(selector: Any, *, path: str = "selector") -> LabelSelector:
@@ -183,6 +220,34 @@ def parse_policy_object(doc: Any) -> PolicyObject:
     return PolicyObject(name, namespace, parse_spec(obj["spec"]))
 
 
+# --- service metrics ---------------------------------------------------------------------------------
+
+
+def _service_metrics(value: Any, path: str) -> ServiceMetricsSource:
+    """spec.serviceMetrics: where to scrape the pods' own metrics, and the service rules' preset."""
+    obj = as_object(value, path)
+    check_fields(obj, path, ("port", "path", "scheme", "interval", "server"))
+    port = None if obj.get("port") is None else integer(obj, "port", path, None, 1, 65535)
+    metrics_path = None
+    if obj.get("path") is not None:
+        metrics_path = string(obj, "path", path, max_length=MAX_METRICS_PATH)
+        if not _METRICS_PATH.fullmatch(metrics_path):
+            raise SpecError(
+                f"{path}.path",
+                f"{show(metrics_path)} is not a URL path such as /metrics (no query, no space)",
+            )
+    interval = None
+    if obj.get("interval") is not None:
+        interval = duration(obj, "interval", path, "0s", minimum=MIN_SCRAPE_INTERVAL)
+    return ServiceMetricsSource(
+        port=port,
+        path=metrics_path,
+        scheme=member(Scheme, value_or(obj, "scheme", _SERVICE_METRICS["scheme"]), f"{path}.scheme").value,
+        interval_seconds=interval,
+        server=None if obj.get("server") is None else member(Server, obj["server"], f"{path}.server"),
+    )
+
+
 # --- rules -------------------------------------------------------------------------------------------
 
 
@@ -203,6 +268,32 @@ def _rules(value: Any, path: str) -> tuple[Rule, ...]:
         seen[rule.name] = i
         rules.append(rule)
     return tuple(rules)
+
+
+def _with_servers(
+    rules: tuple[Rule, ...], source: ServiceMetricsSource | None, path: str
+) -> tuple[Rule, ...]:
+    """The service rules that name neither ``server`` nor ``metric`` take ``serviceMetrics.server``; each
+    must then read a metric its server exports (Triton has no end-to-end latency histogram)."""
+    default = None if source is None else source.server
+    out: list[Rule] = []
+    for i, rule in enumerate(rules):
+        if isinstance(rule, ServiceRule):
+            field = f"{path}.rules[{i}].{type_of(rule).key}"
+            if rule.server is None and rule.metric is None:
+                if default is None:
+                    raise SpecError(
+                        field,
+                        "names no metric: set its server (one of vllm, sglang, triton, tgi) or its metric,"
+                        " or spec.serviceMetrics.server",
+                    )
+                rule = replace(rule, server=default)
+            found = rule_metric(rule)
+            if isinstance(found, str):
+                culprit = "latency" if isinstance(rule, RequestLatency) else "server"
+                raise SpecError(f"{field}.{culprit}", found)
+        out.append(rule)
+    return tuple(out)
 
 
 def _check_windows(rules: Sequence[Rule], interval: float, path: str) -> None:
@@ -292,10 +383,17 @@ def _scale(value: Any, path: str, rules: Sequence[Rule]) -> ScaleAction:
     down_on = _rule_refs(obj, "scaleDownOn", path, rule_names)
     if not up_on and not down_on:
         raise SpecError(path, "scale needs at least one rule in scaleUpOn or scaleDownOn")
+    by_name = {r.name: r for r in rules}
     for i, rule in enumerate(down_on):
         if rule in up_on:
             raise SpecError(
                 f"{path}.scaleDownOn[{i}]", f'"{rule}" is also in scaleUpOn; a rule cannot be in both'
+            )
+        if isinstance(by_name[rule], ServiceRule):
+            raise SpecError(
+                f"{path}.scaleDownOn[{i}]",
+                f'"{rule}" is a {type_of(by_name[rule]).key} rule: it fires when the service is short of'
+                " replicas, so it can only scale up (scale down on a utilizationFloor rule)",
             )
     min_pods, min_pods_percent = _count_or_percent(
         obj, "scaleUpMinPods", path, _SCALE["scaleUpMinPods"], _MIN_PODS_PERCENT, "1% to 100%"
@@ -324,9 +422,21 @@ def _scale(value: Any, path: str, rules: Sequence[Rule]) -> ScaleAction:
 def _forecast(
     value: Any, path: str, rules: Sequence[Rule], up_on: Sequence[str], down_on: Sequence[str]
 ) -> ScaleForecast:
-    """scale.forecast, its ceiling and floor taken from the first utilization rules scale names."""
+    """scale.forecast, its ceiling and floor taken from the first utilization rules scale names
+    (requests load: its ceiling is requestsPerReplica)."""
     obj = as_object(value, path)
-    check_fields(obj, path, ("horizon", "maxUncertainty"))
+    check_fields(obj, path, ("horizon", "maxUncertainty", "load", "requestsPerReplica"))
+    load = member(ForecastLoad, value_or(obj, "load", _FORECAST["load"]), f"{path}.load")
+    horizon = None
+    if obj.get("horizon") is not None:
+        horizon = duration(obj, "horizon", path, "0s", minimum=MIN_FORECAST_HORIZON)
+        if horizon > MAX_FORECAST_HORIZON:
+            raise SpecError(f"{path}.horizon", f"must be at most {format_duration(MAX_FORECAST_HORIZON)}")
+    uncertainty = number(obj, "maxUncertainty", path, _FORECAST["maxUncertainty"], 1, 100)
+    if load is ForecastLoad.REQUESTS:
+        return _request_forecast(obj, path, rules, up_on, horizon, uncertainty)
+    if obj.get("requestsPerReplica") is not None:
+        raise SpecError(f"{path}.requestsPerReplica", "is for load: requests only")
     by_name = {r.name: r for r in rules}
     ceilings = [r for n in up_on if isinstance(r := by_name[n], UtilizationCeiling)]
     floors = [r for n in down_on if isinstance(r := by_name[n], UtilizationFloor)]
@@ -337,11 +447,6 @@ def _forecast(
         )
     ceiling = ceilings[0]
     floor = floors[0] if floors else None
-    horizon = None
-    if obj.get("horizon") is not None:
-        horizon = duration(obj, "horizon", path, "0s", minimum=MIN_FORECAST_HORIZON)
-        if horizon > MAX_FORECAST_HORIZON:
-            raise SpecError(f"{path}.horizon", f"must be at most {format_duration(MAX_FORECAST_HORIZON)}")
     return ScaleForecast(
         ceiling_rule=ceiling.name,
         ceiling_percent=ceiling.percent,
@@ -349,7 +454,52 @@ def _forecast(
         floor_rule=None if floor is None else floor.name,
         floor_percent=None if floor is None else floor.percent,
         horizon_seconds=horizon,
-        max_uncertainty=number(obj, "maxUncertainty", path, _FORECAST["maxUncertainty"], 1, 100),
+        max_uncertainty=uncertainty,
+    )
+
+
+def _request_forecast(
+    obj: Mapping[str, Any],
+    path: str,
+    rules: Sequence[Rule],
+    up_on: Sequence[str],
+    horizon: float | None,
+    uncertainty: float,
+) -> ScaleForecast:
+    """A forecast of the requests the pods serve: their servers' counters of requests served, else
+    the count of the latency histograms their rules read."""
+    if obj.get("requestsPerReplica") is None:
+        raise SpecError(f"{path}.requestsPerReplica", "required field is missing with load: requests")
+    per_replica = number(obj, "requestsPerReplica", path, None, 0, MAX_REQUEST_RATE)
+    if per_replica <= 0:
+        raise SpecError(f"{path}.requestsPerReplica", "must be above 0")
+    by_name = {r.name: r for r in rules}
+    service = [r for r in rules if isinstance(r, ServiceRule)]
+    if not any(isinstance(by_name[n], ServiceRule) for n in up_on):
+        raise SpecError(
+            path,
+            "forecast with load: requests needs a requestLatency, requestQueue or kvCacheUsage rule in"
+            " scaleUpOn: the pods it reads are scraped, and their server says where the rate is read",
+        )
+    servers = [r.server for r in service if r.server is not None and r.metric is None]
+    histograms = [
+        m for r in service if isinstance(r, RequestLatency) and isinstance(m := rule_metric(r), Metric)
+    ]
+    names = (*request_counters(servers), *(n for m in histograms for n in m.names))
+    if not names:
+        raise SpecError(
+            f"{path}.load",
+            "no request rate to read: no rule names a server (whose counter of requests served is"
+            " read) nor a requestLatency histogram (whose count is)",
+        )
+    return ScaleForecast(
+        ceiling_rule=next(n for n in up_on if isinstance(by_name[n], ServiceRule)),
+        ceiling_percent=per_replica,
+        signal=Signal.AUTO,
+        horizon_seconds=horizon,
+        max_uncertainty=uncertainty,
+        load=ForecastLoad.REQUESTS,
+        request_metrics=tuple(dict.fromkeys(names)),
     )
 
 

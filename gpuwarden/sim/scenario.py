@@ -6,6 +6,10 @@ live agent plays it in real time (``--backend scripted --scenario FILE``, throug
 :meth:`Scenario.snapshot` at any ``t`` without sleeping. Noise is drawn from a hash of (seed,
 GPU, signal, whole second), so the same file and ``t`` always give the same reading, in any
 order and in any process. The file format is :mod:`gpuwarden.sim.spec`'s.
+
+One thing is played forward instead: a served Deployment's requests (``service:``), whose queues
+depend on every request before; :meth:`Scenario.service_metrics` must be asked at times that
+never go back.
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ import yaml
 from pydantic import ValidationError
 
 from gpuwarden.sim.scenarios import PACKAGED as PACKAGED  # re-exported: the names load_scenario takes
+from gpuwarden.sim.service import ReplicaMetrics
 from gpuwarden.sim.signals import Signal, gauss
 from gpuwarden.sim.spec import Ecc, GpuSpec, HealthEvent, ScenarioSpec, Throttle, Xid
-from gpuwarden.sim.workloads import Deployment, ScenarioPod, ScenarioProcess
+from gpuwarden.sim.workloads import Deployment, ScenarioPod, ScenarioProcess, Service
 from gpuwarden.wire.base import first_error
 from gpuwarden.wire.node import (
     DeviceState,
@@ -128,6 +133,8 @@ class Scenario:
                 )
             )
         self.deployments = [Deployment(d, seed) for d in spec.deployments]
+        self.services = [Service(d, d.spec.service, seed) for d in self.deployments if d.spec.service]
+        """The served Deployments' requests (those with ``service:``), in file order."""
         self._replica_gpus = {uuid: (d, i) for d in self.deployments for i, uuid in enumerate(d.spec.gpus)}
         self.pods: list[ScenarioPod] = []
         for p in spec.pods:
@@ -177,6 +184,22 @@ class Scenario:
                 process = ScenarioProcess(spec.pid + i, spec.command, uuid, 1.0, ref)
                 pod = d.pods[i, since] = ScenarioPod(ref, labels, {}, (uuid,), (process,), since, None, None)
             out.append(pod)
+        return out
+
+    def service_metrics(self, t: float) -> list[tuple[PodRef, ReplicaMetrics]]:
+        """What each serving replica of a served Deployment exports at ``t`` (vLLM's metrics, from
+        :mod:`gpuwarden.sim.service`'s model), every request up to ``t`` played; replicas still
+        loading their model export nothing yet. Played forward: ``t`` must never go back."""
+        out = []
+        for service in self.services:
+            spec = service.deployment.spec
+            for index, metrics in service.metrics(t):
+                ref = PodRef(
+                    namespace=spec.namespace,
+                    name=service.deployment.pod_name(index),
+                    container=spec.container,
+                )
+                out.append((ref, metrics))
         return out
 
     def scale(self, namespace: str, name: str, replicas: int, t: float) -> bool:

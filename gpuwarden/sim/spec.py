@@ -276,6 +276,31 @@ class PodSpec(_Spec):
     """The pod's host (CPU) memory over time, reported as ``podHostMemory``."""
 
 
+class ServiceSpec(_Spec):
+    """A Deployment's replicas as inference servers (:mod:`gpuwarden.sim.service`'s model, one per
+    serving replica): the Deployment's ``load`` is then also its request rate, 100 being what one
+    replica serves with a full batch, spread round-robin over the replicas that serve. What they
+    export (vLLM's metrics) is :meth:`~gpuwarden.sim.scenario.Scenario.service_metrics`'s.
+    """
+
+    max_batch: int = Field(default=16, ge=1, le=1024)
+    prefill: Seconds = 0.1
+    """Time to first token of a request served alone."""
+    token_time: Seconds = 0.02
+    """Time between output tokens of a request served alone."""
+    batch_slowdown: float = Field(default=0.6, ge=0, le=10)
+    mean_prompt_tokens: int = Field(default=512, ge=1, le=65536)
+    mean_output_tokens: int = Field(default=128, ge=1, le=65536)
+    """The requests' mean output length that ``load`` is counted in: at 100, one replica's full
+    batch of requests this long."""
+    output_tokens: list[Piece] | None = None
+    """The requests' mean output length over time (default: ``meanOutputTokens`` throughout). Longer
+    answers at the same request rate fill the batches and the queue; the GPU readings, which follow
+    ``load``, do not show it, as a memory-bound decode keeps a GPU as busy with 10 sequences as with 16."""
+    token_spread: float = Field(default=0.5, ge=0, le=3)
+    """Sigma of the log-normal that each request's token counts are drawn from."""
+
+
 class DeploymentSpec(_Spec):
     """A Deployment whose replicas share one load: replica ``i`` is a pod on ``gpus[i]``.
 
@@ -298,6 +323,8 @@ class DeploymentSpec(_Spec):
     command: str = Field(default="", max_length=4096)
     pid: int = Field(ge=1)
     """The first replica's process id; replica ``i`` runs ``pid + i``."""
+    service: ServiceSpec | None = None
+    """Its replicas serve requests, queue them and export vLLM's metrics; None: GPU readings only."""
 
 
 class ScenarioSpec(_Spec):
@@ -346,6 +373,9 @@ class ScenarioSpec(_Spec):
             pids.update(theirs)
             if d.load[0].at != 0 or [p.at for p in d.load] != sorted(p.at for p in d.load):
                 raise ValueError(f"{where} load: pieces must start at 0 and go forward")
+            output = d.service.output_tokens if d.service is not None else None
+            if output and (output[0].at != 0 or [p.at for p in output] != sorted(p.at for p in output)):
+                raise ValueError(f"{where} service.outputTokens: pieces must start at 0 and go forward")
         for spec in self.gpus:
             for label, pieces in (("utilization", spec.utilization), ("memory", spec.memory)):
                 ats = [p.at for p in pieces]

@@ -22,13 +22,15 @@ from typing import Annotated
 from pydantic import Field
 
 from gpuwarden.wire.base import MAX_COUNT, MAX_TIMESTAMP, Bytes, WireModel, parse_strict
+from gpuwarden.wire.scrape import MAX_TARGETS, ServiceSample
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """The ``schemaVersion`` this build sends; bumped on any change an older operator would refuse."""
 
-ACCEPTED_SCHEMA_VERSIONS = frozenset({1, 2, 3, 4, 5})
+ACCEPTED_SCHEMA_VERSIONS = frozenset({1, 2, 3, 4, 5, 6})
 """What the operator accepts: version 2 added ``GpuSample.health``, version 3 ``ProcessSample.hook``,
-version 4 ``PodRef.claim``, version 5 ``HookSample.host_limit_bytes``; an older report lacks them.
+version 4 ``PodRef.claim``, version 5 ``HookSample.host_limit_bytes``, version 6 ``Snapshot.services``
+(the pods' own metrics, :mod:`gpuwarden.wire.scrape`); an older report lacks them.
 Upgrade the operator before the agents (an older operator refuses a newer version by its number)."""
 
 MAX_SNAPSHOTS_PER_REPORT = 3600
@@ -218,6 +220,9 @@ class Snapshot(WireModel):
     """
     gpus: list[GpuSample] = Field(max_length=64)
     pod_host_memory: list[PodHostMemory] = Field(default_factory=list, max_length=1024)
+    services: list[ServiceSample] | None = Field(default=None, max_length=MAX_TARGETS)
+    """The pods' metrics the agent scraped since the previous snapshot (schema version 6; the operator's
+    plan says which, :class:`~gpuwarden.wire.scrape.ScrapePlan`); None, and not sent, when none."""
 
 
 class NodeReport(WireModel):
@@ -233,9 +238,9 @@ class NodeReport(WireModel):
 
 
 REFUSALS = ("future", "past", "foreignPod", "unknownPod", "tooManyGpus", "tooManyPods")
-"""Why the operator leaves readings (and XIDs, pods on a GPU) of an accepted report unstored (its
-answer's ``refused``): a timestamp ahead of its clock by more than its skew, or older than its
-retention; a pod the API places on another node than the reporting one, or does not know; a GPU
+"""Why the operator leaves readings (and XIDs, pods on a GPU, pods' scrapes) of an accepted report
+unstored (its answer's ``refused``): a timestamp ahead of its clock by more than its skew, or older
+than its retention; a pod the API places on another node than the reporting one, or does not know; a GPU
 past the node's or a pod's bound, or a pod past a GPU's (docs/operator.md, "Bounds")."""
 
 
@@ -272,6 +277,9 @@ def parse_report(body: bytes | str) -> NodeReport:
     ):
         v = report.schema_version
         raise ReportError(f"hostLimitBytes: not part of schemaVersion {v} (send schemaVersion 5)")
+    if report.schema_version < 6 and any(s.services for s in report.snapshots):
+        v = report.schema_version
+        raise ReportError(f"services: not part of schemaVersion {v} (send schemaVersion 6)")
     return report
 
 

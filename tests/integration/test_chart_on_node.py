@@ -162,14 +162,44 @@ class Installed:
         )
 
 
-@pytest.fixture(scope="module")
-def installed(node: Node) -> Iterator[Installed]:
+def prepare(node: Node, prefix: str) -> str:
+    """The node ready for the chart (our images imported, labelled as a GPU node) and a workloads'
+    namespace of its own (``<prefix>-NNNNN``, its default ServiceAccount made); also
+    test_service_metrics.py's."""
     cp = node.control_plane
     for image in (node.images.agent, node.images.operator):
         node.import_image(image.archive)
     cp.kubectl("label", "node", node.name, f"{GPU_PRESENT}=true", "--overwrite", check=True)
-    namespace = cp.create_namespace(f"inference-{int(time.time()) % 100000}")
+    namespace = cp.create_namespace(f"{prefix}-{int(time.time()) % 100000}")
     cp.kubectl("wait", "--for=create", "serviceaccount/default", "-n", namespace, "--timeout=60s", check=True)
+    return namespace
+
+
+def helm_install(node: Node) -> None:
+    """``helm install`` of the chart with :func:`values`; the CRDs are Established when it returns."""
+    cp = node.control_plane
+    # An earlier module's release namespace may still be terminating (tear_down does not wait for it).
+    cp.kubectl("wait", "--for=delete", f"namespace/{SYSTEM}", "--timeout=120s", check=True, timeout=150)
+    helm = cp.run_helm(
+        "install", RELEASE, str(CHART), "--namespace", SYSTEM, "--create-namespace", "-f", "-",
+        input=yaml.safe_dump(values(node)), timeout=180,
+    )  # fmt: skip
+    assert helm.returncode == 0, f"helm install: {helm.stderr}"
+
+
+def tear_down(node: Node, namespace: str) -> None:
+    """The workloads' namespace (its policies first, while the operator runs: their finalizers are the
+    operator's to remove), the release, its namespace, the node's label."""
+    cp = node.control_plane
+    cp.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=90s", timeout=120)
+    cp.run_helm("uninstall", RELEASE, "--namespace", SYSTEM, "--wait", "--timeout=90s", timeout=120)
+    cp.kubectl("delete", "namespace", SYSTEM, "--wait=false")
+    cp.kubectl("label", "node", node.name, f"{GPU_PRESENT}-")
+
+
+@pytest.fixture(scope="module")
+def installed(node: Node) -> Iterator[Installed]:
+    namespace = prepare(node, "inference")
     apply(
         node,
         namespace,
@@ -187,22 +217,14 @@ def installed(node: Node) -> Iterator[Installed]:
     wait(node, namespace, "--for=condition=Available", f"deployment/{APP}")
 
     installed_at = time.time()
-    helm = cp.run_helm(
-        "install", RELEASE, str(CHART), "--namespace", SYSTEM, "--create-namespace", "-f", "-",
-        input=yaml.safe_dump(values(node)), timeout=180,
-    )  # fmt: skip
-    assert helm.returncode == 0, f"helm install: {helm.stderr}"
+    helm_install(node)
     # helm installs the CRDs first and waits for them to be Established: the policy is accepted now.
     apply(node, namespace, policy(namespace, hi=REPLICAS + 1, interval="1s"))
     world = Installed(node, namespace, installed_at)
     try:
         yield world
     finally:
-        # The policy first, while the operator runs: its finalizer is the operator's to remove.
-        cp.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=90s", timeout=120)
-        cp.run_helm("uninstall", RELEASE, "--namespace", SYSTEM, "--wait", "--timeout=90s", timeout=120)
-        cp.kubectl("delete", "namespace", SYSTEM, "--wait=false")
-        cp.kubectl("label", "node", node.name, f"{GPU_PRESENT}-")
+        tear_down(node, namespace)
 
 
 def test_the_agent_and_the_operator_pods_become_ready(installed: Installed) -> None:

@@ -171,7 +171,7 @@ def test_forecast_and_anomaly_are_valid_and_defaulted(
     created = create(control_plane, namespace, policy)
     assert created.returncode == 0, created.stderr
     spec = get_json(control_plane, namespace, "ahead")["spec"]
-    assert spec["actions"]["scale"]["forecast"] == {"maxUncertainty": 20}
+    assert spec["actions"]["scale"]["forecast"] == {"load": "utilization", "maxUncertainty": 20}
     assert spec["rules"][4]["anomaly"] == {
         "metric": "utilization",
         "window": "30m",
@@ -193,6 +193,46 @@ def test_forecast_and_anomaly_are_valid_and_defaulted(
         95.0,
     )
     assert (f.floor_rule, f.floor_percent) == ("idle-gpu", 20.0)
+
+
+def test_service_rules_are_valid_and_defaulted(control_plane: ControlPlane, crd: str, namespace: str) -> None:
+    policy = base_policy("service")
+    policy["spec"]["serviceMetrics"] = {"server": "vllm", "port": 8000}
+    policy["spec"]["rules"] += [
+        {"name": "slow", "requestLatency": {"percentile": 99, "threshold": "2s"}},
+        {"name": "queue", "requestQueue": {"limit": 5}},
+        {"name": "kv", "kvCacheUsage": {"percent": 90, "metric": "my_kv", "unit": "percent"}},
+    ]
+    policy["spec"]["actions"]["scale"]["scaleUpOn"] = ["slow", "queue"]
+    policy["spec"]["actions"]["scale"]["forecast"] = {"load": "requests", "requestsPerReplica": 4}
+    created = create(control_plane, namespace, policy)
+    assert created.returncode == 0, created.stderr
+    stored = get_json(control_plane, namespace, "service")["spec"]
+    assert stored["serviceMetrics"] == {"server": "vllm", "port": 8000, "scheme": "http"}
+    rules = {r["name"]: r for r in stored["rules"]}
+    assert rules["slow"]["requestLatency"] == {
+        "percentile": 99,
+        "threshold": "2s",
+        "window": "5m",
+        "for": "2m",
+        "latency": "endToEnd",
+        "hysteresis": 10,
+    }
+    assert rules["queue"]["requestQueue"] == {"limit": 5, "for": "1m", "per": "replica", "hysteresis": 10}
+    assert rules["kv"]["kvCacheUsage"] == {
+        "percent": 90,
+        "for": "2m",
+        "metric": "my_kv",
+        "unit": "percent",
+        "hysteresis": 5,
+    }
+    assert stored["actions"]["scale"]["forecast"] == {
+        "load": "requests",
+        "requestsPerReplica": 4,
+        "maxUncertainty": 20,
+    }
+    # What the API server stored, the parser reads alike (the operator's view of it).
+    assert parse_spec(stored).service_metrics is not None
 
 
 def test_gpu_health_is_defaulted(control_plane: ControlPlane, crd: str, namespace: str) -> None:
@@ -552,6 +592,108 @@ INVALID: list[tuple[str, Callable[[Policy], None], str]] = [
         _set("spec.selector.matchExpressions", [{"key": "tier", "operator": "Maybe"}]),
         'spec.selector.matchExpressions[0].operator: Unsupported value: "Maybe"',
     ),
+    # The rules on the pods' own metrics (issue 30) and where they are scraped.
+    (
+        "service-rule-without-a-metric",
+        _set("spec.rules.3", {"name": "slow", "requestLatency": {"percentile": 99, "threshold": "2s"}}),
+        "a requestLatency, requestQueue or kvCacheUsage rule names no metric: set its server",
+    ),
+    (
+        "latency-percentile-unknown",
+        _set(
+            "spec.rules.3",
+            {"name": "slow", "requestLatency": {"percentile": 98, "threshold": "2s", "server": "vllm"}},
+        ),
+        "spec.rules[3].requestLatency.percentile: Unsupported value: 98",
+    ),
+    (
+        "latency-threshold-zero",
+        _set(
+            "spec.rules.3",
+            {"name": "slow", "requestLatency": {"percentile": 99, "threshold": "0s", "server": "vllm"}},
+        ),
+        "threshold must be at least 1ms",
+    ),
+    (
+        "latency-triton-end-to-end",
+        _set(
+            "spec.rules.3",
+            {"name": "slow", "requestLatency": {"percentile": 99, "threshold": "2s", "server": "triton"}},
+        ),
+        "spec.rules[3].requestLatency.latency: Invalid value: Triton exports no end-to-end",
+    ),
+    (
+        "latency-window-shorter-than-the-interval",
+        _set(
+            "spec.rules.3",
+            {
+                "name": "slow",
+                "requestLatency": {"percentile": 99, "threshold": "2s", "server": "vllm", "window": "5s"},
+            },
+        ),
+        "rule slow: requestLatency.window must be at least evaluationInterval (10s)",
+    ),
+    (
+        "kv-cache-tgi",
+        _set("spec.rules.3", {"name": "kv", "kvCacheUsage": {"percent": 90, "server": "tgi"}}),
+        "spec.rules[3].kvCacheUsage.server: Invalid value: Triton and TGI export no KV-cache usage",
+    ),
+    (
+        "queue-metric-not-a-name",
+        _set("spec.rules.3", {"name": "q", "requestQueue": {"limit": 5, "metric": "my queue"}}),
+        "must be a Prometheus metric name such as vllm:num_requests_waiting",
+    ),
+    (
+        "service-metrics-port-zero",
+        _set("spec.serviceMetrics", {"port": 0}),
+        "spec.serviceMetrics.port in body should be greater than or equal to 1",
+    ),
+    (
+        "service-metrics-path-relative",
+        _set("spec.serviceMetrics", {"path": "metrics"}),
+        'spec.serviceMetrics.path: Invalid value: "metrics": must be a URL path such as /metrics',
+    ),
+    (
+        "service-metrics-interval-too-short",
+        _set("spec.serviceMetrics", {"interval": "500ms"}),
+        "serviceMetrics.interval must be at least 1s",
+    ),
+    (
+        "service-metrics-server-unknown",
+        _set("spec.serviceMetrics", {"server": "vllm2"}),
+        'spec.serviceMetrics.server: Unsupported value: "vllm2"',
+    ),
+    (
+        "service-rule-in-scale-down",
+        _all(
+            _set("spec.rules.3", {"name": "q", "requestQueue": {"limit": 5, "server": "vllm"}}),
+            _set("spec.actions.scale.scaleDownOn", ["q"]),
+        ),
+        "actions.scale.scaleDownOn names a requestLatency, requestQueue or kvCacheUsage rule",
+    ),
+    (
+        "requests-forecast-without-requests-per-replica",
+        _all(
+            _set("spec.rules.3", {"name": "q", "requestQueue": {"limit": 5, "server": "vllm"}}),
+            _set("spec.actions.scale.scaleUpOn", ["q"]),
+            _forecast(load="requests"),
+        ),
+        "requestsPerReplica is required with load requests, and only there",
+    ),
+    (
+        "requests-forecast-without-a-service-rule",
+        _forecast(load="requests", requestsPerReplica=4),
+        "actions.scale.forecast with load: requests needs a requestLatency, requestQueue or kvCacheUsage",
+    ),
+    (
+        "requests-per-replica-zero",
+        _all(
+            _set("spec.rules.3", {"name": "q", "requestQueue": {"limit": 5, "server": "vllm"}}),
+            _set("spec.actions.scale.scaleUpOn", ["q"]),
+            _forecast(load="requests", requestsPerReplica=0),
+        ),
+        "requestsPerReplica must be above 0",
+    ),
 ]
 
 
@@ -710,6 +852,37 @@ def test_explain_shows_defaults_and_int_or_string(control_plane: ControlPlane, c
         r"[^<]*live tensors[^<]* Default: auto\.",
         growth,
     ), growth
+
+
+def test_explain_describes_the_service_rules(control_plane: ControlPlane, crd: str) -> None:
+    """Every field issue 30 added, described for `kubectl explain`, with its default."""
+    source = explained(control_plane, "gmp.spec.serviceMetrics")
+    assert "prometheus.io/port" in source, source
+    assert re.search(r"port <integer> [^<]*wins over the pod's prometheus.io/port", source), source
+    assert re.search(r"path <string> [^<]*Default: the annotation, else /metrics\.", source), source
+    assert re.search(r"scheme <string> enum: http, https [^<]* Default: http\.", source), source
+    assert re.search(r"interval <string> [^<]*Default: the policy's evaluationInterval\.", source), source
+    assert re.search(r"server <string> enum: vllm, sglang, [^<]*archived upstream", source), source
+    latency = explained(control_plane, "gmp.spec.rules.requestLatency")
+    assert "histogram_quantile(percentile/100, increase(<histogram>_bucket[window]))" in latency, latency
+    assert re.search(r"percentile <integer> -required- enum: 50, 90, ", latency), latency
+    assert re.search(r"threshold <string> -required- [^<]*500ms", latency), latency
+    assert re.search(r"window <string> [^<]* Default: 5m\.", latency), latency
+    assert re.search(r"for <string> [^<]* Default: 2m\.", latency), latency
+    assert re.search(r"latency <string> enum: endToEnd, [^<]* Default: endToEnd\.", latency), latency
+    assert re.search(r"metric <string> [^<]*without _bucket[^<]*Wins over server\.", latency), latency
+    assert re.search(r"hysteresis <number> [^<]* Default: 10\.", latency), latency
+    queue = explained(control_plane, "gmp.spec.rules.requestQueue")
+    assert re.search(r"limit <number> -required- ", queue), queue
+    assert re.search(r"per <string> enum: replica, pod [^<]* Default: replica\.", queue), queue
+    assert re.search(r"for <string> [^<]* Default: 1m\.", queue), queue
+    kv = explained(control_plane, "gmp.spec.rules.kvCacheUsage")
+    assert re.search(r"percent <number> -required- ", kv), kv
+    assert re.search(r"unit <string> enum: ratio, percent [^<]* Default: ratio\.", kv), kv
+    assert "server <string>" in kv, kv
+    forecast = explained(control_plane, "gmp.spec.actions.scale.forecast")
+    assert re.search(r"load <string> enum: utilization, requests [^<]* Default: utilization\.", forecast)
+    assert re.search(r"requestsPerReplica <number> [^<]*one replica serves", forecast), forecast
 
 
 def test_printer_columns(control_plane: ControlPlane, crd: str, namespace: str) -> None:

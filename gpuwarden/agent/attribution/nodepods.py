@@ -77,7 +77,12 @@ class _ContainerStatus(_Api):
     """``<runtime>://<id>``; empty until the container has been created."""
 
 
+class _PodIP(_Api):
+    ip: str
+
+
 class _PodStatus(_Api):
+    pod_ips: list[_PodIP] = Field(default_factory=list, alias="podIPs")
     container_statuses: list[_ContainerStatus] = Field(default_factory=list, alias="containerStatuses")
     init_container_statuses: list[_ContainerStatus] = Field(
         default_factory=list, alias="initContainerStatuses"
@@ -129,6 +134,7 @@ class NodePods:
         self._clock = clock
         self._pods: dict[str, PodRef] = {}
         self._containers: dict[str, str] = {}
+        self._ips: dict[str, frozenset[str]] = {}
         self._listed_at: float | None = None
         self._tried_at: float | None = None
         # Keys (pod UIDs, container IDs) asked for that the last list did not know: a reason
@@ -178,6 +184,15 @@ class NodePods:
             self._miss(pod_uid)
         return pod
 
+    def addresses(self, pod_uid: str) -> tuple[PodRef, frozenset[str]] | None:
+        """The pod with this UID on the node and its IPs (``status.podIPs``), as of the last list.
+
+        What the pods' scrapes are held to (:mod:`gpuwarden.agent.scrape`): a pod's IPs as the API
+        server says the kubelet gave them, on this node.
+        """
+        pod = self(pod_uid)
+        return None if pod is None else (pod, self._ips.get(pod_uid, frozenset()))
+
     def container_name(self, container_id: str) -> str | None:
         """The name of the container with this runtime ID (the 64 hex digits, no ``runtime://``)."""
         name = self._containers.get(container_id)
@@ -221,6 +236,7 @@ class NodePods:
         self._pods = {
             uid: PodRef(namespace=p.metadata.namespace, name=p.metadata.name) for uid, p in known.items()
         }
+        self._ips = {p.metadata.uid: frozenset(a.ip for a in p.status.pod_ips) for p in pods}
         self._containers = {
             s.container_id.partition("://")[2]: s.name
             for p in pods

@@ -17,7 +17,7 @@ In order, each request is answered with the first that applies:
                                not JSON, not the schema,
                                or another schemaVersion (the message names the field)
 403   ``Forbidden``            the report names another node than the one the token's pod runs on
-200                            ``{"accepted": N, "duplicate": false, "refused": {...}}``
+200                            ``{"accepted": N, "duplicate": false, "refused": {...}, "scrape": {...}}``
 ====  =======================  ===================================================
 
 The identity is the node the token is bound to: the rate limit and the duplicate
@@ -29,6 +29,9 @@ retention), ``foreignPod`` (the pod runs on another node), ``unknownPod`` (no
 such GPU pod is watched), ``tooManyGpus`` and ``tooManyPods`` (past a bound of
 docs/operator.md, "Bounds"); empty when all were.
 ``duplicate: true`` answers a seq the same agent had stored lately (:class:`ReportBook`).
+``scrape`` is the node's scrape plan (:class:`~gpuwarden.wire.scrape.ScrapePlan`: the pods of that
+node whose own metrics its agent is to read), in every 200, duplicates included; absent when there
+is nothing to scrape, which the agent reads as an empty plan (as it reads an older operator's answer).
 
 Error bodies are JSON ``{"reason": ..., "message": ...}``. A request is
 independent of every other: one bad report never costs a good one; an
@@ -41,6 +44,7 @@ of the event loop, so small reports are served in between.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import OrderedDict
@@ -172,6 +176,8 @@ class ReportIngest:
     """The operator's clock, which snapshots' timestamps are held against."""
     route: Callable[[str], Elsewhere | None] | None = None
     """Sharded mode: None when the token's node is ours, else its owner (a 421). None: every node is ours."""
+    plan: Callable[[str], str | None] | None = None
+    """The scrape plan of a node, as the JSON of the answer's ``scrape``; None: nothing to scrape."""
     _large: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
 
     async def handle(self, request: web.Request) -> web.Response:
@@ -224,20 +230,25 @@ class ReportIngest:
             raise Refusal(403, "Forbidden", message, "forbidden")
         if self.book.is_duplicate(node, report):
             self.metrics.duplicates.inc()
-            return web.json_response({"accepted": 0, "duplicate": True, "refused": {}})
+            return self._answer(node, 0, {}, duplicate=True)
         intake = self.accept(report, node, self.clock())
         self.book.record(node, report)
         self.metrics.points.inc(intake.stored)
-        refused = intake.refused
-        if not refused:
-            # What json_response() would send, without json.dumps: this answers every report.
-            return web.Response(
-                text=f'{{"accepted": {intake.stored}, "duplicate": false, "refused": {{}}}}',
-                content_type="application/json",
-            )
-        for reason, count in refused.items():
+        for reason, count in intake.refused.items():
             self.metrics.refused.labels(reason).inc(count)
-        return web.json_response({"accepted": intake.stored, "duplicate": False, "refused": refused})
+        return self._answer(node, intake.stored, intake.refused)
+
+    def _answer(
+        self, node: str, accepted: int, refused: dict[str, int], *, duplicate: bool = False
+    ) -> web.Response:
+        # Written out rather than through json_response(): this answers every report, and the plan
+        # comes as JSON already.
+        text = json.dumps(refused) if refused else "{}"
+        body = f'{{"accepted": {accepted}, "duplicate": {"true" if duplicate else "false"}, "refused": {text}'
+        scrape = self.plan(node) if self.plan is not None else None
+        if scrape is not None:
+            body += f', "scrape": {scrape}'
+        return web.Response(text=body + "}", content_type="application/json")
 
 
 INGEST = web.AppKey("ingest", ReportIngest)

@@ -39,6 +39,7 @@ from gpuwarden.operator.policies.announce import Announcer, announce
 from gpuwarden.operator.policies.status import PolicyVerdict, build_status, findings_from_status, owned_part
 from gpuwarden.operator.resources import FIELD_MANAGER, GROUP, PLURAL, VERSION, PodRecord, PolicyKey
 from gpuwarden.operator.scaling import PolicyClaim, Scaler, ScaleResult
+from gpuwarden.operator.scrape import availability
 from gpuwarden.operator.sharding import pod_verdicts, verdicts_url
 from gpuwarden.operator.state import OperatorState
 from gpuwarden.policy import (
@@ -47,9 +48,11 @@ from gpuwarden.policy import (
     PodId,
     PolicyEvaluator,
     PolicySpec,
+    ServiceScrape,
     SpecError,
     parse_spec,
     rule_kind,
+    service_metric_names,
 )
 from gpuwarden.wire.verdicts import SCHEMA_VERSION as VERDICT_SCHEMA_VERSION
 from gpuwarden.wire.verdicts import VerdictReport
@@ -75,7 +78,6 @@ class PolicyRunner:
         self.scale_result: ScaleResult | None = None
         self.written: dict[str, Any] | None = None
         """The status fields last written (or found, at start)."""
-        self._rules_counted: set[str] = set()
         self._judge: tuple[int | None, PolicyEvaluator | None] | None = None
         """Sharded mode, not the owner: the generation judged by, and its evaluator (None: invalid)."""
 
@@ -112,7 +114,7 @@ class PolicyRunner:
         finally:
             self.state.close_policy(self.key)
             self.state.verdicts.forget(self.key.namespace, self.key.name)
-            self.state.metrics.set_findings(self.key.namespace, self.key.name, {}, self._rules_counted)
+            self.state.metrics.set_findings(self.key.namespace, self.key.name, ())
 
     async def round(
         self,
@@ -143,6 +145,7 @@ class PolicyRunner:
                 now,
                 self.state.health,
                 elsewhere=self._judged_elsewhere(records, now),
+                services=self.state.services,
             )
             self.evaluation = evaluation
             assert self.spec is not None
@@ -154,7 +157,7 @@ class PolicyRunner:
                 sink = self.state.events
                 for spec in await announce(specs, policy=object_ref(body), pods=refs, sink=sink):
                     self.state.metrics.events.labels(spec.type, spec.reason).inc()
-            self._count_findings(evaluation)
+            self.state.metrics.set_findings(self.key.namespace, self.key.name, evaluation.active)
             if self.scaler is not None:
                 # Also without actions.scale: the scaler then forgets the policy and answers None, so a
                 # removed action takes its last result (a problem, the condition) with it.
@@ -207,7 +210,9 @@ class PolicyRunner:
             return
         pacing.interval = judge.spec.evaluation_interval_seconds
         records = [r for r in pods if self._judged_here(r)]
-        judged = judge.judge((r.view for r in records), self.state.store, now, self.state.health)
+        judged = judge.judge(
+            (r.view for r in records), self.state.store, now, self.state.health, services=self.state.services
+        )
         if not judged:
             return  # none of the policy's pods is ours
         report = VerdictReport(
@@ -244,12 +249,11 @@ class PolicyRunner:
         if not self.parsed:
             return
         self.log.info("Another replica owns this policy now; this one sends it its verdicts.")
-        self.state.metrics.set_findings(self.key.namespace, self.key.name, {}, self._rules_counted)
+        self.state.metrics.set_findings(self.key.namespace, self.key.name, ())
         self.state.set_horizon(self.key, None)
         self.generation = self.spec = self.spec_error = self.evaluator = self.announcer = None
         self.evaluation = self.scale_result = self.written = None
         self.parsed = False
-        self._rules_counted = set()
 
     def sync_spec(
         self, generation: int | None, spec: Mapping[str, Any], status: Mapping[str, Any], now: float
@@ -293,13 +297,6 @@ class PolicyRunner:
             self.log.exception("The scaler failed; scaling is retried at the next evaluation.")
             return self.scale_result
 
-    def _count_findings(self, evaluation: Evaluation) -> None:
-        counts: dict[str, int] = {}
-        for f in evaluation.active:
-            counts[f.rule] = counts.get(f.rule, 0) + 1
-        self.state.metrics.set_findings(self.key.namespace, self.key.name, counts, self._rules_counted)
-        self._rules_counted = set(counts)
-
     def verdict(self) -> PolicyVerdict:
         """What this round concluded, for the status."""
         return PolicyVerdict(
@@ -312,7 +309,20 @@ class PolicyRunner:
             scale=self.scale_result.status if self.scale_result else None,
             scale_condition=self.scale_result.condition if self.scale_result else None,
             scaling=self.spec is None or self.spec.actions.scale is not None,
+            service_metrics=self._service_metrics(),
         )
+
+    def _service_metrics(self) -> tuple[str, str, str] | None:
+        """``ServiceMetricsAvailable`` over the selected pods, while the rules read the pods' own metrics."""
+        if self.spec is None or self.evaluation is None or not service_metric_names(self.spec):
+            return None
+        services = self.state.services
+
+        def latest(pod: PodId) -> ServiceScrape | None:
+            kept = services.scrapes(pod)
+            return kept[-1] if kept else None
+
+        return availability(latest, self.evaluation.matched_pods)
 
     async def write_status(self, live: Mapping[str, Any], now: float) -> None:
         """Patch the status subresource if what this round concluded differs from what was written."""

@@ -21,6 +21,7 @@ from typing import Any
 
 from gpuwarden.kubetime import format_time, parse_epoch
 from gpuwarden.operator.scaling import SCALING_ACTIVE
+from gpuwarden.operator.scrape import AVAILABLE
 from gpuwarden.policy import Evaluation, Finding, FindingKey, PolicySpec, rule_kind, rule_type
 from gpuwarden.units import format_duration
 
@@ -62,6 +63,10 @@ class PolicyVerdict:
     """``(status, reason, message)`` of the scaler's ``ScalingActive`` condition; None keeps what is there."""
     scaling: bool = True
     """Whether the spec has ``actions.scale``; False removes ``ScalingActive`` and ``status.scale``."""
+    service_metrics: tuple[str, str, str] | None = None
+    """``(status, reason, message)`` of ``ServiceMetricsAvailable``
+    (:func:`~gpuwarden.operator.scrape.availability`) when the spec has ``serviceMetrics``; None
+    removes the condition."""
 
 
 def build_status(verdict: PolicyVerdict, previous: Mapping[str, Any] | None, now: float) -> dict[str, Any]:
@@ -94,12 +99,13 @@ def build_status(verdict: PolicyVerdict, previous: Mapping[str, Any] | None, now
     wanted = {READY: ready, VIOLATING: violating}
     if verdict.scale_condition is not None:
         wanted[SCALING_ACTIVE] = verdict.scale_condition
+    if verdict.service_metrics is not None:
+        wanted[AVAILABLE] = verdict.service_metrics
+    drop = [] if verdict.scaling else [SCALING_ACTIVE]
+    if verdict.service_metrics is None and verdict.spec_error is None:
+        drop.append(AVAILABLE)  # no serviceMetrics (any more); an invalid spec keeps what was said
     conditions = _conditions(
-        previous.get("conditions"),
-        wanted,
-        generation=verdict.generation,
-        now=now,
-        drop=() if verdict.scaling else (SCALING_ACTIVE,),
+        previous.get("conditions"), wanted, generation=verdict.generation, now=now, drop=drop
     )
     status: dict[str, Any] = {
         "matchedPods": matched,

@@ -129,6 +129,10 @@ class ScaleOutcome:
         )
 
 
+DECISION_REASONS = ("ScaledUp", "ScaledDown", "WouldScaleUp", "WouldScaleDown")
+"""The reasons of a scale change's Events, by which :meth:`WorkloadScaler.decisions` counts them."""
+
+
 @dataclass(slots=True)
 class _PolicyScaling:
     """What the WorkloadScaler keeps per policy."""
@@ -155,6 +159,7 @@ class WorkloadScaler:
         self._api = api
         self._events = events
         self._policies: dict[PolicyKey, _PolicyScaling] = {}
+        self._decisions: dict[tuple[str, str, str], int] = {}
 
     # --- the operator's seam ----------------------------------------------------------------------
 
@@ -194,6 +199,16 @@ class WorkloadScaler:
             if s.desired is not None and now - s.seen_at <= s.expires_after
         }
 
+    def decisions(self) -> dict[tuple[str, str, str], int]:
+        """Changes made (``ScaledUp``, ``ScaledDown``) and, in dryRun, announced (``WouldScaleUp``,
+        ``WouldScaleDown``) by (namespace, policy, reason), since this process started (for the metric).
+
+        Every reason of a policy reads 0 from its first reconcile on, so that its first change shows
+        as an increase; a policy's counts stay after it goes (a counter that vanished and came back
+        from 0 would read as a reset).
+        """
+        return dict(self._decisions)
+
     # --- the reconcile ----------------------------------------------------------------------------
 
     async def reconcile(
@@ -218,6 +233,8 @@ class WorkloadScaler:
         if state is None or state.target != action.target_ref:
             # A new target starts afresh: the old one's wishes and cooldowns say nothing about it.
             state = self._policies[policy] = _PolicyScaling(action.target_ref)
+            for reason in DECISION_REASONS:
+                self._decisions.setdefault((policy.namespace, policy.name, reason), 0)
         state.seen_at, state.expires_after = now, expires_after
         me = policy.object_ref()
         target = action.target_ref
@@ -343,6 +360,8 @@ class WorkloadScaler:
         else:
             message, reason = f"would scale {change} (dryRun)", "WouldScaleUp" if up else "WouldScaleDown"
         state.last_scale_time, state.last_scale_reason = now, message
+        counted = (me.namespace, me.name, reason)
+        self._decisions[counted] = self._decisions.get(counted, 0) + 1
         await self._events.post(me, "Normal", reason, message)
         await self._events.post(scale.target, "Normal", reason, f"policy {me.name}: {message}")
         return _outcome(state, scale, decision, *_quiet(action), message, applied=made)

@@ -2,7 +2,9 @@
 
 Each kind's module holds its parser, its evaluator and its :class:`RuleType` (what the parser, the
 engine, the operator's status and Events, and local mode's plot need to know of it); ``common`` holds
-what they share (:class:`Outcome`, :class:`RuleKind`, :class:`WindowParams`, windows and coverage).
+what they share (:class:`Outcome`, :class:`RuleKind`, :class:`WindowParams`, windows and coverage);
+``serving`` what the kinds that read the pods' own metrics share (requestLatency, requestQueue,
+kvCacheUsage: ``latency``, ``queue``, ``kv_cache``).
 
 Others in the policy engine import this package (the registry) and ``common``; a kind's own module
 only for what is that kind's alone (e.g. anomaly's ``Pattern``). Adding a kind: docs/policy.md,
@@ -11,10 +13,19 @@ only for what is that kind's alone (e.g. anomaly's ``Pattern``). Adding a kind: 
 
 from typing import Any
 
-from gpuwarden.policy.rules import anomaly, gpu_health, growth, memory_ceiling, utilization
-from gpuwarden.policy.rules.common import Memo, RuleKind, RuleType
+from gpuwarden.policy.rules import (
+    anomaly,
+    gpu_health,
+    growth,
+    kv_cache,
+    latency,
+    memory_ceiling,
+    queue,
+    utilization,
+)
+from gpuwarden.policy.rules.common import Memo, RuleKind, RuleType, Services
 
-__all__ = ["RULE_TYPES", "Memo", "RuleType", "rule_type", "type_of"]
+__all__ = ["RULE_TYPES", "Memo", "RuleType", "Services", "rule_type", "type_of"]
 
 RULE_TYPES: tuple[RuleType[Any], ...] = (
     utilization.FLOOR_TYPE,
@@ -23,6 +34,9 @@ RULE_TYPES: tuple[RuleType[Any], ...] = (
     growth.RULE_TYPE,
     gpu_health.RULE_TYPE,
     anomaly.RULE_TYPE,
+    latency.RULE_TYPE,
+    queue.RULE_TYPE,
+    kv_cache.RULE_TYPE,
 )
 """Every rule kind, in the order the CRD and the parser's messages list them."""
 

@@ -55,6 +55,7 @@ from typing import Any, Generic, Protocol, TypeAlias, TypeVar
 
 from gpuwarden.policy.store.health import HealthStore
 from gpuwarden.policy.store.series import GAP_RECORD_SECONDS, Column, PodId, SeriesKey, Window
+from gpuwarden.policy.store.service import ServiceStore
 
 MIN_GAP_SECONDS = GAP_RECORD_SECONDS
 """The adaptive ``max_gap`` is never below this (5 s): agents sample at 1 s, and reports jitter."""
@@ -73,6 +74,9 @@ class RuleKind(enum.StrEnum):
     MEMORY_GROWTH = "memoryGrowth"
     GPU_HEALTH = "gpuHealth"
     ANOMALY = "anomaly"
+    REQUEST_LATENCY = "requestLatency"
+    REQUEST_QUEUE = "requestQueue"
+    KV_CACHE_USAGE = "kvCacheUsage"
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,13 +278,33 @@ class Memo(Protocol):
         """Drop what the evaluation that just ended did not use."""
 
 
+@dataclass(frozen=True, slots=True)
+class Services:
+    """What the service rule kinds read: the pods' scrapes, and the pods the policy selects (a
+    per-replica figure is over those of them that report; in sharded mode, this shard's)."""
+
+    store: ServiceStore
+    pods: Sequence[PodId]
+
+
 _R = TypeVar("_R")
 
 Judge: TypeAlias = Callable[
-    [_R, PodId, Sequence[tuple[SeriesKey, Window]], float, WindowParams, Any, HealthStore | None], Outcome
+    [
+        _R,
+        PodId,
+        Sequence[tuple[SeriesKey, Window]],
+        float,
+        WindowParams,
+        Any,
+        HealthStore | None,
+        Services | None,
+    ],
+    Outcome,
 ]
-"""A rule kind's evaluator: ``(rule, pod, series, now, params, memo, health)``. ``memo`` is the kind's
-:class:`Memo` (None when it keeps none, or the caller keeps none); ``health`` the GPUs' health records."""
+"""A rule kind's evaluator: ``(rule, pod, series, now, params, memo, health, services)``. ``memo`` is the
+kind's :class:`Memo` (None when it keeps none, or the caller keeps none); ``health`` the GPUs' health
+records; ``services`` the pods' own metrics (None: the service kinds have nothing to judge)."""
 
 
 def on_series(
@@ -296,8 +320,29 @@ def on_series(
         params: WindowParams,
         memo: Any,
         health: HealthStore | None,
+        services: Services | None,
     ) -> Outcome:
         return evaluate(rule, pod, series, now, params)
+
+    return judge
+
+
+def on_services(
+    evaluate: Callable[[_R, PodId, float, WindowParams, Services | None], Outcome],
+) -> Judge[_R]:
+    """An evaluator that reads only the pods' own metrics, as a :data:`Judge` (no series, memo or health)."""
+
+    def judge(
+        rule: _R,
+        pod: PodId,
+        series: Sequence[tuple[SeriesKey, Window]],
+        now: float,
+        params: WindowParams,
+        memo: Any,
+        health: HealthStore | None,
+        services: Services | None,
+    ) -> Outcome:
+        return evaluate(rule, pod, now, params, services)
 
     return judge
 

@@ -36,7 +36,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuwarden.policy.humanize import approx_duration, time_of_day
-from gpuwarden.policy.rules.common import Outcome, RuleKind, RuleType, WindowParams, pod_end, unknown
+from gpuwarden.policy.rules.common import (
+    Outcome,
+    RuleKind,
+    RuleType,
+    Services,
+    WindowParams,
+    pod_end,
+    unknown,
+)
 from gpuwarden.policy.spec.fields import (
     SpecError,
     as_list,
@@ -327,6 +335,7 @@ def _judge(
     params: WindowParams,
     memo: Any,
     health: HealthStore | None,
+    services: Services | None,
 ) -> Outcome:
     return evaluate_health(rule, pod, health, now, params)
 

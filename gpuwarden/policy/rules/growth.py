@@ -127,6 +127,7 @@ from gpuwarden.policy.rules.common import (
     Outcome,
     RuleKind,
     RuleType,
+    Services,
     WindowParams,
     covered,
     pod_end,
@@ -997,6 +998,7 @@ def _judge(
     params: WindowParams,
     memo: Any,
     health: HealthStore | None,
+    services: Services | None,
 ) -> Outcome:
     return evaluate_growth(rule, pod, series, now, params, memo if isinstance(memo, GrowthCache) else None)
 

@@ -40,6 +40,7 @@ from gpuwarden.policy.rules.common import (
     Outcome,
     RuleKind,
     RuleType,
+    Services,
     WindowParams,
     covered,
     percent,
@@ -320,6 +321,7 @@ def _with_throttling(
         params: WindowParams,
         memo: Any,
         health: HealthStore | None,
+        services: Services | None,
     ) -> Outcome:
         return with_throttling(evaluate(rule, pod, series, now, params), series, now, params, health)
 

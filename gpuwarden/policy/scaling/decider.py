@@ -181,9 +181,11 @@ def _with_forecast(
     if verdict is None or forecast is None or not verdict.has_say or signal.direction is Direction.UP:
         return signal
     if verdict.view is View.UP:
-        return _Signal(Direction.UP, verdict.summary(forecast), verdict.detail())
+        return _Signal(Direction.UP, verdict.summary(forecast), verdict.detail(forecast.load))
     if verdict.view is View.HOLD_DOWN and signal.direction is Direction.DOWN:
-        return _Signal(Direction.NONE, f"{signal.text}, but {verdict.summary(forecast)}", verdict.detail())
+        return _Signal(
+            Direction.NONE, f"{signal.text}, but {verdict.summary(forecast)}", verdict.detail(forecast.load)
+        )
     return signal
 
 

@@ -8,7 +8,12 @@ which :class:`~gpuwarden.policy.scaling.decider.ScaleDecider` combines with the 
   (:func:`workload_load`): the workload's load in "replica percent", which does not
   change when the same load is split over more replicas. Per replica it is that
   sum over the target's replicas (those still starting included: by the horizon
-  they serve).
+  they serve). With ``load: requests``, the sum of the pods' rates of requests served
+  (:func:`request_load`, from their own metrics), its ceiling ``requestsPerReplica``:
+  the load in the unit a replica's capacity is measured in, whatever the GPUs make of it
+  (a server that is GPU-bound at 40% utilization still reads its limit). Requests served,
+  not sent: like utilization, it stops rising once every replica is full, which the
+  reactive rules (the queue, the latency) then answer.
 - **Horizon.** ``forecast.horizon``, or else the workload's observed **start-up
   time**: after a scale-up to ``n`` replicas, the time until ``n`` pods carry load
   (a mean above :data:`SERVING_PERCENT`), the median of the last
@@ -36,10 +41,11 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from gpuwarden.policy.rules.common import WindowParams, percent, pod_end
+from gpuwarden.policy.humanize import format_count
+from gpuwarden.policy.rules.common import Services, WindowParams, percent, pod_end
 from gpuwarden.policy.rules.utilization import pod_activity
 from gpuwarden.policy.scaling.forecast import MIN_ERRORS, LoadForecast, Smoothing
-from gpuwarden.policy.spec.model import BUCKET_SECONDS, MAX_STEPS, ScaleForecast
+from gpuwarden.policy.spec.model import BUCKET_SECONDS, MAX_STEPS, ForecastLoad, ScaleForecast
 from gpuwarden.policy.store.series import SeriesKey, Window
 from gpuwarden.units import format_duration
 
@@ -61,7 +67,8 @@ class WorkloadLoad:
     """One evaluation's load sample of a scaled workload (see the module doc)."""
 
     total: float
-    """The sum of the pods' mean utilization over the last interval, percent (100 = one busy replica)."""
+    """The sum of the pods' mean utilization over the last interval, percent (100 = one busy replica);
+    requests load: of the requests they served, per second."""
     serving: int
     """Pods with a mean above :data:`SERVING_PERCENT`."""
     pods: int
@@ -93,6 +100,36 @@ def workload_load(
         counted += 1
         serving += mean > SERVING_PERCENT
     return WorkloadLoad(total, serving, counted) if counted else None
+
+
+def request_load(
+    services: Services,
+    forecast: ScaleForecast,
+    now: float,
+    interval_seconds: float,
+    params: WindowParams,
+) -> WorkloadLoad | None:
+    """The requests the selected pods served per second over the last :func:`request_window`, summed
+    (``forecast.request_metrics``: the first a pod exports); None without data. A pod that served any
+    carries load (it has started)."""
+    window = request_window(interval_seconds)
+    total, serving, counted = 0.0, 0, 0
+    for pod in services.pods:
+        found = services.store.increase(
+            pod, forecast.request_metrics, window, now, params.stale_after_seconds
+        )
+        if found is None:
+            continue
+        total += found.rate
+        counted += 1
+        serving += found.rate > 0
+    return WorkloadLoad(total, serving, counted) if counted else None
+
+
+def request_window(interval_seconds: float) -> float:
+    """The window a pod's request rate is read over: two evaluations, and at least a forecast bucket,
+    so that it spans two scrapes whatever their jitter."""
+    return max(2 * interval_seconds, BUCKET_SECONDS)
 
 
 class View(enum.StrEnum):
@@ -127,6 +164,9 @@ class ForecastVerdict:
         """What it says, without figures that change at every evaluation (for the status)."""
         ahead = format_duration(self.horizon_seconds)
         if self.view is View.UP:
+            if forecast.load is ForecastLoad.REQUESTS:
+                rate = format_count(forecast.ceiling_percent)
+                return f"forecast above requestsPerReplica ({rate}/s) in {ahead}"
             ceiling = percent(forecast.ceiling_percent)
             return f"forecast above {forecast.ceiling_rule}'s ceiling ({ceiling}) in {ahead}"
         if self.view is View.HOLD_DOWN:
@@ -138,16 +178,19 @@ class ForecastVerdict:
             return "forecast has too little history: the rules decide"
         return f"forecast within bounds for {ahead}"
 
-    def detail(self) -> str:
-        """The figures, for Events: ``103% per replica (80% interval 97-109%)``."""
+    def detail(self, load: ForecastLoad = ForecastLoad.UTILIZATION) -> str:
+        """The figures, for Events: ``103% per replica (80% interval 97-109%)``; requests load:
+        ``4.2 requests/s per replica (80% interval 3.9-4.5)``."""
         if self.per_replica is None:
             return ""
-        text = f"{percent(max(0.0, self.per_replica))} per replica"
+        show = percent if load is ForecastLoad.UTILIZATION else format_count
+        unit = "" if load is ForecastLoad.UTILIZATION else " requests/s"
+        text = f"{show(max(0.0, self.per_replica))}{unit} per replica"
         if self.half_width is not None:
             lo = max(0.0, self.per_replica - self.half_width)
-            text += f" (80% interval {percent(lo)}-{percent(max(0.0, self.per_replica + self.half_width))})"
+            text += f" (80% interval {show(lo)}-{show(max(0.0, self.per_replica + self.half_width))})"
         if self.view is View.HOLD_DOWN and self.peak_upper is not None:
-            text += f", up to {percent(self.peak_upper)}"
+            text += f", up to {show(self.peak_upper)}"
         return text
 
 
@@ -215,7 +258,7 @@ class Predictor:
         if half_width is None:
             return ForecastVerdict(View.NO_HISTORY, horizon, per_replica)
         half = half_width / replicas
-        if 2 * half > forecast.max_uncertainty:
+        if 2 * half > forecast.widest:
             return ForecastVerdict(View.UNSURE, horizon, per_replica, half)
         if per_replica > forecast.ceiling_percent:
             return ForecastVerdict(View.UP, horizon, per_replica, half)

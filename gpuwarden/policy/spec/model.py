@@ -146,7 +146,107 @@ class GpuHealthRule:
     clear_after_seconds: float = 600.0
 
 
-Rule = UtilizationFloor | UtilizationCeiling | MemoryCeiling | MemoryGrowth | GpuHealthRule | Anomaly
+class Server(enum.StrEnum):
+    """An inference server whose metric names a service rule's preset knows
+    (:mod:`gpuwarden.policy.spec.servers`)."""
+
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    TRITON = "triton"
+    TGI = "tgi"  # Hugging Face text-generation-inference: archived upstream, its names frozen
+
+
+class Latency(enum.StrEnum):
+    """Which latency a requestLatency rule reads from its server's preset."""
+
+    END_TO_END = "endToEnd"  # from the request's arrival to its last token
+    TIME_TO_FIRST_TOKEN = "timeToFirstToken"
+    INTER_TOKEN = "interToken"  # between consecutive output tokens of a request
+
+
+class QueueScope(enum.StrEnum):
+    """How a requestQueue rule counts waiting requests."""
+
+    REPLICA = "replica"  # the workload's: waiting requests summed over the policy's pods / pods reporting
+    POD = "pod"  # each pod's own queue
+
+
+class GaugeUnit(enum.StrEnum):
+    """What a kvCacheUsage rule's own ``metric`` reads in (a preset knows its server's)."""
+
+    RATIO = "ratio"  # 0..1, as vLLM's and SGLang's
+    PERCENT = "percent"  # 0..100
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLatency:
+    """Fires when a percentile of a latency histogram over ``window`` stays above ``threshold_seconds``
+    for ``for_seconds`` (see :mod:`gpuwarden.policy.rules.latency`).
+
+    After :func:`~gpuwarden.policy.parse.parse_spec`, ``metric`` or ``server`` is set (the policy's
+    ``serviceMetrics.server`` fills in a rule that names neither)."""
+
+    name: str
+    percentile: int
+    """50, 90, 95 or 99."""
+    threshold_seconds: float
+    window_seconds: float = 300.0
+    for_seconds: float = 120.0
+    latency: Latency = Latency.END_TO_END
+    server: Server | None = None
+    metric: str | None = None
+    """A histogram by its base name (without ``_bucket``), in seconds; wins over ``server``."""
+    hysteresis: float = 10.0
+    """Percent of the threshold the percentile must fall below it before a finding clears."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestQueue:
+    """Fires when waiting requests per replica (or per pod) stay above ``limit`` for ``for_seconds``
+    (see :mod:`gpuwarden.policy.rules.queue`)."""
+
+    name: str
+    limit: float
+    for_seconds: float = 60.0
+    per: QueueScope = QueueScope.REPLICA
+    server: Server | None = None
+    metric: str | None = None
+    """A gauge of waiting requests (summed over its label sets); wins over ``server``."""
+    hysteresis: float = 10.0
+    """Percent of the limit the queue must fall below it before a finding clears."""
+
+
+@dataclass(frozen=True, slots=True)
+class KvCacheUsage:
+    """Fires when a pod's KV cache stays fuller than ``percent`` for ``for_seconds``
+    (see :mod:`gpuwarden.policy.rules.kv_cache`)."""
+
+    name: str
+    percent: float
+    for_seconds: float = 120.0
+    server: Server | None = None
+    metric: str | None = None
+    """A gauge of KV-cache usage (the fullest of its label sets); wins over ``server``."""
+    unit: GaugeUnit = GaugeUnit.RATIO
+    """What ``metric`` reads in; a preset knows its own."""
+    hysteresis: float = 5.0
+    """Percentage points below ``percent`` the usage must fall before a finding clears."""
+
+
+ServiceRule = RequestLatency | RequestQueue | KvCacheUsage
+"""The rule kinds that read the pods' own metrics (the :class:`ServiceStore`), not their GPUs'."""
+
+Rule = (
+    UtilizationFloor
+    | UtilizationCeiling
+    | MemoryCeiling
+    | MemoryGrowth
+    | GpuHealthRule
+    | Anomaly
+    | RequestLatency
+    | RequestQueue
+    | KvCacheUsage
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,16 +276,26 @@ MAX_STEPS = 60
 Here, not in :mod:`gpuwarden.policy.scaling.forecast`, because the parser bounds ``horizon`` by it."""
 
 
+class ForecastLoad(enum.StrEnum):
+    """What a scale forecast forecasts."""
+
+    UTILIZATION = "utilization"  # the pods' summed GPU utilization, percent
+    REQUESTS = "requests"  # the pods' summed rate of requests served, per second
+
+
 @dataclass(frozen=True, slots=True)
 class ScaleForecast:
     """spec.actions.scale.forecast, with the thresholds it compares against resolved from the rules.
 
-    ``ceiling_*`` come from the first utilizationCeiling rule in scaleUpOn, ``floor_*`` from the
-    first utilizationFloor rule in scaleDownOn (none: the forecast never holds a scale-down back).
+    Utilization load: ``ceiling_*`` come from the first utilizationCeiling rule in scaleUpOn,
+    ``floor_*`` from the first utilizationFloor rule in scaleDownOn (none: the forecast never holds a
+    scale-down back). Requests load: the ceiling is ``requestsPerReplica`` (``ceiling_rule`` the first
+    rule in scaleUpOn, which the forecast speaks beside), and there is no floor.
     """
 
     ceiling_rule: str
     ceiling_percent: float
+    """The per-replica ceiling in the load's unit: percent, or requests per second."""
     signal: Signal
     """The ceiling rule's signal: the utilization reading the load is summed from."""
     floor_rule: str | None = None
@@ -193,7 +303,19 @@ class ScaleForecast:
     horizon_seconds: float | None = None
     """How far ahead to look; None: the workload's observed replica start-up time."""
     max_uncertainty: float = 20.0
-    """The widest 80% interval (percentage points of per-replica utilization) the forecast may act on."""
+    """The widest 80% interval the forecast may act on: percentage points of per-replica utilization,
+    or (requests load) percent of the ceiling."""
+    load: ForecastLoad = ForecastLoad.UTILIZATION
+    request_metrics: tuple[str, ...] = ()
+    """Requests load: the counters (or latency histograms, by their count) a pod's rate is read
+    from, the first it exports."""
+
+    @property
+    def widest(self) -> float:
+        """:attr:`max_uncertainty` in the load's unit."""
+        if self.load is ForecastLoad.REQUESTS:
+            return self.max_uncertainty / 100 * self.ceiling_percent
+        return self.max_uncertainty
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +346,24 @@ class Actions:
 
 
 @dataclass(frozen=True, slots=True)
+class ServiceMetricsSource:
+    """spec.serviceMetrics: where the node agents scrape the selected pods' own Prometheus metrics.
+
+    Port and path: these when set; else the pod's ``prometheus.io/port`` / ``prometheus.io/path``
+    annotations; else its container port named ``metrics`` and ``/metrics``.
+    """
+
+    port: int | None = None
+    path: str | None = None
+    scheme: str = "http"
+    """``http`` or ``https`` (the agent does not verify a pod's certificate: it scrapes by IP)."""
+    interval_seconds: float | None = None
+    """How often to scrape; None: the policy's evaluationInterval."""
+    server: Server | None = None
+    """The preset of the service rules that name neither ``server`` nor ``metric``."""
+
+
+@dataclass(frozen=True, slots=True)
 class PolicySpec:
     """A whole GPUMonitorPolicy spec."""
 
@@ -231,3 +371,5 @@ class PolicySpec:
     rules: tuple[Rule, ...]
     evaluation_interval_seconds: float = 10.0
     actions: Actions = field(default_factory=Actions)
+    service_metrics: ServiceMetricsSource | None = None
+    """spec.serviceMetrics; None: scraped (when a service rule needs it) by the pods' annotations."""

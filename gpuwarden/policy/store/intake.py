@@ -44,6 +44,10 @@ Attribution of one GPU (or MIG device, keyed by its ``mig_id``) in one snapshot:
   The sites are the subject's processes' newest, the largest
   :data:`KEPT_SITES` by growth.
 
+**The pods' own metrics** (``Snapshot.services``, schema 6) become the service store's
+:class:`~gpuwarden.policy.store.service.ServiceScrape` one for one (:func:`service_scrape`): a
+histogram's ``+Inf`` bucket, sent as ``count``, is its last bound again.
+
 Local ``watch`` mode has no pods: :func:`points_from_processes` makes each
 host process a subject, namespace ``""`` and pod ``pid/<pid>``, with the same
 rules (a process alone on a device gets the device's readings).
@@ -51,10 +55,13 @@ rules (a process alone on a device gets the device's readings).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 
 from gpuwarden.policy.store.series import HookPoint, PodId, Point, SeriesKey, UtilizationSource
+from gpuwarden.policy.store.service import Histogram, ServiceScrape
 from gpuwarden.wire.node import DeviceState, GpuSample, NodeReport, ProcessSample, Snapshot
+from gpuwarden.wire.scrape import ServiceSample
 
 KEPT_SITES = 3
 """Allocation sites kept per series: as many as a finding's message names."""
@@ -194,6 +201,19 @@ def points_from_processes(snapshot: Snapshot) -> Iterator[tuple[SeriesKey, Point
                 limit = None if host is None else host_limit(host, {hook.host_limit_bytes})
                 point.hook = hook_point(procs, host, limit)
             yield key, point
+
+
+def service_scrape(sample: ServiceSample) -> ServiceScrape:
+    """One pod's scrape as the service store keeps it (see the module doc)."""
+    return ServiceScrape(
+        at=sample.at,
+        histograms={
+            h.name: Histogram((*h.bounds, math.inf), (*h.counts, h.count), h.sum) for h in sample.histograms
+        },
+        counters={c.name: c.value for c in sample.counters},
+        gauges={g.name: tuple(g.values) for g in sample.gauges},
+        error=None if sample.error is None else sample.error.value,
+    )
 
 
 def pods_of(gpu: GpuSample) -> list[PodId]:

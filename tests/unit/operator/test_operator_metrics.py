@@ -1,10 +1,18 @@
-"""The operator's metrics: pre-created counters, per-pod GPU series that go stale and go away."""
+"""The operator's metrics: pre-created counters, per-pod GPU series that go stale and go away, the
+active findings' series, the scale decisions."""
 
 from __future__ import annotations
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpuwarden.operator.metrics import REJECT_REASONS, OperatorMetrics, make_metrics_app
+from gpuwarden.operator.metrics import (
+    REJECT_REASONS,
+    OperatorMetrics,
+    ScaleDecisionsCollector,
+    make_metrics_app,
+)
+from gpuwarden.policy.findings import Finding
+from gpuwarden.policy.rules.common import RuleKind
 from gpuwarden.policy.store.series import Point, SeriesKey
 from gpuwarden.wire.node import REFUSALS
 
@@ -53,13 +61,51 @@ def test_a_deleted_pod_disappears_at_once() -> None:
     assert metrics.registry.get_sample_value("gpuwarden_pod_gpu_utilization_percent", labels) is None
 
 
-def test_findings_gauge_drops_rules_no_longer_counted() -> None:
+def finding(
+    rule: str, pod: str, reason: str, *, started_at: float = T0, to_full: float | None = None
+) -> Finding:
+    kind = RuleKind.MEMORY_GROWTH if to_full is not None else RuleKind.UTILIZATION_FLOOR
+    return Finding(
+        policy="ns/pol", rule=rule, kind=kind, reason=reason, namespace="ns", pod=pod, gpus=("GPU-1",),
+        value=3.0, threshold=20.0, unit="percent", started_at=started_at, message="", seconds_to_full=to_full,
+    )  # fmt: skip
+
+
+def test_findings_series_follow_the_active_findings() -> None:
     metrics = OperatorMetrics()
-    metrics.set_findings("ns", "pol", {"idle": 2, "oom": 1}, ())
-    metrics.set_findings("ns", "pol", {"idle": 1}, {"idle", "oom"})
     get = metrics.registry.get_sample_value
-    assert get("gpuwarden_operator_findings", {"namespace": "ns", "policy": "pol", "rule": "idle"}) == 1
-    assert get("gpuwarden_operator_findings", {"namespace": "ns", "policy": "pol", "rule": "oom"}) is None
+    idle_a = finding("idle", "a", "GPUUnderutilized", started_at=T0 - 60)
+    leak = finding("leak", "b", "GPUMemoryLeak", to_full=1800.0)
+    metrics.set_findings("ns", "pol", [idle_a, finding("idle", "c", "GPUUnderutilized"), leak])
+    counts = {"namespace": "ns", "policy": "pol"}
+    assert get("gpuwarden_operator_findings", {**counts, "rule": "idle"}) == 2
+    assert get("gpuwarden_operator_findings", {**counts, "rule": "leak"}) == 1
+    started = {"namespace": "ns", "pod": "a", "policy": "pol", "rule": "idle", "reason": "GPUUnderutilized"}
+    assert get("gpuwarden_finding_started_timestamp_seconds", started) == T0 - 60
+    to_full = {"namespace": "ns", "pod": "b", "policy": "pol", "rule": "leak"}
+    assert get("gpuwarden_finding_time_to_full_seconds", to_full) == 1800.0
+    # Only a finding that projects a time to full has one.
+    assert get("gpuwarden_finding_time_to_full_seconds", {**to_full, "pod": "a", "rule": "idle"}) is None
+
+    # The leak resolved, one idle pod recovered: their series go, the count follows.
+    metrics.set_findings("ns", "pol", [idle_a])
+    assert get("gpuwarden_operator_findings", {**counts, "rule": "idle"}) == 1
+    assert get("gpuwarden_operator_findings", {**counts, "rule": "leak"}) is None
+    assert get("gpuwarden_finding_time_to_full_seconds", to_full) is None
+    assert get("gpuwarden_finding_started_timestamp_seconds", {**started, "pod": "c"}) is None
+    metrics.set_findings("ns", "pol", ())  # the policy stopped
+    assert get("gpuwarden_finding_started_timestamp_seconds", started) is None
+    assert "gpuwarden_operator_findings{" not in metrics.exposition().decode()
+
+
+def test_scale_decisions_are_read_from_the_scaler_at_scrape_time() -> None:
+    metrics = OperatorMetrics()
+    counts = {("ns", "pol", "ScaledUp"): 2, ("ns", "pol", "ScaledDown"): 0}
+    metrics.registry.register(ScaleDecisionsCollector(lambda: counts))
+    get = metrics.registry.get_sample_value
+    labels = {"namespace": "ns", "policy": "pol"}
+    assert get("gpuwarden_policy_scale_decisions_total", {**labels, "reason": "ScaledUp"}) == 2
+    assert get("gpuwarden_policy_scale_decisions_total", {**labels, "reason": "ScaledDown"}) == 0
 
 
 async def test_endpoints() -> None:

@@ -41,8 +41,8 @@ def report(version: int, hook: HookSample | None) -> bytes:
     return dump_report(built)
 
 
-def test_this_build_sends_version_5_and_the_hook_block_round_trips() -> None:
-    assert SCHEMA_VERSION == 5
+def test_this_build_sends_version_6_and_the_hook_block_round_trips() -> None:
+    assert SCHEMA_VERSION == 6
     body = report(3, HOOK)
     assert b'"allocatedBytes":21474836480' in body
     assert b'"growthBytes"' in body

@@ -219,6 +219,22 @@ async def test_scales_up_and_announces_on_both_objects(
     assert desired(registry) == 3
 
 
+async def test_every_change_made_or_announced_is_counted_by_its_reason(
+    scaler: WorkloadScaler, cluster: FakeCluster
+) -> None:
+    await scaler.reconcile(policy(), action(), [], 2, T0, cluster.claims())  # nothing to do yet
+    # Every reason reads 0 from the first reconcile: the first change then shows as an increase.
+    assert scaler.decisions() == {
+        (NS, "llm-serving", reason): 0
+        for reason in ("ScaledUp", "ScaledDown", "WouldScaleUp", "WouldScaleDown")
+    }
+    await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + 10, cluster.claims())
+    await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + 30, cluster.claims())  # cooling down
+    await scaler.reconcile(policy(), action(dry_run=True), SATURATED, 2, T0 + 70, cluster.claims())
+    counted = {reason: n for (_, _, reason), n in scaler.decisions().items() if n}
+    assert counted == {"ScaledUp": 1, "WouldScaleUp": 1}
+
+
 async def test_cooldown_then_next_step(scaler: WorkloadScaler, cluster: FakeCluster) -> None:
     await scaler.reconcile(policy(), action(), SATURATED, 2, T0, cluster.claims())
     held = await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + 30, cluster.claims())

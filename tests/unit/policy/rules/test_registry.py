@@ -40,6 +40,9 @@ MINIMAL: dict[str, dict[str, Any]] = {
     "memoryGrowth": {"rate": "100Mi/m"},
     "gpuHealth": {},
     "anomaly": {"metric": "memory"},
+    "requestLatency": {"percentile": 99, "threshold": "2s", "server": "vllm"},
+    "requestQueue": {"limit": 5, "server": "vllm"},
+    "kvCacheUsage": {"percent": 90, "server": "vllm"},
 }
 
 
@@ -88,11 +91,11 @@ def test_every_kind_is_registered_whole(t: RuleType[Any]) -> None:
         assert name in ("for", "window")
         assert seconds > 0
         assert t.reach(rule) >= seconds
-    assert re.fullmatch(r"GPU[A-Z][A-Za-z]+", t.reason)
+    assert re.fullmatch(r"(GPU|Request|KVCache)[A-Z][A-Za-z]+", t.reason)
     assert t.meaning
     assert t.colour
     memo = None if t.memo is None else t.memo()
-    outcome = t.evaluate(rule, PodId("ns", "p"), [], 1_800_000_000.0, WindowParams(), memo, None)
+    outcome = t.evaluate(rule, PodId("ns", "p"), [], 1_800_000_000.0, WindowParams(), memo, None, None)
     assert (outcome.rule, outcome.kind, outcome.value) == ("r", t.kind, None)
     if memo is not None:
         memo.sweep()

@@ -255,7 +255,10 @@ def _walk(spec: dict[str, Any], path: str) -> tuple[Any, Any]:
     return target, tokens[-1]
 
 
-KINDS = "utilizationFloor, utilizationCeiling, memoryCeiling, memoryGrowth, gpuHealth, anomaly"
+KINDS = (
+    "utilizationFloor, utilizationCeiling, memoryCeiling, memoryGrowth, gpuHealth, anomaly, requestLatency,"
+    " requestQueue, kvCacheUsage"
+)
 ONE_TWO_ONE_TWO = "must be between 1 and 2147483647"
 
 INVALID: list[tuple[str, Edit, str]] = [
@@ -487,8 +490,9 @@ INVALID: list[tuple[str, Edit, str]] = [
     (
         "unknown rule kind",
         put("rules[0]", {"name": "x", "powerCeiling": {"watts": 500}}),
-        "spec.rules[0].powerCeiling: unknown field (expected one of: anomaly, gpuHealth, memoryCeiling, "
-        "memoryGrowth, name, utilizationCeiling, utilizationFloor)",
+        "spec.rules[0].powerCeiling: unknown field (expected one of: anomaly, gpuHealth, kvCacheUsage,"
+        " memoryCeiling, memoryGrowth, name, requestLatency, requestQueue, utilizationCeiling,"
+        " utilizationFloor)",
     ),
     (
         "no kind",
@@ -530,7 +534,8 @@ INVALID: list[tuple[str, Edit, str]] = [
     (
         "unknown spec field",
         put("interval", "10s"),
-        "spec.interval: unknown field (expected one of: actions, evaluationInterval, rules, selector)",
+        "spec.interval: unknown field"
+        " (expected one of: actions, evaluationInterval, rules, selector, serviceMetrics)",
     ),
     ("selector missing", drop("selector"), "spec.selector: required field is missing"),
     ("selector list", put("selector", ["app=llm"]), "spec.selector: must be an object, not a list"),

@@ -45,12 +45,14 @@ def test_a_panel_pair_per_gpu_titled_with_its_pod(figure: Figure) -> None:
     for i, pod in enumerate(PODS):
         util, mem = axes[2 * i], axes[2 * i + 1]
         assert util.get_title(loc="left") == f"GPU {i}: {pod}  (utilization)"
-        assert mem.get_title(loc="left") == f"GPU {i}: {pod}  (memory)"
+        assert mem.get_title(loc="left") == f"GPU {i}: {pod}  (memory; card 140Gi)"
     for i in range(GPUS):
         assert axes[2 * i].get_ylabel() == "utilization (%)"
         assert axes[2 * i + 1].get_ylabel() == "memory (GiB)"
     assert axes[6].get_title(loc="left").startswith("GPU 3: inference/llm-server-")
-    assert axes[12].get_title(loc="left") == "GPU 6: (nothing ran on it)  (utilization)"
+    # GPU 6 gets the fourth replica (the demo scales on latency at 22m); GPU 7 nothing.
+    assert axes[12].get_title(loc="left").startswith("GPU 6: inference/llm-server-")
+    assert axes[14].get_title(loc="left") == "GPU 7: (nothing ran on it)  (utilization)"
     assert [ax.get_xlabel() for ax in axes[-2:]] == ["minutes since start"] * 2
     assert figure.get_suptitle() == "gpuwarden demo: scenario demo"
 
@@ -63,7 +65,10 @@ def test_findings_are_marked_on_the_panel_of_what_they_judged(figure: Figure) ->
     assert marks(axes[3], "start") == ["leak", "near-oom"]  # GPU 1 memory
     assert marks(axes[4], "start") == marks(axes[5], "start") == []  # the plateau: nothing
     # The ramp the replicas on GPUs 3 and 4 see begin: an anomaly of utilization, on its panel.
-    assert marks(axes[6], "start") == marks(axes[8], "start") == ["unusual-activity"]
+    # The servers: the climb on the two that saw the ramp, and their P99 latency on all three serving
+    # when the answers grow longer (a service rule speaks for the pod's GPU).
+    assert marks(axes[6], "start") == marks(axes[8], "start") == ["slow-requests", "unusual-activity"]
+    assert marks(axes[10], "start") == ["slow-requests"]
     assert marks(axes[7], "start") == marks(axes[9], "start") == []
     assert marks(axes[0], "span") == ["idle-gpu", "unusual-activity"]
     assert marks(axes[3], "span") == ["leak", "near-oom"]

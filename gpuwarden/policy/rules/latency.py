@@ -1,0 +1,143 @@
+"""requestLatency: a percentile of a pod's request latency over a window, above a threshold.
+
+- **Value.** ``histogram_quantile(percentile / 100, increase(<histogram>_bucket[window]))`` over the
+  pod's own scrapes, as Prometheus computes it (:func:`~gpuwarden.policy.store.service.histogram_quantile`:
+  linear interpolation inside a bucket; a percentile in the ``+Inf`` bucket reads as the highest finite
+  bound, so a threshold at or above that bound can never be passed), counter resets handled as
+  ``rate()`` does. The histogram is the rule's ``metric``, or its server's for the ``latency`` asked
+  for (:mod:`gpuwarden.policy.spec.servers`), scaled to seconds (Triton's is in milliseconds).
+- **No requests** in the window: no value (a quiet replica is not slow); nothing starts or clears.
+- **Holds** when the value is above ``threshold`` and the pod was scraped since before the window
+  began (the percentile then speaks for the whole window), for ``for`` (re-judged at every
+  evaluation) before the finding starts. **Clears** at or below ``threshold`` less ``hysteresis``
+  percent of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpuwarden.policy.humanize import format_count, format_latency
+from gpuwarden.policy.rules.common import (
+    Outcome,
+    RuleKind,
+    RuleType,
+    Services,
+    WindowParams,
+    on_services,
+    unknown,
+)
+from gpuwarden.policy.rules.serving import metric_of, parse_source
+from gpuwarden.policy.spec.fields import SpecError, check_fields, duration, integer, member, number, value_or
+from gpuwarden.policy.spec.model import Latency, RequestLatency
+from gpuwarden.policy.spec.servers import latency_metric
+from gpuwarden.policy.store.series import PodId
+from gpuwarden.policy.store.service import histogram_quantile
+from gpuwarden.units import format_duration
+
+UNIT = "seconds"
+PERCENTILES = (50, 90, 95, 99)
+MIN_THRESHOLD = 0.001
+
+DEFAULTS: Mapping[str, Any] = {"window": "5m", "for": "2m", "latency": "endToEnd", "hysteresis": 10}
+
+_LATENCY_WORDS = {
+    Latency.END_TO_END: "latency",
+    Latency.TIME_TO_FIRST_TOKEN: "time to first token",
+    Latency.INTER_TOKEN: "inter-token latency",
+}
+
+
+def parse_latency(name: str, obj: Mapping[str, Any], path: str) -> RequestLatency:
+    """A requestLatency rule's body (``path`` is its own)."""
+    check_fields(
+        obj,
+        path,
+        ("percentile", "threshold", "window", "for", "latency", "server", "metric", "hysteresis"),
+        ("percentile", "threshold"),
+    )
+    percentile = integer(obj, "percentile", path, None, 1, 99)
+    if percentile not in PERCENTILES:
+        raise SpecError(
+            f"{path}.percentile", f"{percentile} is not one of {', '.join(map(str, PERCENTILES))}"
+        )
+    if obj.get("threshold") is None:
+        raise SpecError(f"{path}.threshold", "required field is missing")
+    server, metric = parse_source(obj, path)
+    return RequestLatency(
+        name=name,
+        percentile=percentile,
+        threshold_seconds=duration(obj, "threshold", path, "0s", minimum=MIN_THRESHOLD),
+        window_seconds=duration(obj, "window", path, DEFAULTS["window"], minimum=1.0),
+        for_seconds=duration(obj, "for", path, DEFAULTS["for"]),
+        latency=member(Latency, value_or(obj, "latency", DEFAULTS["latency"]), f"{path}.latency"),
+        server=server,
+        metric=metric,
+        hysteresis=number(obj, "hysteresis", path, DEFAULTS["hysteresis"], 0, 90),
+    )
+
+
+def latency_message(o: Outcome) -> str:
+    """``P99 latency 3.4s over 5m above 2s`` (``at or below`` when it is not), with the requests counted."""
+    percentile, words, requests = o.extra if isinstance(o.extra, tuple) else (0, "latency", 0.0)
+    value = o.value or 0.0
+    side = "above" if value > o.threshold else "at or below"
+    return (
+        f"P{percentile} {words} {format_latency(value)} over {format_duration(o.window_seconds)}"
+        f" {side} {format_latency(o.threshold)} ({format_count(requests)} requests)"
+    )
+
+
+def evaluate_latency(
+    rule: RequestLatency, pod: PodId, now: float, params: WindowParams, services: Services | None
+) -> Outcome:
+    """Judge a requestLatency rule for one pod (see the module doc)."""
+    kind = RuleKind.REQUEST_LATENCY
+    nothing = unknown(rule.name, kind, pod, rule.threshold_seconds, UNIT)
+    if services is None:
+        return nothing
+    metric = metric_of(latency_metric(rule))
+    window = services.store.increase(pod, metric.names, rule.window_seconds, now, params.stale_after_seconds)
+    if window is None or window.histogram is None:
+        return nothing
+    q = histogram_quantile(rule.percentile / 100, window.histogram)
+    if q is None:
+        return nothing
+    value = q * metric.scale
+    holds = window.covered and value > rule.threshold_seconds
+    clears = not holds and value <= rule.threshold_seconds * (1 - rule.hysteresis / 100)
+    words = "latency" if rule.metric is not None else _LATENCY_WORDS[rule.latency]
+    return Outcome(
+        rule.name,
+        kind,
+        pod,
+        value,
+        rule.threshold_seconds,
+        UNIT,
+        holds=holds,
+        clears=clears,
+        window_seconds=rule.window_seconds,
+        signal=window.name,
+        extra=(rule.percentile, words, window.histogram.counts[-1]),
+        describe=latency_message,
+    )
+
+
+RULE_TYPE = RuleType(
+    kind=RuleKind.REQUEST_LATENCY,
+    model=RequestLatency,
+    parse=parse_latency,
+    defaults=DEFAULTS,
+    evaluate=on_services(evaluate_latency),
+    # The window, and the scrape before it (which tells the window is covered): scrapes come at most
+    # a minute apart in any sensible serviceMetrics.interval.
+    reach=lambda rule: rule.window_seconds + 60.0,
+    window=lambda rule: ("window", rule.window_seconds),
+    reason="RequestLatencyHigh",
+    meaning="its requests are served too slowly: it may need more replicas",
+    per_gpu=False,
+    colour="tab:orange",
+    utilization=True,  # local mode's plot draws it on the utilization panel: it speaks of load
+    hold=lambda rule: rule.for_seconds,
+)

@@ -1,0 +1,164 @@
+"""requestQueue: requests waiting to be served, per replica or per pod, above a limit.
+
+- **Value.** A pod's queue is its gauge of waiting requests (the rule's ``metric``, or its server's:
+  ``vllm:num_requests_waiting``, ``sglang:num_queue_reqs``, ...), summed over its label sets (one per
+  model served), from its newest fresh scrape. ``per: replica`` (the default) judges the workload's
+  queue per replica: the sum over the policy's pods that report / their number, the same for every
+  pod (a load balancer may queue unevenly; scaling answers the workload's queue); ``per: pod`` judges
+  each pod's own.
+- **Holds** above ``limit``, for ``for`` before the finding starts; **clears** at or below ``limit``
+  less ``hysteresis`` percent of it. A pod with no fresh scrape of its own is not judged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpuwarden.policy.humanize import format_count
+from gpuwarden.policy.rules.common import Outcome, RuleKind, RuleType, Services, WindowParams, unknown
+from gpuwarden.policy.rules.serving import metric_of, parse_source
+from gpuwarden.policy.spec.fields import check_fields, duration, member, number, value_or
+from gpuwarden.policy.spec.model import QueueScope, RequestQueue
+from gpuwarden.policy.spec.servers import queue_metric
+from gpuwarden.policy.store.health import HealthStore
+from gpuwarden.policy.store.series import PodId, SeriesKey, Window
+
+UNIT = "requests"
+MAX_LIMIT = 1_000_000.0
+
+DEFAULTS: Mapping[str, Any] = {"for": "1m", "per": "replica", "hysteresis": 10}
+
+
+def parse_queue(name: str, obj: Mapping[str, Any], path: str) -> RequestQueue:
+    """A requestQueue rule's body (``path`` is its own)."""
+    check_fields(obj, path, ("limit", "for", "per", "server", "metric", "hysteresis"), ("limit",))
+    server, metric = parse_source(obj, path)
+    return RequestQueue(
+        name=name,
+        limit=number(obj, "limit", path, None, 0, MAX_LIMIT),
+        for_seconds=duration(obj, "for", path, DEFAULTS["for"]),
+        per=member(QueueScope, value_or(obj, "per", DEFAULTS["per"]), f"{path}.per"),
+        server=server,
+        metric=metric,
+        hysteresis=number(obj, "hysteresis", path, DEFAULTS["hysteresis"], 0, 90),
+    )
+
+
+class QueueMemo:
+    """The workload's queue per replica, worked out once per evaluation, not once per pod."""
+
+    def __init__(self) -> None:
+        self._replica: dict[tuple[tuple[str, ...], float, int], tuple[float, int]] = {}
+
+    def per_replica(
+        self, names: tuple[str, ...], services: Services, now: float, stale_after: float
+    ) -> tuple[float, int]:
+        """The sum of the reporting pods' queues / their number, and that number."""
+        key = (names, now, id(services.pods))
+        found = self._replica.get(key)
+        if found is None:
+            queues = [
+                q
+                for pod in services.pods
+                if (q := pod_queue(services, pod, names, now, stale_after)) is not None
+            ]
+            found = self._replica[key] = (sum(queues) / len(queues) if queues else 0.0, len(queues))
+        return found
+
+    def sweep(self) -> None:
+        """An evaluation ended: the next one reads the queues afresh."""
+        self._replica.clear()
+
+
+def pod_queue(
+    services: Services, pod: PodId, names: Sequence[str], now: float, stale_after: float
+) -> float | None:
+    """A pod's waiting requests (its gauge summed over label sets); None when it has no fresh one."""
+    found = services.store.gauge(pod, names, now, stale_after)
+    return None if found is None else sum(found[1])
+
+
+def queue_message(o: Outcome) -> str:
+    """``7.5 waiting requests per replica across 4 pods (this pod 9), limit 5`` or
+    ``12 waiting requests, limit 5``."""
+    own, pods = o.extra if isinstance(o.extra, tuple) else (None, 0)
+    value = format_count(o.value or 0.0)
+    if own is None:
+        return f"{value} waiting requests, limit {format_count(o.threshold)}"
+    return (
+        f"{value} waiting requests per replica across {pods} pods (this pod {format_count(own)}),"
+        f" limit {format_count(o.threshold)}"
+    )
+
+
+def evaluate_queue(
+    rule: RequestQueue,
+    pod: PodId,
+    now: float,
+    params: WindowParams,
+    services: Services | None,
+    memo: QueueMemo | None,
+) -> Outcome:
+    """Judge a requestQueue rule for one pod (see the module doc)."""
+    kind = RuleKind.REQUEST_QUEUE
+    nothing = unknown(rule.name, kind, pod, rule.limit, UNIT)
+    if services is None:
+        return nothing
+    names = metric_of(queue_metric(rule)).names
+    stale_after = params.stale_after_seconds
+    own = pod_queue(services, pod, names, now, stale_after)
+    if own is None:
+        return nothing
+    extra: tuple[float | None, int] = (None, 1)
+    value = own
+    if rule.per is QueueScope.REPLICA:
+        value, pods = (memo or QueueMemo()).per_replica(names, services, now, stale_after)
+        extra = (own, pods)
+    holds = value > rule.limit
+    clears = not holds and value <= rule.limit * (1 - rule.hysteresis / 100)
+    return Outcome(
+        rule.name,
+        kind,
+        pod,
+        value,
+        rule.limit,
+        UNIT,
+        holds=holds,
+        clears=clears,
+        window_seconds=rule.for_seconds,
+        extra=extra,
+        describe=queue_message,
+    )
+
+
+def _judge(
+    rule: RequestQueue,
+    pod: PodId,
+    series: Sequence[tuple[SeriesKey, Window]],
+    now: float,
+    params: WindowParams,
+    memo: Any,
+    health: HealthStore | None,
+    services: Services | None,
+) -> Outcome:
+    return evaluate_queue(rule, pod, now, params, services, memo if isinstance(memo, QueueMemo) else None)
+
+
+RULE_TYPE = RuleType(
+    kind=RuleKind.REQUEST_QUEUE,
+    model=RequestQueue,
+    parse=parse_queue,
+    defaults=DEFAULTS,
+    evaluate=_judge,
+    # It reads the newest scrape; the last few tell the pod's scrape interval (its staleness).
+    reach=lambda rule: max(rule.for_seconds, 60.0),
+    window=None,
+    reason="RequestQueueLong",
+    meaning="requests wait to be served: it needs more replicas",
+    per_gpu=False,
+    colour="tab:brown",
+    utilization=True,  # local mode's plot draws it on the utilization panel: it speaks of load
+    hold=lambda rule: rule.for_seconds,
+    memo=QueueMemo,
+)
