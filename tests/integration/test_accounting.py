@@ -137,7 +137,7 @@ def scenario(path: Path, a: str, b: str) -> Path:
     return path
 
 
-TEMPLATE = {
+TEMPLATE: dict[str, Any] = {
     "metadata": {"labels": {"app": "x"}},
     "spec": {"containers": [{"name": "main", "image": "example.invalid/cuda:1"}]},
 }

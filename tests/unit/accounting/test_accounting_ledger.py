@@ -6,7 +6,7 @@ import pytest
 
 from gpuwarden.accounting import MIG_FALLBACK_FRACTION, Device, Ledger, Usage, devices_of
 from gpuwarden.policy import Point, SeriesKey, UtilizationSource
-from gpuwarden.wire.node import GpuSample, PodRef, ProcessSample, Snapshot
+from gpuwarden.wire.node import DeviceState, GpuSample, PodRef, ProcessSample, Snapshot
 
 H200 = "NVIDIA H200"
 ALONE = Device(H200, 1.0, frozenset({("ml", "train")}))
@@ -87,10 +87,10 @@ def test_a_time_sliced_gpu_is_split_evenly_and_each_pod_uses_its_processes_share
         ledger.observe(SeriesKey("ml", "a", "GPU-1"), Point(float(t), gpu_util=30.0), device)
         ledger.observe(SeriesKey("ml", "b", "GPU-1"), Point(float(t), gpu_util=2.0), device)
     a, b = total(ledger, pod="a"), total(ledger, pod="b")
-    assert (a.allocated, b.allocated) == (pytest.approx(5.0), pytest.approx(5.0))
-    assert (a.used, b.used) == (pytest.approx(3.0), pytest.approx(0.2))
+    assert [a.allocated, b.allocated] == pytest.approx([5.0, 5.0])
+    assert [a.used, b.used] == pytest.approx([3.0, 0.2])
     # b uses 2% of the GPU, 4% of its half: under the 5% floor. a is not idle.
-    assert (a.idle, b.idle) == (0.0, pytest.approx(5.0))
+    assert [a.idle, b.idle] == pytest.approx([0.0, 5.0])
 
 
 def test_a_pod_running_on_a_gpu_allocated_to_another_is_allocated_nothing_there() -> None:
@@ -144,7 +144,7 @@ def test_devices_of_names_the_pods_each_device_is_allocated_to() -> None:
                 pods=[PodRef(namespace="ml", name="a"), PodRef(namespace="ml", name="b")],
                 processes=[ProcessSample(pid=1, pod=PodRef(namespace="ops", name="x"))],
             ),
-            GpuSample(uuid="GPU-2", index=1, model=H200, state="lost"),
+            GpuSample(uuid="GPU-2", index=1, model=H200, state=DeviceState.LOST),
         ],
     )
     devices = devices_of(snapshot)
