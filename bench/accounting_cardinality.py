@@ -5,7 +5,11 @@ Not a test: it prints figures for docs/accounting.md and docs/benchmarks.md. It 
 of 1 s readings, every pod on one H200, for ``--pods`` pods grouped into workloads of
 ``--pods-per-workload`` (1: every pod bare, its own workload, the worst case), each resolved through
 the real :class:`~gpuwarden.operator.accounting.OwnerResolver` against an in-memory API, and with a
-price set (four counters a row), then scrapes it as ``/metrics`` does.
+price set (four counters a row), then scrapes it as ``/metrics`` does. Then the cost on the ingest
+path, side by side in one run: the same 8-GPU node reports (one snapshot each, ``--pods`` / 8
+nodes) through two operators' :meth:`~gpuwarden.operator.state.OperatorState.accept` (parsing
+aside: the series store, admission, and the book), one with its accounting book and one without,
+alternating which goes first.
 
     .venv/bin/python bench/accounting_cardinality.py                # 10,000 pods, 8 a workload, then bare
     .venv/bin/python bench/accounting_cardinality.py --pods 1000    # a quick look
@@ -26,8 +30,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuwarden.accounting import Device
 from gpuwarden.operator.accounting import AccountingBook, AccountingSettings, OwnerResolver
+from gpuwarden.operator.composition import build_operator
+from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.kube import ApiError
+from gpuwarden.operator.state import OperatorState
 from gpuwarden.policy import Point, SeriesKey
+from gpuwarden.wire.node import SCHEMA_VERSION, GpuSample, NodeReport, PodRef, Snapshot
 
 H200 = "NVIDIA H200"
 
@@ -74,8 +82,9 @@ def run(pods: int, per_workload: int, seconds: int) -> dict[str, float]:
 
     def new_book() -> AccountingBook:
         return AccountingBook(
-            AccountingSettings(group_label="team", prices={H200: 3.5}),
-            OwnerResolver(Api(per_workload).get, group_label="team"),
+            # Rows past their first scrape interval: the figures they export for the rest of their life.
+            AccountingSettings(group_label="team", prices={H200: 3.5}, scrape_interval=0.0),
+            OwnerResolver(Api(per_workload), group_label="team"),
             lambda: clock[0],
         )
 
@@ -111,12 +120,65 @@ def run(pods: int, per_workload: int, seconds: int) -> dict[str, float]:
     }
 
 
+def node_report(node: int, seq: int, t: float) -> NodeReport:
+    """Node ``node``'s report of one snapshot at ``t``: 8 H200s, one pod each."""
+    gpus = [
+        GpuSample(
+            uuid=f"GPU-{node}-{i}",
+            index=i,
+            model=H200,
+            utilization_gpu=float((node + i + seq) % 100),
+            sm_active=float((node + i + seq) % 80),
+            memory_used_bytes=8 * 2**30,
+            memory_total_bytes=144 * 2**30,
+            pods=[PodRef(namespace="ml", name=f"pod-{node * 8 + i}")],
+        )
+        for i in range(8)
+    ]
+    return NodeReport(
+        schema_version=SCHEMA_VERSION,
+        node=f"node-{node}",
+        agent_id="bench",
+        seq=seq,
+        snapshots=[Snapshot(timestamp=t, gpus=gpus)],
+    )
+
+
+def ingest_cost(nodes: int, seconds: int) -> dict[str, float]:
+    """CPU µs per report through ``OperatorState.accept``, with the accounting book and without."""
+    t0 = 1_800_000_000.0
+    clock = [t0]
+    states: dict[str, OperatorState] = {}
+    for name in ("with", "without"):
+        state = build_operator(OperatorConfig(), clock=lambda: clock[0]).state
+        if name == "without":
+            state.accounting = None
+        states[name] = state
+    spent = dict.fromkeys(states, 0.0)
+    for s in range(seconds):
+        batch = [node_report(n, s + 1, t0 + s) for n in range(nodes)]
+        clock[0] = t0 + s + 0.5
+        for name in ("with", "without") if s % 2 else ("without", "with"):
+            accept = states[name].accept
+            start = time.process_time()
+            for report in batch:
+                accept(report, report.node, clock[0])
+            spent[name] += time.process_time() - start
+    accounting = states["with"].accounting
+    assert accounting is not None
+    assert len(accounting.ledger.pods()) == nodes * 8  # every pod counted: the path was taken
+    return {name: spent[name] / (nodes * seconds) * 1e6 for name in spent}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=10_000)
     parser.add_argument("--pods-per-workload", type=int, nargs="+", default=[8, 1])
     parser.add_argument(
         "--seconds", type=int, default=60, help="readings per pod, 1 s apart, timed (%(default)s)"
+    )
+    parser.add_argument(
+        "--ingest-seconds", type=int, default=10, help="seconds of node reports through accept (%(default)s)"
     )
     args = parser.parse_args()
     print(
@@ -135,6 +197,15 @@ def main() -> None:
             f"{got['memory_bytes_per_pod']:.0f} B | "
             f"{got['observe_us']:.2f} µs |"
         )
+
+    nodes = max(1, args.pods // 8)
+    cost = ingest_cost(nodes, args.ingest_seconds)
+    print(f"\n{nodes:,} nodes of 8 GPUs, {args.ingest_seconds} reports each through OperatorState.accept")
+    print("| CPU a report, without accounting | with | accounting's share |")
+    print("|---|---|---|")
+    extra = cost["with"] - cost["without"]
+    share = 100 * extra / cost["without"]
+    print(f"| {cost['without']:.0f} µs | {cost['with']:.0f} µs | +{extra:.0f} µs ({share:.0f}%) |")
 
 
 if __name__ == "__main__":

@@ -8,10 +8,13 @@ The rules, per series, for each reading at ``t`` after the series' previous one 
 - **Intervals.** The reading accounts for the interval ``(t0, t]`` (NVML's utilization describes
   the sampling period that ends at the reading). A series' first reading opens it and accounts for
   nothing; a reading not newer than the previous one is ignored (the series store drops it too).
-- **Gaps.** An interval longer than ``max_gap`` (the series store's gap bound,
-  :data:`~gpuwarden.policy.GAP_RECORD_SECONDS`, 5 s: agents sample at 1 s) is a gap, and counts
-  nothing: time nobody read is neither allocated nor used nor idle. So an agent down for an hour
-  costs its pods an hour of accounting, never an hour guessed.
+- **Gaps.** An interval longer than both ``max_gap`` (the series store's gap bound,
+  :data:`~gpuwarden.policy.GAP_RECORD_SECONDS`, 5 s: agents sample at 1 s) and
+  :data:`GAP_INTERVALS` times the shorter of the series' two previous intervals (an agent told to
+  sample every 10 s reads every 10 s; the policies' coverage adapts to the sampling the same way)
+  is a gap, and counts nothing: time nobody read is neither allocated nor used nor idle. So an
+  agent down for an hour costs its pods an hour of accounting, never an hour guessed; a series'
+  first interval is judged against ``max_gap`` alone (there is no interval before it).
 - **Allocated.** The device's share of its GPU (1 for a whole GPU; a MIG device's memory as a
   share of its GPU's memory, the same snapshot's parent entry; :data:`MIG_FALLBACK_FRACTION` when
   that is not known) split evenly among the pods the kubelet allocated it to (time-slicing hands
@@ -37,6 +40,7 @@ The same readings in the same order give the same totals: plain float sums, no c
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -46,6 +50,9 @@ from gpuwarden.wire.node import DeviceState, Snapshot
 DEFAULT_IDLE_FLOOR = 5.0
 """Percent of its allocation under which a pod's interval counts as idle (the SM activity of a
 notebook left open, a server with no requests: a few percent of housekeeping kernels)."""
+GAP_INTERVALS = 3.0
+"""An interval is a gap past this many of the series' recent intervals (and past ``max_gap``): the
+policies' adaptive coverage bound (:mod:`gpuwarden.policy.rules.common`)."""
 CARRY_SECONDS = 30.0
 """How long a series' last known activity stands in for readings without one: three of the
 agent's default per-process utilization periods (10 s)."""
@@ -140,6 +147,10 @@ class _Series:
     last_t: float
     activity: float | None = None
     activity_t: float = 0.0
+    # The two intervals before the latest reading (inf: none yet). The shorter of two, not the last
+    # alone: the interval right after an outage is the outage, and must not excuse the next one.
+    step: float = math.inf
+    step_before: float = math.inf
 
 
 @dataclass
@@ -168,12 +179,13 @@ class Ledger:
         if t <= series.last_t:
             return None
         interval = t - series.last_t
-        series.last_t = t
+        recent = min(series.step, series.step_before)
+        series.last_t, series.step, series.step_before = t, interval, series.step
         if activity is not None:
             series.activity, series.activity_t = activity, t
         elif series.activity is not None and t - series.activity_t <= self.carry_seconds:
             activity = series.activity
-        if interval > self.max_gap:
+        if interval > max(self.max_gap, GAP_INTERVALS * recent if recent < math.inf else 0.0):
             return None
         holders = len(device.holders)
         if pod in device.holders:

@@ -82,7 +82,7 @@ def build_operator(
         clock=clock,
     )
     accounting = AccountingBook(
-        config.accounting, OwnerResolver(api.get, group_label=config.accounting.group_label), clock
+        config.accounting, OwnerResolver(api, group_label=config.accounting.group_label), clock
     )
     metrics.registry.register(accounting)
     state.accounting = accounting

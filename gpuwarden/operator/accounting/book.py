@@ -11,6 +11,8 @@ The counters, GPU-seconds (and the idle part's price), labelled ``namespace``, `
 totals, those of live pods and those retired into the workload's row. A pod is exported once its
 workload is known (its first seconds wait for that read, they are not lost); a pod none of whose
 GPUs has been read for :data:`RETIRE_SECONDS` is retired (its totals stay in its workload's row);
+a new row reads 0 for the longest scrape interval (``--accounting-scrape-interval``) before its
+totals, since PromQL's ``increase()`` takes a series' first value as its baseline, not as an increase;
 a row that has not grown for :data:`EXPIRE_SECONDS` and has no live pod is dropped, so finished
 workloads do not stay in ``/metrics`` for ever. A row's exported value never decreases (floating
 sums in another order could make it dip by a rounding error, which Prometheus would read as a
@@ -61,6 +63,8 @@ Row = tuple[str, str, str, str, str]
 class _Exported:
     value: Usage
     grown_at: float
+    since: float
+    """When the row was first exported (it reads 0 for the settings' scrape interval from then)."""
 
 
 class AccountingBook(Collector):
@@ -159,7 +163,9 @@ class AccountingBook(Collector):
     # -- export --
 
     def rows(self) -> dict[Row, Usage]:
-        """Each row's exported totals now (never below what was exported before)."""
+        """Each row's exported totals now: 0 for the settings' scrape interval after the row first
+        appears (Prometheus then keeps a 0 before its seconds), then its totals, never below what was
+        exported before."""
         now = self._clock()
         sums = {row: Usage(u.allocated, u.used, u.idle, u.unknown) for row, u in self._retired.items()}
         for pod, workload in self._workloads.items():
@@ -173,8 +179,8 @@ class AccountingBook(Collector):
         for row, total in sums.items():
             seen = self._exported.get(row)
             if seen is None:
-                self._exported[row] = _Exported(total, now)
-            else:
+                seen = self._exported[row] = _Exported(Usage(), now, now)
+            if now - seen.since >= self.settings.scrape_interval:
                 last = seen.value
                 grown = Usage(
                     max(last.allocated, total.allocated),
@@ -183,7 +189,7 @@ class AccountingBook(Collector):
                 )
                 if grown != last:
                     seen.value, seen.grown_at = grown, now
-            out[row] = self._exported[row].value
+            out[row] = seen.value
         return out
 
     def collect(self) -> Iterator[Metric]:

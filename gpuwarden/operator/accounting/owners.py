@@ -2,9 +2,10 @@
 
 A pod's workload is the top of its chain of controllers: the controller ``ownerReference`` of the
 pod, then of that owner, and so on. Only the owners whose own owners matter are read: a ReplicaSet
-(a Deployment above it), a Job (a CronJob above it) and a StatefulSet (a LeaderWorkerSet or a
-Kubeflow Notebook above it); any other kind (DaemonSet, Deployment, LeaderWorkerSet, ...) is taken
-as the top without a read. A bare pod is its own workload (kind ``Pod``). An owner that cannot be
+(a Deployment above it), a Job (a CronJob above it), a StatefulSet (a LeaderWorkerSet or a Kubeflow
+Notebook above it) and a Pod (a LeaderWorkerSet's leader pod controls the StatefulSet of its group's
+workers); any other kind (DaemonSet, Deployment, LeaderWorkerSet, ...) is taken as the top without
+a read. A bare pod is its own workload (kind ``Pod``). An owner that cannot be
 read (deleted, or not ours to read) is the top as far as we know; an API server that does not
 answer is tried again later (:class:`Unresolved`).
 
@@ -15,23 +16,25 @@ re-parent a controller's objects), so a Deployment's hundred pods cost its Repli
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from gpuwarden.operator.kube import ApiError
 
-__all__ = ["OwnerResolver", "Unresolved", "Workload"]
+__all__ = ["ObjectReader", "OwnerResolver", "Unresolved", "Workload"]
 
 FOLLOWED = {
     ("apps", "ReplicaSet"): "replicasets",
     ("batch", "Job"): "jobs",
     ("apps", "StatefulSet"): "statefulsets",
+    ("", "Pod"): "pods",
 }
 """The owners read to find theirs, by (API group, kind): their resource names (the chart's
 operator ClusterRole grants ``get`` on exactly these)."""
 MAX_DEPTH = 4
-"""Owners followed at most: Pod, StatefulSet, LeaderWorkerSet is the deepest chain known."""
+"""Owners followed at most: a LeaderWorkerSet's worker pod's (StatefulSet, leader Pod, StatefulSet,
+LeaderWorkerSet) is the deepest chain known."""
 MAX_CACHED = 100_000
 """Owners remembered (least recently used forgotten first)."""
 GONE = frozenset({403, 404, 410})
@@ -52,9 +55,14 @@ class Workload:
     """The value of the pod's group label (``--accounting-group-label``); empty when unset or absent."""
 
 
-Reader = Callable[[str], Awaitable[Mapping[str, Any]]]
-"""GETs one object by API path (:meth:`KubeApi.get <gpuwarden.operator.kube.KubeApi.get>`); raises
-:class:`~gpuwarden.operator.kube.ApiError` for anything but success."""
+class ObjectReader(Protocol):
+    """What the resolver reads objects through: the operator's API client
+    (:class:`~gpuwarden.operator.kube.KubeApi`), or the user's in ``gpuwarden report``."""
+
+    async def get(self, path: str) -> Mapping[str, Any]:
+        """GET one object by API path; raise :class:`~gpuwarden.operator.kube.ApiError` for anything
+        but success (status 404 for an object that is not there)."""
+        ...
 
 
 def controller_of(meta: Mapping[str, Any]) -> tuple[str, str, str] | None:
@@ -71,8 +79,9 @@ def controller_of(meta: Mapping[str, Any]) -> tuple[str, str, str] | None:
 class OwnerResolver:
     """Resolves pods to their workloads, caching the owners it reads."""
 
-    def __init__(self, read: Reader, *, group_label: str = "", max_cached: int = MAX_CACHED) -> None:
-        self._read = read
+    def __init__(self, api: ObjectReader, *, group_label: str = "", max_cached: int = MAX_CACHED) -> None:
+        # The API object, not its bound ``get``: nothing is read of it until a pod is resolved.
+        self._api = api
         self._group_label = group_label
         self._max_cached = max_cached
         self._tops: OrderedDict[tuple[str, str, str], tuple[str, str]] = OrderedDict()
@@ -80,7 +89,7 @@ class OwnerResolver:
     async def workload(self, namespace: str, pod: str) -> Workload:
         """The workload of ``namespace/pod``; a pod that cannot be read is its own (kind ``Pod``)."""
         try:
-            obj = await self._read(f"/api/v1/namespaces/{namespace}/pods/{pod}")
+            obj = await self._api.get(f"/api/v1/namespaces/{namespace}/pods/{pod}")
         except ApiError as exc:
             if exc.status in GONE:
                 return Workload("Pod", pod)
@@ -110,7 +119,7 @@ class OwnerResolver:
                 top = (kind, name)
                 break
             try:
-                obj = await self._read(f"/apis/{group}/v1/namespaces/{namespace}/{plural}/{name}")
+                obj = await self._api.get(f"{_api_root(group)}/namespaces/{namespace}/{plural}/{name}")
             except ApiError as exc:
                 if exc.status not in GONE:
                     raise Unresolved(f"{kind} {namespace}/{name}: API answered {exc.status}") from None
@@ -129,3 +138,8 @@ class OwnerResolver:
         while len(self._tops) > self._max_cached:
             self._tops.popitem(last=False)
         return top
+
+
+def _api_root(group: str) -> str:
+    """The path of an API group's v1 (the core group's is ``/api/v1``)."""
+    return f"/apis/{group}/v1" if group else "/api/v1"

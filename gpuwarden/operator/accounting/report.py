@@ -165,7 +165,7 @@ async def workload_findings(api: KubeApi, namespace: str = "") -> dict[WorkloadR
     """The policies' active violations (``status.violations``) by the workload of their pods."""
     where = f"/namespaces/{namespace}" if namespace else ""
     policies = await api.get(f"/apis/{GROUP}/{VERSION}{where}/{PLURAL}")
-    resolver = OwnerResolver(api.get)
+    resolver = OwnerResolver(api)
     found: dict[WorkloadRef, list[Finding]] = {}
     for policy in policies.get("items", []):
         meta = policy.get("metadata", {})

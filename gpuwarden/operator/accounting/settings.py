@@ -14,9 +14,14 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from gpuwarden.accounting import DEFAULT_IDLE_FLOOR
+from gpuwarden.units import parse_duration
 
 __all__ = ["AccountingSettings"]
 
+DEFAULT_SCRAPE_INTERVAL = 60.0
+"""Prometheus' default scrape interval."""
+MAX_SCRAPE_INTERVAL = 3600.0
+"""A new row reads 0 for at most an hour (a scrape interval longer than that is no history)."""
 LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 """A Kubernetes label key: an optional DNS-subdomain prefix and a name."""
 
@@ -32,6 +37,10 @@ class AccountingSettings:
     prices: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     """Price of a GPU-hour by GPU model (``NVIDIA H200``); ``gpuwarden_gpu_idle_cost_total`` is
     exported only when there is one, for the models that have one."""
+    scrape_interval: float = DEFAULT_SCRAPE_INTERVAL
+    """The longest interval Prometheus scrapes the operator at, seconds: a new row reads 0 this long
+    before its seconds, so that Prometheus keeps a 0 first and ``increase()`` counts them all (a
+    series' first value is only its baseline). 0: rows show their seconds at once."""
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,6 +66,14 @@ class AccountingSettings:
             metavar="MODEL=PRICE",
             help="price of a GPU-hour of MODEL (the GPU's product name, e.g. 'NVIDIA H200=3.5'); repeatable",
         )
+        parser.add_argument(
+            "--accounting-scrape-interval",
+            default="1m",
+            metavar="DURATION",
+            help="the longest interval Prometheus scrapes the operator at: a workload's new counters read "
+            "0 this long before its seconds, so that increase() counts its first ones (%(default)s; 0s: "
+            "at once)",
+        )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> AccountingSettings:
@@ -77,4 +94,14 @@ class AccountingSettings:
             if not sep or not model.strip() or not math.isfinite(price) or price < 0:
                 raise ValueError(f"--accounting-price: {text!r} is not MODEL=PRICE (e.g. 'NVIDIA H200=3.5')")
             prices[model.strip()] = price
-        return cls(group_label=label, idle_floor=floor, prices=MappingProxyType(prices))
+        try:
+            interval = parse_duration(args.accounting_scrape_interval)
+        except ValueError as exc:
+            raise ValueError(f"--accounting-scrape-interval: {exc}") from None
+        if interval > MAX_SCRAPE_INTERVAL:
+            raise ValueError(
+                f"--accounting-scrape-interval: {args.accounting_scrape_interval} is over an hour"
+            )
+        return cls(
+            group_label=label, idle_floor=floor, prices=MappingProxyType(prices), scrape_interval=interval
+        )

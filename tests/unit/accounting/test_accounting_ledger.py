@@ -55,10 +55,29 @@ def test_a_gap_longer_than_the_store_bound_counts_nothing_and_a_stale_reading_is
     assert total(ledger).used == pytest.approx(10.0)
 
 
-def test_an_interval_at_the_bound_counts() -> None:
+def test_a_first_interval_at_the_bound_counts_and_one_past_it_does_not() -> None:
     ledger = Ledger()
-    play(ledger, KEY, ALONE, [(0.0, 50.0), (5.0, 50.0), (10.001, 50.0)])
+    play(ledger, KEY, ALONE, [(0.0, 50.0), (5.0, 50.0)])
+    play(ledger, SeriesKey("ml", "train", "GPU-2"), ALONE, [(0.0, 50.0), (5.001, 50.0)])
     assert total(ledger).allocated == pytest.approx(5.0)
+
+
+def test_a_slow_sampler_is_counted_from_its_second_interval_on() -> None:
+    # An agent sampling every 10 s: its first interval is past the 5 s bound (nothing before it to
+    # tell a slow sampler from a silence); from then on intervals up to 3 x 10 s count.
+    ledger = Ledger()
+    play(ledger, KEY, ALONE, [(float(t), 50.0) for t in range(0, 101, 10)])
+    assert total(ledger).allocated == pytest.approx(90.0)
+    play(ledger, KEY, ALONE, [(125.0, 50.0), (156.0, 50.0)])  # 25 s counts, then 31 s is a gap
+    assert total(ledger).allocated == pytest.approx(115.0)
+
+
+def test_the_interval_after_an_outage_does_not_excuse_a_second_outage() -> None:
+    ledger = Ledger()
+    # 1 s readings, an hour's silence, one reading, then a minute's silence: both are gaps.
+    play(ledger, KEY, ALONE, [(float(t), 50.0) for t in range(11)])
+    play(ledger, KEY, ALONE, [(3610.0, 50.0), (3670.0, 50.0), (3671.0, 50.0)])
+    assert total(ledger).allocated == pytest.approx(11.0)
 
 
 def test_a_time_sliced_gpu_is_split_evenly_and_each_pod_uses_its_processes_share() -> None:

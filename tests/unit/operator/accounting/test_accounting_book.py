@@ -63,8 +63,10 @@ API = Api(
 
 
 def book(clock: Clock, **settings: Any) -> AccountingBook:
+    """A book whose new rows show their seconds at once, unless ``scrape_interval`` says otherwise."""
+    settings.setdefault("scrape_interval", 0.0)
     return AccountingBook(
-        AccountingSettings(group_label="team", **settings), OwnerResolver(API.get, group_label="team"), clock
+        AccountingSettings(group_label="team", **settings), OwnerResolver(API, group_label="team"), clock
     )
 
 
@@ -121,6 +123,25 @@ async def test_no_cost_without_a_price_and_a_retired_pod_stays_in_its_workload_r
     clock.now += EXPIRE_SECONDS + 1
     accounting.sweep()
     assert scrape(accounting) == {}
+
+
+async def test_a_new_row_reads_zero_for_a_scrape_interval_then_its_whole_seconds() -> None:
+    # Prometheus' increase() takes a series' first value as its baseline: a row that appeared with
+    # its first 100 s would lose them. Read at 0 for the longest scrape interval, it loses nothing.
+    clock = Clock()
+    accounting = book(clock, scrape_interval=30.0)
+    feed(accounting, "web-1", "GPU-1", clock.now, 100, 50.0)
+    await accounting.resolve_pending()
+    web = ("gpuwarden_gpu_allocated_seconds_total", labels("Deployment", "web", "search"))
+    assert scrape(accounting)[web] == 0.0
+    clock.now += 29.9
+    assert scrape(accounting)[web] == 0.0
+    clock.now += 0.1
+    assert scrape(accounting)[web] == pytest.approx(100.0)
+    # A second pod of the workload joins a row already shown: its seconds count at once.
+    feed(accounting, "web-2", "GPU-2", clock.now, 10, 50.0)
+    await accounting.resolve_pending()
+    assert scrape(accounting)[web] == pytest.approx(110.0)
 
 
 async def test_counters_never_decrease_when_pods_retire() -> None:

@@ -40,6 +40,7 @@ class Api:
 
 POD = "/api/v1/namespaces/ml/pods/"
 RS = "/apis/apps/v1/namespaces/ml/replicasets/"
+STS = "/apis/apps/v1/namespaces/ml/statefulsets/"
 
 
 async def test_a_deployments_pods_are_accounted_to_it_and_its_replicaset_is_read_once() -> None:
@@ -50,7 +51,7 @@ async def test_a_deployments_pods_are_accounted_to_it_and_its_replicaset_is_read
             RS + "web-abc": obj(owner=("apps/v1", "Deployment", "web")),
         }
     )
-    resolver = OwnerResolver(api.get, group_label="team")
+    resolver = OwnerResolver(api, group_label="team")
     assert await resolver.workload("ml", "web-abc-1") == Workload("Deployment", "web", "search")
     assert await resolver.workload("ml", "web-abc-2") == Workload("Deployment", "web", "search")
     assert api.reads.count(RS + "web-abc") == 1
@@ -65,7 +66,7 @@ async def test_a_cronjobs_job_pods_go_to_the_cronjob_and_a_plain_job_is_its_own_
             "/apis/batch/v1/namespaces/ml/jobs/once": obj(),
         }
     )
-    resolver = OwnerResolver(api.get)
+    resolver = OwnerResolver(api)
     assert await resolver.workload("ml", "nightly-1-x") == Workload("CronJob", "nightly")
     assert await resolver.workload("ml", "once-x") == Workload("Job", "once")
 
@@ -80,7 +81,7 @@ async def test_a_leaderworkerset_above_its_statefulset_and_a_daemonset_without_a
             POD + "ds-x": obj(owner=("apps/v1", "DaemonSet", "ds")),
         }
     )
-    resolver = OwnerResolver(api.get)
+    resolver = OwnerResolver(api)
     assert await resolver.workload("ml", "lws-0") == Workload("LeaderWorkerSet", "lws")
     assert await resolver.workload("ml", "ds-x") == Workload("DaemonSet", "ds")
     assert api.reads == [POD + "lws-0", "/apis/apps/v1/namespaces/ml/statefulsets/lws", POD + "ds-x"]
@@ -94,17 +95,35 @@ async def test_a_bare_pod_a_gone_pod_and_an_unreadable_owner() -> None:
             RS + "forbidden": 403,
         }
     )
-    resolver = OwnerResolver(api.get, group_label="team")
+    resolver = OwnerResolver(api, group_label="team")
     assert await resolver.workload("ml", "bare") == Workload("Pod", "bare", "x")
     assert await resolver.workload("ml", "gone") == Workload("Pod", "gone")
     assert await resolver.workload("ml", "orphan") == Workload("ReplicaSet", "forbidden")
+
+
+async def test_a_leaderworkerset_workers_pod_goes_up_through_its_leader_pod() -> None:
+    # LeaderWorkerSet: the leader StatefulSet is the set's; each group's workers are a StatefulSet
+    # controlled by the group's leader pod.
+    lws = ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "llm")
+    api = Api(
+        {
+            POD + "llm-0": obj(owner=("apps/v1", "StatefulSet", "llm")),
+            POD + "llm-0-1": obj(owner=("apps/v1", "StatefulSet", "llm-0")),
+            STS + "llm": obj(owner=lws),
+            STS + "llm-0": obj(owner=("v1", "Pod", "llm-0")),
+        }
+    )
+    resolver = OwnerResolver(api)
+    assert await resolver.workload("ml", "llm-0-1") == Workload("LeaderWorkerSet", "llm")
+    assert await resolver.workload("ml", "llm-0") == Workload("LeaderWorkerSet", "llm")
+    assert api.reads == [POD + "llm-0-1", STS + "llm-0", POD + "llm-0", STS + "llm", POD + "llm-0"]
 
 
 @pytest.mark.parametrize("status", [0, 429, 500, 503])
 async def test_an_api_that_cannot_answer_now_leaves_the_pod_unresolved(status: int) -> None:
     api = Api({POD + "web-1": obj(owner=("apps/v1", "ReplicaSet", "web-abc")), RS + "web-abc": status})
     with pytest.raises(Unresolved):
-        await OwnerResolver(api.get).workload("ml", "web-1")
+        await OwnerResolver(api).workload("ml", "web-1")
     api.objects[POD + "web-2"] = status
     with pytest.raises(Unresolved):
-        await OwnerResolver(api.get).workload("ml", "web-2")
+        await OwnerResolver(api).workload("ml", "web-2")
