@@ -19,9 +19,9 @@ Then every query of both dashboards (every panel's every target, and every varia
 would send (both namespaces selected), runs against that Prometheus and must return the series the
 panel shows: the test's GPUs, pods, findings and scale decisions by the labels its legend names, and
 the GPU-hours each namespace, workload and group held, used and held idle, in the proportions the
-scenario's GPUs give them (the idle cost exactly the idle GPU-hours at the price). And the rules load, each
-evaluates without an error, and GPUWardenGPUMemoryFullSoon fires for the leaking pod once the
-operator's leak finding appears and its ``for`` has passed, never before.
+scenario's GPUs give them (the idle cost exactly the idle GPU-hours at the price). And the rules
+load, each evaluates without an error, and GPUWardenGPUMemoryFullSoon fires for the leaking pod
+once the operator's leak finding appears and its ``for`` has passed, never before.
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ JOB_GPU = "GPU-2c7d9e3f-5a4b-4c62-9d8e-0f1a2b3c4d82"
 other namespace."""
 JOB = "vision-train"
 GROUP_LABEL = "team"
-TEAMS = {"serving", "vision"}
-"""The Deployment's pods' team and the Job's."""
+TEAMS = ("serving", "vision")
+"""The Deployment's pods' team and the Job's (the pods' GROUP_LABEL)."""
 GPU_MODEL = "NVIDIA H200"
 """e2e-fast's GPUs."""
 PRICE = 3.5
@@ -237,7 +237,7 @@ def share_out(node: Node, namespace: str, jobs: str) -> None:
         resources={"limits": {"nvidia.com/gpu": 1}},
     )
     serving = deployment(APP, SERVING + 1, server)
-    serving["spec"]["template"]["metadata"]["labels"] = {"app": APP, GROUP_LABEL: "serving"}
+    serving["spec"]["template"]["metadata"]["labels"] = {"app": APP, GROUP_LABEL: TEAMS[0]}
     apply(node, namespace, serving)
     wait(node, namespace, "--for=condition=Available", f"deployment/{APP}")
     holder = Installed(node, namespace, time.time()).allocated()[JOB_GPU]
@@ -253,7 +253,7 @@ def share_out(node: Node, namespace: str, jobs: str) -> None:
         "spec": {
             "backoffLimit": 0,
             "template": {
-                "metadata": {"labels": {"app": JOB, GROUP_LABEL: "vision"}},
+                "metadata": {"labels": {"app": JOB, GROUP_LABEL: TEAMS[1]}},
                 "spec": {
                     "restartPolicy": "Never",
                     "terminationGracePeriodSeconds": 1,
@@ -263,7 +263,7 @@ def share_out(node: Node, namespace: str, jobs: str) -> None:
         },
     }
     apply(node, jobs, job)
-    wait(node, jobs, "--for=condition=Ready", "pod", "-l", f"job-name={JOB}")
+    wait(node, jobs, "--for=jsonpath={.status.ready}=1", f"job/{JOB}")  # its pod may not exist yet
     env = cp.kubectl("exec", "-n", jobs, f"job/{JOB}", "--", "printenv", "NVIDIA_VISIBLE_DEVICES", check=True)
     assert env.stdout.strip() == JOB_GPU, "the Job's pod got another GPU than the one set free for it"
 
@@ -378,7 +378,7 @@ def expectations(world: Watched) -> dict[str, Check | dict[str, Check]]:
         return split("namespace", ns, jobs, check)
 
     def teams(check: Callable[[float, float], bool]) -> Check:
-        return split("group", "serving", "vision", check)
+        return split("group", *TEAMS, check)
 
     def three_to_one(a: float, b: float) -> bool:  # three GPUs held to one, for as long
         return 2.7 <= a / b <= 3.3
