@@ -45,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpuwarden.policy import GAP_RECORD_SECONDS, Point, SeriesKey, points_from_processes, process_subject
-from gpuwarden.wire.node import DeviceState, Snapshot
+from gpuwarden.wire.node import DeviceState, GpuSample, Snapshot
 
 DEFAULT_IDLE_FLOOR = 5.0
 """Percent of its allocation under which a pod's interval counts as idle (the SM activity of a
@@ -79,8 +79,7 @@ def devices_of(snapshot: Snapshot, *, processes: bool = False) -> dict[str, Devi
     ``processes``: local mode, where nothing allocates GPUs: a device is held by the host processes
     running on it (as ``("", "pid/<pid>")``, local mode's subjects), split evenly among them.
     """
-    totals = {g.uuid: g.memory_total_bytes for g in snapshot.gpus if g.mig_id is None}
-    models = {g.uuid: g.model for g in snapshot.gpus if g.mig_id is None}
+    parents: dict[str, GpuSample] | None = None  # the GPUs by UUID, once a MIG device is met
     devices: dict[str, Device] = {}
     for gpu in snapshot.gpus:
         if gpu.state is not DeviceState.OK:
@@ -92,9 +91,12 @@ def devices_of(snapshot: Snapshot, *, processes: bool = False) -> dict[str, Devi
         if gpu.mig_id is None:
             devices[gpu.uuid] = Device(gpu.model, 1.0, holders)
             continue
-        parent, own = totals.get(gpu.uuid), gpu.memory_total_bytes
-        fraction = min(1.0, own / parent) if parent and own else MIG_FALLBACK_FRACTION
-        devices[gpu.mig_id] = Device(gpu.model or models.get(gpu.uuid, ""), fraction, holders)
+        if parents is None:
+            parents = {g.uuid: g for g in snapshot.gpus if g.mig_id is None}
+        parent = parents.get(gpu.uuid)
+        whole, own = (parent.memory_total_bytes if parent else None), gpu.memory_total_bytes
+        fraction = min(1.0, own / whole) if whole and own else MIG_FALLBACK_FRACTION
+        devices[gpu.mig_id] = Device(gpu.model or (parent.model if parent else ""), fraction, holders)
     return devices
 
 
@@ -164,8 +166,8 @@ class Ledger:
     _series: dict[tuple[str, str], dict[str, _Series]] = field(default_factory=dict, init=False)
     _totals: dict[tuple[str, str], dict[str, Usage]] = field(default_factory=dict, init=False)
 
-    def observe(self, key: SeriesKey, point: Point, device: Device) -> Usage | None:
-        """Account for ``point`` of ``key``'s series on ``device``; the seconds it added (None: none)."""
+    def observe(self, key: SeriesKey, point: Point, device: Device) -> None:
+        """Account for ``point`` of ``key``'s series on ``device``."""
         pod = (key.namespace, key.pod)
         devices = self._series.get(pod)
         if devices is None:
@@ -175,9 +177,9 @@ class Ledger:
         activity = _activity(point)
         if series is None:
             devices[key.gpu] = _Series(t, activity, t)
-            return None
+            return
         if t <= series.last_t:
-            return None
+            return
         interval = t - series.last_t
         recent = min(series.step, series.step_before)
         series.last_t, series.step, series.step_before = t, interval, series.step
@@ -186,7 +188,7 @@ class Ledger:
         elif series.activity is not None and t - series.activity_t <= self.carry_seconds:
             activity = series.activity
         if interval > max(self.max_gap, GAP_INTERVALS * recent if recent < math.inf else 0.0):
-            return None
+            return
         holders = len(device.holders)
         if pod in device.holders:
             share = device.fraction / holders
@@ -195,21 +197,21 @@ class Ledger:
             holders = 1
         else:
             share = 0.0
-        usage = Usage(allocated=share * interval)
-        if activity is None:
-            usage.unknown = usage.allocated
-        else:
-            usage.used = activity * device.fraction * interval
-            if share > 0 and activity * holders * 100.0 < self.idle_floor:
-                usage.idle = usage.allocated
         models = self._totals.get(pod)
         if models is None:
             models = self._totals[pod] = {}
         total = models.get(device.model)
         if total is None:
             total = models[device.model] = Usage()
-        total.add(usage)
-        return usage
+        # Added in place: this runs for every reading the operator stores.
+        allocated = share * interval
+        total.allocated += allocated
+        if activity is None:
+            total.unknown += allocated
+        else:
+            total.used += activity * device.fraction * interval
+            if share > 0 and activity * holders * 100.0 < self.idle_floor:
+                total.idle += allocated
 
     def totals(self) -> dict[Subject, Usage]:
         """Every subject's totals so far (the Usage objects are the ledger's own: read, do not keep)."""
