@@ -361,6 +361,7 @@ def test_noise_alone_never_fires(level: float, noise: float, spikes: float, rate
     seed=st.integers(0, 2**32 - 1),
 )
 @example(kind="flat", below=0.9, noise=43.0, rate=100.0, seed=0)  # the near-full leak's level, not growing
+@example(kind="flat", below=1.0, noise=256.0, rate=10.0, seed=38354)  # paged before URGENT_SIGNIFICANCE_Z
 def test_memory_settled_near_full_never_fires(
     kind: str, below: float, noise: float, rate: float, seed: int
 ) -> None:
