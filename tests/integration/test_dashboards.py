@@ -97,7 +97,11 @@ def monitoring_values(node: Node) -> dict[str, Any]:
         },
         "grafanaDashboard": {"enabled": True},
     }
-    values["accounting"] = {"groupByLabel": GROUP_LABEL, "pricePerGpuHour": {GPU_MODEL: PRICE}}
+    values["accounting"] = {
+        "groupByLabel": GROUP_LABEL,
+        "pricePerGpuHour": {GPU_MODEL: PRICE},
+        "scrapeInterval": interval,  # a new row's zero is scraped before its seconds
+    }
     return values
 
 
