@@ -50,15 +50,10 @@ from gpuwarden.policy import (
     horizon_seconds,
     points_from_report,
 )
-from gpuwarden.policy.rules.growth import GrowthCache
-from gpuwarden.policy.spec.model import (
-    LabelSelector,
-    MemoryCeiling,
-    MemoryGrowth,
-    PolicySpec,
-    UtilizationCeiling,
-    UtilizationFloor,
-)
+from gpuwarden.policy.rules.growth import GrowthCache, MemoryGrowth
+from gpuwarden.policy.rules.memory_ceiling import MemoryCeiling
+from gpuwarden.policy.rules.utilization import UtilizationCeiling, UtilizationFloor
+from gpuwarden.policy.spec.model import LabelSelector, PolicySpec
 from gpuwarden.wire.node import SCHEMA_VERSION, GpuSample, NodeReport, PodRef, Snapshot
 
 T0 = 1_749_999_960.0

@@ -45,7 +45,8 @@ from pathlib import Path
 
 from gpuwarden.policy import PodView, Point, PolicyEvaluator, SeriesKey, SeriesStore, Transition
 from gpuwarden.policy.humanize import approx_duration
-from gpuwarden.policy.spec.model import LabelSelector, MemoryGrowth, PolicySpec
+from gpuwarden.policy.rules.growth import MemoryGrowth
+from gpuwarden.policy.spec.model import LabelSelector, PolicySpec
 
 T0 = 1_750_000_000.0
 MI = 2**20

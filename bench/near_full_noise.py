@@ -23,7 +23,8 @@ from unittest import mock
 
 from gpuwarden.policy import PodView, Point, PolicyEvaluator, SeriesKey, SeriesStore, Transition
 from gpuwarden.policy.rules import growth
-from gpuwarden.policy.spec.model import LabelSelector, MemoryGrowth, PolicySpec
+from gpuwarden.policy.rules.growth import MemoryGrowth
+from gpuwarden.policy.spec.model import LabelSelector, PolicySpec
 
 MI = 2**20
 GI = 2**30

@@ -1,5 +1,5 @@
-"""Local mode's service scrapes: what the service rules (requestLatency, requestQueue, kvCacheUsage)
-judge, without an agent or an operator.
+"""Local mode's service scrapes: what the service rules (those that read the pods' own metrics) judge,
+without an agent or an operator.
 
 - ``demo``: the scenario's served replicas (:meth:`gpuwarden.sim.scenario.Scenario.service_metrics`,
   the model's own figures, no HTTP) become :class:`~gpuwarden.policy.ServiceScrape` values with

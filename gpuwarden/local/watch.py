@@ -11,7 +11,7 @@ is printed at the start.
 
 ``--service-metrics URL`` (repeatable) scrapes an inference server's own Prometheus metrics at the
 policies' pace (:class:`~gpuwarden.local.services.ServiceWatcher`: the agent's bounded fetch and
-compaction), so the service rules (``requestLatency``, ``requestQueue``, ``kvCacheUsage``) judge it:
+compaction), so the service rules (those that read the pods' own metrics) judge it:
 each URL is a subject of its own, ``service/<host:port>``.
 
 Host processes have no namespace and no labels, so every policy in the file judges
@@ -65,7 +65,7 @@ from gpuwarden.local.plot import PlotUnavailable, require_matplotlib, save_plot
 from gpuwarden.local.policies import LocalPolicy, for_processes, load_policies
 from gpuwarden.local.services import ServiceWatcher, scrape_interval, service_subject, wanted_names
 from gpuwarden.local.session import Session, SubjectKind, processes_in
-from gpuwarden.policy import PodView, SpecError, service_metric_names
+from gpuwarden.policy import RULE_TYPES, PodView, SpecError, service_metric_names
 from gpuwarden.sim.scenario import PACKAGED, Scenario, ScenarioError, load_scenario
 from gpuwarden.units import format_duration
 from gpuwarden.wire.node import Snapshot
@@ -80,6 +80,8 @@ EXIT_NO_GPU = 3
 DEFAULT_LISTEN = ":9400"
 RING_SECONDS = 300.0
 """Snapshots kept for /metrics (the collectors read only the latest; a short ring is plenty)."""
+_SERVICE_KINDS = ", ".join(t.key for t in RULE_TYPES if t.metric is not None)
+"""The rule kinds that read the pods' own metrics, for the flags' words."""
 
 
 def default_hook_socket(env: Mapping[str, str] = os.environ, preferred: Path = DEFAULT_HOOK_SOCKET) -> str:
@@ -151,7 +153,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="URL",
         help="an inference server's Prometheus metrics (e.g. http://127.0.0.1:8000/metrics), scraped at "
-        "the policies' pace for their service rules (requestLatency, requestQueue, kvCacheUsage); repeatable",
+        f"the policies' pace for their service rules ({_SERVICE_KINDS}); repeatable",
     )
     add("--plot", type=Path, metavar="FILE.png", help="on exit, write utilization and memory per GPU")
     add("--plain", action="store_true", help="plain lines even on a terminal (no live table)")
@@ -195,9 +197,7 @@ class WatchConfig:
             if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
                 raise UsageError(f"--service-metrics {url!r}: expected an http:// or https:// URL")
         if args.service_metrics and not wanted_names(loaded):
-            raise UsageError(
-                "--service-metrics: no policy has a service rule (requestLatency, requestQueue, kvCacheUsage)"
-            )
+            raise UsageError(f"--service-metrics: no policy has a service rule ({_SERVICE_KINDS})")
         return cls(
             policies=[for_processes(p) for p in loaded],
             notes=_set_aside(loaded, args.service_metrics),

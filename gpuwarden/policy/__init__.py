@@ -9,13 +9,15 @@ This module is the one surface the operator and local mode import (``make lint``
 is not in ``__all__`` is the engine's own. Inside, by job:
 
 - ``parse``: a GPUMonitorPolicy's spec checked and typed, with the messages users read.
-- ``spec/``: the policy spec's model (``model``), the field readers behind every parser message
-  (``fields``), label selectors, the inference servers' metric names (``servers``).
+- ``spec/``: the policy spec's model (``model``: what any rule is, not the kinds), the field
+  readers behind every parser message (``fields``), label selectors, the inference servers' metric
+  names (``servers``).
 - ``store/``: what the engine remembers: readings per pod (``series``), GPU health records
   (``health``), the pods' own metrics as scraped (``service``), and how node reports become
   readings (``intake``).
-- ``rules/``: one module per rule kind (its parser, evaluator and :class:`RuleType`), the registry
-  of them (:data:`RULE_TYPES`), and their shared vocabulary (``common``).
+- ``rules/``: one module per rule kind (its spec's class, parser, evaluator, kind and
+  :class:`RuleType`), the registry of them (:data:`RULE_TYPES`), and their shared vocabulary
+  (``common``).
 - ``scaling/``: the scale decision (``decider``) and its load forecast (``predictive``, ``forecast``).
 - ``engine``, ``findings`` (what is open and what changed), ``stats`` (robust line fits),
   ``humanize`` (numbers and times for messages), ``xids`` (the XID catalogue).
@@ -45,7 +47,7 @@ from gpuwarden.policy.findings import (
 )
 from gpuwarden.policy.humanize import approx_duration, format_bytes, format_count, format_latency
 from gpuwarden.policy.parse import API_VERSION, KIND, SpecError, parse_policy_object, parse_spec
-from gpuwarden.policy.rules import RULE_TYPES, RuleType, rule_type
+from gpuwarden.policy.rules import RULE_TYPES, RuleType, rule_type, service_metric_names
 from gpuwarden.policy.rules.anomaly import Pattern
 from gpuwarden.policy.rules.common import Outcome, RuleKind, WindowParams
 from gpuwarden.policy.rules.gpu_health import Problem, gpu_name, gpu_problems
@@ -70,7 +72,6 @@ from gpuwarden.policy.spec.model import (
     ServiceMetricsSource,
 )
 from gpuwarden.policy.spec.selector import selector_matches
-from gpuwarden.policy.spec.servers import service_metric_names
 from gpuwarden.policy.store.health import Admission, GpuRecord, HealthStore, Incident, IncidentKind
 from gpuwarden.policy.store.intake import (
     PROCESS_NAMESPACE,

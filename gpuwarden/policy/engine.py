@@ -125,8 +125,8 @@ def evaluate_rule(
 
     ``health`` is what gpuHealth judges, and what puts throttling beside utilization findings
     (:mod:`gpuwarden.policy.rules.gpu_health`); without it gpuHealth has nothing to judge.
-    ``services``: the pods' own metrics, what the service kinds judge (requestLatency,
-    requestQueue, kvCacheUsage); without them those have nothing to judge.
+    ``services``: the pods' own metrics, what the service kinds judge (those whose record reads a
+    ``metric``); without them those have nothing to judge.
     """
     return type_of(rule).evaluate(rule, pod, series, now, params, memo, health, services)
 
@@ -254,7 +254,7 @@ class PolicyEvaluator:
         """Apply every rule to every selected pod as of ``now``; return the transitions and verdicts.
 
         ``health``: the GPUs' health (gpuHealth rules, throttling beside utilization findings).
-        ``services``: the pods' own metrics as scraped (requestLatency, requestQueue, kvCacheUsage).
+        ``services``: the pods' own metrics as scraped (what the service kinds judge).
         ``elsewhere``: pods judged by another shard (sharded mode), with the outcomes it sent
         (:meth:`judge`); the rules are not run on them here, and a rule with no outcome among
         theirs had nothing to judge.
@@ -286,7 +286,7 @@ class PolicyEvaluator:
             for rule, kind, for_seconds, memo in plan:
                 key = FindingKey(rule.name, namespace, name)
                 state = tracker.state(key)
-                if state is not None and state.finding.kind is not kind:
+                if state is not None and state.finding.kind != kind:
                     _append(transitions, tracker.resolve(key, Resolution.RULE_REMOVED, now))
                 if snoozes:
                     until = snoozed_until(pod.annotations, rule.name)
@@ -304,7 +304,7 @@ class PolicyEvaluator:
         for key in tracker.active_keys():
             rule_now = rules.get(key.rule)
             state = tracker.state(key)
-            if rule_now is None or (state is not None and state.finding.kind is not rule_kind(rule_now)):
+            if rule_now is None or (state is not None and state.finding.kind != rule_kind(rule_now)):
                 ending.append((key, Resolution.RULE_REMOVED))
             elif (key.namespace, key.pod) not in selected:
                 gone = (key.namespace, key.pod) not in present

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
-from gpuwarden.policy.rules import RULE_TYPES, RuleType, type_of
+from gpuwarden.policy.rules import RULE_TYPES, RuleType, rule_metric, service_rule, type_of
 from gpuwarden.policy.spec.fields import (
     SpecError,
     as_list,
@@ -38,7 +38,6 @@ from gpuwarden.policy.spec.model import (
     LabelRequirement,
     LabelSelector,
     PolicySpec,
-    RequestLatency,
     Rule,
     ScaleAction,
     ScaleDirection,
@@ -46,12 +45,9 @@ from gpuwarden.policy.spec.model import (
     ScaleTargetRef,
     Server,
     ServiceMetricsSource,
-    ServiceRule,
     Signal,
-    UtilizationCeiling,
-    UtilizationFloor,
 )
-from gpuwarden.policy.spec.servers import Metric, request_counters, rule_metric
+from gpuwarden.policy.spec.servers import Metric, request_counters
 from gpuwarden.units import format_duration
 
 __all__ = [
@@ -124,6 +120,17 @@ class Scheme(enum.StrEnum):
 
 _OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 _RULE_TYPES: Mapping[str, RuleType[Any]] = {t.key: t for t in RULE_TYPES}
+
+
+def _kinds(has: Callable[[RuleType[Any]], object]) -> str:
+    """The kinds whose record ``has``, for a message: ``a, b or c``."""
+    keys = [t.key for t in RULE_TYPES if has(t)]
+    return " or ".join(filter(None, (", ".join(keys[:-1]), keys[-1])))
+
+
+_CEILING_KINDS = _kinds(lambda t: t.forecast_ceiling is not None)
+_SERVICE_KINDS = _kinds(lambda t: t.metric is not None)
+_COUNTING_KINDS = _kinds(lambda t: t.counts_requests)
 
 
 def parse_spec(spec: Mapping[str, Any], *, path: str = "spec") -> PolicySpec:
@@ -278,20 +285,22 @@ def _with_servers(
     default = None if source is None else source.server
     out: list[Rule] = []
     for i, rule in enumerate(rules):
-        if isinstance(rule, ServiceRule):
-            field = f"{path}.rules[{i}].{type_of(rule).key}"
-            if rule.server is None and rule.metric is None:
+        service = service_rule(rule)
+        if service is not None:
+            kind = type_of(rule)
+            field = f"{path}.rules[{i}].{kind.key}"
+            if service.server is None and service.metric is None:
                 if default is None:
                     raise SpecError(
                         field,
                         "names no metric: set its server (one of vllm, sglang, triton, tgi) or its metric,"
                         " or spec.serviceMetrics.server",
                     )
-                rule = replace(rule, server=default)
+                # Every kind's spec is a frozen dataclass (its record's model).
+                rule = replace(cast(Any, rule), server=default)
             found = rule_metric(rule)
             if isinstance(found, str):
-                culprit = "latency" if isinstance(rule, RequestLatency) else "server"
-                raise SpecError(f"{field}.{culprit}", found)
+                raise SpecError(f"{field}.{kind.refused_at}", found)
         out.append(rule)
     return tuple(out)
 
@@ -389,12 +398,9 @@ def _scale(value: Any, path: str, rules: Sequence[Rule]) -> ScaleAction:
             raise SpecError(
                 f"{path}.scaleDownOn[{i}]", f'"{rule}" is also in scaleUpOn; a rule cannot be in both'
             )
-        if isinstance(by_name[rule], ServiceRule):
-            raise SpecError(
-                f"{path}.scaleDownOn[{i}]",
-                f'"{rule}" is a {type_of(by_name[rule]).key} rule: it fires when the service is short of'
-                " replicas, so it can only scale up (scale down on a utilizationFloor rule)",
-            )
+        kind = type_of(by_name[rule])
+        if kind.up_only is not None:
+            raise SpecError(f"{path}.scaleDownOn[{i}]", f'"{rule}" is a {kind.key} rule: {kind.up_only}')
     min_pods, min_pods_percent = _count_or_percent(
         obj, "scaleUpMinPods", path, _SCALE["scaleUpMinPods"], _MIN_PODS_PERCENT, "1% to 100%"
     )
@@ -438,21 +444,21 @@ def _forecast(
     if obj.get("requestsPerReplica") is not None:
         raise SpecError(f"{path}.requestsPerReplica", "is for load: requests only")
     by_name = {r.name: r for r in rules}
-    ceilings = [r for n in up_on if isinstance(r := by_name[n], UtilizationCeiling)]
-    floors = [r for n in down_on if isinstance(r := by_name[n], UtilizationFloor)]
+    ceilings = [(n, c(by_name[n])) for n in up_on if (c := type_of(by_name[n]).forecast_ceiling) is not None]
+    floors = [(n, f(by_name[n])) for n in down_on if (f := type_of(by_name[n]).forecast_floor) is not None]
     if not ceilings:
         raise SpecError(
             path,
-            "forecast needs a utilizationCeiling rule in scaleUpOn: its ceiling is what it forecasts against",
+            f"forecast needs a {_CEILING_KINDS} rule in scaleUpOn: its ceiling is what it forecasts against",
         )
-    ceiling = ceilings[0]
-    floor = floors[0] if floors else None
+    ceiling, (ceiling_percent, signal) = ceilings[0]
+    floor, floor_percent = floors[0] if floors else (None, None)
     return ScaleForecast(
-        ceiling_rule=ceiling.name,
-        ceiling_percent=ceiling.percent,
-        signal=ceiling.signal,
-        floor_rule=None if floor is None else floor.name,
-        floor_percent=None if floor is None else floor.percent,
+        ceiling_rule=ceiling,
+        ceiling_percent=ceiling_percent,
+        signal=signal,
+        floor_rule=floor,
+        floor_percent=floor_percent,
         horizon_seconds=horizon,
         max_uncertainty=uncertainty,
     )
@@ -474,26 +480,25 @@ def _request_forecast(
     if per_replica <= 0:
         raise SpecError(f"{path}.requestsPerReplica", "must be above 0")
     by_name = {r.name: r for r in rules}
-    service = [r for r in rules if isinstance(r, ServiceRule)]
-    if not any(isinstance(by_name[n], ServiceRule) for n in up_on):
+    service = [s for r in rules if (s := service_rule(r)) is not None]
+    scrapers = [n for n in up_on if service_rule(by_name[n]) is not None]
+    if not scrapers:
         raise SpecError(
             path,
-            "forecast with load: requests needs a requestLatency, requestQueue or kvCacheUsage rule in"
+            f"forecast with load: requests needs a {_SERVICE_KINDS} rule in"
             " scaleUpOn: the pods it reads are scraped, and their server says where the rate is read",
         )
     servers = [r.server for r in service if r.server is not None and r.metric is None]
-    histograms = [
-        m for r in service if isinstance(r, RequestLatency) and isinstance(m := rule_metric(r), Metric)
-    ]
+    histograms = [m for r in rules if type_of(r).counts_requests and isinstance(m := rule_metric(r), Metric)]
     names = (*request_counters(servers), *(n for m in histograms for n in m.names))
     if not names:
         raise SpecError(
             f"{path}.load",
             "no request rate to read: no rule names a server (whose counter of requests served is"
-            " read) nor a requestLatency histogram (whose count is)",
+            f" read) nor a {_COUNTING_KINDS} histogram (whose count is)",
         )
     return ScaleForecast(
-        ceiling_rule=next(n for n in up_on if isinstance(by_name[n], ServiceRule)),
+        ceiling_rule=scrapers[0],
         ceiling_percent=per_replica,
         signal=Signal.AUTO,
         horizon_seconds=horizon,

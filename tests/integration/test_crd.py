@@ -18,7 +18,7 @@ import yaml
 from controlplane import REPO_ROOT, ControlPlane, wait_for
 
 from gpuwarden.policy.parse import parse_spec
-from gpuwarden.policy.spec.model import GpuHealthRule
+from gpuwarden.policy.rules.gpu_health import GpuHealthRule
 from gpuwarden.policy.xids import CRITICAL_XIDS
 
 pytestmark = pytest.mark.integration

@@ -30,8 +30,9 @@ from gpuwarden.local.display import (
 from gpuwarden.local.history import History
 from gpuwarden.local.policies import demo_policy_path, for_processes, load_policies
 from gpuwarden.local.session import GpuRow, ScaleNote, Step, TargetRow
-from gpuwarden.policy import Resolution, RuleKind
+from gpuwarden.policy import Resolution
 from gpuwarden.policy.parse import SpecError
+from gpuwarden.policy.rules import growth
 from gpuwarden.policy.scaling.decider import Direction, ScaleDecision
 from gpuwarden.sim.scenario import DEFAULT_ORIGIN, load_scenario
 from gpuwarden.wire.node import DeviceState
@@ -238,7 +239,7 @@ def test_the_idle_finding_clears_once_the_notebook_works(demo_run: ScenarioRun) 
 
 
 def test_leak_message_projects_the_time_to_full(demo_run: ScenarioRun) -> None:
-    (leak,) = [s for s in demo_run.history.spans if s.kind is RuleKind.MEMORY_GROWTH]
+    (leak,) = [s for s in demo_run.history.spans if s.kind == growth.KIND]
     assert re.fullmatch(
         r"GPU memory grows 2\d\dMi/m over (4|8|16)m, fit (0\.9\d|1\.00); the card \(140Gi\) is full in .+",
         leak.message,

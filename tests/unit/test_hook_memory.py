@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from gpuwarden.policy import PodView, PolicyEvaluator, Transition
-from gpuwarden.policy.rules import rule_type
-from gpuwarden.policy.rules.common import Outcome, RuleKind, WindowParams
-from gpuwarden.policy.rules.growth import MESSAGE_SITES, evaluate_growth
-from gpuwarden.policy.spec.model import Actions, LabelSelector, MemoryGrowth, MemorySource, PolicySpec
+from gpuwarden.policy.rules import growth, rule_type
+from gpuwarden.policy.rules.common import Outcome, WindowParams
+from gpuwarden.policy.rules.growth import MESSAGE_SITES, MemoryGrowth, MemorySource, evaluate_growth
+from gpuwarden.policy.spec.model import Actions, LabelSelector, PolicySpec
 from gpuwarden.policy.store.intake import hook_point, points_from_processes, points_from_report
 from gpuwarden.policy.store.series import Column, HookPoint, PodId, Point, SeriesKey, SeriesStore
 from gpuwarden.wire.node import (
@@ -271,7 +271,7 @@ def test_a_host_leak_about_to_reach_its_limit_is_imminent_within_a_minute() -> N
 
 def test_every_other_memory_keeps_the_gpu_leak_reason() -> None:
     assert judge(feed(tensor_leak), rule(MemorySource.ALLOCATED)).reason is None  # the kind's own
-    assert rule_type(RuleKind.MEMORY_GROWTH).reason == "GPUMemoryLeakSuspected"
+    assert rule_type(growth.KIND).reason == "GPUMemoryLeakSuspected"
 
 
 def unhooked(i: int) -> list[GpuSample]:

@@ -96,7 +96,7 @@ class VerdictBoard:
             out[pod_id] = [
                 outcome_from(v, kind, pod_id)
                 for v in received.rules
-                if (kind := kinds.get(v.rule)) is not None and kind.value == v.kind
+                if (kind := kinds.get(v.rule)) is not None and kind == v.kind
             ]
         return out
 
@@ -147,7 +147,7 @@ def _rule_verdicts(outcomes: Iterable[Outcome]) -> Iterable[RuleVerdict]:
             continue
         yield RuleVerdict(
             rule=o.rule,
-            kind=o.kind.value,
+            kind=o.kind,
             holds=o.holds,
             clears=o.clears,
             value=o.value,

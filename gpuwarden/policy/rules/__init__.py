@@ -1,17 +1,17 @@
 """gpuwarden.policy.rules: the rule kinds, one module each, and :data:`RULE_TYPES`, the list of them.
 
-Each kind's module holds its parser, its evaluator and its :class:`RuleType` (what the parser, the
-engine, the operator's status and Events, and local mode's plot need to know of it); ``common`` holds
-what they share (:class:`Outcome`, :class:`RuleKind`, :class:`WindowParams`, windows and coverage);
-``serving`` what the kinds that read the pods' own metrics share (requestLatency, requestQueue,
-kvCacheUsage: ``latency``, ``queue``, ``kv_cache``).
+Each kind's module holds its spec's class, its parser, its evaluator, its kind (``KIND``) and its
+:class:`RuleType` (what the parser, the engine, the operator's status and Events, and local mode's
+plot need to know of it); ``common`` holds what they share (:class:`Outcome`, :class:`RuleKind`,
+:class:`WindowParams`, windows and coverage); ``serving`` what the kinds that read the pods' own
+metrics share.
 
 Others in the policy engine import this package (the registry) and ``common``; a kind's own module
 only for what is that kind's alone (e.g. anomaly's ``Pattern``). Adding a kind: docs/policy.md,
 "Adding a rule kind".
 """
 
-from typing import Any
+from typing import Any, cast
 
 from gpuwarden.policy.rules import (
     anomaly,
@@ -24,8 +24,20 @@ from gpuwarden.policy.rules import (
     utilization,
 )
 from gpuwarden.policy.rules.common import Memo, RuleKind, RuleType, Services
+from gpuwarden.policy.spec.model import PolicySpec, Rule, ServiceRule
+from gpuwarden.policy.spec.servers import Metric
 
-__all__ = ["RULE_TYPES", "Memo", "RuleType", "Services", "rule_type", "type_of"]
+__all__ = [
+    "RULE_TYPES",
+    "Memo",
+    "RuleType",
+    "Services",
+    "rule_metric",
+    "rule_type",
+    "service_metric_names",
+    "service_rule",
+    "type_of",
+]
 
 RULE_TYPES: tuple[RuleType[Any], ...] = (
     utilization.FLOOR_TYPE,
@@ -49,6 +61,35 @@ def rule_type(kind: RuleKind) -> RuleType[Any]:
     return _BY_KIND[kind]
 
 
-def type_of(rule: object) -> RuleType[Any]:
+def type_of(rule: Rule) -> RuleType[Any]:
     """The record of a rule's kind, by its spec's class."""
     return _BY_MODEL[type(rule)]
+
+
+def rule_metric(rule: Rule) -> Metric | str | None:
+    """The metric a rule reads of the pods' own (or why its server has none); None for a rule of the GPUs."""
+    read = type_of(rule).metric
+    return None if read is None else read(rule)
+
+
+def service_rule(rule: Rule) -> ServiceRule | None:
+    """The rule as one that reads the pods' own metrics (its kind's record has a ``metric``), else None."""
+    return cast(ServiceRule, rule) if type_of(rule).metric is not None else None
+
+
+def service_metric_names(spec: PolicySpec) -> frozenset[str]:
+    """The Prometheus metric names, as exposed (histograms by base name), that the spec's rules read:
+    what the agents keep of the pods' scrapes. Empty when no rule reads the pods' own metrics.
+
+    With a scale forecast of requests, also what its rate is read from (the servers' counters of
+    requests served).
+    """
+    names: set[str] = set()
+    for rule in spec.rules:
+        metric = rule_metric(rule)
+        if isinstance(metric, Metric):
+            names.update(metric.names)
+    scale = spec.actions.scale
+    if scale is not None and scale.forecast is not None:
+        names.update(scale.forecast.request_metrics)
+    return frozenset(names)

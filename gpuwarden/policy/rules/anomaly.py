@@ -68,9 +68,32 @@ from gpuwarden.policy.rules.common import (
     unknown,
 )
 from gpuwarden.policy.spec.fields import check_fields, duration, member, number
-from gpuwarden.policy.spec.model import Anomaly, AnomalyMetric
 from gpuwarden.policy.store.series import Column, PodId, SeriesKey, Window
 from gpuwarden.units import format_duration
+
+KIND = RuleKind("anomaly")
+"""Its kind: its key under ``spec.rules[]``."""
+
+
+class AnomalyMetric(enum.StrEnum):
+    """Which reading an anomaly rule watches."""
+
+    UTILIZATION = "utilization"  # smActive where the GPU reports it, else gpuUtil (as signal: auto)
+    MEMORY = "memory"
+
+
+@dataclass(frozen=True, slots=True)
+class Anomaly:
+    """Fires on sudden deviations from a GPU's usual readings: robust z-score over a rolling window."""
+
+    name: str
+    metric: AnomalyMetric
+    window_seconds: float
+    threshold: float
+    """The robust z-score (|x - median| / (1.4826 MAD)) a reading must pass to deviate."""
+    min_deviation: float
+    """The least deviation that counts: percentage points (utilization) or percent of the card (memory)."""
+
 
 UNIT = "z"
 
@@ -334,7 +357,7 @@ def evaluate_anomaly(
     params: WindowParams,
 ) -> Outcome:
     """Judge an anomaly rule for one pod (see the module doc)."""
-    kind = RuleKind.ANOMALY
+    kind = KIND
     end = pod_end(series, now, params)
     if end is None:
         return unknown(rule.name, kind, pod, rule.threshold, UNIT)
@@ -403,7 +426,7 @@ def parse_anomaly(name: str, obj: Mapping[str, Any], path: str) -> Anomaly:
 
 
 RULE_TYPE = RuleType(
-    kind=RuleKind.ANOMALY,
+    kind=KIND,
     model=Anomaly,
     parse=parse_anomaly,
     defaults=DEFAULTS,

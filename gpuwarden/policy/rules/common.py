@@ -45,14 +45,15 @@ whatever the evaluation cadence (a replay re-derives the same findings):
 
 from __future__ import annotations
 
-import enum
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import sub
-from typing import Any, Generic, Protocol, TypeAlias, TypeVar
+from typing import Any, Generic, NewType, Protocol, TypeAlias, TypeVar
 
+from gpuwarden.policy.spec.model import Signal
+from gpuwarden.policy.spec.servers import Metric
 from gpuwarden.policy.store.health import HealthStore
 from gpuwarden.policy.store.series import GAP_RECORD_SECONDS, Column, PodId, SeriesKey, Window
 from gpuwarden.policy.store.service import ServiceStore
@@ -64,19 +65,9 @@ GAP_INTERVALS = 3.0
 """The adaptive ``max_gap`` is this many median sampling intervals."""
 
 
-class RuleKind(enum.StrEnum):
-    """A rule's kind, named as in the CRD; what each is lives in its :class:`RuleType`
-    (:data:`gpuwarden.policy.rules.RULE_TYPES`)."""
-
-    UTILIZATION_FLOOR = "utilizationFloor"
-    UTILIZATION_CEILING = "utilizationCeiling"
-    MEMORY_CEILING = "memoryCeiling"
-    MEMORY_GROWTH = "memoryGrowth"
-    GPU_HEALTH = "gpuHealth"
-    ANOMALY = "anomaly"
-    REQUEST_LATENCY = "requestLatency"
-    REQUEST_QUEUE = "requestQueue"
-    KV_CACHE_USAGE = "kvCacheUsage"
+RuleKind = NewType("RuleKind", str)
+"""A rule's kind, named as its key in the CRD (``utilizationFloor``); each kind's module declares its
+own (``KIND``), and its :class:`RuleType` says what it is (:data:`gpuwarden.policy.rules.RULE_TYPES`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +115,7 @@ class Outcome:
     signal: str = ""
     """Utilization rules: the signal that decided, in words (``SM activity (GPM)``,
     ``GPU utilization (device counter)``, ``per-process SM utilization``); memoryGrowth: the
-    memory judged (a :class:`~gpuwarden.policy.spec.model.MemorySource` value, ``auto`` resolved)."""
+    memory judged (a :class:`~gpuwarden.policy.rules.growth.MemorySource` value, ``auto`` resolved)."""
     busy_watts: float | None = None
     """utilizationFloor: the mean power of the GPU that counts as busy, if one does."""
     level_bytes: float | None = None
@@ -356,7 +347,7 @@ class RuleType(Generic[_R]):
     kind: RuleKind
     """Its name, which is its key under ``spec.rules[]`` in the CRD."""
     model: type[_R]
-    """Its spec's class (:mod:`gpuwarden.policy.spec.model`)."""
+    """Its spec's class: a frozen dataclass with a ``name`` (a :class:`~gpuwarden.policy.spec.model.Rule`)."""
     parse: Callable[[str, Mapping[str, Any], str], _R]
     """``(name, body, path)``: the checked spec of a rule of this kind; raises
     :class:`~gpuwarden.policy.spec.fields.SpecError` naming the field."""
@@ -384,8 +375,27 @@ class RuleType(Generic[_R]):
     None: at once (a kind whose window is its ``for``)."""
     memo: Callable[[], Memo] | None = None
     """Makes what it keeps between evaluations; None: nothing."""
+    metric: Callable[[_R], Metric | str] | None = None
+    """A kind that reads the pods' own metrics (its spec is a
+    :class:`~gpuwarden.policy.spec.model.ServiceRule`): the metric a rule reads, or why its server has
+    none (the parser refuses it with that); what the agents keep of the pods' scrapes. None: it reads
+    the GPUs'."""
+    refused_at: str = "server"
+    """The field a rule's error names when its server has no such metric."""
+    counts_requests: bool = False
+    """Whether its metric is a histogram whose count is the requests served (a forecast of requests
+    reads it where the servers' own counters are not known)."""
+    up_only: str | None = None
+    """Why a finding of it may only scale up (a ``scaleDownOn`` naming it is refused with this);
+    None: it may scale either way."""
+    forecast_ceiling: Callable[[_R], tuple[float, Signal]] | None = None
+    """As the first such rule in ``scaleUpOn``: the per-replica utilization ceiling (percent, and the
+    reading) a utilization forecast compares against; None: it gives none."""
+    forecast_floor: Callable[[_R], float] | None = None
+    """As the first such rule in ``scaleDownOn``: the utilization floor (percent) under which a
+    utilization forecast lets a scale-down go ahead; None: it gives none."""
 
     @property
     def key(self) -> str:
         """Its key under ``spec.rules[]`` in the CRD."""
-        return self.kind.value
+        return self.kind

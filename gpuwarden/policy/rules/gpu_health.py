@@ -31,6 +31,7 @@ does; a utilizationCeiling still holds (the GPU is saturated either way) and say
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,18 +55,50 @@ from gpuwarden.policy.spec.fields import (
     member,
     type_name,
 )
-from gpuwarden.policy.spec.model import GpuHealthRule, Throttling
 from gpuwarden.policy.store.health import GpuRecord, HealthStore
 from gpuwarden.policy.store.series import PodId, SeriesKey, UtilizationSource, Window
 from gpuwarden.policy.xids import CRITICAL_XIDS, describe_xid
 from gpuwarden.wire.node import ClockEventReason
 
+KIND = RuleKind("gpuHealth")
+"""Its kind: its key under ``spec.rules[]``."""
+
+
+class Throttling(enum.StrEnum):
+    """A class of clock event reasons a gpuHealth rule can count (:data:`THROTTLING_REASONS`)."""
+
+    THERMAL = "thermal"  # swThermalSlowdown, hwThermalSlowdown
+    POWER = "power"  # swPowerCap, hwPowerBrakeSlowdown
+    HW_SLOWDOWN = "hwSlowdown"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuHealthRule:
+    """Fires while one of a pod's GPUs is broken: lost, a counted XID, memory errors, or long throttling."""
+
+    name: str
+    xids: tuple[int, ...] = CRITICAL_XIDS
+    """XID codes that count; each keeps the finding up for ``clear_after_seconds``."""
+    gpu_lost: bool = True
+    """A GPU off the bus counts, for as long as it is."""
+    memory_errors: bool = True
+    """A new uncorrected ECC error counts for ``clear_after_seconds``; a failed or pending memory repair
+    (row remapping, page retirement) for as long as the GPU reports it."""
+    throttling: tuple[Throttling, ...] = ()
+    """Clock event classes that count once they held without a break for ``for_seconds``."""
+    for_seconds: float = 300.0
+    clear_after_seconds: float = 600.0
+
+
 __all__ = [
     "ANY_THROTTLING",
+    "KIND",
     "RULE_TYPE",
     "THROTTLED_SHARE",
     "THROTTLING_REASONS",
+    "GpuHealthRule",
     "Problem",
+    "Throttling",
     "evaluate_health",
     "gpu_problems",
     "parse_gpu_health",
@@ -170,7 +203,7 @@ def evaluate_health(
     rule: GpuHealthRule, pod: PodId, health: HealthStore | None, now: float, params: WindowParams
 ) -> Outcome:
     """Judge a gpuHealth rule for one pod (see the module doc)."""
-    kind = RuleKind.GPU_HEALTH
+    kind = KIND
     if health is None:
         return unknown(rule.name, kind, pod, 0.0, UNIT)
     fresh = [
@@ -252,8 +285,11 @@ def with_throttling(
     now: float,
     params: WindowParams,
     health: HealthStore | None,
+    *,
+    idle: bool,
 ) -> Outcome:
-    """A utilization rule's outcome, with throttling as a reason beside it (see the module doc)."""
+    """A utilization rule's outcome, with throttling as a reason beside it (see the module doc);
+    ``idle``: whether its outcome says the GPUs are idle (a floor's), which throttling belies."""
     if health is None or outcome.value is None or not outcome.gpus:
         return outcome
     end = pod_end(series, now, params)
@@ -269,7 +305,7 @@ def with_throttling(
     if not throttled:
         return outcome
     outcome.note = note
-    if outcome.kind is RuleKind.UTILIZATION_FLOOR:
+    if idle:
         # Its utilization measures the throttling, not the workload: not idle (as busy by power).
         outcome.note += ": not idle"
         outcome.holds = False
@@ -341,7 +377,7 @@ def _judge(
 
 
 RULE_TYPE = RuleType(
-    kind=RuleKind.GPU_HEALTH,
+    kind=KIND,
     model=GpuHealthRule,
     parse=parse_gpu_health,
     defaults=DEFAULTS,

@@ -95,7 +95,7 @@ the same account for users):
   shortest span's ends rose so, and its own ends project the card full within
   its urgency. A GPU whose memory is not growing costs one window fit per
   window bucket and two small medians per evaluation.
-- **Which memory** (``memory``, :class:`~gpuwarden.policy.spec.model.MemorySource`):
+- **Which memory** (``memory``, :class:`MemorySource`):
   ``device`` reads NVML's used memory; ``allocated``, ``reserved`` and ``host``
   the training hook's columns (:class:`~gpuwarden.policy.store.series.HookColumns`),
   and a GPU whose series has none is not judged (the outcome is unknown, never
@@ -115,6 +115,7 @@ the same account for users):
 
 from __future__ import annotations
 
+import enum
 import math
 import zlib
 from array import array
@@ -144,7 +145,6 @@ from gpuwarden.policy.spec.fields import (
     type_name,
     value_or,
 )
-from gpuwarden.policy.spec.model import MemoryGrowth, MemorySource
 from gpuwarden.policy.stats import (
     bucket_medians,
     fit_line,
@@ -157,6 +157,32 @@ from gpuwarden.policy.store.health import HealthStore
 from gpuwarden.policy.store.series import Column, PodId, SeriesKey, Window
 from gpuwarden.units import format_duration, parse_rate
 from gpuwarden.wire.node import AllocationSite
+
+KIND = RuleKind("memoryGrowth")
+"""Its kind: its key under ``spec.rules[]``."""
+
+
+class MemorySource(enum.StrEnum):
+    """Which memory a memoryGrowth rule watches (see the module doc)."""
+
+    AUTO = "auto"  # allocated where the subject's samples carry the hook's allocated bytes, else device
+    DEVICE = "device"  # NVML's used memory (the subject's processes' on a shared GPU)
+    ALLOCATED = "allocated"  # the hook's torch.cuda.memory_allocated: live tensors
+    RESERVED = "reserved"  # the hook's torch.cuda.memory_reserved: the caching allocator's pool
+    HOST = "host"  # the hook's hostRssBytes: the pod's hooked processes and their workers
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryGrowth:
+    """Fires when memory grows steadily (a leak): robust slope above ``rate``, fit >= ``min_fit``."""
+
+    name: str
+    rate_bytes_per_second: float
+    window_seconds: float
+    min_fit: float
+    for_seconds: float = 0.0
+    memory: MemorySource = MemorySource.AUTO
+
 
 MIN_SPAN_SECONDS = 240.0
 """The shortest evidence span (or the window, when shorter): a leak is never decided on less."""
@@ -929,7 +955,7 @@ def evaluate_growth(
 
     Pass the evaluator's :class:`GrowthCache` to reuse trends between evaluations.
     """
-    kind = RuleKind.MEMORY_GROWTH
+    kind = KIND
     rate = rule.rate_bytes_per_second
     end = pod_end(series, now, params)
     if end is None:
@@ -1033,7 +1059,7 @@ def _judge(
 
 
 RULE_TYPE = RuleType(
-    kind=RuleKind.MEMORY_GROWTH,
+    kind=KIND,
     model=MemoryGrowth,
     parse=parse_memory_growth,
     defaults=DEFAULTS,

@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from gpuwarden.policy.rules.common import (
@@ -24,11 +26,38 @@ from gpuwarden.policy.rules.common import (
     percent,
     unknown,
 )
-from gpuwarden.policy.rules.serving import metric_of, parse_source
+from gpuwarden.policy.rules.serving import SHORT_OF_REPLICAS, metric_of, parse_source
 from gpuwarden.policy.spec.fields import check_fields, duration, member, number, value_or
-from gpuwarden.policy.spec.model import GaugeUnit, KvCacheUsage
-from gpuwarden.policy.spec.servers import kv_cache_metric
+from gpuwarden.policy.spec.model import Server
+from gpuwarden.policy.spec.servers import Metric, source_metric
 from gpuwarden.policy.store.series import PodId
+
+KIND = RuleKind("kvCacheUsage")
+"""Its kind: its key under ``spec.rules[]``."""
+
+
+class GaugeUnit(enum.StrEnum):
+    """What a kvCacheUsage rule's own ``metric`` reads in (a preset knows its server's)."""
+
+    RATIO = "ratio"  # 0..1, as vLLM's and SGLang's
+    PERCENT = "percent"  # 0..100
+
+
+@dataclass(frozen=True, slots=True)
+class KvCacheUsage:
+    """Fires when a pod's KV cache stays fuller than ``percent`` for ``for_seconds`` (see the module doc)."""
+
+    name: str
+    percent: float
+    for_seconds: float = 120.0
+    server: Server | None = None
+    metric: str | None = None
+    """A gauge of KV-cache usage (the fullest of its label sets); wins over ``server``."""
+    unit: GaugeUnit = GaugeUnit.RATIO
+    """What ``metric`` reads in; a preset knows its own."""
+    hysteresis: float = 5.0
+    """Percentage points below ``percent`` the usage must fall before a finding clears."""
+
 
 UNIT = "percent"
 
@@ -50,6 +79,12 @@ def parse_kv_cache(name: str, obj: Mapping[str, Any], path: str) -> KvCacheUsage
     )
 
 
+def kv_cache_metric(rule: KvCacheUsage) -> Metric | str:
+    """The KV-cache gauge a kvCacheUsage rule reads (scaled to percent), or why its server has none."""
+    scale = 100.0 if rule.unit is GaugeUnit.RATIO else 1.0
+    return source_metric(rule, lambda preset: preset.kv_cache, scale)
+
+
 def kv_cache_message(o: Outcome) -> str:
     """``KV cache 96% full, limit 90%``."""
     return f"KV cache {percent(o.value or 0.0)} full, limit {percent(o.threshold)}"
@@ -59,7 +94,7 @@ def evaluate_kv_cache(
     rule: KvCacheUsage, pod: PodId, now: float, params: WindowParams, services: Services | None
 ) -> Outcome:
     """Judge a kvCacheUsage rule for one pod (see the module doc)."""
-    kind = RuleKind.KV_CACHE_USAGE
+    kind = KIND
     nothing = unknown(rule.name, kind, pod, rule.percent, UNIT)
     if services is None:
         return nothing
@@ -87,7 +122,7 @@ def evaluate_kv_cache(
 
 
 RULE_TYPE = RuleType(
-    kind=RuleKind.KV_CACHE_USAGE,
+    kind=KIND,
     model=KvCacheUsage,
     parse=parse_kv_cache,
     defaults=DEFAULTS,
@@ -101,4 +136,6 @@ RULE_TYPE = RuleType(
     colour="tab:olive",
     utilization=True,  # local mode's plot draws it on the utilization panel: it speaks of load
     hold=lambda rule: rule.for_seconds,
+    metric=kv_cache_metric,
+    up_only=SHORT_OF_REPLICAS,
 )

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from gpuwarden.policy.humanize import format_count, format_latency
@@ -28,13 +29,39 @@ from gpuwarden.policy.rules.common import (
     on_services,
     unknown,
 )
-from gpuwarden.policy.rules.serving import metric_of, parse_source
+from gpuwarden.policy.rules.serving import SHORT_OF_REPLICAS, metric_of, parse_source
 from gpuwarden.policy.spec.fields import SpecError, check_fields, duration, integer, member, number, value_or
-from gpuwarden.policy.spec.model import Latency, RequestLatency
-from gpuwarden.policy.spec.servers import latency_metric
+from gpuwarden.policy.spec.model import Server
+from gpuwarden.policy.spec.servers import Latency, Metric, source_metric
 from gpuwarden.policy.store.series import PodId
 from gpuwarden.policy.store.service import histogram_quantile
 from gpuwarden.units import format_duration
+
+KIND = RuleKind("requestLatency")
+"""Its kind: its key under ``spec.rules[]``."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLatency:
+    """Fires when a percentile of a latency histogram over ``window`` stays above ``threshold_seconds``
+    for ``for_seconds`` (see the module doc).
+
+    After :func:`~gpuwarden.policy.parse.parse_spec`, ``metric`` or ``server`` is set (the policy's
+    ``serviceMetrics.server`` fills in a rule that names neither)."""
+
+    name: str
+    percentile: int
+    """50, 90, 95 or 99."""
+    threshold_seconds: float
+    window_seconds: float = 300.0
+    for_seconds: float = 120.0
+    latency: Latency = Latency.END_TO_END
+    server: Server | None = None
+    metric: str | None = None
+    """A histogram by its base name (without ``_bucket``), in seconds; wins over ``server``."""
+    hysteresis: float = 10.0
+    """Percent of the threshold the percentile must fall below it before a finding clears."""
+
 
 UNIT = "seconds"
 PERCENTILES = (50, 90, 95, 99)
@@ -47,6 +74,11 @@ _LATENCY_WORDS = {
     Latency.TIME_TO_FIRST_TOKEN: "time to first token",
     Latency.INTER_TOKEN: "inter-token latency",
 }
+
+
+def latency_metric(rule: RequestLatency) -> Metric | str:
+    """The histogram a requestLatency rule reads (seconds), or why its server has none."""
+    return source_metric(rule, lambda preset: preset.latency[rule.latency])
 
 
 def parse_latency(name: str, obj: Mapping[str, Any], path: str) -> RequestLatency:
@@ -93,7 +125,7 @@ def evaluate_latency(
     rule: RequestLatency, pod: PodId, now: float, params: WindowParams, services: Services | None
 ) -> Outcome:
     """Judge a requestLatency rule for one pod (see the module doc)."""
-    kind = RuleKind.REQUEST_LATENCY
+    kind = KIND
     nothing = unknown(rule.name, kind, pod, rule.threshold_seconds, UNIT)
     if services is None:
         return nothing
@@ -125,7 +157,7 @@ def evaluate_latency(
 
 
 RULE_TYPE = RuleType(
-    kind=RuleKind.REQUEST_LATENCY,
+    kind=KIND,
     model=RequestLatency,
     parse=parse_latency,
     defaults=DEFAULTS,
@@ -140,4 +172,8 @@ RULE_TYPE = RuleType(
     colour="tab:orange",
     utilization=True,  # local mode's plot draws it on the utilization panel: it speaks of load
     hold=lambda rule: rule.for_seconds,
+    metric=latency_metric,
+    refused_at="latency",  # a server lacks one latency's histogram, not all of them
+    counts_requests=True,
+    up_only=SHORT_OF_REPLICAS,
 )

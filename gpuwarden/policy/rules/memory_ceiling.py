@@ -35,9 +35,23 @@ from gpuwarden.policy.rules.common import (
     unknown,
 )
 from gpuwarden.policy.spec.fields import SpecError, check_fields, duration, number, optional_number, type_name
-from gpuwarden.policy.spec.model import MemoryCeiling
 from gpuwarden.policy.store.series import Column, PodId, SeriesKey, Window
 from gpuwarden.units import format_duration, parse_quantity
+
+KIND = RuleKind("memoryCeiling")
+"""Its kind: its key under ``spec.rules[]``."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryCeiling:
+    """Fires when GPU memory used stays above a share of the card or an absolute size."""
+
+    name: str
+    for_seconds: float
+    percent: float | None = None
+    bytes: int | None = None
+    hysteresis: float = 2.0
+    """Percent of the card (or of ``bytes``) below the threshold needed to clear."""
 
 
 @dataclass(slots=True)
@@ -81,7 +95,7 @@ def evaluate_memory_ceiling(
     params: WindowParams,
 ) -> Outcome:
     """Judge a memoryCeiling rule for one pod (see the module doc)."""
-    kind = RuleKind.MEMORY_CEILING
+    kind = KIND
     threshold, clear_line, unit = _limits(rule)
     end = pod_end(series, now, params)
     if end is None:
@@ -163,7 +177,7 @@ def parse_memory_ceiling(name: str, obj: Mapping[str, Any], path: str) -> Memory
 
 
 RULE_TYPE = RuleType(
-    kind=RuleKind.MEMORY_CEILING,
+    kind=KIND,
     model=MemoryCeiling,
     parse=parse_memory_ceiling,
     defaults=DEFAULTS,

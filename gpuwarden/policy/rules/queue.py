@@ -12,17 +12,46 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gpuwarden.policy.humanize import format_count
 from gpuwarden.policy.rules.common import Outcome, RuleKind, RuleType, Services, WindowParams, unknown
-from gpuwarden.policy.rules.serving import metric_of, parse_source
+from gpuwarden.policy.rules.serving import SHORT_OF_REPLICAS, metric_of, parse_source
 from gpuwarden.policy.spec.fields import check_fields, duration, member, number, value_or
-from gpuwarden.policy.spec.model import QueueScope, RequestQueue
-from gpuwarden.policy.spec.servers import queue_metric
+from gpuwarden.policy.spec.model import Server
+from gpuwarden.policy.spec.servers import Metric, source_metric
 from gpuwarden.policy.store.health import HealthStore
 from gpuwarden.policy.store.series import PodId, SeriesKey, Window
+
+KIND = RuleKind("requestQueue")
+"""Its kind: its key under ``spec.rules[]``."""
+
+
+class QueueScope(enum.StrEnum):
+    """How a requestQueue rule counts waiting requests."""
+
+    REPLICA = "replica"  # the workload's: waiting requests summed over the policy's pods / pods reporting
+    POD = "pod"  # each pod's own queue
+
+
+@dataclass(frozen=True, slots=True)
+class RequestQueue:
+    """Fires when waiting requests per replica (or per pod) stay above ``limit`` for ``for_seconds``
+    (see the module doc)."""
+
+    name: str
+    limit: float
+    for_seconds: float = 60.0
+    per: QueueScope = QueueScope.REPLICA
+    server: Server | None = None
+    metric: str | None = None
+    """A gauge of waiting requests (summed over its label sets); wins over ``server``."""
+    hysteresis: float = 10.0
+    """Percent of the limit the queue must fall below it before a finding clears."""
+
 
 UNIT = "requests"
 MAX_LIMIT = 1_000_000.0
@@ -43,6 +72,11 @@ def parse_queue(name: str, obj: Mapping[str, Any], path: str) -> RequestQueue:
         metric=metric,
         hysteresis=number(obj, "hysteresis", path, DEFAULTS["hysteresis"], 0, 90),
     )
+
+
+def queue_metric(rule: RequestQueue) -> Metric | str:
+    """The gauge of waiting requests a requestQueue rule reads, or why its server has none."""
+    return source_metric(rule, lambda preset: preset.waiting)
 
 
 class QueueMemo:
@@ -101,7 +135,7 @@ def evaluate_queue(
     memo: QueueMemo | None,
 ) -> Outcome:
     """Judge a requestQueue rule for one pod (see the module doc)."""
-    kind = RuleKind.REQUEST_QUEUE
+    kind = KIND
     nothing = unknown(rule.name, kind, pod, rule.limit, UNIT)
     if services is None:
         return nothing
@@ -146,7 +180,7 @@ def _judge(
 
 
 RULE_TYPE = RuleType(
-    kind=RuleKind.REQUEST_QUEUE,
+    kind=KIND,
     model=RequestQueue,
     parse=parse_queue,
     defaults=DEFAULTS,
@@ -161,4 +195,6 @@ RULE_TYPE = RuleType(
     utilization=True,  # local mode's plot draws it on the utilization panel: it speaks of load
     hold=lambda rule: rule.for_seconds,
     memo=QueueMemo,
+    metric=queue_metric,
+    up_only=SHORT_OF_REPLICAS,
 )

@@ -1,6 +1,6 @@
-"""What the service rule kinds (``requestLatency``, ``requestQueue``, ``kvCacheUsage``) share: naming
-the metric they read (a ``server``'s preset or a ``metric`` by name, :mod:`gpuwarden.policy.spec.servers`),
-and how stale a pod's scrapes may be.
+"""What the service rule kinds (those that read the pods' own metrics) share: naming the metric they
+read (a ``server``'s preset or a ``metric`` by name, :mod:`gpuwarden.policy.spec.servers`), and how
+stale a pod's scrapes may be.
 
 They read the pods' own metrics as the node agents scraped them (the
 :class:`~gpuwarden.policy.store.service.ServiceStore`), not the GPUs' series: a pod is judged as of its
@@ -20,11 +20,17 @@ from gpuwarden.policy.spec.fields import SpecError, member, show, type_name
 from gpuwarden.policy.spec.model import Server
 from gpuwarden.policy.spec.servers import Metric
 
-__all__ = ["MAX_METRIC_NAME", "METRIC_NAME", "metric_of", "parse_source"]
+__all__ = ["MAX_METRIC_NAME", "METRIC_NAME", "SHORT_OF_REPLICAS", "metric_of", "parse_source"]
 
 METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 """A Prometheus metric name (the classic grammar every server here writes)."""
 MAX_METRIC_NAME = 200
+
+SHORT_OF_REPLICAS = (
+    "it fires when the service is short of replicas, so it can only scale up"
+    " (scale down on a utilizationFloor rule)"
+)
+"""Why a service rule may not be a ``scaleDownOn`` rule (its kinds' records' ``up_only``)."""
 
 
 def parse_source(obj: Mapping[str, Any], path: str) -> tuple[Server | None, str | None]:

@@ -50,10 +50,43 @@ from gpuwarden.policy.rules.common import (
 )
 from gpuwarden.policy.rules.gpu_health import with_throttling
 from gpuwarden.policy.spec.fields import check_fields, duration, member, number, optional_number, value_or
-from gpuwarden.policy.spec.model import Signal, UtilizationCeiling, UtilizationFloor
+from gpuwarden.policy.spec.model import Signal
 from gpuwarden.policy.store.health import HealthStore
 from gpuwarden.policy.store.series import Column, PodId, SeriesKey, UtilizationSource, Window
 from gpuwarden.units import format_duration
+
+FLOOR_KIND = RuleKind("utilizationFloor")
+"""The floor's kind: its key under ``spec.rules[]``."""
+CEILING_KIND = RuleKind("utilizationCeiling")
+"""The ceiling's kind."""
+
+
+@dataclass(frozen=True, slots=True)
+class UtilizationFloor:
+    """Fires when a pod's GPUs stay below ``percent`` for ``for_seconds`` (idle or wasted GPUs)."""
+
+    name: str
+    percent: float
+    for_seconds: float
+    signal: Signal = Signal.AUTO
+    noise_floor: float = 0.0
+    """Readings at or below this count as 0 (monitoring chatter)."""
+    power_threshold_watts: float | None = None
+    """If set, a GPU drawing at least this much power is treated as busy and never idle."""
+    hysteresis: float = 5.0
+    """Percentage points past the threshold the value must go before a finding clears."""
+
+
+@dataclass(frozen=True, slots=True)
+class UtilizationCeiling:
+    """Fires when a pod's GPUs stay above ``percent`` for ``for_seconds`` (saturation)."""
+
+    name: str
+    percent: float
+    for_seconds: float
+    signal: Signal = Signal.AUTO
+    hysteresis: float = 5.0
+
 
 UNIT = "percent"
 
@@ -182,7 +215,7 @@ def evaluate_floor(
     params: WindowParams,
 ) -> Outcome:
     """Judge a utilizationFloor rule for one pod (see the module doc)."""
-    kind = RuleKind.UTILIZATION_FLOOR
+    kind = FLOOR_KIND
     end = pod_end(series, now, params)
     if end is None:
         return unknown(rule.name, kind, pod, rule.percent, UNIT)
@@ -237,7 +270,7 @@ def evaluate_ceiling(
     params: WindowParams,
 ) -> Outcome:
     """Judge a utilizationCeiling rule for one pod (see the module doc)."""
-    kind = RuleKind.UTILIZATION_CEILING
+    kind = CEILING_KIND
     end = pod_end(series, now, params)
     if end is None:
         return unknown(rule.name, kind, pod, rule.percent, UNIT)
@@ -310,8 +343,11 @@ def parse_ceiling(name: str, obj: Mapping[str, Any], path: str) -> UtilizationCe
 
 def _with_throttling(
     evaluate: Callable[[_U, PodId, Sequence[tuple[SeriesKey, Window]], float, WindowParams], Outcome],
+    *,
+    idle: bool,
 ) -> Judge[_U]:
-    """A utilization evaluator with the GPUs' throttling noted beside its verdict."""
+    """A utilization evaluator with the GPUs' throttling noted beside its verdict (``idle``: see
+    :func:`~gpuwarden.policy.rules.gpu_health.with_throttling`)."""
 
     def judge(
         rule: _U,
@@ -323,17 +359,18 @@ def _with_throttling(
         health: HealthStore | None,
         services: Services | None,
     ) -> Outcome:
-        return with_throttling(evaluate(rule, pod, series, now, params), series, now, params, health)
+        outcome = evaluate(rule, pod, series, now, params)
+        return with_throttling(outcome, series, now, params, health, idle=idle)
 
     return judge
 
 
 FLOOR_TYPE = RuleType(
-    kind=RuleKind.UTILIZATION_FLOOR,
+    kind=FLOOR_KIND,
     model=UtilizationFloor,
     parse=parse_floor,
     defaults=FLOOR_DEFAULTS,
-    evaluate=_with_throttling(evaluate_floor),
+    evaluate=_with_throttling(evaluate_floor, idle=True),
     reach=lambda rule: rule.for_seconds,
     window=lambda rule: ("for", rule.for_seconds),
     reason="GPUUnderutilized",
@@ -341,14 +378,15 @@ FLOOR_TYPE = RuleType(
     per_gpu=False,
     colour="tab:purple",
     utilization=True,
+    forecast_floor=lambda rule: rule.percent,
 )
 
 CEILING_TYPE = RuleType(
-    kind=RuleKind.UTILIZATION_CEILING,
+    kind=CEILING_KIND,
     model=UtilizationCeiling,
     parse=parse_ceiling,
     defaults=CEILING_DEFAULTS,
-    evaluate=_with_throttling(evaluate_ceiling),
+    evaluate=_with_throttling(evaluate_ceiling, idle=False),
     reach=lambda rule: rule.for_seconds,
     window=lambda rule: ("for", rule.for_seconds),
     reason="GPUSaturated",
@@ -356,4 +394,5 @@ CEILING_TYPE = RuleType(
     per_gpu=False,
     colour="tab:red",
     utilization=True,
+    forecast_ceiling=lambda rule: (rule.percent, rule.signal),
 )

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-
-from gpuwarden.policy.xids import CRITICAL_XIDS
+from typing import Protocol
 
 
 class Signal(enum.StrEnum):
@@ -38,114 +37,6 @@ class LabelSelector:
     match_expressions: tuple[LabelRequirement, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class UtilizationFloor:
-    """Fires when a pod's GPUs stay below ``percent`` for ``for_seconds`` (idle or wasted GPUs)."""
-
-    name: str
-    percent: float
-    for_seconds: float
-    signal: Signal = Signal.AUTO
-    noise_floor: float = 0.0
-    """Readings at or below this count as 0 (monitoring chatter)."""
-    power_threshold_watts: float | None = None
-    """If set, a GPU drawing at least this much power is treated as busy and never idle."""
-    hysteresis: float = 5.0
-    """Percentage points past the threshold the value must go before a finding clears."""
-
-
-@dataclass(frozen=True, slots=True)
-class UtilizationCeiling:
-    """Fires when a pod's GPUs stay above ``percent`` for ``for_seconds`` (saturation)."""
-
-    name: str
-    percent: float
-    for_seconds: float
-    signal: Signal = Signal.AUTO
-    hysteresis: float = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryCeiling:
-    """Fires when GPU memory used stays above a share of the card or an absolute size."""
-
-    name: str
-    for_seconds: float
-    percent: float | None = None
-    bytes: int | None = None
-    hysteresis: float = 2.0
-    """Percent of the card (or of ``bytes``) below the threshold needed to clear."""
-
-
-class MemorySource(enum.StrEnum):
-    """Which memory a memoryGrowth rule watches (see :mod:`gpuwarden.policy.rules.growth`)."""
-
-    AUTO = "auto"  # allocated where the subject's samples carry the hook's allocated bytes, else device
-    DEVICE = "device"  # NVML's used memory (the subject's processes' on a shared GPU)
-    ALLOCATED = "allocated"  # the hook's torch.cuda.memory_allocated: live tensors
-    RESERVED = "reserved"  # the hook's torch.cuda.memory_reserved: the caching allocator's pool
-    HOST = "host"  # the hook's hostRssBytes: the pod's hooked processes and their workers
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryGrowth:
-    """Fires when memory grows steadily (a leak): robust slope above ``rate``, fit >= ``min_fit``."""
-
-    name: str
-    rate_bytes_per_second: float
-    window_seconds: float
-    min_fit: float
-    for_seconds: float = 0.0
-    memory: MemorySource = MemorySource.AUTO
-
-
-class AnomalyMetric(enum.StrEnum):
-    """Which reading an anomaly rule watches."""
-
-    UTILIZATION = "utilization"  # smActive where the GPU reports it, else gpuUtil (as signal: auto)
-    MEMORY = "memory"
-
-
-@dataclass(frozen=True, slots=True)
-class Anomaly:
-    """Fires on sudden deviations from a GPU's usual readings: robust z-score over a rolling window."""
-
-    name: str
-    metric: AnomalyMetric
-    window_seconds: float
-    threshold: float
-    """The robust z-score (|x - median| / (1.4826 MAD)) a reading must pass to deviate."""
-    min_deviation: float
-    """The least deviation that counts: percentage points (utilization) or percent of the card (memory)."""
-
-
-class Throttling(enum.StrEnum):
-    """A class of clock event reasons a gpuHealth rule can count
-    (see :mod:`gpuwarden.policy.rules.gpu_health`)."""
-
-    THERMAL = "thermal"  # swThermalSlowdown, hwThermalSlowdown
-    POWER = "power"  # swPowerCap, hwPowerBrakeSlowdown
-    HW_SLOWDOWN = "hwSlowdown"
-
-
-@dataclass(frozen=True, slots=True)
-class GpuHealthRule:
-    """Fires while one of a pod's GPUs is broken: lost, a counted XID, memory errors, or long throttling."""
-
-    name: str
-    xids: tuple[int, ...] = CRITICAL_XIDS
-    """XID codes that count; each keeps the finding up for ``clear_after_seconds``."""
-    gpu_lost: bool = True
-    """A GPU off the bus counts, for as long as it is."""
-    memory_errors: bool = True
-    """A new uncorrected ECC error counts for ``clear_after_seconds``; a failed or pending memory repair
-    (row remapping, page retirement) for as long as the GPU reports it."""
-    throttling: tuple[Throttling, ...] = ()
-    """Clock event classes that count once they held without a break for ``for_seconds``."""
-    for_seconds: float = 300.0
-    clear_after_seconds: float = 600.0
-
-
 class Server(enum.StrEnum):
     """An inference server whose metric names a service rule's preset knows
     (:mod:`gpuwarden.policy.spec.servers`)."""
@@ -156,97 +47,28 @@ class Server(enum.StrEnum):
     TGI = "tgi"  # Hugging Face text-generation-inference: archived upstream, its names frozen
 
 
-class Latency(enum.StrEnum):
-    """Which latency a requestLatency rule reads from its server's preset."""
+class Rule(Protocol):
+    """What the engine, the scale decision and the operator read of any rule. Each rule kind's module
+    (:mod:`gpuwarden.policy.rules`) holds its spec's frozen dataclass, and its record in the registry
+    (``RULE_TYPES``) says the rest: the spec names no kind."""
 
-    END_TO_END = "endToEnd"  # from the request's arrival to its last token
-    TIME_TO_FIRST_TOKEN = "timeToFirstToken"
-    INTER_TOKEN = "interToken"  # between consecutive output tokens of a request
-
-
-class QueueScope(enum.StrEnum):
-    """How a requestQueue rule counts waiting requests."""
-
-    REPLICA = "replica"  # the workload's: waiting requests summed over the policy's pods / pods reporting
-    POD = "pod"  # each pod's own queue
+    @property
+    def name(self) -> str:
+        """The rule's name, unique in its policy (a DNS label)."""
 
 
-class GaugeUnit(enum.StrEnum):
-    """What a kvCacheUsage rule's own ``metric`` reads in (a preset knows its server's)."""
+class ServiceRule(Rule, Protocol):
+    """A rule of a kind that reads the pods' own metrics (its record's ``metric`` is set): where it
+    reads them. After :func:`~gpuwarden.policy.parse.parse_spec`, ``metric`` or ``server`` is set (the
+    policy's ``serviceMetrics.server`` fills in a rule that names neither)."""
 
-    RATIO = "ratio"  # 0..1, as vLLM's and SGLang's
-    PERCENT = "percent"  # 0..100
+    @property
+    def server(self) -> Server | None:
+        """The inference server whose preset names its metric (:mod:`gpuwarden.policy.spec.servers`)."""
 
-
-@dataclass(frozen=True, slots=True)
-class RequestLatency:
-    """Fires when a percentile of a latency histogram over ``window`` stays above ``threshold_seconds``
-    for ``for_seconds`` (see :mod:`gpuwarden.policy.rules.latency`).
-
-    After :func:`~gpuwarden.policy.parse.parse_spec`, ``metric`` or ``server`` is set (the policy's
-    ``serviceMetrics.server`` fills in a rule that names neither)."""
-
-    name: str
-    percentile: int
-    """50, 90, 95 or 99."""
-    threshold_seconds: float
-    window_seconds: float = 300.0
-    for_seconds: float = 120.0
-    latency: Latency = Latency.END_TO_END
-    server: Server | None = None
-    metric: str | None = None
-    """A histogram by its base name (without ``_bucket``), in seconds; wins over ``server``."""
-    hysteresis: float = 10.0
-    """Percent of the threshold the percentile must fall below it before a finding clears."""
-
-
-@dataclass(frozen=True, slots=True)
-class RequestQueue:
-    """Fires when waiting requests per replica (or per pod) stay above ``limit`` for ``for_seconds``
-    (see :mod:`gpuwarden.policy.rules.queue`)."""
-
-    name: str
-    limit: float
-    for_seconds: float = 60.0
-    per: QueueScope = QueueScope.REPLICA
-    server: Server | None = None
-    metric: str | None = None
-    """A gauge of waiting requests (summed over its label sets); wins over ``server``."""
-    hysteresis: float = 10.0
-    """Percent of the limit the queue must fall below it before a finding clears."""
-
-
-@dataclass(frozen=True, slots=True)
-class KvCacheUsage:
-    """Fires when a pod's KV cache stays fuller than ``percent`` for ``for_seconds``
-    (see :mod:`gpuwarden.policy.rules.kv_cache`)."""
-
-    name: str
-    percent: float
-    for_seconds: float = 120.0
-    server: Server | None = None
-    metric: str | None = None
-    """A gauge of KV-cache usage (the fullest of its label sets); wins over ``server``."""
-    unit: GaugeUnit = GaugeUnit.RATIO
-    """What ``metric`` reads in; a preset knows its own."""
-    hysteresis: float = 5.0
-    """Percentage points below ``percent`` the usage must fall before a finding clears."""
-
-
-ServiceRule = RequestLatency | RequestQueue | KvCacheUsage
-"""The rule kinds that read the pods' own metrics (the :class:`ServiceStore`), not their GPUs'."""
-
-Rule = (
-    UtilizationFloor
-    | UtilizationCeiling
-    | MemoryCeiling
-    | MemoryGrowth
-    | GpuHealthRule
-    | Anomaly
-    | RequestLatency
-    | RequestQueue
-    | KvCacheUsage
-)
+    @property
+    def metric(self) -> str | None:
+        """A metric by its name; wins over ``server``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,8 +109,9 @@ class ForecastLoad(enum.StrEnum):
 class ScaleForecast:
     """spec.actions.scale.forecast, with the thresholds it compares against resolved from the rules.
 
-    Utilization load: ``ceiling_*`` come from the first utilizationCeiling rule in scaleUpOn,
-    ``floor_*`` from the first utilizationFloor rule in scaleDownOn (none: the forecast never holds a
+    Utilization load: ``ceiling_*`` come from the first rule in scaleUpOn whose kind has a utilization
+    ceiling, ``floor_*`` from the first in scaleDownOn whose kind has a floor (their records'
+    ``forecast_ceiling`` and ``forecast_floor``; no floor: the forecast never holds a
     scale-down back). Requests load: the ceiling is ``requestsPerReplica`` (``ceiling_rule`` the first
     rule in scaleUpOn, which the forecast speaks beside), and there is no floor.
     """

@@ -13,31 +13,28 @@ it exports.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import enum
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from gpuwarden.policy.spec.model import (
-    GaugeUnit,
-    KvCacheUsage,
-    Latency,
-    PolicySpec,
-    RequestLatency,
-    RequestQueue,
-    Rule,
-    Server,
-)
+from gpuwarden.policy.spec.model import Server, ServiceRule
 
 __all__ = [
     "PRESETS",
+    "Latency",
     "Metric",
     "Preset",
-    "kv_cache_metric",
-    "latency_metric",
-    "queue_metric",
     "request_counters",
-    "rule_metric",
-    "service_metric_names",
+    "source_metric",
 ]
+
+
+class Latency(enum.StrEnum):
+    """Which latency histogram of a server's preset (a requestLatency rule's ``latency``)."""
+
+    END_TO_END = "endToEnd"  # from the request's arrival to its last token
+    TIME_TO_FIRST_TOKEN = "timeToFirstToken"
+    INTER_TOKEN = "interToken"  # between consecutive output tokens of a request
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,57 +128,16 @@ PRESETS: Mapping[Server, Preset] = {
 """Every server's metrics, by :class:`Server`."""
 
 
-def _of(found: Metric | str | None, metric: str | None, scale: float = 1.0) -> Metric | str:
-    if metric is not None:
-        return Metric((metric,), scale)
-    return "names neither server nor metric" if found is None else found
-
-
-def latency_metric(rule: RequestLatency) -> Metric | str:
-    """The histogram a requestLatency rule reads (seconds), or why its server has none."""
-    return _of(None if rule.server is None else PRESETS[rule.server].latency[rule.latency], rule.metric)
-
-
-def queue_metric(rule: RequestQueue) -> Metric | str:
-    """The gauge of waiting requests a requestQueue rule reads, or why its server has none."""
-    return _of(None if rule.server is None else PRESETS[rule.server].waiting, rule.metric)
-
-
-def kv_cache_metric(rule: KvCacheUsage) -> Metric | str:
-    """The KV-cache gauge a kvCacheUsage rule reads (scaled to percent), or why its server has none."""
-    scale = 100.0 if rule.unit is GaugeUnit.RATIO else 1.0
-    return _of(None if rule.server is None else PRESETS[rule.server].kv_cache, rule.metric, scale)
-
-
-def rule_metric(rule: Rule) -> Metric | str | None:
-    """The metric a service rule reads (or why it has none); None for a rule of the GPUs."""
-    if isinstance(rule, RequestLatency):
-        return latency_metric(rule)
-    if isinstance(rule, RequestQueue):
-        return queue_metric(rule)
-    if isinstance(rule, KvCacheUsage):
-        return kv_cache_metric(rule)
-    return None
+def source_metric(
+    rule: ServiceRule, found: Callable[[Preset], Metric | str], scale: float = 1.0
+) -> Metric | str:
+    """What a service rule reads: its ``metric`` by name (its values times ``scale``), else what
+    ``found`` picks from its server's preset; or why there is none."""
+    if rule.metric is not None:
+        return Metric((rule.metric,), scale)
+    return "names neither server nor metric" if rule.server is None else found(PRESETS[rule.server])
 
 
 def request_counters(servers: Iterable[Server]) -> tuple[str, ...]:
     """The counters of requests served that these servers export, without repeats."""
     return tuple(dict.fromkeys(name for s in servers for name in PRESETS[s].requests))
-
-
-def service_metric_names(spec: PolicySpec) -> frozenset[str]:
-    """The Prometheus metric names, as exposed (histograms by base name), that the spec's rules read:
-    what the agents keep of the pods' scrapes. Empty when no rule reads the pods' own metrics.
-
-    With a scale forecast of requests, also what its rate is read from (the servers' counters of
-    requests served).
-    """
-    names: set[str] = set()
-    for rule in spec.rules:
-        metric = rule_metric(rule)
-        if isinstance(metric, Metric):
-            names.update(metric.names)
-    scale = spec.actions.scale
-    if scale is not None and scale.forecast is not None:
-        names.update(scale.forecast.request_metrics)
-    return frozenset(names)

@@ -4,7 +4,7 @@ The node agents scrape the pods on their nodes (the operator's scrape plan names
 and the metric names the policies' service rules read), compact each scrape to what the rules need
 (:class:`ServiceScrape`: histograms and counters summed over their label sets, gauges one value per
 label set) and send it in their next report; the operator's intake records it here. The service rule
-kinds (``requestLatency``, ``requestQueue``, ``kvCacheUsage``) read it.
+kinds (those whose record reads a ``metric``: :data:`gpuwarden.policy.rules.RULE_TYPES`) read it.
 
 Pure bookkeeping, like :mod:`gpuwarden.policy.store.series`: it never reads a clock (``prune`` is told
 ``now``) and never does I/O. A pod keeps the scrapes of the last ``retention_seconds`` (the longest

@@ -17,6 +17,7 @@ from gpuwarden.local.history import FindingSpan, History
 from gpuwarden.local.plot import build_figure
 from gpuwarden.local.policies import LocalPolicy
 from gpuwarden.policy import RuleKind
+from gpuwarden.policy.rules import utilization
 from gpuwarden.sim.scenario import load_scenario
 
 GIB = 2.0**30
@@ -42,7 +43,7 @@ def one_gpu(memory: list[float], *, minutes: int = 10) -> History:
     return history
 
 
-def span(rule: str, start: float, *, kind: RuleKind = RuleKind.UTILIZATION_FLOOR, **more: Any) -> FindingSpan:
+def span(rule: str, start: float, *, kind: RuleKind = utilization.FLOOR_KIND, **more: Any) -> FindingSpan:
     return FindingSpan(
         policy="p", rule=rule, kind=kind, reason="GPUUnderutilized", subject="training/job-0",
         devices=("GPU-x",), start=start, message="", value=3.0, unit="percent", **more,

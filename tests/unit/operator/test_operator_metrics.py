@@ -12,7 +12,7 @@ from gpuwarden.operator.metrics import (
     make_metrics_app,
 )
 from gpuwarden.policy.findings import Finding
-from gpuwarden.policy.rules.common import RuleKind
+from gpuwarden.policy.rules import growth, utilization
 from gpuwarden.policy.store.series import Point, SeriesKey
 from gpuwarden.wire.node import REFUSALS
 
@@ -64,7 +64,7 @@ def test_a_deleted_pod_disappears_at_once() -> None:
 def finding(
     rule: str, pod: str, reason: str, *, started_at: float = T0, to_full: float | None = None
 ) -> Finding:
-    kind = RuleKind.MEMORY_GROWTH if to_full is not None else RuleKind.UTILIZATION_FLOOR
+    kind = growth.KIND if to_full is not None else utilization.FLOOR_KIND
     return Finding(
         policy="ns/pol", rule=rule, kind=kind, reason=reason, namespace="ns", pod=pod, gpus=("GPU-1",),
         value=3.0, threshold=20.0, unit="percent", started_at=started_at, message="", seconds_to_full=to_full,

@@ -20,7 +20,6 @@ from gpuwarden.policy import (
     Point,
     PolicyEvaluator,
     Resolution,
-    RuleKind,
     SeriesKey,
     SeriesStore,
     Transition,
@@ -28,17 +27,11 @@ from gpuwarden.policy import (
     horizon_seconds,
     snoozed_until,
 )
-from gpuwarden.policy.spec.model import (
-    Actions,
-    LabelSelector,
-    MemoryCeiling,
-    MemoryGrowth,
-    PolicySpec,
-    Rule,
-    Signal,
-    UtilizationCeiling,
-    UtilizationFloor,
-)
+from gpuwarden.policy.rules import utilization
+from gpuwarden.policy.rules.growth import MemoryGrowth
+from gpuwarden.policy.rules.memory_ceiling import MemoryCeiling
+from gpuwarden.policy.rules.utilization import UtilizationCeiling, UtilizationFloor
+from gpuwarden.policy.spec.model import Actions, LabelSelector, PolicySpec, Rule, Signal
 
 T0 = 1_749_999_960.0
 GI = 2**30
@@ -130,7 +123,7 @@ def test_lifecycle_started_ongoing_resolved() -> None:
     assert kinds(first) == [Transition.STARTED]
     started = first[0].finding
     assert started.reason == "GPUUnderutilized"
-    assert started.kind is RuleKind.UTILIZATION_FLOOR
+    assert started.kind == utilization.FLOOR_KIND
     assert (started.policy, started.namespace, started.pod, started.gpus) == (
         "ns/policy",
         "ns",

@@ -10,15 +10,13 @@ from gpuwarden.operator.policies.announce import Announcer, EventSpec, Target, a
 from gpuwarden.operator.resources import ObjectRef
 from gpuwarden.policy.engine import Evaluation
 from gpuwarden.policy.findings import Finding, FindingTransition, Resolution, Transition
-from gpuwarden.policy.rules import rule_type
+from gpuwarden.policy.rules import growth, memory_ceiling, rule_type, utilization
 from gpuwarden.policy.rules.common import RuleKind
 
 T0 = 1_800_000_000.0
 
 
-def finding(
-    pod: str = "p", kind: RuleKind = RuleKind.UTILIZATION_FLOOR, message: str = "3% over 5m"
-) -> Finding:
+def finding(pod: str = "p", kind: RuleKind = utilization.FLOOR_KIND, message: str = "3% over 5m") -> Finding:
     return Finding(
         policy="ns/pol",
         rule="idle",
@@ -64,10 +62,10 @@ def test_a_start_warns_on_the_pod_and_the_policy_with_the_figure_and_its_meaning
 @pytest.mark.parametrize(
     ("kind", "reason"),
     [
-        (RuleKind.UTILIZATION_FLOOR, "GPUUnderutilized"),
-        (RuleKind.UTILIZATION_CEILING, "GPUSaturated"),
-        (RuleKind.MEMORY_CEILING, "GPUMemoryNearLimit"),
-        (RuleKind.MEMORY_GROWTH, "GPUMemoryLeakSuspected"),
+        (utilization.FLOOR_KIND, "GPUUnderutilized"),
+        (utilization.CEILING_KIND, "GPUSaturated"),
+        (memory_ceiling.KIND, "GPUMemoryNearLimit"),
+        (growth.KIND, "GPUMemoryLeakSuspected"),
     ],
 )
 def test_reasons_are_camel_case_per_kind(kind: RuleKind, reason: str) -> None:
@@ -90,7 +88,7 @@ def test_ongoing_is_silent_and_renotify_says_still() -> None:
 
 def test_a_leak_now_imminent_is_announced_at_once_under_its_new_reason_with_the_old_one_named() -> None:
     book = Announcer("pol")
-    leak = finding(kind=RuleKind.MEMORY_GROWTH, message="GPU memory grows 5Gi/m; the card is full in 20m")
+    leak = finding(kind=growth.KIND, message="GPU memory grows 5Gi/m; the card is full in 20m")
     book.plan(ev(step(Transition.STARTED, T0, leak)))
     soon = dataclasses.replace(leak, reason="GPUMemoryExhaustionImminent", message="... full in 14m")
     planned = book.plan(ev(step(Transition.RENOTIFY, T0 + 120, soon)))

@@ -15,7 +15,7 @@ from gpuwarden.operator.policies.status import (
 from gpuwarden.policy.engine import Evaluation
 from gpuwarden.policy.findings import Finding
 from gpuwarden.policy.parse import parse_spec
-from gpuwarden.policy.rules import rule_type
+from gpuwarden.policy.rules import memory_ceiling, rule_type, utilization
 from gpuwarden.policy.rules.common import RuleKind
 from gpuwarden.policy.store.series import PodId
 
@@ -33,9 +33,7 @@ SPEC = parse_spec(
 )
 
 
-def finding(
-    pod: str, rule: str = "idle", kind: RuleKind = RuleKind.UTILIZATION_FLOOR, at: float = T0
-) -> Finding:
+def finding(pod: str, rule: str = "idle", kind: RuleKind = utilization.FLOOR_KIND, at: float = T0) -> Finding:
     return Finding(
         policy="ns/p",
         rule=rule,
@@ -133,7 +131,7 @@ def test_violations_are_capped_and_newest_first() -> None:
 
 def test_violation_message_is_the_announced_one_and_gpu_only_for_memory_rules() -> None:
     idle = finding("a")
-    oom = finding("b", rule="oom", kind=RuleKind.MEMORY_CEILING)
+    oom = finding("b", rule="oom", kind=memory_ceiling.KIND)
     verdict = PolicyVerdict(1, 10.0, evaluation=evaluation([idle, oom], 2), messages={idle.key: "announced"})
     by_pod = {v["pod"]: v for v in build_status(verdict, None, T0)["violations"]}
     assert by_pod["a"]["message"] == "announced"
@@ -176,14 +174,14 @@ def test_owned_part_ignores_foreign_fields() -> None:
 
 def test_findings_round_trip_through_status() -> None:
     idle = finding("a", at=T0 - 300)
-    oom = finding("b", rule="oom", kind=RuleKind.MEMORY_CEILING, at=T0 - 60)
+    oom = finding("b", rule="oom", kind=memory_ceiling.KIND, at=T0 - 60)
     status = build_status(PolicyVerdict(1, 10.0, evaluation=evaluation([oom, idle], 2)), None, T0)
     status["violations"].append({"pod": "c", "rule": "removed-rule", "reason": "X", "since": format_time(T0)})
     status["violations"].append({"pod": "d", "rule": "idle", "reason": "X", "since": "garbage"})
     restored = findings_from_status(status, SPEC, policy="ns/p", namespace="ns")
     assert [(f.pod, f.rule, f.kind, f.started_at) for f in restored] == [
-        ("b", "oom", RuleKind.MEMORY_CEILING, T0 - 60),
-        ("a", "idle", RuleKind.UTILIZATION_FLOOR, T0 - 300),
+        ("b", "oom", memory_ceiling.KIND, T0 - 60),
+        ("a", "idle", utilization.FLOOR_KIND, T0 - 300),
     ]
     assert restored[0].gpus == ("GPU-a",)
     assert restored[1].message == "a is idle"

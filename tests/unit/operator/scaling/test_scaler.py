@@ -30,9 +30,10 @@ from gpuwarden.operator.scaling.api import (
 from gpuwarden.operator.scaling.claims import PolicyClaim, policy_claim
 from gpuwarden.operator.scaling.seam import ScaleResult
 from gpuwarden.operator.scaling.workload import WorkloadScaler
-from gpuwarden.policy.engine import Evaluation, RuleKind
+from gpuwarden.policy.engine import Evaluation
 from gpuwarden.policy.findings import Finding
 from gpuwarden.policy.parse import parse_spec
+from gpuwarden.policy.rules import utilization
 from gpuwarden.policy.spec.model import ScaleAction, ScaleDirection, ScaleTargetRef
 from gpuwarden.policy.store.series import PodId
 
@@ -471,7 +472,7 @@ async def test_series_of_a_policy_no_longer_reconciled_goes(
 
 def _finding(rule: str, pod: str) -> Finding:
     return Finding(
-        "llm-serving", rule, RuleKind.UTILIZATION_CEILING, "R", NS, pod, (), 0.0, 0.0, "percent", T0, ""
+        "llm-serving", rule, utilization.CEILING_KIND, "R", NS, pod, (), 0.0, 0.0, "percent", T0, ""
     )
 
 

@@ -7,7 +7,7 @@ from gpuwarden.operator.sharding.board import SILENT_INTERVALS, VerdictBoard, ou
 from gpuwarden.policy.engine import PodView, PolicyEvaluator
 from gpuwarden.policy.findings import Resolution, Transition
 from gpuwarden.policy.parse import parse_spec
-from gpuwarden.policy.rules.common import RuleKind
+from gpuwarden.policy.rules import memory_ceiling, utilization
 from gpuwarden.policy.store.series import PodId, Point, SeriesKey, SeriesStore
 from gpuwarden.wire.verdicts import SCHEMA_VERSION, PodVerdict, RuleVerdict, VerdictReport
 
@@ -18,7 +18,7 @@ SPEC = {
     "rules": [{"name": "idle", "utilizationFloor": {"percent": 20, "for": "10s"}}],
     "actions": {"renotifyInterval": "1m"},
 }
-KINDS = {"idle": RuleKind.UTILIZATION_FLOOR}
+KINDS = {"idle": utilization.FLOOR_KIND}
 Q = PodId("ns", "q")
 
 
@@ -67,7 +67,7 @@ def test_verdicts_of_another_generation_or_rule_kind_are_left_out() -> None:
     assert outcomes(board, T0, generation=1) == {}
     assert outcomes(board, T0, generation=2) == {Q: [3.0]}
     other = board.outcomes(
-        "ns", "pol", kinds={"idle": RuleKind.MEMORY_CEILING}, generation=2, interval=10.0, now=T0
+        "ns", "pol", kinds={"idle": memory_ceiling.KIND}, generation=2, interval=10.0, now=T0
     )
     assert other == {Q: []}  # the rule changed kind on the owner: nothing to judge by it
     board.forget("ns", "pol")
@@ -123,7 +123,7 @@ def test_a_rule_verdict_becomes_the_outcome_it_came_from() -> None:
         [PodView("ns", "q", {"app": "x"})], store, T0
     )[Q]
     (pod,) = pod_verdicts({Q: [outcome]})
-    back = outcome_from(pod.rules[0], RuleKind.UTILIZATION_FLOOR, Q)
+    back = outcome_from(pod.rules[0], utilization.FLOOR_KIND, Q)
     fields = ("rule", "kind", "pod", "value", "threshold", "unit", "holds", "clears", "gpus", "message")
     assert [getattr(back, f) for f in fields] == [getattr(outcome, f) for f in fields]
 

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from gpuwarden.policy.engine import PodView, PolicyEvaluator
 from gpuwarden.policy.findings import Transition
 from gpuwarden.policy.parse import parse_spec
-from gpuwarden.policy.rules.anomaly import Pattern, evaluate_anomaly
-from gpuwarden.policy.rules.common import Outcome, RuleKind, WindowParams
-from gpuwarden.policy.spec.model import Anomaly, AnomalyMetric
+from gpuwarden.policy.rules import anomaly
+from gpuwarden.policy.rules.anomaly import Anomaly, AnomalyMetric, Pattern, evaluate_anomaly
+from gpuwarden.policy.rules.common import Outcome, WindowParams
 from gpuwarden.policy.store.series import PodId, Point, SeriesKey, SeriesStore
 
 T0 = 1_750_000_000.0
@@ -251,7 +251,7 @@ def test_finding_reason_is_the_pattern_not_the_kind() -> None:
     store = store_of(lambda i: 30.0 if i % 420 >= 405 else 3.0, 2100)
     evaluation = evaluator.evaluate([PodView("ns", "pod")], store, T0 + 2099)
     (finding,) = evaluation.active
-    assert finding.kind is RuleKind.ANOMALY
+    assert finding.kind == anomaly.KIND
     assert finding.reason == "GPUPeriodicSpikes"
 
 

@@ -13,8 +13,7 @@ import pytest
 
 from gpuwarden.policy import PodView, PolicyEvaluator, Resolution, SeriesStore, Transition
 from gpuwarden.policy.parse import SpecError, parse_spec
-from gpuwarden.policy.rules.gpu_health import THROTTLED_SHARE, gpu_problems
-from gpuwarden.policy.spec.model import GpuHealthRule, Throttling
+from gpuwarden.policy.rules.gpu_health import THROTTLED_SHARE, GpuHealthRule, Throttling, gpu_problems
 from gpuwarden.policy.store.health import HealthStore, IncidentKind
 from gpuwarden.policy.store.intake import points_from_snapshot
 from gpuwarden.policy.xids import CRITICAL_XIDS, XIDS, describe_xid

@@ -20,6 +20,7 @@ from gpuwarden.policy.rules.growth import (
     MAX_POINTS,
     MIN_SPAN_SECONDS,
     GrowthCache,
+    MemoryGrowth,
     evaluate_growth,
     evidence_spans,
     gpu_growth,
@@ -27,7 +28,6 @@ from gpuwarden.policy.rules.growth import (
     peak_before,
     span_ends,
 )
-from gpuwarden.policy.spec.model import MemoryGrowth
 from gpuwarden.policy.stats import (
     bucket_medians,
     fit_line,

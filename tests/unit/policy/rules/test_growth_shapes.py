@@ -24,8 +24,14 @@ from gpuwarden.policy import (
     SeriesStore,
     Transition,
 )
-from gpuwarden.policy.rules.growth import MIN_SPAN_SECONDS, URGENCY, evidence_spans, urgent_spans
-from gpuwarden.policy.spec.model import LabelSelector, MemoryGrowth, PolicySpec
+from gpuwarden.policy.rules.growth import (
+    MIN_SPAN_SECONDS,
+    URGENCY,
+    MemoryGrowth,
+    evidence_spans,
+    urgent_spans,
+)
+from gpuwarden.policy.spec.model import LabelSelector, PolicySpec
 
 T0 = 1_749_999_960.0
 MI = 2**20

@@ -8,8 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuwarden.policy.rules.common import WindowParams
-from gpuwarden.policy.rules.memory_ceiling import evaluate_memory_ceiling
-from gpuwarden.policy.spec.model import MemoryCeiling
+from gpuwarden.policy.rules.memory_ceiling import MemoryCeiling, evaluate_memory_ceiling
 from gpuwarden.policy.store.series import PodId, Point, SeriesKey, SeriesStore
 
 T0 = 1_750_000_000.0

@@ -1,10 +1,12 @@
-"""The rule-kind registry (gpuwarden.policy.rules.common.RULE_TYPES): every kind registered whole, and the
-CRD, the spec's model and the registry naming the same kinds."""
+"""The rule-kind registry (gpuwarden.policy.rules.RULE_TYPES): every kind registered whole, in its own
+module, the CRD and the registry naming the same kinds, and nothing else in the engine naming one."""
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import re
-import typing
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +17,9 @@ from gpuwarden.policy import (
     RULE_TYPES,
     PodView,
     PolicyEvaluator,
-    RuleKind,
     RuleType,
     SeriesStore,
+    SpecError,
     horizon_seconds,
     parse_spec,
     rule_kind,
@@ -30,7 +32,9 @@ from gpuwarden.policy.rules.common import WindowParams
 from gpuwarden.policy.spec.model import Rule
 from gpuwarden.policy.store.series import PodId
 
-CRD_PATH = Path(__file__).resolve().parents[4] / "crds" / "gpuwarden.dev_gpumonitorpolicies.yaml"
+ROOT = Path(__file__).resolve().parents[4]
+CRD_PATH = ROOT / "crds" / "gpuwarden.dev_gpumonitorpolicies.yaml"
+POLICY = ROOT / "gpuwarden" / "policy"
 
 # The smallest valid body of each kind: a kind added to the registry needs one here too.
 MINIMAL: dict[str, dict[str, Any]] = {
@@ -60,17 +64,65 @@ def parsed(t: RuleType[Any]) -> Rule:
     return spec.rules[0]
 
 
-def test_the_registry_the_crd_and_the_kinds_name_the_same_kinds_in_the_same_order() -> None:
+def test_the_registry_and_the_crd_name_the_same_kinds_in_the_same_order() -> None:
     keys = [t.key for t in RULE_TYPES]
     assert keys == crd_rule_keys()
-    assert keys == [k.value for k in RuleKind]
+    assert len(set(keys)) == len(keys)
     assert sorted(MINIMAL) == sorted(keys)
 
 
-def test_the_models_are_the_spec_models_rule_union_one_kind_each() -> None:
+@pytest.mark.parametrize("t", RULE_TYPES, ids=lambda t: t.key)
+def test_a_kind_s_module_declares_its_kind_and_its_spec_s_frozen_class(t: RuleType[Any]) -> None:
+    module = sys.modules[t.model.__module__]
+    assert module.__name__.startswith("gpuwarden.policy.rules.")
+    assert t.kind in [v for k, v in vars(module).items() if k.endswith("KIND")]
+    assert t in vars(module).values()
+    assert dataclasses.is_dataclass(t.model)
+    assert t.model.__dataclass_params__.frozen
+    assert "name" in {f.name for f in dataclasses.fields(t.model)}
+
+
+def test_the_models_are_one_per_kind() -> None:
     models = [t.model for t in RULE_TYPES]
     assert len(set(models)) == len(models)
-    assert set(models) == set(typing.get_args(Rule))
+
+
+# What reads every kind through the registry names none: a new kind is its module, its line in
+# RULE_TYPES, its CRD schema and its tests. (spec/servers.py holds the servers' metric names, by
+# what each service kind reads of them: a new service kind adds its column there.)
+THROUGH_THE_REGISTRY = [
+    "parse.py",
+    "engine.py",
+    "findings.py",
+    "scaling/decider.py",
+    "scaling/predictive.py",
+    "spec/model.py",
+    "spec/fields.py",
+    "spec/selector.py",
+]
+
+
+def code_words(path: Path) -> set[str]:
+    """The names and the words of the string literals of a module's code (not its docstrings, nor
+    its fields' and constants' docstrings)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}  # bare strings
+    words: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            words.add(node.id)
+        elif isinstance(node, ast.Attribute | ast.alias):
+            words.update((node.attr if isinstance(node, ast.Attribute) else node.name).split("."))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            words.update(re.findall(r"\w+", node.value))
+    return words
+
+
+@pytest.mark.parametrize("path", THROUGH_THE_REGISTRY)
+def test_the_engine_s_other_modules_name_no_kind(path: str) -> None:
+    words = code_words(POLICY / path)
+    for t in RULE_TYPES:
+        assert not words & {t.key, t.model.__name__}, (path, t.key)
 
 
 def test_the_crd_defaults_of_each_kind_are_its_record_s() -> None:
@@ -83,7 +135,7 @@ def test_every_kind_is_registered_whole(t: RuleType[Any]) -> None:
     rule = parsed(t)
     assert isinstance(rule, t.model)
     assert type_of(rule) is t
-    assert rule_kind(rule) is t.kind
+    assert rule_kind(rule) == t.kind
     assert rule_type(t.kind) is t
     assert t.reach(rule) > 0
     if t.window is not None:
@@ -119,3 +171,68 @@ def test_the_engine_reads_each_kind_through_the_registry() -> None:
         [PodView("ns", "p")], SeriesStore(retention_seconds=3600, max_points=1000), 1_800_000_000.0
     )
     assert [o.kind for o in evaluation.outcomes] == [t.kind for t in RULE_TYPES]
+
+
+TARGET = {"apiVersion": "apps/v1", "kind": "Deployment", "name": "d"}
+
+
+@pytest.mark.parametrize(
+    ("rules", "scale", "message"),
+    [
+        (
+            [{"name": "f", "utilizationFloor": {"percent": 10}}],
+            {"scaleDownOn": ["f"], "forecast": {}},
+            "spec.actions.scale.forecast: forecast needs a utilizationCeiling rule in scaleUpOn: its ceiling"
+            " is what it forecasts against",
+        ),
+        (
+            [{"name": "f", "utilizationFloor": {"percent": 10}}],
+            {"scaleUpOn": ["f"], "forecast": {"load": "requests", "requestsPerReplica": 5}},
+            "spec.actions.scale.forecast: forecast with load: requests needs a requestLatency, requestQueue"
+            " or kvCacheUsage rule in scaleUpOn: the pods it reads are scraped, and their server says where"
+            " the rate is read",
+        ),
+        (
+            [{"name": "q", "requestQueue": {"limit": 5, "metric": "waiting"}}],
+            {"scaleUpOn": ["q"], "forecast": {"load": "requests", "requestsPerReplica": 5}},
+            "spec.actions.scale.forecast.load: no request rate to read: no rule names a server (whose counter"
+            " of requests served is read) nor a requestLatency histogram (whose count is)",
+        ),
+        (
+            [{"name": "k", "kvCacheUsage": {"percent": 90, "server": "vllm"}}],
+            {"scaleDownOn": ["k"]},
+            'spec.actions.scale.scaleDownOn[0]: "k" is a kvCacheUsage rule: it fires when the service is'
+            " short of replicas, so it can only scale up (scale down on a utilizationFloor rule)",
+        ),
+    ],
+)
+def test_the_messages_that_name_kinds_read_them_from_the_records(
+    rules: list[dict[str, Any]], scale: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(SpecError) as err:
+        parse_spec(
+            {
+                "selector": {},
+                "rules": rules,
+                "actions": {"scale": {"targetRef": TARGET, "maxReplicas": 4, **scale}},
+            }
+        )
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (
+            {"requestLatency": {"percentile": 99, "threshold": "1s", "server": "triton"}},
+            "requestLatency.latency",
+        ),
+        ({"kvCacheUsage": {"percent": 90, "server": "triton"}}, "kvCacheUsage.server"),
+    ],
+)
+def test_a_metric_its_server_lacks_is_refused_at_the_field_its_record_names(
+    body: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(SpecError) as err:
+        parse_spec({"selector": {}, "rules": [{"name": "r", **body}]})
+    assert err.value.field == f"spec.rules[0].{field}"

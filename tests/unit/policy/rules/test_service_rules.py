@@ -20,10 +20,10 @@ from gpuwarden.policy import (
     parse_spec,
 )
 from gpuwarden.policy.rules.common import Services, WindowParams
-from gpuwarden.policy.rules.kv_cache import evaluate_kv_cache
-from gpuwarden.policy.rules.latency import evaluate_latency
-from gpuwarden.policy.rules.queue import evaluate_queue
-from gpuwarden.policy.spec.model import KvCacheUsage, QueueScope, RequestLatency, RequestQueue, Server
+from gpuwarden.policy.rules.kv_cache import KvCacheUsage, evaluate_kv_cache
+from gpuwarden.policy.rules.latency import RequestLatency, evaluate_latency
+from gpuwarden.policy.rules.queue import QueueScope, RequestQueue, evaluate_queue
+from gpuwarden.policy.spec.model import Server
 
 T0 = 1_750_000_000.0
 PARAMS = WindowParams()

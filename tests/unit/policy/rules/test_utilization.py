@@ -11,8 +11,13 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gpuwarden.policy.rules.common import Outcome, WindowParams, covered, readings
-from gpuwarden.policy.rules.utilization import evaluate_ceiling, evaluate_floor
-from gpuwarden.policy.spec.model import Signal, UtilizationCeiling, UtilizationFloor
+from gpuwarden.policy.rules.utilization import (
+    UtilizationCeiling,
+    UtilizationFloor,
+    evaluate_ceiling,
+    evaluate_floor,
+)
+from gpuwarden.policy.spec.model import Signal
 from gpuwarden.policy.store.intake import points_from_snapshot
 from gpuwarden.policy.store.series import Column, PodId, Point, SeriesKey, SeriesStore, UtilizationSource
 from gpuwarden.wire.node import GpuSample, PodRef, ProcessSample, Snapshot

@@ -16,24 +16,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuwarden.policy.parse import SpecError, parse_policy_object, parse_spec
+from gpuwarden.policy.rules.anomaly import Anomaly, AnomalyMetric
+from gpuwarden.policy.rules.gpu_health import GpuHealthRule
+from gpuwarden.policy.rules.growth import MemoryGrowth, MemorySource
+from gpuwarden.policy.rules.memory_ceiling import MemoryCeiling
+from gpuwarden.policy.rules.utilization import UtilizationCeiling, UtilizationFloor
 from gpuwarden.policy.spec.model import (
     Actions,
-    Anomaly,
-    AnomalyMetric,
-    GpuHealthRule,
     LabelRequirement,
     LabelSelector,
-    MemoryCeiling,
-    MemoryGrowth,
-    MemorySource,
     PolicySpec,
     ScaleAction,
     ScaleDirection,
     ScaleForecast,
     ScaleTargetRef,
     Signal,
-    UtilizationCeiling,
-    UtilizationFloor,
 )
 from gpuwarden.units import (
     DURATION_PATTERN,

@@ -14,16 +14,12 @@ from gpuwarden.policy import (
     parse_spec,
     service_metric_names,
 )
-from gpuwarden.policy.spec.model import (
-    GaugeUnit,
-    KvCacheUsage,
-    LabelSelector,
-    Latency,
-    RequestLatency,
-    RequestQueue,
-    UtilizationFloor,
-)
-from gpuwarden.policy.spec.servers import PRESETS, Metric, kv_cache_metric, latency_metric, queue_metric
+from gpuwarden.policy.rules.kv_cache import GaugeUnit, KvCacheUsage, kv_cache_metric
+from gpuwarden.policy.rules.latency import RequestLatency, latency_metric
+from gpuwarden.policy.rules.queue import RequestQueue, queue_metric
+from gpuwarden.policy.rules.utilization import UtilizationFloor
+from gpuwarden.policy.spec.model import LabelSelector
+from gpuwarden.policy.spec.servers import PRESETS, Latency, Metric
 
 
 def spec(*rules: Any) -> PolicySpec:

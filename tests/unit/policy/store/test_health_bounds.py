@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gpuwarden.policy.findings import Finding
-from gpuwarden.policy.rules.common import RuleKind
+from gpuwarden.policy.rules import utilization
 from gpuwarden.policy.rules.gpu_health import throttling_note
 from gpuwarden.policy.store import health as healthstore
 from gpuwarden.policy.store.health import (
@@ -190,7 +190,7 @@ def test_a_gpu_keeps_the_claims_of_its_admitted_pods_only() -> None:
 
     def found(pod: str) -> Finding:
         return Finding(
-            policy="ml/p", rule="idle", kind=RuleKind.UTILIZATION_FLOOR, reason="GPUUnderutilized",
+            policy="ml/p", rule="idle", kind=utilization.FLOOR_KIND, reason="GPUUnderutilized",
             namespace="ml", pod=pod, gpus=(GPU,), value=3.0, threshold=20.0, unit="percent",
             started_at=T0, message="",
         )  # fmt: skip
