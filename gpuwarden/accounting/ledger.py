@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from gpuwarden.policy import GAP_RECORD_SECONDS, Point, SeriesKey, points_from_processes, process_subject
 from gpuwarden.wire.node import DeviceState, GpuSample, Snapshot
@@ -61,9 +62,9 @@ MIG_FALLBACK_FRACTION = 1 / 7
 slice of seven, the smallest profile."""
 
 
-@dataclass(frozen=True, slots=True)
-class Device:
-    """What the ledger needs of one device entry of a snapshot."""
+class Device(NamedTuple):
+    """What the ledger needs of one device entry of a snapshot (a tuple: the ingest builds one per
+    GPU per snapshot, and a frozen dataclass costs several times more to build)."""
 
     model: str
     """The GPU's product name (``NVIDIA H200``); a MIG device carries its parent's."""
@@ -86,6 +87,9 @@ def devices_of(snapshot: Snapshot, *, processes: bool = False) -> dict[str, Devi
             continue
         if processes:
             holders = frozenset(("", process_subject(p.pid)) for p in gpu.processes)
+        elif len(gpu.pods) == 1:  # the common case, without a generator
+            ref = gpu.pods[0]
+            holders = frozenset(((ref.namespace, ref.name),))
         else:
             holders = frozenset((p.namespace, p.name) for p in gpu.pods)
         if gpu.mig_id is None:
@@ -181,13 +185,14 @@ class Ledger:
         if t <= series.last_t:
             return
         interval = t - series.last_t
-        recent = min(series.step, series.step_before)
+        # Comparisons, not min() and max(): this runs for every reading the operator stores.
+        recent = series.step if series.step < series.step_before else series.step_before
         series.last_t, series.step, series.step_before = t, interval, series.step
         if activity is not None:
             series.activity, series.activity_t = activity, t
         elif series.activity is not None and t - series.activity_t <= self.carry_seconds:
             activity = series.activity
-        if interval > max(self.max_gap, GAP_INTERVALS * recent if recent < math.inf else 0.0):
+        if interval > self.max_gap and (recent == math.inf or interval > GAP_INTERVALS * recent):
             return
         holders = len(device.holders)
         if pod in device.holders:
@@ -275,4 +280,7 @@ def usage_lines(ledger: Ledger, name_of: Callable[[str, str], str]) -> list[str]
 def _activity(point: Point) -> float | None:
     """The reading's activity as a share of its device (see the module doc), clamped to [0, 1]."""
     value = point.sm_active if point.sm_active is not None else point.gpu_util
-    return None if value is None else min(1.0, max(0.0, value / 100.0))
+    if value is None:
+        return None
+    share = value / 100.0
+    return 1.0 if share > 1.0 else share if share > 0.0 else 0.0

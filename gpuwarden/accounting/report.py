@@ -104,7 +104,8 @@ def render(report: Report, output: str) -> str:
 
 
 def _hours(value: float) -> str:
-    return f"{value:.1f}"
+    # Hundredths: a notebook idle for a quarter of an hour reads 0.25, not 0.2.
+    return f"{value:.2f}"
 
 
 def _percent(value: float | None) -> str:

@@ -36,9 +36,9 @@ def test_the_table_names_each_workload_its_hours_and_the_findings_of_the_worst()
     text = render(build_report("week", LINES, FINDINGS), "table")
     assert text.startswith("GPU-hours over the last week\n")
     row = next(line for line in text.splitlines() if "Pod/notebook" in line)
-    assert row.split() == ["research", "Pod/notebook", "24.0", "0.5", "23.0", "2%", "80.50"]
+    assert row.split() == ["research", "Pod/notebook", "24.00", "0.50", "23.00", "2%", "80.50"]
     assert "research/idle: pod notebook idle-gpu UtilizationBelowFloor: 2% for 23h" in text
-    assert "search/Deployment/web: 4.0 of 48.0 GPU-hours idle (62% efficient, idle cost 14.00)" in text
+    assert "search/Deployment/web: 4.00 of 48.00 GPU-hours idle (62% efficient, idle cost 14.00)" in text
 
 
 def test_json_and_csv_carry_the_same_figures() -> None:
