@@ -21,11 +21,24 @@ test: $(BIN)/.installed control-plane images
 	$(MAKE) lint
 	$(BIN)/pytest -q
 
-## lint: ruff, mypy --strict, and the import contracts between the parts (pyproject.toml [tool.importlinter])
+# The tests and benchmarks for mypy as pytest and python import them: pytest puts each test's folder on
+# sys.path (its default import mode), a script its own, so a module imports its neighbours by bare name
+# (`from test_node import apply`); mypy gets every such folder as a base (explicit_package_bases). Each test
+# root (unit, integration, gpu) has a `conftest` module of its own: one run per root, and one for bench/.
+TYPED_DIRS := $(shell find tests -mindepth 1 -name __pycache__ -prune -o -type d -print) bench
+TYPED_ROOTS := $(patsubst %/conftest.py,%,$(wildcard tests/*/conftest.py)) bench
+empty :=
+space := $(empty) $(empty)
+
+## lint: ruff, mypy --strict (the package, then each test root and bench/), and the import contracts
+## between the parts (pyproject.toml [tool.importlinter])
 lint: $(BIN)/.installed
 	$(BIN)/ruff check gpuwarden tests bench
 	$(BIN)/ruff format --check gpuwarden tests bench
 	$(BIN)/mypy
+	status=0; for root in $(TYPED_ROOTS); do \
+	  MYPYPATH=$(subst $(space),:,$(TYPED_DIRS)) $(BIN)/mypy $$root || status=1; \
+	done; exit $$status
 	$(BIN)/lint-imports
 
 ## demo-cluster: the operator, a scripted agent and the example policy on a throwaway kube-apiserver (~4 min)

@@ -234,7 +234,7 @@ def run_round(cp: Any, workdir: Path, args: argparse.Namespace, round_no: int) -
             agent.wait(timeout=15)
         operator.stop()
 
-    results = []
+    results: list[tuple[float, ...]] = []
     for node in range(args.nodes):
         sample_times = sorted(
             float(x) for x in (workdir / f"samples-{round_no}-{node}.txt").read_text().split()

@@ -43,6 +43,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from gpuwarden.policy.scaling.decider import ScaleDecider
 from gpuwarden.policy.scaling.forecast import LoadForecast, Smoothing
@@ -283,7 +284,7 @@ class StatsmodelsHolt(LoadForecast):
     def _push(self, value: float, *, scored: bool) -> None:
         import warnings
 
-        from statsmodels.tsa.holtwinters import Holt  # type: ignore[import-untyped]
+        from statsmodels.tsa.holtwinters import Holt
 
         self._values.append(value)
         del self._values[: -self.WINDOW]
@@ -362,7 +363,7 @@ def grid(args: argparse.Namespace, seeds: tuple[int, ...]) -> None:
                 for width in (20.0, 30.0):
                     params = Smoothing(alpha, beta, phi)
                     got = {
-                        key: simulate(t, lambda p=params: LoadForecast(p), args.startup, width)
+                        key: simulate(t, partial(LoadForecast, params), args.startup, width)
                         for key, t in traces.items()
                     }
                     under = sum(r.under for (k, _), r in got.items() if k != "flat-noisy")
@@ -387,7 +388,7 @@ def main() -> None:
     parser.add_argument("--methods", help="comma-separated: only these methods")
     parser.add_argument("--seed-count", type=int, help="only the first N seeds")
     args = parser.parse_args()
-    seeds = TRAIN_SEEDS if args.seeds == "train" else HELD_OUT_SEEDS
+    seeds: tuple[int, ...] = TRAIN_SEEDS if args.seeds == "train" else HELD_OUT_SEEDS
     seeds = seeds[: args.seed_count] if args.seed_count else seeds
     if args.grid:
         grid(args, seeds)

@@ -121,22 +121,24 @@ def main() -> None:
         hook.tracker.stop()  # traced during its own blocks only, so the other variants run untraced
         variants[f"hook, tracemalloc {frames} fr"] = hook
 
+    block: int = args.block
+
     def run_block(hook: StepHook | None) -> float:
         if hook is not None and hook.tracker is not None:
             hook.tracker.start()
         start = time.perf_counter()
-        for _ in range(args.block):
+        for _ in range(block):
             step()
             if hook is not None:
                 hook.step()
         elapsed = time.perf_counter() - start
         if hook is not None and hook.tracker is not None:
             hook.tracker.stop()
-        return elapsed / args.block
+        return elapsed / block
 
     per_step: dict[str, list[float]] = {name: [] for name in variants}
-    for hook in variants.values():  # warm-up
-        run_block(hook)
+    for variant in variants.values():  # warm-up
+        run_block(variant)
     deadline = time.monotonic() + args.seconds
     order = list(variants)
     while time.monotonic() < deadline:

@@ -64,9 +64,10 @@ def _unpacked(archive: tarfile.TarFile, digest: str, media_type: str) -> tuple[i
     """Bytes of the layer's tar stream, and of the regular files under each site-packages entry."""
     by_dist: Counter[str] = Counter()
     with _blob(archive, digest) as raw:
-        stream: IO[bytes] = gzip.GzipFile(fileobj=raw) if media_type.endswith("gzip") else raw
+        stream: IO[bytes] | gzip.GzipFile = gzip.GzipFile(fileobj=raw) if media_type.endswith("gzip") else raw
         counted = _Counting(stream)
-        with tarfile.open(fileobj=counted, mode="r|") as layer:
+        # typeshed asks any fileobj for write and seek too; a stream ("r|") is only read
+        with tarfile.open(fileobj=counted, mode="r|") as layer:  # type: ignore[call-overload]
             for member in layer:
                 match = _SITE_PACKAGES.search(member.name)
                 if match and member.isfile():
@@ -79,7 +80,7 @@ def _unpacked(archive: tarfile.TarFile, digest: str, media_type: str) -> tuple[i
 class _Counting:
     """A read-only stream that counts what is read through it."""
 
-    def __init__(self, inner: IO[bytes]) -> None:
+    def __init__(self, inner: IO[bytes] | gzip.GzipFile) -> None:
         self.inner = inner
         self.total = 0
 

@@ -230,7 +230,12 @@ async def serve(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> N
     delays: list[float] = []
     durations: list[float] = []
     observe_delay = state.metrics.evaluation_delay.observe
-    state.metrics.evaluation_delay.observe = lambda v: (delays.append(v), observe_delay(v))[1]  # type: ignore[method-assign]
+
+    def observe(amount: float, exemplar: dict[str, str] | None = None) -> None:
+        delays.append(amount)
+        observe_delay(amount, exemplar)
+
+    state.metrics.evaluation_delay.observe = observe  # type: ignore[method-assign]
     original_round = PolicyRunner.round
 
     eval_cpu = [0.0]

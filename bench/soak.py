@@ -335,6 +335,8 @@ def main() -> int:
     port_queue, result_queue, stop_event = ctx.Queue(), ctx.Queue(), ctx.Event()
     server = ctx.Process(target=server_main, args=(args, layout, port_queue, stop_event))
     server.start()
+    assert server.pid is not None  # started
+    server_pid = server.pid
     port = port_queue.get(timeout=900)
     start = time.time() + 2.0
     loaders = start_load(ctx, args, port, others, result_queue, start, ChurningBodies(layout))
@@ -349,8 +351,8 @@ def main() -> int:
         stats = fetch_stats(port)
         sample = {
             "minute": round((stats["now"] - start) / 60, 2),
-            "rss_mib": round(rss_mib(server.pid), 1),
-            "open_fds": open_fds(server.pid),
+            "rss_mib": round(rss_mib(server_pid), 1),
+            "open_fds": open_fds(server_pid),
             "series": stats["series"],
             "readings_held": stats["held"],
             "orphan_series": stats["orphans"],

@@ -244,7 +244,7 @@ def trainer(args: argparse.Namespace) -> None:
             return (outputs.loss, outputs) if return_outputs else outputs.loss
 
     class Paced(TrainerCallback):
-        def on_step_end(self, targs: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             control.should_training_stop = not pace.next()
 
     ids = _tokens(args, 4096)

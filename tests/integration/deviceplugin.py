@@ -33,7 +33,7 @@ from typing import Any
 import grpc
 
 # grpcio-tools compiles the proto at import; the module and services it returns are untyped.
-_pb, _services = grpc.protos_and_services("deviceplugin_v1beta1.proto")  # type: ignore[attr-defined]
+_pb, _services = grpc.protos_and_services("deviceplugin_v1beta1.proto")
 pb: Any = _pb
 services: Any = _services
 

@@ -31,8 +31,8 @@ from typing import Any
 import grpc
 
 # grpcio-tools compiles the protos at import; the modules and services it returns are untyped.
-_dra_pb, _dra_services = grpc.protos_and_services("dra_v1.proto")  # type: ignore[attr-defined]
-_reg_pb, _reg_services = grpc.protos_and_services("pluginregistration_v1.proto")  # type: ignore[attr-defined]
+_dra_pb, _dra_services = grpc.protos_and_services("dra_v1.proto")
+_reg_pb, _reg_services = grpc.protos_and_services("pluginregistration_v1.proto")
 dra_pb: Any = _dra_pb
 dra_services: Any = _dra_services
 reg_pb: Any = _reg_pb
@@ -130,13 +130,14 @@ class DraPlugin:
     def start(self) -> None:
         """Serve the DRA service, then the registration socket the kubelet's watcher picks up."""
         self.socket.parent.mkdir(parents=True, exist_ok=True)
-        for path, add in (
+        services: list[tuple[Path, Callable[[Any], None]]] = [
             (self.socket, lambda s: dra_services.add_DRAPluginServicer_to_server(self._service, s)),
             (
                 self.registration_socket,
                 lambda s: reg_services.add_RegistrationServicer_to_server(self._registration, s),
             ),
-        ):
+        ]
+        for path, add in services:
             path.unlink(missing_ok=True)
             server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
             add(server)

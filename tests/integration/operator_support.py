@@ -460,7 +460,7 @@ class Operator(Proc):
     def metric(self, name: str) -> float:
         return self.metrics().get(name, 0.0)
 
-    def evaluated(self, rounds: int, points: int = 0) -> bool:
+    def evaluated(self, rounds: float, points: float = 0) -> bool:
         """Whether it has run ``rounds`` evaluations and ingested ``points`` samples (one scrape)."""
         metrics = self.metrics()
         return (

@@ -276,7 +276,7 @@ def converged(setup: Setup, operator: Operator, agent: Agent, load: ReportLoad |
         assert set(load.answered) == {200}, load.answered
     loaded = 0 if load is None else len(LOAD_PODS) * load.answered[200]
     books = wait_until(
-        lambda: (d := delivery(agent, operator)) is not None and d.buffered == 0 and d,
+        lambda: d if (d := delivery(agent, operator)) is not None and d.buffered == 0 else None,
         timeout=30,
         what="the agent's books",
     )

@@ -157,7 +157,7 @@ def test_condition_turns_false_with_the_xid_and_the_lost_gpu(world: NodeWorld) -
 def test_events_on_the_node_and_the_pod_say_what_happened(world: NodeWorld) -> None:
     wanted = ("GPUXidError", "GPULost", "GPUMemoryError", "GPUThrottled")
     on_node = wait_until(
-        lambda: (found := {r: world.node_events(r) for r in wanted}) and all(found.values()) and found,
+        lambda: found if all((found := {r: world.node_events(r) for r in wanted}).values()) else None,
         timeout=TIMEOUT,
         what=f"every GPU health Event on {world.node}",
         alive=world.alive,
@@ -176,7 +176,7 @@ def test_events_on_the_node_and_the_pod_say_what_happened(world: NodeWorld) -> N
     uid = get(world.cp, "pod", "broken-0", "-n", world.namespace)["metadata"]["uid"]
     on_pod = wait_until(
         lambda: (
-            (found := {r: world.pod_events("broken-0", r) for r in wanted}) and all(found.values()) and found
+            found if all((found := {r: world.pod_events("broken-0", r) for r in wanted}).values()) else None
         ),
         timeout=30,
         what="every GPU health Event on broken-0",

@@ -67,7 +67,7 @@ def test_a_killed_operator_loses_no_buffered_snapshot_and_announces_nothing_twic
         # Everything taken since the first process died reached the second, once: its readings are
         # exactly the agent's snapshots since then (one GPU: one reading a snapshot).
         replayed = wait_until(
-            lambda: (d := delivery(agent, second)) is not None and d.buffered == 0 and d,
+            lambda: d if (d := delivery(agent, second)) is not None and d.buffered == 0 else None,
             timeout=60,
             what="the agent's buffer replayed to the restarted operator",
             alive=lambda: second.alive() or agent.alive(),

@@ -17,6 +17,7 @@ and one scale-up that needs every pod saturated, taken once.
 from __future__ import annotations
 
 from contextlib import ExitStack
+from functools import partial
 from typing import Any
 
 import pytest
@@ -72,11 +73,15 @@ def start_replicas(setup: Setup, running: ExitStack) -> dict[str, Operator]:
         )
     for operator in operators.values():
         operator.wait_ready(active=True, timeout=120)
+
     # Agents start once every view counts all three: a view that lags a poll behind a joiner's Lease
     # would take the joiner's nodes for that poll (a joiner, not a start-up, matter).
+    def sees_all(o: Operator) -> bool:
+        return o.metric("gpuwarden_operator_shard_members") == len(REPLICAS)
+
     for operator in operators.values():
         wait_until(
-            lambda o=operator: o.metric("gpuwarden_operator_shard_members") == len(REPLICAS),
+            partial(sees_all, operator),
             timeout=30,
             what=f"{operator.name} seeing {len(REPLICAS)} replicas",
             alive=operator.alive,
@@ -155,7 +160,7 @@ def test_three_sharded_replicas_share_the_nodes_and_survive_one_killed(
         for node in nodes:
             owner = operators[ring3.owner(node) or ""]
             wait_until(
-                lambda o=owner, p=pod_of[node]: holds_pod(o, p),
+                partial(holds_pod, owner, pod_of[node]),
                 timeout=90,
                 what=f"{node} on {owner.name}",
                 alive=alive,
@@ -189,7 +194,7 @@ def test_three_sharded_replicas_share_the_nodes_and_survive_one_killed(
             if ring3.owner(node) == killed:
                 heir_op = survivors[ring2.owner(node) or ""]
                 wait_until(
-                    lambda o=heir_op, p=pod_of[node]: holds_pod(o, p),
+                    partial(holds_pod, heir_op, pod_of[node]),
                     timeout=120,
                     what=f"{node} taken over by {heir_op.name}",
                     alive=alive_after,

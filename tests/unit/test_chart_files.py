@@ -163,7 +163,7 @@ def values(values_text: str) -> Values:
 
 @pytest.fixture(scope="module")
 def schema() -> dict[str, Any]:
-    loaded = json.loads((CHART / "values.schema.json").read_text())
+    loaded: dict[str, Any] = json.loads((CHART / "values.schema.json").read_text())
     jsonschema.Draft7Validator.check_schema(loaded)
     return loaded
 

@@ -160,7 +160,7 @@ def test_tracemalloc_from_the_environment_names_the_keeping_line_not_the_hooks_o
     hook = make_hook(server, clock, tracemalloc=None)
     assert hook.tracker is not None
     assert hook.tracker.frames == 4
-    kept = []
+    kept: list[bytearray] = []
     try:
         for _ in range(4):
             kept.extend(bytearray(500) for _ in range(100))  # the job keeps these

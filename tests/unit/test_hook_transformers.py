@@ -19,7 +19,7 @@ def test_trainer_steps_reach_the_agent(tmp_path: Path) -> None:
         hook = StepHook(
             interval=5.0, tracemalloc=False, client=HookClient(str(server.path)), clock=lambda: now[0]
         )
-        handler = CallbackHandler(
+        handler = CallbackHandler(  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
             [GpuwardenCallback(hook)], model=None, processing_class=None, optimizer=None, lr_scheduler=None
         )
         args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to=[])

@@ -231,7 +231,8 @@ async def test_delivers_in_order_what_was_submitted_before_and_after_it_started(
 
     first, second = operator.requests
     # What waited for run goes at once; what came within the interval, when the interval is over.
-    assert (first.at - start, second.at - start) == (pytest.approx(0.0, abs=1e-3), pytest.approx(2.0))
+    assert first.at - start == pytest.approx(0.0, abs=1e-3)
+    assert second.at - start == pytest.approx(2.0)
     assert [r.seq for r in operator.delivered] == [0, 1]
     assert numbers(operator.delivered) == [0, 1, 2, 3]
     assert {(r.node, r.agent_id, r.schema_version) for r in operator.delivered} == {
@@ -277,12 +278,8 @@ async def test_submits_within_an_interval_of_a_report_go_together_when_it_is_ove
     loop.call_at(start + 5.0, sender.submit, snap(4))  # inside the third's
     await operator.wait_for(lambda: len(operator.delivered) == 4)
 
-    assert [(r.at - start, numbers([r.report])) for r in operator.requests] == [
-        (pytest.approx(0.0, abs=1e-3), [0]),
-        (pytest.approx(2.0, abs=1e-3), [1, 2]),
-        (pytest.approx(4.5, abs=1e-3), [3]),
-        (pytest.approx(6.5, abs=1e-3), [4]),
-    ]
+    assert [r.at - start for r in operator.requests] == pytest.approx([0.0, 2.0, 4.5, 6.5], abs=1e-3)
+    assert [numbers([r.report]) for r in operator.requests] == [[0], [1, 2], [3], [4]]
 
 
 @pytest.mark.looptime
@@ -299,12 +296,13 @@ async def test_what_arrives_during_a_backoff_goes_in_one_report_after_the_retry(
         loop.call_at(start + 0.5 * i, sender.submit, snap(i))  # during the 3 s backoff
     await operator.wait_for(lambda: len(operator.delivered) == 2)
 
-    assert [(r.status, r.at - start, numbers([r.report])) for r in operator.requests] == [
-        (503, pytest.approx(0.0, abs=1e-3), [0]),
-        (200, pytest.approx(3.0, abs=1e-3), [0]),
-        # the round that ended with the retry started at 0, more than an interval ago
-        (200, pytest.approx(3.0, abs=1e-3), [1, 2, 3]),
+    assert [(r.status, numbers([r.report])) for r in operator.requests] == [
+        (503, [0]),
+        (200, [0]),
+        (200, [1, 2, 3]),
     ]
+    # the round that ended with the retry started at 0, more than an interval ago
+    assert [r.at - start for r in operator.requests] == pytest.approx([0.0, 3.0, 3.0], abs=1e-3)
     assert [r.seq for r in operator.delivered] == [0, 1]
 
 
@@ -382,7 +380,7 @@ async def test_operator_down_buffers_then_replays_everything_in_order(
         assert not run.done()  # still trying, still accepting
         assert sender.buffered == 12
         assert metric(registry, "gpuwarden_agent_report_buffer_snapshots") == 12
-        assert metric(registry, "gpuwarden_agent_report_errors_total", reason="connection") >= 8
+        assert (metric(registry, "gpuwarden_agent_report_errors_total", reason="connection") or 0) >= 8
 
         await operator.start()  # same port
         await operator.wait_for(lambda: sum(len(r.snapshots) for r in operator.delivered) == 12)
@@ -480,9 +478,10 @@ async def test_readings_the_operator_refused_are_counted_logged_once_and_not_ret
 ) -> None:
     operator.refused = {"future": 2, "foreignPod": 1}
     sender = make_sender()
-    for i in range(2):
-        sender.submit(snap(i))
-        await operator.wait_for(lambda n=i + 1: len(operator.delivered) == n)
+    sender.submit(snap(0))
+    await operator.wait_for(lambda: len(operator.delivered) == 1)
+    sender.submit(snap(1))
+    await operator.wait_for(lambda: len(operator.delivered) == 2)
     await sender.flush()
 
     assert numbers(operator.delivered) == [0, 1]  # delivered once each: a retry cannot help
@@ -680,7 +679,7 @@ async def test_unreadable_token_is_an_error_not_a_crash(
     await asyncio.sleep(30)
     assert loop.time() >= 30
     assert operator.requests == []
-    assert metric(registry, "gpuwarden_agent_report_errors_total", reason="token") >= 3
+    assert (metric(registry, "gpuwarden_agent_report_errors_total", reason="token") or 0) >= 3
 
     await asyncio.to_thread(token.write_text, "token-3\n")
     await operator.wait_for(lambda: len(operator.delivered) == 1)

@@ -52,7 +52,7 @@ class AllocationSource(Protocol):
 class PodLookup(Protocol):
     """Pod UID → the pod (``container`` empty), or None when not known."""
 
-    def __call__(self, pod_uid: str) -> PodRef | None:
+    def __call__(self, pod_uid: str, /) -> PodRef | None:
         """Look a pod up by UID."""
         ...
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from matplotlib.figure import Figure
 from matplotlib.image import imread
@@ -76,9 +77,9 @@ def test_findings_are_marked_on_the_panel_of_what_they_judged(figure: Figure) ->
 
 def test_a_finding_is_marked_where_it_started_and_shaded_to_the_end(figure: Figure) -> None:
     idle = next(line for line in figure.axes[0].lines if line.get_gid() == "finding-start:idle-gpu")
-    assert list(idle.get_xdata()) == pytest.approx([5.0, 5.0], abs=0.2)  # minutes
+    assert list(np.asarray(idle.get_xdata())) == pytest.approx([5.0, 5.0], abs=0.2)  # minutes
     shade = next(p for p in figure.axes[0].patches if p.get_gid() == "finding-span:idle-gpu")
-    (x0, _), (x1, _) = shade.get_extents().get_points()  # type: ignore[attr-defined]
+    (x0, _), (x1, _) = shade.get_extents().get_points()
     assert x1 > x0
     assert figure.axes[0].get_xlim() == pytest.approx((0.0, 30.0))
 

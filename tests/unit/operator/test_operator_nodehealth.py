@@ -109,12 +109,12 @@ class World:
         self.pods = {POD.namespace: [PodRecord(view=view, uid="uid-train-0")]}
         self.monitor = NodeHealthMonitor(
             config,
-            self.api,
+            self.api,  # type: ignore[arg-type]
             self.health,
             OperatorMetrics(),
             self.api,
             pods=lambda: self.pods,
-            clock=lambda: self.now,  # type: ignore[arg-type]
+            clock=lambda: self.now,
         )
 
     def report(self, gpu: GpuSample, node: str = NODE) -> None:

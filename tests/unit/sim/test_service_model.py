@@ -26,7 +26,8 @@ from gpuwarden.sim.service import (
 
 def poisson(rate: float, duration: float, seed: int) -> list[float]:
     """Arrival times of a Poisson process of ``rate`` a second over ``duration`` seconds."""
-    rng, t, out = random.Random(seed), 0.0, []
+    rng, t = random.Random(seed), 0.0
+    out: list[float] = []
     while True:
         t += rng.expovariate(rate)
         if t >= duration:

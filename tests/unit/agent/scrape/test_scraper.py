@@ -8,7 +8,7 @@ import gzip
 import itertools
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -26,6 +26,8 @@ from gpuwarden.wire.scrape import ScrapeFailure, ScrapePlan, ScrapeTarget, Servi
 LATENCY = "vllm:e2e_request_latency_seconds"
 WAITING = "vllm:num_requests_waiting"
 MiB = 1024 * 1024
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def vllm_page() -> bytes:
@@ -49,7 +51,7 @@ class Pods:
 
     def app(self) -> web.Application:
         app = web.Application()
-        routes = {
+        routes: dict[str, Handler] = {
             "/metrics": self.metrics,
             "/hang": self.hang,
             "/huge": self.huge,
@@ -64,10 +66,10 @@ class Pods:
             app.router.add_get(path, self.counted(path, handler))
         return app
 
-    def counted(self, path: str, handler: Callable[[web.Request], object]) -> Callable[..., object]:
+    def counted(self, path: str, handler: Handler) -> Handler:
         async def wrapped(request: web.Request) -> web.StreamResponse:
             self.hits[path] = self.hits.get(path, 0) + 1
-            return await handler(request)  # type: ignore[misc, no-any-return]
+            return await handler(request)
 
         return wrapped
 

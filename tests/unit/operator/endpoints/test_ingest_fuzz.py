@@ -49,7 +49,7 @@ def test_the_cases_reach_every_answer(operator: HarnessRunner) -> None:
     assert (taken("gpuwarden_operator_verdicts_received_total", {"result": "ok"}) or 0) > 0
     get = harness.state.metrics.registry.get_sample_value
     refused = {
-        reason: get("gpuwarden_operator_points_refused_total", {"reason": reason})
+        reason: get("gpuwarden_operator_points_refused_total", {"reason": reason}) or 0
         for reason in ("future", "past", "foreignPod", "unknownPod")
     }
     assert sum(refused.values()) > 0, (refused, harness.statuses)

@@ -200,7 +200,7 @@ async def test_a_restart_resumes_violations_from_status_without_announcing_them(
     written = api.patches[-1]
 
     # A new process: empty store, status as the previous one wrote it.
-    state2 = build_operator(OperatorConfig(), api=api, clock=state.clock).state  # type: ignore[arg-type]
+    state2 = build_operator(OperatorConfig(), api=api, clock=state.clock).state
     runner = PolicyRunner(state2, PolicyKey("ns", "pol"))
     pacing = state2.open_policy(runner.key)
     resumed = dict(POLICY, status=written)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from gpuwarden.kubetime import format_time
 from gpuwarden.operator.policies.status import (
@@ -58,8 +59,8 @@ def evaluation(active: list[Finding], matched: int) -> Evaluation:
     )
 
 
-def conditions(status: dict[str, object]) -> dict[str, dict[str, object]]:
-    return {c["type"]: c for c in status["conditions"]}  # type: ignore[index,union-attr]
+def conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status["conditions"]}
 
 
 def test_healthy_policy_is_ready_and_not_violating() -> None:

@@ -18,11 +18,10 @@ from gpuwarden.local.policies import LocalPolicy
 from gpuwarden.local.session import SimulatedScaler
 from gpuwarden.operator.kube.client import JsonObject
 from gpuwarden.operator.metrics import DesiredReplicasCollector
-from gpuwarden.operator.resources import PolicyKey
+from gpuwarden.operator.resources import ObjectRef, PolicyKey
 from gpuwarden.operator.scaling.api import (
     HpaRef,
     NotFound,
-    ObjectRef,
     Scale,
     ScaleApiError,
     ScaleConflict,

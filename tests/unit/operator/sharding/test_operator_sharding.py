@@ -243,7 +243,8 @@ async def test_only_the_policys_owner_evaluates_and_a_new_owner_does_not_announc
     assert (posted, api.patches) == ([], [])  # the other replica's policy
 
     # The owner announced it and wrote the status; then it left, and op-a takes the policy over.
-    owner = build_operator(sharded(other), api=api, clock=state.clock).state  # type: ignore[arg-type]
+    owner = build_operator(sharded(other), api=api, clock=state.clock).state
+    assert owner.sharding is not None
     owner.events = state.events
     owner.sharding.view = view(other, Member("op-a"), Member(other))
     feed(owner, T0 - 20, T0, util=3)
@@ -309,6 +310,8 @@ async def test_a_policy_spanning_shards_is_judged_on_all_its_pods_and_announced_
     for state in (owner, shard):
         state.pod_nodes = {("ns", "p"): [node_a], ("ns", "q"): [node_b]}
     assert owner.verdict_ingest is not None
+    assert owner.sharding is not None
+    assert shard.sharding is not None
     server = TestServer(make_ingest_app(owner.ingest, owner.verdict_ingest.handle))
     c = TestClient(server)
     await c.start_server()

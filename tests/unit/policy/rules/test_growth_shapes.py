@@ -10,6 +10,7 @@ import math
 import random
 import re
 from collections.abc import Callable
+from functools import partial
 
 import pytest
 from hypothesis import example, given, settings
@@ -74,6 +75,11 @@ def deciding_span(per_second: float, top: float, window: float = 1800.0) -> floa
     return min(urgent, default=evidence_spans(window)[0])
 
 
+def leaking(per_second: float, t: int) -> float:
+    """20Gi and growing by ``per_second`` from 0."""
+    return 20 * GI + per_second * t
+
+
 def noisy(shape: Used, sigma: float, seed: int) -> Used:
     rng = random.Random(seed)
     return lambda t: shape(t) + rng.gauss(0, sigma)
@@ -128,7 +134,7 @@ def test_faster_leaks_are_found_no_later() -> None:
     found = []
     for times_rate in (1.5, 2, 5, 20):
         per_second = times_rate * 100 * MI / 60
-        steps = play(noisy(lambda t, r=per_second: 20 * GI + r * t, GI, seed=3), rule(100), 1900)
+        steps = play(noisy(partial(leaking, per_second), GI, seed=3), rule(100), 1900)
         found.append(started(steps)[0])
     assert found == sorted(found, reverse=True)
     assert found[0] > found[-1]  # and the noise makes the slow one wait for a longer span
@@ -327,7 +333,7 @@ def test_periodic_allocate_and_free_never_fires_once_it_has_freed(
     # after its first whole crest), plus two evaluations: the history then holds the level the
     # pattern returns to, for long enough to show in a bucket median.
     if kind == "ramp":
-        rise, freed = period, period * ((1.0 - phase) % 1.0 or 1.0) + period
+        rise, freed = float(period), period * ((1.0 - phase) % 1.0 or 1.0) + period
     elif kind == "sine":
         rise, freed = period / 2, period * ((0.5 - phase) % 1.0 + 0.5) + period
     else:

@@ -78,7 +78,7 @@ def test_a_kind_s_module_declares_its_kind_and_its_spec_s_frozen_class(t: RuleTy
     assert t.kind in [v for k, v in vars(module).items() if k.endswith("KIND")]
     assert t in vars(module).values()
     assert dataclasses.is_dataclass(t.model)
-    assert t.model.__dataclass_params__.frozen
+    assert vars(t.model)["__dataclass_params__"].frozen
     assert "name" in {f.name for f in dataclasses.fields(t.model)}
 
 

@@ -11,15 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuwarden.policy.scaling.forecast import (
-    BUCKET_SECONDS,
     DAY_BUCKETS,
     MAX_GAP_BUCKETS,
-    MAX_STEPS,
     MIN_ERRORS,
     DampedTrend,
     LoadForecast,
     Smoothing,
 )
+from gpuwarden.policy.spec.model import BUCKET_SECONDS, MAX_STEPS
 
 T0 = 1_750_000_020.0 - (1_750_000_020.0 % BUCKET_SECONDS)  # a bucket boundary
 

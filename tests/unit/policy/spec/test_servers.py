@@ -59,8 +59,10 @@ def test_kv_cache_presets_and_units_scale_to_percent() -> None:
     assert kv_cache_metric(KvCacheUsage("kv", 90, server=Server.SGLANG)) == Metric(
         ("sglang:token_usage",), 100.0
     )
-    assert kv_cache_metric(KvCacheUsage("kv", 90, metric="kv", unit=GaugeUnit.PERCENT)).scale == 1.0
-    assert kv_cache_metric(KvCacheUsage("kv", 90, metric="kv")).scale == 100.0
+    assert kv_cache_metric(KvCacheUsage("kv", 90, metric="kv", unit=GaugeUnit.PERCENT)) == Metric(
+        ("kv",), 1.0
+    )
+    assert kv_cache_metric(KvCacheUsage("kv", 90, metric="kv")) == Metric(("kv",), 100.0)
 
 
 def test_triton_gives_ttft_in_milliseconds_and_no_end_to_end_percentile() -> None:
