@@ -1,6 +1,6 @@
 """The chart's Grafana dashboards as files: every query parses as PromQL (promtool), panels do not
-overlap, ids and refIds are unique. Whether each query returns its data is
-tests/integration/test_dashboards.py's, against a real Prometheus."""
+overlap, ids and refIds are unique, counters are read over a range. Whether each query returns its
+data is tests/integration/test_dashboards.py's, against a real Prometheus."""
 
 from __future__ import annotations
 
@@ -74,3 +74,13 @@ def test_panels_are_laid_out_without_overlap_and_named_once(path: Path) -> None:
     defined = {v["name"] for v in dashboard["templating"]["list"]}
     used = {m for p in panels for t in p["targets"] for m in re.findall(r"\$\{?(\w+)", t["expr"])}
     assert used - defined <= {"__rate_interval", "__interval", "__range"}
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
+def test_counters_are_read_over_a_range_never_raw(path: Path) -> None:
+    # A counter's raw value is what one operator process counted since it started (a restart zeroes
+    # it, several replicas split it): only increase()/rate() over a range read it as a total.
+    for panel in load(path)["panels"]:
+        for target in panel["targets"]:
+            for name, selector, window in re.findall(r"(\w+_total)\b(\{[^}]*\})?(\[)?", target["expr"]):
+                assert window, f"{panel['title']}: {name}{selector} read without a range"
