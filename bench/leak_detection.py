@@ -175,16 +175,17 @@ class Flags:
     """One character a minute: ``x`` flagged at the minute's end, ``.`` not."""
 
 
-def run_engine(values: Sequence[float], every: int) -> Flags:
-    """The engine on one sample every ``every`` seconds, evaluated every 10 s; when its finding was active."""
+def run_engine(values: Sequence[float], every: int, spec: PolicySpec = SPEC, seconds: int = HOUR) -> Flags:
+    """The engine on one sample every ``every`` seconds of ``values`` (bytes used, one a second) for
+    ``seconds``, evaluated every 10 s; when its finding was active (``spec``: the example rule's)."""
     store = SeriesStore(retention_seconds=2400, max_points=4000)
-    evaluator = PolicyEvaluator("bench/leak", SPEC)
+    evaluator = PolicyEvaluator("bench/leak", spec)
     pods = [PodView(KEY.namespace, KEY.pod)]
     first: float | None = None
     active_since: float | None = None
     flagged = 0.0
     marks: list[str] = []
-    for t in range(HOUR + 1):
+    for t in range(seconds + 1):
         if t % every == 0:
             store.add(KEY, Point(T0 + t, mem_used=values[t], mem_total=CARD))
         if t % EVALUATION_SECONDS:
@@ -199,7 +200,7 @@ def run_engine(values: Sequence[float], every: int) -> Flags:
         if t % 60 == 0 and t:
             marks.append("x" if active_since is not None else ".")
     if active_since is not None:
-        flagged += HOUR - active_since
+        flagged += seconds - active_since
     return Flags(first, flagged, "".join(marks))
 
 

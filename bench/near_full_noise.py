@@ -6,8 +6,9 @@ buckets: a flat card's noise has many chances an hour to look like one. Each row
 40 minutes (a 141Gi card, a reading a second, an evaluation every 10 s, transient +4Gi allocations
 in 1% of readings, clipped at the card) and counts the runs in which a finding started; side by
 side, the rule as it is and with its significance test (``URGENT_SIGNIFICANCE_Z``) left out, on the
-same seeds. The last row is the near-full leak the urgent spans exist for (104Mi/m under 43Mi of
-noise, starting 0.9Gi from full at minute 10): its delay from the onset, median and worst.
+same seeds (each run is leak_detection's ``run_engine``). The last row is the near-full leak the
+urgent spans exist for (104Mi/m under 43Mi of noise, starting 0.9Gi from full at minute 10): its
+delay from the onset, median and worst.
 
     .venv/bin/python bench/near_full_noise.py              # 1,000 runs a row (~6 minutes)
     .venv/bin/python bench/near_full_noise.py --runs 200
@@ -21,60 +22,43 @@ import statistics
 from collections.abc import Callable, Sequence
 from unittest import mock
 
-from gpuwarden.policy import PodView, Point, PolicyEvaluator, SeriesKey, SeriesStore, Transition
+from leak_detection import CARD, GI, MI, run_engine
+
 from gpuwarden.policy.rules import growth
 from gpuwarden.policy.rules.growth import MemoryGrowth
 from gpuwarden.policy.spec.model import LabelSelector, PolicySpec
 
-MI = 2**20
-GI = 2**30
-CARD = 141 * GI
-T0 = 1_750_000_000.0
-KEY = SeriesKey("ns", "job", "GPU-0")
 SECONDS = 2400
+"""Readings a run: one a second, the last at 39:59."""
 ONSET = 600
 FLATS = ((1.0, 256.0, 10.0), (0.5, 256.0, 10.0), (2.0, 256.0, 10.0), (1.0, 1024.0, 10.0), (0.3, 43.0, 10.0))
 """``(GiB from full, noise MiB, the rule's rate MiB/m)`` of the flat rows."""
 
-Used = Callable[[int], float]
 
-
-def flat(seed: int, below: float, noise: float) -> Used:
+def flat(seed: int, below: float, noise: float) -> list[float]:
     """A flat card ``below`` GiB from full, Gaussian noise and 1% transient +4Gi readings."""
     rng = random.Random(seed)
     top = CARD - below * GI
-
-    def used(t: int) -> float:
+    used = []
+    for _ in range(SECONDS):
         spike = 4 * GI if rng.random() < 0.01 else 0.0
-        return min(CARD, top + rng.gauss(0, noise * MI) + spike)
-
+        used.append(min(CARD, top + rng.gauss(0, noise * MI) + spike))
     return used
 
 
-def leak(seed: int) -> Used:
+def leak(seed: int) -> list[float]:
     """104Mi/m under 43Mi of noise from 0.9Gi below full, from :data:`ONSET` on."""
     rng = random.Random(seed)
     top = CARD - 0.9 * GI
-
-    def used(t: int) -> float:
-        return min(CARD, top + max(0, t - ONSET) * 104 * MI / 60 + rng.gauss(0, 43 * MI))
-
-    return used
+    return [
+        min(CARD, top + max(0, t - ONSET) * 104 * MI / 60 + rng.gauss(0, 43 * MI)) for t in range(SECONDS)
+    ]
 
 
-def first_start(used: Used, rate_mi_per_min: float) -> float | None:
-    """Seconds into the run at which the first finding started, or None."""
+def first_start(used: Sequence[float], rate_mi_per_min: float) -> float | None:
+    """Seconds into the run at which the first finding started, or None (leak_detection's engine run)."""
     rule = MemoryGrowth("leak", rate_mi_per_min * MI / 60, 1800.0, 0.8)
-    evaluator = PolicyEvaluator("ns/p", PolicySpec(selector=LabelSelector(), rules=(rule,)))
-    store = SeriesStore(retention_seconds=4000, max_points=8000)
-    pods = [PodView(KEY.namespace, KEY.pod)]
-    for t in range(SECONDS):
-        store.add(KEY, Point(T0 + t, mem_used=used(t), mem_total=CARD))
-        if t % 10 == 0 and any(
-            s.transition is Transition.STARTED for s in evaluator.evaluate(pods, store, T0 + t).transitions
-        ):
-            return float(t)
-    return None
+    return run_engine(used, 1, PolicySpec(selector=LabelSelector(), rules=(rule,)), SECONDS - 1).first
 
 
 def row(seed0: int, judge: Callable[[int], str]) -> tuple[str, str]:
