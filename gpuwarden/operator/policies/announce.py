@@ -1,12 +1,10 @@
 """Kubernetes Events for findings: what to say, on which object, and when not to say it again.
 
 A violation that starts is announced with a ``Warning`` on the pod and on the
-policy, reason the rule kind's CamelCase word (``GPUUnderutilized``,
-``GPUSaturated``, ``GPUMemoryNearLimit``, ``GPUMemoryLeakSuspected``, ``GPUUnhealthy``; a
-leak whose card is full within 16 minutes is ``GPUMemoryExhaustionImminent``, a host memory leak
-whose limit is reached within 16 minutes ``HostMemoryExhaustionImminent``; an
-anomaly names its pattern: ``GPUSpike``, ``GPUPeriodicSpikes``, ``GPUSteadyClimb``,
-``GPULevelShift``), the figure, and what it means. While it lasts it is announced again (same reason,
+policy, reason its kind's (the ``reason`` of its :class:`~gpuwarden.policy.RuleType`, e.g.
+``GPUUnderutilized``) or the more precise one its outcome names (a leak whose card is full within
+16 minutes: ``GPUMemoryExhaustionImminent``; an anomaly's pattern: ``GPUPeriodicSpikes``; the whole
+list is docs/operator.md's), the figure, and what it means. While it lasts it is announced again (same reason,
 "still ...") once every ``actions.renotifyInterval``, and at once under its new reason when that
 changes (an anomaly's pattern, a leak now imminent). When it
 ends, a ``Normal`` Event with reason ``<Reason>Resolved`` (``GPUSaturatedResolved``)

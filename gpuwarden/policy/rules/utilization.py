@@ -136,14 +136,14 @@ def gpu_activity(
     if with_power:
         watts = readings(window, Column.POWER_W, start, end).values
         power = sum(watts) / len(watts) if watts else None
-    signal_name = GPM_SIGNAL if column is Column.SM_ACTIVE else SIGNAL_NAMES[window.util_source]
+    named = GPM_SIGNAL if column is Column.SM_ACTIVE else SIGNAL_NAMES[window.util_source]
     if not r.values:
-        return GpuActivity(gpu, column, signal_name, None, covered=False, power_w=power)
+        return GpuActivity(gpu, column, named, None, covered=False, power_w=power)
     total = sum(filter(noise_floor.__lt__, r.values)) if noise_floor > 0 else sum(r.values)
     return GpuActivity(
         gpu,
         column,
-        signal_name,
+        named,
         total / len(r.values),
         covered=covered(r, start, end, max_gap),
         power_w=power,
@@ -181,7 +181,7 @@ def pod_activity(
     return out
 
 
-def _signal_name(gpus: Sequence[GpuActivity]) -> str:
+def signal_name(gpus: Sequence[GpuActivity]) -> str:
     """The signal that decided, in words; several when the pod's GPUs were judged on different ones."""
     names = list(dict.fromkeys(g.signal for g in gpus if g.mean is not None))
     if len(names) == 1:
@@ -256,7 +256,7 @@ def evaluate_floor(
         gpus=tuple(g.gpu for g in gpus),
         gpu_count=len(gpus),
         window_seconds=rule.for_seconds,
-        signal=_signal_name(gpus),
+        signal=signal_name(gpus),
         busy_watts=max(g.power_w or 0.0 for g in busy) if busy else None,
         describe=floor_message,
     )
@@ -293,7 +293,7 @@ def evaluate_ceiling(
         gpus=tuple(g.gpu for g in gpus),
         gpu_count=len(gpus),
         window_seconds=rule.for_seconds,
-        signal=_signal_name(gpus),
+        signal=signal_name(gpus),
         describe=ceiling_message,
     )
 
