@@ -19,6 +19,7 @@ from controlplane import REPO_ROOT, ControlPlane, wait_for
 
 from gpuwarden.policy.parse import parse_spec
 from gpuwarden.policy.rules.gpu_health import GpuHealthRule
+from gpuwarden.policy.rules.idle_gpus import IdleGpus
 from gpuwarden.policy.xids import CRITICAL_XIDS
 
 pytestmark = pytest.mark.integration
@@ -253,6 +254,19 @@ def test_gpu_health_is_defaulted(control_plane: ControlPlane, crd: str, namespac
     assert parsed.xids == CRITICAL_XIDS
 
 
+def test_idle_gpus_is_defaulted(control_plane: ControlPlane, crd: str, namespace: str) -> None:
+    policy = base_policy()
+    policy["spec"]["rules"].append({"name": "unused", "idleGpus": {}})
+    created = create(control_plane, namespace, policy)
+    assert created.returncode == 0, created.stderr
+    stored = get_json(control_plane, namespace, "p")["spec"]
+    assert stored["rules"][4]["idleGpus"] == {"percent": 5, "for": "10m", "signal": "auto", "hysteresis": 5}
+    assert parse_spec(stored).rules[4] == IdleGpus("unused", for_seconds=600)
+    described = explained(control_plane, "gmp.spec.rules.idleGpus")
+    assert "the pod holds more GPUs than its work uses" in described
+    assert "percent + hysteresis" in explained(control_plane, "gmp.spec.rules.idleGpus.hysteresis")
+
+
 def test_memory_ceiling_accepts_bytes_quantity(control_plane: ControlPlane, crd: str, namespace: str) -> None:
     policy = base_policy()
     policy["spec"]["rules"][2]["memoryCeiling"] = {"bytes": "120Gi", "for": "1m"}
@@ -368,8 +382,8 @@ INVALID: list[tuple[str, Callable[[Policy], None], str]] = [
     (
         "anomaly-and-another-kind",
         _set("spec.rules.3.anomaly", {"metric": "memory"}),
-        "a rule must set exactly one of utilizationFloor, utilizationCeiling, memoryCeiling, memoryGrowth, "
-        "gpuHealth, anomaly",
+        "a rule must set exactly one of utilizationFloor, utilizationCeiling, idleGpus, memoryCeiling, "
+        "memoryGrowth, gpuHealth, anomaly",
     ),
     ("selector-missing", _delete("spec.selector"), "spec.selector: Required value"),
     ("rules-missing", _delete("spec.rules"), "spec.rules: Required value"),
@@ -388,7 +402,7 @@ INVALID: list[tuple[str, Callable[[Policy], None], str]] = [
     (
         "rule-without-kind",
         _set("spec.rules.3", {"name": "leak"}),
-        "a rule must set exactly one of utilizationFloor, utilizationCeiling, memoryCeiling, memoryGrowth",
+        "a rule must set exactly one of utilizationFloor, utilizationCeiling, idleGpus, memoryCeiling",
     ),
     (
         "rule-with-two-kinds",
@@ -400,7 +414,7 @@ INVALID: list[tuple[str, Callable[[Policy], None], str]] = [
                 "utilizationCeiling": {"percent": 95},
             },
         ),
-        "a rule must set exactly one of utilizationFloor, utilizationCeiling, memoryCeiling, memoryGrowth",
+        "a rule must set exactly one of utilizationFloor, utilizationCeiling, idleGpus, memoryCeiling",
     ),
     (
         "percent-above-100",
@@ -434,6 +448,16 @@ INVALID: list[tuple[str, Callable[[Policy], None], str]] = [
         _set("spec.rules.0.utilizationFloor.for", "0s"),
         "spec.rules: Invalid value: rule idle-gpu: utilizationFloor.for must be at least "
         "evaluationInterval (10s): a shorter window leaves samples that no evaluation reads",
+    ),
+    (
+        "idle-gpus-for-below-interval",
+        _set("spec.rules.3", {"name": "unused", "idleGpus": {"for": "5s"}}),
+        "rule unused: idleGpus.for must be at least evaluationInterval (10s)",
+    ),
+    (
+        "idle-gpus-percent-above-100",
+        _set("spec.rules.3", {"name": "unused", "idleGpus": {"percent": 101}}),
+        "spec.rules[3].idleGpus.percent in body should be less than or equal to 100",
     ),
     (
         "memory-ceiling-for-below-interval",
@@ -811,7 +835,14 @@ def test_explain_prints_descriptions(control_plane: ControlPlane, crd: str) -> N
     assert "GROUP:      gpuwarden.dev" in out or "gpuwarden.dev" in out
     assert "FIELD: rules <[]Object>" in out
     assert "The conditions to check on every selected pod." in " ".join(out.split())
-    for field in ("name", "utilizationFloor", "utilizationCeiling", "memoryCeiling", "memoryGrowth"):
+    for field in (
+        "name",
+        "utilizationFloor",
+        "utilizationCeiling",
+        "idleGpus",
+        "memoryCeiling",
+        "memoryGrowth",
+    ):
         assert f"  {field}\t" in out or f"  {field} " in out, out
     nested = control_plane.kubectl("explain", "gmp.spec.rules.memoryGrowth.minFit", check=True)
     assert "How straight the growth must be" in " ".join(nested.stdout.split())

@@ -189,6 +189,7 @@ DURATION_FIELDS: dict[str, str | None] = {
     ".spec.serviceMetrics.interval": None,  # unset: the evaluationInterval
     ".spec.rules[].utilizationFloor.for": "5m",
     ".spec.rules[].utilizationCeiling.for": "2m",
+    ".spec.rules[].idleGpus.for": "10m",
     ".spec.rules[].memoryCeiling.for": "1m",
     ".spec.rules[].memoryGrowth.window": "30m",
     ".spec.rules[].memoryGrowth.for": "0s",

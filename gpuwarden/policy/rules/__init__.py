@@ -17,6 +17,7 @@ from gpuwarden.policy.rules import (
     anomaly,
     gpu_health,
     growth,
+    idle_gpus,
     kv_cache,
     latency,
     memory_ceiling,
@@ -42,6 +43,7 @@ __all__ = [
 RULE_TYPES: tuple[RuleType[Any], ...] = (
     utilization.FLOOR_TYPE,
     utilization.CEILING_TYPE,
+    idle_gpus.RULE_TYPE,
     memory_ceiling.RULE_TYPE,
     growth.RULE_TYPE,
     gpu_health.RULE_TYPE,

@@ -40,6 +40,7 @@ POLICY = ROOT / "gpuwarden" / "policy"
 MINIMAL: dict[str, dict[str, Any]] = {
     "utilizationFloor": {"percent": 20},
     "utilizationCeiling": {"percent": 90},
+    "idleGpus": {},
     "memoryCeiling": {"percent": 90},
     "memoryGrowth": {"rate": "100Mi/m"},
     "gpuHealth": {},

@@ -19,6 +19,7 @@ from gpuwarden.policy.parse import SpecError, parse_policy_object, parse_spec
 from gpuwarden.policy.rules.anomaly import Anomaly, AnomalyMetric
 from gpuwarden.policy.rules.gpu_health import GpuHealthRule
 from gpuwarden.policy.rules.growth import MemoryGrowth, MemorySource
+from gpuwarden.policy.rules.idle_gpus import IdleGpus
 from gpuwarden.policy.rules.memory_ceiling import MemoryCeiling
 from gpuwarden.policy.rules.utilization import UtilizationCeiling, UtilizationFloor
 from gpuwarden.policy.spec.model import (
@@ -98,6 +99,7 @@ def test_example_round_trip() -> None:
                 threshold=5.0,
                 min_deviation=5.0,
             ),
+            IdleGpus(name="unused-gpus", for_seconds=600.0, percent=5.0, signal=Signal.AUTO, hysteresis=5.0),
         ),
         actions=Actions(
             events=True,
@@ -253,8 +255,8 @@ def _walk(spec: dict[str, Any], path: str) -> tuple[Any, Any]:
 
 
 KINDS = (
-    "utilizationFloor, utilizationCeiling, memoryCeiling, memoryGrowth, gpuHealth, anomaly, requestLatency,"
-    " requestQueue, kvCacheUsage"
+    "utilizationFloor, utilizationCeiling, idleGpus, memoryCeiling, memoryGrowth, gpuHealth, anomaly,"
+    " requestLatency, requestQueue, kvCacheUsage"
 )
 ONE_TWO_ONE_TWO = "must be between 1 and 2147483647"
 
@@ -319,7 +321,10 @@ INVALID: list[tuple[str, Edit, str]] = [
         "growth window below the interval",
         edits(
             put("evaluationInterval", "1h"),
-            *(put(f"rules[{i}].{kind}.for", "1h") for i, kind in enumerate(KINDS.split(", ")[:3])),
+            *(
+                put(f"rules[{i}].{kind}.for", "1h")
+                for i, kind in enumerate(("utilizationFloor", "utilizationCeiling", "memoryCeiling"))
+            ),
         ),
         "spec.rules[3].memoryGrowth.window: 30m is shorter than evaluationInterval (1h):"
         " a shorter window leaves samples that no evaluation reads",
@@ -487,8 +492,8 @@ INVALID: list[tuple[str, Edit, str]] = [
     (
         "unknown rule kind",
         put("rules[0]", {"name": "x", "powerCeiling": {"watts": 500}}),
-        "spec.rules[0].powerCeiling: unknown field (expected one of: anomaly, gpuHealth, kvCacheUsage,"
-        " memoryCeiling, memoryGrowth, name, requestLatency, requestQueue, utilizationCeiling,"
+        "spec.rules[0].powerCeiling: unknown field (expected one of: anomaly, gpuHealth, idleGpus,"
+        " kvCacheUsage, memoryCeiling, memoryGrowth, name, requestLatency, requestQueue, utilizationCeiling,"
         " utilizationFloor)",
     ),
     (
