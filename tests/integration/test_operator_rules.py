@@ -1,9 +1,10 @@
 """End to end: the operator and a scripted agent as their own processes, against a real API server.
 
-One scenario, one node, five GPU pods, each breaking one rule kind from the start and recovering at
+One scenario, one node, six GPU pods, each breaking one rule kind from the start and recovering at
 ``RECOVER_AT`` seconds: idle (utilizationFloor), saturated (utilizationCeiling), near out-of-memory
-(memoryCeiling), leaking (memoryGrowth), and leaking fast enough to fill its card within minutes
-(memoryGrowth's GPUMemoryExhaustionImminent, found on its urgent 40 s span, with the time left).
+(memoryCeiling), leaking (memoryGrowth), leaking fast enough to fill its card within minutes
+(memoryGrowth's GPUMemoryExhaustionImminent, found on its urgent 40 s span, with the time left), and
+holding two GPUs while it works on one (idleGpus).
 One module-scoped world, which every test only reads and waits on, so their order does not matter;
 the tests that delete a pod or change a spec have their own. The agent authenticates with a
 TokenRequest token of its ServiceAccount (audience gpuwarden-operator); the policy is applied with
@@ -49,12 +50,15 @@ CASES = {
     "full-0": ("near-oom", "GPUMemoryNearLimit", "limit 90%"),
     "leak-0": ("leak", "GPUMemoryLeakSuspected", "GPU memory grows"),
     "flood-0": ("leak", "GPUMemoryExhaustionImminent", "GPU memory grows 40Gi/m over 40s"),
+    "partial-0": ("unused", "GPUIdleInPod", "1 of 2 GPUs idle"),
 }
+GPUS_OF = {"partial-0": 2}
+"""Pods with more than one GPU."""
 
 
 def scenario(namespace: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     at = f"{int(RECOVER_AT)}s"
-    uuids = [f"GPU-e2e0000{i}-0000-4000-8000-00000000000{i}" for i in range(5)]
+    uuids = [f"GPU-e2e0000{i}-0000-4000-8000-00000000000{i}" for i in range(7)]
     gpus = [
         gpu(uuids[0], 0, [{"kind": "idle", "level": 3, "noise": 1}, {"kind": "idle", "at": at, "level": 60}],
             [{"kind": "idle", "level": "9Gi"}]),
@@ -69,8 +73,12 @@ def scenario(namespace: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
         gpu(uuids[4], 4, [{"kind": "idle", "level": 50, "noise": 2}],
             [{"kind": "leak", "start": "20Gi", "rate": "40Gi/m", "noise": "2Mi"},
              {"kind": "idle", "at": at, "level": "26Gi"}]),
+        gpu(uuids[5], 5, [{"kind": "idle", "level": 80, "noise": 2}], [{"kind": "idle", "level": "30Gi"}]),
+        gpu(uuids[6], 6, [{"kind": "idle", "level": 1}, {"kind": "idle", "at": at, "level": 60}],
+            [{"kind": "idle", "level": "2Gi"}]),
     ]  # fmt: skip
     pods = [pod(namespace, name, uuids[i], LABELS, 4000 + i) for i, name in enumerate(CASES)]
+    pods[-1]["gpus"].append(uuids[6])  # partial-0 holds GPU 5, which it uses, and GPU 6, which it does not
     return gpus, pods
 
 
@@ -80,6 +88,7 @@ def policy(namespace: str) -> dict[str, Any]:
         {"name": "saturated", "utilizationCeiling": {"percent": 90, "for": "10s", "signal": "gpuUtil"}},
         {"name": "near-oom", "memoryCeiling": {"percent": 90, "for": "10s"}},
         {"name": "leak", "memoryGrowth": {"rate": "1Gi/m", "window": "1m", "minFit": 0.8}},
+        {"name": "unused", "idleGpus": {"for": "10s"}},
     ]
     return monitor_policy(
         namespace,
@@ -141,11 +150,11 @@ def test_a_violation_warns_on_the_pod_and_the_policy(world: Rules, pod_name: str
 
 
 def test_status_lists_every_violation(world: Rules) -> None:
-    def all_five() -> dict[str, Any] | None:
+    def all_of_them() -> dict[str, Any] | None:
         status = world.status()
         return status if len(status.get("violations") or []) == len(CASES) else None
 
-    status = wait_until(all_five, timeout=120, what="five violations in status", alive=world.alive)
+    status = wait_until(all_of_them, timeout=120, what="a violation per pod in status", alive=world.alive)
     assert status["matchedPods"] == len(CASES)
     assert status["violatingPods"] == len(CASES)
     assert status["observedGeneration"] == 1
@@ -155,6 +164,7 @@ def test_status_lists_every_violation(world: Rules) -> None:
         assert by_pod[pod_name]["since"].endswith("Z")
     assert by_pod["leak-0"]["gpu"].startswith("GPU-")
     assert by_pod["full-0"]["gpu"].startswith("GPU-")
+    assert by_pod["partial-0"]["gpu"] == "GPU-e2e00006-0000-4000-8000-000000000006"  # the idle one
     # Newest first: the leak needed a full minute of data, so it started last; the flood, 40 s of it.
     assert [v["pod"] for v in status["violations"][:2]] == ["leak-0", "flood-0"]
     conditions = {c["type"]: c for c in status["conditions"]}
@@ -228,7 +238,7 @@ def test_per_pod_gpu_series_and_operator_metrics(world: Rules) -> None:
         series = [
             k for k in metrics if k.startswith("gpuwarden_pod_gpu_utilization_percent{") and pod_name in k
         ]
-        assert len(series) == 1, pod_name
+        assert len(series) == GPUS_OF.get(pod_name, 1), pod_name
     assert metrics['gpuwarden_operator_reports_rejected_total{reason="invalid"}'] == 0
     assert metrics["gpuwarden_operator_tokenreviews"] <= 3  # cached: not one per report
     assert metrics["gpuwarden_operator_active"] == 1
