@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from operator_fakes import T0, Clock, ReviewApi, report
 
 from gpuwarden.agent.scripted import ScenarioAttributor, ScriptedBackend
 from gpuwarden.agent.snapshots import Sampler, SnapshotRing
@@ -42,65 +43,6 @@ from gpuwarden.wire.node import (
     dump_report,
 )
 
-AGENT = "system:serviceaccount:gpuwarden-system:gpuwarden-agent"
-T0 = 1_800_000_000.0
-
-
-NODE_EXTRA = "authentication.kubernetes.io/node-name"
-
-
-class FakeApi:
-    """Answers TokenReviews from a table: token -> (username, the node its pod runs on, or None: unbound)."""
-
-    def __init__(self) -> None:
-        self.users: dict[str, tuple[str, str | None]] = {
-            "good": (AGENT, "node-1"),
-            "good-2": (AGENT, "node-2"),
-            "unbound": (AGENT, None),
-            "other": ("system:serviceaccount:default:intruder", "node-1"),
-        }
-        self.reviews = 0
-        self.down = False
-
-    async def create_token_review(self, token: str, audiences: list[str]) -> dict[str, Any]:
-        self.reviews += 1
-        if self.down:
-            raise ConnectionError("the API server is away")
-        if token not in self.users:
-            return {"authenticated": False, "error": "invalid bearer token"}
-        username, node = self.users[token]
-        user: dict[str, Any] = {"username": username}
-        if node is not None:
-            user["extra"] = {NODE_EXTRA: [node], "authentication.kubernetes.io/pod-name": ["agent-x"]}
-        return {"authenticated": True, "audiences": audiences, "user": user}
-
-
-class Clock:
-    """The operator's clock: a minute after T0, when the tests' reports were taken."""
-
-    def __init__(self) -> None:
-        self.now = T0 + 60
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def report(
-    node: str = "node-1", seq: int = 0, t: float = T0, agent: str = "agent-a", **kw: Any
-) -> NodeReport:
-    gpu = GpuSample(
-        uuid="GPU-1",
-        index=0,
-        utilization_gpu=kw.get("util", 42.0),
-        memory_used_bytes=2**30,
-        memory_total_bytes=80 * 2**30,
-        temperature_c=kw.get("temperature"),
-        power_watts=kw.get("power"),
-        pods=[PodRef(namespace="ns", name=kw.get("pod", "pod-a"))],
-    )
-    snaps = [Snapshot(timestamp=t + i, gpus=[gpu]) for i in range(kw.get("snapshots", 1))]
-    return NodeReport(schema_version=1, node=node, agent_id=agent, seq=seq, snapshots=snaps)
-
 
 def pod_index(state: OperatorState) -> None:
     """What Kopf's pod index says, synced: pod-a runs on node-1, pod-b on node-2."""
@@ -109,8 +51,8 @@ def pod_index(state: OperatorState) -> None:
 
 
 @pytest.fixture
-async def setup() -> AsyncIterator[tuple[TestClient[Any, Any], OperatorState, FakeApi]]:
-    api = FakeApi()
+async def setup() -> AsyncIterator[tuple[TestClient[Any, Any], OperatorState, ReviewApi]]:
+    api = ReviewApi()
     config = OperatorConfig(max_body_bytes=64 * 1024, node_rate=5.0)
     state = build_operator(config, api=api, clock=Clock()).state  # type: ignore[arg-type]
     state.leadership.active = True
@@ -562,7 +504,7 @@ async def test_reports_wake_the_policies_of_their_namespace(setup: Any) -> None:
 
 
 async def test_namespaces_out_of_scope_are_not_kept_nor_refused() -> None:
-    state = build_operator(OperatorConfig(namespaces=("other",)), api=FakeApi()).state  # type: ignore[arg-type]
+    state = build_operator(OperatorConfig(namespaces=("other",)), api=ReviewApi()).state  # type: ignore[arg-type]
     pod_index(state)
     intake = state.accept(report(), "node-1", T0)
     assert (intake.stored, intake.refused) == (0, {})

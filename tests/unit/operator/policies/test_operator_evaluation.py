@@ -6,19 +6,16 @@ import asyncio
 from typing import Any
 
 import pytest
+from operator_fakes import PODS, POLICY, T0, StatusApi, feed
 
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.pacing import Pacing
 from gpuwarden.operator.policies.runner import PolicyRunner
-from gpuwarden.operator.resources import ObjectRef, PodRecord, PolicyKey
+from gpuwarden.operator.resources import ObjectRef, PolicyKey
 from gpuwarden.operator.scaling.seam import ScaleResult
 from gpuwarden.operator.state import OperatorState
-from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.spec.model import PolicySpec
-from gpuwarden.policy.store.series import Point, SeriesKey
-
-T0 = 1_800_000_000.0
 
 # -- pacing ---------------------------------------------------------------------------------------
 
@@ -67,34 +64,9 @@ async def test_a_spec_change_wakes_it_at_once() -> None:
 # -- rounds ---------------------------------------------------------------------------------------
 
 
-class FakeApi:
-    def __init__(self) -> None:
-        self.patches: list[dict[str, Any]] = []
-
-    async def patch_status(self, *args: Any, status: Any = None, manager: str, **kw: Any) -> dict[str, Any]:
-        self.patches.append(args[5])
-        return {}
-
-
-POLICY: dict[str, Any] = {
-    "apiVersion": "gpuwarden.dev/v1alpha1",
-    "kind": "GPUMonitorPolicy",
-    "metadata": {"name": "pol", "namespace": "ns", "uid": "pol-uid", "generation": 1},
-    "spec": {
-        "selector": {"matchLabels": {"app": "x"}},
-        "evaluationInterval": "1s",
-        "rules": [{"name": "idle", "utilizationFloor": {"percent": 20, "for": "10s"}}],
-        "actions": {"renotifyInterval": "1m"},
-    },
-    "status": {},
-}
-
-PODS = {"ns": [PodRecord(PodView("ns", "p", {"app": "x"}), "pod-uid")]}
-
-
 @pytest.fixture
-def world() -> tuple[OperatorState, FakeApi, list[tuple[str, str, str]], list[float]]:
-    api = FakeApi()
+def world() -> tuple[OperatorState, StatusApi, list[tuple[str, str, str]], list[float]]:
+    api = StatusApi()
     clock = [T0]
     state = build_operator(OperatorConfig(), api=api, clock=lambda: clock[0]).state  # type: ignore[arg-type]
     posted: list[tuple[str, str, str]] = []
@@ -105,15 +77,6 @@ def world() -> tuple[OperatorState, FakeApi, list[tuple[str, str, str]], list[fl
 
     state.events = Sink()  # type: ignore[assignment]
     return state, api, posted, clock
-
-
-def feed(state: OperatorState, start: float, end: float, util: float) -> None:
-    t = start
-    while t <= end:
-        state.store.add(
-            SeriesKey("ns", "p", "GPU-1"), Point(t=t, gpu_util=util, mem_used=1e9, mem_total=8e10)
-        )
-        t += 1
 
 
 async def test_a_violation_warns_once_then_resolves_and_status_follows(world: Any) -> None:

@@ -9,10 +9,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from test_ingest_app import Clock, report
-from test_ingest_app import FakeApi as ReviewApi
-from test_operator_evaluation import PODS, POLICY, T0, feed
-from test_operator_evaluation import FakeApi as StatusApi
+from operator_fakes import PODS, POLICY, T0, Clock, ReviewApi, StatusApi, feed, report
 
 from gpuwarden.kubetime import format_micro_time
 from gpuwarden.operator.composition import build_operator
