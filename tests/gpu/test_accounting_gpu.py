@@ -16,26 +16,14 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from watch_support import watch_for
 
 pytestmark = pytest.mark.gpu
 
 WATCHED_SECONDS = 40
-
-POLICY = """\
-apiVersion: gpuwarden.dev/v1alpha1
-kind: GPUMonitorPolicy
-metadata: {name: any}
-spec:
-  selector: {}
-  evaluationInterval: 1s
-  rules:
-    - name: idle
-      utilizationFloor: {percent: 10, for: 20s}
-"""
 
 
 def usage(out: str, pid: int) -> tuple[float, float, float]:
@@ -50,14 +38,7 @@ def usage(out: str, pid: int) -> tuple[float, float, float]:
 def test_watch_accounts_a_busy_and_an_idle_process_on_one_gpu(
     busy_job: subprocess.Popen[str], idle_job: subprocess.Popen[str], tmp_path: Path
 ) -> None:
-    policy = tmp_path / "any.yaml"
-    policy.write_text(POLICY)
-    argv = [sys.executable, "-m", "gpuwarden", "watch", f"--policy={policy}", "--listen=127.0.0.1:0"]
-    argv += [f"--duration={WATCHED_SECONDS}s", "--plain", "--process-interval=2s"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=WATCHED_SECONDS + 120, check=False)
-    out = done.stdout + done.stderr
-    print(out)
-    assert done.returncode == 0, out
+    out = watch_for(WATCHED_SECONDS, "{name: idle, utilizationFloor: {percent: 10, for: 20s}}", tmp_path)
     assert "GPU time per process" in out, out
     busy = usage(out, busy_job.pid)
     idle = usage(out, idle_job.pid)

@@ -1,5 +1,5 @@
-"""What the hook's GPU tests share: a `gpuwarden watch` on a hook socket, its /metrics, the jobs'
-ready lines and a recorder of their memory series."""
+"""What the GPU tests share: a `gpuwarden watch` on a hook socket, its /metrics, the jobs' ready lines
+and a recorder of their memory series; and a whole `watch` run of a one-rule policy."""
 
 from __future__ import annotations
 
@@ -15,6 +15,24 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
+
+
+def watch_for(seconds: int, rule: str, tmp_path: Path) -> str:
+    """What `gpuwarden watch` printed (stdout and stderr) over ``seconds`` with a policy of one rule
+    (``rule``: its YAML flow mapping, e.g. ``{name: idle, utilizationFloor: {percent: 10, for: 20s}}``)
+    over every process, evaluated every second, per-process utilization read every 2 s."""
+    policy = tmp_path / "any.yaml"
+    policy.write_text(
+        "apiVersion: gpuwarden.dev/v1alpha1\nkind: GPUMonitorPolicy\nmetadata: {name: any}\n"
+        f"spec: {{selector: {{}}, evaluationInterval: 1s, rules: [{rule}]}}\n"
+    )
+    argv = [sys.executable, "-m", "gpuwarden", "watch", f"--policy={policy}", "--listen=127.0.0.1:0"]
+    argv += [f"--duration={seconds}s", "--plain", "--process-interval=2s"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 120, check=False)
+    out = done.stdout + done.stderr
+    print(out)
+    assert done.returncode == 0, out
+    return out
 
 
 @contextmanager

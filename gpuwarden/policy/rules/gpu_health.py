@@ -32,12 +32,13 @@ does; a utilizationCeiling still holds (the GPU is saturated either way) and say
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from gpuwarden.policy.humanize import approx_duration, time_of_day
 from gpuwarden.policy.rules.common import (
+    Judge,
     Outcome,
     RuleKind,
     RuleType,
@@ -311,6 +312,33 @@ def with_throttling(
         outcome.holds = False
         outcome.clears = True
     return outcome
+
+
+_R = TypeVar("_R")
+
+
+def judged_with_throttling(
+    evaluate: Callable[[_R, PodId, Sequence[tuple[SeriesKey, Window]], float, WindowParams], Outcome],
+    *,
+    idle: bool,
+) -> Judge[_R]:
+    """A utilization rule's evaluator, as a :data:`~gpuwarden.policy.rules.common.Judge`, with the
+    GPUs' throttling noted beside its verdict (``idle``: see :func:`with_throttling`)."""
+
+    def judge(
+        rule: _R,
+        pod: PodId,
+        series: Sequence[tuple[SeriesKey, Window]],
+        now: float,
+        params: WindowParams,
+        memo: Any,
+        health: HealthStore | None,
+        services: Services | None,
+    ) -> Outcome:
+        outcome = evaluate(rule, pod, series, now, params)
+        return with_throttling(outcome, series, now, params, health, idle=idle)
+
+    return judge
 
 
 # --- the kind ----------------------------------------------------------------------------------------

@@ -33,17 +33,15 @@ from gpuwarden.policy.rules.common import (
     Outcome,
     RuleKind,
     RuleType,
-    Services,
     WindowParams,
     percent,
     pod_end,
     unknown,
 )
-from gpuwarden.policy.rules.gpu_health import with_throttling
+from gpuwarden.policy.rules.gpu_health import judged_with_throttling
 from gpuwarden.policy.rules.utilization import UNIT, pod_activity, signal_name
 from gpuwarden.policy.spec.fields import check_fields, duration, member, number, value_or
 from gpuwarden.policy.spec.model import Signal
-from gpuwarden.policy.store.health import HealthStore
 from gpuwarden.policy.store.series import PodId, SeriesKey, Window
 from gpuwarden.units import format_duration
 
@@ -119,21 +117,6 @@ def evaluate_idle_gpus(
     )
 
 
-def judge_idle_gpus(
-    rule: IdleGpus,
-    pod: PodId,
-    series: Sequence[tuple[SeriesKey, Window]],
-    now: float,
-    params: WindowParams,
-    memo: Any,
-    health: HealthStore | None,
-    services: Services | None,
-) -> Outcome:
-    """The evaluator with the idle GPUs' throttling beside it: a throttled GPU is not idle."""
-    outcome = evaluate_idle_gpus(rule, pod, series, now, params)
-    return with_throttling(outcome, series, now, params, health, idle=True)
-
-
 # --- the kind ----------------------------------------------------------------------------------------
 
 DEFAULTS: Mapping[str, Any] = {"percent": 5, "for": "10m", "signal": "auto", "hysteresis": 5}
@@ -156,7 +139,7 @@ RULE_TYPE = RuleType(
     model=IdleGpus,
     parse=parse_idle_gpus,
     defaults=DEFAULTS,
-    evaluate=judge_idle_gpus,
+    evaluate=judged_with_throttling(evaluate_idle_gpus, idle=True),
     reach=lambda rule: rule.for_seconds,
     window=lambda rule: ("for", rule.for_seconds),
     reason="GPUIdleInPod",

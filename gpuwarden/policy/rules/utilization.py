@@ -31,16 +31,14 @@ Semantics (the window, coverage and as-of time are in :mod:`gpuwarden.policy.rul
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from gpuwarden.policy.rules.common import (
-    Judge,
     Outcome,
     RuleKind,
     RuleType,
-    Services,
     WindowParams,
     covered,
     percent,
@@ -48,10 +46,9 @@ from gpuwarden.policy.rules.common import (
     readings,
     unknown,
 )
-from gpuwarden.policy.rules.gpu_health import with_throttling
+from gpuwarden.policy.rules.gpu_health import judged_with_throttling
 from gpuwarden.policy.spec.fields import check_fields, duration, member, number, optional_number, value_or
 from gpuwarden.policy.spec.model import Signal
-from gpuwarden.policy.store.health import HealthStore
 from gpuwarden.policy.store.series import Column, PodId, SeriesKey, UtilizationSource, Window
 from gpuwarden.units import format_duration
 
@@ -300,7 +297,6 @@ def evaluate_ceiling(
 
 # --- the two kinds ------------------------------------------------------------------------------------
 
-_U = TypeVar("_U", UtilizationFloor, UtilizationCeiling)
 
 FLOOR_DEFAULTS: Mapping[str, Any] = {"for": "5m", "signal": "auto", "noiseFloor": 0, "hysteresis": 5}
 CEILING_DEFAULTS: Mapping[str, Any] = {"for": "2m", "signal": "auto", "hysteresis": 5}
@@ -341,36 +337,12 @@ def parse_ceiling(name: str, obj: Mapping[str, Any], path: str) -> UtilizationCe
     )
 
 
-def _with_throttling(
-    evaluate: Callable[[_U, PodId, Sequence[tuple[SeriesKey, Window]], float, WindowParams], Outcome],
-    *,
-    idle: bool,
-) -> Judge[_U]:
-    """A utilization evaluator with the GPUs' throttling noted beside its verdict (``idle``: see
-    :func:`~gpuwarden.policy.rules.gpu_health.with_throttling`)."""
-
-    def judge(
-        rule: _U,
-        pod: PodId,
-        series: Sequence[tuple[SeriesKey, Window]],
-        now: float,
-        params: WindowParams,
-        memo: Any,
-        health: HealthStore | None,
-        services: Services | None,
-    ) -> Outcome:
-        outcome = evaluate(rule, pod, series, now, params)
-        return with_throttling(outcome, series, now, params, health, idle=idle)
-
-    return judge
-
-
 FLOOR_TYPE = RuleType(
     kind=FLOOR_KIND,
     model=UtilizationFloor,
     parse=parse_floor,
     defaults=FLOOR_DEFAULTS,
-    evaluate=_with_throttling(evaluate_floor, idle=True),
+    evaluate=judged_with_throttling(evaluate_floor, idle=True),
     reach=lambda rule: rule.for_seconds,
     window=lambda rule: ("for", rule.for_seconds),
     reason="GPUUnderutilized",
@@ -386,7 +358,7 @@ CEILING_TYPE = RuleType(
     model=UtilizationCeiling,
     parse=parse_ceiling,
     defaults=CEILING_DEFAULTS,
-    evaluate=_with_throttling(evaluate_ceiling, idle=False),
+    evaluate=judged_with_throttling(evaluate_ceiling, idle=False),
     reach=lambda rule: rule.for_seconds,
     window=lambda rule: ("for", rule.for_seconds),
     reason="GPUSaturated",
