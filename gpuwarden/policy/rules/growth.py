@@ -61,7 +61,10 @@ the same account for users):
     alone (:data:`CONFIDENCE_Z` standard errors, the medians' ``noise`` from
     the readings' second differences: :func:`median_noise`);
   - ``jumps``: the part of the rise made in bucket-to-bucket rises beyond
-    :data:`STEP_SIGMAS` robust sigmas of the others (a load, an allocator's step);
+    :data:`STEP_SIGMAS` sigmas of the typical rise (a load, an allocator's step): the rises'
+    robust sigma, or the medians' noise's when smaller (the rises' own counts the steps); two
+    consecutive rises count as one when together beyond that and each at least half of it (a
+    step split between two buckets, :func:`_jumps`);
   - ``seconds to full``: ``(total - used) / slope``.
 
 - **Memory was higher before** (:func:`peak_before`). For a span shorter than
