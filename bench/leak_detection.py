@@ -145,6 +145,12 @@ TRACES: tuple[Trace, ...] = (
     Trace("staircase 6x2Gi/150s, then flat", staircase(8 * GI, 2 * GI, 150, 6)),
     Trace("staircase 8x2Gi/150s, then flat", staircase(8 * GI, 2 * GI, 150, 8)),
     Trace("staircase 3x8Gi/5m at minute 20", staircase(30 * GI, 8 * GI, 300, 3, at=1200)),
+    # Steps four times the readings' noise: split between buckets and blurred, they are barely jumps.
+    Trace(
+        "staircase 6x288Mi/70s at minute 40, noise 64Mi",
+        staircase(8 * GI, 288 * MI, 70, 6, at=2400),
+        noise_bytes=64 * MI,
+    ),
     Trace("model loaded once at minute 10", staircase(2 * GI, 60 * GI, 1, 1, at=600)),
     Trace("sawtooth 20-40Gi/10m", sawtooth(20 * GI, 40 * GI, 600)),
     Trace("the same, from mid-tooth", sawtooth(20 * GI, 40 * GI, 600, phase=400)),

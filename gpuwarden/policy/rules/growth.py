@@ -61,7 +61,10 @@ the same account for users):
     alone (:data:`CONFIDENCE_Z` standard errors, the medians' ``noise`` from
     the readings' second differences: :func:`median_noise`);
   - ``jumps``: the part of the rise made in bucket-to-bucket rises beyond
-    :data:`STEP_SIGMAS` robust sigmas of the others (a load, an allocator's step);
+    :data:`STEP_SIGMAS` sigmas of the typical rise (a load, an allocator's step): the rises'
+    robust sigma, or the medians' noise's when smaller (the rises' own counts the steps); two
+    consecutive rises count as one when together beyond that and each at least half of it (a
+    step split between two buckets, :func:`_jumps`);
   - ``seconds to full``: ``(total - used) / slope``.
 
 - **Memory was higher before** (:func:`peak_before`). For a span shorter than
@@ -231,7 +234,11 @@ URGENT_PART = 0.85
 URGENT_JUMP_SHARE = 0.25
 """On an urgent span, at most this share of the rise may be made in jumps."""
 STEP_SIGMAS = 4.0
-"""A bucket-to-bucket rise is a jump when this many robust sigmas above the typical rise."""
+"""A bucket-to-bucket rise is a jump when this many sigmas above the typical rise (the rises' robust
+sigma, or that of the medians' noise when smaller: :func:`_shape`)."""
+SPLIT_SHARE = 0.5
+"""Two consecutive rises are one jump (a step split between two buckets) when together beyond
+:data:`STEP_SIGMAS` and each beyond this share of it (:func:`_jumps`)."""
 JUMP_SHARE = 0.5
 """A span whose rise is more than this share jumps (a staircase, a load) does not hold."""
 REUSE_SHARE = 0.5
@@ -357,8 +364,38 @@ def _shape(levels: Sequence[float], span: float, noise: float) -> _Shape:
     rises = list(map(sub, present[1:], present[:-1]))
     typical = median(rises)
     spread = 1.4826 * median([abs(rise - typical) for rise in rises])
-    jumps = sum(rise - typical for rise in rises if rise > typical + STEP_SIGMAS * spread)
-    return parts, margins, recent, jumps
+    if noise > 0:
+        # The rises' own spread counts the steps in it: a cache's five steps among 19 rises, under
+        # noise, widen it until no step stands 4 of it above the typical rise. The medians' noise,
+        # from the readings (median_noise), does not see the steps; a rise's is sqrt(2) of it.
+        spread = min(spread, math.sqrt(2) * noise)
+    return parts, margins, recent, _jumps(rises, typical, STEP_SIGMAS * spread)
+
+
+def _jumps(rises: Sequence[float], typical: float, beyond: float) -> float:
+    """Bytes of ``rises`` made in jumps: excesses over ``typical`` beyond ``beyond``, alone or in a pair.
+
+    Under noise a bucket's lower median is not always on one side of a step in it: the step then
+    rises in two buckets, each short of ``beyond``. Two consecutive rises count together when each
+    is at least :data:`SPLIT_SHARE` of ``beyond`` over ``typical`` (noise alone rarely makes two in a
+    row: consecutive rises share a median, one's excess is the other's shortfall).
+    """
+    excesses = [rise - typical for rise in rises]
+    total = 0.0
+    i = 0
+    while i < len(excesses):
+        one = excesses[i]
+        if one > beyond:
+            total += one
+            i += 1
+            continue
+        pair = one + excesses[i + 1] if i + 1 < len(excesses) else 0.0
+        if pair > beyond and min(one, excesses[i + 1]) >= SPLIT_SHARE * beyond:
+            total += pair
+            i += 2
+            continue
+        i += 1
+    return total
 
 
 def _spread_of(xs: Sequence[float]) -> float:

@@ -243,6 +243,13 @@ def test_any_fast_leak_leaves_three_quarters_of_its_time_ahead(
 # ramp inside flat ends, each end quarter short of half the slope only within its noise; both at once
 # are significantly short (the S-shape), which a quarter judged alone let pass.
 @example(steps=6, height=0.25, every=28, at=600, noise=64.0, seed=1)
+# Four 256Mi steps 73 s apart from the job's start under 64Mi of noise: a 4m span holding three of
+# them fired a minute after the last, when a rise was judged by the rises' own spread, which the steps
+# widen (one of three counted as a jump); judged by the medians' noise, all three are jumps.
+@example(steps=4, height=0.25, every=73, at=0, noise=64.0, seed=0)
+# Six 288Mi steps 70 s apart under 64Mi of noise: one step fell mid-bucket and rose in two, 157 and
+# 173Mi, each under the threshold; counted apart, neither was a jump, and the 4m span fired.
+@example(steps=6, height=0.288, every=70, at=2400, noise=64.0, seed=3069431946)
 def test_a_caching_allocator_that_steps_up_and_plateaus_never_fires(
     steps: int, height: float, every: int, at: int, noise: float, seed: int
 ) -> None:
