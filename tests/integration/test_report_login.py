@@ -349,40 +349,40 @@ def test_every_cluster_without_the_filter(setup: Setup) -> None:
             [],
             {"KUBECONFIG": "", "HOME": "/nonexistent"},
             "gpuwarden report: cannot log in to Kubernetes: no kubeconfig ($KUBECONFIG or ~/.kube/config) "
-            "and not in a pod of the cluster (--no-findings reads none)",
+            "and not in a pod of the cluster; --no-findings skips the findings",
         ),
         (
             ["--context=nope"],
             {},
-            'gpuwarden report: cannot log in to Kubernetes: context "nope" not found in {kubeconfig} '
-            "(--no-findings reads none)",
+            'gpuwarden report: cannot log in to Kubernetes: context "nope" not found in {kubeconfig}'
+            "; --no-findings skips the findings",
         ),
         (
             ["--context=broken"],
             {},
             'gpuwarden report: cannot log in to Kubernetes: context "broken" of {kubeconfig}: exec plugin '
-            "{plugin} failed (exit status 1): error: the SSO session has expired: log in again "
-            "(--no-findings reads none)",
+            "{plugin} failed (exit status 1): error: the SSO session has expired: log in again"
+            "; --no-findings skips the findings",
         ),
         (
             ["--context=stranger"],
             {},
             'gpuwarden report: the API server at {server} refused the credentials of context "stranger" of '
-            "{kubeconfig} (401 Unauthorized) (--no-findings reads none)",
+            "{kubeconfig} (401 Unauthorized); --no-findings skips the findings",
         ),
         (
             ["--context=reporter"],  # every namespace's policies: more than its Role allows
             {},
             "gpuwarden report: the API server at {server}: 403: gpumonitorpolicies.gpuwarden.dev is "
             'forbidden: User "system:serviceaccount:{namespace}:reporter" cannot list resource '
-            '"gpumonitorpolicies" in API group "gpuwarden.dev" at the cluster scope '
-            "(--no-findings reads none)",
+            '"gpumonitorpolicies" in API group "gpuwarden.dev" at the cluster scope'
+            "; --no-findings skips the findings",
         ),
         (
             ["--context=nowhere"],
             {},
-            "gpuwarden report: the API server at {nowhere}: unreachable (Connection refused) "
-            "(--no-findings reads none)",
+            "gpuwarden report: the API server at {nowhere}: unreachable (Connection refused)"
+            "; --no-findings skips the findings",
         ),
     ],
     ids=["no-kubeconfig", "unknown-context", "plugin-fails", "unauthorized", "forbidden", "unreachable"],

@@ -209,7 +209,7 @@ async def _report(args: argparse.Namespace, window: str, endpoint: PrometheusEnd
     login = functools.partial(load_credentials, args.kubeconfig, args.context)
     api = KubeApi(login) if args.prometheus_service or not args.no_findings else None
     # Without --prometheus-service the API server is asked only for the findings: say how to do without.
-    skip = "" if args.prometheus_service else " (--no-findings reads none)"
+    skip = "" if args.prometheus_service else "; --no-findings skips the findings"
     scope = {args.cluster_label: args.cluster} if args.cluster else {}
     try:
         async with _prometheus(endpoint, api, args.prometheus_service) as query:

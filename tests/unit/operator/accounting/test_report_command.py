@@ -227,7 +227,7 @@ async def test_no_kubeconfig_is_one_line_with_the_way_around(
     assert (code, out) == (1, "")
     assert one_line(err) == (
         "gpuwarden report: cannot log in to Kubernetes: no kubeconfig ($KUBECONFIG or ~/.kube/config) and "
-        "not in a pod of the cluster (--no-findings reads none)"
+        "not in a pod of the cluster; --no-findings skips the findings"
     )
 
 
