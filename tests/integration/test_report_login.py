@@ -49,8 +49,8 @@ READER = "reporter"
 
 
 class GrowingCounters:
-    """The operator's accounting counters for one workload, growing at ``used`` of each allocated
-    GPU-second, idle all along when ``used`` is under the idle floor."""
+    """The operator's accounting counters for one workload: a GPU-hour allocated each second (so that
+    the table reads hours), ``used`` of it used, all of it idle when ``used`` is under the idle floor."""
 
     def __init__(self, namespace: str, kind: str, name: str, used: float) -> None:
         self.labels = [namespace, kind, name, "", "NVIDIA H200"]
@@ -58,7 +58,7 @@ class GrowingCounters:
         self.start = time.time()
 
     def collect(self) -> Iterator[Metric]:
-        seconds = time.time() - self.start
+        seconds = 3600 * (time.time() - self.start)
         names = ["namespace", "workload_kind", "workload", "group", "gpu_model"]
         for metric, value in (
             ("allocated", seconds),
@@ -181,6 +181,7 @@ def exec_plugin(path: Path, token_file: Path, runs: Path) -> Path:
     """The credential plugin: ``token`` prints an ExecCredential with the ServiceAccount's token,
     valid for an hour; ``fail`` says why on stderr and exits 1, as a cloud's plugin does when its
     session is over. Each run appends its argument to ``runs``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
         f"#!{sys.executable}\n"
         "import datetime, json, os, sys\n"

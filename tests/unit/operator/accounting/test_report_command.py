@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import datetime
-import ipaddress
 import ssl
 import sys
 from collections.abc import AsyncIterator
@@ -18,10 +16,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from tls_support import self_signed
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 # The core install (`pip install gpuwarden`): neither Kopf nor the agent's gRPC can be imported.
@@ -162,35 +157,6 @@ async def test_an_unreachable_prometheus_is_one_line(tmp_path: Path) -> None:
         one_line(err)
         == "gpuwarden report: Prometheus at http://127.0.0.1:9: unreachable (Connection refused)"
     )
-
-
-def self_signed(directory: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 that signs itself, and its key."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "prometheus")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = directory / "tls.crt", directory / "tls.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    return cert_path, key_path
 
 
 async def test_its_certificate_is_verified_against_the_ca_given(tmp_path: Path) -> None:

@@ -6,7 +6,9 @@ real process, which numbers the tokens it prints (``t1``, ``t2``...).
 
 from __future__ import annotations
 
+import base64
 import functools
+import ssl
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,6 +17,7 @@ import pytest
 import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from tls_support import self_signed
 
 from gpuwarden.clients import load_credentials
 from gpuwarden.operator.kube import ApiError, KubeApi
@@ -121,3 +124,45 @@ async def test_a_refused_credential_is_fetched_again_once(
         await kube.close()
     assert api_server.tokens == ["t1", "t2", "t2", "t3"]
     assert caught.value.status == 401
+
+
+async def test_an_inline_ca_and_a_tls_server_name(tmp_path: Path) -> None:
+    """A kubeconfig's ``certificate-authority-data`` is trusted, and ``tls-server-name`` is the name
+    verified (an API server reached by address whose certificate names only ``kubernetes.default``)."""
+    cert, key = self_signed(tmp_path, dns_name="kubernetes.default")
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    api_server = ApiServer()
+    app = web.Application()
+    app.router.add_get("/api/v1/namespaces/x", api_server.namespace)
+    server = TestServer(app, host="127.0.0.1", scheme="https")
+    await server.start_server(ssl=tls)
+    try:
+        cluster = {
+            "server": str(server.make_url("")).rstrip("/"),
+            "certificate-authority-data": base64.b64encode(cert.read_bytes()).decode(),
+        }
+        for name, answer in ((None, "not trusted"), ("kubernetes.default", "Namespace")):
+            named = cluster | ({"tls-server-name": name} if name else {})
+            config = tmp_path / "config"
+            config.write_text(
+                yaml.safe_dump(
+                    {
+                        "clusters": [{"name": "c", "cluster": named}],
+                        "users": [{"name": "u", "user": {"token": "t"}}],
+                        "contexts": [{"name": "main", "context": {"cluster": "c", "user": "u"}}],
+                        "current-context": "main",
+                    }
+                )
+            )
+            kube = api_for(config)
+            try:
+                got = (await kube.get("/api/v1/namespaces/x"))["kind"]
+            except ApiError as exc:
+                got = exc.message
+            finally:
+                await kube.close()
+            assert answer in got
+    finally:
+        await server.close()
+    assert api_server.tokens == ["t"]
