@@ -20,6 +20,7 @@ from aiohttp.test_utils import TestServer
 from tls_support import self_signed
 
 from gpuwarden.clients import load_credentials
+from gpuwarden.operator.handlers import login
 from gpuwarden.operator.kube import ApiError, KubeApi
 
 
@@ -166,3 +167,15 @@ async def test_an_inline_ca_and_a_tls_server_name(tmp_path: Path) -> None:
     finally:
         await server.close()
     assert api_server.tokens == ["t"]
+
+
+def test_kopf_logs_in_as_the_api_client_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kopf's login handler gives Kopf the exec plugin's token and its expiry (Kopf's own kubeconfig
+    reader would send no token at all)."""
+    monkeypatch.setenv(
+        "KUBECONFIG", str(counting_plugin(tmp_path, "https://10.0.0.1:6443", "2030-01-01T00:00:00Z"))
+    )
+    info = login()
+    assert (info.server, info.scheme, info.token) == ("https://10.0.0.1:6443", "Bearer", "t1")
+    assert info.expiration is not None
+    assert info.expiration.timestamp() == 1893456000.0
