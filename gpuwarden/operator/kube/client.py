@@ -71,9 +71,8 @@ class KubeApi:
 
     @property
     def credentials(self) -> Credentials:
-        """The credentials in use (logging in first if it has not yet). An exec plugin runs in the
-        event loop's thread, as Kopf's login does: once per credential, in the operator only out of
-        a cluster."""
+        """The credentials in use (logging in first if it has not yet). An exec plugin blocks the
+        event loop while it runs: once per credential, and in the operator only out of a cluster."""
         if self._info is None:
             assert self._login is not None
             self._info = self._login()
