@@ -22,12 +22,14 @@ module registers nothing in Kopf. ``gpuwarden operator`` (:mod:`.command`) runs 
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 
 from gpuwarden.operator.composition import Operator, build_operator
 from gpuwarden.operator.config import OperatorConfig
+from gpuwarden.operator.kube import connection_info
 from gpuwarden.operator.policies import pod_record, requests_gpu
 from gpuwarden.operator.resources import FINALIZER, GROUP, PLURAL, PREFIX, VERSION, PodRecord, PolicyKey
 from gpuwarden.operator.scaling import PolicyClaim, policy_claim
@@ -50,10 +52,27 @@ def _state(memo: kopf.Memo) -> OperatorState:
 
 
 @kopf.on.login(registry=registry)
-def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    # A registry of our own lacks the fallback logins Kopf's default one brings: the same two, in the
-    # order the operator's own API client takes them (kube.client.connection_info).
-    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+def login(**_: Any) -> kopf.ConnectionInfo:
+    # A registry of our own lacks the fallback logins Kopf's default one brings. Kopf logs in as the
+    # operator's own API client does (the pod's ServiceAccount, else the kubeconfig, exec credential
+    # plugins included, which Kopf's own kubeconfig reader ignores); past an exec credential's expiry,
+    # or on a 401, Kopf calls this again.
+    creds = connection_info()
+    return kopf.ConnectionInfo(
+        server=creds.server,
+        ca_path=creds.ca_file,
+        ca_data=creds.ca_data,
+        insecure=creds.insecure,
+        username=creds.username,
+        password=creds.password,
+        scheme="Bearer" if creds.token else None,
+        token=creds.token,
+        certificate_path=creds.cert_file,
+        certificate_data=creds.cert_data,
+        private_key_path=creds.key_file,
+        private_key_data=creds.key_data,
+        expiration=None if creds.expires is None else datetime.fromtimestamp(creds.expires, UTC),
+    )
 
 
 @kopf.on.startup(registry=registry)

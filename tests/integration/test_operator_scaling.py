@@ -24,7 +24,6 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import kopf
 import pytest
 import yaml
 from controlplane import REPO_ROOT, ControlPlane
@@ -43,6 +42,7 @@ from operator_support import (
 )
 from test_chart import can_i  # the chart tests' `kubectl auth can-i` as a ServiceAccount
 
+from gpuwarden.clients import Credentials
 from gpuwarden.operator.kube.client import KubeApi
 from gpuwarden.operator.kube.events import EventPoster
 from gpuwarden.operator.metrics import OperatorMetrics
@@ -253,8 +253,8 @@ def crds(control_plane: ControlPlane) -> None:
     apply_crds(control_plane)
 
 
-def admin_info(cp: ControlPlane, token: str | None = None) -> kopf.ConnectionInfo:
-    return kopf.ConnectionInfo(server=cp.server, ca_path=str(cp.ca_path), token=token or cp.admin_token)
+def admin_info(cp: ControlPlane, token: str | None = None) -> Credentials:
+    return Credentials(cp.server, ca_file=str(cp.ca_path), token=token or cp.admin_token)
 
 
 @pytest.fixture

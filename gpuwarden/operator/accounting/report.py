@@ -4,25 +4,36 @@ History comes from Prometheus, which scrapes the operator's accounting counters 
 (docs/accounting.md says why not a ledger of the operator's own): each figure is
 ``sum by (namespace, workload_kind, workload) (increase(<counter>[<window>]))``, which spans the
 operator's restarts (a counter reset) and the shards' handovers (one series per replica, summed).
-Prometheus is reached at ``--prometheus URL``, or through the API server's service proxy
-(``--prometheus-service NAMESPACE/NAME:PORT``, with the user's kubeconfig). The findings of the
-worst offenders are the policies' ``status.violations``, read with the user's kubeconfig, their
-pods resolved to workloads as the operator does.
+Prometheus is reached at ``--prometheus URL`` (with the user's token, basic auth, CA and headers:
+:mod:`gpuwarden.clients.prometheus`), or through the API server's service proxy
+(``--prometheus-service NAMESPACE/NAME:PORT``). The findings of the worst offenders are the
+policies' ``status.violations``, their pods resolved to workloads as the operator does. The API
+server is logged in to as kubectl does (``--kubeconfig``, ``--context``, exec credential plugins,
+in-cluster: :mod:`gpuwarden.clients.kubeconfig`). Each failure is one line on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import json
 import re
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
-import aiohttp
-import kopf
-
 from gpuwarden.accounting.report import FORMATS, Finding, Line, WorkloadRef, build_report, render
+from gpuwarden.clients import (
+    LoginError,
+    PrometheusClient,
+    PrometheusEndpoint,
+    PrometheusError,
+    failure,
+    load_credentials,
+)
 from gpuwarden.operator.accounting.owners import OwnerResolver, Unresolved
 from gpuwarden.operator.kube import ApiError, KubeApi
 from gpuwarden.operator.resources import GROUP, PLURAL, VERSION
@@ -62,10 +73,57 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-findings", action="store_true", help="do not read the policies' findings (no kubeconfig needed)"
     )
+    add_connection_arguments(parser)
+
+
+def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the report logs in: to the API server as kubectl does, to Prometheus with its credentials."""
+    kube = parser.add_argument_group("Kubernetes (the findings, and --prometheus-service)")
+    kube.add_argument(
+        "--kubeconfig",
+        metavar="PATH",
+        help="the kubeconfig (default: $KUBECONFIG, else ~/.kube/config; in a pod, its ServiceAccount)",
+    )
+    kube.add_argument("--context", metavar="NAME", help="the kubeconfig's context (default: its current one)")
+    prom = parser.add_argument_group(
+        "Prometheus", "credentials, TLS and headers are for --prometheus URL (not through the API server)"
+    )
+    auth = prom.add_mutually_exclusive_group()
+    auth.add_argument("--prometheus-token-file", metavar="PATH", help="a bearer token, read from PATH")
+    auth.add_argument(
+        "--prometheus-token",
+        metavar="TOKEN",
+        help="a bearer token (ps shows it to others: prefer the file)",
+    )
+    auth.add_argument("--prometheus-basic-auth", metavar="USER:PASSWORD", help="HTTP basic authentication")
+    prom.add_argument(
+        "--prometheus-ca-file", metavar="PATH", help="its certificate's CA (default: the system's)"
+    )
+    prom.add_argument("--prometheus-insecure", action="store_true", help="do not verify its certificate")
+    prom.add_argument(
+        "-H",
+        "--prometheus-header",
+        action="append",
+        default=[],
+        metavar="'NAME: VALUE'",
+        help="a header for every query, such as 'X-Scope-OrgID: TENANT' (Mimir, Cortex, Thanos); repeatable",
+    )
+    prom.add_argument(
+        "--cluster",
+        default="",
+        metavar="NAME",
+        help="only the series of this cluster, where one Prometheus keeps several (see --cluster-label)",
+    )
+    prom.add_argument(
+        "--cluster-label",
+        default="cluster",
+        metavar="LABEL",
+        help="the cluster's label (%(default)s)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the report; 1 when Prometheus cannot be asked, 2 on a bad flag."""
+    """Print the report; 1 when Prometheus or the API server cannot be asked, 2 on a bad flag."""
     window = WINDOWS.get(args.window, args.window)
     if not DURATION.match(window):
         print(
@@ -77,7 +135,11 @@ def run(args: argparse.Namespace) -> int:
         print("gpuwarden report: --top must be 0 or more", file=sys.stderr)
         return 2
     try:
-        text = asyncio.run(_report(args, window))
+        endpoint = _endpoint(args)
+        text = asyncio.run(_report(args, window, endpoint))
+    except FlagError as exc:
+        print(f"gpuwarden report: {exc}", file=sys.stderr)
+        return 2
     except ReportFailed as exc:
         print(f"gpuwarden report: {exc}", file=sys.stderr)
         return 1
@@ -85,62 +147,158 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+class FlagError(Exception):
+    """A flag that cannot be used as given."""
+
+
 class ReportFailed(Exception):
-    """Prometheus could not be asked, or answered something else than a result."""
+    """Prometheus or the API server could not be asked, or answered something else than a result."""
 
 
-async def _report(args: argparse.Namespace, window: str) -> str:
-    api = KubeApi() if args.prometheus_service or not args.no_findings else None
+def _endpoint(args: argparse.Namespace) -> PrometheusEndpoint | None:
+    """``--prometheus`` and its credentials; None with ``--prometheus-service`` (which takes none)."""
+    given = [
+        flag
+        for flag, value in (
+            ("--prometheus-token-file", args.prometheus_token_file),
+            ("--prometheus-token", args.prometheus_token),
+            ("--prometheus-basic-auth", args.prometheus_basic_auth),
+            ("--prometheus-ca-file", args.prometheus_ca_file),
+            ("--prometheus-insecure", args.prometheus_insecure),
+            ("-H", args.prometheus_header),
+        )
+        if value
+    ]
+    if not args.prometheus:
+        if given:
+            raise FlagError(
+                f"{', '.join(given)}: only with --prometheus (not through the API server's proxy)"
+            )
+        return None
+    headers: dict[str, str] = {}
+    for header in args.prometheus_header:
+        name, colon, value = header.partition(":")
+        if not colon or not name.strip():
+            raise FlagError(f"-H {header!r} is not 'NAME: VALUE'")
+        headers[name.strip()] = value.strip()
+    token = args.prometheus_token
+    if args.prometheus_token_file:
+        try:
+            token = Path(args.prometheus_token_file).read_text().strip()
+        except OSError as exc:
+            raise FlagError(f"--prometheus-token-file {args.prometheus_token_file}: {exc.strerror}") from None
+    user = password = None
+    if args.prometheus_basic_auth:
+        user, colon, password = args.prometheus_basic_auth.partition(":")
+        if not colon:
+            raise FlagError("--prometheus-basic-auth is USER:PASSWORD")
+    if (token or user) and any(name.lower() == "authorization" for name in headers):
+        raise FlagError("-H 'Authorization: ...' and a token or basic auth: give one")
+    return PrometheusEndpoint(
+        args.prometheus,
+        token=token,
+        username=user,
+        password=password,
+        ca_file=args.prometheus_ca_file,
+        insecure=args.prometheus_insecure,
+        headers=headers,
+    )
+
+
+async def _report(args: argparse.Namespace, window: str, endpoint: PrometheusEndpoint | None) -> str:
+    login = functools.partial(load_credentials, args.kubeconfig, args.context)
+    api = KubeApi(login) if args.prometheus_service or not args.no_findings else None
+    # Without --prometheus-service the API server is asked only for the findings: say how to do without.
+    skip = "" if args.prometheus_service else "; --no-findings skips the findings"
+    scope = {args.cluster_label: args.cluster} if args.cluster else {}
     try:
-        query = _direct(args.prometheus) if args.prometheus else _proxied(api, args.prometheus_service)
-        workloads = await workload_lines(query, window, args.namespace)
+        async with _prometheus(endpoint, api, args.prometheus_service) as query:
+            workloads = await workload_lines(query, window, args.namespace, scope)
+            if not workloads:
+                await _check_scraped(query, window, scope)
         findings: dict[WorkloadRef, list[Finding]] = {}
         if api is not None and not args.no_findings:
-            try:
-                findings = await workload_findings(api, args.namespace)
-            except (ApiError, Unresolved, kopf.LoginError) as exc:
-                print(f"gpuwarden report: findings not read ({exc}); the figures stand", file=sys.stderr)
+            findings = await workload_findings(api, args.namespace)
         label = {"1d": "day", "7d": "week"}.get(window, window)
         return render(build_report(label, workloads, findings, top=args.top), args.output)
+    except PrometheusError as exc:
+        hint = "; give credentials with --prometheus-token-file, --prometheus-basic-auth or -H"
+        raise ReportFailed(f"{exc}{hint if exc.status in (401, 403) else ''}") from None
+    except LoginError as exc:
+        raise ReportFailed(f"cannot log in to Kubernetes: {exc}{skip}") from None
+    except ApiError as exc:
+        assert api is not None
+        raise ReportFailed(_api_failure(api, exc) + skip) from None
+    except Unresolved as exc:
+        assert api is not None
+        raise ReportFailed(f"the API server at {api.credentials.server}: {exc}{skip}") from None
     finally:
         if api is not None:
             await api.close()
 
 
-def _direct(url: str) -> Query:
-    async def query(promql: str) -> Mapping[str, Any]:
-        try:
-            async with (
-                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
-                session.get(url.rstrip("/") + "/api/v1/query", params={"query": promql}) as rsp,
-            ):
-                answer: Mapping[str, Any] = await rsp.json(content_type=None)
-                return answer
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            raise ReportFailed(f"Prometheus at {url}: {exc!r}") from None
-
-    return query
+def _api_failure(api: KubeApi, exc: ApiError) -> str:
+    """What went wrong with the API server, in one line."""
+    where = f"the API server at {api.credentials.server}"
+    if exc.status == 0:
+        return f"{where}: {failure(exc.__cause__) if exc.__cause__ else exc.message}"
+    if exc.status == 401:
+        return f"{where} refused the credentials of {api.credentials.source} (401 Unauthorized)"
+    return f"{where}: {exc.status}: {exc.message}"
 
 
-def _proxied(api: KubeApi | None, service: str) -> Query:
+@asynccontextmanager
+async def _prometheus(
+    endpoint: PrometheusEndpoint | None, api: KubeApi | None, service: str | None
+) -> AsyncIterator[Query]:
+    if endpoint is not None:
+        async with PrometheusClient(endpoint) as client:
+            yield client.query
+    else:
+        assert api is not None
+        assert service is not None
+        yield _proxied(api, service)
+
+
+def _proxied(api: KubeApi, service: str) -> Query:
     match = SERVICE.match(service)
-    if api is None or match is None:
+    if match is None:
         raise ReportFailed(f"--prometheus-service {service!r} is not NAMESPACE/NAME:PORT")
-    client = api
     path = f"/api/v1/namespaces/{match['ns']}/services/{match['name']}:{match['port']}/proxy/api/v1/query"
 
     async def query(promql: str) -> Mapping[str, Any]:
         try:
-            return await client.request("GET", path, params={"query": promql})
+            return await api.request("GET", path, params={"query": promql})
         except ApiError as exc:
+            if exc.status in (0, 401):
+                raise  # the API server's, not Prometheus's
             raise ReportFailed(f"Prometheus through {service}: {exc}") from None
 
     return query
 
 
-async def workload_lines(query: Query, window: str, namespace: str = "") -> dict[WorkloadRef, Line]:
-    """Each workload's GPU-hours over ``window`` (and idle cost, where a price is set)."""
-    selector = f'{{namespace="{namespace}"}}' if namespace else ""
+def _selector(labels: Mapping[str, str]) -> str:
+    """A PromQL selector matching ``labels`` exactly (empty values left out)."""
+    matchers = [f"{name}={json.dumps(value)}" for name, value in labels.items() if value]
+    return "{" + ",".join(matchers) + "}" if matchers else ""
+
+
+async def _check_scraped(query: Query, window: str, scope: Mapping[str, str]) -> None:
+    """Raise :class:`ReportFailed` when Prometheus keeps no accounting series at all over ``window``
+    (in ``scope``), so that no report reads as zero GPU-hours."""
+    promql = f"count(count_over_time({METRICS['allocated']}{_selector(scope)}[{window}]))"
+    answer = await query(promql)
+    if answer.get("status") == "success" and not answer.get("data", {}).get("result"):
+        where = f" with {_selector(scope)}" if scope else ""
+        raise ReportFailed(f"no gpuwarden series{where} in the last {window}: is the operator scraped?")
+
+
+async def workload_lines(
+    query: Query, window: str, namespace: str = "", scope: Mapping[str, str] | None = None
+) -> dict[WorkloadRef, Line]:
+    """Each workload's GPU-hours over ``window`` (and idle cost, where a price is set); ``scope`` is
+    more labels to match (the cluster's)."""
+    selector = _selector({"namespace": namespace, **(scope or {})})
     lines: dict[WorkloadRef, Line] = {}
     for field, metric in METRICS.items():
         promql = f"sum by (namespace, workload_kind, workload) (increase({metric}{selector}[{window}]))"

@@ -5,24 +5,21 @@ TokenReviews (to authenticate agents), status writes from a long-running daemon
 (Kopf applies a daemon's ``patch`` only when the daemon function returns), its
 Events (posted under names of their own: :mod:`.events`), its own pod's label,
 reads of the peering object, and in sharded mode the replicas' Leases. Those go through this
-client, which shares the credentials Kopf would use: in-cluster ServiceAccount
-first, else ``$KUBECONFIG`` (see :func:`kopf.login_with_service_account` and
-:func:`kopf.login_with_kubeconfig`).
+client, which logs in as Kopf's fallback login does: in-cluster ServiceAccount first, else the
+kubeconfig (:func:`connection_info`); ``gpuwarden report`` gives it the user's kubeconfig context.
 """
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import json
-import os
 import ssl
-import tempfile
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
-import kopf
+
+from gpuwarden.clients import Credentials, failure, load_credentials, tls_context
 
 __all__ = ["ApiError", "KubeApi", "connection_info"]
 
@@ -38,77 +35,58 @@ class ApiError(Exception):
         self.message = message
 
 
-def connection_info() -> kopf.ConnectionInfo:
-    """The API server and credentials, the same way Kopf's own fallback login finds them."""
-    settings = kopf.OperatorSettings()
-    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(settings=settings)
-    if info is None:
-        raise kopf.LoginError(
-            "no in-cluster ServiceAccount and no kubeconfig ($KUBECONFIG or ~/.kube/config)"
-        )
-    return info
+def connection_info() -> Credentials:
+    """The API server and credentials: the pod's ServiceAccount, else the kubeconfig (``$KUBECONFIG``
+    or ``~/.kube/config``); a :class:`~gpuwarden.clients.LoginError` when neither is there."""
+    return load_credentials(in_cluster_first=True)
 
 
-def _pem(data: str | bytes) -> bytes:
-    """Kubeconfig ``*-data`` fields are base64 of PEM; accept raw PEM too."""
-    raw = data.encode() if isinstance(data, str) else data
-    return raw if raw.lstrip().startswith(b"-----BEGIN") else base64.b64decode(raw)
-
-
-@contextlib.contextmanager
-def _as_file(path: Any, data: str | bytes | None) -> Iterator[str | None]:
-    """A file path for a PEM given either as a path or as data (ssl only loads files)."""
-    if data is None:
-        yield os.fsdecode(path) if path else None
-        return
-    with tempfile.NamedTemporaryFile("wb", suffix=".pem") as f:
-        f.write(_pem(data))
-        f.flush()
-        yield f.name
-
-
-def _ssl_context(info: kopf.ConnectionInfo) -> ssl.SSLContext | bool:
-    if not info.server.startswith("https:"):
-        return False
-    if info.insecure:
-        ctx = ssl.create_default_context()
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    elif info.ca_data:
-        ctx = ssl.create_default_context(cadata=_pem(info.ca_data).decode())
-    elif info.ca_path:
-        ctx = ssl.create_default_context(cafile=os.fsdecode(info.ca_path))
-    else:
-        ctx = ssl.create_default_context()
-    if info.certificate_path or info.certificate_data:
-        with (
-            _as_file(info.certificate_path, info.certificate_data) as cert,
-            _as_file(info.private_key_path, info.private_key_data) as key,
-        ):
-            assert cert is not None
-            ctx.load_cert_chain(cert, key)
-    return ctx
+def _tls(info: Credentials) -> ssl.SSLContext:
+    return tls_context(
+        ca_file=info.ca_file,
+        ca_data=info.ca_data,
+        insecure=info.insecure,
+        cert_file=info.cert_file,
+        cert_data=info.cert_data,
+        key_file=info.key_file,
+        key_data=info.key_data,
+    )
 
 
 class KubeApi:
-    """JSON requests to one API server; re-reads credentials once on 401 (rotated projected tokens)."""
+    """JSON requests to one API server.
 
-    def __init__(self, info: kopf.ConnectionInfo | None = None, *, timeout: float = 10.0) -> None:
-        self._info = info
-        self._owns_info = info is None  # only credentials we looked up can be looked up again
+    Given :class:`~gpuwarden.clients.Credentials`, it uses them as they are. Given a login (a callable
+    that returns them; :func:`connection_info` by default), it logs in at its first request, and again
+    on a 401 (a rotated projected token) and once they expire (an exec plugin's token).
+    """
+
+    def __init__(
+        self, login: Credentials | Callable[[], Credentials] = connection_info, *, timeout: float = 10.0
+    ) -> None:
+        self._login = None if isinstance(login, Credentials) else login
+        self._info = login if isinstance(login, Credentials) else None
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
 
+    @property
+    def credentials(self) -> Credentials:
+        """The credentials in use (logging in first if it has not yet). An exec plugin blocks the
+        event loop while it runs: once per credential, and in the operator only out of a cluster."""
+        if self._info is None:
+            assert self._login is not None
+            self._info = self._login()
+        return self._info
+
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
-            if self._info is None:
-                self._info = connection_info()
+            info = self.credentials
+            tls = _tls(info) if info.server.startswith("https:") else False
             self._session = aiohttp.ClientSession(
-                base_url=self._info.server.rstrip("/") + "/",
-                headers=self._info.as_http_headers(),
-                connector=aiohttp.TCPConnector(ssl=_ssl_context(self._info), limit=32),
+                base_url=info.server.rstrip("/") + "/",
+                headers=info.headers(),
+                connector=aiohttp.TCPConnector(ssl=tls, limit=32),
                 timeout=self._timeout,
-                trust_env=self._info.trust_env,
             )
         return self._session
 
@@ -128,6 +106,8 @@ class KubeApi:
         content_type: str = "application/json",
     ) -> JsonObject:
         """Send one request; return the decoded JSON object or raise :class:`ApiError`."""
+        if self._login is not None and self._info is not None and self._info.expired(time.time()):
+            await self._reload()
         for attempt in (1, 2):
             session = self._open()
             data = None if body is None else json.dumps(body)
@@ -138,21 +118,22 @@ class KubeApi:
                     data=data,
                     params=params,
                     headers={"Content-Type": content_type, "Accept": "application/json"},
+                    server_hostname=self.credentials.tls_server_name,
                 ) as rsp:
                     text = await rsp.text()
-                    if rsp.status == 401 and attempt == 1 and self._owns_info:
+                    if rsp.status == 401 and attempt == 1 and self._login is not None:
                         await self._reload()
                         continue
                     if rsp.status >= 400:
                         raise ApiError(rsp.status, _status_message(text) or rsp.reason or "error")
                     return json.loads(text) if text else {}
             except (aiohttp.ClientError, TimeoutError) as exc:
-                raise ApiError(0, f"{method} {path}: {exc!r}") from exc
+                raise ApiError(0, f"{method} {path}: {failure(exc)}") from exc
         raise ApiError(401, "unauthorized after re-reading credentials")
 
     async def _reload(self) -> None:
         await self.close()
-        self._info = connection_info()
+        self._info = None
 
     # -- the calls the operator makes --
 
