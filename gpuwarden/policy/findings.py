@@ -213,13 +213,12 @@ class FindingTracker:
             if now - state.data_at >= self.no_data_seconds:
                 del self._active[key]
                 return FindingTransition(Transition.RESOLVED, state.finding, now, Resolution.NO_DATA)
-            kept = self._ongoing(state, state.finding, now)
+            ongoing = self._ongoing(state, state.finding, now)
             # Said with its age and why, never as if just judged (the finding itself stays as judged).
             why = f": {outcome.note}" if outcome.note else ""
-            stale = (
-                f"{kept.finding.message}; not judged for {format_duration(round(now - state.data_at))}{why}"
-            )
-            return dataclasses.replace(kept, finding=dataclasses.replace(kept.finding, message=stale))
+            age = format_duration(round(now - state.data_at))
+            stale = f"{ongoing.finding.message}; not judged for {age}{why}"
+            return dataclasses.replace(ongoing, finding=dataclasses.replace(ongoing.finding, message=stale))
 
         current = state.finding.reason
         state.data_at = now
