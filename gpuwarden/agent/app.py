@@ -22,7 +22,6 @@ from gpuwarden.agent.attribution import (
     ResourceSlices,
     ResourceSlicesError,
     SlicesState,
-    nvml_minor_numbers,
 )
 from gpuwarden.agent.backend import DeviceBackend
 from gpuwarden.agent.config import AgentConfig
@@ -36,6 +35,7 @@ from gpuwarden.agent.metrics import (
     ScrapeMetrics,
     build_registry,
 )
+from gpuwarden.agent.nvml import nvml_mig_devices, nvml_minor_numbers
 from gpuwarden.agent.scrape import ListedPod, Scraper
 from gpuwarden.agent.sender import ReportSender
 from gpuwarden.agent.snapshots import Attributor, Sampler, SnapshotRing
@@ -99,8 +99,9 @@ def _dra(config: AgentConfig, closer: _Closer, metrics: DraMetrics) -> DraResolv
     closer.slices = ResourceSlices.in_cluster(config.node) if config.dra_resource_slices else None
     return DraResolver(
         closer.slices,
-        # Minor numbers are the real GPUs'; a scripted backend has none to offer.
+        # Minor numbers and MIG placements are the real GPUs'; a scripted backend has none to offer.
         minor_numbers=nvml_minor_numbers if config.backend == "nvml" else None,
+        mig_devices=nvml_mig_devices if config.backend == "nvml" else None,
         on_unresolved=metrics.count_unresolved,
     )
 

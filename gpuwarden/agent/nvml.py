@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -612,3 +613,77 @@ class NvmlBackend:
             # Several samples of one PID in the window: their mean is the window's utilization.
             out[gpu.uuid] = {pid: min(100.0, sum(v) / len(v)) for pid, v in sums.items()}
         return out
+
+
+# -- DRA device names ----------------------------------------------------------------------------
+# NVIDIA's DRA driver names a GPU by its minor number and a dynamic MIG device by its parent's minor,
+# its GPU instance profile and placement; these read both the way the driver does. They run on the
+# event loop between the backend's open and close (NVML is initialised) and only for names that the
+# ResourceSlices do not resolve. NVML's failures leave entries out rather than raise: the devices are
+# then counted unresolved, and the other GPUs' claims still resolve.
+
+
+def nvml_minor_numbers(nvml: Any = None) -> dict[int, str]:
+    """Every GPU's minor number (``/dev/nvidia<minor>``) → UUID."""
+    nvml = nvml or _pynvml()
+    found: dict[int, str] = {}
+    try:
+        count = nvml.nvmlDeviceGetCount()
+    except nvml.NVMLError as e:
+        log.warning("NVML cannot count GPUs for DRA device names (%s)", e)
+        return found
+    for index in range(count):
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+            minor = int(nvml.nvmlDeviceGetMinorNumber(handle))
+        except nvml.NVMLError as e:
+            log.warning("NVML cannot read GPU %d's minor number for DRA device names (%s)", index, e)
+            continue
+        found[minor] = uuid
+    return found
+
+
+def nvml_mig_devices(
+    wanted: Collection[tuple[int, int, int]], nvml: Any = None
+) -> dict[tuple[int, int, int], str]:
+    """The MIG UUIDs of the (parent minor, GPU instance profile ID, placement start) asked for that exist.
+
+    Each parent's MIG devices are walked once: a MIG device's GPU instance ID, that instance's
+    profile ID and placement (``nvmlGpuInstanceGetInfo``), then its UUID. Reading a GPU instance needs
+    the MIG monitor capability (``/proc/driver/nvidia/capabilities/mig/monitor``) inside a container.
+    """
+    nvml = nvml or _pynvml()
+    found: dict[tuple[int, int, int], str] = {}
+    parents = {minor for minor, _, _ in wanted}
+    for minor, uuid in nvml_minor_numbers(nvml).items():
+        if minor not in parents:
+            continue
+        try:
+            parent = nvml.nvmlDeviceGetHandleByUUID(uuid)
+            current, _pending = nvml.nvmlDeviceGetMigMode(parent)
+            enabled = current == nvml.NVML_DEVICE_MIG_ENABLE
+            slots = int(nvml.nvmlDeviceGetMaxMigDeviceCount(parent)) if enabled else 0
+        except nvml.NVMLError as e:
+            log.warning("NVML cannot read GPU %s's MIG mode for DRA device names (%s)", uuid, e)
+            continue
+        for slot in range(slots):
+            try:
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, slot)
+            except nvml.NVMLError:
+                continue  # an empty slot
+            try:
+                instance = nvml.nvmlDeviceGetGpuInstanceById(parent, nvml.nvmlDeviceGetGpuInstanceId(mig))
+                info = nvml.nvmlGpuInstanceGetInfo(instance)
+                placement = (minor, int(info.profileId), int(info.placement.start))
+                if placement in wanted:
+                    found[placement] = _text(nvml.nvmlDeviceGetUUID(mig))
+            except nvml.NVMLError as e:
+                log.warning("NVML cannot read a MIG device of GPU %s for DRA device names (%s)", uuid, e)
+    return found
+
+
+def _pynvml() -> Any:
+    import pynvml
+
+    return pynvml

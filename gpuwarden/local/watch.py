@@ -18,10 +18,15 @@ Host processes have no namespace and no labels, so every policy in the file judg
 every process: selectors and namespaces are set aside, and so are scale actions (there
 is no Deployment to scale); ``watch`` says so when it starts.
 
+Judging an inference server's metrics needs no GPU on the machine that judges: with
+``--service-metrics`` and no GPU NVML can read, watch says so and judges the servers alone
+(:class:`NoGpus`, which reads nothing). Without ``--service-metrics`` there would be nothing to watch.
+
 Exit codes: 0 stopped by ``--duration``, the end of a scenario, SIGINT or SIGTERM;
 1 the sampling loop died or ``--listen`` cannot be bound; 2 bad flags, an unreadable
-policy or scenario file; 3 (:data:`EXIT_NO_GPU`) NVML cannot start: no NVIDIA driver,
-or no GPU. There is never a silent fallback to a scenario.
+policy or scenario file; 3 (:data:`EXIT_NO_GPU`) NVML cannot start (no NVIDIA driver,
+or no GPU) and there is no ``--service-metrics`` to judge. There is never a silent fallback
+to a scenario.
 """
 
 from __future__ import annotations
@@ -68,7 +73,7 @@ from gpuwarden.local.session import Session, SubjectKind, processes_in
 from gpuwarden.policy import RULE_TYPES, PodView, SpecError, service_metric_names
 from gpuwarden.sim.scenario import PACKAGED, Scenario, ScenarioError, load_scenario
 from gpuwarden.units import format_duration
-from gpuwarden.wire.node import Snapshot
+from gpuwarden.wire.node import GpuSample, ProcessUtilization, Snapshot
 
 log = logging.getLogger("gpuwarden.watch")
 
@@ -232,6 +237,28 @@ def _set_aside(policies: list[LocalPolicy], service_urls: Sequence[str]) -> list
     return notes
 
 
+class NoGpus:
+    """The backend of a watch that judges only inference servers: no GPU to read on this machine."""
+
+    name = "none"
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        """Why the GPUs could not be read (NVML's error), to say at the start."""
+
+    def open(self) -> None:
+        pass
+
+    def sample_devices(self, now: float) -> list[GpuSample]:
+        return []
+
+    def sample_process_utilization(self, now: float) -> ProcessUtilization:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
 def run(args: argparse.Namespace) -> int:
     """Watch until stopped; the process's exit code."""
     logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -252,14 +279,18 @@ def run(args: argparse.Namespace) -> int:
     try:
         backend.open()
     except BackendError as exc:
-        print(
-            f"gpuwarden watch: cannot read this host's GPUs: {exc}\n"
-            "  watch reads NVIDIA GPUs through the driver's NVML library, and found none to read.\n"
-            "  To watch a scripted scenario instead, say so: --scenario FILE (e.g. --scenario demo),\n"
-            "  or play the demo: gpuwarden demo.",
-            file=sys.stderr,
-        )
-        return EXIT_NO_GPU
+        if config.service_urls and config.scenario is None:
+            backend = NoGpus(str(exc))
+        else:
+            print(
+                f"gpuwarden watch: cannot read this host's GPUs: {exc}\n"
+                "  watch reads NVIDIA GPUs through the driver's NVML library, and found none to read.\n"
+                "  To judge an inference server's metrics alone: --service-metrics URL.\n"
+                "  To watch a scripted scenario instead, say so: --scenario FILE (e.g. --scenario demo),\n"
+                "  or play the demo: gpuwarden demo.",
+                file=sys.stderr,
+            )
+            return EXIT_NO_GPU
     try:
         return asyncio.run(watch(config, backend, clock))
     except KeyboardInterrupt:  # before watch's own handler was in place: a normal stop
@@ -404,6 +435,10 @@ async def _serve_until_stopped(
     """Serve /metrics, sample (and scrape) until ``stop``; an exit code if the server could not start."""
     for note in config.notes:
         display.note(f"note: {note}")
+    if isinstance(sampler.backend, NoGpus):
+        display.note(
+            f"note: no GPU to read here ({sampler.backend.reason}); judging only the service metrics"
+        )
     try:
         runner, addresses = await start_server(registry, ring, config.host, config.port)
     except OSError as exc:

@@ -15,6 +15,14 @@ A finding is keyed by (rule, namespace, pod). Its lifecycle, one evaluation at a
   the policy, the rule snoozed on the pod, or no data came for
   ``no_data_seconds`` → ``RESOLVED`` with that cause.
 
+A rule with a ``for`` (the kinds whose record has a ``hold``) starts its finding only after it held
+at every evaluation that had something to judge for that long. An evaluation with nothing to judge
+(a failed or missed scrape, a node's report late) does not restart that clock by itself: the clock
+survives gaps of up to :data:`HOLD_GAP_SECONDS`, as Prometheus's ``for`` survives a missed scrape within
+its lookback; a longer gap, or a value that does not hold, restarts it. While a finding is active, an
+evaluation with nothing to judge keeps it as it was, and what it announces (a reminder) says how old
+its figure is and why (the outcome's ``note``).
+
 Between the threshold and the clear margin nothing changes, so a value
 hovering at the threshold yields one ``STARTED`` and no flapping. States are
 plain values; :meth:`FindingTracker.restore` seeds them after a restart so that
@@ -31,6 +39,12 @@ from typing import NamedTuple
 
 from gpuwarden.policy.rules import rule_type
 from gpuwarden.policy.rules.common import Outcome, RuleKind
+from gpuwarden.units import format_duration
+
+HOLD_GAP_SECONDS = 60.0
+"""How long a ``for`` clock survives evaluations with nothing to judge: three missed scrapes at the
+default 15 s ``serviceMetrics`` interval, with one to spare; a server whose ``/metrics`` times out now
+and then is still judged."""
 
 
 class Transition(enum.StrEnum):
@@ -160,7 +174,8 @@ class FindingTracker:
         self.renotify_seconds = renotify_seconds
         self.no_data_seconds = no_data_seconds
         self._active: dict[FindingKey, FindingState] = {}
-        self._pending: dict[FindingKey, float] = {}
+        self._pending: dict[FindingKey, tuple[float, float]] = {}
+        """A ``for`` clock: since when the rule held, and when it last had something to judge."""
 
     def observe(
         self, outcome: Outcome, now: float, for_seconds: float = 0.0, *, key: FindingKey | None = None
@@ -177,10 +192,15 @@ class FindingTracker:
         state = self._active.get(key)
         if state is None:
             if not outcome.holds:
+                clock = self._pending.get(key) if outcome.value is None else None
+                if clock is not None and now - clock[1] <= HOLD_GAP_SECONDS:
+                    return None  # nothing to judge: the clock goes on (the module doc)
                 self._pending.pop(key, None)
                 return None
             if for_seconds > 0:
-                since = self._pending.setdefault(key, now)
+                clock = self._pending.get(key)
+                since = now if clock is None else clock[0]
+                self._pending[key] = (since, now)
                 if now - since < for_seconds:
                     return None
             self._pending.pop(key, None)
@@ -193,7 +213,12 @@ class FindingTracker:
             if now - state.data_at >= self.no_data_seconds:
                 del self._active[key]
                 return FindingTransition(Transition.RESOLVED, state.finding, now, Resolution.NO_DATA)
-            return self._ongoing(state, state.finding, now)
+            ongoing = self._ongoing(state, state.finding, now)
+            # Said with its age and why, never as if just judged (the finding itself stays as judged).
+            why = f": {outcome.note}" if outcome.note else ""
+            age = format_duration(round(now - state.data_at))
+            stale = f"{ongoing.finding.message}; not judged for {age}{why}"
+            return dataclasses.replace(ongoing, finding=dataclasses.replace(ongoing.finding, message=stale))
 
         current = state.finding.reason
         state.data_at = now

@@ -379,7 +379,13 @@ def test_the_chart_agent_attributes_claimed_gpus_and_counts_the_unresolvable(ins
     unresolved = {
         labels["reason"]: v for labels, v in metrics["gpuwarden_agent_dra_unresolved_devices_total"]
     }
-    assert unresolved == {"slices_unavailable": 0.0, "unknown_device": 0.0, "no_uuid": 1.0}  # the stray pod's
+    # the stray pod's
+    assert unresolved == {
+        "slices_unavailable": 0.0,
+        "unknown_device": 0.0,
+        "no_uuid": 1.0,
+        "mig_not_found": 0.0,
+    }
     log = installed.cp.kubectl("logs", "-n", SYSTEM, "-l", "app.kubernetes.io/component=agent").stdout
     assert f"DRA device {DRIVER}/{NODE_NAME}/{NO_UUID_DEVICE} cannot be resolved" in log
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection, Mapping
 from typing import Any
 
 import pytest
@@ -17,15 +17,17 @@ from gpuwarden.agent.attribution import (
     DraDevice,
     DraGpu,
     DraResolver,
+    MigPlacement,
     PodAttributor,
     PodResourcesState,
     ResourceSlices,
     SlicesState,
     UnresolvedReason,
-    devices_of,
-    nvml_minor_numbers,
+    mig_placement,
+    published_devices,
 )
 from gpuwarden.agent.attribution.dra import RESOURCE_SLICES_PATH, ResourceSlicesError
+from gpuwarden.agent.nvml import nvml_minor_numbers
 from gpuwarden.wire.node import GpuSample, PodRef, ProcessSample, Snapshot
 
 NVIDIA = "gpu.nvidia.com"
@@ -58,36 +60,44 @@ def dra(name: str) -> DraDevice:
 
 
 def test_devices_carry_their_uuid_and_a_mig_device_its_parent() -> None:
-    found = devices_of(
+    found = published_devices(
         [
             slice_(
                 "s",
                 [
                     device("gpu-0", uuid=GPU0),
-                    device("gpu-0-mig-1g.18gb-19-0", uuid=MIG0, parentUUID=GPU0),
+                    device("gpu-0-mig-1g18gb-19-0", uuid=MIG0, parentUUID=GPU0),
                     device("gpu-1", **{f"{NVIDIA}/uuid": GPU1}),  # a qualified name is the same attribute
-                    device("gpu-1-mig-1g.18gb-19-1"),  # dynamic MIG: no uuid until prepared
+                    device("gpu-1-mig-1g18gb-19-1"),  # dynamic MIG: no uuid until prepared
                 ],
             )
         ]
     )
     assert found == {
         dra("gpu-0"): DraGpu(GPU0),
-        dra("gpu-0-mig-1g.18gb-19-0"): DraGpu(MIG0, parent_uuid=GPU0),
+        dra("gpu-0-mig-1g18gb-19-0"): DraGpu(MIG0, parent_uuid=GPU0),
         dra("gpu-1"): DraGpu(GPU1),
-        dra("gpu-1-mig-1g.18gb-19-1"): None,
+        dra("gpu-1-mig-1g18gb-19-1"): None,
     }
 
 
-def test_only_the_newest_complete_generation_of_a_pool_counts() -> None:
-    old = slice_("old", [device("gpu-0", uuid="GPU-old")], generation=1)
-    # generation 2 is published as two slices; while only one is there, generation 1 stands
-    new_a = slice_("new-a", [device("gpu-0", uuid=GPU0)], generation=2, count=2)
-    new_b = slice_("new-b", [device("gpu-1", uuid=GPU1)], generation=2, count=2)
+def test_a_generation_bump_one_slice_at_a_time_never_drops_the_known_devices() -> None:
+    # NVIDIA's driver rewrites a two-slice pool in place, one slice at a time: for a while neither
+    # generation is complete, and every device must stay known, the newer generation's entry winning
+    a1 = slice_("a", [device("gpu-0", uuid="GPU-old"), device("gpu-1", uuid=GPU1)], generation=1, count=2)
+    b1 = slice_("b", [device("gpu-2", uuid="GPU-2")], generation=1, count=2)
+    a2 = slice_("a", [device("gpu-0", uuid=GPU0), device("gpu-1", uuid=GPU1)], generation=2, count=2)
+    b2 = slice_("b", [device("gpu-2", uuid="GPU-2")], generation=2, count=2)
 
-    assert devices_of([old, new_a]) == {dra("gpu-0"): DraGpu("GPU-old")}
-    assert devices_of([old, new_a, new_b]) == {dra("gpu-0"): DraGpu(GPU0), dra("gpu-1"): DraGpu(GPU1)}
-    assert devices_of([new_a]) == {}  # nothing complete yet
+    everything = {dra("gpu-0"): DraGpu(GPU0), dra("gpu-1"): DraGpu(GPU1), dra("gpu-2"): DraGpu("GPU-2")}
+    assert published_devices([a1, b1]) == {**everything, dra("gpu-0"): DraGpu("GPU-old")}
+    assert published_devices([a2, b1]) == everything  # mid-bump: nothing complete, nothing lost
+    assert published_devices([b1, a2]) == everything  # whatever order the watch keeps them in
+    assert published_devices([a2, b2]) == everything
+    # a driver that publishes the new generation beside the old one: the newer entry wins either way
+    new_a = slice_("new-a", [device("gpu-0", uuid=GPU0)], generation=3, count=2)
+    assert published_devices([a2, b2, new_a])[dra("gpu-0")] == DraGpu(GPU0)
+    assert published_devices([new_a, a1])[dra("gpu-0")] == DraGpu(GPU0)
 
 
 class Slices(ResourceSlices):
@@ -119,14 +129,14 @@ def test_slices_first_then_names_through_minor_numbers_else_counted() -> None:
             ("gpu-0", (holder("a"),)),
             ("gpu-1", (holder("b"),)),  # not in the slices: its name gives minor 1
             ("gpu-2", (holder("c"),)),  # published without a uuid; minor 2 unknown to NVML
-            ("gpu-1-mig-1g.18gb-19-0", (holder("d"),)),  # a MIG name does not name its UUID
+            ("gpu-1-mig-1g18gb-19-0", (holder("d"),)),  # a MIG name does not name its UUID
         )
     )
 
     assert resolved.devices == {GPU0: (holder("a"),), GPU1: (holder("b"),)}
     assert resolver.unresolved == {
         dra("gpu-2"): UnresolvedReason.NO_UUID,
-        dra("gpu-1-mig-1g.18gb-19-0"): UnresolvedReason.UNKNOWN_DEVICE,
+        dra("gpu-1-mig-1g18gb-19-0"): UnresolvedReason.UNKNOWN_DEVICE,
     }
     assert sorted(counted) == sorted([UnresolvedReason.NO_UUID, UnresolvedReason.UNKNOWN_DEVICE])
 
@@ -156,6 +166,57 @@ def test_an_unresolved_device_is_counted_and_logged_once_and_again_after_it_reso
     slices.devices = {}
     resolver.resolve(allocations)
     assert counted[2:] == [UnresolvedReason.UNKNOWN_DEVICE]
+
+
+def test_dynamic_mig_names_resolve_through_their_placement_in_nvml() -> None:
+    counted: list[UnresolvedReason] = []
+    asked: list[set[MigPlacement]] = []
+    # the driver publishes a dynamic MIG device with parentUUID and profile but no uuid, and never again
+    slices = Slices({dra("gpu-1-mig-1g18gb-19-2"): None, dra("gpu-1-mig-1g18gb-19-3"): None})
+
+    def mig_devices(wanted: Collection[MigPlacement]) -> Mapping[tuple[int, int, int], str]:
+        asked.append(set(wanted))
+        return {(1, 19, 2): MIG0}  # placement 3 is not created (yet)
+
+    resolver = DraResolver(slices, mig_devices=mig_devices, on_unresolved=counted.append)
+    resolved = resolver.resolve(
+        claimed(
+            ("gpu-1-mig-1g18gb-19-2", (holder("a"),)),
+            ("gpu-1-mig-1g18gb-19-3", (holder("b"),)),
+            ("gpu-0", (holder("c"),)),  # not published; no minor numbers to go by here
+        )
+    )
+
+    assert resolved.devices == {MIG0: (holder("a"),)}
+    assert asked == [{MigPlacement(1, 19, 2), MigPlacement(1, 19, 3)}]  # one NVML walk for all of them
+    assert resolver.unresolved == {
+        dra("gpu-1-mig-1g18gb-19-3"): UnresolvedReason.MIG_NOT_FOUND,
+        dra("gpu-0"): UnresolvedReason.UNKNOWN_DEVICE,
+    }
+    assert sorted(counted) == sorted([UnresolvedReason.MIG_NOT_FOUND, UnresolvedReason.UNKNOWN_DEVICE])
+
+    # published devices that resolve from the slices never cost an NVML walk
+    published = Slices({dra("gpu-0-mig-1g18gb-19-0"): DraGpu(MIG0, parent_uuid=GPU0)})
+    resolver = DraResolver(published, mig_devices=mig_devices)
+    assert resolver.resolve(claimed(("gpu-0-mig-1g18gb-19-0", (holder("a"),)))).devices == {
+        MIG0: (holder("a"),)
+    }
+    assert len(asked) == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "placement"),
+    [
+        ("gpu-0-mig-1g18gb-19-0", MigPlacement(0, 19, 0)),
+        ("gpu-7-mig-1g18gb-me-20-6", MigPlacement(7, 20, 6)),  # "1g.18gb+me": the profile's own dashes
+        ("gpu-12-mig-3g71gb-9-4", MigPlacement(12, 9, 4)),
+        ("gpu-0", None),
+        ("gpu-0-mig-a", None),
+        ("mig-0-gpu-1g18gb-19-0", None),
+    ],
+)
+def test_dynamic_mig_names_as_the_driver_writes_them(name: str, placement: MigPlacement | None) -> None:
+    assert mig_placement(name) == placement
 
 
 def test_other_drivers_are_not_resolved_by_name() -> None:

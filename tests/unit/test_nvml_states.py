@@ -7,6 +7,7 @@ The fake has pynvml's names and NVML's error codes (nvml.h).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from gpuwarden.agent.backend import BackendError
-from gpuwarden.agent.nvml import NvmlBackend
+from gpuwarden.agent.nvml import NvmlBackend, nvml_mig_devices, nvml_minor_numbers
 from gpuwarden.wire.node import DeviceState, GpuSample, merge_process_utilization
 
 SUCCESS = 0
@@ -66,6 +67,9 @@ class FakeDevice:
     mig_mode: int | None = None  # None: not MIG-capable
     migs: dict[int, FakeDevice] = field(default_factory=dict)
     gpu_instance_id: int = 0
+    minor: int = 0
+    gi_profile_id: int = 0
+    placement_start: int = 0
     gpm: bool = True
     gpm_values: dict[int, float] = field(default_factory=lambda: {2: 61.5, 3: 30.25, 5: 12.0, 10: 48.0})
     gpm_returns: dict[int, int] = field(default_factory=dict)
@@ -218,6 +222,21 @@ class FakeNvml:
 
     def nvmlDeviceGetGpuInstanceId(self, d: FakeDevice) -> int:
         return d.gpu_instance_id
+
+    def nvmlDeviceGetMinorNumber(self, d: FakeDevice) -> int:
+        self._call("nvmlDeviceGetMinorNumber", d)
+        return d.minor
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> FakeDevice:
+        return next(d for d in self.devices if d.uuid == uuid)
+
+    def nvmlDeviceGetGpuInstanceById(self, d: FakeDevice, gpu_instance_id: int) -> FakeDevice:
+        self._call("nvmlDeviceGetGpuInstanceById", d, gpu_instance_id)
+        return next(m for m in d.migs.values() if m.gpu_instance_id == gpu_instance_id)
+
+    def nvmlGpuInstanceGetInfo(self, instance: FakeDevice) -> Any:
+        placement = type("Placement", (), {"start": instance.placement_start, "size": 1})()
+        return type("Info", (), {"profileId": instance.gi_profile_id, "placement": placement})()
 
     def nvmlGpmQueryDeviceSupport(self, d: FakeDevice) -> Any:
         self._call("nvmlGpmQueryDeviceSupport", d)
@@ -547,3 +566,47 @@ def test_close_is_idempotent() -> None:
     backend.close()
     backend.close()
     assert fake.shut_down
+
+
+# -- DRA device names: minor numbers and dynamic MIG placements, as NVIDIA's DRA driver reads them ------
+
+
+def mig(uuid: str, *, instance: int, profile: int, start: int) -> FakeDevice:
+    return FakeDevice(uuid=uuid, gpu_instance_id=instance, gi_profile_id=profile, placement_start=start)
+
+
+def test_dynamic_mig_placements_are_read_as_the_driver_finds_them() -> None:
+    # GPU minor 1 holds two 1g MIG devices (GI profile 19) at placements 0 and 1, and a 2g (14) at 2
+    parent = gpu(
+        1,
+        minor=1,
+        mig_mode=1,
+        migs={
+            0: mig("MIG-a", instance=7, profile=19, start=0),
+            1: mig("MIG-b", instance=8, profile=19, start=1),
+            3: mig("MIG-c", instance=3, profile=14, start=2),
+        },
+    )
+    other = gpu(0, minor=0, mig_mode=0)
+    nvml = FakeNvml([other, parent])
+
+    assert nvml_minor_numbers(nvml) == {0: other.uuid, 1: parent.uuid}
+    found = nvml_mig_devices({(1, 19, 1), (1, 14, 2), (1, 19, 4), (0, 19, 0)}, nvml)
+
+    assert found == {
+        (1, 19, 1): "MIG-b",
+        (1, 14, 2): "MIG-c",
+    }  # no device at 19/4; minor 0 is not in MIG mode
+    assert nvml.count("nvmlDeviceGetMigDeviceHandleByIndex") == 7  # one walk of the one parent asked about
+
+
+def test_a_gpu_instance_nvml_will_not_read_leaves_that_device_out_and_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    parent = gpu(1, minor=1, mig_mode=1, migs={0: mig("MIG-a", instance=7, profile=19, start=0)})
+    parent.errors["nvmlDeviceGetGpuInstanceById"] = 4  # NVML_ERROR_NO_PERMISSION: no MIG monitor capability
+
+    with caplog.at_level(logging.WARNING):
+        assert nvml_mig_devices({(1, 19, 0)}, FakeNvml([parent])) == {}
+
+    assert "cannot read a MIG device" in caplog.text

@@ -6,10 +6,13 @@ from one to the other, tried in this order:
 
 - the node's ResourceSlices (``resource.k8s.io/v1`` only), watched with the field selector
   ``spec.nodeName=<node>``: a device's ``uuid`` attribute (``GPU-…`` or, for a static MIG
-  device, ``MIG-…``), from the newest complete generation of its pool only;
-- NVIDIA's naming convention (``gpu-<minor>``, a convention of its driver's code, not an API
-  contract), for the driver names given: the GPU with that minor number in NVML, without the
-  API server. A MIG device's name does not name its UUID, so MIG needs the ResourceSlices.
+  device, ``MIG-…``), the newest generation's where a pool is being republished;
+- NVIDIA's naming convention (a convention of its driver's code, not an API contract), for the
+  driver names given, through NVML without the API server: ``gpu-<minor>`` is the GPU with that
+  minor number; ``gpu-<minor>-mig-<profile>-<profile id>-<start>`` is a dynamic MIG device, which
+  the driver publishes with ``parentUUID`` and ``profile`` but no ``uuid`` (it exists only once a
+  claim is prepared, and its slice is never republished): the MIG device of that parent whose GPU
+  instance has that GPU-instance profile ID and placement start, as the driver itself finds it.
 
 A device that neither resolves is never dropped silently: it is counted (with a reason)
 and logged when it first fails, again when the reason changes, and again after it resolved
@@ -25,11 +28,10 @@ import logging
 import os
 import re
 import ssl
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 
@@ -45,6 +47,9 @@ NVIDIA_DRIVER = "gpu.nvidia.com"
 RESOURCE_SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
 
 _NVIDIA_GPU_NAME = re.compile(r"gpu-(\d+)")
+# gpu-<parent minor>-mig-<profile, dots dropped>-<GPU instance profile ID>-<placement start>: the name
+# NVIDIA's driver gives a dynamic MIG device (its MigSpecTuple's canonical name).
+_NVIDIA_MIG_NAME = re.compile(r"gpu-(\d+)-mig-(.+)-(\d+)-(\d+)")
 _UUID = "uuid"
 _PARENT_UUID = "parentUUID"
 # How long to wait before listing again after a failure, and after finding no resource.k8s.io/v1.
@@ -60,9 +65,12 @@ class UnresolvedReason(enum.StrEnum):
     SLICES_UNAVAILABLE = "slices_unavailable"
     """No ResourceSlices to read (no API access, not served, not listed yet) and no name to go by."""
     UNKNOWN_DEVICE = "unknown_device"
-    """The node's ResourceSlices have no such device in their pool's newest complete generation."""
+    """The node's ResourceSlices publish no such device."""
     NO_UUID = "no_uuid"
-    """The device is published without a ``uuid`` attribute (e.g. a dynamic MIG device)."""
+    """The device is published without a ``uuid`` attribute and its name gives none either."""
+    MIG_NOT_FOUND = "mig_not_found"
+    """A dynamic MIG device whose parent GPU has no MIG device at that profile and placement (not
+    created yet, or NVML cannot read the parent's GPU instances)."""
 
 
 @dataclass(frozen=True)
@@ -83,36 +91,29 @@ def _attribute(device: Mapping[str, Any], driver: str, name: str) -> str | None:
     return string if isinstance(string, str) and string else None
 
 
-def devices_of(slices: Iterable[Mapping[str, Any]]) -> dict[DraDevice, DraGpu | None]:
-    """Every device of the newest complete generation of each pool; None for one without a ``uuid``.
+def published_devices(slices: Iterable[Mapping[str, Any]]) -> dict[DraDevice, DraGpu | None]:
+    """Every device the slices publish; None for one without a ``uuid``.
 
-    A pool is published as ``resourceSliceCount`` slices of one ``generation``; while a driver
-    replaces a generation, slices of the old and the new one coexist, and a pool whose newest
-    generation is not all there yet is read from its newest complete one.
+    A pool is published as ``resourceSliceCount`` slices of one ``generation``. While a driver
+    moves a pool to a new generation, slices of both coexist: NVIDIA's driver rewrites a
+    multi-slice pool's slices in place, one at a time, so that for a while no generation is
+    complete. A device's UUID does not depend on the rest of its pool, so every device present is
+    kept, the entry of the newest generation that names it winning: a generation bump never makes
+    the known devices drop out (they did, 208 to 0 and back, when only a complete generation counted).
     """
-    by_generation: defaultdict[tuple[str, str], defaultdict[int, list[Mapping[str, Any]]]] = defaultdict(
-        lambda: defaultdict(list)
-    )
+    found: dict[DraDevice, DraGpu | None] = {}
+    generation_of: dict[DraDevice, int] = {}
     for item in slices:
         spec = item.get("spec") or {}
         pool = spec.get("pool") or {}
-        by_generation[(spec.get("driver", ""), pool.get("name", ""))][int(pool.get("generation", 0))].append(
-            spec
-        )
-    found: dict[DraDevice, DraGpu | None] = {}
-    for (driver, pool), generations in by_generation.items():
-        complete = [
-            g
-            for g, specs in generations.items()
-            if len(specs) >= max(int(s.get("pool", {}).get("resourceSliceCount", 1)) for s in specs)
-        ]
-        if not complete:
-            continue
-        for spec in generations[max(complete)]:
-            for device in spec.get("devices") or []:
-                uuid = _attribute(device, driver, _UUID)
-                gpu = DraGpu(uuid, _attribute(device, driver, _PARENT_UUID)) if uuid else None
-                found[DraDevice(driver, pool, device.get("name", ""))] = gpu
+        driver, generation = spec.get("driver", ""), int(pool.get("generation", 0))
+        for device in spec.get("devices") or []:
+            key = DraDevice(driver, pool.get("name", ""), device.get("name", ""))
+            if generation_of.get(key, generation) > generation:
+                continue
+            uuid = _attribute(device, driver, _UUID)
+            found[key] = DraGpu(uuid, _attribute(device, driver, _PARENT_UUID)) if uuid else None
+            generation_of[key] = generation
     return found
 
 
@@ -134,7 +135,7 @@ class ResourceSlicesError(RuntimeError):
 
 
 class ResourceSlices:
-    """This node's ResourceSlices, listed then watched (``spec.nodeName=<node>``), as :func:`devices_of`.
+    """This node's ResourceSlices, listed then watched (``spec.nodeName=<node>``): their devices.
 
     :meth:`run` keeps the watch going for good (start it as a task); :attr:`devices` is the
     last synced view. The token is re-read on every request because the kubelet rotates it.
@@ -205,7 +206,7 @@ class ResourceSlices:
             items = body.get("items") or []
             try:
                 slices = {item["metadata"]["name"]: item for item in items}
-                devices = devices_of(slices.values())
+                devices = published_devices(slices.values())
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 raise ResourceSlicesError(
                     SlicesState.ERROR, f"listing: unexpected answer: {type(exc).__name__}: {exc}"
@@ -261,7 +262,7 @@ class ResourceSlices:
         return version
 
     def _update(self) -> None:
-        self._set(devices_of(self._slices.values()))
+        self._set(published_devices(self._slices.values()))
 
     def _set(self, devices: Mapping[DraDevice, DraGpu | None]) -> None:
         self.devices = devices
@@ -326,11 +327,35 @@ MinorNumbers = Callable[[], Mapping[int, str]]
 """GPU minor number (``/dev/nvidia<minor>``) → GPU UUID, as NVML reports them."""
 
 
+class MigPlacement(NamedTuple):
+    """Where a dynamic MIG device sits: what NVIDIA's driver names it by, and finds it by in NVML."""
+
+    parent_minor: int
+    profile_id: int
+    """The GPU instance profile ID (``nvmlGpuInstanceInfo_t.profileId``; 19 is 1g on an H100/H200)."""
+    start: int
+    """The GPU instance's placement start (its first memory slice)."""
+
+
+MigDevices = Callable[[Collection[MigPlacement]], Mapping[tuple[int, int, int], str]]
+"""The MIG UUIDs of the placements asked for that exist now, as NVML reports them."""
+
+
+def mig_placement(name: str) -> MigPlacement | None:
+    """The placement a dynamic MIG device name of NVIDIA's driver carries, or None for another name."""
+    match = _NVIDIA_MIG_NAME.fullmatch(name)
+    if match is None:
+        return None
+    return MigPlacement(int(match.group(1)), int(match.group(3)), int(match.group(4)))
+
+
 class DraResolver:
     """Turns an answer's DRA devices into device keys (UUIDs) that attribution already knows.
 
     ``slices``: the node's ResourceSlices, or None without API access. ``minor_numbers``: NVML's
-    minor numbers, for the drivers in ``by_name`` (NVIDIA's ``gpu-<minor>`` names).
+    minor numbers, for the drivers in ``by_name`` (NVIDIA's ``gpu-<minor>`` names); ``mig_devices``:
+    NVML's MIG devices by placement, for their dynamic MIG names (read only for the names that the
+    slices do not resolve, so a node without dynamic MIG never pays for it).
     ``on_unresolved``: called with the reason whenever a device newly fails to resolve, or fails
     for another reason than at the last :meth:`resolve` (the counter).
     """
@@ -340,11 +365,13 @@ class DraResolver:
         slices: ResourceSlices | None,
         *,
         minor_numbers: MinorNumbers | None = None,
+        mig_devices: MigDevices | None = None,
         by_name: frozenset[str] = frozenset({NVIDIA_DRIVER}),
         on_unresolved: Callable[[UnresolvedReason], None] | None = None,
     ) -> None:
         self._slices = slices
         self._minor_numbers = minor_numbers
+        self._mig_devices = mig_devices
         self._by_name = by_name
         self._on_unresolved = on_unresolved
         self._unresolved: dict[DraDevice, UnresolvedReason] = {}
@@ -359,16 +386,38 @@ class DraResolver:
         if not allocations.claimed:
             self._unresolved = {}
             return allocations
-        minors: Mapping[int, str] | None = None
+        found: dict[DraDevice, str] = {}
+        reasons: dict[DraDevice, UnresolvedReason] = {}
+        by_minor: dict[DraDevice, int] = {}
+        by_placement: dict[DraDevice, MigPlacement] = {}
+        for device in allocations.claimed:
+            uuid, reason = self._from_slices(device)
+            if uuid is not None:
+                found[device] = uuid
+                continue
+            reasons[device] = reason
+            if device.driver not in self._by_name:
+                continue
+            if (placement := mig_placement(device.device)) is not None:
+                by_placement[device] = placement
+            elif (match := _NVIDIA_GPU_NAME.fullmatch(device.device)) is not None:
+                by_minor[device] = int(match.group(1))
+        if by_minor and self._minor_numbers is not None:
+            minors = self._minor_numbers()
+            found.update((d, minors[m]) for d, m in by_minor.items() if m in minors)
+        if by_placement and self._mig_devices is not None:
+            migs = self._mig_devices(set(by_placement.values()))
+            for device, placement in by_placement.items():
+                if placement in migs:
+                    found[device] = migs[placement]
+                else:
+                    reasons[device] = UnresolvedReason.MIG_NOT_FOUND
         extra: dict[str, tuple[PodRef, ...]] = {}
         unresolved: dict[DraDevice, UnresolvedReason] = {}
         for device, refs in allocations.claimed.items():
-            uuid, reason = self._from_slices(device)
-            if uuid is None and device.driver in self._by_name and self._minor_numbers is not None:
-                if minors is None:
-                    minors = self._minor_numbers()
-                uuid = _by_minor(device.device, minors)
+            uuid = found.get(device)
             if uuid is None:
+                reason = reasons[device]
                 unresolved[device] = reason
                 if self._unresolved.get(device) is not reason:
                     self._report(device, refs, reason)
@@ -390,34 +439,3 @@ class DraResolver:
         log.warning("DRA device %s cannot be resolved to a GPU (%s); held by %s", device, reason, holders)
         if self._on_unresolved is not None:
             self._on_unresolved(reason)
-
-
-def _by_minor(name: str, minors: Mapping[int, str]) -> str | None:
-    match = _NVIDIA_GPU_NAME.fullmatch(name)
-    return minors.get(int(match.group(1))) if match else None
-
-
-def nvml_minor_numbers() -> dict[int, str]:
-    """Every GPU's minor number → UUID, read from NVML (initialised by the agent's backend already).
-
-    A GPU NVML cannot read (lost, or NVML itself gone) is left out rather than raised: its devices
-    are then counted unresolved by the caller, and the other GPUs' claims still resolve.
-    """
-    import pynvml
-
-    found: dict[int, str] = {}
-    try:
-        count = pynvml.nvmlDeviceGetCount()
-    except pynvml.NVMLError as e:
-        log.warning("NVML cannot count GPUs for DRA device names (%s)", e)
-        return found
-    for index in range(count):
-        try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            uuid = pynvml.nvmlDeviceGetUUID(handle)
-            minor = int(pynvml.nvmlDeviceGetMinorNumber(handle))
-        except pynvml.NVMLError as e:
-            log.warning("NVML cannot read GPU %d's minor number for DRA device names (%s)", index, e)
-            continue
-        found[minor] = uuid if isinstance(uuid, str) else uuid.decode()
-    return found

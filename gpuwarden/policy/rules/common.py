@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import sub
 from typing import Any, Generic, NewType, Protocol, TypeAlias, TypeVar
 
@@ -321,7 +321,11 @@ def on_series(
 def on_services(
     evaluate: Callable[[_R, PodId, float, WindowParams, Services | None], Outcome],
 ) -> Judge[_R]:
-    """An evaluator that reads only the pods' own metrics, as a :data:`Judge` (no series, memo or health)."""
+    """An evaluator that reads only the pods' own metrics, as a :data:`Judge` (no series, memo or health).
+
+    An outcome with nothing to judge carries why in its ``note`` (a failed or stale scrape), which a
+    reminder of an active finding then says beside its last figure.
+    """
 
     def judge(
         rule: _R,
@@ -333,7 +337,10 @@ def on_services(
         health: HealthStore | None,
         services: Services | None,
     ) -> Outcome:
-        return evaluate(rule, pod, now, params, services)
+        outcome = evaluate(rule, pod, now, params, services)
+        if outcome.value is None and services is not None:
+            return replace(outcome, note=services.store.unjudged(pod, now, params.stale_after_seconds))
+        return outcome
 
     return judge
 

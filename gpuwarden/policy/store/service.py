@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpuwarden.policy.store.series import PodId
+from gpuwarden.units import format_duration
 
 __all__ = [
     "MAX_SCRAPES",
@@ -187,19 +188,26 @@ class ServiceStore:
 
     def current(self, pod: PodId, now: float, stale_after: float) -> ServiceScrape | None:
         """The pod's newest scrape at or before ``now`` if it is fresh and succeeded (see the class)."""
+        return self._judged(pod, now, stale_after)[0]
+
+    def unjudged(self, pod: PodId, now: float, stale_after: float) -> str:
+        """Why there is no :meth:`current` scrape to judge, in words; empty when there is one."""
+        return self._judged(pod, now, stale_after)[1]
+
+    def _judged(self, pod: PodId, now: float, stale_after: float) -> tuple[ServiceScrape | None, str]:
         scrapes, n = self._upto(pod, now)
         if not n:
-            return None
+            return None, "no scrape of its metrics yet"
         end = scrapes[n - 1]
         if end.error is not None:
-            return None
+            return None, f"its newest scrape failed ({end.error})"
         recent = [s.at for s in scrapes[max(0, n - 9) : n]]
         interval = (
             statistics.median_low(b - a for a, b in itertools.pairwise(recent)) if len(recent) > 1 else 0.0
         )
         if now - end.at > max(stale_after, STALE_INTERVALS * interval):
-            return None
-        return end
+            return None, f"its newest scrape is {format_duration(round(now - end.at))} old"
+        return end, ""
 
     def gauge(
         self, pod: PodId, names: Sequence[str], now: float, stale_after: float

@@ -1,6 +1,8 @@
 """`gpuwarden watch --service-metrics URL`: a real `gpuwarden sim-server` scraped at the policy's pace
 and judged by the service rules, beside a scripted node's GPUs.
 
+Without a GPU on the machine (as on CI), watch judges the server alone.
+
 The server (aiohttp's TestServer on a loopback port, in this process) serves one request at a time,
 0.1 s each, so requests kept in flight wait for each other: with six at once each takes ~0.6 s, in
 vLLM's (0.5 s, 0.8 s] bucket, above the policy's 500ms; one at a time 0.1 s, in its first bucket
@@ -53,15 +55,17 @@ async def sim_server(fault: MetricsFault | None = None) -> AsyncIterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def watching(policy: Path, url: str) -> AsyncIterator[Callable[[str], asyncio.Future[re.Match[str]]]]:
-    """watch on e2e-fast's scripted GPUs and ``url``'s metrics; yields ``until(pattern)``."""
+async def watching(
+    policy: Path, url: str, *, scenario: str | None = "e2e-fast"
+) -> AsyncIterator[Callable[[str], asyncio.Future[re.Match[str]]]]:
+    """watch on a scenario's GPUs (None: this host's) and ``url``'s metrics; yields ``until(pattern)``."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "gpuwarden",
         "watch",
         f"--policy={policy}",
-        "--scenario=e2e-fast",
+        *([f"--scenario={scenario}"] if scenario is not None else []),
         f"--service-metrics={url}/metrics",
         "--listen=127.0.0.1:0",
         "--plain",
@@ -136,6 +140,36 @@ async def test_latency_and_queue_past_their_limits_are_flagged_and_latency_clear
     waiting = re.search(r"([0-9.]+) waiting requests", queue)
     assert waiting, queue
     assert 3 <= float(waiting.group(1)) <= 5, queue
+
+
+def nvml_works() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
+@pytest.mark.skipif(nvml_works(), reason="this host has an NVIDIA driver: watch would read its GPUs too")
+async def test_without_a_gpu_watch_judges_the_server_alone(latency_policy: Path) -> None:
+    # It exited 3 here before, the docs' own example included: a server's metrics need no GPU to judge.
+    async with (
+        asyncio.timeout(90),
+        sim_server() as url,
+        watching(latency_policy, url, scenario=None) as until,
+    ):
+        await until(r"note: no GPU to read here \(NVML .*\); judging only the service metrics")
+        await until(r"Service metrics: http://\S+/metrics every 1s")
+        subject = f"service/{url.removeprefix('http://')}"
+        level = [6]
+        async with aiohttp.ClientSession() as http:
+            clients = [asyncio.create_task(keep_in_flight(http, url, level, rank)) for rank in range(6)]
+            await until(rf"STARTED slow-requests {re.escape(subject)}\b.*")
+            level[0] = 0
+            await asyncio.gather(*clients)
 
 
 async def test_a_hanging_endpoint_is_a_failed_scrape_and_the_gpus_are_still_judged(

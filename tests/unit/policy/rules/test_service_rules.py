@@ -24,6 +24,7 @@ from gpuwarden.policy.rules.kv_cache import KvCacheUsage, evaluate_kv_cache
 from gpuwarden.policy.rules.latency import RequestLatency, evaluate_latency
 from gpuwarden.policy.rules.queue import QueueScope, RequestQueue, evaluate_queue
 from gpuwarden.policy.spec.model import Server
+from gpuwarden.units import format_duration
 
 T0 = 1_750_000_000.0
 PARAMS = WindowParams()
@@ -157,6 +158,91 @@ def test_the_engine_holds_for_for_then_starts_and_resolves() -> None:
             if t.transition is Transition.RESOLVED
         ]
     assert len(resolved) == 1
+
+
+def latency_run(failed: set[int], evaluations: int = 18) -> list[tuple[float, Transition, str]]:
+    """A 1-minute P99 rule with ``for: 30s`` on slow requests, judged every 10 s; the scrapes numbered
+    in ``failed`` time out (a ``/metrics`` slower than the agent's timeout)."""
+    spec = parse_spec(
+        {
+            **policy(requestLatency={"percentile": 99, "threshold": "2s", "window": "1m", "for": "30s"}),
+            "actions": {"renotifyInterval": "1m"},
+        }
+    )
+    evaluator = PolicyEvaluator("ns/llm", spec)
+    store = ServiceStore(retention_seconds=3600)
+    a = Replica(store, A)
+    a.serve(60, 10, bucket=1)
+    series = SeriesStore(retention_seconds=3600, max_points=100)
+    seen = []
+    for i in range(evaluations):
+        if i in failed:
+            a.t += 10
+            store.record(A, ServiceScrape(at=a.t, error="Timeout"))
+            now = a.t
+        else:
+            now = a.serve(10, 10, bucket=4)
+        for t in evaluator.evaluate([PodView("ns", "llm-a")], series, now, services=store).transitions:
+            seen.append((now - T0, t.transition, t.finding.message))
+    return seen
+
+
+def test_a_failed_scrape_does_not_restart_the_for_clock() -> None:
+    # Slow from t=70 on, `for: 30s`: the finding starts at t=100. Two scrapes time out at t=100 and
+    # 110 (a /metrics slower than the agent's timeout): before, that restarted the clock and the
+    # finding came at t=150, and a server that timed out once per `for` was never judged. Now the clock
+    # runs through a gap of up to a minute: it starts at the first judged evaluation after, t=120.
+    def started(failed: set[int]) -> list[float]:
+        return [at for at, t, _ in latency_run(failed) if t is Transition.STARTED]
+
+    assert started(set()) == [100.0]
+    assert started({3, 4}) == [120.0]
+    # six in a row (t=100 to 150, and t=160 has one scrape in its window): past a minute, a new clock
+    assert started({3, 4, 5, 6, 7, 8}) == [200.0]
+
+
+def test_a_reminder_while_the_scrapes_fail_says_how_old_its_figure_is_and_why() -> None:
+    # Judged until t=200; every scrape from t=210 on times out.
+    seen = latency_run(set(range(14, 30)), evaluations=30)
+    reminders = [(at, message) for at, t, message in seen if t is Transition.RENOTIFY]
+    assert [at for at, _ in reminders] == [160.0, 220.0, 280.0, 340.0]
+    assert "not judged" not in reminders[0][1]
+    for at, message in reminders[1:]:
+        assert message.startswith("P99 latency 9.95s over 1m above 2s (60 requests); not judged for ")
+        assert message.endswith(f"{format_duration(at - 200)}: its newest scrape failed (Timeout)")
+
+
+def burst_findings(for_: str, slow_seconds: int) -> list[tuple[float, float]]:
+    """When a 1-minute P99 rule's findings start and end (seconds from the slowdown's start) for
+    ``slow_seconds`` of slow requests inside fast ones, scraped and judged every 10 s."""
+    spec = parse_spec(
+        policy(requestLatency={"percentile": 99, "threshold": "2s", "window": "1m", "for": for_})
+    )
+    evaluator = PolicyEvaluator("ns/llm", spec)
+    store = ServiceStore(retention_seconds=3600)
+    a = Replica(store, A)
+    began = a.serve(120, 10, bucket=1)  # two minutes of fast requests first
+    series = SeriesStore(retention_seconds=3600, max_points=100)
+    spans: list[tuple[float, float]] = []
+    for i in range(48):
+        now = a.serve(10, 10, bucket=4 if i * 10 < slow_seconds else 1)
+        for t in evaluator.evaluate([PodView("ns", "llm-a")], series, now, services=store).transitions:
+            if t.transition is Transition.STARTED:
+                spans.append((now - began, math.inf))
+            elif t.transition is Transition.RESOLVED:
+                spans[-1] = (spans[-1][0], now - began)
+    return spans
+
+
+def test_a_burst_holds_for_its_length_and_the_window_so_for_past_the_window_lets_it_pass() -> None:
+    # docs/policy.md, "Choosing window and for against bursts": the figures it gives are these.
+    # The slow scrapes come at 10, 20 and 30 s; the window holds one of them until 80 s.
+    assert burst_findings("30s", slow_seconds=30) == [(40.0, 90.0)]
+    # `for` 1m30s: a burst fires once it lasts `for - window` and a scrape interval, 40 s here
+    assert burst_findings("1m30s", slow_seconds=30) == []
+    assert burst_findings("1m30s", slow_seconds=40) == []
+    assert burst_findings("1m30s", slow_seconds=50) == [(100.0, 110.0)]
+    assert burst_findings("1m30s", slow_seconds=120) == [(100.0, 180.0)]
 
 
 @pytest.mark.parametrize(
