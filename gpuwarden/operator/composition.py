@@ -16,6 +16,7 @@ that start and stop the servers and background tasks.
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -100,7 +101,12 @@ def build_operator(
         plan=state.scrape_plan,
     )
     if sharding is not None:
-        state.verdict_sender = VerdictSender(config.peer_token_file, metrics)
+        state.verdict_sender = VerdictSender(
+            config.peer_token_file,
+            metrics,
+            tls=ssl.create_default_context(cafile=config.peer_ca_file),
+            server_name=config.peer_server_name,
+        )
         state.verdict_ingest = VerdictIngest(
             authenticator=TokenAuthenticator(
                 review,

@@ -103,6 +103,12 @@ class OperatorConfig:
     peer_token_file: str | None = None
     """Sharded mode: the token this replica shows the other replicas (a projected ServiceAccount token
     for ``token_audience``), re-read for every send; None sends none."""
+    peer_ca_file: str | None = None
+    """Sharded mode: the CA bundle the other replicas' certificates must chain to (``--peer-ca-file``);
+    None: the system's trust store."""
+    peer_server_name: str | None = None
+    """Sharded mode: the name the other replicas' certificates must carry (``--peer-server-name``);
+    None: the host of their advertised URL (a pod IP, which a Service's certificate does not name)."""
     peering: str = "gpuwarden"
     """Kopf peering object name (ClusterKopfPeering cluster-wide, KopfPeering per namespace)."""
     priority: int = 0
@@ -213,6 +219,20 @@ class OperatorConfig:
             help="with --shards: the token (audience --token-audience) shown to the other replicas",
         )
         parser.add_argument(
+            "--peer-ca-file",
+            default=None,
+            metavar="PATH",
+            help="with --shards: CA bundle (PEM) the other replicas' certificates must chain to "
+            "(default: the system's trust store)",
+        )
+        parser.add_argument(
+            "--peer-server-name",
+            default=None,
+            metavar="NAME",
+            help="with --shards: the name the other replicas' certificates must carry (default: the host "
+            "of their advertised URL)",
+        )
+        parser.add_argument(
             "--max-body-bytes",
             default="1Mi",
             help="larger report bodies get 413 (%(default)s)",
@@ -317,8 +337,13 @@ class OperatorConfig:
             advertise_url = default_advertise_url(env, args.ingest_address, tls=bool(args.tls_cert_file))
         if advertise_url and not advertise_url.startswith(("http://", "https://")):
             raise ConfigError(f"--advertise-url: {advertise_url!r} is not an http(s) URL")
-        if args.peer_token_file and not args.shards:
-            raise ConfigError("--peer-token-file goes with --shards")
+        for flag, value in (
+            ("--peer-token-file", args.peer_token_file),
+            ("--peer-ca-file", args.peer_ca_file),
+            ("--peer-server-name", args.peer_server_name),
+        ):
+            if value and not args.shards:
+                raise ConfigError(f"{flag} goes with --shards")
         xids = args.node_health_xids
         try:
             accounting = AccountingSettings.from_args(args)
@@ -338,6 +363,8 @@ class OperatorConfig:
                 args.operator_service_account, flag="--operator-service-account"
             ),
             peer_token_file=args.peer_token_file or None,
+            peer_ca_file=args.peer_ca_file or None,
+            peer_server_name=args.peer_server_name or None,
             peering=args.peering,
             priority=derive_priority(pod_name or socket.gethostname())
             if args.priority is None
