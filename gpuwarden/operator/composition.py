@@ -83,7 +83,13 @@ def build_operator(
         clock=clock,
     )
     accounting = AccountingBook(
-        config.accounting, OwnerResolver(api, group_label=config.accounting.group_label), clock
+        config.accounting,
+        OwnerResolver(
+            api,
+            group_label=config.accounting.group_label,
+            follow_owners=config.accounting.follow_owners,
+        ),
+        clock,
     )
     metrics.registry.register(accounting)
     state.accounting = accounting
@@ -122,7 +128,7 @@ def build_operator(
             max_body_bytes=config.max_body_bytes,
             clock=clock,
         )
-    scaler = WorkloadScaler(KubeScaleApi(api), state.events)
+    scaler = WorkloadScaler(KubeScaleApi(api), state.events, observe_only=config.observe_only)
     metrics.registry.register(DesiredReplicasCollector(scaler.desired_replicas, clock))
     metrics.registry.register(ScaleDecisionsCollector(scaler.decisions))
     node_health = None

@@ -140,6 +140,10 @@ class OperatorConfig:
     """Seconds an XID or a new uncorrected ECC error keeps a node unhealthy after it."""
     cordon: CordonMode = CordonMode.OFF
     """Cordon a node whose GPUs turn unhealthy: off, dry-run (say so only), on (needs nodes patch)."""
+    observe_only: bool = False
+    """Change nothing but policies' status and Events (``--observe-only``): no ``/scale`` read or
+    written (a scaling policy's ``ScalingActive`` says ``ObserveOnly``), no node condition written,
+    no cordon; the chart then grants none of these."""
     shards: bool = False
     """Sharded mode (``--shards``, docs/scaling-out.md): every live replica acts, on the nodes and
     policies the ring gives it; membership through Leases in ``pod_namespace``, no Kopf peering."""
@@ -285,6 +289,11 @@ class OperatorConfig:
             help="cordon a node whose GPUs turn unhealthy: off (default), dry-run (an Event says it "
             "would), on",
         )
+        parser.add_argument(
+            "--observe-only",
+            action="store_true",
+            help="change nothing but policies' status and Events: no /scale, no node condition, no cordon",
+        )
         AccountingSettings.add_arguments(parser)
         parser.add_argument("--verbose", action="store_true", help="log more (Kopf's verbose mode)")
         parser.add_argument("--debug", action="store_true", help="log everything, including each API call")
@@ -328,6 +337,8 @@ class OperatorConfig:
             raise ConfigError(f"--cordon: {args.cordon!r} is not one of off, dry-run, on") from None
         if cordon is not CordonMode.OFF and not args.node_health:
             raise ConfigError("--cordon needs --node-health (it acts on the GPUHealthy condition)")
+        if args.observe_only and cordon is CordonMode.ON:
+            raise ConfigError("--cordon=on changes nodes: not with --observe-only (dry-run is)")
         if args.shards and not pod_namespace:
             raise ConfigError("--shards needs POD_NAMESPACE (the replicas' Leases live there)")
         advertise_url = args.advertise_url
@@ -380,6 +391,7 @@ class OperatorConfig:
             node_health_xids=parse_xids(xids, flag="--node-health-xids") if xids else CRITICAL_XIDS,
             node_health_hold=parse_hold(args.node_health_hold, flag="--node-health-hold"),
             cordon=cordon,
+            observe_only=args.observe_only,
             shards=args.shards,
             advertise_url=advertise_url or None,
             accounting=accounting,
