@@ -11,6 +11,7 @@ rendering and checks that it is caught.
 from __future__ import annotations
 
 import copy
+import json
 import re
 import subprocess
 from collections.abc import Callable, Iterable, Mapping
@@ -40,7 +41,7 @@ MODES: dict[str, list[str]] = {
         "--set",
         "operator.nodeHealth.cordon.dryRun=false",
         "--set-json",
-        f"operator.rbac.extraScaleTargets=[{yaml.safe_dump(EXTRA_SCALE, default_flow_style=True).strip()}]",
+        f"operator.rbac.extraScaleTargets={json.dumps([EXTRA_SCALE])}",
     ],
     "everything-off": [
         "--set",
