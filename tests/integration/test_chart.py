@@ -220,7 +220,8 @@ def existing(cp: ControlPlane, release: Release) -> list[str]:
 
 def labelled(cp: ControlPlane, release: Release) -> list[str]:
     """Every object of the kinds the release created, anywhere, carrying its instance label."""
-    resources = sorted({f"{d['kind'].lower()}s" for d in release.docs})
+    kinds = {d["kind"].lower() for d in release.docs}
+    resources = sorted(k.removesuffix("y") + "ies" if k.endswith("y") else k + "s" for k in kinds)
     out = ok(
         cp.kubectl(
             "get",
