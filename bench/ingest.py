@@ -29,6 +29,9 @@ every report goes through the ring's owner check, every round through the policy
 simulated nodes are ``--nodes`` names that this replica owns (the agents' reports reach their
 owner after one redirect; the redirect itself is once per membership change, not measured).
 The policies are this replica's too. The guard: sharding must cost at most 10% of the capacity.
+
+``--tls`` serves the ingest over TLS, as the chart does by default (a certificate for the name
+``bench``, which the load's connections verify), to measure what encryption costs the server.
 """
 
 from __future__ import annotations
@@ -42,8 +45,10 @@ import multiprocessing as mp
 import os
 import random
 import resource
+import ssl
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -292,7 +297,7 @@ async def serve(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> N
 
     app = make_ingest_app(state.ingest)
     app.router.add_get("/bench/stats", stats)
-    await serve_until_stopped(app, port_queue, stop_event)
+    await serve_until_stopped(app, port_queue, stop_event, server_tls(args))
     for task in [*runners, posting, *([membership] if membership else [])]:
         task.cancel()
 
@@ -310,12 +315,14 @@ async def keep_membership(state: OperatorState, shards: int) -> None:
         await asyncio.sleep(POLL_SECONDS)
 
 
-async def serve_until_stopped(app: web.Application, port_queue: Any, stop_event: Any) -> None:
+async def serve_until_stopped(
+    app: web.Application, port_queue: Any, stop_event: Any, tls: ssl.SSLContext | None = None
+) -> None:
     """Serve ``app`` on a free loopback port (put on ``port_queue``) until ``stop_event`` is set."""
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
+        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096, ssl_context=tls)
         await site.start()
         port_queue.put(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
         await asyncio.to_thread(stop_event.wait)
@@ -334,6 +341,58 @@ def server_main(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> N
     profiler = cProfile.Profile()
     profiler.runcall(asyncio.run, serve(args, port_queue, stop_event))
     pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(25)
+
+
+# -- TLS --------------------------------------------------------------------------------------------
+
+
+def make_certificate(directory: str) -> str:
+    """A self-signed certificate for the name ``bench`` (its own CA) in ``directory``."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "bench")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("bench")]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    (Path(directory) / "tls.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (Path(directory) / "tls.key").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return directory
+
+
+def server_tls(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The operator's server context (gpuwarden/operator/services.py), or None without ``--tls``."""
+    if not args.tls_dir:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(Path(args.tls_dir) / "tls.crt", Path(args.tls_dir) / "tls.key")
+    return context
+
+
+def client_tls(args: argparse.Namespace) -> dict[str, Any]:
+    """``open_connection``'s TLS arguments, as the agent's: the CA, and the name checked."""
+    if not args.tls_dir:
+        return {}
+    context = ssl.create_default_context(cafile=Path(args.tls_dir) / "tls.crt")
+    return {"ssl": context, "server_hostname": "bench"}
 
 
 # -- the load -----------------------------------------------------------------------------------
@@ -461,7 +520,7 @@ async def load(
     per_connection = max(1, len(nodes) // args.connections) if args.mode == "steady" else 0
 
     async def steady_connection(mine: list[int]) -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, **client_tls(args))
         seq = 0
         offsets = {n: random.random() for n in mine}
         second = int(start_at)
@@ -485,7 +544,7 @@ async def load(
         writer.close()
 
     async def capacity_connection(mine: list[int]) -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, **client_tls(args))
         seq = 0
         await asyncio.sleep(max(0.0, start_at - time.time()))
         while time.time() < end_at:
@@ -557,11 +616,16 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def fetch_stats(port: int, mark: bool = False) -> dict[str, Any]:
+def fetch_stats(port: int, mark: bool = False, tls_dir: str = "") -> dict[str, Any]:
     import urllib.request
 
-    url = f"http://127.0.0.1:{port}/bench/stats" + ("?mark=1" if mark else "")
-    with urllib.request.urlopen(url, timeout=30) as rsp:
+    scheme = "https" if tls_dir else "http"
+    url = f"{scheme}://127.0.0.1:{port}/bench/stats" + ("?mark=1" if mark else "")
+    context = None
+    if tls_dir:
+        context = ssl.create_default_context(cafile=Path(tls_dir) / "tls.crt")
+        context.check_hostname = False  # by IP here; the load checks the name
+    with urllib.request.urlopen(url, timeout=30, context=context) as rsp:
         return dict(json.load(rsp))
 
 
@@ -590,7 +654,9 @@ def main() -> int:
     parser.add_argument(
         "--shards", type=int, default=0, help="sharded mode, as one of this many live replicas (0: off)"
     )
+    parser.add_argument("--tls", action="store_true", help="serve the ingest over TLS, as the chart does")
     args = parser.parse_args()
+    args.tls_dir = make_certificate(tempfile.mkdtemp(prefix="bench-tls-")) if args.tls else ""
 
     cpus = sorted(os.sched_getaffinity(0))
     others = [c for c in cpus if c != args.server_cpu] or cpus
@@ -609,9 +675,9 @@ def main() -> int:
     bodies = Bodies(Layout(args.nodes, args.nodes_per_policy, args.shards, health=not args.no_health))
     loaders = start_load(ctx, args, port, others, result_queue, start, bodies)
     time.sleep(max(0.0, start + args.warmup - time.time()))
-    before = fetch_stats(port, mark=True)
+    before = fetch_stats(port, mark=True, tls_dir=args.tls_dir)
     time.sleep(seconds)
-    after = fetch_stats(port)
+    after = fetch_stats(port, tls_dir=args.tls_dir)
     results = [result_queue.get(timeout=120) for _ in loaders]
     for p in loaders:
         p.join()

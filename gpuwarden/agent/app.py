@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import ssl
 import time
 from collections.abc import Callable
 
@@ -148,6 +149,8 @@ async def serve(
             interval=config.report_interval,
             buffer_limit=config.buffer_limit,
             registry=registry,
+            tls=ssl.create_default_context(cafile=config.operator_ca_file),
+            server_name=config.operator_server_name,
             on_plan=scraper.accept_plan if scraper is not None else None,
         )
         if config.operator_url

@@ -91,8 +91,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--operator-url",
         default="",
         metavar="URL",
-        help="the operator's report endpoint, e.g. http://gpuwarden-operator:8443/v1/reports; "
-        "empty: don't report",
+        help="the operator's report endpoint, e.g. "
+        "https://gpuwarden-operator-ingest.gpuwarden-system.svc:8443/v1/reports; empty: don't report. "
+        "An http:// URL sends the token in clear: only where asked for explicitly",
+    )
+    add(
+        "--operator-ca-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="CA bundle (PEM) the operator's certificate must chain to (default: the system's trust store)",
+    )
+    add(
+        "--operator-server-name",
+        default="",
+        metavar="NAME",
+        help="the name the operator's certificate must carry (default: the host of --operator-url); "
+        "checked as well on the replica a sharded operator redirects reports to, at its pod IP",
     )
     add(
         "--token-file",

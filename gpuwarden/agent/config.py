@@ -71,6 +71,11 @@ class AgentConfig:
     """The operator's report endpoint; empty: no reports."""
     token_file: Path
     """The projected ServiceAccount token sent with each report (re-read every time)."""
+    operator_ca_file: Path | None
+    """The CA bundle the operator's certificate must chain to; None: the system's trust store."""
+    operator_server_name: str | None
+    """The name the operator's certificate must carry; None: the report URL's host. Set, it is
+    checked on every replica a sharded operator sends reports to (at its pod IP) as well."""
     sample_interval: float
     """Seconds between two device samples."""
     process_interval: float
@@ -123,6 +128,18 @@ class AgentConfig:
             if args.operator_url:
                 raise UsageError("reporting to --operator-url needs --node-name (or $NODE_NAME)")
             node = socket.gethostname()  # only labels /metrics then
+        tls_flags = [
+            f
+            for f, v in (
+                ("--operator-ca-file", args.operator_ca_file),
+                ("--operator-server-name", args.operator_server_name),
+            )
+            if v
+        ]
+        if tls_flags and not args.operator_url.startswith("https://"):
+            raise UsageError(f"{tls_flags[0]} needs an https:// --operator-url")
+        if args.operator_ca_file and not args.operator_ca_file.is_file():
+            raise UsageError(f"--operator-ca-file {args.operator_ca_file}: no such file")
         host, port = parse_listen(args.listen)
         return cls(
             backend=args.backend,
@@ -131,6 +148,8 @@ class AgentConfig:
             node=node,
             operator_url=args.operator_url,
             token_file=args.token_file,
+            operator_ca_file=args.operator_ca_file,
+            operator_server_name=args.operator_server_name or None,
             sample_interval=args.sample_interval,
             process_interval=args.process_interval,
             report_interval=args.report_interval,

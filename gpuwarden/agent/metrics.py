@@ -53,7 +53,8 @@ DROP_REASONS = ("buffer_full", "rejected")
 """``buffer_full``: pushed out by newer snapshots; ``rejected``: in a report the operator refused (4xx)."""
 
 ERROR_REASONS = (
-    "connection",  # refused, reset, DNS: the operator is away
+    "connection",  # refused, reset, DNS, a TLS handshake that failed: the operator is away
+    "tls",  # the operator's certificate is not trusted (--operator-ca-file, --operator-server-name)
     "timeout",
     "token",  # the ServiceAccount token file could not be read
     "unauthorized",  # 401/403

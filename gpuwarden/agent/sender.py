@@ -29,8 +29,10 @@ What happens on each answer:
   and full jitter, honouring ``Retry-After``;
 - 413: the report is halved and the halves sent in order; later reports stay that small;
 - 421 (the operator is sharded and another replica owns this node): sent again at once, same
-  ``seq``, to the ``url`` the answer names; later reports go there too, until a POST there fails
-  (connection, timeout, 401/403, 429, 5xx, a 421 without a URL), when they go back to ``url``,
+  ``seq``, to the ``url`` the answer names (never from https:// to http://: the token would go out
+  in clear; its certificate is checked for ``server_name`` like the Service's); later reports go
+  there too, until a POST there fails (connection, timeout, 401/403, 429, 5xx, a 421 without a
+  URL), when they go back to ``url``,
   which redirects again (docs/scaling-out.md). At most :data:`MAX_REDIRECTS` in a row: two
   replicas that disagree for a moment cost a backoff, not a loop;
 - any other 4xx: the report itself is bad and retrying cannot help: dropped, counted, logged.
@@ -47,6 +49,7 @@ import json
 import logging
 import os
 import random
+import ssl
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -112,7 +115,10 @@ class ReportSender:
     ``interval``: the least time between the starts of two rounds of sending (see the module's doc).
     ``buffer_limit``: snapshots kept while the operator is away; ``max_report_bytes``: the
     operator's ``--max-body-bytes``.
-    ``session_factory``: builds the HTTP session on first delivery (TLS settings live there).
+    ``tls``: how an https:// ``url`` (and an owner's) is verified (default: the system's trust store);
+    ``server_name``: the name its certificate must carry (default: the URL's host). A sharded operator
+    names its replicas by pod IP, so the chart sets the ingest Service's name here.
+    ``session_factory``: builds the HTTP session on first delivery.
     ``rng``: the jitter's random source, for tests.
     ``on_plan``: called with the ``scrape`` value of each 2xx answer (None when it has none).
     """
@@ -130,6 +136,8 @@ class ReportSender:
         timeout: float = 10.0,
         backoff_base: float = 0.5,
         backoff_cap: float = 30.0,
+        tls: ssl.SSLContext | None = None,
+        server_name: str | None = None,
         session_factory: Callable[[], aiohttp.ClientSession] | None = None,
         agent_id: str | None = None,
         rng: random.Random | None = None,
@@ -150,6 +158,8 @@ class ReportSender:
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._backoff_base = backoff_base
         self._backoff_cap = backoff_cap
+        self._tls: ssl.SSLContext | bool = tls if tls is not None else True
+        self._server_name = server_name
         self._session_factory = session_factory or aiohttp.ClientSession
         self._rng = rng or random.Random()
         self._on_plan = on_plan
@@ -292,13 +302,22 @@ class ReportSender:
         url = self.owner_url or self.url
         try:
             async with session.post(
-                url, data=body, headers=headers, timeout=self._timeout, allow_redirects=False
+                url,
+                data=body,
+                headers=headers,
+                timeout=self._timeout,
+                allow_redirects=False,
+                ssl=self._tls,
+                server_hostname=self._server_name,
             ) as response:
                 status = response.status
                 text = await response.text(errors="replace")
                 retry_after = _retry_after(response.headers.get("Retry-After"))
         except TimeoutError:
             return self._failed("timeout", f"no answer from {url} within {self._timeout.total} s")
+        except aiohttp.ClientConnectorCertificateError as exc:
+            problem = exc.certificate_error
+            return self._failed("tls", f"{url}: the operator's certificate is not trusted: {problem}")
         except aiohttp.ClientError as exc:
             return self._failed("connection", f"{url}: {type(exc).__name__}: {exc}")
         return self._answer(report, status, text, retry_after)
@@ -365,6 +384,9 @@ class ReportSender:
         self._redirects += 1
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             return self._failed("misdirected", f"HTTP 421 without the owner's URL: {text}")
+        if self.url.startswith("https://") and not url.startswith("https://"):
+            # The token would leave in clear, on the word of an answer.
+            return self._failed("misdirected", f"HTTP 421 to a plain-HTTP URL from an https:// one: {url}")
         if self._redirects > MAX_REDIRECTS:
             self._redirects = 0
             return self._failed("misdirected", f"HTTP 421 {MAX_REDIRECTS + 1} times in a row: {text}")

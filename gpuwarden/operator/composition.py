@@ -16,6 +16,7 @@ that start and stop the servers and background tasks.
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -82,7 +83,13 @@ def build_operator(
         clock=clock,
     )
     accounting = AccountingBook(
-        config.accounting, OwnerResolver(api, group_label=config.accounting.group_label), clock
+        config.accounting,
+        OwnerResolver(
+            api,
+            group_label=config.accounting.group_label,
+            follow_owners=config.accounting.follow_owners,
+        ),
+        clock,
     )
     metrics.registry.register(accounting)
     state.accounting = accounting
@@ -100,7 +107,12 @@ def build_operator(
         plan=state.scrape_plan,
     )
     if sharding is not None:
-        state.verdict_sender = VerdictSender(config.peer_token_file, metrics)
+        state.verdict_sender = VerdictSender(
+            config.peer_token_file,
+            metrics,
+            tls=ssl.create_default_context(cafile=config.peer_ca_file),
+            server_name=config.peer_server_name,
+        )
         state.verdict_ingest = VerdictIngest(
             authenticator=TokenAuthenticator(
                 review,
@@ -116,7 +128,7 @@ def build_operator(
             max_body_bytes=config.max_body_bytes,
             clock=clock,
         )
-    scaler = WorkloadScaler(KubeScaleApi(api), state.events)
+    scaler = WorkloadScaler(KubeScaleApi(api), state.events, observe_only=config.observe_only)
     metrics.registry.register(DesiredReplicasCollector(scaler.desired_replicas, clock))
     metrics.registry.register(ScaleDecisionsCollector(scaler.decisions))
     node_health = None

@@ -103,6 +103,12 @@ class OperatorConfig:
     peer_token_file: str | None = None
     """Sharded mode: the token this replica shows the other replicas (a projected ServiceAccount token
     for ``token_audience``), re-read for every send; None sends none."""
+    peer_ca_file: str | None = None
+    """Sharded mode: the CA bundle the other replicas' certificates must chain to (``--peer-ca-file``);
+    None: the system's trust store."""
+    peer_server_name: str | None = None
+    """Sharded mode: the name the other replicas' certificates must carry (``--peer-server-name``);
+    None: the host of their advertised URL (a pod IP, which a Service's certificate does not name)."""
     peering: str = "gpuwarden"
     """Kopf peering object name (ClusterKopfPeering cluster-wide, KopfPeering per namespace)."""
     priority: int = 0
@@ -134,6 +140,10 @@ class OperatorConfig:
     """Seconds an XID or a new uncorrected ECC error keeps a node unhealthy after it."""
     cordon: CordonMode = CordonMode.OFF
     """Cordon a node whose GPUs turn unhealthy: off, dry-run (say so only), on (needs nodes patch)."""
+    observe_only: bool = False
+    """Change nothing but policies' status and Events (``--observe-only``): no ``/scale`` read or
+    written (a scaling policy's ``ScalingActive`` says ``ObserveOnly``), no node condition written,
+    no cordon; the chart then grants none of these."""
     shards: bool = False
     """Sharded mode (``--shards``, docs/scaling-out.md): every live replica acts, on the nodes and
     policies the ring gives it; membership through Leases in ``pod_namespace``, no Kopf peering."""
@@ -213,6 +223,20 @@ class OperatorConfig:
             help="with --shards: the token (audience --token-audience) shown to the other replicas",
         )
         parser.add_argument(
+            "--peer-ca-file",
+            default=None,
+            metavar="PATH",
+            help="with --shards: CA bundle (PEM) the other replicas' certificates must chain to "
+            "(default: the system's trust store)",
+        )
+        parser.add_argument(
+            "--peer-server-name",
+            default=None,
+            metavar="NAME",
+            help="with --shards: the name the other replicas' certificates must carry (default: the host "
+            "of their advertised URL)",
+        )
+        parser.add_argument(
             "--max-body-bytes",
             default="1Mi",
             help="larger report bodies get 413 (%(default)s)",
@@ -265,6 +289,11 @@ class OperatorConfig:
             help="cordon a node whose GPUs turn unhealthy: off (default), dry-run (an Event says it "
             "would), on",
         )
+        parser.add_argument(
+            "--observe-only",
+            action="store_true",
+            help="change nothing but policies' status and Events: no /scale, no node condition, no cordon",
+        )
         AccountingSettings.add_arguments(parser)
         parser.add_argument("--verbose", action="store_true", help="log more (Kopf's verbose mode)")
         parser.add_argument("--debug", action="store_true", help="log everything, including each API call")
@@ -308,6 +337,8 @@ class OperatorConfig:
             raise ConfigError(f"--cordon: {args.cordon!r} is not one of off, dry-run, on") from None
         if cordon is not CordonMode.OFF and not args.node_health:
             raise ConfigError("--cordon needs --node-health (it acts on the GPUHealthy condition)")
+        if args.observe_only and cordon is CordonMode.ON:
+            raise ConfigError("--cordon=on changes nodes: not with --observe-only (dry-run is)")
         if args.shards and not pod_namespace:
             raise ConfigError("--shards needs POD_NAMESPACE (the replicas' Leases live there)")
         advertise_url = args.advertise_url
@@ -317,8 +348,13 @@ class OperatorConfig:
             advertise_url = default_advertise_url(env, args.ingest_address, tls=bool(args.tls_cert_file))
         if advertise_url and not advertise_url.startswith(("http://", "https://")):
             raise ConfigError(f"--advertise-url: {advertise_url!r} is not an http(s) URL")
-        if args.peer_token_file and not args.shards:
-            raise ConfigError("--peer-token-file goes with --shards")
+        for flag, value in (
+            ("--peer-token-file", args.peer_token_file),
+            ("--peer-ca-file", args.peer_ca_file),
+            ("--peer-server-name", args.peer_server_name),
+        ):
+            if value and not args.shards:
+                raise ConfigError(f"{flag} goes with --shards")
         xids = args.node_health_xids
         try:
             accounting = AccountingSettings.from_args(args)
@@ -338,6 +374,8 @@ class OperatorConfig:
                 args.operator_service_account, flag="--operator-service-account"
             ),
             peer_token_file=args.peer_token_file or None,
+            peer_ca_file=args.peer_ca_file or None,
+            peer_server_name=args.peer_server_name or None,
             peering=args.peering,
             priority=derive_priority(pod_name or socket.gethostname())
             if args.priority is None
@@ -353,6 +391,7 @@ class OperatorConfig:
             node_health_xids=parse_xids(xids, flag="--node-health-xids") if xids else CRITICAL_XIDS,
             node_health_hold=parse_hold(args.node_health_hold, flag="--node-health-hold"),
             cordon=cordon,
+            observe_only=args.observe_only,
             shards=args.shards,
             advertise_url=advertise_url or None,
             accounting=accounting,

@@ -178,6 +178,7 @@ class NodeHealthMonitor:
     ) -> None:
         self.settings = NodeSettings(xids=config.node_health_xids, hold=config.node_health_hold)
         self.cordon = config.cordon
+        self.observe_only = config.observe_only
         self.api = api
         self.events = events
         self.health = health
@@ -302,7 +303,8 @@ class NodeHealthMonitor:
             "lastTransitionTime": since,
         }
         try:
-            await self.api.patch_node_condition(node, condition, manager=FIELD_MANAGER)
+            if not self.observe_only:  # observe only: the Events tell, the node is left as it is
+                await self.api.patch_node_condition(node, condition, manager=FIELD_MANAGER)
         except ApiError as exc:
             logger.warning("Cannot set %s on node %s: %s", CONDITION, node, exc)
             if exc.status == 404:

@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import logging
+import os
 import ssl
 from collections.abc import Coroutine
 from typing import Any
@@ -111,6 +112,9 @@ class Services:
                 self._task(stack, state.accounting.run(), "gpuwarden accounting")
             if self.node_health is not None:
                 self._task(stack, self.node_health.run(), "gpuwarden node health")
+            if tls is not None and config.tls_cert_file and config.tls_key_file:
+                reload = reload_certificate(tls, config.tls_cert_file, config.tls_key_file)
+                self._task(stack, reload, "gpuwarden certificate reload")
             stack.callback(setattr, state, "started", False)
             state.started = True
             self._stack = stack.pop_all()
@@ -141,6 +145,41 @@ class Services:
     async def stop(self) -> None:
         """Stand down (remove the pod label), post queued Events, stop the servers, close the API client."""
         await self._stack.aclose()
+
+
+CERTIFICATE_CHECK_SECONDS = 60.0
+"""How often the serving certificate's files are checked for a renewal."""
+
+
+async def reload_certificate(
+    tls: ssl.SSLContext, cert_file: str, key_file: str, *, every: float = CERTIFICATE_CHECK_SECONDS
+) -> None:
+    """Load the certificate again whenever its files change: cert-manager renews it in place (the
+    Secret's volume swaps in new files), and new handshakes then get the new one. A pair that does
+    not load (caught halfway through a swap) is tried again at the next check."""
+    seen = _modified(cert_file, key_file)
+    while True:
+        await asyncio.sleep(every)
+        now = _modified(cert_file, key_file)
+        if now == seen:
+            continue
+        try:
+            tls.load_cert_chain(cert_file, key_file)
+        except (OSError, ssl.SSLError) as exc:
+            logger.warning("The renewed certificate %s does not load yet: %s", cert_file, exc)
+            continue
+        seen = now
+        logger.info("Serving the renewed certificate %s.", cert_file)
+
+
+def _modified(*paths: str) -> tuple[float, ...]:
+    times = []
+    for path in paths:
+        try:
+            times.append(os.stat(path).st_mtime)
+        except OSError:
+            times.append(-1.0)
+    return tuple(times)
 
 
 async def _drain_then_cancel(events: EventPoster, posting: asyncio.Task[None]) -> None:

@@ -47,13 +47,17 @@ _MONITORING_KINDS = (
 )
 
 
-def _stub_crd(kind: str, plural: str) -> dict[str, Any]:
+# deploy/gpuwarden.yaml has cert-manager issue the operator's certificate (hack/render-manifests.sh).
+_CERT_MANAGER_KINDS = (("Certificate", "certificates"), ("Issuer", "issuers"))
+
+
+def _stub_crd(kind: str, plural: str, group: str = "monitoring.coreos.com") -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.monitoring.coreos.com"},
+        "metadata": {"name": f"{plural}.{group}"},
         "spec": {
-            "group": "monitoring.coreos.com",
+            "group": group,
             "scope": "Namespaced",
             "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "listKind": f"{kind}List"},
             "versions": [
@@ -216,7 +220,8 @@ def existing(cp: ControlPlane, release: Release) -> list[str]:
 
 def labelled(cp: ControlPlane, release: Release) -> list[str]:
     """Every object of the kinds the release created, anywhere, carrying its instance label."""
-    resources = sorted({f"{d['kind'].lower()}s" for d in release.docs})
+    kinds = {d["kind"].lower() for d in release.docs}
+    resources = sorted(k.removesuffix("y") + "ies" if k.endswith("y") else k + "s" for k in kinds)
     out = ok(
         cp.kubectl(
             "get",
@@ -314,10 +319,12 @@ def test_default_install_objects(control_plane: ControlPlane, namespace: str) ->
         assert agent["priorityClassName"] == "system-node-critical"
         assert agent["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
         assert {"key": "nvidia.com/gpu", "operator": "Exists"} in agent["tolerations"]
+        # TLS by default: the agent trusts the release's CA (ca.crt of its Secret, nothing else of it).
         assert (
-            f"--operator-url=http://{release.name}-operator-ingest.{namespace}.svc:8443/v1/reports"
+            f"--operator-url=https://{release.name}-operator-ingest.{namespace}.svc:8443/v1/reports"
             in agent_container["args"]
         )
+        assert "--operator-ca-file=/etc/gpuwarden/operator-ca/ca.crt" in agent_container["args"]
         mounts = {m["mountPath"]: m for m in agent_container["volumeMounts"]}
         assert mounts["/var/lib/kubelet/pod-resources"]["readOnly"] is True
         assert mounts["/host/sys/fs/cgroup"]["readOnly"] is True
@@ -326,6 +333,11 @@ def test_default_install_objects(control_plane: ControlPlane, namespace: str) ->
         (source,) = volumes["operator-token"]["projected"]["sources"]
         assert source["serviceAccountToken"]["audience"] == "gpuwarden-operator"
         assert source["serviceAccountToken"]["path"] == "token"
+        assert volumes["operator-ca"]["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+        tls = ok(
+            cp.kubectl("get", "secret", f"{release.name}-operator-tls", "-n", namespace, "-o", "json"), "tls"
+        )
+        assert set(json.loads(tls)["data"]) == {"ca.crt", "tls.crt", "tls.key"}
         env_names = {e["name"] for e in agent_container["env"]}
         assert {"NODE_NAME", "NVIDIA_VISIBLE_DEVICES"} <= env_names
         assert agent_container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
@@ -536,14 +548,11 @@ def test_operator_is_allowed_what_it_needs(control_plane: ControlPlane, cluster_
         ("list", "pods", "--all-namespaces"),
         ("watch", "pods", "--all-namespaces"),
         ("create", "events", "-n", "team-a"),
-        ("patch", "events", "-n", "team-a"),
-        ("create", "events.events.k8s.io", "-n", "team-a"),
         ("get", "deployments.apps", "--subresource=scale", "-n", "team-a"),
         ("patch", "deployments.apps", "--subresource=scale", "-n", "team-a"),
         ("get", "statefulsets.apps", "--subresource=scale", "-n", "team-a"),
         ("patch", "statefulsets.apps", "--subresource=scale", "-n", "team-a"),
         ("list", "horizontalpodautoscalers.autoscaling", "--all-namespaces"),
-        ("watch", "horizontalpodautoscalers.autoscaling", "--all-namespaces"),
         ("create", "tokenreviews.authentication.k8s.io"),
         ("list", "clusterkopfpeerings.kopf.dev"),
         ("watch", "clusterkopfpeerings.kopf.dev"),
@@ -580,6 +589,11 @@ def test_operator_is_denied_the_rest(control_plane: ControlPlane, cluster_releas
         ("update", "nodes", "--subresource=status"),
         ("delete", "nodes"),
         ("create", "pods", "--subresource=eviction", "-n", "team-a"),
+        # Granted before and never used (issue 39): Events are only POSTed, HPAs only listed.
+        ("patch", "events", "-n", "team-a"),
+        ("create", "events.events.k8s.io", "-n", "team-a"),
+        ("watch", "horizontalpodautoscalers.autoscaling", "--all-namespaces"),
+        ("get", "leases.coordination.k8s.io", "-n", r.namespace),  # not sharded: no Leases at all
     ]
     assert _denied(control_plane, r.namespace, r.operator_sa, forbidden) == []
 
@@ -731,7 +745,12 @@ def test_deploy_manifests_are_accepted(control_plane: ControlPlane) -> None:
     cp = control_plane
     deploy = REPO_ROOT / "deploy"
     ok(cp.kubectl("apply", "--server-side", "-f", str(deploy / "crds")), "apply deploy/crds")
-    for crd in CRD_NAMES:
+    for kind, plural in _CERT_MANAGER_KINDS:
+        if cp.kubectl("get", "crd", f"{plural}.cert-manager.io").returncode != 0:
+            stub = yaml.safe_dump(_stub_crd(kind, plural, "cert-manager.io"))
+            ok(cp.kubectl("create", "-f", "-", input=stub), kind)
+    cert_manager = [f"{plural}.cert-manager.io" for _, plural in _CERT_MANAGER_KINDS]
+    for crd in (*CRD_NAMES, *cert_manager):
         ok(cp.kubectl("wait", "--for=condition=established", "--timeout=60s", f"crd/{crd}"), crd)
     docs = docs_of((deploy / "gpuwarden.yaml").read_text())
     (namespace,) = (d for d in docs if d["kind"] == "Namespace")
@@ -744,4 +763,5 @@ def test_deploy_manifests_are_accepted(control_plane: ControlPlane) -> None:
     out = ok(cp.kubectl("apply", "--dry-run=server", "-f", "-", input=rest), "apply --dry-run=server")
     assert len(out.strip().splitlines()) == len(docs) - 1
     kinds = {d["kind"] for d in docs}
-    assert {"Deployment", "DaemonSet", "ClusterKopfPeering", "ClusterRole", "Role"} <= kinds
+    assert {"Deployment", "DaemonSet", "ClusterKopfPeering", "ClusterRole", "Role", "Certificate"} <= kinds
+    assert "Secret" not in kinds  # no private key shared by every cluster that applies deploy/

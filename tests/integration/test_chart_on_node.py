@@ -21,11 +21,12 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 import yaml
-from controlplane import REPO_ROOT
+from controlplane import REPO_ROOT, generate_pki
 from node import CONTAINERD_SOCKET, Node
 from operator_support import Timeout, events, get, wait_until
 from prometheus_client.parser import text_string_to_metric_families
@@ -400,3 +401,127 @@ def test_a_killed_operator_restarts_and_the_agent_replays_its_buffer(installed: 
         TIMEOUT,
     )
     print(f"\nSIGKILL of the active operator → {timings}")
+
+
+# ----------------------------------------------------------------------------- TLS and NetworkPolicy
+
+PROBE = r"""
+import asyncio, json, ssl, sys, time
+from prometheus_client import CollectorRegistry
+from gpuwarden.agent.sender import ReportSender
+from gpuwarden.wire.node import GpuSample, Snapshot
+
+url, ca_file, ca_pem, server_name, node = sys.argv[1:]
+async def main() -> None:
+    registry = CollectorRegistry()
+    tls = ssl.create_default_context(cafile=ca_file or None, cadata=ca_pem or None)
+    sender = ReportSender(url, node, "/var/run/secrets/gpuwarden/token", registry=registry, tls=tls,
+                          server_name=server_name or None, backoff_base=0.2, backoff_cap=0.5)
+    sender.submit(Snapshot(timestamp=time.time(), gpus=[GpuSample(uuid="GPU-tls-probe", index=0)]))
+    try:
+        await asyncio.wait_for(sender.flush(), 5)  # retries until delivered: a bound, not a wait
+    except TimeoutError:
+        pass
+    errors = {s.labels["reason"]: s.value for m in registry.collect() for s in m.samples
+              if s.name == "gpuwarden_agent_report_errors_total" and s.value}
+    sent = registry.get_sample_value("gpuwarden_agent_reports_sent_total")
+    print(json.dumps({"sent": sent, "errors": errors}))
+asyncio.run(main())
+"""
+"""An agent's ReportSender run in the agent's pod (its token, its node), told how to reach the operator."""
+
+
+def probe(installed: Installed, url: str, *, ca_file: str = "", ca_pem: str = "", name: str = "") -> Any:
+    """What a sender made in the agent's own pod achieves: ``{"sent": N, "errors": {reason: n}}``."""
+    agent = installed.agent_pod()
+    out = installed.cp.kubectl(
+        "exec", "-n", SYSTEM, agent["metadata"]["name"], "-c", "agent", "--",
+        "python", "-c", PROBE, url, ca_file, ca_pem, name, installed.node.name,
+        check=True, timeout=60,
+    )  # fmt: skip
+    return yaml.safe_load(out.stdout.strip().splitlines()[-1])
+
+
+def test_reports_flow_over_tls_and_nothing_else_is_taken(installed: Installed, tmp_path: Path) -> None:
+    """TLS is the default: the agent reports over https, checking the ingest Service's name against the
+    chart's CA. From the same pod, with the same token: plain HTTP is refused by the operator, and a
+    sender that trusts another CA refuses the operator (so sends nothing, its token included)."""
+    agent = installed.agent_pod()
+    (container,) = agent["spec"]["containers"]
+    server = f"{RELEASE}-operator-ingest.{SYSTEM}.svc"
+    url = f"https://{server}:8443/v1/reports"
+    assert f"--operator-url={url}" in container["args"]
+    assert "--operator-ca-file=/etc/gpuwarden/operator-ca/ca.crt" in container["args"]
+    assert f"--operator-server-name={server}" in container["args"]
+    # The agent itself: its reports are delivered (the attribution test saw the operator's series made
+    # of them) and none ever failed verification.
+    installed.until(installed.active_operator, "an active operator replica", TIMEOUT)
+    agent_metrics = installed.agent_metrics()
+    assert total(agent_metrics, "gpuwarden_agent_reports_sent_total") > 0
+    tls_errors = [
+        v for labels, v in agent_metrics["gpuwarden_agent_report_errors_total"] if labels["reason"] == "tls"
+    ]
+    assert tls_errors == [0.0]
+
+    ca = "/etc/gpuwarden/operator-ca/ca.crt"
+    trusted = probe(installed, url, ca_file=ca, name=server)
+    assert trusted == {"sent": 1.0, "errors": {}}, trusted
+    plain = probe(installed, f"http://{server}:8443/v1/reports")
+    assert (plain["sent"], set(plain["errors"])) == (0.0, {"connection"}), plain
+    other_ca = generate_pki(tmp_path / "other").ca_cert.read_text()  # a real CA, not the operator's
+    wrong_ca = probe(installed, url, ca_pem=other_ca, name=server)
+    assert (wrong_ca["sent"], set(wrong_ca["errors"])) == (0.0, {"tls"}), wrong_ca
+    # The operator's own CA, but a name its certificate does not carry (the Service's ClusterIP).
+    service_ip = get(installed.cp, "service", f"{RELEASE}-operator-ingest", "-n", SYSTEM)["spec"]["clusterIP"]
+    by_ip = probe(installed, f"https://{service_ip}:8443/v1/reports", ca_file=ca)
+    assert (by_ip["sent"], set(by_ip["errors"])) == (0.0, {"tls"}), by_ip
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    assert set(selector) <= {"matchLabels"}, selector  # the chart uses matchLabels only
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+def test_the_network_policies_select_the_pods_they_are_meant_for(installed: Installed) -> None:
+    """Checked against the running pods' labels, not enforced: the test node's CNI (bridge + host-local)
+    does not implement NetworkPolicy, so the API server stores these and nothing drops a packet."""
+    policies = {
+        p["metadata"]["name"]: p["spec"] for p in get(installed.cp, "networkpolicy", "-n", SYSTEM)["items"]
+    }
+    assert set(policies) == {f"{RELEASE}-operator", f"{RELEASE}-agent"}
+    operators = installed.pods(SYSTEM, "app.kubernetes.io/component=operator")
+    agent = installed.agent_pod()
+    workloads = installed.pods(installed.namespace, f"app={APP}")
+    assert operators
+    assert workloads
+
+    operator_policy, agent_policy = policies[f"{RELEASE}-operator"], policies[f"{RELEASE}-agent"]
+    for spec in (operator_policy, agent_policy):
+        assert spec["policyTypes"] == ["Ingress"]
+    assert all(_selects(operator_policy["podSelector"], p["metadata"]["labels"]) for p in operators)
+    assert not _selects(operator_policy["podSelector"], agent["metadata"]["labels"])
+    assert _selects(agent_policy["podSelector"], agent["metadata"]["labels"])
+    assert not any(_selects(agent_policy["podSelector"], p["metadata"]["labels"]) for p in operators)
+
+    ingest, metrics = operator_policy["ingress"]
+    assert ingest["ports"] == [{"port": "ingest", "protocol": "TCP"}]
+    (peer,) = ingest["from"]  # not sharded: the agents only
+    assert set(peer) == {"podSelector"}  # this namespace's pods only
+    assert _selects(peer["podSelector"], agent["metadata"]["labels"])
+    assert not any(_selects(peer["podSelector"], p["metadata"]["labels"]) for p in operators + workloads)
+    # Named ports resolve to the containers' ports: the ones the Services send to.
+    (operator_container,) = operators[0]["spec"]["containers"]
+    assert {p["name"]: p["containerPort"] for p in operator_container["ports"]} == {
+        "metrics": 8080,
+        "ingest": 8443,
+    }
+    (agent_container,) = agent["spec"]["containers"]
+    assert {p["name"] for p in agent_container["ports"]} == {"metrics"}
+    for rule in (metrics, *agent_policy["ingress"]):
+        assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+        (source,) = rule["from"]
+        assert source == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    # Neither the workloads' namespace nor gpuwarden's own is the monitoring one.
+    for ns in (installed.namespace, SYSTEM):
+        labels = get(installed.cp, "namespace", ns)["metadata"]["labels"]
+        assert not _selects(metrics["from"][0]["namespaceSelector"], labels)

@@ -55,6 +55,18 @@ def test_nvml_failing_exits_non_zero_and_names_the_scripted_backend(
         (["--attribution", "scenario"], "--attribution scenario needs --backend scripted"),
         (["--operator-url", "http://op/v1/reports"], "needs --node-name"),
         (["--backend", "scripted", "--scenario", "demo", "--listen", "9400"], "expected \\[HOST\\]:PORT"),
+        (
+            ["--node-name", "n", "--operator-url", "http://op/v1/reports", "--operator-ca-file", "/ca.crt"],
+            "--operator-ca-file needs an https:// --operator-url",
+        ),
+        (
+            ["--node-name", "n", "--operator-url", "http://op/v1/reports", "--operator-server-name", "op"],
+            "--operator-server-name needs an https:// --operator-url",
+        ),
+        (
+            ["--node-name", "n", "--operator-url", "https://op/v1/reports", "--operator-ca-file", "/nope"],
+            "--operator-ca-file /nope: no such file",
+        ),
     ],
 )
 def test_bad_flag_combinations_exit_2(

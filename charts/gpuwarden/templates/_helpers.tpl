@@ -121,13 +121,14 @@ Names and ports shared between the operator, its Services and the agent (docs/de
 {{- end }}
 
 {{/*
-URL the agents POST their reports to: the ingest Service, which selects only the active replica.
+URL the agents POST their reports to: the ingest Service, which selects only the active replica
+(https:// with tls.enabled).
 */}}
 {{- define "gpuwarden.agent.operatorURL" -}}
 {{- if .Values.agent.operatorURL }}
 {{- .Values.agent.operatorURL }}
 {{- else }}
-{{- printf "http://%s.%s.svc:%d/v1/reports" (include "gpuwarden.operator.ingestServiceName" .) (include "gpuwarden.namespace" .) (int .Values.operator.ingest.port) }}
+{{- printf "%s://%s:%d/v1/reports" (ternary "https" "http" .Values.tls.enabled) (include "gpuwarden.tls.serverName" .) (int .Values.operator.ingest.port) }}
 {{- end }}
 {{- end }}
 
@@ -167,4 +168,59 @@ Whether the agent reads the API server: the pod list (agent.podList.enabled) or 
 {{- define "gpuwarden.agent.apiAccess" -}}
 {{- $agent := .Values.agent -}}
 {{- if or $agent.podList.enabled (and $agent.dra.resourceSlices $agent.dra.drivers) -}}true{{- end -}}
+{{- end }}
+
+{{/*
+Whether the operator uses Kopf peering (one acting replica): not in sharded mode, which uses Leases.
+*/}}
+{{- define "gpuwarden.operator.kopfPeering" -}}
+{{- if not .Values.operator.sharding.enabled }}true{{- end }}
+{{- end }}
+
+{{/*
+TLS of the report path (tls.*): the Secret holding tls.crt, tls.key and ca.crt, and the name the
+agents (and sharded replicas) check the operator's certificate for: the ingest Service's.
+*/}}
+{{- define "gpuwarden.tls.secretName" -}}
+{{- default (include "gpuwarden.componentName" (dict "ctx" . "component" "operator-tls")) .Values.tls.existingSecret }}
+{{- end }}
+
+{{- define "gpuwarden.tls.serverName" -}}
+{{- printf "%s.%s.svc" (include "gpuwarden.operator.ingestServiceName" .) (include "gpuwarden.namespace" .) }}
+{{- end }}
+
+{{/*
+The DNS names of the operator's certificate: the ingest Service's, short to fully qualified.
+*/}}
+{{- define "gpuwarden.tls.dnsNames" -}}
+{{- $svc := include "gpuwarden.operator.ingestServiceName" . }}
+{{- $ns := include "gpuwarden.namespace" . }}
+{{- toJson (list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns)) }}
+{{- end }}
+
+{{/*
+The agent's TLS flags (with tls.enabled): the CA from the operator's Secret, and the Service's name,
+checked on every replica a sharded operator redirects reports to (at its pod IP).
+*/}}
+{{- define "gpuwarden.agent.tlsArgs" -}}
+{{- if .Values.tls.enabled }}
+- --operator-ca-file=/etc/gpuwarden/operator-ca/ca.crt
+- --operator-server-name={{ include "gpuwarden.tls.serverName" . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Who may scrape the metrics ports (networkPolicy.metrics): pods of the monitoring namespaces, or only
+those of them that networkPolicy.metrics.podSelector picks.
+*/}}
+{{- define "gpuwarden.networkPolicy.metricsFrom" -}}
+{{- $metrics := .Values.networkPolicy.metrics -}}
+- namespaceSelector:
+    matchLabels:
+      {{- toYaml $metrics.namespaceSelector | nindent 6 }}
+  {{- with $metrics.podSelector }}
+  podSelector:
+    matchLabels:
+      {{- toYaml . | nindent 6 }}
+  {{- end }}
 {{- end }}

@@ -79,9 +79,18 @@ def controller_of(meta: Mapping[str, Any]) -> tuple[str, str, str] | None:
 class OwnerResolver:
     """Resolves pods to their workloads, caching the owners it reads."""
 
-    def __init__(self, api: ObjectReader, *, group_label: str = "", max_cached: int = MAX_CACHED) -> None:
+    def __init__(
+        self,
+        api: ObjectReader,
+        *,
+        group_label: str = "",
+        follow_owners: bool = True,
+        max_cached: int = MAX_CACHED,
+    ) -> None:
         # The API object, not its bound ``get``: nothing is read of it until a pod is resolved.
         self._api = api
+        self._followed = FOLLOWED if follow_owners else {}
+        """Owners read for theirs; none with ``--no-accounting-owners``: the pod's controller is the top."""
         self._group_label = group_label
         self._max_cached = max_cached
         self._tops: OrderedDict[tuple[str, str, str], tuple[str, str]] = OrderedDict()
@@ -114,7 +123,7 @@ class OwnerResolver:
                 self._tops.move_to_end((namespace, kind, name))
                 top = cached
                 break
-            plural = FOLLOWED.get((group, kind))
+            plural = self._followed.get((group, kind))
             if plural is None:
                 top = (kind, name)
                 break

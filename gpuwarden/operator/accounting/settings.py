@@ -41,6 +41,10 @@ class AccountingSettings:
     """The longest interval Prometheus scrapes the operator at, seconds: a new row reads 0 this long
     before its seconds, so that Prometheus keeps a 0 first and ``increase()`` counts them all (a
     series' first value is only its baseline). 0: rows show their seconds at once."""
+    follow_owners: bool = True
+    """Read a pod's owners up to its top workload (ReplicaSet → Deployment, Job → CronJob, StatefulSet →
+    LeaderWorkerSet; needs ``get`` on replicasets, jobs and statefulsets); off
+    (``--no-accounting-owners``): a pod's time goes to its own controller, read from the pod alone."""
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,6 +69,13 @@ class AccountingSettings:
             default=[],
             metavar="MODEL=PRICE",
             help="price of a GPU-hour of MODEL (the GPU's product name, e.g. 'NVIDIA H200=3.5'); repeatable",
+        )
+        parser.add_argument(
+            "--accounting-owners",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="read a pod's owners up to its top workload (a Deployment, not its ReplicaSet); "
+            "--no-accounting-owners: its own controller, without reading owners (no RBAC on them)",
         )
         parser.add_argument(
             "--accounting-scrape-interval",
@@ -103,5 +114,9 @@ class AccountingSettings:
                 f"--accounting-scrape-interval: {args.accounting_scrape_interval} is over an hour"
             )
         return cls(
-            group_label=label, idle_floor=floor, prices=MappingProxyType(prices), scrape_interval=interval
+            group_label=label,
+            idle_floor=floor,
+            prices=MappingProxyType(prices),
+            scrape_interval=interval,
+            follow_owners=args.accounting_owners,
         )

@@ -155,9 +155,11 @@ class _PolicyScaling:
 class WorkloadScaler:
     """Scales the targets of every policy with ``spec.actions.scale``; one per operator."""
 
-    def __init__(self, api: ScaleApi, events: EventSink) -> None:
+    def __init__(self, api: ScaleApi, events: EventSink, *, observe_only: bool = False) -> None:
         self._api = api
         self._events = events
+        self._observe_only = observe_only
+        """``--observe-only``: the operator may not read or write a /scale; each scaling policy is told."""
         self._policies: dict[PolicyKey, _PolicyScaling] = {}
         self._decisions: dict[tuple[str, str, str], int] = {}
 
@@ -248,6 +250,9 @@ class WorkloadScaler:
                 self._restore(state, mine.scale_status)
         state.restored = True
 
+        if self._observe_only:
+            message = f"not reading or scaling {what}: the operator runs observe-only (--observe-only)"
+            return await self._problem(state, me, None, None, "ObserveOnly", message)
         try:
             scale = await self._api.get_scale(policy.namespace, target)
         except NotFound:

@@ -4,9 +4,11 @@ A replica that does not own a policy sends its owner, once per evaluation interv
 verdicts on the policy's pods whose readings it holds (:mod:`gpuwarden.wire.verdicts`), at the
 owner's advertised ingest URL with ``/v1/verdicts`` for ``/v1/reports``, gzip-compressed,
 with its ServiceAccount token (``--peer-token-file``, re-read for every POST: the kubelet
-rotates it). The owner reviews the token as the ingest does (TokenReview, cached) and takes
-only the operator's own ServiceAccount (``--operator-service-account``); the verdicts go on
-its :class:`~.board.VerdictBoard` and wake the policy's daemon.
+rotates it), over TLS where the owner advertises https:// (its certificate checked against
+``--peer-ca-file`` for ``--peer-server-name``). The owner reviews the token as the ingest does
+(TokenReview, cached) and takes only the operator's own ServiceAccount
+(``--operator-service-account``); the verdicts go on its :class:`~.board.VerdictBoard` and wake
+the policy's daemon.
 
 Answers: 503 ``Standby`` (this replica does not act), 401/403/503 as for reports (the messages say
 verdicts), 413/415 for the body, 400 ``InvalidVerdicts`` (the message names the field; ``at`` more
@@ -23,6 +25,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -137,9 +140,13 @@ class VerdictSender:
         metrics: OperatorMetrics,
         *,
         timeout: float = SEND_TIMEOUT,
+        tls: ssl.SSLContext | None = None,
+        server_name: str | None = None,
         session_factory: Callable[[], aiohttp.ClientSession] = aiohttp.ClientSession,
     ) -> None:
         self._token_path = Path(token_path) if token_path else None
+        self._tls: ssl.SSLContext | bool = tls if tls is not None else True
+        self._server_name = server_name
         self._metrics = metrics
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session_factory = session_factory
@@ -156,7 +163,14 @@ class VerdictSender:
                 headers["Authorization"] = f"Bearer {self._token_path.read_text().strip()}"
             if self._session is None:
                 self._session = self._session_factory()
-            async with self._session.post(url, data=body, headers=headers, timeout=self._timeout) as rsp:
+            async with self._session.post(
+                url,
+                data=body,
+                headers=headers,
+                timeout=self._timeout,
+                ssl=self._tls,
+                server_hostname=self._server_name,
+            ) as rsp:
                 answer = await rsp.text()
                 problem = None if rsp.status == 200 else f"HTTP {rsp.status}: {answer[:200]}"
         except (TimeoutError, OSError, aiohttp.ClientError) as exc:

@@ -67,6 +67,9 @@ def test_priorities_differ_between_replicas_and_stay_across_restarts() -> None:
         (("--max-body-bytes", "0"), {}, "--max-body-bytes"),
         (("--node-rate", "0"), {}, "--node-rate"),
         (("--tls-cert-file", "c.pem"), {}, "--tls-key-file"),
+        (("--peer-ca-file", "ca.crt"), {}, "--peer-ca-file goes with --shards"),
+        (("--observe-only", "--node-health", "--cordon=on"), {}, "not with --observe-only"),
+        (("--peer-server-name", "op"), {}, "--peer-server-name goes with --shards"),
         ((), {"POD_NAME": "p"}, "POD_NAMESPACE"),
     ],
 )

@@ -100,11 +100,23 @@ def sample(health: dict[str, Any] | None = None, *, lost: bool = False, ecc: int
 
 
 class World:
-    def __init__(self, cordon: CordonMode = CordonMode.OFF, *, nodes: tuple[str, ...] = (NODE,)) -> None:
+    def __init__(
+        self,
+        cordon: CordonMode = CordonMode.OFF,
+        *,
+        nodes: tuple[str, ...] = (NODE,),
+        observe_only: bool = False,
+    ) -> None:
         self.api = FakeApi(*nodes)
         self.health = HealthStore(retention_seconds=3600)
         self.now = T0
-        config = OperatorConfig(node_health=True, node_health_hold=60.0, cordon=cordon, identity="op-0")
+        config = OperatorConfig(
+            node_health=True,
+            node_health_hold=60.0,
+            cordon=cordon,
+            identity="op-0",
+            observe_only=observe_only,
+        )
         view = PodView(POD.namespace, POD.name)
         self.pods = {POD.namespace: [PodRecord(view=view, uid="uid-train-0")]}
         self.monitor = NodeHealthMonitor(
@@ -182,6 +194,16 @@ async def test_an_xid_on_a_lost_gpu_makes_it_false_with_events_on_node_and_pod_t
     condition = world.api.condition()
     assert (condition["status"], condition["reason"]) == ("True", "GPUsHealthy")  # type: ignore[index]
     assert world.api.reasons("Node")[-1] == "GPUHealthRecovered"
+
+
+async def test_observe_only_posts_the_events_and_leaves_the_node_as_it_is() -> None:
+    world = World(CordonMode.DRY_RUN, observe_only=True)
+    await world.step()
+    await world.step(gpu=sample({"xids": [XidEvent(code=79, timestamp=world.now + 1)]}, lost=True))
+    assert world.api.condition_writes == 0
+    assert world.api.condition() is None
+    assert world.api.reasons("Node") == ["GPULost", "GPUXidError", "GPUNodeCordonDryRun"]
+    assert world.api.reasons("Pod") == ["GPULost", "GPUXidError"]
 
 
 async def test_a_condition_found_on_the_node_keeps_its_transition_time_and_is_not_rewritten() -> None:

@@ -57,6 +57,19 @@ async def test_a_deployments_pods_are_accounted_to_it_and_its_replicaset_is_read
     assert api.reads.count(RS + "web-abc") == 1
 
 
+async def test_without_following_owners_only_the_pod_is_read_and_its_controller_is_the_top() -> None:
+    """--no-accounting-owners: the chart grants no get on replicasets, jobs or statefulsets then."""
+    api = Api(
+        {
+            POD + "web-abc-1": obj(owner=("apps/v1", "ReplicaSet", "web-abc")),
+            RS + "web-abc": obj(owner=("apps/v1", "Deployment", "web")),
+        }
+    )
+    resolver = OwnerResolver(api, follow_owners=False)
+    assert await resolver.workload("ml", "web-abc-1") == Workload("ReplicaSet", "web-abc")
+    assert api.reads == [POD + "web-abc-1"]
+
+
 async def test_a_cronjobs_job_pods_go_to_the_cronjob_and_a_plain_job_is_its_own_top() -> None:
     api = Api(
         {

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from tls_support import self_signed
+from tls_support import make_pki
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 # The core install (`pip install gpuwarden`): neither Kopf nor the agent's gRPC can be imported.
@@ -160,9 +160,9 @@ async def test_an_unreachable_prometheus_is_one_line(tmp_path: Path) -> None:
 
 
 async def test_its_certificate_is_verified_against_the_ca_given(tmp_path: Path) -> None:
-    cert, key = self_signed(tmp_path)
+    pki = make_pki(tmp_path, names=("localhost",), ip="127.0.0.1")
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    tls.load_cert_chain(cert, key)
+    tls.load_cert_chain(pki.cert_file, pki.key_file)
     fake = FakePrometheus()
     app = web.Application()
     app.router.add_get("/api/v1/query", fake.query)
@@ -174,10 +174,10 @@ async def test_its_certificate_is_verified_against_the_ca_given(tmp_path: Path) 
         assert code == 1
         assert one_line(err) == (
             f"gpuwarden report: Prometheus at {url}: "
-            "its TLS certificate is not trusted (self-signed certificate)"
+            "its TLS certificate is not trusted (unable to get local issuer certificate)"
         )
         assert fake.queries == []
-        for trust in (f"--prometheus-ca-file={cert}", "--prometheus-insecure"):
+        for trust in (f"--prometheus-ca-file={pki.ca_file}", "--prometheus-insecure"):
             code, out, err = await report(f"--prometheus={url}", "--no-findings", trust, home=tmp_path)
             assert code == 0, err
             assert "Deployment/web" in out

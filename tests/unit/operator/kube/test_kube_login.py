@@ -19,7 +19,7 @@ import pytest
 import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from tls_support import self_signed
+from tls_support import make_pki
 
 from gpuwarden.clients import load_credentials
 from gpuwarden.operator.handlers import login
@@ -132,9 +132,9 @@ async def test_a_refused_credential_is_fetched_again_once(
 async def test_an_inline_ca_and_a_tls_server_name(tmp_path: Path) -> None:
     """A kubeconfig's ``certificate-authority-data`` is trusted, and ``tls-server-name`` is the name
     verified (an API server reached by address whose certificate names only ``kubernetes.default``)."""
-    cert, key = self_signed(tmp_path, dns_name="kubernetes.default")
+    pki = make_pki(tmp_path, names=("kubernetes.default",))
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    tls.load_cert_chain(cert, key)
+    tls.load_cert_chain(pki.cert_file, pki.key_file)
     api_server = ApiServer()
     app = web.Application()
     app.router.add_get("/api/v1/namespaces/x", api_server.namespace)
@@ -143,7 +143,7 @@ async def test_an_inline_ca_and_a_tls_server_name(tmp_path: Path) -> None:
     try:
         cluster = {
             "server": str(server.make_url("")).rstrip("/"),
-            "certificate-authority-data": base64.b64encode(cert.read_bytes()).decode(),
+            "certificate-authority-data": base64.b64encode(pki.ca_file.read_bytes()).decode(),
         }
         for name, answer in ((None, "not trusted"), ("kubernetes.default", "Namespace")):
             named = cluster | ({"tls-server-name": name} if name else {})

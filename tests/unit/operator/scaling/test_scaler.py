@@ -526,3 +526,15 @@ async def test_the_operator_and_local_mode_take_the_same_scale_steps(
     else:
         assert set(operator_replicas) == {1, 2, 3, 4}
         assert len(changes_operator) == 5
+
+
+async def test_observe_only_neither_reads_nor_scales_and_says_so_once(cluster: FakeCluster) -> None:
+    """--observe-only: the chart grants no /scale; the policy is told why, once, by a Warning."""
+    scaler = WorkloadScaler(cluster, cluster, observe_only=True)
+    del cluster.replicas["llm-server"]  # a read would now fail with NotFound: none may happen
+    for t in (0, 10):
+        out = await scaler.reconcile(policy(), action(), SATURATED, 2, T0 + t, cluster.claims())
+        assert (out.condition.status, out.condition.reason) == ("False", "ObserveOnly")
+        assert not out.applied
+    assert cluster.patches == []
+    assert cluster.reasons() == [("GPUMonitorPolicy/llm-serving", "ObserveOnly")]

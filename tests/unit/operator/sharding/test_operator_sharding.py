@@ -3,13 +3,17 @@ answering 421 for nodes another replica owns, and a policy evaluated by its owne
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from operator_fakes import PODS, POLICY, T0, Clock, ReviewApi, StatusApi, feed, report
+from tls_support import SERVICE_NAME, make_pki
 
 from gpuwarden.kubetime import format_micro_time
 from gpuwarden.operator.composition import build_operator
@@ -384,3 +388,41 @@ async def test_a_send_to_an_owner_that_does_not_answer_is_counted_and_not_retrie
     failed = metrics.registry.get_sample_value("gpuwarden_operator_verdicts_sent_total", {"result": "failed"})
     assert failed == 2
     assert len([r for r in caplog.records if "Cannot send verdicts" in r.message]) == 1  # logged once
+
+
+@pytest.mark.parametrize("trusted", [True, False], ids=["the chart's CA", "another CA"])
+async def test_verdicts_go_over_tls_to_a_replica_at_its_pod_ip_named_as_the_service(
+    tmp_path: Path, trusted: bool
+) -> None:
+    """A peer is reached at its pod IP, which its certificate (the ingest Service's) does not name:
+    --peer-server-name is what is checked; another CA's certificate gets nothing, the token included."""
+    pki = make_pki(tmp_path / "operator")
+    seen: list[str | None] = []
+
+    async def take(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization"))
+        return web.json_response({"taken": 0, "refused": 0})
+
+    app = web.Application()
+    app.router.add_post("/v1/verdicts", take)
+    serving = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    serving.load_cert_chain(pki.cert_file, pki.key_file)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=serving).start()
+    port = runner.addresses[0][1]
+    token = tmp_path / "token"
+    token.write_text("peer-token")
+    ca = pki.ca_file if trusted else make_pki(tmp_path / "other").ca_file
+    metrics = OperatorMetrics()
+    sender = VerdictSender(
+        str(token), metrics, tls=ssl.create_default_context(cafile=ca), server_name=SERVICE_NAME
+    )
+    report = VerdictReport(schema_version=SCHEMA_VERSION, shard="op-b", at=T0, namespace="ns", policy="pol")
+    try:
+        delivered = await sender.send(f"https://127.0.0.1:{port}/v1/verdicts", report)
+    finally:
+        await sender.close()
+        await runner.cleanup()
+    assert delivered is trusted
+    assert seen == (["Bearer peer-token"] if trusted else [])
