@@ -354,7 +354,7 @@ def _legend_handles() -> list[Artist]:
         Line2D([], [], color="gray", linestyle="--", label="finding started"),
         Patch(color="gray", alpha=0.25, label="finding active"),
         Line2D([], [], color="gray", linestyle="-.", label="rule's threshold (a rate: from where it fired)"),
-        Line2D([], [], color="gray", linewidth=1.3, label="service rule's value (right axis)"),
+        Line2D([], [], color="gray", linewidth=1.3, label="service rule's value (GPU row: right axis)"),
         Line2D([], [], color="black", alpha=0.7, label="scale decision"),
     ]
 
