@@ -429,12 +429,12 @@ def _memory_panel(
     ax: Axes, xs: list[float], device: DeviceHistory, spans: list[FindingSpan]
 ) -> tuple[float, float]:
     """The device's memory line; returns the range of GiB to show: the readings' (its subjects'
-    too) from where the first memory finding started (a job's load before a leak would flatten
+    too) from where the first growth finding started (a job's load before a leak would flatten
     the leak; the line comes in from below), with the card's size where they come near it."""
     width, alpha = (0.7, 0.5) if device.shared else (1.2, 1.0)
     memory = [v / GIB for v in device.memory_used]
     ax.plot(xs, memory, color="tab:blue", linewidth=width, alpha=alpha, label="memory used")
-    since = min((s.start for s in spans), default=-math.inf)
+    since = min((s.start for s in spans if s.unit == "bytes/s"), default=-math.inf)
     readings = [v for t, v in zip(device.times, memory, strict=True) if t >= since and not math.isnan(v)]
     for share in device.shares.values() if device.shared else ():
         readings += [

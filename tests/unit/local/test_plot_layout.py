@@ -17,7 +17,7 @@ from gpuwarden.local.history import FindingSpan, History
 from gpuwarden.local.plot import build_figure
 from gpuwarden.local.policies import LocalPolicy
 from gpuwarden.policy import RuleKind
-from gpuwarden.policy.rules import growth, latency, queue, utilization
+from gpuwarden.policy.rules import anomaly, growth, latency, queue, utilization
 from gpuwarden.sim.scenario import load_scenario
 
 GIB = 2.0**30
@@ -49,15 +49,10 @@ def span(rule: str, start: float, *, kind: RuleKind = utilization.FLOOR_KIND, **
         "devices": ("GPU-x",),
         "value": 3.0,
         "unit": "percent",
+        "message": "",
     }
     return FindingSpan(
-        policy="p",
-        rule=rule,
-        kind=kind,
-        reason="GPUUnderutilized",
-        start=start,
-        message="",
-        **(fields | more),
+        policy="p", rule=rule, kind=kind, reason="GPUUnderutilized", start=start, **(fields | more)
     )
 
 
@@ -178,7 +173,7 @@ def test_the_labels_on_a_shared_gpu_clear_each_other_and_the_readings(shared: Fi
     assert_labels_clear(shared, util, 100.0)
 
 
-def test_memory_is_scaled_from_where_the_first_memory_finding_started() -> None:
+def test_memory_is_scaled_from_where_the_first_growth_finding_started() -> None:
     # A job loads 100Gi in its first minute, then leaks 2Gi over nine: on a 0-102Gi axis the leak is flat.
     history = one_gpu([0.0, 100.0, *(100.0 + i / 4 for i in range(9))], minutes=10)
     history.spans.append(span("leak", 240.0, kind=growth.KIND, value=2 * GIB / 540, unit="bytes/s"))
@@ -187,6 +182,10 @@ def test_memory_is_scaled_from_where_the_first_memory_finding_started() -> None:
     assert bottom >= 99
     assert top < 104
     assert (data_y(mem, 102.0) - data_y(mem, 100.5)) / mem.get_window_extent().height > 0.3
+    # Another memory finding at the end (an anomaly, a ceiling) does not cut the readings before it off.
+    history = one_gpu([20.0, 60.0])
+    history.spans.append(span("dip", 590.0, kind=anomaly.KIND, unit="z", message="GPU memory dipped"))
+    assert build_figure(history, "late anomaly").axes[1].get_ylim()[0] <= 20
 
 
 SERVICE = "service/127.0.0.1:8000"
