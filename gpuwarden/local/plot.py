@@ -1,19 +1,23 @@
 """``--plot FILE.png``: each GPU's utilization and memory over the run, with its findings marked.
 
-One row per GPU, two panels: utilization (NVML utilization.gpu and, where the GPU has
-GPM, SM activity) and memory used, its axis scaled to the readings (a leak of a few GiB
-on a 141 GiB card climbs across the panel; the card's size is in the title, and its line
-is drawn where the readings come near it). A GPU that ran several pods or processes at
-once (a shared GPU) also gets one line per pod or process in each panel: its own
-per-process SM utilization, drawn through its readings (they come every
-``--process-interval``), and its own memory; the device's lines stay, thinner. A finding
-is drawn on the panel of what it judged (utilization rules on the left, memory rules on
-the right): a dashed line where it started and a shaded band until it cleared (or the
-run ended), its rule's name and value in a label above the readings. On a shared GPU
-each pod or process has a lane of its own under the readings, named in its colour, and
-its findings' bands run in its lane only; a dot marks where each started on its line,
-and the label names it. Labels never cover each other: each takes the first line of the
-headroom where it overlaps none placed before, and the headroom grows to hold them.
+One row per GPU that ran something (the others are named in one line under the title), two
+panels: utilization (NVML utilization.gpu and, where the GPU has GPM, SM activity) and memory
+used, its axis scaled to the readings (a leak of a few GiB on a 141 GiB card climbs across the
+panel; from where a growth finding started, so a job's load before it does not flatten it; the
+card's size is in the title, and its line is drawn where the readings come near it). A GPU that
+ran several pods or processes at once (a shared GPU) also gets one line per pod or process in
+each panel: its own per-process SM utilization, drawn through its readings (they come every
+``--process-interval``), and its own memory; the device's lines stay, thinner. A finding is drawn
+on the panel of what it judged (utilization rules on the left, memory rules on the right): a
+dashed line where it started and a shaded band until it cleared (or the run ended), its rule's
+name and the value it fired with in a label above the readings, its rule's threshold as a
+dash-dot line. The service rules' values (P99 latency, a queue) are drawn where they are judged:
+on a right axis of the utilization panel of their pod's GPU, or in a row of their own for a
+subject on no GPU (``service/<host:port>``). Scale decisions are marked on the GPUs of the pods
+they sized. On a shared GPU each pod or process has a lane of its own under the readings, named
+in its colour, and its findings' bands run in its lane only; a dot marks where each started on
+its line, and the label names it. Labels never cover each other: each takes the first line of
+the headroom where it overlaps none placed before, and the headroom grows to hold them.
 
 matplotlib is an optional dependency (``pip install 'gpuwarden[plot]'``); the figure is
 built on the Agg canvas directly, never through pyplot, so nothing global changes and

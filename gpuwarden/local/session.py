@@ -7,7 +7,9 @@ snapshot (from the scripted backend or NVML) is attributed to subjects, stored i
 engine exactly as real time would. What comes back from :meth:`Session.observe` is a
 :class:`Step`: the GPUs as the display shows them (on a GPU several subjects share, each
 subject's own readings, as the engine judges them: :class:`ShareRow`), the findings that
-started, re-notified or cleared, and the scale decisions.
+started, re-notified or cleared, and the scale decisions. The run's :class:`History` keeps, for the
+plot and the summary, the readings, the findings' spans, the service rules' values at each
+evaluation and the scale decisions.
 
 Subjects are pods (``demo``: the scenario's pods, with their labels) or host processes
 (``watch``: ``pid/<pid>`` in namespace ``""``, see :func:`gpuwarden.policy.process_subject`).
