@@ -6,8 +6,8 @@ attributed to the scenario's pods and fed to a :class:`~gpuwarden.local.session.
 with the demo's policies; the scenario's served replicas' metrics (vLLM's, from the queueing
 model) go to the same session at the policies' scrape pace, for their service rules. Nothing
 waits for scenario time to pass: at ``--speed`` 60 the loop only sleeps to keep the display at
-60 scenario seconds per wall second (a few sleeps per frame, never one per sample), and
-``--no-pace`` does not sleep at all.
+60 scenario seconds per wall second (a few sleeps per frame, never one per sample; see
+:mod:`gpuwarden.local.replay`), and ``--no-pace`` does not sleep at all.
 
 Exit codes: 0 when the scenario played to its end; 2 for bad flags or an unreadable
 scenario or policy file; 130 when interrupted (Ctrl-C), after the summary.
@@ -39,6 +39,7 @@ from gpuwarden.local.options import (
 )
 from gpuwarden.local.plot import PlotUnavailable, require_matplotlib, save_plot
 from gpuwarden.local.policies import LocalPolicy, demo_policy_path, load_policies
+from gpuwarden.local.replay import Pacer
 from gpuwarden.local.services import scrape_interval, scrape_of_replica, wanted_names
 from gpuwarden.local.session import ScaleNote, Session, Step, SubjectKind
 from gpuwarden.policy import PodId, PodView, SpecError
@@ -48,12 +49,8 @@ from gpuwarden.wire.node import Snapshot, merge_process_utilization
 
 DEFAULT_SPEED = 60.0
 """Scenario seconds per wall second: the 30-minute demo plays in about 30 s."""
-PACE_AHEAD = 0.05
-"""The loop runs at most this far (wall seconds) ahead of the paced schedule before it sleeps."""
 PROCESS_INTERVAL = 10.0
 """Scenario seconds between per-process utilization reads, the agent's default."""
-YIELD_EVERY = 50
-"""Unpaced, the loop still yields to the event loop this often, so /metrics answers."""
 EXIT_INTERRUPTED = 130
 
 
@@ -243,6 +240,7 @@ async def play(config: DemoConfig, out: Display | None = None) -> int:
         display.note(f"/metrics on {', '.join(addresses)}")
     display.note(_intro(config))
     started = time.monotonic()
+    pacer = Pacer(config.speed if config.pace else None, display.note)
     try:
         for i, (t, snapshot, step) in enumerate(run.steps()):
             ring.append(snapshot)
@@ -251,7 +249,7 @@ async def play(config: DemoConfig, out: Display | None = None) -> int:
             display.show(
                 step, f"gpuwarden demo: {config.scenario.name}, {clock(snapshot.timestamp)} of {total}"
             )
-            await _pace(config, started, t, i)
+            await pacer.wait(t + config.interval, i)
             if interrupted.is_set():
                 break
     finally:
@@ -283,16 +281,3 @@ def _intro(config: DemoConfig) -> str:
         f"Playing scenario {config.scenario.name!r} ({format_duration(config.scenario.duration)}, "
         f"{pace}) through policies {names}"
     )
-
-
-async def _pace(config: DemoConfig, started: float, t: float, i: int) -> None:
-    """Sleep only when the loop is ahead of ``speed``; unpaced, just let /metrics be served."""
-    if not config.pace:
-        if i % YIELD_EVERY == 0:
-            await asyncio.sleep(0)
-        return
-    ahead = started + (t + config.interval) / config.speed - time.monotonic()
-    if ahead > PACE_AHEAD:
-        await asyncio.sleep(ahead)
-    elif i % YIELD_EVERY == 0:
-        await asyncio.sleep(0)

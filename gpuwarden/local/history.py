@@ -1,4 +1,5 @@
-"""What local mode remembers for the plot and the summary: per-GPU readings and findings' spans.
+"""What local mode remembers for the plot and the summary: per-GPU readings, findings' spans, the
+service rules' values at each evaluation, and the scale decisions.
 
 The engine's store keeps only what the rules need (minutes); this keeps the whole run,
 bounded: each GPU's series, and each pod's or process's own readings on it, hold at most
@@ -163,12 +164,52 @@ class FindingSpan:
     last_message: str = ""
     """The engine's latest message; once resolved, the one it cleared with."""
     value: float | None = None
-    """The latest value (updated until it resolves), in ``unit``."""
+    """The value it fired with (its first evaluation's), in ``unit``: what the plot labels it with."""
+    threshold: float | None = None
+    """The rule's threshold, in ``unit``: the plot's line for it."""
     unit: str = ""
 
 
+@dataclass(slots=True)
+class JudgedSeries:
+    """A service rule's value (P99 latency, a queue) on one subject at each evaluation: the figure it
+    compares with its threshold, which no GPU reading shows. NaN where it had nothing to judge."""
+
+    rule: str
+    kind: RuleKind
+    unit: str
+    threshold: float
+    max_points: int = DEFAULT_MAX_POINTS
+    times: list[float] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+    _thinning: _Thinning = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._thinning = _Thinning(self.max_points)
+
+    def append(self, t: float, value: float | None) -> None:
+        """Record one evaluation's value (kept when it falls on the current stride)."""
+        if self._thinning.keep():
+            self.times.append(t)
+            self.values.append(_nan(value))
+            self._thinning.trim((self.times, self.values))
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleMark:
+    """A simulated scale decision, where the plot marks it: on the GPUs of the pods its policy matched."""
+
+    at: float
+    current: int
+    desired: int
+    applied: bool
+    """False: the policy is ``dryRun``, the replicas stayed."""
+    devices: tuple[str, ...]
+    """Device keys."""
+
+
 class History:
-    """Every GPU's readings and every finding's span, for one local run."""
+    """Every GPU's readings, every finding's span and every scale decision, for one local run."""
 
     def __init__(self, max_points: int = DEFAULT_MAX_POINTS) -> None:
         self.max_points = max_points
@@ -177,6 +218,9 @@ class History:
         self.spans: list[FindingSpan] = []
         self.full_names: dict[str, str] = {}
         """A subject's whole name where its display name is shortened: a process's entire command line."""
+        self.judged: dict[str, dict[str, JudgedSeries]] = {}
+        """Each subject's service rules' values, by display name, then rule."""
+        self.scaling: list[ScaleMark] = []
         self._open: dict[tuple[str, str, str, str], FindingSpan] = {}
         self.first: float | None = None
         self.last: float | None = None
@@ -194,6 +238,23 @@ class History:
             self.first = t
         self.last = t
 
+    def judge(
+        self,
+        subject: str,
+        rule: str,
+        kind: RuleKind,
+        unit: str,
+        threshold: float,
+        at: float,
+        value: float | None,
+    ) -> None:
+        """A service rule's value on ``subject`` at an evaluation (None: nothing to judge)."""
+        rules = self.judged.setdefault(subject, {})
+        series = rules.get(rule)
+        if series is None:
+            series = rules[rule] = JudgedSeries(rule, kind, unit, threshold, max_points=self.max_points)
+        series.append(at, value)
+
     def started(self, finding: Finding, subject: str, devices: tuple[str, ...], at: float) -> None:
         """A finding started (``devices``: the GPUs it speaks for)."""
         span = FindingSpan(
@@ -207,18 +268,19 @@ class History:
             message=finding.message,
             last_message=finding.message,
             value=finding.value,
+            threshold=finding.threshold,
             unit=finding.unit,
         )
         self.spans.append(span)
         self._open[self._key(finding)] = span
 
     def updated(self, finding: Finding) -> None:
-        """An active finding has a new value and message (and reason, when re-described)."""
+        """An active finding has a new message (and reason, when re-described); its value stays the one
+        it fired with."""
         span = self._open.get(self._key(finding))
         if span is not None:
             span.last_message = finding.message
             span.reason = finding.reason
-            span.value = finding.value
 
     def resolved(self, finding: Finding, resolution: Resolution | None, at: float) -> None:
         """A finding ended; its message now says why (the summary prints it after "cleared")."""
@@ -226,7 +288,6 @@ class History:
         if span is not None:
             span.end = at
             span.resolution = resolution
-            # Not the value: the plot labels a span with what it measured while it was active.
             span.last_message = finding.message
 
     def active(self) -> list[FindingSpan]:

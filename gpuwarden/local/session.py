@@ -7,7 +7,9 @@ snapshot (from the scripted backend or NVML) is attributed to subjects, stored i
 engine exactly as real time would. What comes back from :meth:`Session.observe` is a
 :class:`Step`: the GPUs as the display shows them (on a GPU several subjects share, each
 subject's own readings, as the engine judges them: :class:`ShareRow`), the findings that
-started, re-notified or cleared, and the scale decisions.
+started, re-notified or cleared, and the scale decisions. The run's :class:`History` keeps, for the
+plot and the summary, the readings, the findings' spans, the service rules' values at each
+evaluation and the scale decisions.
 
 Subjects are pods (``demo``: the scenario's pods, with their labels) or host processes
 (``watch``: ``pid/<pid>`` in namespace ``""``, see :func:`gpuwarden.policy.process_subject`).
@@ -40,7 +42,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from gpuwarden.local.history import History
+from gpuwarden.local.history import History, ScaleMark
 from gpuwarden.local.policies import LocalPolicy
 from gpuwarden.policy import (
     PROCESS_NAMESPACE,
@@ -63,6 +65,7 @@ from gpuwarden.policy import (
     points_from_processes,
     points_from_snapshot,
     process_subject,
+    rule_type,
     scale_step,
 )
 from gpuwarden.wire.node import DeviceState, GpuSample, ProcessSample, Snapshot, device_key
@@ -389,6 +392,7 @@ class Session:
                 self.services.prune(now)
             evaluation = entry.evaluator.evaluate(pods, self.store, now, self.health, services=self.services)
             entry.active = evaluation.active
+            self._record_judged(evaluation)
             for transition in evaluation.transitions:
                 announced = self._track(transition, devices_of)
                 if announced is not None:
@@ -396,6 +400,16 @@ class Session:
             note = None if entry.scaler is None else entry.scaler.scale(evaluation, now)
             if note is not None:
                 scaling.append(note)
+                matched = (devices_of.get(PodId(p.namespace, p.name), ()) for p in evaluation.matched_pods)
+                self.history.scaling.append(
+                    ScaleMark(
+                        now,
+                        note.decision.current,
+                        note.decision.desired,
+                        note.applied,
+                        tuple(dict.fromkeys(key for keys in matched for key in keys)),
+                    )
+                )
         return Step(
             at=now,
             rows=tuple(self._rows(snapshot, subjects_by_device, shares, devices_of)),
@@ -431,6 +445,21 @@ class Session:
         if self.subjects is SubjectKind.PROCESSES:
             return [PodId(PROCESS_NAMESPACE, process_subject(p.pid)) for p in gpu.processes]
         return pods_of(gpu)
+
+    def _record_judged(self, evaluation: Evaluation) -> None:
+        """The service rules' values, for the plot: no GPU reading shows what they judge."""
+        for outcome in evaluation.outcomes:
+            if rule_type(outcome.kind).metric is not None:
+                subject = self.subject_name(outcome.pod.namespace, outcome.pod.name)
+                self.history.judge(
+                    subject,
+                    outcome.rule,
+                    outcome.kind,
+                    outcome.unit,
+                    outcome.threshold,
+                    evaluation.at,
+                    outcome.value,
+                )
 
     def _points(self, snapshot: Snapshot) -> Iterator[tuple[SeriesKey, Point]]:
         if self.subjects is SubjectKind.PROCESSES:

@@ -68,6 +68,7 @@ from gpuwarden.local.options import (
 )
 from gpuwarden.local.plot import PlotUnavailable, require_matplotlib, save_plot
 from gpuwarden.local.policies import LocalPolicy, for_processes, load_policies
+from gpuwarden.local.replay import ScenarioClock, ScenarioSampler
 from gpuwarden.local.services import ServiceWatcher, scrape_interval, service_subject, wanted_names
 from gpuwarden.local.session import Session, SubjectKind, processes_in
 from gpuwarden.policy import RULE_TYPES, PodView, SpecError, service_metric_names
@@ -270,8 +271,7 @@ def run(args: argparse.Namespace) -> int:
     clock: Callable[[], float] = time.time
     backend: DeviceBackend
     if config.scenario is not None:
-        clock = _scenario_clock(config.speed)
-        backend = ScriptedBackend(config.scenario, origin=clock(), clock=clock)
+        backend = ScriptedBackend(config.scenario)  # played on its own time: see watch()
     else:
         from gpuwarden.agent.nvml import NvmlBackend
 
@@ -301,20 +301,20 @@ def run(args: argparse.Namespace) -> int:
         backend.close()
 
 
-def _scenario_clock(speed: float) -> Callable[[], float]:
-    """Epoch seconds that run ``speed`` times faster than the wall clock, from now on."""
-    wall0, mono0 = time.time(), time.monotonic()
-    return lambda: wall0 + (time.monotonic() - mono0) * speed
-
-
 async def watch(
     config: WatchConfig,
     backend: DeviceBackend,
     clock: Callable[[], float] = time.time,
     out: Display | None = None,
 ) -> int:
-    """Sample ``backend`` until stopped, evaluate, display, serve /metrics; plot and summarise on exit."""
+    """Sample ``backend`` until stopped, evaluate, display, serve /metrics; plot and summarise on exit.
+
+    A scripted backend is played on scenario time from its origin (``clock`` is then not read):
+    the same samples at any ``--speed`` (:mod:`gpuwarden.local.replay`).
+    """
     scripted = config.scenario is not None
+    if isinstance(backend, ScriptedBackend):
+        clock = ScenarioClock(backend.origin if backend.origin is not None else clock())
     history = History()
     services = [service_subject(url) for url in config.service_urls]
 
@@ -377,17 +377,31 @@ async def watch(
         if config.duration is not None and snapshot.timestamp - start >= config.duration:
             stop.set()
 
-    # The agent's loop, on compressed time when a scenario is played faster: its schedule
-    # follows the event loop's clock, so the intervals shrink by the same factor.
-    sampler = Sampler(
-        backend,
-        ring,
-        interval=config.interval / config.speed,
-        process_interval=config.process_interval / config.speed,
-        annotate=annotate,
-        deliver=deliver,
-        events=metrics,
-        clock=clock,
+    # The agent's loop; a scenario's on scenario time, each sample at its instant, whatever the host's pace.
+    sampler = (
+        ScenarioSampler(
+            backend,
+            ring,
+            clock=clock,
+            speed=config.speed,
+            interval=config.interval,
+            process_interval=config.process_interval,
+            annotate=annotate,
+            deliver=deliver,
+            events=metrics,
+            note=display.note,
+        )
+        if isinstance(clock, ScenarioClock)
+        else Sampler(
+            backend,
+            ring,
+            interval=config.interval,
+            process_interval=config.process_interval,
+            annotate=annotate,
+            deliver=deliver,
+            events=metrics,
+            clock=clock,
+        )
     )
     loop = asyncio.get_running_loop()
     # Before anything is served: SIGINT/SIGTERM from here on stop the watch with its summary.

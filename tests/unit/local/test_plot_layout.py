@@ -17,7 +17,7 @@ from gpuwarden.local.history import FindingSpan, History
 from gpuwarden.local.plot import build_figure
 from gpuwarden.local.policies import LocalPolicy
 from gpuwarden.policy import RuleKind
-from gpuwarden.policy.rules import utilization
+from gpuwarden.policy.rules import anomaly, growth, latency, queue, utilization
 from gpuwarden.sim.scenario import load_scenario
 
 GIB = 2.0**30
@@ -44,10 +44,16 @@ def one_gpu(memory: list[float], *, minutes: int = 10) -> History:
 
 
 def span(rule: str, start: float, *, kind: RuleKind = utilization.FLOOR_KIND, **more: Any) -> FindingSpan:
+    fields: dict[str, Any] = {
+        "subject": "training/job-0",
+        "devices": ("GPU-x",),
+        "value": 3.0,
+        "unit": "percent",
+        "message": "",
+    }
     return FindingSpan(
-        policy="p", rule=rule, kind=kind, reason="GPUUnderutilized", subject="training/job-0",
-        devices=("GPU-x",), start=start, message="", value=3.0, unit="percent", **more,
-    )  # fmt: skip
+        policy="p", rule=rule, kind=kind, reason="GPUUnderutilized", start=start, **(fields | more)
+    )
 
 
 def data_y(ax: Axes, value: float) -> float:
@@ -165,3 +171,54 @@ def test_the_labels_on_a_shared_gpu_clear_each_other_and_the_readings(shared: Fi
     util = shared.axes[0]
     assert len(label_boxes(shared, util)) == 3  # they started within seconds of each other
     assert_labels_clear(shared, util, 100.0)
+
+
+def test_memory_is_scaled_from_where_the_first_growth_finding_started() -> None:
+    # A job loads 100Gi in its first minute, then leaks 2Gi over nine: on a 0-102Gi axis the leak is flat.
+    history = one_gpu([0.0, 100.0, *(100.0 + i / 4 for i in range(9))], minutes=10)
+    history.spans.append(span("leak", 240.0, kind=growth.KIND, value=2 * GIB / 540, unit="bytes/s"))
+    mem = build_figure(history, "leak after load").axes[1]
+    bottom, top = mem.get_ylim()
+    assert bottom >= 99
+    assert top < 104
+    assert (data_y(mem, 102.0) - data_y(mem, 100.5)) / mem.get_window_extent().height > 0.3
+    # Another memory finding at the end (an anomaly, a ceiling) does not cut the readings before it off.
+    history = one_gpu([20.0, 60.0])
+    history.spans.append(span("dip", 590.0, kind=anomaly.KIND, unit="z", message="GPU memory dipped"))
+    assert build_figure(history, "late anomaly").axes[1].get_ylim()[0] <= 20
+
+
+SERVICE = "service/127.0.0.1:8000"
+
+
+def test_a_service_on_no_gpu_has_a_row_of_its_own() -> None:
+    # watch --service-metrics: the server is a subject of its own, on no GPU.
+    history = one_gpu([20.0, 20.0])
+    for t in range(0, 601, 10):
+        history.judge(SERVICE, "slow", latency.KIND, "seconds", 2.0, float(t), 1.0 if t < 300 else 3.0)
+        history.judge(SERVICE, "queued", queue.KIND, "requests", 50.0, float(t), 5.0)
+    history.spans.append(
+        span(
+            "slow",
+            330.0,
+            kind=latency.KIND,
+            subject=SERVICE,
+            devices=(),
+            value=3.0,
+            unit="seconds",
+            threshold=2.0,
+        )
+    )
+    figure = build_figure(history, "served")
+    latency_ax, queue_ax = figure.axes[2], figure.axes[3]
+    assert latency_ax.get_title(loc="left") == f"{SERVICE}  (latency (s))"
+    assert queue_ax.get_title(loc="left") == f"{SERVICE}  (requests)"
+    assert [line.get_gid() for line in latency_ax.lines] == [
+        "judged:slow",
+        "finding-start:slow",
+        "threshold:slow",
+    ]
+    assert [t.get_text() for t in latency_ax.texts] == ["slow 3s"]
+    assert [line.get_gid() for line in queue_ax.lines] == ["judged:queued"]
+    assert latency_ax.get_ylim()[1] >= 3.0
+    assert_labels_clear(figure, latency_ax, 3.0)
