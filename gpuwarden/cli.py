@@ -15,7 +15,7 @@ from typing import Protocol, cast
 from gpuwarden import __version__
 
 # subcommand -> (module, one-line help). Modules are imported lazily so that
-# `gpuwarden version` does not pay for Kopf or NVML imports.
+# `gpuwarden --version` does not pay for Kopf or NVML imports.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("gpuwarden.agent.command", "run the node agent (NVML sampling, /metrics, reports)"),
     "operator": ("gpuwarden.operator.command", "run the Kopf operator (ingestion, evaluation, events)"),
@@ -38,8 +38,8 @@ class Subcommand(Protocol):
 def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     """Build the parser; only the chosen subcommand's module is imported."""
     parser = argparse.ArgumentParser(prog="gpuwarden", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"gpuwarden {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sub.add_parser("version", help="print the version and exit")
     chosen = next((a for a in argv if not a.startswith("-")), None)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         sp = sub.add_parser(name, help=help_text)
@@ -54,9 +54,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the `gpuwarden` command and return its exit code."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(args_list).parse_args(args_list)
-    if args.command == "version":
-        print(f"gpuwarden {__version__}")
-        return 0
     return int(args.handler(args))
 
 
