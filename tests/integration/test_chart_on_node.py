@@ -188,8 +188,7 @@ def helm_install(node: Node) -> None:
 
 
 def tear_down(node: Node, namespace: str) -> None:
-    """The workloads' namespace (its policies first, while the operator runs: their finalizers are the
-    operator's to remove), the release, its namespace, the node's label."""
+    """The workloads' namespace, the release, its namespace, the node's label."""
     cp = node.control_plane
     cp.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=90s", timeout=120)
     cp.run_helm("uninstall", RELEASE, "--namespace", SYSTEM, "--wait", "--timeout=90s", timeout=120)

@@ -88,15 +88,16 @@ class PolicyRunner:
         pods: Mapping[str, Iterable[PodRecord]],
         policies: Mapping[str, Iterable[PolicyClaim]],
     ) -> None:
-        """Evaluate until cancelled (Kopf cancels the daemon on deletion, pause or exit).
+        """Evaluate until the policy is deleted (:meth:`OperatorState.end_policy`), or until cancelled
+        (Kopf cancels the daemon on pause or exit).
 
         ``pods`` and ``policies`` are the operator's indexes, by namespace (live: Kopf keeps them).
         """
-        pacing = self.state.open_policy(self.key)
+        pacing = self.state.open_policy(self.key, str((body.get("metadata") or {}).get("uid", "")))
         loop = asyncio.get_running_loop()
         try:
             due = loop.time()
-            while True:
+            while not pacing.ended:
                 started = loop.time()
                 try:
                     with self.state.metrics.evaluation_seconds.time():
@@ -112,9 +113,12 @@ class PolicyRunner:
                 self.state.metrics.evaluation_delay.observe(max(0.0, loop.time() - due))
                 due = await pacing.wait_next(started)
         finally:
-            self.state.close_policy(self.key)
-            self.state.verdicts.forget(self.key.namespace, self.key.name)
-            self.state.metrics.set_findings(self.key.namespace, self.key.name, ())
+            self.state.close_policy(self.key, pacing)
+            if not self.state.runs_policy(
+                self.key.namespace, self.key.name
+            ):  # a namesake created since keeps its own
+                self.state.verdicts.forget(self.key.namespace, self.key.name)
+                self.state.metrics.set_findings(self.key.namespace, self.key.name, ())
 
     async def round(
         self,
@@ -162,7 +166,7 @@ class PolicyRunner:
                 # Also without actions.scale: the scaler then forgets the policy and answers None, so a
                 # removed action takes its last result (a problem, the condition) with it.
                 self.scale_result = await self._scale(evaluation, now, policies)
-        await self.write_status(status, now)
+        await self.write_status(status, now, pacing)
 
     def _judged_here(self, record: PodRecord) -> bool:
         """Whether this replica holds the pod's readings (sharded mode: its node is ours)."""
@@ -324,7 +328,7 @@ class PolicyRunner:
 
         return availability(latest, self.evaluation.matched_pods)
 
-    async def write_status(self, live: Mapping[str, Any], now: float) -> None:
+    async def write_status(self, live: Mapping[str, Any], now: float, pacing: Pacing) -> None:
         """Patch the status subresource if what this round concluded differs from what was written."""
         if self.written is None:
             self.written = owned_part(live)
@@ -337,7 +341,10 @@ class PolicyRunner:
             )
         except ApiError as exc:
             if exc.status == 404:
-                return  # the policy is being deleted; the daemon is about to stop
+                # Deleted. Its DELETED event ends the daemon; this ends it should that event be missed
+                # (no finalizer holds the policy until the operator has seen it go).
+                pacing.end()
+                return
             self.log.warning("Cannot write the status (retried at the next evaluation): %s", exc)
             return
         self.state.metrics.status_writes.inc()
