@@ -168,3 +168,14 @@ Whether the agent reads the API server: the pod list (agent.podList.enabled) or 
 {{- $agent := .Values.agent -}}
 {{- if or $agent.podList.enabled (and $agent.dra.resourceSlices $agent.dra.drivers) -}}true{{- end -}}
 {{- end }}
+
+{{/*
+PriorityClass of the agent pods: agent.priorityClassName, else the chart's own when it creates one.
+*/}}
+{{- define "gpuwarden.agent.priorityClassName" -}}
+{{- if .Values.agent.priorityClassName }}
+{{- .Values.agent.priorityClassName }}
+{{- else if .Values.agent.priorityClass.create }}
+{{- include "gpuwarden.componentName" (dict "ctx" . "component" "agent") }}
+{{- end }}
+{{- end }}
