@@ -79,3 +79,19 @@ def test_every_relative_link_resolves(doc: Path) -> None:
         elif anchor and dest.suffix == ".md" and unquote(anchor) not in anchors(dest):
             broken.append(f"{target}: no heading #{anchor} in {dest.relative_to(ROOT)}")
     assert broken == []
+
+
+_REPO_URL = re.compile(r"https://github\.com/gpuwarden/gpuwarden/blob/main/([\w./-]+)(?:#([\w-]+))?")
+
+
+def test_links_from_the_code_and_the_chart_to_the_docs_resolve() -> None:
+    """What the agent prints (its no-GPU hint) and the chart's notes point at this repository's docs by URL."""
+    sources = [*(ROOT / "gpuwarden").rglob("*.py"), *(ROOT / "charts").rglob("*.txt")]
+    found = [(p, m) for p in sources for m in _REPO_URL.finditer(p.read_text())]
+    assert found, "no link to the docs found"
+    broken = []
+    for source, match in found:
+        path, anchor = ROOT / match.group(1), match.group(2)
+        if not path.exists() or (anchor and anchor not in anchors(path)):
+            broken.append(f"{source.relative_to(ROOT)}: {match.group(0)}")
+    assert broken == []
