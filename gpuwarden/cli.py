@@ -22,6 +22,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("gpuwarden.local.demo", "play the scripted eight-GPU scenario through the engine"),
     "watch": ("gpuwarden.local.watch", "watch this host's GPUs with a policy file, no Kubernetes"),
     "sim-server": ("gpuwarden.simserver.command", "serve a simulated inference replica (vLLM's metrics)"),
+    "check": (
+        "gpuwarden.operator.check",
+        "check an install: agents sampling and reporting, policies evaluated",
+    ),
     "report": (
         "gpuwarden.operator.accounting.report",
         "GPU-hours allocated, used and idle by namespace and workload",
