@@ -56,7 +56,7 @@ metadata:
     pod-security.kubernetes.io/warn: privileged
     pod-security.kubernetes.io/audit: privileged
 HEADER
-	"${HELM}" template "${RELEASE}" "${CHART}" --namespace "${NAMESPACE}" --skip-crds
+	"${HELM}" template "${RELEASE}" "${CHART}" --namespace "${NAMESPACE}" --skip-crds --skip-tests
 } >"${out}/gpuwarden.yaml"
 
 if [[ ${check} -eq 1 ]]; then

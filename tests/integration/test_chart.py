@@ -216,7 +216,7 @@ def existing(cp: ControlPlane, release: Release) -> list[str]:
 
 def labelled(cp: ControlPlane, release: Release) -> list[str]:
     """Every object of the kinds the release created, anywhere, carrying its instance label."""
-    resources = sorted({f"{d['kind'].lower()}s" for d in release.docs})
+    resources = sorted({d["kind"].lower() + ("es" if d["kind"].endswith("s") else "s") for d in release.docs})
     out = ok(
         cp.kubectl(
             "get",
