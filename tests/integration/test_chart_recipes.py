@@ -50,7 +50,7 @@ def env(objects: Objects) -> dict[str, str]:
     return {e["name"]: e.get("value", "") for e in agent(objects)["env"]}
 
 
-def annotations(objects: Objects) -> dict[str, str]:
+def pod_annotations(objects: Objects) -> dict[str, str]:
     return dict(objects["DaemonSet"]["spec"]["template"]["metadata"].get("annotations") or {})
 
 
@@ -108,7 +108,7 @@ def gpu_operator(o: Objects) -> None:
     assert pod(o)["nodeSelector"] == GPU_PRESENT
     assert tolerates(o, "nvidia.com/gpu")
     assert not privileged(o)
-    assert "cdi.k8s.io/gpuwarden-agent" not in annotations(o)
+    assert "cdi.k8s.io/gpuwarden-agent" not in pod_annotations(o)
 
 
 def containerd_toolkit(o: Objects) -> None:
@@ -119,7 +119,7 @@ def containerd_toolkit(o: Objects) -> None:
 
 
 def cdi(o: Objects) -> None:
-    assert annotations(o)["cdi.k8s.io/gpuwarden-agent"] == "nvidia.com/gpu=all"
+    assert pod_annotations(o)["cdi.k8s.io/gpuwarden-agent"] == "nvidia.com/gpu=all"
     assert env(o)["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert not privileged(o)
     assert "runtimeClassName" not in pod(o)

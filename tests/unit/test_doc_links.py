@@ -85,7 +85,7 @@ _REPO_URL = re.compile(r"https://github\.com/gpuwarden/gpuwarden/blob/main/([\w.
 
 
 def test_links_from_the_code_and_the_chart_to_the_docs_resolve() -> None:
-    """What the agent prints (its no-GPU hint) and the chart's notes point at this repository's docs by URL."""
+    """What the agent prints (its no-GPU hint) and the chart's notes link to this repository's docs."""
     sources = [*(ROOT / "gpuwarden").rglob("*.py"), *(ROOT / "charts").rglob("*.txt")]
     found = [(p, m) for p in sources for m in _REPO_URL.finditer(p.read_text())]
     assert found, "no link to the docs found"

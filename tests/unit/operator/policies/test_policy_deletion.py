@@ -25,7 +25,8 @@ def test_no_handler_makes_kopf_put_a_finalizer_on_anything() -> None:
     spawning = registry._spawning.get_all_handlers()
     changing = registry._changing.get_all_handlers()
     assert [h.id for h in spawning] == ["evaluate"]  # the daemon is still registered
-    assert [h.id for h in [*spawning, *changing] if h.requires_finalizer] == []
+    assert [h.id for h in spawning if h.requires_finalizer] == []
+    assert [h.id for h in changing if h.requires_finalizer] == []
 
 
 def _state(api: Any) -> OperatorState:
