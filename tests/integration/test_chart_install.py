@@ -75,9 +75,9 @@ def enforcing(
 
 
 def install_lines(path: Any) -> list[str]:
-    """The console block that installs the chart (the one with `helm install`)."""
+    """The first console block that installs the chart (with `helm install`)."""
     blocks = re.findall(r"```console\n(.*?)```", path.read_text(), re.S)
-    (block,) = [b for b in blocks if "helm install" in b]
+    block = next(b for b in blocks if "helm install" in b)
     return [line for line in block.splitlines() if line.strip()]
 
 
