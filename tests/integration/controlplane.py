@@ -709,6 +709,9 @@ class ControlPlane:
                 f"--service-account-signing-key-file={pki.sa_private_key}",
                 f"--api-audiences={','.join(API_AUDIENCES)}",
                 *self._apiserver_node_flags(pki),
+                # As every cluster installer sets it (kubeadm, GKE, EKS, AKS): the chart's privileged
+                # fallback (agent.gpuAccess.mode=privileged) must be admitted as it is there.
+                "--allow-privileged=true",
                 *self.apiserver_flags,
                 "--profiling=false",
                 "--v=1",

@@ -311,7 +311,9 @@ def test_default_install_objects(control_plane: ControlPlane, namespace: str) ->
         agent = ds["spec"]["template"]["spec"]
         (agent_container,) = agent["containers"]
         assert agent["hostPID"] is True
-        assert agent["priorityClassName"] == "system-node-critical"
+        assert agent["priorityClassName"] == f"{release.name}-agent"  # the chart's own
+        (priority,) = release.objects("PriorityClass")
+        assert priority["metadata"]["name"] == f"{release.name}-agent"
         assert agent["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
         assert {"key": "nvidia.com/gpu", "operator": "Exists"} in agent["tolerations"]
         assert (
