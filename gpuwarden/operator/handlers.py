@@ -201,14 +201,15 @@ def _no_finalizers() -> None:
     """Register the evaluation daemon without Kopf's finalizer.
 
     Kopf puts a finalizer on every object a daemon runs for, to stop the daemon before the object
-    goes. On our policies nothing needs it: a round holds nothing worth finishing, and the
-    DELETED event (:func:`policy_deleted`; a 404 on the status write should that event be missed)
-    ends the daemon as well. With it, every policy outlived the operator: after `helm uninstall`,
-    deleting a policy, its namespace or the CRD hung on a finalizer that nothing would remove. Kopf
-    removes the finalizer from policies that still carry it (an earlier version's) at their next event,
-    since no handler requires it. ``kopf.daemon`` has no ``optional=`` as ``kopf.on.delete`` has, so
-    the flag is cleared on the registered handler (tests/unit/operator/test_operator_handlers.py
-    checks that no handler requires a finalizer).
+    goes. On our policies nothing needs it: a round holds nothing worth finishing, and the DELETED
+    event (:func:`policy_deleted`) ends the daemon as well; should that event be missed, a 404 on the
+    status write or the runner's check every five minutes that the object still exists does. With the
+    finalizer, every policy outlived the operator: after `helm uninstall`, deleting a policy, its
+    namespace or the CRD hung on a finalizer that nothing would remove. Kopf removes the finalizer from
+    policies that still carry it (an earlier version's) at their next event, since no handler requires
+    it. ``kopf.daemon`` has no ``optional=`` as ``kopf.on.delete`` has, so the flag is cleared on the
+    registered handler (tests/unit/operator/policies/test_policy_deletion.py checks that no handler
+    requires a finalizer; tests/integration/test_policy_finalizers.py, the API server's side).
     """
     spawning = registry._spawning
     spawning._handlers = [dataclasses.replace(h, requires_finalizer=False) for h in spawning._handlers]

@@ -59,6 +59,11 @@ from gpuwarden.wire.verdicts import VerdictReport
 
 __all__ = ["PolicyRunner"]
 
+EXISTENCE_CHECK_S = 300.0
+"""How often a daemon confirms that its policy object still exists. No finalizer holds a policy (see
+handlers.py), so its DELETED event ends the daemon; should a watch that is re-listed lose that event,
+this ends it within five minutes (a 404 on the status write, sooner)."""
+
 
 class PolicyRunner:
     """The evaluation loop of one policy (one per running daemon)."""
@@ -95,9 +100,14 @@ class PolicyRunner:
         """
         pacing = self.state.open_policy(self.key, str((body.get("metadata") or {}).get("uid", "")))
         loop = asyncio.get_running_loop()
+        checked = loop.time()
         try:
             due = loop.time()
             while not pacing.ended:
+                if loop.time() - checked >= EXISTENCE_CHECK_S:
+                    checked = loop.time()
+                    if not await self._exists(pacing.uid):
+                        break
                 started = loop.time()
                 try:
                     with self.state.metrics.evaluation_seconds.time():
@@ -119,6 +129,15 @@ class PolicyRunner:
             ):  # a namesake created since keeps its own
                 self.state.verdicts.forget(self.key.namespace, self.key.name)
                 self.state.metrics.set_findings(self.key.namespace, self.key.name, ())
+
+    async def _exists(self, uid: str) -> bool:
+        """Whether the policy object ``uid`` still exists (an unanswered API: assumed so)."""
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{self.key.namespace}/{PLURAL}/{self.key.name}"
+        try:
+            live = await self.state.api.get(path)
+        except ApiError as exc:
+            return exc.status != 404
+        return not uid or (live.get("metadata") or {}).get("uid") == uid
 
     async def round(
         self,

@@ -14,7 +14,7 @@ from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.handlers import registry
 from gpuwarden.operator.kube import ApiError
-from gpuwarden.operator.policies.runner import PolicyRunner
+from gpuwarden.operator.policies.runner import EXISTENCE_CHECK_S, PolicyRunner
 from gpuwarden.operator.resources import PolicyKey
 from gpuwarden.operator.state import OperatorState
 
@@ -85,3 +85,45 @@ async def test_a_status_write_answered_404_ends_the_daemon() -> None:
     task = _running(state, dict(POLICY))
     await asyncio.wait_for(task, timeout=1)
     assert not state.runs_policy("ns", "pol")
+
+
+class ListedApi(StatusApi):
+    """Answers GETs of the policy from ``objects`` (a path's absence: 404), as the API server would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.gets = 0
+
+    async def get(self, path: str) -> dict[str, Any]:
+        self.gets += 1
+        if path not in self.objects:
+            raise ApiError(404, "not found")
+        return self.objects[path]
+
+
+POLICY_PATH = "/apis/gpuwarden.dev/v1alpha1/namespaces/ns/gpumonitorpolicies/pol"
+
+
+@pytest.mark.looptime
+async def test_a_policy_gone_without_its_event_ends_its_daemon_within_five_minutes() -> None:
+    api = ListedApi()
+    api.objects[POLICY_PATH] = {"metadata": {"uid": "pol-uid"}}
+    state = _state(api)  # no readings: a quiet policy, whose status never changes after the first write
+    task = _running(state, dict(POLICY))
+    await asyncio.sleep(EXISTENCE_CHECK_S + 30)
+    assert not task.done()
+    assert api.gets == 1  # once per five minutes, not per round
+
+    del api.objects[POLICY_PATH]  # deleted, and the DELETED event never came
+    await asyncio.wait_for(task, timeout=EXISTENCE_CHECK_S + 2)
+    assert not state.runs_policy("ns", "pol")
+
+
+@pytest.mark.looptime
+async def test_a_namesake_in_its_place_ends_the_old_daemon_too() -> None:
+    api = ListedApi()
+    api.objects[POLICY_PATH] = {"metadata": {"uid": "someone-else"}}
+    state = _state(api)
+    task = _running(state, dict(POLICY))
+    await asyncio.wait_for(task, timeout=EXISTENCE_CHECK_S + 2)
