@@ -149,3 +149,6 @@ def test_make_release_then_helm_install_from_the_registry_on_the_node(registry: 
         print(f"\nrelease from {registry} → {timings}")
     finally:
         tear_down(node, namespace)
+        for component in ("agent", "operator"):  # make release's tags, for this run's registry only
+            target = f"{registry}/gpuwarden/gpuwarden-{component}:{VERSION}"
+            subprocess.run(["podman", "untag", target, target], capture_output=True, check=False, timeout=60)
