@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint unit integration control-plane images demo-cluster clean
+.PHONY: demo test lint unit integration control-plane images demo-cluster release clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,10 @@ control-plane:
 ## operator, pause and base images
 images:
 	./hack/build-images.sh >/dev/null
+
+## release: push both images and the chart to REGISTRY (hack/release.sh): make release VERSION=X.Y.Z REGISTRY=HOST
+release: control-plane
+	./hack/release.sh "$(VERSION)" "$(REGISTRY)"
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis .import_linter_cache

@@ -15,13 +15,17 @@ from typing import Protocol, cast
 from gpuwarden import __version__
 
 # subcommand -> (module, one-line help). Modules are imported lazily so that
-# `gpuwarden version` does not pay for Kopf or NVML imports.
+# `gpuwarden --version` does not pay for Kopf or NVML imports.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("gpuwarden.agent.command", "run the node agent (NVML sampling, /metrics, reports)"),
     "operator": ("gpuwarden.operator.command", "run the Kopf operator (ingestion, evaluation, events)"),
     "demo": ("gpuwarden.local.demo", "play the scripted eight-GPU scenario through the engine"),
     "watch": ("gpuwarden.local.watch", "watch this host's GPUs with a policy file, no Kubernetes"),
     "sim-server": ("gpuwarden.simserver.command", "serve a simulated inference replica (vLLM's metrics)"),
+    "check": (
+        "gpuwarden.operator.check",
+        "check an install: agents sampling and reporting, policies evaluated",
+    ),
     "report": (
         "gpuwarden.operator.accounting.report",
         "GPU-hours allocated, used and idle by namespace and workload",
@@ -38,8 +42,8 @@ class Subcommand(Protocol):
 def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     """Build the parser; only the chosen subcommand's module is imported."""
     parser = argparse.ArgumentParser(prog="gpuwarden", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"gpuwarden {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sub.add_parser("version", help="print the version and exit")
     chosen = next((a for a in argv if not a.startswith("-")), None)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         sp = sub.add_parser(name, help=help_text)
@@ -54,9 +58,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the `gpuwarden` command and return its exit code."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(args_list).parse_args(args_list)
-    if args.command == "version":
-        print(f"gpuwarden {__version__}")
-        return 0
     return int(args.handler(args))
 
 

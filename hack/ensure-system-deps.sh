@@ -6,6 +6,8 @@
 #   containerd, ctr, runc         the test node's container runtime (containerd, runc)
 #   /usr/lib/cni/{bridge,...}     the test node's pod network     (containernetworking-plugins)
 #   iptables, conntrack           kube-proxy's Service routing    (iptables, conntrack)
+#   docker-registry               an OCI registry for the release test, `make release` pushes to it
+#                                 (tests/integration/test_release.py; run by the test, never a service)
 #
 # No recommends, and no service is left running: the harness (tests/integration/node.py) starts its
 # own containerd with its own root, state and socket.
@@ -25,6 +27,7 @@ want /usr/lib/cni/host-local containernetworking-plugins
 want /usr/lib/cni/loopback containernetworking-plugins
 want iptables iptables
 want conntrack conntrack
+want docker-registry docker-registry
 mapfile -t packages < <(printf '%s\n' "${packages[@]}" | sort -u | sed '/^$/d')
 
 if [[ ${#packages[@]} -gt 0 ]]; then
@@ -40,4 +43,4 @@ if [[ ${#packages[@]} -gt 0 ]]; then
   # the prometheus package's postinst may start a server we do not want
   pkill -x prometheus 2>/dev/null || true
 fi
-command -v promtool prometheus containerd ctr runc iptables conntrack
+command -v promtool prometheus containerd ctr runc iptables conntrack docker-registry

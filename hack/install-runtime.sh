@@ -46,7 +46,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 # The entry point runs, the component's modules import (the agent's NVML binding loads without a GPU;
 # libnvidia-ml is only opened when sampling starts), and the other component's framework is not there.
 bin_dir="$("${PYTHON}" -c 'import sys, sysconfig; print(sysconfig.get_path("scripts"))')"
-"${bin_dir}/gpuwarden" version
+"${bin_dir}/gpuwarden" --version
 "${PYTHON}" -c "import ${imports}"
 "${PYTHON}" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('${absent}') is not None)" \
 	|| die "${absent} is installed, but the ${component} does not use it"

@@ -60,7 +60,7 @@ metadata:
     pod-security.kubernetes.io/warn: privileged
     pod-security.kubernetes.io/audit: privileged
 HEADER
-	"${HELM}" template "${RELEASE}" "${CHART}" --namespace "${NAMESPACE}" --skip-crds \
+	"${HELM}" template "${RELEASE}" "${CHART}" --namespace "${NAMESPACE}" --skip-crds --skip-tests \
 		--set tls.certManager.enabled=true
 } >"${out}/gpuwarden.yaml"
 

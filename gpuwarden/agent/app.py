@@ -28,7 +28,7 @@ from gpuwarden.agent.backend import DeviceBackend
 from gpuwarden.agent.config import AgentConfig
 from gpuwarden.agent.hookattach import HookStage
 from gpuwarden.agent.hooksocket import HookReadings, HookServer, HookSocketError
-from gpuwarden.agent.http import CleanupContext, background_task, build_app, listen
+from gpuwarden.agent.http import CleanupContext, background_task, build_app, listen, stale_after
 from gpuwarden.agent.metrics import (
     DraMetrics,
     HookMetrics,
@@ -242,7 +242,9 @@ async def serve(
     runner: web.AppRunner | None = None
     try:
         runner, addresses = await listen(
-            build_app(registry, ring, background=background), config.host, config.port
+            build_app(registry, ring, stale_after=stale_after(config.sample_interval), background=background),
+            config.host,
+            config.port,
         )
         log.info(
             "agent on node %s, backend %s, listening on %s; reporting to %s",

@@ -199,6 +199,30 @@ def open_backend(config: AgentConfig) -> DeviceBackend:
     return backend
 
 
+# In a pod the agent requests no GPU, so it sees one only if the runtime injects the driver for it: which
+# chart value makes that happen depends on the cluster (docs/install.md, "Where the agent sees no GPU").
+_POD_HINT = """
+  In a pod, the agent (which requests no GPU) sees the GPUs only if the container runtime injects the
+  driver's libnvidia-ml and the /dev/nvidia* nodes for it. Set the chart value your nodes need:
+    agent.runtimeClassName=nvidia        the NVIDIA runtime is not the node's default (containerd with the
+                                         toolkit; the NVIDIA GPU Operator)
+    agent.gpuAccess.mode=cdi             a CDI-only runtime (containerd enable_cdi, CRI-O, GPU Operator
+                                         with cdi.enabled)
+    agent.gpuAccess.mode=privileged      the toolkit refuses unprivileged pods (EKS Bottlerocket); with
+      agent.gpuAccess.driverHostPath=/home/kubernetes/bin/nvidia   on GKE's own driver installer (COS, Ubuntu)
+  Recipes per cluster: https://github.com/gpuwarden/gpuwarden/blob/main/docs/install.md#where-the-agent-sees-no-gpu"""
+
+_HOST_HINT = """
+  The nvml backend (the default) reads the GPUs through the NVIDIA driver and does not fall
+  back to anything else. To play a scripted scenario instead (demos, tests), run with
+  --backend scripted --scenario FILE (e.g. --scenario demo)."""
+
+
+def no_gpu_hint(*, in_pod: bool) -> str:
+    """What to do when NVML finds no GPU: in a pod, the chart values that give the agent one."""
+    return _POD_HINT if in_pod else _HOST_HINT
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the agent until SIGTERM/SIGINT; the process's exit code."""
     logging.basicConfig(
@@ -214,13 +238,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         backend = open_backend(config)
     except BackendError as exc:
-        hint = (
-            "\n  The nvml backend (the default) reads the GPUs through the NVIDIA driver and does not fall"
-            "\n  back to anything else. To play a scripted scenario instead (demos, tests), run with"
-            "\n  --backend scripted --scenario FILE (e.g. --scenario demo)."
-            if config.backend == "nvml"
-            else ""
-        )
+        hint = no_gpu_hint(in_pod="KUBERNETES_SERVICE_HOST" in os.environ) if config.backend == "nvml" else ""
         print(f"gpuwarden agent: {config.backend} backend cannot start: {exc}{hint}", file=sys.stderr)
         return 1
     try:

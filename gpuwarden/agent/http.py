@@ -1,4 +1,4 @@
-"""The agent's HTTP server: ``/metrics``, ``/healthz`` and ``/readyz``.
+"""The agent's HTTP server: ``/metrics``, ``/healthz`` and ``/readyz`` (fresh samples: :func:`stale_after`).
 
 :func:`build_app` returns the aiohttp application and :func:`listen` serves it, with the limits
 of :mod:`gpuwarden.serving` (idle connections closed after 30 s, at most
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from typing import Any
 
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 
 REGISTRY = web.AppKey("registry", CollectorRegistry)
 RING = web.AppKey("ring", SnapshotRing)
+STALE_AFTER = web.AppKey("stale_after", float)
 
 CleanupContext = Callable[[web.Application], AsyncIterator[None]]
 
@@ -47,19 +49,39 @@ async def _healthz(request: web.Request) -> web.Response:
     return web.Response(text="ok\n")
 
 
+STALE_SAMPLES = 5
+"""Sample intervals without a new snapshot after which the agent is unready (:func:`stale_after`)."""
+STALE_FLOOR_S = 10.0
+"""...and never sooner: a slow NVML call or a busy node's pause must not flap readiness."""
+
+
+def stale_after(sample_interval: float) -> float:
+    """Seconds without a new snapshot after which ``/readyz`` fails: the sampler is stalled (an NVML
+    call that hangs) or failing (every read raises). A pod that reports nothing fresh is not ready,
+    whatever its web server says."""
+    return max(STALE_SAMPLES * sample_interval, STALE_FLOOR_S)
+
+
 async def _readyz(request: web.Request) -> web.Response:
-    if request.app[RING].ready:
-        return web.Response(text="ok\n")
-    return web.Response(status=503, text="no sample taken yet\n")
+    age = request.app[RING].age()
+    if age is None:
+        return web.Response(status=503, text="no sample taken yet\n")
+    limit = request.app[STALE_AFTER]
+    if age > limit:
+        text = f"no new sample for {age:.0f} s (unready after {limit:g} s): sampling is stalled or failing\n"
+        return web.Response(status=503, text=text)
+    return web.Response(text="ok\n")
 
 
 def build_app(
     registry: CollectorRegistry,
     ring: SnapshotRing,
     *,
+    stale_after: float = math.inf,
     background: Iterable[CleanupContext] = (),
 ) -> web.Application:
-    """The agent's app: /metrics from ``registry``, /readyz once ``ring`` holds a snapshot.
+    """The agent's app: /metrics from ``registry``; /readyz while ``ring``'s newest snapshot is at
+    most ``stale_after`` seconds old (infinite: once it holds one, for local mode, which nothing probes).
 
     ``background`` contexts start (in order) when the app starts and stop (in reverse)
     when it is cleaned up.
@@ -67,6 +89,7 @@ def build_app(
     app = web.Application()
     app[REGISTRY] = registry
     app[RING] = ring
+    app[STALE_AFTER] = stale_after
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)

@@ -73,14 +73,16 @@ class SnapshotRing:
     Written and read on the event loop only, so it needs no lock.
     """
 
-    def __init__(self, capacity: int = 300) -> None:
+    def __init__(self, capacity: int = 300, *, clock: Callable[[], float] = time.monotonic) -> None:
         if capacity < 1:
             raise ValueError("a snapshot ring needs room for at least one snapshot")
         self._ring: deque[Snapshot] = deque(maxlen=capacity)
         self.process_utilization: ProcessUtilization = {}
         """The last per-process reading, by device key then PID; kept between the lower-rate reads."""
         self.first_sample = asyncio.Event()
-        """Set once the first snapshot is in: what ``/readyz`` waits for."""
+        """Set once the first snapshot is in."""
+        self._clock = clock
+        self._appended_at: float | None = None
 
     def __len__(self) -> int:
         return len(self._ring)
@@ -88,6 +90,7 @@ class SnapshotRing:
     def append(self, snapshot: Snapshot) -> None:
         """Keep a new snapshot; the oldest falls out when the ring is full."""
         self._ring.append(snapshot)
+        self._appended_at = self._clock()
         self.first_sample.set()
 
     def latest(self) -> Snapshot | None:
@@ -106,6 +109,10 @@ class SnapshotRing:
     def ready(self) -> bool:
         """Whether at least one snapshot was taken."""
         return bool(self._ring)
+
+    def age(self) -> float | None:
+        """Seconds (the ring's monotonic clock) since the newest snapshot came in; None before one."""
+        return None if self._appended_at is None else self._clock() - self._appended_at
 
 
 @dataclass(frozen=True, slots=True)

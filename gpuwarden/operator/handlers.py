@@ -10,8 +10,9 @@
 - ``policy_claims`` index: each policy's parsed scale action by namespace, for the scaler's
   conflict check (parsed once per change, not by every policy at every round);
 - pod deletion: forget the pod's series;
-- one daemon per GPUMonitorPolicy: its evaluation loop (Kopf stops it on deletion and
-  while this replica is paused by peering);
+- one daemon per GPUMonitorPolicy: its evaluation loop (Kopf stops it while this replica is
+  paused by peering, and at exit);
+- policy deletion (the watch's DELETED event): end that daemon. No finalizer: see :func:`_no_finalizers`;
 - spec changes: wake that daemon.
 
 The handlers go into :data:`registry`, the operator's own, never Kopf's default one: importing this
@@ -21,6 +22,7 @@ module registers nothing in Kopf. ``gpuwarden operator`` (:mod:`.command`) runs 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from datetime import UTC, datetime
 from typing import Any
@@ -82,7 +84,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # Events are ours (kube/events.py: never twice); Kopf's own handler logs stay in the log, not in
     # `kubectl describe`.
     settings.posting.enabled = False
-    # The daemons' finalizer and Kopf's bookkeeping annotations carry our domain, not Kopf's.
+    # The finalizer Kopf removes (from policies an earlier version left it on: _no_finalizers) and its
+    # bookkeeping annotations carry our domain, not Kopf's.
     settings.persistence.finalizer = FINALIZER
     # Our CRD's status schema prunes unknown fields, so Kopf must keep its progress in annotations.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
@@ -193,7 +196,7 @@ async def pod_deleted(namespace: str | None, name: str, memo: kopf.Memo, **_: An
         _state(memo).forget_pod(namespace, name)
 
 
-# Cancelled at once when stopped (deletion, peering pause, exit): a round holds nothing worth finishing.
+# Cancelled at once when stopped (peering pause, exit): a round holds nothing worth finishing.
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5.0, registry=registry)
 async def evaluate(namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     assert namespace is not None  # policies are namespaced
@@ -202,6 +205,36 @@ async def evaluate(namespace: str | None, name: str, body: kopf.Body, memo: kopf
     policies: kopf.Index[str, PolicyClaim] = kwargs["policy_claims"]
     runner = _operator(memo).runner(PolicyKey(namespace, name))
     await runner.run(body=body, pods=pods, policies=policies)
+
+
+def _deleted(type: str, **_: Any) -> bool:
+    return type == "DELETED"
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL, when=_deleted, registry=registry)
+async def policy_deleted(uid: str, memo: kopf.Memo, **_: Any) -> None:
+    _state(memo).end_policy(uid)
+
+
+def _no_finalizers() -> None:
+    """Register the evaluation daemon without Kopf's finalizer.
+
+    Kopf puts a finalizer on every object a daemon runs for, to stop the daemon before the object
+    goes. On our policies nothing needs it: a round holds nothing worth finishing, and the DELETED
+    event (:func:`policy_deleted`) ends the daemon as well; should that event be missed, a 404 on the
+    status write or the runner's check every five minutes that the object still exists does. With the
+    finalizer, every policy outlived the operator: after `helm uninstall`, deleting a policy, its
+    namespace or the CRD hung on a finalizer that nothing would remove. Kopf removes the finalizer from
+    policies that still carry it (an earlier version's) at their next event, since no handler requires
+    it. ``kopf.daemon`` has no ``optional=`` as ``kopf.on.delete`` has, so the flag is cleared on the
+    registered handler (tests/unit/operator/policies/test_policy_deletion.py checks that no handler
+    requires a finalizer; tests/integration/test_policy_finalizers.py, the API server's side).
+    """
+    spawning = registry._spawning
+    spawning._handlers = [dataclasses.replace(h, requires_finalizer=False) for h in spawning._handlers]
+
+
+_no_finalizers()
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", registry=registry)

@@ -27,6 +27,15 @@ class Pacing:
     """Loop time at which a spec change made the next evaluation due (for the delay histogram)."""
     data_at: float = 0.0
     """Loop time the latest readings arrived."""
+    uid: str = ""
+    """The policy object's uid: a deletion ends only its own daemon, never a namesake's created since."""
+    ended: bool = False
+    """The policy is gone: the daemon returns at its next wake-up (:meth:`end`)."""
+
+    def end(self) -> None:
+        """The policy was deleted: wake the daemon so that it returns."""
+        self.ended = True
+        self.wakeup.set()
 
     def nudge_spec(self) -> None:
         """The spec changed: evaluate now."""
@@ -52,11 +61,13 @@ class Pacing:
         """
         loop = asyncio.get_running_loop()
         due = started + self.interval
-        while not self.spec_changed and loop.time() < due:
+        while not (self.spec_changed or self.ended) and loop.time() < due:
             await _sleep_on(self.wakeup, due - loop.time())
+        if self.ended:
+            return loop.time()
         if not self.spec_changed:
             fallback = due + self.interval
-            while not (self.data_pending or self.spec_changed) and loop.time() < fallback:
+            while not (self.data_pending or self.spec_changed or self.ended) and loop.time() < fallback:
                 await _sleep_on(self.wakeup, fallback - loop.time())
             if self.data_pending:
                 due = max(due, self.data_at)
@@ -83,6 +94,9 @@ class PolicySchedule:
 
     def __init__(self) -> None:
         self._pacing: dict[str, dict[str, Pacing]] = {}
+        self._by_uid: dict[str, Pacing] = {}
+        """Every running daemon's by its policy object's uid: a namesake created before the deleted
+        one's daemon ended has taken its place above."""
 
     def __len__(self) -> int:
         return sum(len(p) for p in self._pacing.values())
@@ -90,15 +104,20 @@ class PolicySchedule:
     def __contains__(self, policy: tuple[str, str]) -> bool:
         return policy[1] in self._pacing.get(policy[0], {})
 
-    def open(self, namespace: str, name: str) -> Pacing:
+    def open(self, namespace: str, name: str, uid: str = "") -> Pacing:
         """A policy's daemon starts: its pacing, fresh."""
-        pacing = self._pacing.setdefault(namespace, {})[name] = Pacing()
+        pacing = self._pacing.setdefault(namespace, {})[name] = Pacing(uid=uid)
+        if uid:
+            self._by_uid[uid] = pacing
         return pacing
 
-    def close(self, namespace: str, name: str) -> None:
-        """A policy's daemon ends."""
+    def close(self, namespace: str, name: str, pacing: Pacing | None = None) -> None:
+        """A policy's daemon ends (``pacing``: only if it is still this one, not a namesake's since)."""
         policies = self._pacing.get(namespace, {})
-        policies.pop(name, None)
+        if pacing is None or policies.get(name) is pacing:
+            policies.pop(name, None)
+        if pacing is not None and self._by_uid.get(pacing.uid) is pacing:
+            del self._by_uid[pacing.uid]
         if not policies:
             self._pacing.pop(namespace, None)
 
@@ -107,6 +126,12 @@ class PolicySchedule:
         pacing = self._pacing.get(namespace, {}).get(name)
         if pacing is not None:
             pacing.nudge_spec()
+
+    def end(self, uid: str) -> None:
+        """The policy object ``uid`` was deleted: its daemon (if it runs here) returns."""
+        pacing = self._by_uid.get(uid)
+        if pacing is not None:
+            pacing.end()
 
     def nudge_data(self, namespaces: Iterable[str]) -> None:
         """Readings for ``namespaces`` arrived: their policies' daemons may evaluate."""

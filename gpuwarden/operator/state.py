@@ -297,14 +297,20 @@ class OperatorState:
 
     # -- policies --
 
-    def open_policy(self, key: PolicyKey) -> Pacing:
-        """A policy's daemon starts."""
-        return self.schedule.open(key.namespace, key.name)
+    def open_policy(self, key: PolicyKey, uid: str = "") -> Pacing:
+        """A policy's daemon starts (``uid``: the policy object's)."""
+        return self.schedule.open(key.namespace, key.name, uid)
 
-    def close_policy(self, key: PolicyKey) -> None:
+    def close_policy(self, key: PolicyKey, pacing: Pacing | None = None) -> None:
         """A policy's daemon ends (policy deleted, operator paused or exiting)."""
-        self.schedule.close(key.namespace, key.name)
-        self.set_horizon(key, None)
+        self.schedule.close(key.namespace, key.name, pacing)
+        if (key.namespace, key.name) not in self.schedule:
+            self.set_horizon(key, None)
+
+    def end_policy(self, uid: str) -> None:
+        """The policy object ``uid`` was deleted: its daemon returns (handlers.py: no finalizer, so
+        Kopf does not stop it)."""
+        self.schedule.end(uid)
 
     def nudge_policy(self, key: PolicyKey) -> None:
         """A policy's spec changed: its daemon re-reads it now."""

@@ -571,10 +571,13 @@ class ControlPlane:
         *,
         address: str = "127.0.0.1",
         with_nodes: bool = False,
+        apiserver_flags: Sequence[str] = (),
     ) -> None:
         self.binaries = binaries
         self.address = address
         self.with_nodes = with_nodes
+        self.apiserver_flags = tuple(apiserver_flags)
+        """More kube-apiserver flags (e.g. an admission configuration)."""
         self._own_workdir = workdir is None
         self.workdir = workdir if workdir is not None else Path(tempfile.mkdtemp(prefix="gpuwarden-cp-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -706,6 +709,10 @@ class ControlPlane:
                 f"--service-account-signing-key-file={pki.sa_private_key}",
                 f"--api-audiences={','.join(API_AUDIENCES)}",
                 *self._apiserver_node_flags(pki),
+                # As every cluster installer sets it (kubeadm, GKE, EKS, AKS): the chart's privileged
+                # fallback (agent.gpuAccess.mode=privileged) must be admitted as it is there.
+                "--allow-privileged=true",
+                *self.apiserver_flags,
                 "--profiling=false",
                 "--v=1",
             ],

@@ -542,6 +542,9 @@ disabled_plugins = [
   [{cri}.cni]
     bin_dir = "{CNI_BIN_DIR}"
     conf_dir = "{cni_conf}"
+  # Per-registry settings (hosts.toml), read at every pull: trust_plain_http_registry.
+  [{cri}.registry]
+    config_path = "{directory / "certs.d"}"
 """
         )
         proc = self._spawn("containerd", [shutil.which("containerd") or "containerd", f"--config={config}"])
@@ -550,6 +553,14 @@ disabled_plugins = [
         cri_status = [line.split() for line in plugins if " cri " in line]
         if not cri_status or cri_status[0][-1] != "ok":
             raise NodeError(f"containerd's CRI plugin did not load: {cri_status}\n{proc.log_tail()}")
+
+    def trust_plain_http_registry(self, host: str) -> None:
+        """Let the node's containerd pull from ``host`` (``HOST:PORT``, a test registry) over plain HTTP."""
+        hosts = self.workdir / "containerd" / "certs.d" / host / "hosts.toml"
+        hosts.parent.mkdir(parents=True, exist_ok=True)
+        hosts.write_text(
+            f'server = "http://{host}"\n\n[host."http://{host}"]\n  capabilities = ["pull", "resolve"]\n'
+        )
 
     def import_image(self, archive: Path) -> list[str]:
         """Import an OCI archive into the node's containerd (unpacked for the CRI); return its names."""

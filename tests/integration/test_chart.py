@@ -221,7 +221,11 @@ def existing(cp: ControlPlane, release: Release) -> list[str]:
 def labelled(cp: ControlPlane, release: Release) -> list[str]:
     """Every object of the kinds the release created, anywhere, carrying its instance label."""
     kinds = {d["kind"].lower() for d in release.docs}
-    resources = sorted(k.removesuffix("y") + "ies" if k.endswith("y") else k + "s" for k in kinds)
+    # networkpolicy → networkpolicies, priorityclass → priorityclasses, role → roles
+    resources = sorted(
+        k.removesuffix("y") + "ies" if k.endswith("y") else k + ("es" if k.endswith("s") else "s")
+        for k in kinds
+    )
     out = ok(
         cp.kubectl(
             "get",
@@ -316,7 +320,9 @@ def test_default_install_objects(control_plane: ControlPlane, namespace: str) ->
         agent = ds["spec"]["template"]["spec"]
         (agent_container,) = agent["containers"]
         assert agent["hostPID"] is True
-        assert agent["priorityClassName"] == "system-node-critical"
+        assert agent["priorityClassName"] == f"{release.name}-agent"  # the chart's own
+        (priority,) = release.objects("PriorityClass")
+        assert priority["metadata"]["name"] == f"{release.name}-agent"
         assert agent["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
         assert {"key": "nvidia.com/gpu", "operator": "Exists"} in agent["tolerations"]
         # TLS by default: the agent trusts the release's CA (ca.crt of its Secret, nothing else of it).

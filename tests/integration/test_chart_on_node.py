@@ -189,8 +189,7 @@ def helm_install(node: Node) -> None:
 
 
 def tear_down(node: Node, namespace: str) -> None:
-    """The workloads' namespace (its policies first, while the operator runs: their finalizers are the
-    operator's to remove), the release, its namespace, the node's label."""
+    """The workloads' namespace, the release, its namespace, the node's label."""
     cp = node.control_plane
     cp.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=90s", timeout=120)
     cp.run_helm("uninstall", RELEASE, "--namespace", SYSTEM, "--wait", "--timeout=90s", timeout=120)
@@ -517,11 +516,107 @@ def test_the_network_policies_select_the_pods_they_are_meant_for(installed: Inst
     }
     (agent_container,) = agent["spec"]["containers"]
     assert {p["name"] for p in agent_container["ports"]} == {"metrics"}
+    monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
     for rule in (metrics, *agent_policy["ingress"]):
         assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
-        (source,) = rule["from"]
-        assert source == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    assert metrics["from"] == [monitoring]
+    # The agents' /metrics also admits `helm test`'s pod (it reads their reports counter), nothing else.
+    (agent_metrics,) = agent_policy["ingress"]
+    source, tester = agent_metrics["from"]
+    assert source == monitoring
+    assert tester["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "test"
+    assert not any(_selects(tester["podSelector"], p["metadata"]["labels"]) for p in operators + workloads)
+    assert not _selects(tester["podSelector"], agent["metadata"]["labels"])
     # Neither the workloads' namespace nor gpuwarden's own is the monitoring one.
     for ns in (installed.namespace, SYSTEM):
         labels = get(installed.cp, "namespace", ns)["metadata"]["labels"]
         assert not _selects(metrics["from"][0]["namespaceSelector"], labels)
+
+
+# -- helm test, a broken agent, the uninstall: in this order, last (each changes the release) -------------
+
+TEST_POD = f"{RELEASE}-test"
+"""The helm test pod's name (`<fullname>-test`; the release is named after the chart)."""
+
+
+def helm_test(installed: Installed) -> tuple[subprocess.CompletedProcess[str], float]:
+    started = time.monotonic()
+    run = installed.cp.run_helm("test", RELEASE, "-n", SYSTEM, "--timeout=90s", timeout=120)
+    return run, time.monotonic() - started
+
+
+def test_helm_test_passes_in_under_a_minute(installed: Installed) -> None:
+    """`gpuwarden check` in the operator's image: the agent Ready and reporting, a policy evaluated."""
+    wait(installed.node, SYSTEM, "--for=condition=Ready", "pod", "-l", "app.kubernetes.io/component=agent")
+    run, seconds = helm_test(installed)
+    assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\n{installed.diagnose()}"
+    assert "Phase:          Succeeded" in run.stdout
+    assert seconds < 60, seconds
+    installed.timings["helm test"] = seconds
+    print(f"\nhelm test passed in {seconds:.1f} s")
+    # Its policy is gone again, and the pod with it (hook-succeeded).
+    assert get(installed.cp, "gpumonitorpolicies", "-n", SYSTEM)["items"] == []
+    assert get(installed.cp, "pod", TEST_POD, "-n", SYSTEM) is None
+
+
+def test_an_agent_that_sees_no_gpu_fails_helm_test_naming_the_fix(installed: Installed) -> None:
+    """The nvml backend on this GPU-less machine stands for a node whose runtime gives the agent no GPU."""
+    cp = installed.cp
+    broken = cp.run_helm(
+        "upgrade", RELEASE, str(CHART), "-n", SYSTEM, "--reuse-values",
+        "--set", "agent.backend=nvml", "--set-json", "agent.extraArgs=[]", timeout=180,
+    )  # fmt: skip
+    assert broken.returncode == 0, broken.stderr
+    try:
+
+        def exited() -> str | None:
+            for pod in installed.pods(SYSTEM, "app.kubernetes.io/component=agent"):
+                for status in pod["status"].get("containerStatuses") or []:
+                    message = ((status.get("lastState") or {}).get("terminated") or {}).get("message")
+                    if message and "NVML" in message:
+                        return str(message)
+            return None
+
+        message = installed.until(exited, "the nvml agent exiting with its message", TIMEOUT)
+        assert "agent.runtimeClassName=nvidia" in message
+
+        run, seconds = helm_test(installed)
+        assert run.returncode != 0, run.stdout
+        pod = get(cp, "pod", TEST_POD, "-n", SYSTEM)
+        (status,) = pod["status"]["containerStatuses"]
+        said = status["state"]["terminated"]["message"]
+        assert "FAIL: agent pod" in said
+        assert "NVML failed to initialise" in said
+        assert "agent.runtimeClassName=nvidia" in said
+        assert seconds < 90, seconds
+        print(f"\nhelm test with an agent that sees no GPU ({seconds:.1f} s), its pod's message:\n{said}")
+    finally:
+        fixed = cp.run_helm(
+            "upgrade", RELEASE, str(CHART), "-n", SYSTEM, "-f", "-",
+            input=yaml.safe_dump(values(installed.node)), timeout=180,
+        )  # fmt: skip
+        assert fixed.returncode == 0, fixed.stderr
+        # The rollout, not a wait on the pods: the broken one is replaced under a selector's feet.
+        rollout = cp.kubectl(
+            "rollout", "status", f"daemonset/{RELEASE}-agent", "-n", SYSTEM, "--timeout=120s", timeout=150
+        )
+        assert rollout.returncode == 0, f"{rollout.stderr}\n{installed.diagnose()}"
+
+
+def test_after_helm_uninstall_the_policies_and_the_crd_delete_within_30s(installed: Installed) -> None:
+    """No finalizer is left on the policies that nothing would remove once the operator is gone."""
+    cp = installed.cp
+    assert get(cp, "gpumonitorpolicy", POLICY, "-n", installed.namespace)["metadata"].get("finalizers") in (
+        None,
+        [],
+    )
+    uninstalled = cp.run_helm("uninstall", RELEASE, "-n", SYSTEM, "--wait", "--timeout=90s", timeout=120)
+    assert uninstalled.returncode == 0, uninstalled.stderr
+    started = time.monotonic()
+    for args in (
+        ("gpumonitorpolicies", "--all", "-n", installed.namespace),
+        ("crd", "gpumonitorpolicies.gpuwarden.dev"),
+    ):
+        deleted = cp.kubectl("delete", *args, "--timeout=30s", timeout=40)
+        assert deleted.returncode == 0, deleted.stderr
+    assert time.monotonic() - started < 30

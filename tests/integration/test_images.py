@@ -46,7 +46,7 @@ def test_each_archive_names_its_image(images: Images, what: str) -> None:
 @pytest.mark.parametrize("component", ["agent", "operator"])
 def test_image_prints_its_version(images: Images, component: str) -> None:
     image = getattr(images, component).name
-    run = run_once(image, _container(component), "version")
+    run = run_once(image, _container(component), "--version")
     assert run.returncode == 0, run.stderr
     assert run.stdout == f"gpuwarden {gpuwarden.__version__}\n"
     inspect = podman("image", "inspect", "--format={{json .Labels}}", image)

@@ -41,10 +41,30 @@ def test_nvml_failing_exits_non_zero_and_names_the_scripted_backend(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(command, "NvmlBackend", BrokenNvml)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     assert cli.main(["agent", "--listen", "127.0.0.1:0", "--node-name", "n"]) == 1
     err = capsys.readouterr().err
     assert "NVML failed to initialise" in err
     assert "--backend scripted --scenario FILE" in err
+
+
+def test_in_a_pod_nvml_failing_names_the_chart_values_that_give_the_agent_a_gpu(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(command, "NvmlBackend", BrokenNvml)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")  # what the kubelet sets in every pod
+    assert cli.main(["agent", "--listen", "127.0.0.1:0", "--node-name", "n"]) == 1
+    err = capsys.readouterr().err
+    assert "NVML failed to initialise" in err
+    assert "--backend scripted" not in err  # no help inside a pod
+    for value in (
+        "agent.runtimeClassName=nvidia",
+        "agent.gpuAccess.mode=cdi",
+        "agent.gpuAccess.mode=privileged",
+        "agent.gpuAccess.driverHostPath=/home/kubernetes/bin/nvidia",
+    ):
+        assert value in err
+    assert "docs/install.md#where-the-agent-sees-no-gpu" in err
 
 
 @pytest.mark.parametrize(

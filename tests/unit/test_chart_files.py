@@ -399,7 +399,7 @@ def test_install_script_installs_a_working_runtime(component: str, wheel_dir: Pa
     assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
 
     version = subprocess.run(
-        [str(target / "bin" / "gpuwarden"), "version"],
+        [str(target / "bin" / "gpuwarden"), "--version"],
         capture_output=True,
         text=True,
         cwd=tmp_path,

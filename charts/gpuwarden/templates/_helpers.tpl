@@ -224,3 +224,14 @@ those of them that networkPolicy.metrics.podSelector picks.
       {{- toYaml . | nindent 6 }}
   {{- end }}
 {{- end }}
+
+{{/*
+PriorityClass of the agent pods: agent.priorityClassName, else the chart's own when it creates one.
+*/}}
+{{- define "gpuwarden.agent.priorityClassName" -}}
+{{- if .Values.agent.priorityClassName }}
+{{- .Values.agent.priorityClassName }}
+{{- else if .Values.agent.priorityClass.create }}
+{{- include "gpuwarden.componentName" (dict "ctx" . "component" "agent") }}
+{{- end }}
+{{- end }}

@@ -59,6 +59,11 @@ from gpuwarden.wire.verdicts import VerdictReport
 
 __all__ = ["PolicyRunner"]
 
+EXISTENCE_CHECK_S = 300.0
+"""How often a daemon confirms that its policy object still exists. No finalizer holds a policy (see
+handlers.py), so its DELETED event ends the daemon; should a watch that is re-listed lose that event,
+this ends it within five minutes (a 404 on the status write, sooner)."""
+
 
 class PolicyRunner:
     """The evaluation loop of one policy (one per running daemon)."""
@@ -88,15 +93,21 @@ class PolicyRunner:
         pods: Mapping[str, Iterable[PodRecord]],
         policies: Mapping[str, Iterable[PolicyClaim]],
     ) -> None:
-        """Evaluate until cancelled (Kopf cancels the daemon on deletion, pause or exit).
+        """Evaluate until the policy is deleted (:meth:`OperatorState.end_policy`), or until cancelled
+        (Kopf cancels the daemon on pause or exit).
 
         ``pods`` and ``policies`` are the operator's indexes, by namespace (live: Kopf keeps them).
         """
-        pacing = self.state.open_policy(self.key)
+        pacing = self.state.open_policy(self.key, str((body.get("metadata") or {}).get("uid", "")))
         loop = asyncio.get_running_loop()
+        checked = loop.time()
         try:
             due = loop.time()
-            while True:
+            while not pacing.ended:
+                if loop.time() - checked >= EXISTENCE_CHECK_S:
+                    checked = loop.time()
+                    if not await self._exists(pacing.uid):
+                        break
                 started = loop.time()
                 try:
                     with self.state.metrics.evaluation_seconds.time():
@@ -112,9 +123,21 @@ class PolicyRunner:
                 self.state.metrics.evaluation_delay.observe(max(0.0, loop.time() - due))
                 due = await pacing.wait_next(started)
         finally:
-            self.state.close_policy(self.key)
-            self.state.verdicts.forget(self.key.namespace, self.key.name)
-            self.state.metrics.set_findings(self.key.namespace, self.key.name, ())
+            self.state.close_policy(self.key, pacing)
+            if not self.state.runs_policy(
+                self.key.namespace, self.key.name
+            ):  # a namesake created since keeps its own
+                self.state.verdicts.forget(self.key.namespace, self.key.name)
+                self.state.metrics.set_findings(self.key.namespace, self.key.name, ())
+
+    async def _exists(self, uid: str) -> bool:
+        """Whether the policy object ``uid`` still exists (an unanswered API: assumed so)."""
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{self.key.namespace}/{PLURAL}/{self.key.name}"
+        try:
+            live = await self.state.api.get(path)
+        except ApiError as exc:
+            return exc.status != 404
+        return not uid or (live.get("metadata") or {}).get("uid") == uid
 
     async def round(
         self,
@@ -162,7 +185,7 @@ class PolicyRunner:
                 # Also without actions.scale: the scaler then forgets the policy and answers None, so a
                 # removed action takes its last result (a problem, the condition) with it.
                 self.scale_result = await self._scale(evaluation, now, policies)
-        await self.write_status(status, now)
+        await self.write_status(status, now, pacing)
 
     def _judged_here(self, record: PodRecord) -> bool:
         """Whether this replica holds the pod's readings (sharded mode: its node is ours)."""
@@ -324,7 +347,7 @@ class PolicyRunner:
 
         return availability(latest, self.evaluation.matched_pods)
 
-    async def write_status(self, live: Mapping[str, Any], now: float) -> None:
+    async def write_status(self, live: Mapping[str, Any], now: float, pacing: Pacing) -> None:
         """Patch the status subresource if what this round concluded differs from what was written."""
         if self.written is None:
             self.written = owned_part(live)
@@ -337,7 +360,10 @@ class PolicyRunner:
             )
         except ApiError as exc:
             if exc.status == 404:
-                return  # the policy is being deleted; the daemon is about to stop
+                # Deleted. Its DELETED event ends the daemon; this ends it should that event be missed
+                # (no finalizer holds the policy until the operator has seen it go).
+                pacing.end()
+                return
             self.log.warning("Cannot write the status (retried at the next evaluation): %s", exc)
             return
         self.state.metrics.status_writes.inc()
