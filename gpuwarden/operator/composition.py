@@ -86,6 +86,7 @@ def build_operator(
     )
     metrics.registry.register(accounting)
     state.accounting = accounting
+    state.authenticator.known_node = state.knows_node
     leadership = state.leadership
     state.ingest = ReportIngest(
         authenticator=state.authenticator,

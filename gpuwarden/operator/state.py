@@ -140,6 +140,11 @@ class OperatorState:
 
     # -- ingestion --
 
+    def knows_node(self, node: str) -> bool:
+        """Whether a GPU pod runs on ``node`` (the pod index) or its agent reported lately: a new token
+        claiming it is reviewed on that node's own budget (:class:`TokenAuthenticator`)."""
+        return node in self.book or node in self.service_pods
+
     def in_scope(self, namespace: str) -> bool:
         """Whether pods of ``namespace`` are watched (their readings are worth keeping)."""
         return self.config.clusterwide or namespace in self.config.namespaces
