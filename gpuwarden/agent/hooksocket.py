@@ -17,9 +17,13 @@ Bounds, each refusal counted by reason (:data:`REFUSALS`): a line over 64 KiB en
 from one process (its PID, over all its connections and across reconnecting) the extra ones are
 refused unread (``rate``); beyond ``max_per_peer`` connections open from one peer (the container
 its process runs in, by cgroup; its UID where the cgroup cannot be read) a new one is closed at
-once (``peerConnections``), and beyond ``max_connections`` in all (``tooManyConnections``); a
-connection that sends no whole line for ``idle_timeout`` seconds is closed (``idle``; a hook writes
-every few seconds, and reconnects when it writes again), as is one that does not read its answers
+once (``peerConnections``). The ``max_connections`` in all are shared: at the cap, a new connection
+of a peer that holds fewer than another peer less one takes the place of that other peer's
+connection that has gone longest without a line taken (closed, ``tooManyConnections``), so a new
+container always gets one while fewer than ``max_connections`` containers hold any; else the new
+one is closed (``tooManyConnections``). A connection that has no line *taken* for ``idle_timeout``
+seconds is closed (``idle``; a hook writes every few seconds, and reconnects when it writes again):
+refused lines, empty ones included, do not keep it open. So is one that does not read its answers
 (``unread``); a peer the kernel cannot name in this PID namespace (PID 0), or whose PID NVML lists
 on no GPU (judged by the hook stage), is ``unknownProcess``.
 
@@ -68,7 +72,7 @@ workers, with room to spare; one container can then lock out no more than itself
 MESSAGES_PER_SECOND = 10.0
 """Per process; a hook sends one message every few seconds, so this is only a guard."""
 IDLE_TIMEOUT = 120.0
-"""Seconds a connection may go without a whole line."""
+"""Seconds a connection may go without a line taken."""
 MAX_UNREAD = 4096
 """Answer bytes a peer may leave unread before its connection is closed."""
 
@@ -256,6 +260,18 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int]:
     return pid, uid
 
 
+@dataclass(eq=False, slots=True)
+class _Connection:
+    """One open connection, as the shared cap sees it."""
+
+    writer: asyncio.StreamWriter
+    peer: str
+    taken_at: float
+    """The event loop's time of its last line taken (of its accept, before the first)."""
+    evicted: bool = False
+    """Closed to make room for another peer's: no longer counted."""
+
+
 class HookServer:
     """Listens on ``path`` and files what hooks write into ``readings``.
 
@@ -289,14 +305,16 @@ class HookServer:
         self._buckets = _Buckets(rate, monotonic)
         self._peer = peer
         self._per_peer: dict[str, int] = {}
+        self._open = 0
+        """Connections counted against the caps (those evicted and still closing are not)."""
         self._server: asyncio.Server | None = None
-        self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+        self._connections: dict[asyncio.Task[None], _Connection] = {}
         self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket file we made
 
     @property
     def connections(self) -> int:
-        """Connections open now."""
-        return len(self._connections)
+        """Connections open now (counted against the caps)."""
+        return self._open
 
     async def start(self) -> None:
         """Create the socket file and start accepting; :class:`HookSocketError` says why it cannot."""
@@ -324,8 +342,8 @@ class HookServer:
             self._server.close()
         # Closed, not cancelled: each reader then sees its end of file and its task ends on its own
         # (asyncio 3.11 logs a cancelled connection task as an error).
-        for writer in self._connections.values():
-            writer.close()
+        for connection in self._connections.values():
+            connection.writer.close()
         await asyncio.gather(*self._connections, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
@@ -339,9 +357,6 @@ class HookServer:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            if len(self._connections) >= self._max_connections:
-                self._events.refused("tooManyConnections")
-                return
             pid, uid = peer_credentials(writer.get_extra_info("socket"))
             if pid <= 0:
                 self._events.refused("unknownProcess")
@@ -351,19 +366,29 @@ class HookServer:
             if held >= self._max_per_peer:
                 self._events.refused("peerConnections")
                 return
+            if self._open >= self._max_connections:
+                victim = self._victim(held)
+                if victim is None:
+                    self._events.refused("tooManyConnections")
+                    return
+                self._release(victim)
+                victim.evicted = True
+                victim.writer.close()  # its reader sees the end and its task finishes on its own
+                self._events.refused("tooManyConnections")
             task = asyncio.current_task()
             assert task is not None  # asyncio runs every connection callback in a task of its own
-            self._connections[task] = writer
+            connection = _Connection(writer, peer, asyncio.get_running_loop().time())
+            self._connections[task] = connection
             self._per_peer[peer] = held + 1
+            self._open += 1
             self.readings.opened(pid)
             bucket = self._buckets.acquire(pid)
             try:
-                await self._read(reader, writer, pid, uid, bucket)
+                await self._read(reader, connection, pid, uid, bucket)
             finally:
                 del self._connections[task]
-                left = self._per_peer.pop(peer) - 1
-                if left:
-                    self._per_peer[peer] = left
+                if not connection.evicted:
+                    self._release(connection)
                 self._buckets.release(pid)
                 self.readings.closed(pid, self._clock())
         except ConnectionError:
@@ -371,13 +396,33 @@ class HookServer:
         finally:
             writer.close()
 
+    def _victim(self, held: int) -> _Connection | None:
+        """At the cap, the connection a peer holding ``held`` may take the place of: of the peer holding
+        the most, if that is more than ``held + 1``, the one longest without a line taken."""
+        most = max(self._per_peer.values(), default=0)
+        if most <= held + 1:
+            return None
+        peers = {peer for peer, count in self._per_peer.items() if count == most}
+        candidates = (c for c in self._connections.values() if not c.evicted and c.peer in peers)
+        return min(candidates, key=lambda c: c.taken_at, default=None)
+
+    def _release(self, connection: _Connection) -> None:
+        """``connection`` no longer counts against the caps."""
+        self._open -= 1
+        left = self._per_peer.pop(connection.peer) - 1
+        if left:
+            self._per_peer[connection.peer] = left
+
     async def _read(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pid: int, uid: int, bucket: _Bucket
+        self, reader: asyncio.StreamReader, connection: _Connection, pid: int, uid: int, bucket: _Bucket
     ) -> None:
         logged = False
+        writer = connection.writer
+        loop = asyncio.get_running_loop()
         while True:
             try:
-                async with asyncio.timeout(self._idle_timeout):
+                # From the last line taken, not the last line: refused ones keep nothing open.
+                async with asyncio.timeout_at(connection.taken_at + self._idle_timeout):
                     line = await reader.readuntil(b"\n")
             except TimeoutError:
                 self._events.refused("idle")
@@ -393,6 +438,8 @@ class HookServer:
             answer = self._take(line, pid, uid, bucket, quiet=logged)
             if answer is None:
                 answer, logged = REFUSED, True
+            elif answer == TAKEN:
+                connection.taken_at = loop.time()
             writer.write(answer)
             if writer.transport.get_write_buffer_size() > MAX_UNREAD:
                 self._events.refused("unread")

@@ -9,7 +9,8 @@ The agent answers every line with one byte, :data:`TAKEN` or :data:`REFUSED` (ov
 malformed), and closes a connection it will not serve (too many from this container, idle too
 long). The client reads the answers as they come, without ever waiting for them in :meth:`send`,
 so its books say what the agent kept, not only what was written: ``taken``, ``refused``, and
-``lost`` (written on a connection that ended before the agent answered).
+``lost`` (written on a connection that ended before the agent answered); ``sent`` is what the agent
+read, the answered lines alone (a line written to a connection the agent closed unread is lost).
 """
 
 from __future__ import annotations
@@ -42,9 +43,9 @@ class HookClient:
     the readings offered meanwhile are dropped (counted in ``dropped``). A connection that broke (the
     agent restarted, or closed it) is replaced at once, once, within the same :meth:`send`.
 
-    The books: ``sent`` lines were written to a connection, ``dropped`` ones never were; of the sent,
-    the agent answered ``taken`` and ``refused``, ``lost`` went with a connection that ended first,
-    and :attr:`unanswered` are on the way (answered by the time of a later :meth:`send`).
+    The books: of the lines written to a connection, the agent answered ``taken`` and ``refused``
+    (together :attr:`sent`), ``lost`` went with a connection that ended first, and :attr:`unanswered`
+    are on the way (answered by the time of a later :meth:`send`); ``dropped`` were never written.
     """
 
     def __init__(
@@ -56,7 +57,6 @@ class HookClient:
     ) -> None:
         self.path = path or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
         self.timeout_s = timeout_s
-        self.sent = 0
         self.dropped = 0
         self.taken = 0
         self.refused = 0
@@ -69,6 +69,11 @@ class HookClient:
         self._next_attempt = 0.0
         self._backoff = BACKOFF_MIN_S
         self._said_absent = False
+
+    @property
+    def sent(self) -> int:
+        """Lines the agent read: those it answered, taken or refused."""
+        return self.taken + self.refused
 
     @property
     def unanswered(self) -> int:
@@ -160,10 +165,8 @@ class HookClient:
             if self._sock is not None and not self._read_answers():
                 self._close()  # the agent closed it: what it did not answer is lost
             if self._sock is not None and self._write(line):
-                self.sent += 1
                 return True
             if self._connect() and self._write(line):
-                self.sent += 1
                 return True
         except Exception:  # never into the training loop, whatever happened
             log.debug("gpuwarden hook: send failed", exc_info=True)

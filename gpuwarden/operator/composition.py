@@ -77,7 +77,10 @@ def build_operator(
         leadership=sharding or Leadership(config, api, clock=clock),
         sharding=sharding,
         authenticator=TokenAuthenticator(
-            review, audience=config.token_audience, username=config.agent_service_account.username
+            review,
+            audience=config.token_audience,
+            username=config.agent_service_account.username,
+            review_rate=config.token_review_rate,
         ),
         limiter=NodeRateLimiter(config.node_rate, config.node_burst, clock=monotonic),
         clock=clock,
@@ -93,6 +96,7 @@ def build_operator(
     )
     metrics.registry.register(accounting)
     state.accounting = accounting
+    state.authenticator.known_node = state.knows_node
     leadership = state.leadership
     state.ingest = ReportIngest(
         authenticator=state.authenticator,

@@ -120,6 +120,9 @@ class OperatorConfig:
     bounds how long one report holds the event loop (parsing is one block; see ingest.LARGE_BODY)."""
     node_rate: float = 20.0
     """Reports per second a node may send before 429; agents report once a second and replay in batches."""
+    token_review_rate: float = 500.0
+    """TokenReviews a second of never-seen tokens claiming no known node (the strangers' budget,
+    :data:`~gpuwarden.operator.kube.tokenreview.REVIEW_RATE`); past it such a token gets 503."""
     max_connections: int = 0
     """Connections the operator's servers hold open at once, all together (``--max-connections``);
     0: :data:`~gpuwarden.serving.DEFAULT_MAX_CONNECTIONS`. Either way kept below the process's
@@ -248,6 +251,13 @@ class OperatorConfig:
             help="reports a second per node before 429 (%(default)s)",
         )
         parser.add_argument(
+            "--token-review-rate",
+            type=float,
+            default="500",
+            help="TokenReviews a second of never-seen tokens that claim no node the operator knows; "
+            "past it 503 (%(default)s)",
+        )
+        parser.add_argument(
             "--max-connections",
             type=int,
             default=0,
@@ -325,6 +335,8 @@ class OperatorConfig:
             raise ConfigError("--peering must not be empty")
         if not args.node_rate > 0:
             raise ConfigError(f"--node-rate: {args.node_rate} must be greater than 0")
+        if not args.token_review_rate >= 1:
+            raise ConfigError(f"--token-review-rate: {args.token_review_rate} must be at least 1")
         if args.max_connections < 0:
             raise ConfigError(f"--max-connections: {args.max_connections} must be 0 (the default) or more")
         pod_name = env.get("POD_NAME", "").strip() or None
@@ -383,6 +395,7 @@ class OperatorConfig:
             identity=default_identity(env),
             max_body_bytes=parse_size(args.max_body_bytes, flag="--max-body-bytes"),
             node_rate=args.node_rate,
+            token_review_rate=args.token_review_rate,
             max_connections=args.max_connections,
             idle_timeout=parse_hold(args.connection_idle_timeout, flag="--connection-idle-timeout"),
             pod_name=pod_name,

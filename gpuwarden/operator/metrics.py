@@ -183,6 +183,12 @@ STATE_GAUGES = {
     "gpuwarden_operator_points_ignored": (
         "Readings not stored: not newer than their series' latest (retries, overlaps), since start."
     ),
+    "gpuwarden_operator_service_scrape_bytes": (
+        "Bytes the pods' kept scrapes hold (an estimate), over all pods."
+    ),
+    "gpuwarden_operator_service_scrapes_dropped": (
+        "Pods' scrapes dropped before their retention for the store's bounds (per pod, in all), since start."
+    ),
 }
 """The gauges read from the operator's state at scrape time, and their help."""
 

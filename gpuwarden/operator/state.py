@@ -37,7 +37,7 @@ from gpuwarden.policy import (
     service_scrape,
 )
 from gpuwarden.wire.node import NodeReport
-from gpuwarden.wire.scrape import ScrapeFailure, ServiceSample, dump_plan
+from gpuwarden.wire.scrape import ScrapeFailure, ScrapeTarget, ServiceSample, dump_plan
 from gpuwarden.wire.verdicts import VerdictReport
 
 __all__ = [
@@ -133,10 +133,17 @@ class OperatorState:
             "gpuwarden_operator_tokenreviews": self.authenticator.reviews,
             "gpuwarden_operator_policies": len(self.schedule),
             "gpuwarden_operator_retention_seconds": self.store.retention_seconds,
+            "gpuwarden_operator_service_scrape_bytes": self.services.nbytes,
+            "gpuwarden_operator_service_scrapes_dropped": self.services.dropped,
             "gpuwarden_operator_shard_members": len(self.sharding.view.members) if self.sharding else 0,
         }
 
     # -- ingestion --
+
+    def knows_node(self, node: str) -> bool:
+        """Whether a GPU pod runs on ``node`` (the pod index) or its agent reported lately: a new token
+        claiming it is reviewed on that node's own budget (:class:`TokenAuthenticator`)."""
+        return node in self.book or node in self.service_pods
 
     def in_scope(self, namespace: str) -> bool:
         """Whether pods of ``namespace`` are watched (their readings are worth keeping)."""
@@ -156,7 +163,9 @@ class OperatorState:
         the namespaces (the node view needs all); a pod goes on a GPU there only when it would
         be let in here (so a node cannot put another node's pod on its GPUs), and an XID is held
         to the same bounds as the snapshots. So is each pod's scrape (``Snapshot.services``), stored
-        in the service store when its pod's readings would be.
+        in the service store when its pod's readings would be and ``node``'s scrape plan names that
+        pod (by uid), with the metric names the plan asks of it alone (``notPlanned``: a scrape, or
+        a metric of one, no plan asked for).
         """
         add, update = self.store.add, self.metrics.latest.update
         intake = Intake()
@@ -166,6 +175,7 @@ class OperatorState:
         # A report's GPUs mostly share a few pods: judge each pod, and each new series, once per report.
         verdicts: dict[tuple[str, str], str | None] = {}
         series: dict[SeriesKey, bool] = {}
+        asked: list[Mapping[PodId, ScrapeTarget]] = []  # the node's plan, once a scrape needs it
 
         def admit(pod: PodId) -> bool:
             key = (pod.namespace, pod.name)
@@ -185,7 +195,7 @@ class OperatorState:
                 if self.accounting is not None:
                     devices = self.accounting.devices(snapshot)
             if snapshot.services:
-                self._accept_services(snapshot.services, node, admission, verdicts)
+                self._accept_services(snapshot.services, node, admission, verdicts, asked)
             for key, point in points_from_snapshot(snapshot):
                 pod = (key.namespace, key.pod)
                 if pod in verdicts:
@@ -222,9 +232,12 @@ class OperatorState:
         node: str,
         admission: Admission,
         verdicts: dict[tuple[str, str], str | None],
+        asked: list[Mapping[PodId, ScrapeTarget]],
     ) -> None:
         """Store the pods' scrapes of a snapshot, held to the readings' bounds: each its own time
-        within the skew and the retention, each of a pod the pod index places on the reporting node."""
+        within the skew and the retention, each of a pod the pod index places on the reporting node,
+        and of a pod (and its metrics) that the node's plan (computed once a report, in ``asked``)
+        names."""
         for sample in samples:
             at, pod = sample.at, (sample.namespace, sample.name)
             if pod not in verdicts:
@@ -236,7 +249,26 @@ class OperatorState:
             if reason is not None:
                 admission.refuse(reason)
                 continue
-            self.services.record(PodId(*pod), service_scrape(sample))
+            if not asked:
+                asked.append(self._planned(node))
+            target = asked[0].get(PodId(*pod))
+            if target is None or target.uid != sample.uid:
+                admission.refuse("notPlanned")
+                continue
+            names = frozenset(target.metrics)
+            scrape = service_scrape(sample, names)
+            kept = len(scrape.histograms) + len(scrape.counters) + len(scrape.gauges)
+            sent = len(sample.histograms) + len(sample.counters) + len(sample.gauges)
+            if sent > kept:
+                admission.refuse("notPlanned", sent - kept)
+            self.services.record(PodId(*pod), scrape)
+
+    def _planned(self, node: str) -> Mapping[PodId, ScrapeTarget]:
+        """The pods ``node``'s scrape plan names, now: the only ones whose scrapes are kept."""
+        if not self.service_policies:
+            return {}
+        plan = plan_node(self.service_pods.get(node, ()), self.service_policies).plan
+        return {PodId(t.namespace, t.name): t for t in plan.targets}
 
     def _room_for(self, key: SeriesKey) -> bool:
         """Whether ``key``'s series exists, or its pod has fewer than :data:`MAX_GPUS_PER_POD` GPUs."""

@@ -47,7 +47,7 @@ from gpuwarden.policy.findings import (
 )
 from gpuwarden.policy.humanize import approx_duration, format_bytes, format_count, format_latency
 from gpuwarden.policy.parse import API_VERSION, KIND, SpecError, parse_policy_object, parse_spec
-from gpuwarden.policy.rules import RULE_TYPES, RuleType, rule_type, service_metric_names
+from gpuwarden.policy.rules import RULE_TYPES, RuleType, rule_type, service_metric_names, spec_warnings
 from gpuwarden.policy.rules.anomaly import Pattern
 from gpuwarden.policy.rules.common import Outcome, RuleKind, WindowParams
 from gpuwarden.policy.rules.gpu_health import Problem, gpu_name, gpu_problems
@@ -178,4 +178,5 @@ __all__ = [
     "service_metric_names",
     "service_scrape",
     "snoozed_until",
+    "spec_warnings",
 ]

@@ -515,10 +515,26 @@ def _target_ref(value: Any, path: str) -> ScaleTargetRef:
     kind = string(obj, "kind", path, max_length=63)
     if not _KIND.fullmatch(kind):
         raise SpecError(f"{path}.kind", f"{show(kind)} is not a kind such as Deployment")
+    if not _scalable(api_version, kind):
+        raise SpecError(f"{path}.kind", f"{show(kind)} of {show(api_version)} has no /scale subresource")
     name = string(obj, "name", path, max_length=253)
     if not _DNS_SUBDOMAIN.fullmatch(name):
         raise SpecError(f"{path}.name", f"{show(name)} is not a valid object name")
     return ScaleTargetRef(api_version=api_version, kind=kind, name=name)
+
+
+_SCALABLE_APPS = frozenset({"Deployment", "StatefulSet", "ReplicaSet"})
+_BUILTIN_GROUP = re.compile(r"^([a-z.]+\.k8s\.io|batch|autoscaling|policy|extensions)/")
+
+
+def _scalable(api_version: str, kind: str) -> bool:
+    """Whether a target may have a /scale subresource, as the CRD's rule on targetRef judges it:
+    Kubernetes' own groups have four scalable kinds; a custom resource's is checked when it is read."""
+    if api_version == "v1":
+        return kind == "ReplicationController"
+    if api_version.startswith("apps/"):
+        return kind in _SCALABLE_APPS
+    return not _BUILTIN_GROUP.match(api_version)
 
 
 def _rule_refs(obj: Mapping[str, Any], key: str, path: str, rule_names: Sequence[str]) -> tuple[str, ...]:

@@ -237,11 +237,12 @@ class NodeReport(WireModel):
     snapshots: list[Snapshot] = Field(min_length=1, max_length=MAX_SNAPSHOTS_PER_REPORT)
 
 
-REFUSALS = ("future", "past", "foreignPod", "unknownPod", "tooManyGpus", "tooManyPods")
+REFUSALS = ("future", "past", "foreignPod", "unknownPod", "tooManyGpus", "tooManyPods", "notPlanned")
 """Why the operator leaves readings (and XIDs, pods on a GPU, pods' scrapes) of an accepted report
 unstored (its answer's ``refused``): a timestamp ahead of its clock by more than its skew, or older
 than its retention; a pod the API places on another node than the reporting one, or does not know; a GPU
-past the node's or a pod's bound, or a pod past a GPU's (docs/operator.md, "Bounds")."""
+past the node's or a pod's bound, or a pod past a GPU's; a pod's scrape, or a metric of one, that the
+node's scrape plan did not ask for (docs/operator.md, "Bounds")."""
 
 
 class ReportError(ValueError):

@@ -18,11 +18,15 @@ verdict endpoint's messages.
 
 from __future__ import annotations
 
+import base64
 import gzip
+import json
 import secrets
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -54,6 +58,15 @@ from gpuwarden.wire.node import (
     Snapshot,
     XidEvent,
     dump_report,
+)
+from gpuwarden.wire.scrape import (
+    MAX_BUCKETS,
+    MAX_GAUGE_VALUES,
+    MAX_METRICS,
+    ServiceCounter,
+    ServiceGauge,
+    ServiceHistogram,
+    ServiceSample,
 )
 from gpuwarden.wire.verdicts import PodVerdict, RuleVerdict, VerdictReport, dump_verdicts
 
@@ -184,7 +197,13 @@ def world(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory)
     setup.apply(monitor_policy(setup.namespace, POLICY, rules, selector={"matchLabels": LABELS}))
     card = gpu(victim_gpu, 0, [{"kind": "idle", "level": 3, "noise": 1}], [{"kind": "idle", "level": "8Gi"}])
     scenario = setup.scenario("attacks", [card], [pod(setup.namespace, VICTIM_POD, victim_gpu, LABELS, 4100)])
-    args = ["--node-health", "--node-health-hold=60s", "--cordon=on", "--node-rate=50"]
+    args = [
+        "--node-health",
+        "--node-health-hold=60s",
+        "--cordon=on",
+        "--node-rate=50",
+        "--token-review-rate=20",
+    ]
     with setup.operator(extra_args=args) as operator:
         operator.wait_ready()
         with setup.agent(scenario, operator, node=victim_node) as agent:
@@ -336,6 +355,137 @@ def test_a_pods_readings_on_ever_new_gpu_uuids_are_bounded(world: Attack) -> Non
         if k.startswith("gpuwarden_pod_gpu_utilization_percent{") and f'pod="own-{tag}"' in k
     ]
     assert len(series) == 32
+
+
+# -- issue 45: scrapes, tokens --------------------------------------------------------------------
+
+
+def rss_mib(world: Attack) -> float:
+    """The operator's resident memory now."""
+    status = Path(f"/proc/{world.operator.proc.pid}/status").read_text()
+    return int(next(x for x in status.splitlines() if x.startswith("VmRSS:")).split()[1]) / 1024
+
+
+def largest_scrape(namespace: str, name: str, at: float, tag: str) -> ServiceSample:
+    """A scrape of the largest shape a report may carry: 32 histograms of 64 buckets, 32 counters,
+    32 gauges of 16 values, every name new."""
+    bounds = [float(b) for b in range(MAX_BUCKETS)]
+    return ServiceSample(
+        namespace=namespace,
+        name=name,
+        uid=f"uid-{name}",
+        at=at,
+        histograms=[
+            ServiceHistogram(name=f"h_{tag}_{i}", bounds=bounds, counts=[1.0] * MAX_BUCKETS, count=1, sum=1)
+            for i in range(MAX_METRICS)
+        ],
+        counters=[ServiceCounter(name=f"c_{tag}_{i}_total", value=i) for i in range(MAX_METRICS)],
+        gauges=[
+            ServiceGauge(name=f"g_{tag}_{i}", values=[1.0] * MAX_GAUGE_VALUES) for i in range(MAX_METRICS)
+        ],
+    )
+
+
+def test_scrapes_no_plan_asked_for_are_not_kept(world: Attack) -> None:
+    """Issue 45: with no policy reading the pods' metrics, one node's token sent ~611 scrapes of the
+    largest legal shape for each of its 9 pods: RSS 69.6 -> 912.6 MB in 26 s, still 910.8 MB three
+    minutes later. Its pods are its own and the operator knows them; nothing planned them."""
+    tag = secrets.token_hex(2)
+    pods = tuple(f"svc-{tag}-{i}" for i in range(9))
+    s = world.attacker("s", pods)
+    for i, name in enumerate(pods):
+        s.wait_known(name, f"GPU-svc-{tag}-{i}")
+    baseline = rss_mib(world)
+    refused: dict[str, int] = {}
+    t0 = time.time() - 60
+    for seq in range(70):  # 3 scrapes of each pod a report (about 0.9 MB): 210 a pod, 1,890 in all
+        samples = [
+            largest_scrape(world.namespace, name, t0 + seq * 0.3 + k * 0.1, f"{seq}_{k}")
+            for name in pods
+            for k in range(3)
+        ]
+        snapshot = Snapshot(timestamp=time.time(), gpus=[], services=samples)
+        report = NodeReport(schema_version=6, node=s.node, agent_id="svc", seq=seq, snapshots=[snapshot])
+        status, payload = s.post_body(gzip.compress(dump_report(report)), **{"Content-Encoding": "gzip"})
+        assert status == 200, payload
+        for reason, count in payload["refused"].items():
+            refused[reason] = refused.get(reason, 0) + count
+    world.rounds(3)
+    grown = rss_mib(world)
+    print(f"scrape flood: RSS {baseline:.1f} -> {grown:.1f} MiB, refused {refused}")
+    assert grown < 2 * baseline, (baseline, grown)
+    assert refused == {"notPlanned": 70 * 27}
+    assert world.operator.metric('gpuwarden_operator_points_refused_total{reason="notPlanned"}') >= 70 * 27
+    assert world.operator.metric("gpuwarden_operator_service_scrape_bytes") == 0
+    assert world.operator.findings(POLICY, "idle") == 1  # the good agent's pod, judged as before
+    world.victim_untouched()
+
+
+def garbage_token(i: int, n: int) -> str:
+    """A token never seen: every other one shaped as a ServiceAccount token claiming an unknown node."""
+    if n % 2:
+        return secrets.token_urlsafe(48)
+    claims = {"kubernetes.io": {"node": {"name": f"ghost-{i}-{n}"}}, "sub": secrets.token_hex(8)}
+    body = base64.urlsafe_b64encode(json.dumps(claims).encode()).decode().rstrip("=")
+    return f"eyJhbGciOiJSUzI1NiJ9.{body}.{secrets.token_urlsafe(32)}"
+
+
+def test_a_rotated_agent_token_gets_through_at_once_during_a_flood_of_garbage_tokens(world: Attack) -> None:
+    """Issue 45: under a 60 s flood of invalid tokens a never-seen or kubelet-rotated token got 503 on
+    its first reports and through only on the third try (+12 s). The operator runs with a strangers'
+    budget of 20 TokenReviews a second (``--token-review-rate``), which this flood spends over and over."""
+    tag = secrets.token_hex(2)
+    name = f"tok-{tag}"
+    t = world.attacker("t", (name,))
+    t.wait_known(name, f"GPU-tok-{tag}")  # its first token admitted, its GPU pod in the index
+    rotated = agent_token(world.cp, world.namespace, t.node)  # as the kubelet rotates it
+    assert rotated != t.token
+    limited = "gpuwarden_operator_tokenreviews_limited_total"
+    before, baseline = world.operator.metric(limited), rss_mib(world)
+    stop = threading.Event()
+    answers: dict[int, int] = {}
+
+    def flood(i: int) -> None:
+        n = 0
+        while not stop.is_set():
+            headers = {"Authorization": f"Bearer {garbage_token(i, n)}", "Content-Type": "application/json"}
+            status, _ = http("POST", world.operator.url, b"{}", headers)
+            answers[status] = answers.get(status, 0) + 1
+            n += 1
+
+    threads = [threading.Thread(target=flood, args=(i,), daemon=True) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    try:
+        # The strangers' budget spent again and again: garbage is answered 503 as well as 401.
+        wait_until(
+            lambda: world.operator.metric(limited) >= before + 200,
+            timeout=TIMEOUT,
+            what="the flood spending the review budget",
+            alive=world.alive,
+        )
+        t.token = rotated
+        one = sample(f"GPU-tok-{tag}", (name,), world.namespace)
+        began = time.monotonic()
+        status, payload = t.post(t.report(Snapshot(timestamp=time.time(), gpus=[one])))
+        took = time.monotonic() - began
+        assert (status, payload.get("refused")) == (200, {}), payload  # the first try
+        other = world.attacker("u")  # a node nobody knows: a stranger, behind the flood
+        status, payload = other.post(other.report(Snapshot(timestamp=time.time(), gpus=[])))
+        stranger = status
+        grown = rss_mib(world)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+    assert grown < 2 * baseline, (baseline, grown)
+    world.rounds(3)
+    assert world.operator.findings(POLICY, "idle") == 1  # the good agent delivered throughout
+    world.victim_untouched()
+    print(
+        f"token flood: {dict(sorted(answers.items()))}; rotated token 200 on its first try in {took:.3f} s; "
+        f"a stranger's {stranger}; RSS {baseline:.1f} -> {grown:.1f} MiB"
+    )
 
 
 # -- the smaller ones -----------------------------------------------------------------------------

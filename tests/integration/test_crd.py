@@ -575,6 +575,16 @@ INVALID: list[tuple[str, Callable[[Policy], None], str]] = [
         "scale needs at least one rule in scaleUpOn or scaleDownOn",
     ),
     (
+        "scale-target-a-pod",
+        _set("spec.actions.scale.targetRef", {"apiVersion": "v1", "kind": "Pod", "name": "trainer-0"}),
+        "targetRef must name a kind with a /scale subresource",
+    ),
+    (
+        "scale-target-a-job",
+        _set("spec.actions.scale.targetRef", {"apiVersion": "batch/v1", "kind": "Job", "name": "train"}),
+        "targetRef must name a kind with a /scale subresource",
+    ),
+    (
         "scale-target-missing",
         _delete("spec.actions.scale.targetRef"),
         "spec.actions.scale.targetRef: Required value",

@@ -28,6 +28,7 @@ from controlplane import ControlPlane
 from operator_support import (
     IDLE_RULE,
     World,
+    apply,
     gpu,
     monitor_policy,
     operator_and_agent,
@@ -277,6 +278,26 @@ def test_a_deleted_pod_leaves_the_metrics_at_once(
             alive=operator.alive,
         )
         assert any(k.startswith(series) and "busy-0" in k for k in operator.metrics())
+
+
+def test_a_percent_under_one_is_warned_in_the_ready_condition(world: Rules) -> None:
+    """Issue 45: ``percent: 0.2`` (meant as 20%) was legal without a word. It is legal still (0.2% may be
+    meant), and the policy evaluates, but its Ready condition says what it reads as. It selects no pod."""
+    rules = [{"name": "low", "utilizationFloor": {"percent": 0.2, "for": "10s"}}]
+    apply(
+        world.cp,
+        monitor_policy(world.namespace, "fraction", rules, selector={"matchLabels": {"app": "none"}}),
+    )
+
+    def ready() -> dict[str, Any] | None:
+        conditions = world.policy_status("fraction").get("conditions") or []
+        return next((c for c in conditions if c["type"] == "Ready"), None)
+
+    condition: dict[str, Any] = wait_until(ready, timeout=60, what="the policy's Ready", alive=world.alive)
+    assert (condition["status"], condition["reason"]) == ("True", "Evaluating")
+    assert condition["message"].endswith(
+        "Warning: rule low: percent 0.2 means 0.2%, not 20% (percent is 0 to 100)."
+    ), condition
 
 
 def test_a_spec_change_is_read_at_once_not_an_interval_later(

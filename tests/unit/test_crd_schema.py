@@ -332,6 +332,7 @@ def cel_rules(path: str) -> list[str]:
         (".spec.actions.scale.behavior.scaleUp.step", "self.matches('^[1-9][0-9]{0,2}%$')"),
         (".spec.actions.scale", "!self.scaleUpOn.exists(n, n in self.scaleDownOn)"),
         (".spec.actions.scale", "size(self.scaleUpOn) > 0"),
+        (".spec.actions.scale.targetRef", "self.kind in ['Deployment', 'StatefulSet', 'ReplicaSet']"),
         (".spec", "self.actions.scale.scaleUpOn.all(n, self.rules.exists(r, r.name == n))"),
         (".spec", "self.actions.scale.scaleDownOn.all(n, self.rules.exists(r, r.name == n))"),
         (".spec.selector.matchExpressions[]", "self.operator in ['In', 'NotIn']"),

@@ -43,7 +43,7 @@ def test_a_line_arrives_and_the_kernel_names_the_sender(server: LineServer) -> N
     assert conn.pid == os.getpid()
     assert client.send(LINE)  # the same connection
     assert conn.line() == LINE
-    assert (client.sent, client.dropped, client.connects) == (2, 0, 1)
+    assert (client.unanswered, client.sent, client.dropped, client.connects) == (2, 0, 0, 1)
 
 
 def test_the_socket_path_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -70,7 +70,7 @@ def test_no_agent_drops_quietly_and_backs_off(sock_path: Path, caplog: pytest.Lo
         clock.now += BACKOFF_MIN_S / 2
         assert client.send(LINE)
         assert server.accept().line() == LINE
-        assert (client.sent, client.dropped) == (1, 3)
+        assert (client.unanswered, client.dropped) == (1, 3)
     finally:
         server.close()
 
@@ -102,7 +102,7 @@ def test_reconnects_within_the_send_after_the_agent_restarts(sock_path: Path) ->
     try:
         assert client.send(LINE)  # the broken write is retried once on a new connection
         assert second.accept().line() == LINE
-        assert (client.sent, client.dropped, client.connects) == (2, 0, 2)
+        assert (client.lost, client.unanswered, client.dropped, client.connects) == (1, 1, 0, 2)
     finally:
         second.close()
 

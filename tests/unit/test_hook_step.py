@@ -59,11 +59,11 @@ def test_reads_at_most_once_per_interval(server: LineServer) -> None:
     for _ in range(4):
         clock.now += 1.0
         hook.step()  # steps 2..5, within the interval: no reading
-    assert hook.client.sent == 1
+    assert hook.client.unanswered == 1
     clock.now += 1.0
     hook.step()  # step 6, 5 s after the first reading
     second = conn.message()
-    assert hook.client.sent == 2
+    assert hook.client.unanswered == 2
     assert first == {
         "v": 1,
         "timestamp": WALL,

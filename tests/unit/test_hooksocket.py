@@ -446,6 +446,74 @@ async def test_a_connection_that_sends_no_line_is_closed_once_idle(
         await hooks.close()
 
 
+async def test_refused_lines_do_not_keep_a_connection_open(socket_dir: Path, recorder: Recorder) -> None:
+    """Issue 45: one empty line every 50 s kept a connection past the 120 s idle timeout, though every
+    such line was refused; eight containers of 32 such connections each locked out every other hook."""
+    hooks = await _hooks(socket_dir, recorder, idle_timeout=0.3)
+    try:
+        reader, writer = await connect(hooks)
+        writer.write(line())
+        assert await reader.readexactly(1) == TAKEN
+        refused = 0
+        async with asyncio.timeout(FAILSAFE_S):  # on 45's main this kept it open until the failsafe
+            while True:
+                writer.write(b"\n")  # refused at once (malformed), answered, written again
+                try:
+                    answer = await reader.read(1)
+                except ConnectionResetError:
+                    break  # closed with the last line unread
+                if not answer:
+                    break
+                assert answer == REFUSED
+                refused += 1
+        assert refused > 10
+        assert recorder.refusals["idle"] == 1
+        assert recorder.refusals["malformed"] + recorder.refusals["rate"] == refused
+        writer.close()
+    finally:
+        await hooks.close()
+
+
+async def test_at_the_cap_a_new_container_takes_a_place_of_the_one_holding_the_most(
+    socket_dir: Path, recorder: Recorder
+) -> None:
+    """Issue 45: containers holding their 32 connections each filled the 256 in all, and every other
+    container's hook was locked out. The places are shared: a new container gets one of the greediest's,
+    as long as that one holds two more than the newcomer would."""
+    peers = iter(["a", "a", "a", "b", "c", "c", "d"])  # by order of accept (one connection at a time)
+    hooks = await _hooks(socket_dir, recorder, max_connections=4, max_per_peer=3, peer=lambda *_: next(peers))
+    try:
+        held = []
+        for step in range(4):  # a holds three, b one: the cap
+            reader, writer = await connect(hooks)
+            writer.write(line(step=step))
+            assert await reader.readexactly(1) == TAKEN
+            held.append((reader, writer))
+        reader, writer = await connect(hooks)  # c: a's first (longest without a line) makes room
+        writer.write(line(step=9))
+        assert await reader.readexactly(1) == TAKEN
+        assert await closed_by_server(held[0][0])
+        assert recorder.refusals == {"tooManyConnections": 1}
+        assert hooks.connections == 4
+        held.append((reader, writer))
+        for i, step in ((1, 10), (2, 11), (3, 12)):  # the others go on
+            held[i][1].write(line(step=step))
+            assert await held[i][0].readexactly(1) == TAKEN
+        late, _ = await connect(hooks)  # c again: a holds two, b and c one: it would take a's as its own
+        assert await closed_by_server(late)
+        assert recorder.refusals == {"tooManyConnections": 2}
+        reader, writer = await connect(hooks)  # d, new: a's second place is its
+        writer.write(line(step=13))
+        assert await reader.readexactly(1) == TAKEN
+        assert await closed_by_server(held[1][0])  # a's longest without a line taken
+        assert recorder.refusals == {"tooManyConnections": 3}
+        held.append((reader, writer))
+        for _, w in held:
+            w.close()
+    finally:
+        await hooks.close()
+
+
 async def test_the_rate_is_per_process_so_reconnecting_per_line_does_not_refill_it(
     server: HookServer, recorder: Recorder, monotonic: Clock
 ) -> None:
@@ -496,6 +564,7 @@ async def test_a_real_client_locked_out_by_the_agent_counts_nothing_as_taken(
         await asyncio.to_thread(client.close)
         assert recorder.messages == 1  # the agent took none of the client's
         assert client.taken == 0
+        assert client.sent == 0  # nor read any
         assert client.refused + client.lost + client.dropped == 10
         assert client.unanswered == 0
         hog.close()

@@ -147,6 +147,10 @@ class ReportBook:
         if len(seqs) > SEQ_WINDOW:
             del seqs[next(iter(seqs))]
 
+    def __contains__(self, node: object) -> bool:
+        """Whether ``node``'s agents stored a report lately (it is among the nodes remembered)."""
+        return node in self._nodes
+
     def __len__(self) -> int:
         return len(self._nodes)
 

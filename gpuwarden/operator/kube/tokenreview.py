@@ -8,12 +8,19 @@ few seconds), and concurrent requests carrying the same unknown token share a
 single review. Tokens are never stored, only their SHA-256.
 
 A flood of tokens never seen before (each new, so no cache helps) must not become a flood of
-TokenReviews: reviews of unknown tokens draw on one budget of ``review_rate`` a second (as many at
-once); past it a request gets :class:`ReviewLimited` (the ingest answers 503 with ``Retry-After:
-1``) and is counted in ``limited``. A token accepted before, whose verdict expired, is reviewed
-again outside that budget: an attacker cannot make such tokens, so agents already admitted are
-never held up by a flood; a new agent's first report waits at most until the budget allows
-(a second at a time).
+TokenReviews: reviews of unknown tokens draw on a budget; past it a request gets
+:class:`ReviewLimited` (the ingest answers 503 with ``Retry-After: 1``) and is counted in
+``limited``. A token accepted before, whose verdict expired, is reviewed again outside any budget:
+an attacker cannot make such tokens, so agents already admitted are never held up by a flood.
+
+An unknown token that claims a node the operator knows (``known_node``: a GPU pod runs there, or
+its agent reported lately) draws on that node's own budget of :data:`NODE_REVIEW_RATE` a second;
+any other (a stranger) on the shared budget of ``review_rate`` a second. The claim is the token's
+own (:func:`claimed_node`, its payload read without checking the signature): it only picks the
+budget, the review still decides. So a new or kubelet-rotated agent token of a known node is
+reviewed on its first report whatever the flood of garbage, unless the flood forges claims of that
+very node, which then shares that node's budget with it (its other nodes unaffected); a token of a
+node not known yet waits, as a stranger, until the shared budget allows.
 
 Only pod-bound tokens are accepted (what a projected ServiceAccount token volume
 mounts): the API server names the node their pod runs on, and that node is the
@@ -26,8 +33,11 @@ for no node.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import enum
 import hashlib
+import json
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -37,6 +47,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 __all__ = [
+    "NODE_REVIEW_RATE",
     "REVIEW_RATE",
     "Review",
     "ReviewAbandoned",
@@ -44,6 +55,7 @@ __all__ = [
     "ReviewLimited",
     "TokenAuthenticator",
     "Verdict",
+    "claimed_node",
     "judge",
 ]
 
@@ -58,6 +70,27 @@ REVIEW_RATE = 500.0
 """TokenReviews of unknown tokens a second, at most (as many at once): a restarted operator admits
 a fleet of 10,000 agents in 20 s (each retries after a second), and renews their verdicts
 (~170 a second) outside this budget; an attack of new tokens costs the API server no more."""
+
+
+NODE_REVIEW_RATE = 2.0
+"""TokenReviews a second (as many at once) of unknown tokens claiming one known node: its agent's new
+token, and a retry a second later, are reviewed at once."""
+MAX_CLAIM = 4096
+"""Characters of a token's payload read for its claim; a ServiceAccount token's is under 1,000."""
+
+
+def claimed_node(token: str) -> str | None:
+    """The node a ServiceAccount token says its pod runs on (the JWT payload's
+    ``kubernetes.io.node.name``), unverified; None when the token has no such claim to read."""
+    parts = token.split(".")
+    if len(parts) != 3 or len(parts[1]) > MAX_CLAIM:
+        return None
+    try:
+        payload = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+        node = payload["kubernetes.io"]["node"]["name"]
+    except (ValueError, binascii.Error, KeyError, TypeError):
+        return None
+    return node if isinstance(node, str) and node else None
 
 
 class ReviewLimited(RuntimeError):
@@ -126,6 +159,8 @@ class TokenAuthenticator:
         negative_ttl: float = 5.0,
         max_entries: int = 20_000,
         review_rate: float = REVIEW_RATE,
+        node_review_rate: float = NODE_REVIEW_RATE,
+        known_node: Callable[[str], bool] | None = None,
         clock: Callable[[], float] | None = None,
     ) -> None:
         self._review = review
@@ -143,6 +178,10 @@ class TokenAuthenticator:
         self.review_rate = review_rate
         self._budget = review_rate
         self._budget_at: float | None = None
+        self.node_review_rate = node_review_rate
+        self.known_node = known_node
+        """Whether the operator knows a node (see the module doc); None: every token is a stranger."""
+        self._node_budgets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # node → (left, at)
         self.limited = 0
         """Requests refused (:class:`ReviewLimited`) because the budget for unknown tokens was spent."""
 
@@ -165,7 +204,7 @@ class TokenAuthenticator:
         shared = self._inflight.get(key)
         if shared is not None:
             return await asyncio.shield(shared)
-        if not known and not self._spend(now):
+        if not known and not self._spend(now, token):
             self.limited += 1
             raise ReviewLimited("too many new tokens to review at once; retry")
         future: asyncio.Future[Review] = asyncio.get_running_loop().create_future()
@@ -190,8 +229,21 @@ class TokenAuthenticator:
         future.set_result(review)
         return review
 
-    def _spend(self, now: float) -> bool:
-        """Take one review from the budget for unknown tokens, if there is one."""
+    def _spend(self, now: float, token: str) -> bool:
+        """Take one review from the budget for an unknown token, if there is one: its known node's, or
+        the strangers'."""
+        if (
+            self.known_node is not None
+            and (node := claimed_node(token)) is not None
+            and self.known_node(node)
+        ):
+            left, at = self._node_budgets.pop(node, (self.node_review_rate, now))
+            left = min(self.node_review_rate, left + max(0.0, now - at) * self.node_review_rate)
+            taken = left >= 1.0
+            self._node_budgets[node] = (left - 1.0 if taken else left, now)
+            if len(self._node_budgets) > self.max_entries:
+                self._node_budgets.popitem(last=False)
+            return taken
         if self._budget_at is not None:
             elapsed = max(0.0, now - self._budget_at)
             self._budget = min(self.review_rate, self._budget + elapsed * self.review_rate)

@@ -53,6 +53,7 @@ from gpuwarden.policy import (
     parse_spec,
     rule_kind,
     service_metric_names,
+    spec_warnings,
 )
 from gpuwarden.wire.verdicts import SCHEMA_VERSION as VERDICT_SCHEMA_VERSION
 from gpuwarden.wire.verdicts import VerdictReport
@@ -326,6 +327,7 @@ class PolicyRunner:
             generation=self.generation,
             interval_seconds=self.spec.evaluation_interval_seconds if self.spec else 0.0,
             spec_error=self.spec_error,
+            warnings=spec_warnings(self.spec) if self.spec else (),
             evaluation=self.evaluation,
             messages=self.announcer.messages() if self.announcer else {},
             problem=self.scale_result.problem if self.scale_result else None,

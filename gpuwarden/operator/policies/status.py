@@ -54,6 +54,9 @@ class PolicyVerdict:
     evaluation: Evaluation | None = None
     messages: Mapping[FindingKey, str] = field(default_factory=dict)
     """The announced message of each active finding (falls back to the finding's own)."""
+    warnings: tuple[str, ...] = ()
+    """What in a valid spec is most likely a mistake (:func:`~gpuwarden.policy.spec_warnings`): said in
+    ``Ready``'s message, which stays ``True``."""
     problem: tuple[str, str] | None = None
     """``(reason, message)`` of a problem that makes the policy not Ready although it evaluates
     (e.g. the scaler's ``ScaleTargetNotFound``)."""
@@ -85,7 +88,10 @@ def build_status(verdict: PolicyVerdict, previous: Mapping[str, Any] | None, now
             ready = ("False", *verdict.problem)
         else:
             every = format_duration(verdict.interval_seconds)
-            ready = ("True", "Evaluating", f"The policy is valid and evaluated every {every}.")
+            message = f"The policy is valid and evaluated every {every}."
+            if verdict.warnings:
+                message += f" Warning: {'; '.join(verdict.warnings)}."
+            ready = ("True", "Evaluating", message)
         if evaluation is None:
             violating = ("Unknown", "NotEvaluated", "The policy has not been evaluated yet.")
         elif violating_pods:

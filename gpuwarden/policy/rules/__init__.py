@@ -37,6 +37,7 @@ __all__ = [
     "rule_type",
     "service_metric_names",
     "service_rule",
+    "spec_warnings",
     "type_of",
 ]
 
@@ -95,3 +96,17 @@ def service_metric_names(spec: PolicySpec) -> frozenset[str]:
     if scale is not None and scale.forecast is not None:
         names.update(scale.forecast.request_metrics)
     return frozenset(names)
+
+
+def spec_warnings(spec: PolicySpec) -> tuple[str, ...]:
+    """What is legal in the spec but most likely a mistake, in words for the policy's ``Ready``
+    message: a ``percent`` above 0 and under 1 (``percent`` is 0 to 100: ``0.2`` meant as 20% is 0.2%)."""
+    warnings = []
+    for rule in spec.rules:
+        percent = getattr(rule, "percent", None)
+        if isinstance(percent, int | float) and 0 < percent < 1:
+            warnings.append(
+                f"rule {rule.name}: percent {percent:g} means {percent:g}%, not {percent * 100:g}% "
+                "(percent is 0 to 100)"
+            )
+    return tuple(warnings)

@@ -45,8 +45,8 @@ Attribution of one GPU (or MIG device, keyed by its ``mig_id``) in one snapshot:
   :data:`KEPT_SITES` by growth.
 
 **The pods' own metrics** (``Snapshot.services``, schema 6) become the service store's
-:class:`~gpuwarden.policy.store.service.ServiceScrape` one for one (:func:`service_scrape`): a
-histogram's ``+Inf`` bucket, sent as ``count``, is its last bound again.
+:class:`~gpuwarden.policy.store.service.ServiceScrape` one for one (:func:`service_scrape`, of the
+names asked for): a histogram's ``+Inf`` bucket, sent as ``count``, is its last bound again.
 
 Local ``watch`` mode has no pods: :func:`points_from_processes` makes each
 host process a subject, namespace ``""`` and pod ``pid/<pid>``, with the same
@@ -56,7 +56,7 @@ rules (a process alone on a device gets the device's readings).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 from gpuwarden.policy.store.series import HookPoint, PodId, Point, SeriesKey, UtilizationSource
 from gpuwarden.policy.store.service import Histogram, ServiceScrape
@@ -203,15 +203,18 @@ def points_from_processes(snapshot: Snapshot) -> Iterator[tuple[SeriesKey, Point
             yield key, point
 
 
-def service_scrape(sample: ServiceSample) -> ServiceScrape:
-    """One pod's scrape as the service store keeps it (see the module doc)."""
+def service_scrape(sample: ServiceSample, names: Collection[str]) -> ServiceScrape:
+    """One pod's scrape as the service store keeps it (see the module doc), of the metric ``names``
+    asked for alone."""
     return ServiceScrape(
         at=sample.at,
         histograms={
-            h.name: Histogram((*h.bounds, math.inf), (*h.counts, h.count), h.sum) for h in sample.histograms
+            h.name: Histogram((*h.bounds, math.inf), (*h.counts, h.count), h.sum)
+            for h in sample.histograms
+            if h.name in names
         },
-        counters={c.name: c.value for c in sample.counters},
-        gauges={g.name: tuple(g.values) for g in sample.gauges},
+        counters={c.name: c.value for c in sample.counters if c.name in names},
+        gauges={g.name: tuple(g.values) for g in sample.gauges if g.name in names},
         error=None if sample.error is None else sample.error.value,
     )
 

@@ -8,7 +8,11 @@ kinds (those whose record reads a ``metric``: :data:`gpuwarden.policy.rules.RULE
 
 Pure bookkeeping, like :mod:`gpuwarden.policy.store.series`: it never reads a clock (``prune`` is told
 ``now``) and never does I/O. A pod keeps the scrapes of the last ``retention_seconds`` (the longest
-window a policy reads, plus margin: the engine's horizon) and never more than ``max_scrapes``.
+window a policy reads, plus margin: the engine's horizon), never more than ``max_scrapes`` and never
+more than ``max_pod_bytes`` (its oldest go first); all pods together never more than ``max_bytes``
+(past it, the pods holding more than an equal share lose their oldest down to that share, so a pod
+within it keeps all). Bytes are :func:`scrape_bytes`, an estimate of a scrape's memory. Scrapes
+dropped for these bounds are counted (:attr:`ServiceStore.dropped`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from gpuwarden.policy.store.series import PodId
 from gpuwarden.units import format_duration
 
 __all__ = [
+    "MAX_BYTES",
+    "MAX_POD_BYTES",
     "MAX_SCRAPES",
     "STALE_INTERVALS",
     "Histogram",
@@ -31,10 +37,16 @@ __all__ = [
     "ServiceScrape",
     "ServiceStore",
     "histogram_quantile",
+    "scrape_bytes",
 ]
 
 MAX_SCRAPES = 512
 """The most scrapes a pod keeps, whatever the retention: a 1-hour window scraped every 10 s is 360."""
+MAX_POD_BYTES = 4 * 2**20
+"""The most bytes a pod's scrapes keep (:func:`scrape_bytes`): 512 scrapes of a latency histogram of 30
+buckets, two counters and a gauge take about 1.6 MiB."""
+MAX_BYTES = 256 * 2**20
+"""The most bytes all pods' scrapes keep together."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +123,18 @@ def histogram_quantile(q: float, h: Histogram) -> float | None:
     return start + (h.bounds[b] - start) * ((rank - below) / count)
 
 
+def scrape_bytes(scrape: ServiceScrape) -> int:
+    """An estimate of a scrape's memory in the store: about 32 bytes a number (a float and its
+    tuple slot), 200 an entry (its name, the maps' slots, a histogram's object), 300 the scrape."""
+    size = 300
+    for h in scrape.histograms.values():
+        size += 200 + 64 * len(h.bounds)
+    size += 200 * len(scrape.counters)
+    for values in scrape.gauges.values():
+        size += 200 + 32 * len(values)
+    return size
+
+
 STALE_INTERVALS = 3.0
 """A pod's newest scrape is stale once older than this many of its scrape intervals (or the caller's
 ``stale_after``, whichever is longer): a pod scraped every minute is not stale after 30 s."""
@@ -125,14 +149,30 @@ class ServiceStore:
     of length ``w`` holds the scrapes in ``[end - w, end]``.
     """
 
-    def __init__(self, retention_seconds: float, max_scrapes: int = MAX_SCRAPES) -> None:
-        if retention_seconds <= 0 or max_scrapes < 2:
-            raise ValueError("retention_seconds must be > 0 and max_scrapes >= 2")
+    def __init__(
+        self,
+        retention_seconds: float,
+        max_scrapes: int = MAX_SCRAPES,
+        *,
+        max_pod_bytes: int = MAX_POD_BYTES,
+        max_bytes: int = MAX_BYTES,
+    ) -> None:
+        if retention_seconds <= 0 or max_scrapes < 2 or not 0 < max_pod_bytes <= max_bytes:
+            raise ValueError(
+                "retention_seconds must be > 0, max_scrapes >= 2 and 0 < max_pod_bytes <= max_bytes"
+            )
         self.retention_seconds = retention_seconds
         """Scrapes older than this before ``now`` go at the next :meth:`prune`; the owner raises it
         to the longest window its policies read (as it does the series store's)."""
         self.max_scrapes = max_scrapes
+        self.max_pod_bytes = max_pod_bytes
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        """The kept scrapes' :func:`scrape_bytes`, over all pods."""
+        self.dropped = 0
+        """Scrapes dropped before their retention for a bound (a pod's count or bytes, or all bytes)."""
         self._pods: dict[PodId, list[ServiceScrape]] = {}
+        self._bytes: dict[PodId, int] = {}
 
     def record(self, pod: PodId, scrape: ServiceScrape) -> None:
         """Keep one scrape of ``pod``; one not newer than the pod's newest is ignored (a report
@@ -140,16 +180,48 @@ class ServiceStore:
         scrapes = self._pods.get(pod)
         if scrapes is None:
             scrapes = self._pods[pod] = []
+            self._bytes[pod] = 0
         elif scrapes and scrape.at <= scrapes[-1].at:
             return
+        size = scrape_bytes(scrape)
         scrapes.append(scrape)
+        self._bytes[pod] += size
+        self.nbytes += size
         if len(scrapes) > self.max_scrapes:
             # In batches, so that each record is amortised O(1).
-            del scrapes[: max(1, len(scrapes) - self.max_scrapes + self.max_scrapes // 8)]
+            self._drop(pod, max(1, len(scrapes) - self.max_scrapes + self.max_scrapes // 8))
+        if self._bytes[pod] > self.max_pod_bytes:
+            self._drop_to(pod, self.max_pod_bytes - self.max_pod_bytes // 8)
+        if self.nbytes > self.max_bytes:
+            # In one pass, to 7/8 of the bound: the pods above an equal share of that lose their oldest.
+            share = (self.max_bytes - self.max_bytes // 8) // len(self._pods)
+            for each in [p for p, n in self._bytes.items() if n > share]:
+                self._drop_to(each, share)
+
+    def _drop_to(self, pod: PodId, nbytes: int) -> None:
+        """Drop ``pod``'s oldest scrapes until it keeps at most ``nbytes`` (its newest always stays)."""
+        scrapes, held, n = self._pods[pod], self._bytes[pod], 0
+        while held > nbytes and n < len(scrapes) - 1:
+            held -= scrape_bytes(scrapes[n])
+            n += 1
+        self._drop(pod, n)
+
+    def _drop(self, pod: PodId, n: int) -> None:
+        """Drop ``pod``'s ``n`` oldest scrapes before their time (counted)."""
+        self.dropped += n
+        self._remove(pod, n)
+
+    def _remove(self, pod: PodId, n: int) -> None:
+        scrapes = self._pods[pod]
+        freed = sum(map(scrape_bytes, scrapes[:n]))
+        del scrapes[:n]
+        self._bytes[pod] -= freed
+        self.nbytes -= freed
 
     def forget_pod(self, pod: PodId) -> None:
         """Drop everything of a pod (it was deleted)."""
-        self._pods.pop(pod, None)
+        if self._pods.pop(pod, None) is not None:
+            self.nbytes -= self._bytes.pop(pod)
 
     def prune(self, now: float) -> None:
         """Drop scrapes older than ``now - retention_seconds``, and pods left with none."""
@@ -158,9 +230,9 @@ class ServiceStore:
             scrapes = self._pods[pod]
             keep = bisect_left(scrapes, cutoff, key=_at)
             if keep == len(scrapes):
-                del self._pods[pod]
+                self.forget_pod(pod)
             elif keep:
-                del scrapes[:keep]
+                self._remove(pod, keep)
 
     def pods(self) -> list[PodId]:
         """The pods with any scrape kept."""

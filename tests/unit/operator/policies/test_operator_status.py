@@ -78,6 +78,14 @@ def test_healthy_policy_is_ready_and_not_violating() -> None:
     assert c["Ready"]["lastTransitionTime"] == format_time(T0)
 
 
+def test_a_warning_stays_ready_and_is_in_the_message() -> None:
+    warning = "rule idle: percent 0.2 means 0.2%, not 20% (percent is 0 to 100)"
+    status = build_status(PolicyVerdict(3, 10.0, warnings=(warning,), evaluation=evaluation([], 4)), None, T0)
+    ready = conditions(status)["Ready"]
+    assert (ready["status"], ready["reason"]) == ("True", "Evaluating")
+    assert ready["message"] == f"The policy is valid and evaluated every 10s. Warning: {warning}."
+
+
 def test_invalid_spec_is_not_ready_with_the_message() -> None:
     status = build_status(PolicyVerdict(2, spec_error="spec.rules[0].name: duplicate"), None, T0)
     c = conditions(status)

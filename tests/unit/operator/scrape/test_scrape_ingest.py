@@ -126,8 +126,9 @@ async def test_scrapes_are_stored_for_the_nodes_own_pods_within_the_clocks_bound
         histograms = (
             [] if error else [ServiceHistogram(name=LATENCY, bounds=[0.5], counts=[1], count=2, sum=1.5)]
         )
+        uid = {"llm-0": "u-0"}.get(name, f"u-{name}")
         return ServiceSample(
-            namespace="serving", name=name, uid=f"u-{name}", at=at, error=error, histograms=histograms
+            namespace="serving", name=name, uid=uid, at=at, error=error, histograms=histograms
         )
 
     answer = await post(
@@ -150,6 +151,40 @@ async def test_scrapes_are_stored_for_the_nodes_own_pods_within_the_clocks_bound
     assert histogram == Histogram((0.5, math.inf), (1.0, 2.0), 1.5)
     assert state.services.scrapes(PodId("serving", "far")) == ()
     assert state.services.scrapes(PodId("serving", "ghost")) == ()
+
+
+async def test_only_the_pods_and_metrics_the_plan_asks_for_are_kept(served: Any) -> None:
+    """Issue 45: with no policy reading the pods' metrics, one node's token sent scrapes of the largest
+    legal shape for each of its pods, and the operator kept them all (912 MB)."""
+    client, state = served
+    big = ServiceHistogram(
+        name="junk_seconds", bounds=[float(b) for b in range(64)], counts=[0] * 64, count=0, sum=0
+    )
+    asked = ServiceHistogram(name=LATENCY, bounds=[0.5], counts=[1], count=2, sum=1.5)
+
+    def sample(name: str, uid: str, at: float) -> ServiceSample:
+        return ServiceSample(namespace="serving", name=name, uid=uid, at=at, histograms=[asked, big])
+
+    answer = await post(
+        client,
+        report(
+            0,
+            [
+                sample("llm-0", "u-0", T0),  # planned: its latency kept, junk_seconds not
+                sample("llm-0", "u-old", T0 + 1),  # the pod's name, another pod's uid
+                sample("llm-1", "u-1", T0),  # node-1's, selected, but not planned (no port)
+            ],
+        ),
+    )
+    assert answer["refused"] == {"notPlanned": 3}
+    (kept,) = state.services.scrapes(PodId("serving", "llm-0"))
+    assert set(kept.histograms) == {LATENCY}
+    assert [s.error for s in state.services.scrapes(PodId("serving", "llm-1"))] == ["NoPort"]
+
+    state.service_policies = {}  # nobody asks any more: nothing is kept
+    answer = await post(client, report(1, [sample("llm-0", "u-0", T0 + 2)]))
+    assert answer["refused"] == {"notPlanned": 1}
+    assert len(state.services.scrapes(PodId("serving", "llm-0"))) == 1
 
 
 async def test_the_agents_sender_hands_the_plan_to_its_scraper(served: Any, tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuwarden.policy.parse import SpecError, parse_policy_object, parse_spec
+from gpuwarden.policy.rules import spec_warnings
 from gpuwarden.policy.rules.anomaly import Anomaly, AnomalyMetric
 from gpuwarden.policy.rules.gpu_health import GpuHealthRule
 from gpuwarden.policy.rules.growth import MemoryGrowth, MemorySource
@@ -625,6 +626,21 @@ INVALID: list[tuple[str, Edit, str]] = [
         'spec.actions.scale.targetRef.kind: "deployment" is not a kind such as Deployment',
     ),
     (
+        "target a pod",
+        put("actions.scale.targetRef", {"apiVersion": "v1", "kind": "Pod", "name": "trainer-0"}),
+        'spec.actions.scale.targetRef.kind: "Pod" of "v1" has no /scale subresource',
+    ),
+    (
+        "target a daemonset",
+        put("actions.scale.targetRef.kind", "DaemonSet"),
+        'spec.actions.scale.targetRef.kind: "DaemonSet" of "apps/v1" has no /scale subresource',
+    ),
+    (
+        "target a job",
+        put("actions.scale.targetRef", {"apiVersion": "batch/v1", "kind": "Job", "name": "train"}),
+        'spec.actions.scale.targetRef.kind: "Job" of "batch/v1" has no /scale subresource',
+    ),
+    (
         "target name invalid",
         put("actions.scale.targetRef.name", "LLM_server"),
         'spec.actions.scale.targetRef.name: "LLM_server" is not a valid object name',
@@ -946,3 +962,39 @@ def test_parse_rate_rejects(text: str) -> None:
 def test_parse_rate_is_exact(n: int, unit: str) -> None:
     seconds = {"s": 1, "m": 60, "h": 3600}[unit]
     assert parse_rate(f"{n}Mi/{unit}") == float(Fraction(n * MI, seconds))
+
+
+@pytest.mark.parametrize(
+    ("api_version", "kind"),
+    [
+        ("apps/v1", "Deployment"),
+        ("apps/v1", "ReplicaSet"),
+        ("v1", "ReplicationController"),
+        ("argoproj.io/v1alpha1", "Rollout"),
+        ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"),
+    ],
+)
+def test_scale_targets_that_may_have_a_scale_subresource(api_version: str, kind: str) -> None:
+    """The CRD's rule on targetRef lets these through; a custom resource's /scale is checked when read."""
+    spec = example_spec()
+    spec["actions"]["scale"] = {
+        "targetRef": {"apiVersion": api_version, "kind": kind, "name": "serve"},
+        "maxReplicas": 4,
+        "scaleDownOn": ["idle-gpu"],
+    }
+    scale = parse_spec(spec).actions.scale
+    assert scale is not None
+    assert scale.target_ref.kind == kind
+
+
+def test_a_percent_under_one_is_warned() -> None:
+    spec = example_spec()
+    del spec["actions"]
+    spec["rules"] = [
+        {"name": "idle", "utilizationFloor": {"percent": 0.2, "for": "5m"}},
+        {"name": "busy", "utilizationCeiling": {"percent": 95, "for": "5m"}},
+        {"name": "off", "idleGpus": {"percent": 0}},
+    ]
+    assert spec_warnings(parse_spec(spec)) == (
+        "rule idle: percent 0.2 means 0.2%, not 20% (percent is 0 to 100)",
+    )

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from gpuwarden.policy import Histogram, PodId, ServiceScrape, ServiceStore
-from gpuwarden.policy.store.service import histogram_quantile
+from gpuwarden.policy.store.service import histogram_quantile, scrape_bytes
 
 POD = PodId("ns", "llm-0")
 OTHER = PodId("ns", "llm-1")
@@ -74,6 +74,35 @@ def test_a_pod_keeps_at_most_max_scrapes() -> None:
     for t in range(10):
         store.record(POD, scrape(t))
     assert [s.at for s in store.scrapes(POD)] == [6, 7, 8, 9]
+
+
+def test_a_pod_keeps_at_most_max_pod_bytes_its_oldest_dropped_and_counted() -> None:
+    size = scrape_bytes(scrape(0))
+    store = ServiceStore(retention_seconds=10_000, max_pod_bytes=5 * size, max_bytes=100 * size)
+    for t in range(40):
+        store.record(POD, scrape(t))
+        assert store.nbytes <= 5 * size
+    kept = [s.at for s in store.scrapes(POD)]
+    assert kept == list(range(40 - len(kept), 40))  # the newest, in order
+    assert store.dropped == 40 - len(kept)
+    assert store.nbytes == sum(map(scrape_bytes, store.scrapes(POD)))
+    store.forget_pod(POD)
+    assert store.nbytes == 0
+
+
+def test_past_the_bound_in_all_only_the_pods_above_an_equal_share_lose_scrapes() -> None:
+    size = scrape_bytes(scrape(0))
+    store = ServiceStore(retention_seconds=10_000, max_pod_bytes=40 * size, max_bytes=40 * size)
+    for t in range(3):
+        store.record(OTHER, scrape(t))  # a quiet pod, well within a share
+    for t in range(1000):
+        store.record(POD, scrape(t))  # a flood
+        assert store.nbytes <= 40 * size
+    assert [s.at for s in store.scrapes(OTHER)] == [0, 1, 2]
+    assert store.scrapes(POD)[-1].at == 999
+    assert store.dropped == 1000 - len(store.scrapes(POD))
+    store.prune(now=20_000)  # everything past the retention
+    assert (store.nbytes, len(store)) == (0, 0)
 
 
 def test_rejects_a_store_that_could_keep_nothing() -> None:
