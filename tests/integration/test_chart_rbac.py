@@ -144,6 +144,7 @@ CONDITIONS: dict[str, Callable[[Mapping[str, Any]], bool]] = {
         v["agent"]["enabled"] and v["agent"]["dra"]["resourceSlices"] and v["agent"]["dra"]["drivers"]
     ),
     "aggregate": lambda v: bool(v["rbac"]["aggregateToDefaultRoles"]),
+    "helmTest": lambda v: bool(v["tests"]["enabled"] and v["agent"]["enabled"]),
 }
 
 
