@@ -29,6 +29,7 @@ from gpuwarden.policy import (
     Admission,
     HealthStore,
     PodId,
+    Point,
     SeriesKey,
     SeriesStore,
     ServiceScrape,
@@ -178,12 +179,13 @@ class OperatorState:
         for snapshot in report.snapshots:
             t = snapshot.timestamp
             untimely = "future" if t > latest else "past" if t < earliest else None
-            devices = None
+            # The readings the store took, by device: the accounting's share of the snapshot.
+            taken: dict[str, dict[tuple[str, str], Point]] | None = None
             if untimely is None:
                 # A GPU's health, too, keeps only what is newer than its latest: nothing from the future.
                 self.health.observe(snapshot, node=node, admission=admission)
                 if self.accounting is not None:
-                    devices = self.accounting.devices(snapshot)
+                    taken = {}
             if snapshot.services:
                 self._accept_services(snapshot.services, node, admission, verdicts)
             for key, point in points_from_snapshot(snapshot):
@@ -210,8 +212,14 @@ class OperatorState:
                 if add(key, point):
                     intake.stored += 1
                     namespaces.add(key.namespace)
-                    if devices is not None and self.accounting is not None:
-                        self.accounting.observe(key, point, devices)
+                    if taken is not None:
+                        readings = taken.get(key.gpu)
+                        if readings is None:
+                            taken[key.gpu] = {pod: point}
+                        else:
+                            readings[pod] = point
+            if taken is not None and self.accounting is not None:
+                self.accounting.observe(node, snapshot, taken)
         if namespaces:
             self.schedule.nudge_data(namespaces)
         return intake

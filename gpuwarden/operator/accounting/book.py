@@ -30,19 +30,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpuwarden.accounting import Device, Ledger, Usage, devices_of
+from gpuwarden.accounting import Bound, Ledger, Pod, Usage, devices_of
 from gpuwarden.operator.accounting.owners import OwnerResolver, Unresolved, Workload
 from gpuwarden.operator.accounting.settings import AccountingSettings
-from gpuwarden.policy import Point, SeriesKey
+from gpuwarden.policy import Point
 from gpuwarden.wire.node import Snapshot
 
-__all__ = ["EXPIRE_SECONDS", "LABELS", "RETIRE_SECONDS", "AccountingBook"]
+__all__ = ["EXPIRE_SECONDS", "LABELS", "MAX_GPUS_PER_NODE", "RETIRE_SECONDS", "AccountingBook"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,10 @@ RETIRE_SECONDS = 600.0
 join its workload's row. Longer than an agent's buffered outage is likely to be replayed in."""
 EXPIRE_SECONDS = 3600.0
 """A row that did not grow for this long is no longer exported (many scrapes have read its last value)."""
+MAX_GPUS_PER_NODE = 32
+"""GPUs counted per node, by UUID (the health store keeps as many: ``tooManyGpus`` past them)."""
+MAX_MODEL_CHARS = 64
+"""A GPU model name is kept to this many characters (NVML's are under 40: ``NVIDIA H100 80GB HBM3``)."""
 SWEEP_SECONDS = 60.0
 """How often silent pods are retired, stale rows dropped, and unresolved pods tried again."""
 
@@ -77,6 +82,9 @@ class AccountingBook(Collector):
         self.ledger = Ledger(idle_floor=settings.idle_floor)
         self._resolver = resolver
         self._clock = clock
+        self._gpus: dict[str, dict[str, list[Any]]] = {}
+        """Each node's GPUs by UUID: ``[model, t]``, the model first reported, the latest reading's time."""
+        self._free_since: dict[tuple[str, str], float] = {}
         self._workloads: dict[tuple[str, str], Workload] = {}
         self._unresolved: set[tuple[str, str]] = set()
         self._retired: dict[Row, Usage] = {}
@@ -85,20 +93,42 @@ class AccountingBook(Collector):
 
     # -- intake --
 
-    def devices(self, snapshot: Snapshot) -> dict[str, Device]:
-        """What the ledger needs of ``snapshot``'s devices; call once per snapshot, before :meth:`observe`."""
-        return devices_of(snapshot)
+    def observe(
+        self,
+        node: str,
+        snapshot: Snapshot,
+        readings: Mapping[str, Mapping[Pod, Point]],
+        *,
+        bound: Callable[[Pod], Bound | None] | None = None,
+    ) -> None:
+        """Account for a timely snapshot of ``node``: its devices, with the readings the series store
+        took by device id (``readings``); ``bound``: what the API says a pod was allocated.
 
-    def observe(self, key: SeriesKey, point: Point, devices: dict[str, Device]) -> None:
-        """Account for a reading the series store took (``devices``: its snapshot's, :meth:`devices`)."""
-        device = devices.get(key.gpu)
-        if device is None:
-            return
-        self.ledger.observe(key, point, device)
-        pod = (key.namespace, key.pod)
-        if pod not in self._workloads and pod not in self._unresolved:
-            self._unresolved.add(pod)
-            self._wake.set()
+        Only the node's first :data:`MAX_GPUS_PER_NODE` GPUs by UUID are counted, each under the model
+        it was first reported with: what a node says cannot grow the rows.
+        """
+        gpus = self._gpus.get(node)
+        if gpus is None:
+            gpus = self._gpus[node] = {}
+        t = snapshot.timestamp
+        devices = devices_of(snapshot)
+        for device_id, device in list(devices.items()):
+            known = gpus.get(device.gpu)
+            if known is None:
+                if len(gpus) >= MAX_GPUS_PER_NODE:
+                    del devices[device_id]
+                    continue
+                known = gpus[device.gpu] = [device.model[:MAX_MODEL_CHARS], t]
+            elif known[1] < t:
+                known[1] = t
+            if known[0] != device.model:
+                devices[device_id] = device._replace(model=known[0])
+        self.ledger.observe(node, snapshot.timestamp, devices, readings, bound=bound, until=self._clock())
+        for points in readings.values():
+            for pod in points:
+                if pod not in self._workloads and pod not in self._unresolved:
+                    self._unresolved.add(pod)
+                    self._wake.set()
 
     # -- background --
 
@@ -132,6 +162,12 @@ class AccountingBook(Collector):
         now = self._clock()
         for pod in self.ledger.silent_pods(before=now - RETIRE_SECONDS):
             self.retire(*pod)
+        self.ledger.forget_devices(before=now - RETIRE_SECONDS)
+        for node, gpus in list(self._gpus.items()):
+            for uuid in [u for u, (_, t) in gpus.items() if t < now - RETIRE_SECONDS]:
+                del gpus[uuid]
+            if not gpus:
+                del self._gpus[node]
         self.rows()  # brings the rows' growth times up to date before judging them stale
         # A row with a live pod stays, grown or not: dropped, it would come back lower (its retired
         # pods' seconds gone), which Prometheus would take for a reset and count again.
@@ -220,6 +256,17 @@ class AccountingBook(Collector):
             if prices
             else None
         )
+        free = CounterMetricFamily(
+            "gpuwarden_gpu_unallocated_seconds",
+            "GPU-seconds of the node's GPUs that no pod held (a MIG slice counts its share).",
+            labels=("node", "gpu_model"),
+        )
+        now = self._clock()
+        for (node, model), usage in sorted(self.ledger.unallocated().items()):
+            since = self._free_since.setdefault((node, model), now)
+            free.add_metric(
+                [node, model], usage.allocated if now - since >= self.settings.scrape_interval else 0.0
+            )
         for row, usage in sorted(self.rows().items()):
             values = list(row)
             allocated.add_metric(values, usage.allocated)
@@ -231,5 +278,6 @@ class AccountingBook(Collector):
         yield allocated
         yield used
         yield idle
+        yield free
         if cost is not None:
             yield cost

@@ -12,13 +12,12 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwarden.accounting import Device
 from gpuwarden.operator.accounting import AccountingBook, AccountingSettings, OwnerResolver
-from gpuwarden.operator.accounting.book import EXPIRE_SECONDS, RETIRE_SECONDS
+from gpuwarden.operator.accounting.book import EXPIRE_SECONDS, MAX_GPUS_PER_NODE, RETIRE_SECONDS
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.kube import ApiError
-from gpuwarden.policy import Point, SeriesKey
+from gpuwarden.policy import Point
 from gpuwarden.wire.node import GpuSample, NodeReport, PodRef, Snapshot
 
 H200 = "NVIDIA H200"
@@ -70,10 +69,28 @@ def book(clock: Clock, **settings: Any) -> AccountingBook:
     )
 
 
+def snapshot(t: float, gpus: dict[str, tuple[str, ...]], util: float = 0.0, model: str = H200) -> Snapshot:
+    """One snapshot of GPUs (by UUID) allocated to pods of ``ml`` (by name), each at ``util``."""
+    return Snapshot(
+        timestamp=t,
+        gpus=[
+            GpuSample(
+                uuid=uuid,
+                index=i,
+                model=model,
+                utilization_gpu=util,
+                pods=[PodRef(namespace="ml", name=name) for name in pods],
+            )
+            for i, (uuid, pods) in enumerate(gpus.items())
+        ],
+    )
+
+
 def feed(accounting: AccountingBook, name: str, gpu: str, start: float, seconds: int, util: float) -> None:
-    device = {gpu: Device(H200, 1.0, frozenset({("ml", name)}))}
     for i in range(seconds + 1):
-        accounting.observe(SeriesKey("ml", name, gpu), Point(start + i, gpu_util=util), device)
+        t = start + i
+        point = Point(t, gpu_util=util)
+        accounting.observe("n1", snapshot(t, {gpu: (name,)}, util), {gpu: {("ml", name): point}})
 
 
 def scrape(accounting: AccountingBook) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -105,8 +122,8 @@ async def test_pods_are_summed_by_workload_and_exported_once_resolved() -> None:
     web, nb = labels("Deployment", "web", "search"), labels("Pod", "nb", "research")
     assert got[("gpuwarden_gpu_allocated_seconds_total", web)] == pytest.approx(200.0)
     assert got[("gpuwarden_gpu_used_seconds_total", web)] == pytest.approx(51.0)
-    assert got[("gpuwarden_gpu_idle_seconds_total", web)] == pytest.approx(100.0)
-    assert got[("gpuwarden_gpu_idle_cost_total", nb)] == pytest.approx(3.6)
+    assert got[("gpuwarden_gpu_idle_seconds_total", web)] == pytest.approx(99.0)  # 100 s at 1%: 99 unused
+    assert got[("gpuwarden_gpu_idle_cost_total", nb)] == pytest.approx(3.6 * 0.98)  # an hour at 2%
 
 
 async def test_no_cost_without_a_price_and_a_retired_pod_stays_in_its_workload_row() -> None:
@@ -149,10 +166,15 @@ async def test_counters_never_decrease_when_pods_retire() -> None:
     accounting = book(clock)
     # Many pods of one workload with awkward fractions: folding them in another order must not dip.
     for i in range(1, 3):
-        device = {"GPU-x": Device(H200, 1 / 3, frozenset({("ml", f"web-{i}")}))}
         for t in range(50):
-            point = Point(clock.now + t * 0.1 * i, gpu_util=(t * 7 % 10) * 3.3)
-            accounting.observe(SeriesKey("ml", f"web-{i}", "GPU-x"), point, device)
+            at = clock.now + t * 0.1 * i
+            util = (t * 7 % 10) * 3.3
+            pod = f"web-{i}"
+            accounting.observe(
+                "n1",
+                snapshot(at, {f"GPU-{i}": (pod,)}, util),
+                {f"GPU-{i}": {("ml", pod): Point(at, gpu_util=util)}},
+            )
     await accounting.resolve_pending()
     first = scrape(accounting)
     accounting.retire("ml", "web-2")
@@ -227,3 +249,35 @@ async def test_a_handover_counts_each_reading_on_one_replica_and_the_sum_over_re
     web = labels("Deployment", "web", "search")
     key = ("gpuwarden_gpu_allocated_seconds_total", web)
     assert scrape(old)[key] + scrape(new)[key] == pytest.approx(scrape(alone)[key] - 1.0)
+
+
+async def test_a_gpu_keeps_the_model_it_was_first_reported_with_and_a_node_counts_at_most_its_gpus() -> None:
+    # A node naming a new model in every snapshot, and a new GPU in every one: the rows stay bounded.
+    clock = Clock()
+    accounting = book(clock)
+    for i in range(1000):
+        t = clock.now + i
+        gpus = {"GPU-1": ("web-1",), f"GPU-x{i}": ("web-1",)}
+        readings = {gpu: {("ml", "web-1"): Point(t, gpu_util=50.0)} for gpu in gpus}
+        accounting.observe("n1", snapshot(t, gpus, 50.0, model=f"H200 flood {i}"), readings)
+    await accounting.resolve_pending()
+    rows = [labels for name, labels in scrape(accounting) if name == "gpuwarden_gpu_allocated_seconds_total"]
+    assert len(rows) <= MAX_GPUS_PER_NODE
+    models = {dict(r)["gpu_model"] for r in rows}
+    assert "H200 flood 0" in models
+    assert "H200 flood 999" not in models
+
+
+async def test_gpus_no_pod_holds_are_exported_as_unallocated_per_node_and_model() -> None:
+    clock = Clock()
+    accounting = book(clock)
+    for i in range(11):
+        t = clock.now + i
+        accounting.observe(
+            "n1",
+            snapshot(t, {"GPU-1": ("web-1",), "GPU-2": ()}),
+            {"GPU-1": {("ml", "web-1"): Point(t, gpu_util=50.0)}},
+        )
+    got = scrape(accounting)
+    free = ("gpuwarden_gpu_unallocated_seconds_total", (("gpu_model", H200), ("node", "n1")))
+    assert got[free] == pytest.approx(10.0)
