@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from gpuwarden.accounting import Bound
 from gpuwarden.operator.accounting import AccountingBook
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.endpoints import MAX_FUTURE_SKEW, Intake, NodeRateLimiter, ReportBook, ReportIngest
@@ -101,6 +102,8 @@ class OperatorState:
     """The running evaluation daemons' pacing."""
     pod_nodes: Mapping[tuple[str, str], Collection[str]] = field(default_factory=dict)
     """GPU pods by (namespace, name) -> the node they run on: Kopf's ``gpu_pod_nodes`` index."""
+    pod_grants: Mapping[tuple[str, str], Collection[Bound]] = field(default_factory=dict)
+    """What each scheduled GPU pod may be billed for (GPUs, start): Kopf's ``gpu_pod_grants`` index."""
     pods: Mapping[str, Iterable[PodRecord]] = field(default_factory=dict)
     """GPU pods by namespace -> their records: Kopf's ``gpu_pods`` index (bound at startup)."""
     service_pods: Mapping[str, Iterable[ServicePod]] = field(default_factory=dict)
@@ -219,7 +222,7 @@ class OperatorState:
                         else:
                             readings[pod] = point
             if taken is not None and self.accounting is not None:
-                self.accounting.observe(node, snapshot, taken)
+                self.accounting.observe(node, snapshot, taken, bound=self._grant)
         if namespaces:
             self.schedule.nudge_data(namespaces)
         return intake
@@ -245,6 +248,12 @@ class OperatorState:
                 admission.refuse(reason)
                 continue
             self.services.record(PodId(*pod), service_scrape(sample))
+
+    def _grant(self, pod: tuple[str, str]) -> Bound | None:
+        """What the API says ``pod`` may be billed for; None while the pod index does not know it."""
+        for grant in self.pod_grants.get(pod, ()):
+            return grant
+        return None
 
     def _room_for(self, key: SeriesKey) -> bool:
         """Whether ``key``'s series exists, or its pod has fewer than :data:`MAX_GPUS_PER_POD` GPUs."""
