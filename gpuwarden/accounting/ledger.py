@@ -215,14 +215,17 @@ class Ledger:
         """Account for ``node``'s snapshot at ``t``: each of its ``devices``, with the readings of the
         pods counted there by device id (``readings``). ``bound``: a pod's :class:`Bound`, None where
         the API says nothing; ``until``: no time after it is counted (the receiver's clock)."""
-        credits: dict[Pod, list[tuple[str, Usage]]] = {}
+        # What each pod may still be allocated in this snapshot (its bound's), once it is met.
+        left: dict[Pod, float] = {}
+        last = self._last
         for device_id, device in devices.items():
-            key = (node, device_id)
             points = readings.get(device_id, _NO_READINGS)
+            holders = device.holders or frozenset(points)
+            key = (node, device_id)
             series = self._devices.get(key)
             if series is None:
                 series = self._devices[key] = _Device(t)
-                self._activities(series, device.holders or points.keys(), points, t)
+                self._activities(series, holders, points, t)
                 continue
             if t <= series.last_t:
                 continue
@@ -230,8 +233,22 @@ class Ledger:
             # Comparisons, not min() and max(): this runs for every device of every snapshot.
             recent = series.step if series.step < series.step_before else series.step_before
             series.last_t, series.step, series.step_before = t, interval, series.step
-            holders = device.holders or frozenset(points)
-            activities = self._activities(series, holders, points, t)
+            if len(holders) == 1 and len(series.activity) < 2:
+                # One holder, the common case, without building a mapping of activities.
+                (holder,) = holders
+                point = points.get(holder)
+                activity = None if point is None else _activity(point)
+                known = series.activity
+                if activity is not None:
+                    known.clear()
+                    known[holder] = (activity, t)
+                else:
+                    carried = known.get(holder)
+                    if carried is not None and t - carried[1] <= self.carry_seconds:
+                        activity = carried[0]
+                activities: Mapping[Pod, float | None] = {holder: activity}
+            else:
+                activities = self._activities(series, holders, points, t)
             if interval > self.max_gap and (recent == math.inf or interval > GAP_INTERVALS * recent):
                 continue
             physical = device.fraction * interval
@@ -242,32 +259,64 @@ class Ledger:
                 free.allocated += physical
                 free.held += interval
                 continue
-            self._split(device, physical, interval, activities, points, credits)
-        for pod, shares in credits.items():
-            scale = 1.0
-            limit = bound(pod) if bound is not None else None
-            if limit is not None:
-                since = self._last.get(pod, -math.inf)
-                end = t if t < until else until
-                begin = since if since > limit.start else limit.start
-                allowed = limit.gpus * (end - begin) if end > begin else 0.0
-                claimed = sum(u.allocated for _, u in shares)
-                if claimed > allowed:
-                    scale = allowed / claimed
-                    self.refused += claimed - allowed
-            models = self._totals.get(pod)
-            if models is None:
-                models = self._totals[pod] = {}
-            for model, usage in shares:
-                total = models.get(model)
+            busy = 0.0
+            for activity in activities.values():
+                if activity is not None:
+                    busy += activity
+            scale = 1.0 / busy if busy > 1.0 else 1.0  # the holders' shares never exceed the device
+            part = physical * (1.0 - busy * scale) / len(activities)
+            floor = self.idle_floor / 100.0
+            for pod, activity in activities.items():
+                if pod not in points:
+                    continue  # not counted here (refused, or a namespace not watched): its part is nobody's
+                if activity is None:
+                    allocated, used, idle, unknown = part, 0.0, 0.0, part
+                else:
+                    used = activity * scale * physical
+                    allocated = used + part
+                    idle = part if used < floor * allocated else 0.0
+                    unknown = 0.0
+                held = interval
+                if bound is not None:
+                    room = left.get(pod)
+                    if room is None:
+                        room = self._room(pod, bound(pod), t, until)
+                    if allocated > room:
+                        cut = room / allocated
+                        self.refused += allocated - room
+                        allocated, used, idle, unknown, held = (
+                            room,
+                            used * cut,
+                            idle * cut,
+                            unknown * cut,
+                            held * cut,
+                        )
+                    left[pod] = room - allocated
+                models = self._totals.get(pod)
+                if models is None:
+                    models = self._totals[pod] = {}
+                total = models.get(device.model)
                 if total is None:
-                    total = models[model] = Usage()
-                total.add(usage, scale)
-        last = self._last
+                    total = models[device.model] = Usage()
+                # Added in place: this runs for every holder of every device of every snapshot.
+                total.allocated += allocated
+                total.used += used
+                total.idle += idle
+                total.unknown += unknown
+                total.held += held
         for points in readings.values():
             for pod in points:
                 if last.get(pod, -math.inf) < t:
                     last[pod] = t
+
+    def _room(self, pod: Pod, limit: Bound | None, t: float, until: float) -> float:
+        """The GPU-seconds ``pod`` may be allocated in its snapshot at ``t`` (see the module doc)."""
+        if limit is None:
+            return math.inf
+        since = self._last.get(pod, -math.inf)
+        end = t if t < until else until
+        begin = since if since > limit.start else limit.start
+        return limit.gpus * (end - begin) if end > begin else 0.0
 
     def _activities(
         self, series: _Device, holders: Iterable[Pod], points: Mapping[Pod, Point], t: float
@@ -289,40 +338,6 @@ class Ledger:
             for pod in [p for p in known if p not in out]:
                 del known[pod]
         return out
-
-    def _split(
-        self,
-        device: Device,
-        physical: float,
-        interval: float,
-        activities: Mapping[Pod, float | None],
-        points: Mapping[Pod, Point],
-        credits: dict[Pod, list[tuple[str, Usage]]],
-    ) -> None:
-        """The device's physical seconds of one interval, split among its holders (the module doc)."""
-        busy = 0.0
-        for activity in activities.values():
-            if activity is not None:
-                busy += activity
-        scale = 1.0 / busy if busy > 1.0 else 1.0  # the holders' shares never exceed the device
-        unused = physical * (1.0 - busy * scale)
-        part = unused / len(activities)
-        floor = self.idle_floor / 100.0
-        for pod, activity in activities.items():
-            if pod not in points:
-                continue  # not counted here (refused, or a namespace not watched): its part is nobody's
-            if activity is None:
-                usage = Usage(allocated=part, unknown=part, held=interval)
-            else:
-                used = activity * scale * physical
-                allocated = used + part
-                idle = allocated - used if used < floor * allocated else 0.0
-                usage = Usage(allocated, used, idle, 0.0, interval)
-            shares = credits.get(pod)
-            if shares is None:
-                credits[pod] = [(device.model, usage)]
-            else:
-                shares.append((device.model, usage))
 
     def totals(self) -> dict[Subject, Usage]:
         """Every subject's totals so far (the Usage objects are the ledger's own: read, do not keep)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import shutil
 import subprocess
 from collections.abc import Mapping
@@ -12,8 +13,11 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwarden.operator.accounting import AccountingBook, AccountingSettings, OwnerResolver
+from gpuwarden.accounting import Bound
+from gpuwarden.kubetime import format_time
+from gpuwarden.operator.accounting import AccountingBook, AccountingSettings, OwnerResolver, pod_grant
 from gpuwarden.operator.accounting.book import EXPIRE_SECONDS, MAX_GPUS_PER_NODE, RETIRE_SECONDS
+from gpuwarden.operator.accounting.grants import CLAIMED_GPUS
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.kube import ApiError
@@ -281,3 +285,45 @@ async def test_gpus_no_pod_holds_are_exported_as_unallocated_per_node_and_model(
     got = scrape(accounting)
     free = ("gpuwarden_gpu_unallocated_seconds_total", (("gpu_model", H200), ("node", "n1")))
     assert got[free] == pytest.approx(10.0)
+
+
+def test_a_node_cannot_bill_its_one_gpu_pod_for_32_gpus_six_hours_back() -> None:
+    # Issue 45: gpu-node-2 reported its pod other-0 (one GPU, 30 s old) on 32 GPUs, a snapshot every
+    # 4.5 s over the 6 h the ingest accepts. The pod is billed at most one GPU for its 30 s.
+    now = 1_800_000_000.0
+    state = build_operator(OperatorConfig(), clock=lambda: now).state
+    assert state.accounting is not None
+    pod = ("ml", "other-0")
+    spec = {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    state.pod_nodes = {pod: ["gpu-node-2"]}
+    state.pod_grants = {pod: [pod_grant(spec, {"startTime": format_time(now - 30)})]}
+    state.pods_synced = True
+    gpus = {f"GPU-{i}": ("other-0",) for i in range(32)}
+    # The first and last 20 minutes of the six hours (all of it takes seconds; the edges are the point).
+    times = [now - 6 * 3600 + 4.5 * i for i in range(267)] + [now - 1200 + 4.5 * i for i in range(267)]
+    for seq, start in enumerate(range(0, len(times), 500)):
+        snapshots = [snapshot(t, gpus, 90.0) for t in times[start : start + 500]]
+        state.accept(
+            NodeReport(schema_version=5, node="gpu-node-2", agent_id="x", seq=seq, snapshots=snapshots),
+            "gpu-node-2",
+            now,
+        )
+    billed = sum(u.allocated for u in state.accounting.ledger.pod_totals(*pod).values())
+    assert 0 < billed <= 1 * 30.0
+    assert state.accounting.ledger.refused > 0
+
+
+def test_a_pods_grant_is_its_containers_gpus_from_its_start() -> None:
+    spec = {
+        "initContainers": [{"resources": {"limits": {"nvidia.com/gpu": "2"}}}],
+        "containers": [
+            {"resources": {"limits": {"nvidia.com/gpu": "1", "cpu": "4"}}},
+            {"resources": {"requests": {"nvidia.com/mig-1g.18gb": "1"}}},
+        ],
+    }
+    assert pod_grant(spec, {"startTime": "2026-12-06T10:00:00Z"}) == Bound(2.0, 1796551200.0)
+    assert (
+        pod_grant({"containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]}, {}).start == math.inf
+    )
+    claimed = pod_grant({"containers": [{}], "resourceClaims": [{"name": "gpu"}]}, {})
+    assert claimed.gpus == CLAIMED_GPUS
