@@ -84,8 +84,8 @@ class Device(NamedTuple):
     """The GPU's product name (``NVIDIA H200``); a MIG device carries its parent's."""
     fraction: float = 1.0
     """The device's share of its GPU: 1, or a MIG device's."""
-    holders: frozenset[Pod] = frozenset()
-    """The pods the device is allocated to; empty: allocated to nobody known."""
+    holders: tuple[Pod, ...] = ()
+    """The pods the device is allocated to, each once; empty: allocated to nobody known."""
     gpu: str = ""
     """The UUID of the GPU (a MIG device's parent's)."""
 
@@ -109,12 +109,12 @@ def devices_of(snapshot: Snapshot, *, processes: bool = False) -> dict[str, Devi
         if gpu.state is not DeviceState.OK:
             continue
         if processes:
-            holders = frozenset(("", process_subject(p.pid)) for p in gpu.processes)
+            holders = tuple(dict.fromkeys(("", process_subject(p.pid)) for p in gpu.processes))
         elif len(gpu.pods) == 1:  # the common case, without a generator
             ref = gpu.pods[0]
-            holders = frozenset(((ref.namespace, ref.name),))
+            holders = ((ref.namespace, ref.name),)
         else:
-            holders = frozenset((p.namespace, p.name) for p in gpu.pods)
+            holders = tuple(dict.fromkeys((p.namespace, p.name) for p in gpu.pods))
         if gpu.mig_id is None:
             devices[gpu.uuid] = Device(gpu.model, 1.0, holders, gpu.uuid)
             continue
@@ -184,6 +184,8 @@ class _Device:
     step_before: float = math.inf
     activity: dict[Pod, tuple[float, float]] = field(default_factory=dict)
     """Each holder's last known activity on the device, and when it was read."""
+    gpu: str = ""
+    """The GPU's UUID (a MIG device's parent's)."""
 
 
 @dataclass
@@ -220,11 +222,11 @@ class Ledger:
         last = self._last
         for device_id, device in devices.items():
             points = readings.get(device_id, _NO_READINGS)
-            holders = device.holders or frozenset(points)
+            holders = device.holders or tuple(points)
             key = (node, device_id)
             series = self._devices.get(key)
             if series is None:
-                series = self._devices[key] = _Device(t)
+                series = self._devices[key] = _Device(t, gpu=device.gpu)
                 self._activities(series, holders, points, t)
                 continue
             if t <= series.last_t:
@@ -233,23 +235,35 @@ class Ledger:
             # Comparisons, not min() and max(): this runs for every device of every snapshot.
             recent = series.step if series.step < series.step_before else series.step_before
             series.last_t, series.step, series.step_before = t, interval, series.step
+            gap = interval > self.max_gap and (recent == math.inf or interval > GAP_INTERVALS * recent)
             if len(holders) == 1 and len(series.activity) < 2:
-                # One holder, the common case, without building a mapping of activities.
+                # One holder, the common case: no mapping of activities, no split.
                 (holder,) = holders
                 point = points.get(holder)
                 activity = None if point is None else _activity(point)
                 known = series.activity
                 if activity is not None:
-                    known.clear()
                     known[holder] = (activity, t)
                 else:
                     carried = known.get(holder)
                     if carried is not None and t - carried[1] <= self.carry_seconds:
                         activity = carried[0]
-                activities: Mapping[Pod, float | None] = {holder: activity}
-            else:
-                activities = self._activities(series, holders, points, t)
-            if interval > self.max_gap and (recent == math.inf or interval > GAP_INTERVALS * recent):
+                if gap or point is None:
+                    continue
+                physical = device.fraction * interval
+                if activity is None:
+                    self._credit(
+                        holder, device.model, physical, 0.0, 0.0, physical, interval, left, bound, t, until
+                    )
+                else:
+                    used = activity * physical
+                    idle = physical - used if activity * 100.0 < self.idle_floor else 0.0
+                    self._credit(
+                        holder, device.model, physical, used, idle, 0.0, interval, left, bound, t, until
+                    )
+                continue
+            activities = self._activities(series, holders, points, t)
+            if gap:
                 continue
             physical = device.fraction * interval
             if not holders:
@@ -270,53 +284,61 @@ class Ledger:
                 if pod not in points:
                     continue  # not counted here (refused, or a namespace not watched): its part is nobody's
                 if activity is None:
-                    allocated, used, idle, unknown = part, 0.0, 0.0, part
+                    self._credit(pod, device.model, part, 0.0, 0.0, part, interval, left, bound, t, until)
                 else:
                     used = activity * scale * physical
-                    allocated = used + part
-                    idle = part if used < floor * allocated else 0.0
-                    unknown = 0.0
-                held = interval
-                if bound is not None:
-                    room = left.get(pod)
-                    if room is None:
-                        room = self._room(pod, bound(pod), t, until)
-                    if allocated > room:
-                        cut = room / allocated
-                        self.refused += allocated - room
-                        allocated, used, idle, unknown, held = (
-                            room,
-                            used * cut,
-                            idle * cut,
-                            unknown * cut,
-                            held * cut,
-                        )
-                    left[pod] = room - allocated
-                models = self._totals.get(pod)
-                if models is None:
-                    models = self._totals[pod] = {}
-                total = models.get(device.model)
-                if total is None:
-                    total = models[device.model] = Usage()
-                # Added in place: this runs for every holder of every device of every snapshot.
-                total.allocated += allocated
-                total.used += used
-                total.idle += idle
-                total.unknown += unknown
-                total.held += held
+                    idle = part if used < floor * (used + part) else 0.0
+                    self._credit(
+                        pod, device.model, used + part, used, idle, 0.0, interval, left, bound, t, until
+                    )
         for points in readings.values():
             for pod in points:
                 if last.get(pod, -math.inf) < t:
                     last[pod] = t
 
-    def _room(self, pod: Pod, limit: Bound | None, t: float, until: float) -> float:
-        """The GPU-seconds ``pod`` may be allocated in its snapshot at ``t`` (see the module doc)."""
-        if limit is None:
-            return math.inf
-        since = self._last.get(pod, -math.inf)
-        end = t if t < until else until
-        begin = since if since > limit.start else limit.start
-        return limit.gpus * (end - begin) if end > begin else 0.0
+    def _credit(
+        self,
+        pod: Pod,
+        model: str,
+        allocated: float,
+        used: float,
+        idle: float,
+        unknown: float,
+        held: float,
+        left: dict[Pod, float],
+        bound: Callable[[Pod], Bound | None] | None,
+        t: float,
+        until: float,
+    ) -> None:
+        """Add one holder's seconds of one device to its totals, held to its bound (``left``: what
+        each pod may still be allocated in this snapshot, filled as pods are met)."""
+        if bound is not None:
+            room = left.get(pod)
+            if room is None:
+                room = math.inf
+                limit = bound(pod)
+                if limit is not None:
+                    since = self._last.get(pod, -math.inf)
+                    end = t if t < until else until
+                    begin = since if since > limit.start else limit.start
+                    room = limit.gpus * (end - begin) if end > begin else 0.0
+            if allocated > room:
+                cut = room / allocated
+                self.refused += allocated - room
+                allocated, used, idle, unknown, held = room, used * cut, idle * cut, unknown * cut, held * cut
+            left[pod] = room - allocated
+        models = self._totals.get(pod)
+        if models is None:
+            models = self._totals[pod] = {}
+        total = models.get(model)
+        if total is None:
+            total = models[model] = Usage()
+        # Added in place: this runs for every holder of every device of every snapshot.
+        total.allocated += allocated
+        total.used += used
+        total.idle += idle
+        total.unknown += unknown
+        total.held += held
 
     def _activities(
         self, series: _Device, holders: Iterable[Pod], points: Mapping[Pod, Point], t: float
@@ -372,10 +394,12 @@ class Ledger:
         """The pods not read at or after ``before`` (gone, or moved away)."""
         return sorted(pod for pod, t in self._last.items() if t < before)
 
-    def forget_devices(self, before: float) -> None:
-        """Drop the devices not read at or after ``before`` (their nodes gone, or moved away)."""
+    def forget_devices(self, before: float) -> set[tuple[str, str]]:
+        """Drop the devices not read at or after ``before`` (their nodes gone, or moved away); the
+        GPUs (node, UUID) of those that stay."""
         for key in [k for k, d in self._devices.items() if d.last_t < before]:
             del self._devices[key]
+        return {(node, d.gpu) for (node, _), d in self._devices.items()}
 
 
 def observe_snapshot(ledger: Ledger, snapshot: Snapshot, *, processes: bool = False) -> None:

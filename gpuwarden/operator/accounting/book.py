@@ -32,12 +32,11 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpuwarden.accounting import Bound, Ledger, Pod, Usage, devices_of
+from gpuwarden.accounting import Bound, Device, Ledger, Pod, Usage, devices_of
 from gpuwarden.operator.accounting.owners import OwnerResolver, Unresolved, Workload
 from gpuwarden.operator.accounting.settings import AccountingSettings
 from gpuwarden.policy import Point
@@ -82,8 +81,8 @@ class AccountingBook(Collector):
         self.ledger = Ledger(idle_floor=settings.idle_floor)
         self._resolver = resolver
         self._clock = clock
-        self._gpus: dict[str, dict[str, list[Any]]] = {}
-        """Each node's GPUs by UUID: ``[model, t]``, the model first reported, the latest reading's time."""
+        self._gpus: dict[str, dict[str, str]] = {}
+        """Each node's GPUs by UUID: the model each was first reported with."""
         self._free_since: dict[tuple[str, str], float] = {}
         self._workloads: dict[tuple[str, str], Workload] = {}
         self._unresolved: set[tuple[str, str]] = set()
@@ -110,19 +109,26 @@ class AccountingBook(Collector):
         gpus = self._gpus.get(node)
         if gpus is None:
             gpus = self._gpus[node] = {}
-        t = snapshot.timestamp
         devices = devices_of(snapshot)
-        for device_id, device in list(devices.items()):
-            known = gpus.get(device.gpu)
-            if known is None:
+        changed: dict[str, Device | None] | None = None
+        for device_id, device in devices.items():
+            model = gpus.get(device.gpu)
+            if model == device.model:
+                continue
+            if changed is None:
+                changed = {}
+            if model is None:
                 if len(gpus) >= MAX_GPUS_PER_NODE:
-                    del devices[device_id]
+                    changed[device_id] = None
                     continue
-                known = gpus[device.gpu] = [device.model[:MAX_MODEL_CHARS], t]
-            elif known[1] < t:
-                known[1] = t
-            if known[0] != device.model:
-                devices[device_id] = device._replace(model=known[0])
+                model = gpus[device.gpu] = device.model[:MAX_MODEL_CHARS]
+            changed[device_id] = device._replace(model=model)
+        if changed:
+            for device_id, replaced in changed.items():
+                if replaced is None:
+                    del devices[device_id]
+                else:
+                    devices[device_id] = replaced
         self.ledger.observe(node, snapshot.timestamp, devices, readings, bound=bound, until=self._clock())
         for points in readings.values():
             for pod in points:
@@ -162,9 +168,9 @@ class AccountingBook(Collector):
         now = self._clock()
         for pod in self.ledger.silent_pods(before=now - RETIRE_SECONDS):
             self.retire(*pod)
-        self.ledger.forget_devices(before=now - RETIRE_SECONDS)
+        read = self.ledger.forget_devices(before=now - RETIRE_SECONDS)
         for node, gpus in list(self._gpus.items()):
-            for uuid in [u for u, (_, t) in gpus.items() if t < now - RETIRE_SECONDS]:
+            for uuid in [u for u in gpus if (node, u) not in read]:
                 del gpus[uuid]
             if not gpus:
                 del self._gpus[node]

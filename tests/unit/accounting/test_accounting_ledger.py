@@ -17,7 +17,7 @@ from gpuwarden.wire.node import DeviceState, GpuSample, PodRef, ProcessSample, S
 
 H200 = "NVIDIA H200"
 TRAIN: Pod = ("ml", "train")
-ALONE = Device(H200, 1.0, frozenset({TRAIN}), "GPU-1")
+ALONE = Device(H200, 1.0, (TRAIN,), "GPU-1")
 
 
 def play(
@@ -107,7 +107,7 @@ def test_a_shared_gpu_bills_each_holder_its_use_and_an_even_part_of_what_nobody_
     # Four holders of one GPU for 100 s: one at 97%, three idle (issue 40's H200 run). The busy one
     # is allocated its 97 GPU-s and a quarter of the 3 nobody used; each idle one 0.75, all idle.
     pods = [("ml", "busy"), ("ml", "a"), ("ml", "b"), ("ml", "c")]
-    device = Device(H200, 1.0, frozenset(pods), "GPU-1")
+    device = Device(H200, 1.0, tuple(pods), "GPU-1")
     ledger = Ledger()
     play(ledger, device, [(float(t), {pods[0]: 97.0} | dict.fromkeys(pods[1:], 0.0)) for t in range(101)])
     busy, idle = total(ledger, pods[0]), [total(ledger, p) for p in pods[1:]]
@@ -123,7 +123,7 @@ def test_a_shared_gpu_bills_each_holder_its_use_and_an_even_part_of_what_nobody_
 
 def test_holders_claiming_more_than_the_device_are_scaled_down_to_it() -> None:
     pods = [("ml", "a"), ("ml", "b")]
-    device = Device(H200, 1.0, frozenset(pods), "GPU-1")
+    device = Device(H200, 1.0, tuple(pods), "GPU-1")
     ledger = Ledger()
     play(ledger, device, [(float(t), {pods[0]: 90.0, pods[1]: 60.0}) for t in range(11)])
     a, b = total(ledger, pods[0]), total(ledger, pods[1])
@@ -133,7 +133,7 @@ def test_holders_claiming_more_than_the_device_are_scaled_down_to_it() -> None:
 
 def test_a_holder_of_unknown_activity_gets_its_even_part_counted_unknown() -> None:
     pods = [("ml", "a"), ("ml", "b")]
-    device = Device(H200, 1.0, frozenset(pods), "GPU-1")
+    device = Device(H200, 1.0, tuple(pods), "GPU-1")
     ledger = Ledger(carry_seconds=0.0)
     play(ledger, device, [(float(t), {pods[0]: 40.0, pods[1]: None}) for t in range(11)])
     a, b = total(ledger, pods[0]), total(ledger, pods[1])
@@ -159,7 +159,7 @@ def test_unknown_activity_carries_the_last_known_for_a_while_then_counts_neither
 
 def test_a_gpu_nobody_holds_is_unallocated_per_node_and_model() -> None:
     ledger = Ledger()
-    free = Device(H200, 1.0, frozenset(), "GPU-2")
+    free = Device(H200, 1.0, (), "GPU-2")
     for t in range(11):
         ledger.observe(
             "n1", float(t), {"GPU-1": ALONE, "GPU-2": free}, {"GPU-1": {TRAIN: Point(t, gpu_util=50.0)}}
@@ -205,13 +205,13 @@ def test_devices_of_names_the_pods_each_device_is_allocated_to() -> None:
         ],
     )
     devices = devices_of(snapshot)
-    assert devices == {"GPU-1": Device(H200, 1.0, frozenset({("ml", "a"), ("ml", "b")}), "GPU-1")}
+    assert devices == {"GPU-1": Device(H200, 1.0, (("ml", "a"), ("ml", "b")), "GPU-1")}
 
 
 def test_a_bound_caps_a_pod_at_its_gpus_since_its_start_and_counts_the_rest_refused() -> None:
     # A node says its one-GPU pod holds 8 GPUs, with readings from before the pod started.
     ledger = Ledger()
-    devices = {f"GPU-{i}": Device(H200, 1.0, frozenset({TRAIN}), f"GPU-{i}") for i in range(8)}
+    devices = {f"GPU-{i}": Device(H200, 1.0, (TRAIN,), f"GPU-{i}") for i in range(8)}
     for t in range(0, 101):
         readings = {d: {TRAIN: Point(float(t), gpu_util=90.0)} for d in devices}
         ledger.observe("n1", float(t), devices, readings, bound=lambda pod: Bound(1.0, 50.0), until=90.0)
@@ -240,7 +240,7 @@ def test_the_same_readings_give_the_same_totals_and_forget_hands_them_over() -> 
 def test_silent_pods_are_those_with_no_recent_reading() -> None:
     ledger = Ledger()
     play(ledger, ALONE, alone([(0.0, 1.0), (1.0, 1.0)]))
-    other = Device(H200, 1.0, frozenset({("ml", "other")}), "GPU-2")
+    other = Device(H200, 1.0, (("ml", "other"),), "GPU-2")
     play(ledger, other, [(t, {("ml", "other"): 1.0}) for t in (0.0, 100.0, 101.0)], device_id="GPU-2")
     assert ledger.silent_pods(before=50.0) == [TRAIN]
 
@@ -271,7 +271,7 @@ def test_allocated_sums_to_the_physical_time_used_never_exceeds_allocated_and_id
     opened = False
     for dt, holders, values in steps:
         t += dt
-        device = Device(H200, fraction, frozenset(holders), "GPU-1")
+        device = Device(H200, fraction, tuple(holders), "GPU-1")
         points = {
             pod: Point(t, gpu_util=u) for pod, u in zip(POD_NAMES, values, strict=True) if pod in holders
         }
