@@ -203,6 +203,7 @@ class Ledger:
     _last: dict[Pod, float] = field(default_factory=dict, init=False)
     """Each pod's latest snapshot time: its bound's interval starts there; silence is judged by it."""
     _unallocated: dict[tuple[str, str], Usage] = field(default_factory=dict, init=False)
+    _nodes: dict[tuple[str, str], Usage] = field(default_factory=dict, init=False)
 
     def observe(
         self,
@@ -253,13 +254,24 @@ class Ledger:
                 physical = device.fraction * interval
                 if activity is None:
                     self._credit(
-                        holder, device.model, physical, 0.0, 0.0, physical, interval, left, bound, t, until
+                        node,
+                        holder,
+                        device.model,
+                        physical,
+                        0.0,
+                        0.0,
+                        physical,
+                        interval,
+                        left,
+                        bound,
+                        t,
+                        until,
                     )
                 else:
                     used = activity * physical
                     idle = physical - used if activity * 100.0 < self.idle_floor else 0.0
                     self._credit(
-                        holder, device.model, physical, used, idle, 0.0, interval, left, bound, t, until
+                        node, holder, device.model, physical, used, idle, 0.0, interval, left, bound, t, until
                     )
                 continue
             activities = self._activities(series, holders, points, t)
@@ -284,12 +296,14 @@ class Ledger:
                 if pod not in points:
                     continue  # not counted here (refused, or a namespace not watched): its part is nobody's
                 if activity is None:
-                    self._credit(pod, device.model, part, 0.0, 0.0, part, interval, left, bound, t, until)
+                    self._credit(
+                        node, pod, device.model, part, 0.0, 0.0, part, interval, left, bound, t, until
+                    )
                 else:
                     used = activity * scale * physical
                     idle = part if used < floor * (used + part) else 0.0
                     self._credit(
-                        pod, device.model, used + part, used, idle, 0.0, interval, left, bound, t, until
+                        node, pod, device.model, used + part, used, idle, 0.0, interval, left, bound, t, until
                     )
         for points in readings.values():
             for pod in points:
@@ -298,6 +312,7 @@ class Ledger:
 
     def _credit(
         self,
+        node: str,
         pod: Pod,
         model: str,
         allocated: float,
@@ -339,6 +354,12 @@ class Ledger:
         total.idle += idle
         total.unknown += unknown
         total.held += held
+        total = self._nodes.get((node, model))
+        if total is None:
+            total = self._nodes[(node, model)] = Usage()
+        total.allocated += allocated
+        total.used += used
+        total.idle += idle
 
     def _activities(
         self, series: _Device, holders: Iterable[Pod], points: Mapping[Pod, Point], t: float
@@ -372,6 +393,10 @@ class Ledger:
     def unallocated(self) -> dict[tuple[str, str], Usage]:
         """GPU-seconds of the devices no pod held, by (node, GPU model) (the ledger's own: read only)."""
         return self._unallocated
+
+    def nodes(self) -> dict[tuple[str, str], Usage]:
+        """The pods' totals by (node, GPU model), forgotten pods' included (the ledger's own: read only)."""
+        return self._nodes
 
     def pods(self) -> list[Pod]:
         """The pods (namespace, name) with totals."""

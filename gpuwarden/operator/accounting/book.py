@@ -33,7 +33,7 @@ import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpuwarden.accounting import Bound, Device, Ledger, Pod, Usage, devices_of
@@ -238,8 +238,8 @@ class AccountingBook(Collector):
         """The counters (see the module doc)."""
         allocated = CounterMetricFamily(
             "gpuwarden_gpu_allocated_seconds",
-            "GPU-seconds allocated to the workload's pods (a MIG slice counts its share, a time-sliced GPU "
-            "its even split).",
+            "GPU-seconds allocated to the workload's pods: a GPU held alone in full (a MIG slice its share), "
+            "a shared one what the pod used plus an even part of what nobody used.",
             labels=LABELS,
         )
         used = CounterMetricFamily(
@@ -285,5 +285,40 @@ class AccountingBook(Collector):
         yield used
         yield idle
         yield free
+        for name, field, what in (
+            (
+                "allocated",
+                "allocated",
+                "GPU-seconds allocated to the node's pods (the workloads' counters, by node).",
+            ),
+            ("used", "used", "GPU-seconds of work of the node's pods (the workloads' counters, by node)."),
+            ("idle", "idle", "Idle GPU-seconds of the node's pods (the workloads' counters, by node)."),
+        ):
+            family = CounterMetricFamily(
+                f"gpuwarden_node_gpu_{name}_seconds", what, labels=("node", "gpu_model")
+            )
+            for (node, model), usage in sorted(self.ledger.nodes().items()):
+                since = self._free_since.setdefault((node, model), now)
+                shown = getattr(usage, field) if now - since >= self.settings.scrape_interval else 0.0
+                family.add_metric([node, model], shown)
+            yield family
         if cost is not None:
             yield cost
+            per_hour = GaugeMetricFamily(
+                "gpuwarden_gpu_price_per_hour",
+                "The configured price of a GPU-hour of the model (gpuwarden report's costs).",
+                labels=("gpu_model",),
+            )
+            for model, value in sorted(prices.items()):
+                per_hour.add_metric([model], value)
+            yield per_hour
+        # Each live pod's workload, so that a pod's own series (an inference server's token counters)
+        # can be summed by workload: one series a live GPU pod.
+        workloads = GaugeMetricFamily(
+            "gpuwarden_pod_workload_info",
+            "The workload a GPU pod is accounted to (1 while the pod is counted).",
+            labels=("namespace", "pod", "workload_kind", "workload", "group"),
+        )
+        for (namespace, pod), w in sorted(self._workloads.items()):
+            workloads.add_metric([namespace, pod, w.kind, w.name, w.group], 1.0)
+        yield workloads

@@ -97,7 +97,10 @@ def feed(accounting: AccountingBook, name: str, gpu: str, start: float, seconds:
         accounting.observe("n1", snapshot(t, {gpu: (name,)}, util), {gpu: {("ml", name): point}})
 
 
-def scrape(accounting: AccountingBook) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def scrape(
+    accounting: AccountingBook, *, every: bool = False
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The workloads' counters (``every``: the nodes' too) as /metrics has them."""
     registry = CollectorRegistry()
     registry.register(accounting)
     text = generate_latest(registry).decode()
@@ -105,7 +108,7 @@ def scrape(accounting: AccountingBook) -> dict[tuple[str, tuple[tuple[str, str],
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
-        if s.name.endswith("_total")
+        if s.name.endswith("_total") and (every or "workload" in s.labels)
     }
 
 
@@ -282,9 +285,12 @@ async def test_gpus_no_pod_holds_are_exported_as_unallocated_per_node_and_model(
             snapshot(t, {"GPU-1": ("web-1",), "GPU-2": ()}),
             {"GPU-1": {("ml", "web-1"): Point(t, gpu_util=50.0)}},
         )
-    got = scrape(accounting)
+    got = scrape(accounting, every=True)
     free = ("gpuwarden_gpu_unallocated_seconds_total", (("gpu_model", H200), ("node", "n1")))
     assert got[free] == pytest.approx(10.0)
+    node = (("gpu_model", H200), ("node", "n1"))
+    assert got[("gpuwarden_node_gpu_allocated_seconds_total", node)] == pytest.approx(10.0)
+    assert got[("gpuwarden_node_gpu_used_seconds_total", node)] == pytest.approx(5.0)
 
 
 def test_a_node_cannot_bill_its_one_gpu_pod_for_32_gpus_six_hours_back() -> None:
