@@ -126,10 +126,10 @@ def gpu_pod_nodes(namespace: str | None, name: str, spec: kopf.Spec, **_: Any) -
 
 @kopf.index("pods", when=_scheduled_gpu_pod, registry=registry)
 def gpu_pod_grants(
-    namespace: str | None, name: str, spec: kopf.Spec, status: kopf.Status, **_: Any
+    namespace: str | None, name: str, spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta, **_: Any
 ) -> dict[tuple[str, str], Bound]:
     assert namespace is not None
-    return {(namespace, name): pod_grant(spec, status)}
+    return {(namespace, name): pod_grant(spec, status, meta)}
 
 
 @kopf.index("pods", when=_scheduled_gpu_pod, registry=registry)

@@ -302,7 +302,7 @@ def test_a_node_cannot_bill_its_one_gpu_pod_for_32_gpus_six_hours_back() -> None
     pod = ("ml", "other-0")
     spec = {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
     state.pod_nodes = {pod: ["gpu-node-2"]}
-    state.pod_grants = {pod: [pod_grant(spec, {"startTime": format_time(now - 30)})]}
+    state.pod_grants = {pod: [pod_grant(spec, {"startTime": format_time(now - 30)}, {})]}
     state.pods_synced = True
     gpus = {f"GPU-{i}": ("other-0",) for i in range(32)}
     # The first and last 20 minutes of the six hours (all of it takes seconds; the edges are the point).
@@ -327,9 +327,10 @@ def test_a_pods_grant_is_its_containers_gpus_from_its_start() -> None:
             {"resources": {"requests": {"nvidia.com/mig-1g.18gb": "1"}}},
         ],
     }
-    assert pod_grant(spec, {"startTime": "2026-12-06T10:00:00Z"}) == Bound(2.0, 1796551200.0)
-    assert (
-        pod_grant({"containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]}, {}).start == math.inf
-    )
-    claimed = pod_grant({"containers": [{}], "resourceClaims": [{"name": "gpu"}]}, {})
+    created = {"creationTimestamp": "2026-12-06T09:59:00Z"}
+    assert pod_grant(spec, {"startTime": "2026-12-06T10:00:00Z"}, created) == Bound(2.0, 1796551200.0)
+    assert pod_grant(spec, {}, created).start == 1796551140.0  # until the kubelet says when it started
+    one = {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    assert pod_grant(one, {}, {}).start == math.inf
+    claimed = pod_grant({"containers": [{}], "resourceClaims": [{"name": "gpu"}]}, {}, {})
     assert claimed.gpus == CLAIMED_GPUS
