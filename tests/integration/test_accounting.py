@@ -13,6 +13,7 @@ report`` asks it for the day (table, JSON, CSV), and its figures match the scena
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 import json
@@ -43,7 +44,12 @@ from operator_support import (
     scrape,
     wait_until,
 )
+from prometheus_client import CollectorRegistry, Counter, start_http_server
 from prometheus_support import Prometheus, prometheus_binary
+
+from gpuwarden.operator.accounting import AccountingBook, AccountingSettings, OwnerResolver
+from gpuwarden.policy import Point
+from gpuwarden.wire.node import GpuSample, PodRef, Snapshot
 
 pytestmark = pytest.mark.integration
 
@@ -421,3 +427,169 @@ def test_a_scripted_day_is_counted_across_a_restart_and_reported(
         print(table)
         worst = table.split("Worst offenders (most idle GPU-hours):\n")[1].splitlines()[0]
         assert worst.startswith(f"  {b}/Pod/notebook: "), table  # 155 idle GPU-s, web's 108
+
+
+# -- the report for the people who pay, on a real Prometheus --
+
+TEAM_PRICE = 3.6
+"""The price of a GPU-hour of an H200 in the report's test."""
+PROMPT, GENERATED = 5000, 1000
+"""Tokens the inference server counts at each of the node's snapshots (every half second or so)."""
+
+
+class Pods:
+    """The pods' metadata as the API would answer the owner resolver (bare pods, each with a team)."""
+
+    def __init__(self, teams: Mapping[str, str]) -> None:
+        self.teams = teams
+
+    async def get(self, path: str) -> Mapping[str, Any]:
+        return {"metadata": {"labels": {"team": self.teams[path.rsplit("/", 1)[1]]}}}
+
+
+def test_the_report_by_team_with_unallocated_gpus_and_cost_per_million_tokens(tmp_path: Path) -> None:
+    """The operator's accounting book, fed a node's snapshots in real time (a vLLM pod of team search
+    alone on GPU 0 at 60%, a notebook of team research idle on GPU 1, GPU 2 held by nobody), and a server
+    exporting vLLM's token counters, both scraped by Debian's Prometheus; ``gpuwarden report --by
+    label:team`` then states each team's hours, the unallocated GPU and the cost per million tokens,
+    against the truth the test computes from what it fed."""
+    binary = prometheus_binary()
+    if binary is None:
+        pytest.fail("prometheus is missing (Debian: apt-get install prometheus)")
+    model = "NVIDIA H200"
+    book = AccountingBook(
+        AccountingSettings(group_label="team", prices={model: TEAM_PRICE}, scrape_interval=1.0),
+        OwnerResolver(Pods({"llm-0": "search", "notebook": "research"}), group_label="team"),
+        time.time,
+    )
+    registry = CollectorRegistry()
+    registry.register(book)
+    served = CollectorRegistry()
+    prompt = Counter("vllm:prompt_tokens", "Prompt tokens.", registry=served)
+    generated = Counter("vllm:generation_tokens", "Generated tokens.", registry=served)
+    book_port, token_port = free_ports(2)
+    servers = [
+        start_http_server(book_port, "127.0.0.1", registry),
+        start_http_server(token_port, "127.0.0.1", served),
+    ]
+    targets = [
+        {"job_name": "gpuwarden-operator", "static_configs": [{"targets": [f"127.0.0.1:{book_port}"]}]},
+        {
+            # As a PodMonitor's relabelling labels a pod's series.
+            "job_name": "vllm",
+            "static_configs": [
+                {"targets": [f"127.0.0.1:{token_port}"], "labels": {"namespace": "ml", "pod": "llm-0"}}
+            ],
+        },
+    ]
+    prometheus = Prometheus(binary, tmp_path / "prometheus", targets, [], interval="500ms")
+    try:
+        # The tokens' first scrape must see them at 0: increase() takes a series' first value as its base.
+        wait_until(
+            lambda: len(prometheus.query("up == 1")) == 2, timeout=60, what="Prometheus scraping both targets"
+        )
+        first = last = time.time()
+        steps = 0
+        while last - first < 20.0:
+            last = time.time()
+            gpus = [
+                GpuSample(
+                    uuid="GPU-0",
+                    index=0,
+                    model=model,
+                    utilization_gpu=60.0,
+                    pods=[PodRef(namespace="ml", name="llm-0")],
+                ),
+                GpuSample(
+                    uuid="GPU-1",
+                    index=1,
+                    model=model,
+                    utilization_gpu=0.0,
+                    pods=[PodRef(namespace="ml", name="notebook")],
+                ),
+                GpuSample(uuid="GPU-2", index=2, model=model, utilization_gpu=0.0),
+            ]
+            readings = {
+                "GPU-0": {("ml", "llm-0"): Point(last, gpu_util=60.0)},
+                "GPU-1": {("ml", "notebook"): Point(last, gpu_util=0.0)},
+            }
+            book.observe("gpu-node-1", Snapshot(timestamp=last, gpus=gpus), readings)
+            if steps == 0:
+                asyncio.run(book.resolve_pending())
+            else:
+                prompt.inc(PROMPT)
+                generated.inc(GENERATED)
+            steps += 1
+            time.sleep(0.5)  # the node's sampling period: the workload's clock, not a wait for a result
+
+        def scraped() -> bool:
+            return bool(prometheus.query(f"gpuwarden_gpu_allocated_seconds_total > {0.9 * (last - first)}"))
+
+        wait_until(scraped, timeout=30, what="Prometheus holding the book's last seconds")
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gpuwarden",
+                "report",
+                f"--prometheus={prometheus.url}",
+                "--window=2m",
+                "--no-findings",
+                "--by=label:team",
+                "--output=json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            cwd=REPO_ROOT,
+        )
+        assert done.returncode == 0, done.stderr
+        data = json.loads(done.stdout)
+        table = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gpuwarden",
+                "report",
+                f"--prometheus={prometheus.url}",
+                "--window=2m",
+                "--no-findings",
+                "--by=label:team",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+            cwd=REPO_ROOT,
+        ).stdout
+        print(table)
+    finally:
+        prometheus.stop()
+        for server, thread in servers:
+            server.shutdown()
+            thread.join()
+    teams = {g["team"]: g for g in data["groups"]}
+    assert set(teams) == {"search", "research"}
+    seconds = last - first  # what each GPU was read for (the first reading opens its account)
+    search, research = teams["search"], teams["research"]
+    # increase() extrapolates to the window's edges: a few percent on 20 s, well under 1% on a day.
+    assert search["allocatedGpuHours"] * 3600 == pytest.approx(seconds, rel=0.1)
+    assert search["usedGpuHours"] == pytest.approx(0.6 * search["allocatedGpuHours"], rel=0.02)
+    assert research["idleGpuHours"] == pytest.approx(research["allocatedGpuHours"], rel=0.02)
+    # Each figure is its own instant query, whose increase() extrapolates to its own instant: on 20 s
+    # of data a percent or two apart, on a day's nothing worth a cent.
+    assert search["cost"] == pytest.approx(search["allocatedGpuHours"] * TEAM_PRICE, rel=0.03)
+    # The truth: the GPU-seconds and the tokens fed (6,000 a snapshot but the first).
+    tokens = (steps - 1) * (PROMPT + GENERATED)
+    assert search["tokens"] == pytest.approx(tokens, rel=0.1)
+    assert search["gpuHoursPerMillionTokens"] == pytest.approx(seconds / 3600 / tokens * 1e6, rel=0.1)
+    assert search["costPerMillionTokens"] == pytest.approx(
+        seconds / 3600 / tokens * 1e6 * TEAM_PRICE, rel=0.1
+    )
+    assert research["tokens"] is None
+    (free,) = data["unallocated"]
+    assert (free["node"], free["gpuModel"]) == ("gpu-node-1", model)
+    assert free["gpuHours"] == pytest.approx(search["allocatedGpuHours"], rel=0.05)
+    assert free["cost"] == pytest.approx(free["gpuHours"] * TEAM_PRICE, rel=0.03)
+    assert "UNALLOCATED TOTAL" in table

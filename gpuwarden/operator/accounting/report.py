@@ -191,7 +191,8 @@ TOKENS = (
 )
 """Inference servers' token counters, prompt and generated: vLLM's, SGLang's, TGI's (its histograms'
 sums). Prometheus must label them with the pod's ``namespace`` and ``pod``, as the usual Kubernetes
-scrape configurations and ServiceMonitors/PodMonitors do."""
+scrape configurations and ServiceMonitors/PodMonitors do. A colon may reach Prometheus as ``_`` (a
+client escaping names for the exposition format it negotiated): both spellings count."""
 PRICE = "max by (gpu_model) (gpuwarden_gpu_price_per_hour)"
 
 
@@ -229,16 +230,21 @@ async def _lines(
     for key, value in (await _sums(query, priced, labels)).items():
         lines.setdefault(key, Line()).total_cost = value
     if "gpu_model" not in labels and "node" not in labels:
-        names = "|".join(re.escape(name) for name in TOKENS)
+        # The pods' token counters, labelled with each pod's workload (and group) while it was counted;
+        # one query a counter (increase() drops the names, and two counters of a pod would collide).
+        joined = [label for label in labels if label != "namespace"]
+        info = f"max by ({', '.join(['namespace', 'pod', *joined])}) "
         inner = selector[1:-1] + ", " if selector else ""
-        tokens = (
-            f'sum by ({by}) (sum by (namespace, pod) (increase({{{inner}__name__=~"{names}"}}[{window}])) '
-            f"* on (namespace, pod) group_left ({by}) max by (namespace, pod, {by}) "
-            f"(max_over_time(gpuwarden_pod_workload_info{selector}[{window}])))"
-        )
-        for key, value in (await _sums(query, tokens, labels)).items():
-            if key in lines:
-                lines[key].tokens = value
+        for name in TOKENS:
+            counted = f'increase({{{inner}__name__=~"{re.escape(name).replace(":", "[:_]")}"}}[{window}])'
+            tokens = (
+                f"sum by ({by}) (sum by (namespace, pod) ({counted}) "
+                f"* on (namespace, pod) group_left ({', '.join(joined)}) {info}"
+                f"(max_over_time(gpuwarden_pod_workload_info{selector}[{window}])))"
+            )
+            for key, value in (await _sums(query, tokens, labels)).items():
+                if key in lines:
+                    lines[key].tokens = (lines[key].tokens or 0.0) + value
     return lines
 
 
