@@ -66,7 +66,7 @@ def test_nothing_idle_says_so() -> None:
 
 
 def test_by_a_label_the_groups_carry_the_costs_the_tokens_and_the_unallocated_gpus() -> None:
-    groups = {
+    groups: dict[tuple[str, ...], Line] = {
         ("search",): Line(allocated=48.0, used=30.0, idle=4.0, cost=14.0, total_cost=168.0, tokens=12e6),
         ("",): Line(allocated=8.0, used=7.5, idle=0.0, total_cost=28.0),
     }

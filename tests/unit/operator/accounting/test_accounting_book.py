@@ -73,7 +73,7 @@ def book(clock: Clock, **settings: Any) -> AccountingBook:
     )
 
 
-def snapshot(t: float, gpus: dict[str, tuple[str, ...]], util: float = 0.0, model: str = H200) -> Snapshot:
+def snapshot(t: float, gpus: Mapping[str, tuple[str, ...]], util: float = 0.0, model: str = H200) -> Snapshot:
     """One snapshot of GPUs (by UUID) allocated to pods of ``ml`` (by name), each at ``util``."""
     return Snapshot(
         timestamp=t,
