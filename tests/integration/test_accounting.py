@@ -414,7 +414,9 @@ def test_a_scripted_day_is_counted_across_a_restart_and_reported(
             for w in data["workloads"]
         })  # fmt: skip
         notebook = next(w for w in data["workloads"] if (w["namespace"], w["workload"]) == (b, "notebook"))
-        assert notebook["idleCost"] == pytest.approx(160 / 3600 * 3.6, rel=TOLERANCE)
+        assert notebook["idleCost"] == pytest.approx(
+            TRUTH[("b", "Pod", "notebook")]["idle"] / 3600 * 3.6, rel=TOLERANCE
+        )
         rows = csv.DictReader(io.StringIO(report(cp, url, "--output=csv")))
         assert_truth("csv", truth, {
             (r["namespace"], r["kind"], r["workload"]): {
