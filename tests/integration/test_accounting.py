@@ -417,13 +417,18 @@ def test_a_scripted_day_is_counted_across_a_restart_and_reported(
         assert notebook["idleCost"] == pytest.approx(
             TRUTH[("b", "Pod", "notebook")]["idle"] / 3600 * 3.6, rel=TOLERANCE
         )
-        rows = csv.DictReader(io.StringIO(report(cp, url, "--output=csv")))
+        rows = list(csv.DictReader(io.StringIO(report(cp, url, "--output=csv"))))
         assert_truth("csv", truth, {
             (r["namespace"], r["kind"], r["workload"]): {
                 name: float(r[f"{name}_gpu_hours"]) * 3600 for name in ("allocated", "used", "idle")
             }
             for r in rows
+            if r["kind"] != "Unallocated"
         })  # fmt: skip
+        # The GPUs before their pods came and after they left: the node's time nobody held.
+        (free,) = [r for r in rows if r["kind"] == "Unallocated"]
+        assert free["workload"] == f"{AGENT_NODE}/NVIDIA H200"
+        assert float(free["allocated_gpu_hours"]) * 3600 > 100  # web's GPUs, idle 70 s each after it
 
         table = report(cp, url)
         print(table)
