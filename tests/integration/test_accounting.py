@@ -1,6 +1,6 @@
 """End to end: a scripted day of GPU work, counted by the operator, kept by Prometheus, reported.
 
-A day's pattern played in under three minutes (an hour is about 7 s) on a scripted node of five
+A day's pattern played in under three minutes (an hour is about 7 s) on a scripted node of six
 GPUs, with pods of two namespaces and four kinds of owner, made on the real API server with real
 ownerReferences: a Deployment (through its ReplicaSet) busy in the day and idle at night, a
 CronJob's Job that trains (with GPM's SM activity below its utilization, which is what counts), a
@@ -8,7 +8,10 @@ bare notebook idling all day, and a StatefulSet whose two pods time-slice one GP
 the operator is killed (SIGKILL) and started again: its counters start from zero, the agent replays
 what it buffered meanwhile. Debian's Prometheus scrapes the operator every 250 ms; ``gpuwarden
 report`` asks it for the day (table, JSON, CSV), and its figures match the scenario's truth within
-1%, the restart neither losing nor doubling the time.
+1%, the restart neither losing nor doubling the time. Two GPUs are time-sliced (two embedders at 3:1,
+four chat pods at unequal use, two of them running nothing): each holder is allocated its use and an
+even part of what nobody used, the truth computed here by hand from the scenario; the time no pod
+held a GPU is the node's unallocated row.
 """
 
 from __future__ import annotations
@@ -79,9 +82,15 @@ TRUTH = {
     ("a", "CronJob", "nightly"): {"allocated": 60.0, "used": 60 * 0.45, "idle": 0.0},
     ("b", "Pod", "notebook"): {"allocated": 160.0, "used": 160 * 0.03, "idle": 160 * 0.97},
     ("b", "StatefulSet", "embed"): {"allocated": 160.0, "used": 160 * 0.40, "idle": 0.0},
+    # GPU 5 time-sliced by four bare pods, 5 s to 165 s, at 50%: chat-a's processes 3/4 of it, chat-b's
+    # 1/4, chat-c and chat-d run nothing. Each is allocated its use and a quarter of the unused 50%.
+    ("b", "Pod", "chat-a"): {"allocated": 160 * 0.5, "used": 160 * 0.375, "idle": 0.0},
+    ("b", "Pod", "chat-b"): {"allocated": 160 * 0.25, "used": 160 * 0.125, "idle": 0.0},
+    ("b", "Pod", "chat-c"): {"allocated": 160 * 0.125, "used": 0.0, "idle": 160 * 0.125},
+    ("b", "Pod", "chat-d"): {"allocated": 160 * 0.125, "used": 0.0, "idle": 160 * 0.125},
 }
 TOLERANCE = 0.01
-UUIDS = [f"GPU-acc0a171-0000-4000-8000-00000000000{i}" for i in range(5)]
+UUIDS = [f"GPU-acc0a171-0000-4000-8000-00000000000{i}" for i in range(6)]
 
 
 def steady(level: float, at: str | None = None) -> dict[str, Any]:
@@ -104,21 +113,23 @@ def card(index: int, utilization: list[dict[str, Any]], **extra: Any) -> dict[st
 
 
 def scripted_pod(
-    namespace: str, name: str, gpu: int, pid: int, window: tuple[str, str], share: float = 1.0
+    namespace: str, name: str, gpu: int, pid: int | None, window: tuple[str, str], share: float = 1.0
 ) -> dict[str, Any]:
+    """A pod on GPU ``gpu`` for ``window``, its one process ``pid`` (None: it runs nothing there)."""
     return {
         "namespace": namespace,
         "name": name,
         "container": "main",
         "gpus": [UUIDS[gpu]],
-        "processes": [{"pid": pid, "command": "python work.py", "share": share}],
+        "processes": [] if pid is None else [{"pid": pid, "command": "python work.py", "share": share}],
         "from": window[0],
         "until": window[1],
     }
 
 
 def scenario(path: Path, a: str, b: str) -> Path:
-    """The day: GPUs 0 and 1 web's, 2 the job's, 3 time-sliced by the embedders, 4 the notebook's."""
+    """The day: GPUs 0 and 1 web's, 2 the job's, 3 time-sliced by the embedders, 4 the notebook's, 5
+    time-sliced by the four chat pods."""
     day = [steady(2), steady(60, "35s"), steady(2, "75s")]
     spec = {
         "name": "accounting-day",
@@ -130,6 +141,7 @@ def scenario(path: Path, a: str, b: str) -> Path:
             card(2, [steady(90)], smActive=[steady(45)]),
             card(3, [steady(40)]),
             card(4, [steady(3)], gpm=False),
+            card(5, [steady(50)]),
         ],
         "pods": [
             scripted_pod(a, "web-5d8f-a", 0, 1001, ("5s", "100s")),
@@ -138,6 +150,10 @@ def scenario(path: Path, a: str, b: str) -> Path:
             scripted_pod(b, "embed-0", 3, 4001, ("5s", "165s"), share=3),
             scripted_pod(b, "embed-1", 3, 4002, ("5s", "165s"), share=1),
             scripted_pod(b, "notebook", 4, 3001, ("5s", "165s")),
+            scripted_pod(b, "chat-a", 5, 5001, ("5s", "165s"), share=3),
+            scripted_pod(b, "chat-b", 5, 5002, ("5s", "165s"), share=1),
+            scripted_pod(b, "chat-c", 5, None, ("5s", "165s")),
+            scripted_pod(b, "chat-d", 5, None, ("5s", "165s")),
         ],
     }
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -235,6 +251,8 @@ def workloads(cp: ControlPlane, a: str, b: str) -> None:
     )
     owned(cp, gpu_pod(a, "nightly-29412-q7x", {"team": "research"}), job)
     owned(cp, gpu_pod(b, "notebook", {"team": "research"}), None)
+    for name in ("chat-a", "chat-b", "chat-c", "chat-d"):
+        owned(cp, gpu_pod(b, name, {"team": "search"}), None)
     statefulset = owned(
         cp,
         {
@@ -395,7 +413,11 @@ def test_a_scripted_day_is_counted_across_a_restart_and_reported(
         # The new process counted only what it was sent: the replay and the rest of the day, of the
         # pods that still ran; its counters started from zero.
         after = rows_of(second.metrics(), allocated)
-        assert set(after) == {(b, "Pod", "notebook"), (b, "StatefulSet", "embed")}, after
+        assert set(after) == {
+            (b, "Pod", "notebook"),
+            (b, "StatefulSet", "embed"),
+            *((b, "Pod", f"chat-{x}") for x in "abcd"),
+        }, after
         for row, seconds in after.items():
             assert 0 < seconds < 0.5 * truth[row]["allocated"], (row, seconds)
 
