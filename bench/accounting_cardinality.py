@@ -28,13 +28,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gpuwarden.accounting import Device
 from gpuwarden.operator.accounting import AccountingBook, AccountingSettings, OwnerResolver
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.kube import ApiError
 from gpuwarden.operator.state import OperatorState
-from gpuwarden.policy import Point, SeriesKey
+from gpuwarden.policy import Point
 from gpuwarden.wire.node import SCHEMA_VERSION, GpuSample, NodeReport, PodRef, Snapshot
 
 H200 = "NVIDIA H200"
@@ -66,13 +65,29 @@ class Api:
 
 
 def fill(book: AccountingBook, pods: int, seconds: int, t0: float) -> None:
-    """``seconds`` readings 1 s apart for each pod, pod ``i`` alone on ``GPU-i``."""
-    names = [f"pod-{i}" for i in range(pods)]
-    devices = {f"GPU-{i}": Device(H200, 1.0, frozenset({("ml", names[i])})) for i in range(pods)}
-    keys = [SeriesKey("ml", names[i], f"GPU-{i}") for i in range(pods)]
+    """``seconds`` snapshots 1 s apart of nodes of 8 GPUs, pod ``i`` alone on ``GPU-i``."""
+    nodes = [
+        (
+            f"node-{n}",
+            [
+                GpuSample(
+                    uuid=f"GPU-{i}", index=i % 8, model=H200, pods=[PodRef(namespace="ml", name=f"pod-{i}")]
+                )
+                for i in range(n * 8, min(pods, n * 8 + 8))
+            ],
+        )
+        for n in range((pods + 7) // 8)
+    ]
     for s in range(seconds):
-        for i, key in enumerate(keys):
-            book.observe(key, Point(t0 + s, gpu_util=float((i + s) % 100)), devices)
+        t = t0 + s
+        for node, gpus in nodes:
+            # Built without validation: the snapshot's parsing is the ingest's cost, not the book's.
+            snapshot = Snapshot.model_construct(timestamp=t, gpus=gpus)
+            readings = {
+                gpu.uuid: {("ml", gpu.pods[0].name): Point(t, gpu_util=float((gpu.index + s) % 100))}
+                for gpu in gpus
+            }
+            book.observe(node, snapshot, readings)
     asyncio.run(book.resolve_pending())
 
 
@@ -182,11 +197,11 @@ def main() -> None:
     )
     args = parser.parse_args()
     print(
-        f"{args.pods:,} pods on one H200 each, {args.seconds} readings each, a price set (4 counters a row)"
+        f"{args.pods:,} pods on one H200 each, {args.seconds} snapshots each, a price set (4 counters a row)"
     )
     print(
         "| pods a workload | workloads (rows) | series on /metrics | series a pod | exposition "
-        "| scrape (CPU) | book memory a pod | CPU a reading |"
+        "| scrape (CPU) | book memory a pod | CPU a reading (with its snapshot's share) |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for per in args.pods_per_workload:

@@ -1,39 +1,43 @@
-"""The ledger: each subject's GPU-seconds allocated, used and idle, integrated from its readings.
+"""The ledger: each subject's GPU-seconds allocated, used and idle, integrated from its devices' readings.
 
-A *subject* is a pod (or, in local mode, a host process) on one GPU model; a *series* is a subject
-on one device (a GPU, or a MIG device keyed by its UUID), as the series store keys readings.
+A *subject* is a pod (or, in local mode, a host process) on one GPU model; a *device* is a GPU, or a
+MIG device keyed by its UUID, of one node. The ledger reads a node's snapshot at a time: every
+device in it, with the readings of the subjects whose time is counted (those the operator admitted).
 
-The rules, per series, for each reading at ``t`` after the series' previous one at ``t0``:
+The rule, per device and interval (docs/accounting.md says why this split):
 
-- **Intervals.** The reading accounts for the interval ``(t0, t]`` (NVML's utilization describes
-  the sampling period that ends at the reading). A series' first reading opens it and accounts for
-  nothing; a reading not newer than the previous one is ignored (the series store drops it too).
+- **Intervals.** A device's reading at ``t`` accounts for ``(t0, t]`` since the device's previous
+  reading (NVML's utilization describes the sampling period that ends at the reading). A device's
+  first reading opens it and accounts for nothing; a reading not newer than the previous one is
+  ignored (the series store drops it too).
 - **Gaps.** An interval longer than both ``max_gap`` (the series store's gap bound,
   :data:`~gpuwarden.policy.GAP_RECORD_SECONDS`, 5 s: agents sample at 1 s) and
-  :data:`GAP_INTERVALS` times the shorter of the series' two previous intervals (an agent told to
-  sample every 10 s reads every 10 s; the policies' coverage adapts to the sampling the same way)
-  is a gap, and counts nothing: time nobody read is neither allocated nor used nor idle. So an
-  agent down for an hour costs its pods an hour of accounting, never an hour guessed; a series'
-  first interval is judged against ``max_gap`` alone (there is no interval before it).
-- **Allocated.** The device's share of its GPU (1 for a whole GPU; a MIG device's memory as a
-  share of its GPU's memory, the same snapshot's parent entry; :data:`MIG_FALLBACK_FRACTION` when
-  that is not known) split evenly among the pods the kubelet allocated it to (time-slicing hands
-  out replicas of one GPU), times the interval. A pod that runs processes on a device it was not
-  allocated (a privileged pod that sees every GPU) is allocated nothing there, unless the device
-  was allocated to nobody (no PodResources answer): then the pods running on it hold it together.
-- **Activity** of the reading, as a share of the device: GPM's SM activity where the reading has
-  it (Hopper and later: the share of SM cycles doing work), else ``gpu_util`` (NVML's
-  utilization, or on a shared device the sum of the pod's processes' per-process SM utilization,
-  which is the pod's share of the device). A reading without it (per-process utilization is read
-  every 10 s, the device every second) takes the series' last known activity, for at most
-  :data:`CARRY_SECONDS`; past that the interval is allocated with no activity known: neither used
-  nor idle.
-- **Used** is the activity times the device's share of its GPU times the interval: GPU-seconds of
-  work, whichever way the GPU is cut. On a time-sliced GPU a pod may use more than its even share
-  (its efficiency then reads over 100%); the pods' used time never exceeds the GPU's.
-- **Idle** is the allocated time of the intervals whose activity, relative to the pod's
-  allocation (activity times the number of pods allocated the device), is under ``idle_floor``
-  percent (:data:`DEFAULT_IDLE_FLOOR`).
+  :data:`GAP_INTERVALS` times the shorter of the device's two previous intervals is a gap, and counts
+  nothing: time nobody read is neither allocated nor used nor idle.
+- **Physical time.** The interval times the device's share of its GPU (1 for a whole GPU; a MIG
+  device's memory as a share of its GPU's memory, :data:`MIG_FALLBACK_FRACTION` when that is not
+  known). All of it goes to the device's holders, or, with none, to the node's unallocated time.
+- **Holders.** The pods the kubelet allocated the device to; with none named (no PodResources
+  answer), the pods running on it; in local mode the processes running on it. A pod that runs on a
+  device allocated to others holds nothing there.
+- **Used.** Each holder's activity as a share of the device (GPM's SM activity where the reading
+  has it, else ``gpu_util``: NVML's utilization alone on a device, the sum of the holder's processes'
+  per-process SM utilization when shared) times the physical time; when the holders' shares add up
+  to more than the device, they are scaled down to it. A reading without an activity takes the
+  holder's last one on the device for at most :data:`CARRY_SECONDS`; past that its activity is
+  unknown.
+- **Allocated.** Each holder's used time, plus an even part of the device's unused time (the
+  physical time less what the holders with a known activity used): the holders' allocated seconds
+  add up to the device's physical seconds, and nobody's used exceeds its allocated. A holder whose
+  activity is unknown is allocated its even part, counted as ``unknown`` (neither used nor idle).
+- **Idle** is allocated less used, in the intervals where the holder's used time is under
+  ``idle_floor`` percent of its allocated time (:data:`DEFAULT_IDLE_FLOOR`).
+- **Held** is the wall-clock time a holder held the device, whatever its share: what a person
+  expects beside a share of a shared GPU.
+- **Bounds.** With a :class:`Bound` for a pod (what the API says it was allocated, and when it
+  started), the pod's allocated seconds of a snapshot are at most its GPUs times the time since its
+  previous snapshot (never before its start, never after ``until``); what is over is scaled off its
+  seconds and counted in :attr:`Ledger.refused`.
 
 The same readings in the same order give the same totals: plain float sums, no clock.
 """
@@ -41,25 +45,35 @@ The same readings in the same order give the same totals: plain float sums, no c
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from gpuwarden.policy import GAP_RECORD_SECONDS, Point, SeriesKey, points_from_processes, process_subject
+from gpuwarden.policy import (
+    GAP_RECORD_SECONDS,
+    Point,
+    points_from_processes,
+    points_from_snapshot,
+    process_subject,
+)
 from gpuwarden.wire.node import DeviceState, GpuSample, Snapshot
 
 DEFAULT_IDLE_FLOOR = 5.0
-"""Percent of its allocation under which a pod's interval counts as idle (the SM activity of a
+"""Percent of its allocation under which a holder's interval counts as idle (the SM activity of a
 notebook left open, a server with no requests: a few percent of housekeeping kernels)."""
 GAP_INTERVALS = 3.0
-"""An interval is a gap past this many of the series' recent intervals (and past ``max_gap``): the
+"""An interval is a gap past this many of the device's recent intervals (and past ``max_gap``): the
 policies' adaptive coverage bound (:mod:`gpuwarden.policy.rules.common`)."""
 CARRY_SECONDS = 30.0
-"""How long a series' last known activity stands in for readings without one: three of the
+"""How long a holder's last known activity stands in for readings without one: three of the
 agent's default per-process utilization periods (10 s)."""
 MIG_FALLBACK_FRACTION = 1 / 7
 """A MIG device's share of its GPU when the parent's memory is not in the snapshot: one compute
 slice of seven, the smallest profile."""
+
+Pod = tuple[str, str]
+"""(namespace, name) of a pod; ``("", "pid/<pid>")`` for a host process in local mode."""
+_NO_READINGS: Mapping[Pod, Point] = {}
 
 
 class Device(NamedTuple):
@@ -70,15 +84,24 @@ class Device(NamedTuple):
     """The GPU's product name (``NVIDIA H200``); a MIG device carries its parent's."""
     fraction: float = 1.0
     """The device's share of its GPU: 1, or a MIG device's."""
-    holders: frozenset[tuple[str, str]] = frozenset()
-    """The pods (namespace, name) the device is allocated to; empty: allocated to nobody known."""
+    holders: tuple[Pod, ...] = ()
+    """The pods the device is allocated to, each once; empty: allocated to nobody known."""
+    gpu: str = ""
+    """The UUID of the GPU (a MIG device's parent's)."""
+
+
+class Bound(NamedTuple):
+    """What the API says a pod was allocated: at most ``gpus`` GPUs, from ``start`` on."""
+
+    gpus: float
+    start: float
 
 
 def devices_of(snapshot: Snapshot, *, processes: bool = False) -> dict[str, Device]:
     """Each readable device of ``snapshot`` by its series' device id (the MIG UUID for a MIG device).
 
     ``processes``: local mode, where nothing allocates GPUs: a device is held by the host processes
-    running on it (as ``("", "pid/<pid>")``, local mode's subjects), split evenly among them.
+    running on it (as ``("", "pid/<pid>")``, local mode's subjects).
     """
     parents: dict[str, GpuSample] | None = None  # the GPUs by UUID, once a MIG device is met
     devices: dict[str, Device] = {}
@@ -86,45 +109,49 @@ def devices_of(snapshot: Snapshot, *, processes: bool = False) -> dict[str, Devi
         if gpu.state is not DeviceState.OK:
             continue
         if processes:
-            holders = frozenset(("", process_subject(p.pid)) for p in gpu.processes)
+            holders = tuple(dict.fromkeys(("", process_subject(p.pid)) for p in gpu.processes))
         elif len(gpu.pods) == 1:  # the common case, without a generator
             ref = gpu.pods[0]
-            holders = frozenset(((ref.namespace, ref.name),))
+            holders = ((ref.namespace, ref.name),)
         else:
-            holders = frozenset((p.namespace, p.name) for p in gpu.pods)
+            holders = tuple(dict.fromkeys((p.namespace, p.name) for p in gpu.pods))
         if gpu.mig_id is None:
-            devices[gpu.uuid] = Device(gpu.model, 1.0, holders)
+            devices[gpu.uuid] = Device(gpu.model, 1.0, holders, gpu.uuid)
             continue
         if parents is None:
             parents = {g.uuid: g for g in snapshot.gpus if g.mig_id is None}
         parent = parents.get(gpu.uuid)
         whole, own = (parent.memory_total_bytes if parent else None), gpu.memory_total_bytes
         fraction = min(1.0, own / whole) if whole and own else MIG_FALLBACK_FRACTION
-        devices[gpu.mig_id] = Device(gpu.model or (parent.model if parent else ""), fraction, holders)
+        model = gpu.model or (parent.model if parent else "")
+        devices[gpu.mig_id] = Device(model, fraction, holders, gpu.uuid)
     return devices
 
 
 @dataclass(slots=True)
 class Usage:
-    """GPU-seconds: allocated, used, idle (see the module doc)."""
+    """GPU-seconds: allocated, used, idle, unknown; and the wall-clock seconds held (see the module doc)."""
 
     allocated: float = 0.0
     used: float = 0.0
     idle: float = 0.0
     unknown: float = 0.0
     """Allocated seconds whose activity was not known (neither used nor idle); not exported."""
+    held: float = 0.0
+    """Wall-clock seconds the devices were held, whatever the share; not exported."""
 
-    def add(self, other: Usage) -> None:
-        """Add ``other``'s seconds to these."""
-        self.allocated += other.allocated
-        self.used += other.used
-        self.idle += other.idle
-        self.unknown += other.unknown
+    def add(self, other: Usage, scale: float = 1.0) -> None:
+        """Add ``other``'s seconds (times ``scale``) to these."""
+        self.allocated += other.allocated * scale
+        self.used += other.used * scale
+        self.idle += other.idle * scale
+        self.unknown += other.unknown * scale
+        self.held += other.held * scale
 
     @property
     def efficiency(self) -> float | None:
-        """Used over allocated; None with nothing allocated."""
-        return self.used / self.allocated if self.allocated > 0 else None
+        """Used over allocated (at most 1); None with nothing allocated."""
+        return min(1.0, self.used / self.allocated) if self.allocated > 0 else None
 
 
 class Subject(tuple[str, str, str]):
@@ -149,14 +176,16 @@ class Subject(tuple[str, str, str]):
 
 
 @dataclass(slots=True)
-class _Series:
+class _Device:
     last_t: float
-    activity: float | None = None
-    activity_t: float = 0.0
     # The two intervals before the latest reading (inf: none yet). The shorter of two, not the last
     # alone: the interval right after an outage is the outage, and must not excuse the next one.
     step: float = math.inf
     step_before: float = math.inf
+    activity: dict[Pod, tuple[float, float]] = field(default_factory=dict)
+    """Each holder's last known activity on the device, and when it was read."""
+    gpu: str = ""
+    """The GPU's UUID (a MIG device's parent's)."""
 
 
 @dataclass
@@ -167,56 +196,191 @@ class Ledger:
     """Percent; see the module doc."""
     max_gap: float = GAP_RECORD_SECONDS
     carry_seconds: float = CARRY_SECONDS
-    _series: dict[tuple[str, str], dict[str, _Series]] = field(default_factory=dict, init=False)
-    _totals: dict[tuple[str, str], dict[str, Usage]] = field(default_factory=dict, init=False)
+    refused: float = 0.0
+    """GPU-seconds a pod claimed past its :class:`Bound`, not counted."""
+    _devices: dict[tuple[str, str], _Device] = field(default_factory=dict, init=False)
+    _totals: dict[Pod, dict[str, Usage]] = field(default_factory=dict, init=False)
+    _last: dict[Pod, float] = field(default_factory=dict, init=False)
+    """Each pod's latest snapshot time: its bound's interval starts there; silence is judged by it."""
+    _unallocated: dict[tuple[str, str], Usage] = field(default_factory=dict, init=False)
+    _nodes: dict[tuple[str, str], Usage] = field(default_factory=dict, init=False)
 
-    def observe(self, key: SeriesKey, point: Point, device: Device) -> None:
-        """Account for ``point`` of ``key``'s series on ``device``."""
-        pod = (key.namespace, key.pod)
-        devices = self._series.get(pod)
-        if devices is None:
-            devices = self._series[pod] = {}
-        series = devices.get(key.gpu)
-        t = point.t
-        activity = _activity(point)
-        if series is None:
-            devices[key.gpu] = _Series(t, activity, t)
-            return
-        if t <= series.last_t:
-            return
-        interval = t - series.last_t
-        # Comparisons, not min() and max(): this runs for every reading the operator stores.
-        recent = series.step if series.step < series.step_before else series.step_before
-        series.last_t, series.step, series.step_before = t, interval, series.step
-        if activity is not None:
-            series.activity, series.activity_t = activity, t
-        elif series.activity is not None and t - series.activity_t <= self.carry_seconds:
-            activity = series.activity
-        if interval > self.max_gap and (recent == math.inf or interval > GAP_INTERVALS * recent):
-            return
-        holders = len(device.holders)
-        if pod in device.holders:
-            share = device.fraction / holders
-        elif not device.holders:
-            share = device.fraction  # allocated to nobody known: whoever runs on it holds it
-            holders = 1
-        else:
-            share = 0.0
+    def observe(
+        self,
+        node: str,
+        t: float,
+        devices: Mapping[str, Device],
+        readings: Mapping[str, Mapping[Pod, Point]],
+        *,
+        bound: Callable[[Pod], Bound | None] | None = None,
+        until: float = math.inf,
+    ) -> None:
+        """Account for ``node``'s snapshot at ``t``: each of its ``devices``, with the readings of the
+        pods counted there by device id (``readings``). ``bound``: a pod's :class:`Bound`, None where
+        the API says nothing; ``until``: no time after it is counted (the receiver's clock)."""
+        # What each pod may still be allocated in this snapshot (its bound's), once it is met.
+        left: dict[Pod, float] = {}
+        last = self._last
+        for device_id, device in devices.items():
+            points = readings.get(device_id, _NO_READINGS)
+            holders = device.holders or tuple(points)
+            key = (node, device_id)
+            series = self._devices.get(key)
+            if series is None:
+                series = self._devices[key] = _Device(t, gpu=device.gpu)
+                self._activities(series, holders, points, t)
+                continue
+            if t <= series.last_t:
+                continue
+            interval = t - series.last_t
+            # Comparisons, not min() and max(): this runs for every device of every snapshot.
+            recent = series.step if series.step < series.step_before else series.step_before
+            series.last_t, series.step, series.step_before = t, interval, series.step
+            gap = interval > self.max_gap and (recent == math.inf or interval > GAP_INTERVALS * recent)
+            if len(holders) == 1 and len(series.activity) < 2:
+                # One holder, the common case: no mapping of activities, no split.
+                (holder,) = holders
+                point = points.get(holder)
+                activity = None if point is None else _activity(point)
+                known = series.activity
+                if activity is not None:
+                    known[holder] = (activity, t)
+                else:
+                    carried = known.get(holder)
+                    if carried is not None and t - carried[1] <= self.carry_seconds:
+                        activity = carried[0]
+                if gap or point is None:
+                    continue
+                physical = device.fraction * interval
+                if activity is None:
+                    self._credit(
+                        node,
+                        holder,
+                        device.model,
+                        physical,
+                        0.0,
+                        0.0,
+                        physical,
+                        interval,
+                        left,
+                        bound,
+                        t,
+                        until,
+                    )
+                else:
+                    used = activity * physical
+                    idle = physical - used if activity * 100.0 < self.idle_floor else 0.0
+                    self._credit(
+                        node, holder, device.model, physical, used, idle, 0.0, interval, left, bound, t, until
+                    )
+                continue
+            activities = self._activities(series, holders, points, t)
+            if gap:
+                continue
+            physical = device.fraction * interval
+            if not holders:
+                free = self._unallocated.get((node, device.model))
+                if free is None:
+                    free = self._unallocated[(node, device.model)] = Usage()
+                free.allocated += physical
+                free.held += interval
+                continue
+            busy = 0.0
+            for activity in activities.values():
+                if activity is not None:
+                    busy += activity
+            scale = 1.0 / busy if busy > 1.0 else 1.0  # the holders' shares never exceed the device
+            part = physical * (1.0 - busy * scale) / len(activities)
+            floor = self.idle_floor / 100.0
+            for pod, activity in activities.items():
+                if pod not in points:
+                    continue  # not counted here (refused, or a namespace not watched): its part is nobody's
+                if activity is None:
+                    self._credit(
+                        node, pod, device.model, part, 0.0, 0.0, part, interval, left, bound, t, until
+                    )
+                else:
+                    used = activity * scale * physical
+                    idle = part if used < floor * (used + part) else 0.0
+                    self._credit(
+                        node, pod, device.model, used + part, used, idle, 0.0, interval, left, bound, t, until
+                    )
+        for points in readings.values():
+            for pod in points:
+                if last.get(pod, -math.inf) < t:
+                    last[pod] = t
+
+    def _credit(
+        self,
+        node: str,
+        pod: Pod,
+        model: str,
+        allocated: float,
+        used: float,
+        idle: float,
+        unknown: float,
+        held: float,
+        left: dict[Pod, float],
+        bound: Callable[[Pod], Bound | None] | None,
+        t: float,
+        until: float,
+    ) -> None:
+        """Add one holder's seconds of one device to its totals, held to its bound (``left``: what
+        each pod may still be allocated in this snapshot, filled as pods are met)."""
+        if bound is not None:
+            room = left.get(pod)
+            if room is None:
+                room = math.inf
+                limit = bound(pod)
+                if limit is not None:
+                    since = self._last.get(pod, -math.inf)
+                    end = t if t < until else until
+                    begin = since if since > limit.start else limit.start
+                    room = limit.gpus * (end - begin) if end > begin else 0.0
+            if allocated > room:
+                cut = room / allocated
+                self.refused += allocated - room
+                allocated, used, idle, unknown, held = room, used * cut, idle * cut, unknown * cut, held * cut
+            left[pod] = room - allocated
         models = self._totals.get(pod)
         if models is None:
             models = self._totals[pod] = {}
-        total = models.get(device.model)
+        total = models.get(model)
         if total is None:
-            total = models[device.model] = Usage()
-        # Added in place: this runs for every reading the operator stores.
-        allocated = share * interval
+            total = models[model] = Usage()
+        # Added in place: this runs for every holder of every device of every snapshot.
         total.allocated += allocated
-        if activity is None:
-            total.unknown += allocated
-        else:
-            total.used += activity * device.fraction * interval
-            if share > 0 and activity * holders * 100.0 < self.idle_floor:
-                total.idle += allocated
+        total.used += used
+        total.idle += idle
+        total.unknown += unknown
+        total.held += held
+        total = self._nodes.get((node, model))
+        if total is None:
+            total = self._nodes[(node, model)] = Usage()
+        total.allocated += allocated
+        total.used += used
+        total.idle += idle
+
+    def _activities(
+        self, series: _Device, holders: Iterable[Pod], points: Mapping[Pod, Point], t: float
+    ) -> dict[Pod, float | None]:
+        """Each holder's activity at ``t`` (see the module doc), carried where the reading has none."""
+        known = series.activity
+        out: dict[Pod, float | None] = {}
+        for pod in holders:
+            point = points.get(pod)
+            activity = None if point is None else _activity(point)
+            if activity is not None:
+                known[pod] = (activity, t)
+            else:
+                last = known.get(pod)
+                if last is not None and t - last[1] <= self.carry_seconds:
+                    activity = last[0]
+            out[pod] = activity
+        if len(known) > len(out):  # holders that left the device
+            for pod in [p for p in known if p not in out]:
+                del known[pod]
+        return out
 
     def totals(self) -> dict[Subject, Usage]:
         """Every subject's totals so far (the Usage objects are the ledger's own: read, do not keep)."""
@@ -226,54 +390,86 @@ class Ledger:
             for model, u in models.items()
         }
 
-    def pods(self) -> list[tuple[str, str]]:
+    def unallocated(self) -> dict[tuple[str, str], Usage]:
+        """GPU-seconds of the devices no pod held, by (node, GPU model) (the ledger's own: read only)."""
+        return self._unallocated
+
+    def nodes(self) -> dict[tuple[str, str], Usage]:
+        """The pods' totals by (node, GPU model), forgotten pods' included (the ledger's own: read only)."""
+        return self._nodes
+
+    def pods(self) -> list[Pod]:
         """The pods (namespace, name) with totals."""
         return list(self._totals)
 
     def knows(self, namespace: str, pod: str) -> bool:
-        """Whether the pod has a series or totals here (it was read, and not forgotten since)."""
-        return (namespace, pod) in self._series or (namespace, pod) in self._totals
+        """Whether the pod has been read or has totals here (and was not forgotten since)."""
+        return (namespace, pod) in self._last or (namespace, pod) in self._totals
 
     def pod_totals(self, namespace: str, pod: str) -> dict[str, Usage]:
         """One pod's totals by GPU model (live: read, do not keep)."""
         return self._totals.get((namespace, pod), {})
 
     def forget(self, namespace: str, pod: str) -> dict[str, Usage]:
-        """Drop a pod's series and totals; its totals by GPU model, for whoever keeps them on."""
-        self._series.pop((namespace, pod), None)
+        """Drop a pod's totals; its totals by GPU model, for whoever keeps them on."""
+        self._last.pop((namespace, pod), None)
         return self._totals.pop((namespace, pod), {})
 
-    def silent_pods(self, before: float) -> list[tuple[str, str]]:
-        """The pods none of whose series was read at or after ``before`` (gone, or moved away)."""
-        return sorted(
-            pod for pod in self._totals if all(s.last_t < before for s in self._series.get(pod, {}).values())
-        )
+    def silent_pods(self, before: float) -> list[Pod]:
+        """The pods not read at or after ``before`` (gone, or moved away)."""
+        return sorted(pod for pod, t in self._last.items() if t < before)
+
+    def forget_devices(self, before: float) -> set[tuple[str, str]]:
+        """Drop the devices not read at or after ``before`` (their nodes gone, or moved away); the
+        GPUs (node, UUID) of those that stay."""
+        for key in [k for k, d in self._devices.items() if d.last_t < before]:
+            del self._devices[key]
+        return {(node, d.gpu) for (node, _), d in self._devices.items()}
 
 
-def observe_processes(ledger: Ledger, snapshot: Snapshot) -> None:
-    """Local mode: account for every host process's share of its devices in ``snapshot``."""
-    devices = devices_of(snapshot, processes=True)
-    for key, point in points_from_processes(snapshot):
-        device = devices.get(key.gpu)
-        if device is not None:
-            ledger.observe(key, point, device)
+def observe_snapshot(ledger: Ledger, snapshot: Snapshot, *, processes: bool = False) -> None:
+    """Local mode: account for every pod's share of its devices in ``snapshot`` (the demo's scripted
+    pods), or with ``processes`` every host process's (``watch``)."""
+    readings: dict[str, dict[Pod, Point]] = {}
+    points = points_from_processes(snapshot) if processes else points_from_snapshot(snapshot)
+    for key, point in points:
+        readings.setdefault(key.gpu, {})[(key.namespace, key.pod)] = point
+    ledger.observe("", snapshot.timestamp, devices_of(snapshot, processes=processes), readings)
 
 
 def usage_lines(ledger: Ledger, name_of: Callable[[str, str], str]) -> list[str]:
-    """One line per subject and GPU model: its GPU-seconds allocated, used, idle (``name_of``: a
-    subject's display name from its namespace and pod)."""
+    """One line per subject and GPU model: its wall-clock time held and its GPU-seconds allocated,
+    used, idle (``name_of``: a subject's display name from its namespace and pod); one per GPU model
+    for the time no subject held; and what was wasted: idle and unallocated."""
     lines = []
+    idle = unallocated = physical = 0.0
     for namespace, pod in sorted(ledger.pods()):
         for model, u in sorted(ledger.pod_totals(namespace, pod).items()):
+            physical += u.allocated
+            idle += u.idle
             if u.efficiency is None or u.unknown >= u.allocated:
                 used = "activity unknown"
             else:
-                used = f"{u.used:.0f} used ({100 * u.efficiency:.0f}%), {u.idle:.0f} idle"
+                used = f"{u.used:.1f} used ({100 * u.efficiency:.0f}%), {u.idle:.1f} idle"
                 if u.unknown > 0:
-                    used += f", activity unknown for {u.unknown:.0f}"
+                    used += f", activity unknown for {u.unknown:.1f}"
             lines.append(
-                f"{name_of(namespace, pod)} on {model or 'GPU'}: {u.allocated:.0f} GPU-s held, {used}"
+                f"{name_of(namespace, pod)} on {model or 'GPU'}: held {u.held:.0f} s, "
+                f"{u.allocated:.1f} GPU-s allocated, {used}"
             )
+    free: dict[str, float] = {}
+    for (_, model), u in ledger.unallocated().items():
+        free[model] = free.get(model, 0.0) + u.allocated
+    for model, seconds in sorted(free.items()):
+        lines.append(f"unallocated {model or 'GPU'}: {seconds:.1f} GPU-s held by nobody")
+        physical += seconds
+        unallocated += seconds
+    if physical > 0:
+        wasted = idle + unallocated
+        lines.append(
+            f"wasted: {wasted / 3600:.3f} GPU-hours of {physical / 3600:.3f} ({wasted:.1f} GPU-s: "
+            f"{idle:.1f} idle, {unallocated:.1f} unallocated)"
+        )
     return lines
 
 

@@ -24,6 +24,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuwarden.accounting import DEFAULT_IDLE_FLOOR, Ledger, observe_snapshot, usage_lines
 from gpuwarden.agent.scripted import ScenarioAttributor, ScriptedBackend
 from gpuwarden.agent.snapshots import SnapshotRing
 from gpuwarden.local.display import LiveDisplay, PlainDisplay, elapsed_clock, summary_lines
@@ -166,6 +167,8 @@ class ScenarioRun:
         )
         self.scaling: list[ScaleNote] = []
         """Every scale decision so far (repeats included)."""
+        self.ledger = Ledger()
+        """Each pod's GPU-seconds allocated, used and idle, and the GPUs nobody held (docs/accounting.md)."""
         self._service_names = wanted_names(policies)
         self._scrape_every = scrape_interval(policies)
         self._next_scrape = 0.0
@@ -177,6 +180,7 @@ class ScenarioRun:
             snapshot = self.sample(t)
             self.scrape(t)
             step = self.session.observe(snapshot)
+            observe_snapshot(self.ledger, snapshot)
             self.scaling.extend(step.scaling)
             for note in step.scaling:
                 if note.applied:
@@ -267,6 +271,9 @@ async def play(config: DemoConfig, out: Display | None = None) -> int:
     )
     for line in summary_lines(history, run.scaling, clock, run.session.targets()):
         print(line)
+    print(f"GPU time per pod (idle: under {DEFAULT_IDLE_FLOOR:g}% active):")
+    for line in usage_lines(run.ledger, lambda namespace, pod: f"{namespace}/{pod}"):
+        print(f"  {line}")
     if config.plot is not None:
         save_plot(history, config.plot, f"gpuwarden demo: scenario {config.scenario.name}")
         print(f"Plot: {config.plot}")

@@ -46,7 +46,7 @@ from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
 
-from gpuwarden.accounting import DEFAULT_IDLE_FLOOR, Ledger, observe_processes, usage_lines
+from gpuwarden.accounting import DEFAULT_IDLE_FLOOR, Ledger, observe_snapshot, usage_lines
 from gpuwarden.agent.backend import BackendError, DeviceBackend
 from gpuwarden.agent.config import DEFAULT_HOOK_SOCKET, HOOK_SOCKET_ENV
 from gpuwarden.agent.hookattach import HookStage
@@ -367,7 +367,7 @@ async def watch(
         metrics.count_xids(snapshot)
         try:
             step = session.observe(snapshot)
-            observe_processes(ledger, snapshot)
+            observe_snapshot(ledger, snapshot, processes=True)
             display.show(step, f"{title}, {label(snapshot.timestamp)}")
         except Exception:
             log.exception("evaluating a snapshot failed")

@@ -3,6 +3,8 @@
 - startup: tune Kopf (one place, a reason per value), start the ingest and metrics servers;
 - ``gpu_pods`` index: GPU pods by namespace, for the policies' selectors;
 - ``gpu_pod_nodes`` index: the node each GPU pod runs on, for the reports' pods;
+- ``gpu_pod_grants`` index: the GPUs each scheduled GPU pod was given and its start, what accounting
+  may bill it for;
 - ``service_pods`` index: GPU pods by node with their IP and metrics endpoint hints, for the nodes'
   scrape plans;
 - ``service_policies`` index: the policies whose rules read the pods' own metrics by namespace,
@@ -29,6 +31,8 @@ from typing import Any
 
 import kopf
 
+from gpuwarden.accounting import Bound
+from gpuwarden.operator.accounting import pod_grant
 from gpuwarden.operator.composition import Operator, build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.kube import connection_info
@@ -107,6 +111,7 @@ async def start_services(memo: kopf.Memo, **kwargs: Any) -> None:
     # on, for the reports' pods; the pods' uids, for the node view.
     state = _state(memo)
     state.pod_nodes = kwargs["gpu_pod_nodes"]
+    state.pod_grants = kwargs["gpu_pod_grants"]
     state.pods = kwargs["gpu_pods"]
     state.service_pods = kwargs["service_pods"]
     state.service_policies = kwargs["service_policies"]
@@ -139,6 +144,14 @@ def _scheduled_gpu_pod(spec: kopf.Spec, **_: Any) -> bool:
 def gpu_pod_nodes(namespace: str | None, name: str, spec: kopf.Spec, **_: Any) -> dict[tuple[str, str], str]:
     assert namespace is not None
     return {(namespace, name): str(spec["nodeName"])}
+
+
+@kopf.index("pods", when=_scheduled_gpu_pod, registry=registry)
+def gpu_pod_grants(
+    namespace: str | None, name: str, spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta, **_: Any
+) -> dict[tuple[str, str], Bound]:
+    assert namespace is not None
+    return {(namespace, name): pod_grant(spec, status, meta)}
 
 
 @kopf.index("pods", when=_scheduled_gpu_pod, registry=registry)

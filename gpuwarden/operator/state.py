@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from gpuwarden.accounting import Bound
 from gpuwarden.operator.accounting import AccountingBook
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.endpoints import MAX_FUTURE_SKEW, Intake, NodeRateLimiter, ReportBook, ReportIngest
@@ -29,6 +30,7 @@ from gpuwarden.policy import (
     Admission,
     HealthStore,
     PodId,
+    Point,
     SeriesKey,
     SeriesStore,
     ServiceScrape,
@@ -100,6 +102,8 @@ class OperatorState:
     """The running evaluation daemons' pacing."""
     pod_nodes: Mapping[tuple[str, str], Collection[str]] = field(default_factory=dict)
     """GPU pods by (namespace, name) -> the node they run on: Kopf's ``gpu_pod_nodes`` index."""
+    pod_grants: Mapping[tuple[str, str], Collection[Bound]] = field(default_factory=dict)
+    """What each scheduled GPU pod may be billed for (GPUs, start): Kopf's ``gpu_pod_grants`` index."""
     pods: Mapping[str, Iterable[PodRecord]] = field(default_factory=dict)
     """GPU pods by namespace -> their records: Kopf's ``gpu_pods`` index (bound at startup)."""
     service_pods: Mapping[str, Iterable[ServicePod]] = field(default_factory=dict)
@@ -188,12 +192,13 @@ class OperatorState:
         for snapshot in report.snapshots:
             t = snapshot.timestamp
             untimely = "future" if t > latest else "past" if t < earliest else None
-            devices = None
+            # The readings the store took, by device: the accounting's share of the snapshot.
+            taken: dict[str, dict[tuple[str, str], Point]] | None = None
             if untimely is None:
                 # A GPU's health, too, keeps only what is newer than its latest: nothing from the future.
                 self.health.observe(snapshot, node=node, admission=admission)
                 if self.accounting is not None:
-                    devices = self.accounting.devices(snapshot)
+                    taken = {}
             if snapshot.services:
                 self._accept_services(snapshot.services, node, admission, verdicts, asked)
             for key, point in points_from_snapshot(snapshot):
@@ -220,8 +225,14 @@ class OperatorState:
                 if add(key, point):
                     intake.stored += 1
                     namespaces.add(key.namespace)
-                    if devices is not None and self.accounting is not None:
-                        self.accounting.observe(key, point, devices)
+                    if taken is not None:
+                        readings = taken.get(key.gpu)
+                        if readings is None:
+                            taken[key.gpu] = {pod: point}
+                        else:
+                            readings[pod] = point
+            if taken is not None and self.accounting is not None:
+                self.accounting.observe(node, snapshot, taken, bound=self._grant)
         if namespaces:
             self.schedule.nudge_data(namespaces)
         return intake
@@ -269,6 +280,12 @@ class OperatorState:
             return {}
         plan = plan_node(self.service_pods.get(node, ()), self.service_policies).plan
         return {PodId(t.namespace, t.name): t for t in plan.targets}
+
+    def _grant(self, pod: tuple[str, str]) -> Bound | None:
+        """What the API says ``pod`` may be billed for; None while the pod index does not know it."""
+        for grant in self.pod_grants.get(pod, ()):
+            return grant
+        return None
 
     def _room_for(self, key: SeriesKey) -> bool:
         """Whether ``key``'s series exists, or its pod has fewer than :data:`MAX_GPUS_PER_POD` GPUs."""

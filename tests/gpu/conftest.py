@@ -10,6 +10,7 @@ set its device too late); ``both_gpus_job`` works on both.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -91,6 +92,14 @@ def busy_job() -> Iterator[subprocess.Popen[str]]:
 def idle_job() -> Iterator[subprocess.Popen[str]]:
     """A process that holds GPU memory and never computes."""
     yield from _start(IDLE)
+
+
+@pytest.fixture
+def three_idle_jobs() -> Iterator[list[subprocess.Popen[str]]]:
+    """Three processes that hold GPU memory and never compute (issue 40's shared GPU)."""
+    with contextlib.ExitStack() as stack:
+        jobs = [stack.enter_context(contextlib.contextmanager(_start)(IDLE)) for _ in range(3)]
+        yield jobs
 
 
 @pytest.fixture

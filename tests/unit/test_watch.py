@@ -255,25 +255,34 @@ def test_an_idle_process_beside_a_busy_one_on_a_shared_gpu_is_found(tmp_path: Pa
     assert "]   pid 51002 python -m ipykernel_launcher: util 0%, mem 10Gi; findings: none\n" in out
     assert "]   pid 52001 python -m ipykernel_launcher: util -, mem 10Gi; findings: none\n" in out
     # The summary's GPU time per process (docs/accounting.md). GPU 0 is time-sliced between 51001 (98%
-    # of the SMs) and 51002 (no kernel): each holds half of it for the 90 s.
+    # of the SMs) and 51002 (no kernel) for the 90 s: 51001 is allocated what it used and half of the
+    # rest, 51002 the other half, all idle; the two add up to the GPU's 90 s, and both held it 90 s.
     usage = out[out.index("GPU time per process") :]
 
-    def held(pid: int) -> tuple[float, str]:
-        match = re.search(rf"pid {pid} .* on NVIDIA H200: (\d+) GPU-s held, (.*)", usage)
+    def held(pid: int) -> tuple[float, float, str]:
+        match = re.search(
+            rf"pid {pid} .* on NVIDIA H200: held (\d+) s, ([\d.]+) GPU-s allocated, (.*)", usage
+        )
         assert match, usage
-        return float(match[1]), match[2]
+        return float(match[1]), float(match[2]), match[3]
 
-    busy, busy_rest = held(51001)
-    idle, idle_rest = held(51002)
-    assert 43 <= busy <= 46
-    assert 43 <= idle <= 46
-    used = re.match(r"(\d+) used", busy_rest)
+    busy_held, busy, busy_rest = held(51001)
+    idle_held, idle, idle_rest = held(51002)
+    assert 88 <= busy_held <= 90
+    assert 88 <= idle_held <= 90
+    assert busy + idle == pytest.approx(busy_held, abs=0.2)
+    used = re.match(r"([\d.]+) used \((\d+)%\), 0.0 idle$", busy_rest)
     assert used, busy_rest
-    assert 84 <= float(used[1]) <= 90  # 98% of the GPU for 90 s: more than its half
-    assert re.match(r"0 used \(0%\), (4[3-6]) idle$", idle_rest), idle_rest
-    # GPU 1 has no per-process readings: its processes' activity is unknown, never taken for idle.
-    assert held(52001)[1] == "activity unknown"
-    assert held(52002)[1] == "activity unknown"
+    assert 0.97 * busy <= float(used[1]) <= busy  # never above what it was allocated
+    assert 0 < idle <= 2
+    assert idle_rest == f"0.0 used (0%), {idle:.1f} idle"
+    # GPU 1 has no per-process readings: its processes' activity is unknown, never taken for idle;
+    # each is allocated half of it.
+    assert held(52001)[1:] == (45.0, "activity unknown")
+    assert held(52002)[1:] == (45.0, "activity unknown")
+    assert re.search(
+        r"wasted: 0.000 GPU-hours of 0.050 \([\d.]+ GPU-s: [\d.]+ idle, 0.0 unallocated\)", usage
+    )
 
 
 async def test_metrics_while_watching_and_sigint_stops_with_a_summary(fast_policy: Path) -> None:

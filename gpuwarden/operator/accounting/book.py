@@ -30,19 +30,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpuwarden.accounting import Device, Ledger, Usage, devices_of
+from gpuwarden.accounting import Bound, Device, Ledger, Pod, Usage, devices_of
 from gpuwarden.operator.accounting.owners import OwnerResolver, Unresolved, Workload
 from gpuwarden.operator.accounting.settings import AccountingSettings
-from gpuwarden.policy import Point, SeriesKey
+from gpuwarden.policy import Point
 from gpuwarden.wire.node import Snapshot
 
-__all__ = ["EXPIRE_SECONDS", "LABELS", "RETIRE_SECONDS", "AccountingBook"]
+__all__ = ["EXPIRE_SECONDS", "LABELS", "MAX_GPUS_PER_NODE", "RETIRE_SECONDS", "AccountingBook"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,10 @@ RETIRE_SECONDS = 600.0
 join its workload's row. Longer than an agent's buffered outage is likely to be replayed in."""
 EXPIRE_SECONDS = 3600.0
 """A row that did not grow for this long is no longer exported (many scrapes have read its last value)."""
+MAX_GPUS_PER_NODE = 32
+"""GPUs counted per node, by UUID (the health store keeps as many: ``tooManyGpus`` past them)."""
+MAX_MODEL_CHARS = 64
+"""A GPU model name is kept to this many characters (NVML's are under 40: ``NVIDIA H100 80GB HBM3``)."""
 SWEEP_SECONDS = 60.0
 """How often silent pods are retired, stale rows dropped, and unresolved pods tried again."""
 
@@ -77,6 +81,9 @@ class AccountingBook(Collector):
         self.ledger = Ledger(idle_floor=settings.idle_floor)
         self._resolver = resolver
         self._clock = clock
+        self._gpus: dict[str, dict[str, str]] = {}
+        """Each node's GPUs by UUID: the model each was first reported with."""
+        self._free_since: dict[tuple[str, str], float] = {}
         self._workloads: dict[tuple[str, str], Workload] = {}
         self._unresolved: set[tuple[str, str]] = set()
         self._retired: dict[Row, Usage] = {}
@@ -85,20 +92,49 @@ class AccountingBook(Collector):
 
     # -- intake --
 
-    def devices(self, snapshot: Snapshot) -> dict[str, Device]:
-        """What the ledger needs of ``snapshot``'s devices; call once per snapshot, before :meth:`observe`."""
-        return devices_of(snapshot)
+    def observe(
+        self,
+        node: str,
+        snapshot: Snapshot,
+        readings: Mapping[str, Mapping[Pod, Point]],
+        *,
+        bound: Callable[[Pod], Bound | None] | None = None,
+    ) -> None:
+        """Account for a timely snapshot of ``node``: its devices, with the readings the series store
+        took by device id (``readings``); ``bound``: what the API says a pod was allocated.
 
-    def observe(self, key: SeriesKey, point: Point, devices: dict[str, Device]) -> None:
-        """Account for a reading the series store took (``devices``: its snapshot's, :meth:`devices`)."""
-        device = devices.get(key.gpu)
-        if device is None:
-            return
-        self.ledger.observe(key, point, device)
-        pod = (key.namespace, key.pod)
-        if pod not in self._workloads and pod not in self._unresolved:
-            self._unresolved.add(pod)
-            self._wake.set()
+        Only the node's first :data:`MAX_GPUS_PER_NODE` GPUs by UUID are counted, each under the model
+        it was first reported with: what a node says cannot grow the rows.
+        """
+        gpus = self._gpus.get(node)
+        if gpus is None:
+            gpus = self._gpus[node] = {}
+        devices = devices_of(snapshot)
+        changed: dict[str, Device | None] | None = None
+        for device_id, device in devices.items():
+            model = gpus.get(device.gpu)
+            if model == device.model:
+                continue
+            if changed is None:
+                changed = {}
+            if model is None:
+                if len(gpus) >= MAX_GPUS_PER_NODE:
+                    changed[device_id] = None
+                    continue
+                model = gpus[device.gpu] = device.model[:MAX_MODEL_CHARS]
+            changed[device_id] = device._replace(model=model)
+        if changed:
+            for device_id, replaced in changed.items():
+                if replaced is None:
+                    del devices[device_id]
+                else:
+                    devices[device_id] = replaced
+        self.ledger.observe(node, snapshot.timestamp, devices, readings, bound=bound, until=self._clock())
+        for points in readings.values():
+            for pod in points:
+                if pod not in self._workloads and pod not in self._unresolved:
+                    self._unresolved.add(pod)
+                    self._wake.set()
 
     # -- background --
 
@@ -132,6 +168,12 @@ class AccountingBook(Collector):
         now = self._clock()
         for pod in self.ledger.silent_pods(before=now - RETIRE_SECONDS):
             self.retire(*pod)
+        read = self.ledger.forget_devices(before=now - RETIRE_SECONDS)
+        for node, gpus in list(self._gpus.items()):
+            for uuid in [u for u in gpus if (node, u) not in read]:
+                del gpus[uuid]
+            if not gpus:
+                del self._gpus[node]
         self.rows()  # brings the rows' growth times up to date before judging them stale
         # A row with a live pod stays, grown or not: dropped, it would come back lower (its retired
         # pods' seconds gone), which Prometheus would take for a reset and count again.
@@ -196,8 +238,8 @@ class AccountingBook(Collector):
         """The counters (see the module doc)."""
         allocated = CounterMetricFamily(
             "gpuwarden_gpu_allocated_seconds",
-            "GPU-seconds allocated to the workload's pods (a MIG slice counts its share, a time-sliced GPU "
-            "its even split).",
+            "GPU-seconds allocated to the workload's pods: a GPU held alone in full (a MIG slice its share), "
+            "a shared one what the pod used plus an even part of what nobody used.",
             labels=LABELS,
         )
         used = CounterMetricFamily(
@@ -220,6 +262,17 @@ class AccountingBook(Collector):
             if prices
             else None
         )
+        free = CounterMetricFamily(
+            "gpuwarden_gpu_unallocated_seconds",
+            "GPU-seconds of the node's GPUs that no pod held (a MIG slice counts its share).",
+            labels=("node", "gpu_model"),
+        )
+        now = self._clock()
+        for (node, model), usage in sorted(self.ledger.unallocated().items()):
+            since = self._free_since.setdefault((node, model), now)
+            free.add_metric(
+                [node, model], usage.allocated if now - since >= self.settings.scrape_interval else 0.0
+            )
         for row, usage in sorted(self.rows().items()):
             values = list(row)
             allocated.add_metric(values, usage.allocated)
@@ -231,5 +284,41 @@ class AccountingBook(Collector):
         yield allocated
         yield used
         yield idle
+        yield free
+        for name, field, what in (
+            (
+                "allocated",
+                "allocated",
+                "GPU-seconds allocated to the node's pods (the workloads' counters, by node).",
+            ),
+            ("used", "used", "GPU-seconds of work of the node's pods (the workloads' counters, by node)."),
+            ("idle", "idle", "Idle GPU-seconds of the node's pods (the workloads' counters, by node)."),
+        ):
+            family = CounterMetricFamily(
+                f"gpuwarden_node_gpu_{name}_seconds", what, labels=("node", "gpu_model")
+            )
+            for (node, model), usage in sorted(self.ledger.nodes().items()):
+                since = self._free_since.setdefault((node, model), now)
+                shown = getattr(usage, field) if now - since >= self.settings.scrape_interval else 0.0
+                family.add_metric([node, model], shown)
+            yield family
         if cost is not None:
             yield cost
+            per_hour = GaugeMetricFamily(
+                "gpuwarden_gpu_price_per_hour",
+                "The configured price of a GPU-hour of the model (gpuwarden report's costs).",
+                labels=("gpu_model",),
+            )
+            for model, value in sorted(prices.items()):
+                per_hour.add_metric([model], value)
+            yield per_hour
+        # Each live pod's workload, so that a pod's own series (an inference server's token counters)
+        # can be summed by workload: one series a live GPU pod.
+        workloads = GaugeMetricFamily(
+            "gpuwarden_pod_workload_info",
+            "The workload a GPU pod is accounted to (1 while the pod is counted).",
+            labels=("namespace", "pod", "workload_kind", "workload", "group"),
+        )
+        for (namespace, pod), w in sorted(self._workloads.items()):
+            workloads.add_metric([namespace, pod, w.kind, w.name, w.group], 1.0)
+        yield workloads

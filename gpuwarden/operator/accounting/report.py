@@ -35,6 +35,7 @@ from gpuwarden.clients import (
     load_credentials,
 )
 from gpuwarden.operator.accounting.owners import OwnerResolver, Unresolved
+from gpuwarden.operator.accounting.settings import LABEL_KEY
 from gpuwarden.operator.kube import ApiError, KubeApi
 from gpuwarden.operator.resources import GROUP, PLURAL, VERSION
 
@@ -51,6 +52,12 @@ METRICS = {
 }
 SERVICE = re.compile(r"^(?P<ns>[a-z0-9-]+)/(?P<name>[a-z0-9-]+):(?P<port>[A-Za-z0-9-]+)$")
 
+NODE_METRICS = {
+    "allocated": "gpuwarden_node_gpu_allocated_seconds_total",
+    "used": "gpuwarden_node_gpu_used_seconds_total",
+    "idle": "gpuwarden_node_gpu_idle_seconds_total",
+}
+"""The same figures by node (``--by node``); no idle cost of their own."""
 Query = Callable[[str], Awaitable[Mapping[str, Any]]]
 """Runs one instant PromQL query; returns Prometheus' JSON answer."""
 
@@ -74,6 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-findings", action="store_true", help="do not read the policies' findings (no kubeconfig needed)"
     )
     add_connection_arguments(parser)
+    _content_arguments(parser)
 
 
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
@@ -120,6 +128,35 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="LABEL",
         help="the cluster's label (%(default)s)",
     )
+
+
+def _content_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the report shows: its grouping (docs/accounting.md)."""
+    parser.add_argument(
+        "--by",
+        default="workload",
+        type=_by,
+        help="group by namespace, workload, label:KEY (the operator's --accounting-group-label, e.g. "
+        "label:team), model or node (%(default)s)",
+    )
+
+
+def _by(text: str) -> str:
+    grouping(text)
+    return text
+
+
+def grouping(by: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A ``--by`` value's columns and the counters' labels they are; both () for workload (the
+    default report: namespaces, then workloads); ValueError for anything else."""
+    key = by.removeprefix("label:")
+    if by.startswith("label:") and key and LABEL_KEY.match(key):
+        return (key,), ("group",)
+    if by == "workload":
+        return (), ()
+    if by not in ("namespace", "model", "node"):
+        raise argparse.ArgumentTypeError(f"{by!r} is not namespace, workload, label:KEY, model or node")
+    return (by,), ("gpu_model" if by == "model" else by,)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -216,11 +253,17 @@ async def _report(args: argparse.Namespace, window: str, endpoint: PrometheusEnd
             workloads = await workload_lines(query, window, args.namespace, scope)
             if not workloads:
                 await _check_scraped(query, window, scope)
+            columns, labels = grouping(args.by)
+            groups = await group_lines(query, window, labels, args.namespace, scope) if labels else None
+            unallocated = {} if args.namespace else await unallocated_lines(query, window, scope)
         findings: dict[WorkloadRef, list[Finding]] = {}
         if api is not None and not args.no_findings:
             findings = await workload_findings(api, args.namespace)
         label = {"1d": "day", "7d": "week"}.get(window, window)
-        return render(build_report(label, workloads, findings, top=args.top), args.output)
+        built = build_report(
+            label, workloads, findings, top=args.top, unallocated=unallocated, by=columns, groups=groups
+        )
+        return render(built, args.output)
     except PrometheusError as exc:
         hint = "; give credentials with --prometheus-token-file, --prometheus-basic-auth or -H"
         raise ReportFailed(f"{exc}{hint if exc.status in (401, 403) else ''}") from None
@@ -293,30 +336,121 @@ async def _check_scraped(query: Query, window: str, scope: Mapping[str, str]) ->
         raise ReportFailed(f"no gpuwarden series{where} in the last {window}: is the operator scraped?")
 
 
-async def workload_lines(
-    query: Query, window: str, namespace: str = "", scope: Mapping[str, str] | None = None
-) -> dict[WorkloadRef, Line]:
-    """Each workload's GPU-hours over ``window`` (and idle cost, where a price is set); ``scope`` is
-    more labels to match (the cluster's)."""
-    selector = _selector({"namespace": namespace, **(scope or {})})
-    lines: dict[WorkloadRef, Line] = {}
-    for field, metric in METRICS.items():
-        promql = f"sum by (namespace, workload_kind, workload) (increase({metric}{selector}[{window}]))"
-        answer = await query(promql)
-        if answer.get("status") != "success":
-            raise ReportFailed(f"Prometheus refused {promql}: {answer.get('error', answer)}")
-        for sample in answer.get("data", {}).get("result", []):
-            labels = sample.get("metric", {})
-            ref = WorkloadRef(
-                labels.get("namespace", ""), labels.get("workload_kind", ""), labels.get("workload", "")
-            )
-            value = float(sample["value"][1])
-            line = lines.setdefault(ref, Line())
+TOKENS = (
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "sglang:prompt_tokens_total",
+    "sglang:generation_tokens_total",
+    "tgi_request_input_length_sum",
+    "tgi_request_generated_tokens_sum",
+)
+"""Inference servers' token counters, prompt and generated: vLLM's, SGLang's, TGI's (its histograms'
+sums). Prometheus must label them with the pod's ``namespace`` and ``pod``, as the usual Kubernetes
+scrape configurations and ServiceMonitors/PodMonitors do. A colon may reach Prometheus as ``_`` (a
+client escaping names for the exposition format it negotiated): both spellings count."""
+
+
+def _price(scope: str) -> str:
+    """Each GPU model's price per hour, in ``scope`` (a selector: the cluster's)."""
+    return f"max by (gpu_model) (gpuwarden_gpu_price_per_hour{scope})"
+
+
+async def _sums(query: Query, promql: str, labels: tuple[str, ...]) -> dict[tuple[str, ...], float]:
+    """An instant query's values by ``labels``."""
+    answer = await query(promql)
+    if answer.get("status") != "success":
+        raise ReportFailed(f"Prometheus refused {promql}: {answer.get('error', answer)}")
+    return {
+        tuple(sample.get("metric", {}).get(label, "") for label in labels): float(sample["value"][1])
+        for sample in answer.get("data", {}).get("result", [])
+    }
+
+
+async def _lines(
+    query: Query, window: str, labels: tuple[str, ...], selector: str, scope: str
+) -> dict[tuple[str, ...], Line]:
+    """Each group's hours, idle cost, cost and tokens over ``window``, summed by ``labels``; ``selector``
+    matches the counters, ``scope`` the prices (the cluster's labels only)."""
+    by = ", ".join(labels)
+    metrics = NODE_METRICS if "node" in labels else METRICS
+    lines: dict[tuple[str, ...], Line] = {}
+    for field, metric in metrics.items():
+        for key, value in (
+            await _sums(query, f"sum by ({by}) (increase({metric}{selector}[{window}]))", labels)
+        ).items():
+            line = lines.setdefault(key, Line())
             if field == "cost":
                 line.cost = value
             else:
                 setattr(line, field, value / 3600.0)
+    priced = (
+        f"sum by ({by}) (increase({metrics['allocated']}{selector}[{window}]) "
+        f"* on (gpu_model) group_left () {_price(scope)}) / 3600"
+    )
+    for key, value in (await _sums(query, priced, labels)).items():
+        lines.setdefault(key, Line()).total_cost = value
+    if "gpu_model" not in labels and "node" not in labels:
+        # The pods' token counters, labelled with each pod's workload (and group) while it was counted;
+        # one query a counter (increase() drops the names, and two counters of a pod would collide).
+        joined = [label for label in labels if label != "namespace"]
+        info = f"max by ({', '.join(['namespace', 'pod', *joined])}) "
+        inner = selector[1:-1] + ", " if selector else ""
+        for name in TOKENS:
+            counted = f'increase({{{inner}__name__=~"{re.escape(name).replace(":", "[:_]")}"}}[{window}])'
+            tokens = (
+                f"sum by ({by}) (sum by (namespace, pod) ({counted}) "
+                f"* on (namespace, pod) group_left ({', '.join(joined)}) {info}"
+                f"(max_over_time(gpuwarden_pod_workload_info{selector}[{window}])))"
+            )
+            for key, value in (await _sums(query, tokens, labels)).items():
+                if key in lines:
+                    lines[key].tokens = (lines[key].tokens or 0.0) + value
     return lines
+
+
+async def workload_lines(
+    query: Query, window: str, namespace: str = "", scope: Mapping[str, str] | None = None
+) -> dict[WorkloadRef, Line]:
+    """Each workload's GPU-hours over ``window`` (idle cost and cost where a price is set, tokens
+    where its pods' servers count them); ``scope`` is more labels to match (the cluster's)."""
+    selector = _selector({"namespace": namespace, **(scope or {})})
+    lines = await _lines(
+        query, window, ("namespace", "workload_kind", "workload"), selector, _selector(scope or {})
+    )
+    return {WorkloadRef(*key): line for key, line in lines.items()}
+
+
+async def group_lines(
+    query: Query,
+    window: str,
+    labels: tuple[str, ...],
+    namespace: str = "",
+    scope: Mapping[str, str] | None = None,
+) -> dict[tuple[str, ...], Line]:
+    """Each group's figures over ``window`` (``--by``): by the counters' ``labels``."""
+    selector = _selector({"namespace": namespace, **(scope or {})})
+    return await _lines(query, window, labels, selector, _selector(scope or {}))
+
+
+async def unallocated_lines(
+    query: Query, window: str, scope: Mapping[str, str] | None = None
+) -> dict[tuple[str, str], Line]:
+    """GPU-hours no pod held over ``window`` by (node, GPU model), and their cost where priced."""
+    where = _selector(scope or {})
+    metric = f"gpuwarden_gpu_unallocated_seconds_total{where}"
+    labels = ("node", "gpu_model")
+    lines = {
+        key: Line(allocated=value / 3600.0)
+        for key, value in (
+            await _sums(query, f"sum by (node, gpu_model) (increase({metric}[{window}]))", labels)
+        ).items()
+    }
+    increase = f"increase({metric}[{window}])"
+    priced = f"sum by (node, gpu_model) ({increase} * on (gpu_model) group_left () {_price(where)}) / 3600"
+    for key, value in (await _sums(query, priced, labels)).items():
+        if key in lines:
+            lines[key].total_cost = value
+    return {(node, model): line for (node, model), line in lines.items()}
 
 
 async def workload_findings(api: KubeApi, namespace: str = "") -> dict[WorkloadRef, list[Finding]]:

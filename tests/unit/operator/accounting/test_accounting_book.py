@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import shutil
 import subprocess
 from collections.abc import Mapping
@@ -12,13 +13,15 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwarden.accounting import Device
-from gpuwarden.operator.accounting import AccountingBook, AccountingSettings, OwnerResolver
-from gpuwarden.operator.accounting.book import EXPIRE_SECONDS, RETIRE_SECONDS
+from gpuwarden.accounting import Bound
+from gpuwarden.kubetime import format_time
+from gpuwarden.operator.accounting import AccountingBook, AccountingSettings, OwnerResolver, pod_grant
+from gpuwarden.operator.accounting.book import EXPIRE_SECONDS, MAX_GPUS_PER_NODE, RETIRE_SECONDS
+from gpuwarden.operator.accounting.grants import CLAIMED_GPUS
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.kube import ApiError
-from gpuwarden.policy import Point, SeriesKey
+from gpuwarden.policy import Point
 from gpuwarden.wire.node import GpuSample, NodeReport, PodRef, Snapshot
 
 H200 = "NVIDIA H200"
@@ -70,13 +73,34 @@ def book(clock: Clock, **settings: Any) -> AccountingBook:
     )
 
 
+def snapshot(t: float, gpus: Mapping[str, tuple[str, ...]], util: float = 0.0, model: str = H200) -> Snapshot:
+    """One snapshot of GPUs (by UUID) allocated to pods of ``ml`` (by name), each at ``util``."""
+    return Snapshot(
+        timestamp=t,
+        gpus=[
+            GpuSample(
+                uuid=uuid,
+                index=i,
+                model=model,
+                utilization_gpu=util,
+                pods=[PodRef(namespace="ml", name=name) for name in pods],
+            )
+            for i, (uuid, pods) in enumerate(gpus.items())
+        ],
+    )
+
+
 def feed(accounting: AccountingBook, name: str, gpu: str, start: float, seconds: int, util: float) -> None:
-    device = {gpu: Device(H200, 1.0, frozenset({("ml", name)}))}
     for i in range(seconds + 1):
-        accounting.observe(SeriesKey("ml", name, gpu), Point(start + i, gpu_util=util), device)
+        t = start + i
+        point = Point(t, gpu_util=util)
+        accounting.observe("n1", snapshot(t, {gpu: (name,)}, util), {gpu: {("ml", name): point}})
 
 
-def scrape(accounting: AccountingBook) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def scrape(
+    accounting: AccountingBook, *, every: bool = False
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The workloads' counters (``every``: the nodes' too) as /metrics has them."""
     registry = CollectorRegistry()
     registry.register(accounting)
     text = generate_latest(registry).decode()
@@ -84,7 +108,7 @@ def scrape(accounting: AccountingBook) -> dict[tuple[str, tuple[tuple[str, str],
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
-        if s.name.endswith("_total")
+        if s.name.endswith("_total") and (every or "workload" in s.labels)
     }
 
 
@@ -105,8 +129,8 @@ async def test_pods_are_summed_by_workload_and_exported_once_resolved() -> None:
     web, nb = labels("Deployment", "web", "search"), labels("Pod", "nb", "research")
     assert got[("gpuwarden_gpu_allocated_seconds_total", web)] == pytest.approx(200.0)
     assert got[("gpuwarden_gpu_used_seconds_total", web)] == pytest.approx(51.0)
-    assert got[("gpuwarden_gpu_idle_seconds_total", web)] == pytest.approx(100.0)
-    assert got[("gpuwarden_gpu_idle_cost_total", nb)] == pytest.approx(3.6)
+    assert got[("gpuwarden_gpu_idle_seconds_total", web)] == pytest.approx(99.0)  # 100 s at 1%: 99 unused
+    assert got[("gpuwarden_gpu_idle_cost_total", nb)] == pytest.approx(3.6 * 0.98)  # an hour at 2%
 
 
 async def test_no_cost_without_a_price_and_a_retired_pod_stays_in_its_workload_row() -> None:
@@ -149,10 +173,15 @@ async def test_counters_never_decrease_when_pods_retire() -> None:
     accounting = book(clock)
     # Many pods of one workload with awkward fractions: folding them in another order must not dip.
     for i in range(1, 3):
-        device = {"GPU-x": Device(H200, 1 / 3, frozenset({("ml", f"web-{i}")}))}
         for t in range(50):
-            point = Point(clock.now + t * 0.1 * i, gpu_util=(t * 7 % 10) * 3.3)
-            accounting.observe(SeriesKey("ml", f"web-{i}", "GPU-x"), point, device)
+            at = clock.now + t * 0.1 * i
+            util = (t * 7 % 10) * 3.3
+            pod = f"web-{i}"
+            accounting.observe(
+                "n1",
+                snapshot(at, {f"GPU-{i}": (pod,)}, util),
+                {f"GPU-{i}": {("ml", pod): Point(at, gpu_util=util)}},
+            )
     await accounting.resolve_pending()
     first = scrape(accounting)
     accounting.retire("ml", "web-2")
@@ -227,3 +256,81 @@ async def test_a_handover_counts_each_reading_on_one_replica_and_the_sum_over_re
     web = labels("Deployment", "web", "search")
     key = ("gpuwarden_gpu_allocated_seconds_total", web)
     assert scrape(old)[key] + scrape(new)[key] == pytest.approx(scrape(alone)[key] - 1.0)
+
+
+async def test_a_gpu_keeps_the_model_it_was_first_reported_with_and_a_node_counts_at_most_its_gpus() -> None:
+    # A node naming a new model in every snapshot, and a new GPU in every one: the rows stay bounded.
+    clock = Clock()
+    accounting = book(clock)
+    for i in range(1000):
+        t = clock.now + i
+        gpus = {"GPU-1": ("web-1",), f"GPU-x{i}": ("web-1",)}
+        readings = {gpu: {("ml", "web-1"): Point(t, gpu_util=50.0)} for gpu in gpus}
+        accounting.observe("n1", snapshot(t, gpus, 50.0, model=f"H200 flood {i}"), readings)
+    await accounting.resolve_pending()
+    rows = [labels for name, labels in scrape(accounting) if name == "gpuwarden_gpu_allocated_seconds_total"]
+    assert len(rows) <= MAX_GPUS_PER_NODE
+    models = {dict(r)["gpu_model"] for r in rows}
+    assert "H200 flood 0" in models
+    assert "H200 flood 999" not in models
+
+
+async def test_gpus_no_pod_holds_are_exported_as_unallocated_per_node_and_model() -> None:
+    clock = Clock()
+    accounting = book(clock)
+    for i in range(11):
+        t = clock.now + i
+        accounting.observe(
+            "n1",
+            snapshot(t, {"GPU-1": ("web-1",), "GPU-2": ()}),
+            {"GPU-1": {("ml", "web-1"): Point(t, gpu_util=50.0)}},
+        )
+    got = scrape(accounting, every=True)
+    free = ("gpuwarden_gpu_unallocated_seconds_total", (("gpu_model", H200), ("node", "n1")))
+    assert got[free] == pytest.approx(10.0)
+    node = (("gpu_model", H200), ("node", "n1"))
+    assert got[("gpuwarden_node_gpu_allocated_seconds_total", node)] == pytest.approx(10.0)
+    assert got[("gpuwarden_node_gpu_used_seconds_total", node)] == pytest.approx(5.0)
+
+
+def test_a_node_cannot_bill_its_one_gpu_pod_for_32_gpus_six_hours_back() -> None:
+    # Issue 45: gpu-node-2 reported its pod other-0 (one GPU, 30 s old) on 32 GPUs, a snapshot every
+    # 4.5 s over the 6 h the ingest accepts. The pod is billed at most one GPU for its 30 s.
+    now = 1_800_000_000.0
+    state = build_operator(OperatorConfig(), clock=lambda: now).state
+    assert state.accounting is not None
+    pod = ("ml", "other-0")
+    spec = {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    state.pod_nodes = {pod: ["gpu-node-2"]}
+    state.pod_grants = {pod: [pod_grant(spec, {"startTime": format_time(now - 30)}, {})]}
+    state.pods_synced = True
+    gpus = {f"GPU-{i}": ("other-0",) for i in range(32)}
+    # The first and last 20 minutes of the six hours (all of it takes seconds; the edges are the point).
+    times = [now - 6 * 3600 + 4.5 * i for i in range(267)] + [now - 1200 + 4.5 * i for i in range(267)]
+    for seq, start in enumerate(range(0, len(times), 500)):
+        snapshots = [snapshot(t, gpus, 90.0) for t in times[start : start + 500]]
+        state.accept(
+            NodeReport(schema_version=5, node="gpu-node-2", agent_id="x", seq=seq, snapshots=snapshots),
+            "gpu-node-2",
+            now,
+        )
+    billed = sum(u.allocated for u in state.accounting.ledger.pod_totals(*pod).values())
+    assert 0 < billed <= 1 * 30.0
+    assert state.accounting.ledger.refused > 0
+
+
+def test_a_pods_grant_is_its_containers_gpus_from_its_start() -> None:
+    spec = {
+        "initContainers": [{"resources": {"limits": {"nvidia.com/gpu": "2"}}}],
+        "containers": [
+            {"resources": {"limits": {"nvidia.com/gpu": "1", "cpu": "4"}}},
+            {"resources": {"requests": {"nvidia.com/mig-1g.18gb": "1"}}},
+        ],
+    }
+    created = {"creationTimestamp": "2026-12-06T09:59:00Z"}
+    assert pod_grant(spec, {"startTime": "2026-12-06T10:00:00Z"}, created) == Bound(2.0, 1796551200.0)
+    assert pod_grant(spec, {}, created).start == 1796551140.0  # until the kubelet says when it started
+    one = {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    assert pod_grant(one, {}, {}).start == math.inf
+    claimed = pod_grant({"containers": [{}], "resourceClaims": [{"name": "gpu"}]}, {}, {})
+    assert claimed.gpus == CLAIMED_GPUS
