@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
+from driver_support import nvml_works
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -63,17 +64,6 @@ def fast_policy(tmp_path: Path) -> Path:
     path = tmp_path / "fast.yaml"
     path.write_text(FAST_POLICY)
     return path
-
-
-def nvml_works() -> bool:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:
-        return False
-    pynvml.nvmlShutdown()
-    return True
 
 
 @pytest.mark.skipif(nvml_works(), reason="this host has an NVIDIA driver: watch would read its GPUs")

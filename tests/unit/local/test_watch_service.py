@@ -24,6 +24,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
+from driver_support import nvml_works
 
 from gpuwarden.sim.service import ReplicaConfig
 from gpuwarden.simserver.server import MetricsFault, SimServer, build_app
@@ -140,17 +141,6 @@ async def test_latency_and_queue_past_their_limits_are_flagged_and_latency_clear
     waiting = re.search(r"([0-9.]+) waiting requests", queue)
     assert waiting, queue
     assert 3 <= float(waiting.group(1)) <= 5, queue
-
-
-def nvml_works() -> bool:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:
-        return False
-    pynvml.nvmlShutdown()
-    return True
 
 
 @pytest.mark.skipif(nvml_works(), reason="this host has an NVIDIA driver: watch would read its GPUs too")
