@@ -197,9 +197,8 @@ def tear_down(node: Node, namespace: str) -> None:
     cp.kubectl("label", "node", node.name, f"{GPU_PRESENT}-")
 
 
-@pytest.fixture(scope="module")
-def installed(node: Node) -> Iterator[Installed]:
-    namespace = prepare(node, "inference")
+def run_gpu_deployment(node: Node, namespace: str) -> None:
+    """The workload the chart's agent attributes: REPLICAS pods of one GPU each, Available."""
     apply(
         node,
         namespace,
@@ -215,6 +214,12 @@ def installed(node: Node) -> Iterator[Installed]:
         ),
     )
     wait(node, namespace, "--for=condition=Available", f"deployment/{APP}")
+
+
+@pytest.fixture(scope="module")
+def installed(node: Node) -> Iterator[Installed]:
+    namespace = prepare(node, "inference")
+    run_gpu_deployment(node, namespace)
 
     installed_at = time.time()
     helm_install(node)

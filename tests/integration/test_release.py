@@ -23,9 +23,9 @@ import yaml
 from controlplane import REPO_ROOT, free_ports
 from node import CONTAINERD_SOCKET, Node
 from operator_support import events, wait_until
-from test_chart_on_node import GPU_PRESENT, REPLICAS, SYSTEM, TIMEOUT, tear_down
-from test_node import apply, container, deployment, wait
-from test_operator_scaling import APP, policy
+from test_chart_on_node import GPU_PRESENT, REPLICAS, SYSTEM, TIMEOUT, run_gpu_deployment, tear_down
+from test_node import apply, wait
+from test_operator_scaling import policy
 
 pytestmark = pytest.mark.integration
 
@@ -96,21 +96,7 @@ def test_make_release_then_helm_install_from_the_registry_on_the_node(registry: 
     namespace = cp.create_namespace(f"release-{int(time.time()) % 100000}")
     cp.kubectl("wait", "--for=create", "serviceaccount/default", "-n", namespace, "--timeout=60s", check=True)
     try:
-        apply(
-            node,
-            namespace,
-            deployment(
-                APP,
-                REPLICAS,
-                container(
-                    "server",
-                    node.images.workload.name,
-                    ["sleep", "infinity"],
-                    resources={"limits": {"nvidia.com/gpu": 1}},
-                ),
-            ),
-        )
-        wait(node, namespace, "--for=condition=Available", f"deployment/{APP}")
+        run_gpu_deployment(node, namespace)
         cp.kubectl("wait", "--for=delete", f"namespace/{SYSTEM}", "--timeout=120s", check=True, timeout=150)
         installed_at = time.monotonic()
         values = {
