@@ -322,6 +322,9 @@ def main() -> int:
     )
     args = parser.parse_args()
     args.mode = "steady"  # what bench/ingest.py's load reads
+    # Plain HTTP: the soak measures what the operator holds over time, not the TLS handshake's cost
+    # (bench/ingest.py --tls measures that).
+    args.tls_dir = ""
     args.seconds = args.minutes * 60 + 5
 
     cpus = sorted(os.sched_getaffinity(0))
@@ -348,6 +351,12 @@ def main() -> int:
     while True:
         due = start + minute * args.sample_every
         time.sleep(max(0.0, due - time.time()))  # the sampling clock of a benchmark, not a test
+        dead = [p.exitcode for p in loaders if p.exitcode is not None]
+        if dead:
+            # A load process that died leaves a fleet of zero reports a second: an hour of samples
+            # that measure nothing. Say so now rather than at the end.
+            stop_event.set()
+            raise SystemExit(f"soak: a load process exited early ({dead}); see its traceback above")
         stats = fetch_stats(port)
         sample = {
             "minute": round((stats["now"] - start) / 60, 2),
