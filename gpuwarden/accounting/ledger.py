@@ -16,7 +16,8 @@ The rule, per device and interval (docs/accounting.md says why this split):
   nothing: time nobody read is neither allocated nor used nor idle.
 - **Physical time.** The interval times the device's share of its GPU (1 for a whole GPU; a MIG
   device's memory as a share of its GPU's memory, :data:`MIG_FALLBACK_FRACTION` when that is not
-  known). All of it goes to the device's holders, or, with none, to the node's unallocated time.
+  known; a GPU in MIG mode, the share none of its MIG devices covers). All of it goes to the
+  device's holders, or, with none, to the node's unallocated time.
 - **Holders.** The pods the kubelet allocated the device to; with none named (no PodResources
   answer), the pods running on it; in local mode the processes running on it. A pod that runs on a
   device allocated to others holds nothing there.
@@ -71,6 +72,9 @@ MIG_FALLBACK_FRACTION = 1 / 7
 """A MIG device's share of its GPU when the parent's memory is not in the snapshot: one compute
 slice of seven, the smallest profile."""
 
+_NO_SHARE = 1e-9
+"""What is left of a GPU whose MIG devices cover it: rounding, not a share."""
+
 Pod = tuple[str, str]
 """(namespace, name) of a pod; ``("", "pid/<pid>")`` for a host process in local mode."""
 _NO_READINGS: Mapping[Pod, Point] = {}
@@ -104,6 +108,7 @@ def devices_of(snapshot: Snapshot, *, processes: bool = False) -> dict[str, Devi
     running on it (as ``("", "pid/<pid>")``, local mode's subjects).
     """
     parents: dict[str, GpuSample] | None = None  # the GPUs by UUID, once a MIG device is met
+    sliced: dict[str, float] = {}  # each GPU in MIG mode: its MIG devices' shares together
     devices: dict[str, Device] = {}
     for gpu in snapshot.gpus:
         if gpu.state is not DeviceState.OK:
@@ -125,6 +130,17 @@ def devices_of(snapshot: Snapshot, *, processes: bool = False) -> dict[str, Devi
         fraction = min(1.0, own / whole) if whole and own else MIG_FALLBACK_FRACTION
         model = gpu.model or (parent.model if parent else "")
         devices[gpu.mig_id] = Device(model, fraction, holders, gpu.uuid)
+        sliced[gpu.uuid] = sliced.get(gpu.uuid, 0.0) + fraction
+    for uuid, share in sliced.items():
+        # A GPU in MIG mode is its MIG devices: its own entry (the device-wide readings, held by
+        # nobody) counts only the share no MIG device covers, so that its devices add up to one GPU.
+        whole = devices.get(uuid)
+        if whole is None:
+            continue
+        if whole.fraction - share > _NO_SHARE:
+            devices[uuid] = whole._replace(fraction=whole.fraction - share)
+        else:
+            del devices[uuid]
     return devices
 
 

@@ -190,6 +190,44 @@ def test_mig_devices_count_their_memory_share_of_the_gpu() -> None:
     assert ledger.pod_totals("ml", "small")[H200].used == pytest.approx(0.5)
 
 
+def test_a_gpu_in_mig_mode_counts_its_mig_devices_and_the_rest_unallocated_once() -> None:
+    # NVML lists a GPU in MIG mode once for itself (held by nobody) and once per MIG device: the GPU's
+    # seconds are its MIG devices' (a quarter held, an eighth nobody's) and the 5/8 no MIG device covers.
+    gib = 2**30
+    small, big = PodRef(namespace="ml", name="small"), PodRef(namespace="ml", name="big")
+    ledger = Ledger()
+    for t in range(1, 12):
+        snapshot = Snapshot(
+            timestamp=float(t),
+            gpus=[
+                GpuSample(uuid="GPU-1", index=0, model=H200, memory_total_bytes=144 * gib),
+                GpuSample(uuid="GPU-1", index=0, model=H200, mig_id="MIG-a", memory_total_bytes=36 * gib,
+                          pods=[big]),
+                GpuSample(uuid="GPU-1", index=0, model=H200, mig_id="MIG-b", memory_total_bytes=18 * gib),
+            ],
+        )  # fmt: skip
+        devices = devices_of(snapshot)
+        assert devices["GPU-1"] == Device(H200, 5 / 8, (), "GPU-1")
+        readings = {"MIG-a": {("ml", "big"): Point(float(t), sm_active=70.0)}}
+        ledger.observe("n1", float(t), devices, readings)
+    assert ledger.pod_totals("ml", "big")[H200].allocated == pytest.approx(10 / 4)
+    assert ledger.pod_totals("ml", "big")[H200].used == pytest.approx(0.7 * 10 / 4)
+    assert ledger.unallocated()[("n1", H200)].allocated == pytest.approx(10 * (1 / 8 + 5 / 8))
+    assert small.name not in {name for _, name in ledger.pods()}
+    # Covered whole by its MIG devices, the GPU's own entry counts nothing.
+    full = Snapshot(
+        timestamp=1.0,
+        gpus=[
+            GpuSample(uuid="GPU-1", index=0, model=H200, memory_total_bytes=144 * gib),
+            *(
+                GpuSample(uuid="GPU-1", index=0, model=H200, mig_id=f"MIG-{i}", memory_total_bytes=72 * gib)
+                for i in range(2)
+            ),
+        ],
+    )
+    assert set(devices_of(full)) == {"MIG-0", "MIG-1"}
+
+
 def test_devices_of_names_the_pods_each_device_is_allocated_to() -> None:
     snapshot = Snapshot(
         timestamp=1.0,
