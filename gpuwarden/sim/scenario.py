@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from gpuwarden.sim.scenarios import PACKAGED as PACKAGED  # re-exported: the names load_scenario takes
 from gpuwarden.sim.service import ReplicaMetrics
 from gpuwarden.sim.signals import Signal, gauss
-from gpuwarden.sim.spec import Ecc, GpuSpec, HealthEvent, ScenarioSpec, Throttle, Xid
+from gpuwarden.sim.spec import Ecc, GpuSpec, HealthEvent, MigSpec, ScenarioSpec, Throttle, Xid
 from gpuwarden.sim.workloads import Deployment, ScenarioPod, ScenarioProcess, Service
 from gpuwarden.wire.base import first_error
 from gpuwarden.wire.node import (
@@ -64,6 +64,8 @@ class _Gpu:
     xids: tuple[Xid, ...] = ()
     ecc: tuple[Ecc, ...] = ()
     throttle: tuple[Throttle, ...] = ()
+    migs: tuple[tuple[MigSpec, Signal], ...] = ()
+    """Its MIG devices, each with its SM activity."""
 
     def lost(self, t: float) -> bool:
         i = bisect_right(self.health_ats, t) - 1
@@ -130,6 +132,9 @@ class Scenario:
                     xids=tuple(e for e in pieces if isinstance(e, Xid)),
                     ecc=tuple(e for e in pieces if isinstance(e, Ecc)),
                     throttle=tuple(e for e in pieces if isinstance(e, Throttle)),
+                    migs=tuple(
+                        (m, Signal.build(seed, f"{m.uuid}/smActive", m.sm_active, 0.0, 100.0)) for m in g.mig
+                    ),
                 )
             )
         self.deployments = [Deployment(d, seed) for d in spec.deployments]
@@ -138,7 +143,7 @@ class Scenario:
         self._replica_gpus = {uuid: (d, i) for d in self.deployments for i, uuid in enumerate(d.spec.gpus)}
         self.pods: list[ScenarioPod] = []
         for p in spec.pods:
-            ref = PodRef(namespace=p.namespace, name=p.name, container=p.container)
+            ref = PodRef(namespace=p.namespace, name=p.name, container=p.container, claim=p.claim)
             self.pods.append(
                 ScenarioPod(
                     ref=ref,
@@ -235,7 +240,29 @@ class Scenario:
         With ``xids_since``, each GPU's health carries the XIDs raised in ``(xids_since, t]``
         (what NVML's event thread delivered since the previous sample), stamped ``origin + at``.
         """
-        return [self._gpu_sample(gpu, t, xids_since, origin) for gpu in self._gpus]
+        out = []
+        for gpu in self._gpus:
+            out.append(self._gpu_sample(gpu, t, xids_since, origin))
+            out.extend(self._mig_sample(gpu, mig, sm, t) for mig, sm in gpu.migs)
+        return out
+
+    def _mig_sample(self, gpu: _Gpu, mig: MigSpec, sm_active: Signal, t: float) -> GpuSample:
+        """A MIG device of ``gpu`` as NVML reads it: its memory and GPM's SM activity (Hopper and
+        later), its processes; no utilization."""
+        spec = gpu.spec
+        if gpu.lost(t):
+            return GpuSample(
+                uuid=spec.uuid, index=gpu.index, model=spec.model, mig_id=mig.uuid, state=DeviceState.LOST
+            )
+        return GpuSample(
+            uuid=spec.uuid,
+            index=gpu.index,
+            model=spec.model,
+            mig_id=mig.uuid,
+            memory_total_bytes=round(mig.memory_total),
+            processes=[ProcessSample(pid=p.pid, command=p.command) for p in self._processes_on(mig.uuid, t)],
+            sm_active=sm_active(t) if spec.gpm else None,
+        )
 
     def _gpu_sample(self, gpu: _Gpu, t: float, xids_since: float | None, origin: float) -> GpuSample:
         spec = gpu.spec

@@ -22,12 +22,15 @@ YAML, camelCase; durations as in policies, ``10s``/``5m``; sizes as Kubernetes q
           - {kind: xid, at: 20m, code: 79}
           - {kind: ecc, at: 25m, uncorrected: 2, remapPending: true}
           - {kind: throttle, at: 26m, reasons: [hwThermalSlowdown]}
+        mig:                       # optional: MIG mode, its MIG devices listed beside the GPU
+          - {uuid: MIG-…, memoryTotal: 35Gi, smActive: [{kind: idle, level: 70}]}
     pods:
       - namespace: research
         name: notebook-0
         container: notebook
         labels: {app: notebook}
-        gpus: [GPU-…]
+        gpus: [GPU-…]              # GPUs or MIG devices, by uuid
+        claim: shared-gpu          # optional: the DRA ResourceClaim it holds them through
         processes:
           - {pid: 4242, command: python train.py}
           - {pid: 4243, command: python idle.py, kernels: false}  # holds memory, runs nothing
@@ -59,7 +62,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 from pydantic.alias_generators import to_camel
 
 from gpuwarden.units import parse_duration, parse_quantity, parse_rate
-from gpuwarden.wire.node import ClockEventReason
+from gpuwarden.wire.node import DNS_SUBDOMAIN, ClockEventReason
 
 
 def _seconds(value: Any) -> Any:
@@ -227,6 +230,15 @@ class Throttle(_Spec):
 HealthPiece = Annotated[HealthEvent | Xid | Ecc | Throttle, Field(discriminator="kind")]
 
 
+class MigSpec(_Spec):
+    """One MIG device of a GPU in MIG mode: its memory and its SM activity (GPM's); NVML gives a MIG
+    device neither a utilization nor a per-process reading."""
+
+    uuid: str = Field(min_length=1, max_length=128)
+    memory_total: Amount
+    sm_active: list[Piece] = Field(min_length=1)
+
+
 class GpuSpec(_Spec):
     """One scripted GPU."""
 
@@ -246,6 +258,9 @@ class GpuSpec(_Spec):
     health: list[HealthPiece] = Field(default_factory=list)
     process_utilization: bool = True
     """Whether per-process utilization can be read (False: as on a MIG device, no reading at all)."""
+    mig: list[MigSpec] = Field(default_factory=list, max_length=7)
+    """Its MIG devices, if it is in MIG mode: each listed beside the GPU, as NVML lists them; pods
+    are allocated them by their ``uuid``."""
 
 
 class ProcessSpec(_Spec):
@@ -269,6 +284,9 @@ class PodSpec(_Spec):
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
     gpus: list[str] = Field(default_factory=list)
+    claim: str | None = Field(default=None, min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)
+    """The ResourceClaim through which it holds its GPUs, when DRA allocated them (pods naming the
+    same GPU and claim share it)."""
     processes: list[ProcessSpec] = Field(default_factory=list)
     from_: Seconds = Field(default=0.0, alias="from")
     until: Seconds | None = None
@@ -341,12 +359,16 @@ class ScenarioSpec(_Spec):
     @model_validator(mode="after")
     def _consistent(self) -> ScenarioSpec:
         uuids = [g.uuid for g in self.gpus]
-        if len(set(uuids)) != len(uuids):
-            raise ValueError("gpus: two GPUs share a uuid")
+        devices = uuids + [m.uuid for g in self.gpus for m in g.mig]
+        if len(set(devices)) != len(devices):
+            raise ValueError("gpus: two GPUs or MIG devices share a uuid")
+        for g in self.gpus:
+            if sum(m.memory_total for m in g.mig) > g.memory_total:
+                raise ValueError(f"gpus: {g.uuid} mig: its MIG devices' memory is more than the GPU's")
         pids: set[int] = set()
         for pod in self.pods:
             for uuid in pod.gpus:
-                if uuid not in uuids:
+                if uuid not in devices:
                     raise ValueError(f"pods: {pod.namespace}/{pod.name} is allocated {uuid}, not a GPU here")
             for proc in pod.processes:
                 if proc.pid in pids:

@@ -226,6 +226,26 @@ def test_scenario_attributor_names_pods_processes_and_host_memory_and_pods_leave
     assert [(p.pid, p.used_memory_bytes) for p in gpu.processes] == [(10, 9 * GI)]
 
 
+def test_a_gpu_in_mig_mode_lists_its_mig_devices_and_their_pods_and_a_claim_names_its_pods() -> None:
+    mig = "MIG-00000000-0000-4000-8000-000000000001"
+    spec = one_gpu(mig=[{"uuid": mig, "memoryTotal": "20Gi", "smActive": [{"kind": "idle", "level": 70}]}])
+    spec["pods"] = [
+        {"namespace": "ml", "name": "small", "gpus": [mig], "processes": [{"pid": 7}]},
+        {"namespace": "ml", "name": "shared", "gpus": [UUID], "claim": "whole-gpu"},
+    ]
+    scenario = parse_scenario(spec)
+    gpu, slice_ = scenario.snapshot(30).gpus
+    assert (gpu.mig_id, [p.claim for p in gpu.pods]) == (None, ["whole-gpu"])
+    assert (slice_.uuid, slice_.mig_id, slice_.memory_total_bytes) == (UUID, mig, 20 * GI)
+    assert (slice_.utilization_gpu, slice_.sm_active) == (None, 70.0)  # GPM's, no utilization on MIG
+    assert [p.name for p in slice_.pods] == ["small"]
+    assert [(p.pid, p.sm_util) for p in slice_.processes] == [(7, None)]  # no per-process reading
+    assert [p.pid for p in gpu.processes] == []
+    spec["gpus"][0]["mig"].append({**spec["gpus"][0]["mig"][0], "uuid": "MIG-2", "memoryTotal": "70Gi"})
+    with pytest.raises(ScenarioError, match="more than the GPU's"):
+        parse_scenario(spec)
+
+
 async def test_scenario_attributor_refresh_is_a_no_op() -> None:
     backend = ScriptedBackend(parse_scenario(two_pods()), origin=1_000_000.0)
     backend.open()
@@ -258,6 +278,7 @@ def test_scripted_backend_is_a_device_backend_playing_from_its_origin() -> None:
         (lambda s: s["gpus"][0]["memory"][0].update(at="5m"), "must start at 0"),
         (lambda s: s["gpus"].append(dict(s["gpus"][0])), "share a uuid"),
         (lambda s: s["pods"][0].update(gpus=["GPU-nope"]), "not a GPU here"),
+        (lambda s: s["pods"][0].update(claim="Not_A_Name"), r"pods\.0\.claim"),
         (lambda s: s["pods"][1]["processes"][0].update(pid=10), "pid 10 appears twice"),
         (lambda s: s.update(duration="forever"), "duration"),
         (lambda s: s["gpus"][0].update(colour="green"), "colour"),
