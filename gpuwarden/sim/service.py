@@ -11,7 +11,7 @@ timings are known the moment it is submitted (they depend only on the requests b
 :meth:`Replica.submit` returns them, which is what lets a server answer a request after its
 simulated latency. :meth:`Replica.metrics` reads, at any later time, what a vLLM server would
 export then: cumulative histograms with vLLM's own bucket bounds, the running/waiting gauges, the
-KV-cache usage, the success counter, and the integral of the GPU's utilization.
+KV-cache usage, the success and token counters, and the integral of the GPU's utilization.
 
 The GPU utilization follows the batch, not the latency: 0 when idle, ``utilization_at_one`` with one
 request running, 1 with a full batch, and no higher however long the queue grows. That is what a
@@ -34,8 +34,10 @@ from dataclasses import dataclass, field
 __all__ = [
     "E2E_LATENCY",
     "HISTOGRAM_BOUNDS",
+    "GENERATION_TOKENS",
     "INTER_TOKEN_LATENCY",
     "KV_CACHE_USAGE",
+    "PROMPT_TOKENS",
     "REQUESTS_RUNNING",
     "REQUESTS_WAITING",
     "REQUEST_SUCCESS",
@@ -54,6 +56,8 @@ REQUESTS_RUNNING = "vllm:num_requests_running"
 REQUESTS_WAITING = "vllm:num_requests_waiting"
 KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
 REQUEST_SUCCESS = "vllm:request_success_total"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
 
 # vLLM's own bucket upper bounds (vllm/v1/metrics/loggers.py), so that a percentile read from the
 # simulated histograms is as coarse as one read from a real server's.
@@ -286,6 +290,8 @@ class Replica:
         self._queued: deque[Request] = deque()  # submitted, not yet started (starts ascending)
         self._running: list[Request] = []  # started, not finished as of _now (at most max_batch)
         self._succeeded = 0
+        self._prompt_tokens = 0
+        self._generation_tokens = 0
         self._utilization_seconds = 0.0
         self._histograms = {name: _Buckets(bounds) for name, bounds in HISTOGRAM_BOUNDS.items()}
 
@@ -325,15 +331,20 @@ class Replica:
     def metrics(self, now: float) -> ReplicaMetrics:
         """What the replica exports at ``now``.
 
-        A request enters the three histograms and the success counter when it finishes (its time to
-        first token too, a simplification: vLLM observes that one at the first token).
+        A request enters the three histograms, the success counter and the token counters when it
+        finishes (a simplification: vLLM observes its time to first token at the first token, and
+        counts its prompt then and its tokens as they are generated).
         """
         self._advance(now)
         kv_tokens = sum(r.prompt_tokens + r.generated(now) for r in self._running)
         return ReplicaMetrics(
             at=now,
             histograms={name: h.cumulative() for name, h in self._histograms.items()},
-            counters={REQUEST_SUCCESS: float(self._succeeded)},
+            counters={
+                REQUEST_SUCCESS: float(self._succeeded),
+                PROMPT_TOKENS: float(self._prompt_tokens),
+                GENERATION_TOKENS: float(self._generation_tokens),
+            },
             gauges={
                 REQUESTS_RUNNING: float(len(self._running)),
                 REQUESTS_WAITING: float(len(self._queued)),
@@ -383,6 +394,8 @@ class Replica:
 
     def _complete(self, request: Request) -> None:
         self._succeeded += 1
+        self._prompt_tokens += request.prompt_tokens
+        self._generation_tokens += request.output_tokens
         self._histograms[E2E_LATENCY].observe(request.latency)
         self._histograms[TIME_TO_FIRST_TOKEN].observe(request.time_to_first_token)
         # vLLM observes one inter-token latency per token after the first.

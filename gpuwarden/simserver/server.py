@@ -12,7 +12,8 @@ observing each into real ``prometheus_client`` metrics under vLLM's names and bu
   makes): histograms with :data:`~gpuwarden.sim.service.HISTOGRAM_BOUNDS`;
 - ``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``
   (0..1): gauges, read from the model at scrape time;
-- ``vllm:request_success_total``: a counter.
+- ``vllm:request_success_total``, ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``:
+  counters (a request's tokens counted when it finishes).
 
 Every series carries ``model_name``, as vLLM's do. So the exposition equals what
 :meth:`~gpuwarden.sim.service.Replica.metrics` says at the same instant.
@@ -38,9 +39,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from gpuwarden.sim.service import (
     E2E_LATENCY,
+    GENERATION_TOKENS,
     HISTOGRAM_BOUNDS,
     INTER_TOKEN_LATENCY,
     KV_CACHE_USAGE,
+    PROMPT_TOKENS,
     REQUEST_SUCCESS,
     REQUESTS_RUNNING,
     REQUESTS_WAITING,
@@ -139,6 +142,14 @@ class SimServer:
             registry=self.registry,
         ).labels(model, "length")
 
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name.removesuffix("_total"), doc, ["model_name"], registry=self.registry).labels(
+                model
+            )
+
+        self._prompt_tokens = counter(PROMPT_TOKENS, "Number of prefill tokens processed.")
+        self._generation_tokens = counter(GENERATION_TOKENS, "Number of generation tokens processed.")
+
     def submit(self, *, prompt_tokens: int | None = None, output_tokens: int | None = None) -> Request:
         """A request arriving now: its timings, fixed by the model (token counts it is not given drawn)."""
         request = self.replica.submit(self.clock(), prompt_tokens=prompt_tokens, output_tokens=output_tokens)
@@ -157,6 +168,8 @@ class SimServer:
                 for _ in range(request.output_tokens - 1):
                     self._itl.observe(itl)
             self._success.inc()
+            self._prompt_tokens.inc(request.prompt_tokens)
+            self._generation_tokens.inc(request.output_tokens)
         gauges = self.replica.metrics(now).gauges
         self._running.set(gauges[REQUESTS_RUNNING])
         self._waiting.set(gauges[REQUESTS_WAITING])

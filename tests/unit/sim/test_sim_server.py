@@ -26,9 +26,11 @@ from prometheus_client.samples import Sample
 
 from gpuwarden.sim.service import (
     E2E_LATENCY,
+    GENERATION_TOKENS,
     HISTOGRAM_BOUNDS,
     INTER_TOKEN_LATENCY,
     KV_CACHE_USAGE,
+    PROMPT_TOKENS,
     REQUEST_SUCCESS,
     REQUESTS_RUNNING,
     REQUESTS_WAITING,
@@ -121,7 +123,9 @@ async def test_the_exposition_is_vllms_and_equals_the_models_own_figures(
 ) -> None:
     server, url = one_at_a_time
     async with aiohttp.ClientSession() as http:
-        await asyncio.gather(*(complete(http, url, max_tokens=TOKENS) for _ in range(3)))
+        await asyncio.gather(
+            *(complete(http, url, prompt="a prompt of six words here", max_tokens=TOKENS) for _ in range(3))
+        )
         text = await metrics(http, url)
     families = samples(text)
     model = server.replica.metrics(server.clock())
@@ -142,6 +146,10 @@ async def test_the_exposition_is_vllms_and_equals_the_models_own_figures(
     (success,) = [s for s in families[REQUEST_SUCCESS.removesuffix("_total")] if s.name == REQUEST_SUCCESS]
     assert success.labels == {"model_name": "tiny", "finished_reason": "length"}
     assert success.value == 3
+    # The tokens it served, as vLLM counts them (what a report's cost per million tokens divides by).
+    assert (value(text, PROMPT_TOKENS), value(text, GENERATION_TOKENS)) == (3 * 6, 3 * TOKENS)
+    assert model.counters[PROMPT_TOKENS] == 3 * 6
+    assert model.counters[GENERATION_TOKENS] == 3 * TOKENS
     assert value(text, REQUESTS_WAITING) == 0
     assert value(text, KV_CACHE_USAGE) == 0
     checked = await asyncio.to_thread(
