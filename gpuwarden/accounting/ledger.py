@@ -134,11 +134,11 @@ def devices_of(snapshot: Snapshot, *, processes: bool = False) -> dict[str, Devi
     for uuid, share in sliced.items():
         # A GPU in MIG mode is its MIG devices: its own entry (the device-wide readings, held by
         # nobody) counts only the share no MIG device covers, so that its devices add up to one GPU.
-        whole = devices.get(uuid)
-        if whole is None:
+        itself = devices.get(uuid)
+        if itself is None:
             continue
-        if whole.fraction - share > _NO_SHARE:
-            devices[uuid] = whole._replace(fraction=whole.fraction - share)
+        if itself.fraction - share > _NO_SHARE:
+            devices[uuid] = itself._replace(fraction=itself.fraction - share)
         else:
             del devices[uuid]
     return devices
