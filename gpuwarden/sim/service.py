@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "E2E_LATENCY",
-    "HISTOGRAM_BOUNDS",
     "GENERATION_TOKENS",
+    "HISTOGRAM_BOUNDS",
     "INTER_TOKEN_LATENCY",
     "KV_CACHE_USAGE",
     "PROMPT_TOKENS",
