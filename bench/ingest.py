@@ -154,6 +154,13 @@ class BenchApi:
         self.status_writes += 1
         return {}
 
+    async def get(self, path: str) -> dict[str, Any]:
+        """The policy objects, which every daemon reads every few minutes to see that its own still
+        exists (as :func:`policy_body` names them)."""
+        parts = path.split("/")
+        assert parts[-2] == "gpumonitorpolicies", path
+        return {"metadata": {"name": parts[-1], "namespace": parts[-3], "uid": f"uid-{parts[-3]}"}}
+
     async def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         assert (method, path.rpartition("/")[2]) == ("POST", "events"), (method, path)
         self.events += 1

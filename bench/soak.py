@@ -36,6 +36,7 @@ import os
 import resource
 import sys
 import time
+import traceback
 import tracemalloc
 from collections import deque
 from dataclasses import dataclass, replace
@@ -205,6 +206,18 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
         )
         for ns in layout.namespaces
     ]
+    died: list[str] = []
+
+    def report_death(task: asyncio.Task[Any]) -> None:
+        # A loop that raised would otherwise die unseen, and the soak would go on measuring a server
+        # that no longer judges (it happened: every policy's loop stopped at minute 10).
+        if not task.cancelled() and task.exception() is not None:
+            died.append(repr(task.exception()))
+            task.print_stack(file=sys.stderr)
+            traceback.print_exception(task.exception(), file=sys.stderr)
+
+    for task in tasks:
+        task.add_done_callback(report_death)
 
     async def stats(request: web.Request) -> web.Response:
         state.metrics.exposition()  # a scrape, as Prometheus makes (it ages out the per-pod gauges)
@@ -239,6 +252,7 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
                 "events_pending": state.events.pending,
                 "growth": growth,
                 "growth_since_last": recent,
+                "died": died,
             }
         )
 
@@ -370,6 +384,9 @@ def main() -> int:
             "status_writes": stats["status_writes"],
             "events_pending": stats["events_pending"],
         }
+        if stats["died"]:
+            stop_event.set()
+            raise SystemExit(f"soak: the server's loops died: {stats['died']}; see the traceback above")
         if stats["growth"]:
             sample["growth"] = stats["growth"]
             sample["growth_since_last"] = stats["growth_since_last"]
