@@ -27,8 +27,8 @@ import enum
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from gpuwarden.policy.findings import Finding
 from gpuwarden.policy.rules.common import WindowParams, pod_end
 from gpuwarden.policy.rules.utilization import UtilizationFloor, pod_activity
 from gpuwarden.policy.spec.model import ReclaimAction, Rule
@@ -60,6 +60,19 @@ class WorkloadRef:
 
     def __str__(self) -> str:
         return f"{self.kind} {self.name}"
+
+
+class IdleFinding(Protocol):
+    """What the idle test reads of an active finding (:class:`~gpuwarden.policy.Finding` has it)."""
+
+    @property
+    def rule(self) -> str: ...
+
+    @property
+    def pod(self) -> str: ...
+
+    @property
+    def started_at(self) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +122,7 @@ def recently_active(
 
 def idle_workloads(
     action: ReclaimAction,
-    findings: Iterable[Finding],
+    findings: Iterable[IdleFinding],
     pods_of: Mapping[WorkloadRef, Sequence[str]],
     active: Iterable[PodId] = (),
 ) -> dict[WorkloadRef, Idle]:
@@ -171,14 +184,15 @@ class ReclaimPlanner:
         steps: list[ReclaimStep] = []
         for workload in sorted(self._pending):
             if workload not in idle:
-                pending = self._pending.pop(workload)
-                if not pending.done:
-                    steps.append(ReclaimStep(ReclaimStepKind.CANCEL, workload, pending.due_at, None))
+                gone = self._pending.pop(workload)
+                if not gone.done:
+                    steps.append(ReclaimStep(ReclaimStepKind.CANCEL, workload, gone.due_at, None))
         for workload in sorted(idle):
             pending = self._pending.get(workload)
             if pending is None:
-                pending = self._pending[workload] = _Pending(now, now + self.grace_seconds)
-                steps.append(ReclaimStep(ReclaimStepKind.WARN, workload, pending.due_at, idle[workload]))
+                due = now + self.grace_seconds
+                self._pending[workload] = _Pending(now, due)
+                steps.append(ReclaimStep(ReclaimStepKind.WARN, workload, due, idle[workload]))
             elif not pending.done and now >= pending.due_at:
                 steps.append(ReclaimStep(ReclaimStepKind.DUE, workload, pending.due_at, idle[workload]))
         return steps
