@@ -35,11 +35,14 @@ MODES: dict[str, list[str]] = {
     "observe-only": ["--set", "rbac.observeOnly=true", "--set", "operator.nodeHealth.cordon.enabled=true"],
     "sharded": ["--set", "operator.sharding.enabled=true"],
     "named-namespaces": ["--set", "operator.watchNamespaces={ml,inference}"],
+    "reclaim": ["--set", "operator.reclaim.enabled=true"],
     "everything-on": [
         "--set",
         "operator.nodeHealth.cordon.enabled=true",
         "--set",
         "operator.nodeHealth.cordon.dryRun=false",
+        "--set",
+        "operator.reclaim.enabled=true",
         "--set-json",
         f"operator.rbac.extraScaleTargets={json.dumps([EXTRA_SCALE])}",
     ],
@@ -138,6 +141,7 @@ CONDITIONS: dict[str, Callable[[Mapping[str, Any]], bool]] = {
     "observeOnly": lambda v: bool(v["rbac"]["observeOnly"]),
     "followOwners": lambda v: bool(v["accounting"]["followOwners"]),
     "sharding": lambda v: bool(v["operator"]["sharding"]["enabled"]),
+    "reclaim": lambda v: bool(v["operator"]["reclaim"]["enabled"]),
     "allNamespaces": lambda v: not v["operator"]["watchNamespaces"],
     "podList": lambda v: bool(v["agent"]["enabled"] and v["agent"]["podList"]["enabled"]),
     "resourceSlices": lambda v: bool(

@@ -100,7 +100,7 @@ class Reclaimer:
         self._cluster = CircuitBreaker(max_per_hour)
         """Reclaims by every policy together (``--reclaim-max-per-hour``)."""
         self._enabled = enabled
-        """``--reclaim``: the chart granted the writes; without it every policy stays in dryRun."""
+        """``--reclaim``: the chart granted the reads and writes; without it no policy reclaims."""
         self._observe_only = observe_only
         self._policies: dict[PolicyKey, _PolicyReclaim] = {}
 
@@ -130,7 +130,13 @@ class Reclaimer:
         if self._observe_only:
             message = "not reclaiming: the operator runs observe-only (--observe-only)"
             return self._result(state, ("False", "ObserveOnly", message))
-        dry_run = action.dry_run or not self._enabled
+        if not self._enabled:
+            # Without --reclaim the chart grants none of the reads either: nothing to announce from.
+            message = (
+                "not reclaiming: the operator runs without --reclaim (the chart's operator.reclaim.enabled)"
+            )
+            return self._result(state, ("False", "NotEnabled", message))
+        dry_run = action.dry_run
 
         matched = set(evaluation.matched_pods)
         records = [r for r in pods if r.view.id in matched]
