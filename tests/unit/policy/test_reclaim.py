@@ -47,9 +47,10 @@ class F:
 
 
 def test_the_spec_defaults_to_dry_run_a_ten_minute_grace_and_five_an_hour() -> None:
-    assert ACTION == ReclaimAction(
+    expected = ReclaimAction(
         rules=("idle",), method=ReclaimMethod.SCALE_TO_ZERO, grace_seconds=600.0, max_per_hour=5, dry_run=True
     )
+    assert expected == ACTION
 
 
 @pytest.mark.parametrize(

@@ -109,7 +109,8 @@ def test_opt_out_is_the_annotation_false() -> None:
 )
 def test_restore_takes_kinds_as_kubectl_does(word: str, kind: str) -> None:
     found = kind_named(word)
-    assert found is not None and found.kind == kind
+    assert found is not None
+    assert found.kind == kind
 
 
 def test_restore_refuses_kinds_reclaim_does_not_act_on() -> None:
