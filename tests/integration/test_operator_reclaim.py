@@ -467,11 +467,17 @@ async def test_the_breaker_stops_at_max_per_hour_and_says_so(bench: Bench) -> No
     )
     (opened,) = bench.events("GPUMonitorPolicy", "idle", "ReclaimBreakerOpen")
     assert opened["type"] == "Warning"
-    # An hour after the first reclaims, the breaker lets the third through.
-    bench.now = T0 + 3660
+    # Still idle, it waits out the hour (evaluated every 50 s meanwhile), then goes through.
+    while bench.now < T0 + 3650:
+        await bench.round(obj, idle[2:])
+        bench.now += 40
+    assert bench.read("deployment", "c")["spec"]["replicas"] == 2
+    assert bench.condition()["reason"] == "BreakerOpen"
+    bench.now = T0 + 3660  # an hour after the first two
     await bench.round(obj, idle[2:])
     assert bench.read("deployment", "c")["spec"]["replicas"] == 0
     assert bench.condition()["reason"] == "Active"
+    assert len(bench.events("GPUMonitorPolicy", "idle", "ReclaimBreakerOpen")) == 1
 
 
 async def test_the_cluster_breaker_holds_every_policy(

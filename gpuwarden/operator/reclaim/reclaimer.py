@@ -52,6 +52,9 @@ from gpuwarden.units import format_duration
 __all__ = ["RECLAIMER_FIELD_MANAGER", "RECLAIM_ACTIVE", "ReclaimResult", "Reclaimer"]
 
 RECLAIM_ACTIVE = "ReclaimActive"
+STALE_INTERVALS = 3
+STALE_MIN_SECONDS = 60.0
+"""A policy not seen for this many of its evaluation intervals (and at least this long) is forgotten."""
 RECLAIMER_FIELD_MANAGER = "gpuwarden-reclaimer"
 
 _VERB = {
@@ -81,6 +84,8 @@ class _PolicyReclaim:
     said: set[tuple[WorkloadRef, str]] = field(default_factory=set)
     """(workload, reason) of the problems announced, so that a lasting one is said once."""
     breaker_said: bool = False
+    seen_at: float = 0.0
+    expires_after: float = 0.0
 
 
 class Reclaimer:
@@ -120,12 +125,16 @@ class Reclaimer:
         if action is None:
             self._policies.pop(policy, None)
             return None
+        for gone in [k for k, s in self._policies.items() if now - s.seen_at > s.expires_after]:
+            del self._policies[gone]  # deleted, or evaluated by another replica now
         state = self._policies.get(policy)
         if state is None:
             state = self._policies[policy] = _PolicyReclaim(
                 ReclaimPlanner(action.grace_seconds), CircuitBreaker(action.max_per_hour)
             )
         state.planner.grace_seconds, state.breaker.limit = action.grace_seconds, action.max_per_hour
+        state.seen_at = now
+        state.expires_after = max(STALE_MIN_SECONDS, STALE_INTERVALS * spec.evaluation_interval_seconds)
         me = policy.object_ref(uid)
         if self._observe_only:
             message = "not reclaiming: the operator runs observe-only (--observe-only)"
@@ -144,7 +153,9 @@ class Reclaimer:
             pods_of, owners = await self._workloads(policy.namespace, records, action.method)
         except ReclaimApiError as exc:
             return self._result(state, ("False", "FailedGetOwners", f"reading the pods' owners: {exc}"))
-        state.targets.update(owners)
+        # The owners of workloads still warned stay known, for their cancellation once their pods are gone.
+        state.targets = {w: o for w, o in state.targets.items() if w in state.planner.pending()} | owners
+        state.said = {key for key in state.said if key[0] in owners}
         idle = idle_workloads(action, evaluation.active, pods_of, active)
         try:
             idle, objects = await self._eligible(policy, me, state, action, idle, owners)
@@ -169,12 +180,10 @@ class Reclaimer:
             return self._result(state, ("False", "BreakerOpen", held))
         state.breaker_said = False
         pending = len(state.planner.pending())
-        waiting = f"{pending} workload(s) warned, in their grace period" if pending else "no workload idle"
+        waiting = f"{pending} workload(s) warned, in their grace period" if pending else "none warned"
         if dry_run:
-            why = "dryRun: true" if action.dry_run else "the operator was not started with --reclaim"
-            return self._result(
-                state, ("False", "DryRun", f"{why}: reclaims are announced, not made; {waiting}")
-            )
+            message = f"dryRun: reclaims are announced, not made; {waiting}"
+            return self._result(state, ("False", "DryRun", message))
         return self._result(state, ("True", "Active", waiting))
 
     # --- steps --------------------------------------------------------------------------------------
