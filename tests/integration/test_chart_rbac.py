@@ -248,3 +248,14 @@ def test_a_grant_the_table_lacks_is_caught(helm: Path) -> None:
     extra, missing = differences(widened, values)
     assert extra == {("operator", "", "secrets", "get", False)}
     assert missing == set()
+
+
+def test_reclaiming_is_refused_in_observe_only(helm: Path) -> None:
+    """Observe only changes no workload: the chart refuses to grant reclaiming there."""
+    proc = subprocess.run(
+        [str(helm), "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+         "--set", "rbac.observeOnly=true", "--set", "operator.reclaim.enabled=true"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "rbac.observeOnly changes no workload: operator.reclaim.enabled must stay false" in proc.stderr
