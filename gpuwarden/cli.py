@@ -30,6 +30,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "gpuwarden.operator.accounting.report",
         "GPU-hours allocated, used and idle by namespace and workload",
     ),
+    "restore": ("gpuwarden.operator.reclaim.restore", "undo a reclaim: put an idle workload's replicas back"),
 }
 
 

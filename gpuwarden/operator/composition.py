@@ -8,7 +8,7 @@ clock (the rate limiter's buckets, sharded mode's view); the API client; the met
 leadership (peering), or in sharded mode membership with its ring; the TokenReview authenticator
 of the agents' tokens; the per-node rate limiter; the ingest endpoint's core, which stores through
 the state; the accounting book (GPU time per workload, fed by the ingest, on ``/metrics``); the
-Event poster every Event goes through (the scaler's included); the scaler; with
+Event poster every Event goes through (the scaler's included); the scaler; the reclaimer; with
 ``--node-health`` the node view; in sharded mode the verdict exchange (the sender to the policies'
 owners, the endpoint the other shards post to); and the :class:`~gpuwarden.operator.services.Services`
 that start and stop the servers and background tasks.
@@ -29,6 +29,7 @@ from gpuwarden.operator.kube import EventPoster, KubeApi, TokenAuthenticator
 from gpuwarden.operator.metrics import DesiredReplicasCollector, OperatorMetrics, ScaleDecisionsCollector
 from gpuwarden.operator.nodehealth import NodeHealthMonitor
 from gpuwarden.operator.policies import PolicyRunner
+from gpuwarden.operator.reclaim import KubeReclaimApi, Reclaimer
 from gpuwarden.operator.resources import PolicyKey
 from gpuwarden.operator.scaling import KubeScaleApi, WorkloadScaler
 from gpuwarden.operator.services import Services
@@ -47,10 +48,12 @@ class Operator:
     """Acts on ``actions.scale`` after each evaluation; its Events go through ``state.events``."""
     services: Services
     """The servers and background tasks (the node view's among them), started and stopped together."""
+    reclaimer: Reclaimer | None = None
+    """Acts on ``actions.reclaim`` after each evaluation."""
 
     def runner(self, key: PolicyKey) -> PolicyRunner:
         """The evaluation loop of the policy ``key`` (one per running daemon)."""
-        return PolicyRunner(self.state, key, scaler=self.scaler)
+        return PolicyRunner(self.state, key, scaler=self.scaler, reclaimer=self.reclaimer)
 
 
 def build_operator(
@@ -149,4 +152,16 @@ def build_operator(
         )
     metrics.watch_pods(clock=clock)
     metrics.watch_state(state.gauges)
-    return Operator(state=state, scaler=scaler, services=Services(state, node_health=node_health))
+    reclaimer = Reclaimer(
+        KubeReclaimApi(api),
+        state.events,
+        max_per_hour=config.reclaim_max_per_hour,
+        enabled=config.reclaim,
+        observe_only=config.observe_only,
+    )
+    return Operator(
+        state=state,
+        scaler=scaler,
+        services=Services(state, node_health=node_health),
+        reclaimer=reclaimer,
+    )

@@ -147,6 +147,12 @@ class OperatorConfig:
     """Change nothing but policies' status and Events (``--observe-only``): no ``/scale`` read or
     written (a scaling policy's ``ScalingActive`` says ``ObserveOnly``), no node condition written,
     no cordon; the chart then grants none of these."""
+    reclaim: bool = False
+    """Let policies' ``actions.reclaim`` act (``--reclaim``; the chart's ``operator.reclaim.enabled``,
+    which grants the writes): without it every reclaim stays in dryRun."""
+    reclaim_max_per_hour: int = 20
+    """Workloads reclaimed by all policies together in any hour (``--reclaim-max-per-hour``): the
+    cluster-wide circuit breaker."""
     shards: bool = False
     """Sharded mode (``--shards``, docs/scaling-out.md): every live replica acts, on the nodes and
     policies the ring gives it; membership through Leases in ``pod_namespace``, no Kopf peering."""
@@ -304,6 +310,18 @@ class OperatorConfig:
             action="store_true",
             help="change nothing but policies' status and Events: no /scale, no node condition, no cordon",
         )
+        parser.add_argument(
+            "--reclaim",
+            action="store_true",
+            help="let policies' actions.reclaim scale idle workloads to zero or suspend them "
+            "(without it they stay in dryRun; the chart's operator.reclaim.enabled)",
+        )
+        parser.add_argument(
+            "--reclaim-max-per-hour",
+            type=int,
+            default=20,
+            help="workloads reclaimed by all policies together in any hour, at most (%(default)s)",
+        )
         AccountingSettings.add_arguments(parser)
         parser.add_argument("--verbose", action="store_true", help="log more (Kopf's verbose mode)")
         parser.add_argument("--debug", action="store_true", help="log everything, including each API call")
@@ -351,6 +369,10 @@ class OperatorConfig:
             raise ConfigError("--cordon needs --node-health (it acts on the GPUHealthy condition)")
         if args.observe_only and cordon is CordonMode.ON:
             raise ConfigError("--cordon=on changes nodes: not with --observe-only (dry-run is)")
+        if args.reclaim and args.observe_only:
+            raise ConfigError("--reclaim changes workloads: not with --observe-only")
+        if args.reclaim_max_per_hour < 1:
+            raise ConfigError("--reclaim-max-per-hour must be at least 1")
         if args.shards and not pod_namespace:
             raise ConfigError("--shards needs POD_NAMESPACE (the replicas' Leases live there)")
         advertise_url = args.advertise_url
@@ -405,6 +427,8 @@ class OperatorConfig:
             node_health_hold=parse_hold(args.node_health_hold, flag="--node-health-hold"),
             cordon=cordon,
             observe_only=args.observe_only,
+            reclaim=args.reclaim,
+            reclaim_max_per_hour=args.reclaim_max_per_hour,
             shards=args.shards,
             advertise_url=advertise_url or None,
             accounting=accounting,

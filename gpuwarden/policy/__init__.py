@@ -19,6 +19,7 @@ is not in ``__all__`` is the engine's own. Inside, by job:
   :class:`RuleType`), the registry of them (:data:`RULE_TYPES`), and their shared vocabulary
   (``common``).
 - ``scaling/``: the scale decision (``decider``) and its load forecast (``predictive``, ``forecast``).
+- ``reclaim``: which workloads are idle, the warning and grace period, the circuit breaker.
 - ``engine``, ``findings`` (what is open and what changed), ``stats`` (robust line fits),
   ``humanize`` (numbers and times for messages), ``xids`` (the XID catalogue).
 
@@ -47,6 +48,17 @@ from gpuwarden.policy.findings import (
 )
 from gpuwarden.policy.humanize import approx_duration, format_bytes, format_count, format_latency
 from gpuwarden.policy.parse import API_VERSION, KIND, SpecError, parse_policy_object, parse_spec
+from gpuwarden.policy.reclaim import (
+    BREAKER_WINDOW_SECONDS,
+    CircuitBreaker,
+    Idle,
+    ReclaimPlanner,
+    ReclaimStep,
+    ReclaimStepKind,
+    WorkloadRef,
+    idle_workloads,
+    recently_active,
+)
 from gpuwarden.policy.rules import RULE_TYPES, RuleType, rule_type, service_metric_names, spec_warnings
 from gpuwarden.policy.rules.anomaly import Pattern
 from gpuwarden.policy.rules.common import Outcome, RuleKind, WindowParams
@@ -66,6 +78,8 @@ from gpuwarden.policy.scaling.predictive import WorkloadLoad
 from gpuwarden.policy.spec.model import (
     LabelSelector,
     PolicySpec,
+    ReclaimAction,
+    ReclaimMethod,
     ScaleAction,
     ScaleTargetRef,
     Server,
@@ -99,6 +113,7 @@ from gpuwarden.policy.xids import CRITICAL_XIDS, describe_xid
 
 __all__ = [
     "API_VERSION",
+    "BREAKER_WINDOW_SECONDS",
     "BYTES_PER_POINT",
     "CRITICAL_XIDS",
     "GAP_RECORD_SECONDS",
@@ -111,6 +126,7 @@ __all__ = [
     "ActiveFinding",
     "Admission",
     "Blocker",
+    "CircuitBreaker",
     "Column",
     "Direction",
     "Evaluation",
@@ -122,6 +138,7 @@ __all__ = [
     "GpuRecord",
     "HealthStore",
     "Histogram",
+    "Idle",
     "Incident",
     "IncidentKind",
     "LabelSelector",
@@ -133,6 +150,11 @@ __all__ = [
     "PolicyEvaluator",
     "PolicySpec",
     "Problem",
+    "ReclaimAction",
+    "ReclaimMethod",
+    "ReclaimPlanner",
+    "ReclaimStep",
+    "ReclaimStepKind",
     "Resolution",
     "RuleKind",
     "RuleType",
@@ -155,6 +177,7 @@ __all__ = [
     "Window",
     "WindowParams",
     "WorkloadLoad",
+    "WorkloadRef",
     "approx_duration",
     "describe_xid",
     "evaluate_rule",
@@ -164,6 +187,7 @@ __all__ = [
     "gpu_name",
     "gpu_problems",
     "horizon_seconds",
+    "idle_workloads",
     "parse_policy_object",
     "parse_spec",
     "pods_of",
@@ -171,6 +195,7 @@ __all__ = [
     "points_from_report",
     "points_from_snapshot",
     "process_subject",
+    "recently_active",
     "rule_kind",
     "rule_type",
     "scale_step",

@@ -38,6 +38,8 @@ from gpuwarden.policy.spec.model import (
     LabelRequirement,
     LabelSelector,
     PolicySpec,
+    ReclaimAction,
+    ReclaimMethod,
     Rule,
     ScaleAction,
     ScaleDirection,
@@ -78,6 +80,8 @@ MAX_FORECAST_HORIZON = MAX_STEPS * BUCKET_SECONDS
 MIN_SCRAPE_INTERVAL = 1.0
 MAX_METRICS_PATH = 256
 MAX_REQUEST_RATE = 1_000_000.0
+MIN_RECLAIM_GRACE = 10.0
+MAX_RECLAIMS_PER_HOUR = 1000
 
 # The CRD's scalar defaults, by the schema path of the object that holds them. The API server fills them
 # in; local mode's policy files never went through one, so the parser does. tests/unit/test_crd_schema.py
@@ -92,6 +96,7 @@ DEFAULTS: Mapping[str, Mapping[str, Any]] = {
     ".spec.actions.scale.behavior.scaleUp": {"stabilizationWindow": "0s", "step": 1, "cooldown": "1m"},
     ".spec.actions.scale.behavior.scaleDown": {"stabilizationWindow": "5m", "step": 1, "cooldown": "5m"},
     ".spec.actions.scale.forecast": {"maxUncertainty": 20, "load": "utilization"},
+    ".spec.actions.reclaim": {"gracePeriod": "10m", "maxPerHour": 5, "dryRun": True},
 }
 _SPEC = DEFAULTS[".spec"]
 _ACTIONS = DEFAULTS[".spec.actions"]
@@ -99,6 +104,7 @@ _SCALE = DEFAULTS[".spec.actions.scale"]
 _SCALE_UP = DEFAULTS[".spec.actions.scale.behavior.scaleUp"]
 _SCALE_DOWN = DEFAULTS[".spec.actions.scale.behavior.scaleDown"]
 _FORECAST = DEFAULTS[".spec.actions.scale.forecast"]
+_RECLAIM = DEFAULTS[".spec.actions.reclaim"]
 _SERVICE_METRICS = DEFAULTS[".spec.serviceMetrics"]
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -131,6 +137,7 @@ def _kinds(has: Callable[[RuleType[Any]], object]) -> str:
 _CEILING_KINDS = _kinds(lambda t: t.forecast_ceiling is not None)
 _SERVICE_KINDS = _kinds(lambda t: t.metric is not None)
 _COUNTING_KINDS = _kinds(lambda t: t.counts_requests)
+_IDLE_KINDS = _kinds(lambda t: t.idle is not None)
 
 
 def parse_spec(spec: Mapping[str, Any], *, path: str = "spec") -> PolicySpec:
@@ -355,13 +362,42 @@ def _actions(value: Any, path: str, rules: Sequence[Rule]) -> Actions:
     if value is None:
         return Actions()
     obj = as_object(value, path)
-    check_fields(obj, path, ("events", "renotifyInterval", "scale"))
+    check_fields(obj, path, ("events", "renotifyInterval", "scale", "reclaim"))
     events = boolean(obj, "events", path, _ACTIONS["events"])
     renotify = duration(
         obj, "renotifyInterval", path, _ACTIONS["renotifyInterval"], minimum=MIN_RENOTIFY_INTERVAL
     )
     scale = None if obj.get("scale") is None else _scale(obj["scale"], f"{path}.scale", rules)
-    return Actions(events=events, renotify_seconds=renotify, scale=scale)
+    reclaim = None if obj.get("reclaim") is None else _reclaim(obj["reclaim"], f"{path}.reclaim", rules)
+    return Actions(events=events, renotify_seconds=renotify, scale=scale, reclaim=reclaim)
+
+
+def _reclaim(value: Any, path: str, rules: Sequence[Rule]) -> ReclaimAction:
+    obj = as_object(value, path)
+    check_fields(obj, path, ("rules", "action", "gracePeriod", "maxPerHour", "dryRun"), ("rules", "action"))
+    names = _rule_refs(obj, "rules", path, tuple(r.name for r in rules))
+    if not names:
+        raise SpecError(f"{path}.rules", "must name at least one rule")
+    method = member(ReclaimMethod, obj["action"], f"{path}.action")
+    by_name = {r.name: r for r in rules}
+    for i, name in enumerate(names):
+        kind = type_of(by_name[name])
+        if kind.idle is None:
+            raise SpecError(
+                f"{path}.rules[{i}]", f'"{name}" is a {kind.key} rule; reclaim acts on {_IDLE_KINDS} rules'
+            )
+        if kind.idle != "pod" and method is not ReclaimMethod.ANNOTATE:
+            raise SpecError(
+                f"{path}.rules[{i}]",
+                f'"{name}" is a {kind.key} rule (another GPU of the pod works): only action Annotate fits it',
+            )
+    return ReclaimAction(
+        rules=names,
+        method=method,
+        grace_seconds=duration(obj, "gracePeriod", path, _RECLAIM["gracePeriod"], minimum=MIN_RECLAIM_GRACE),
+        max_per_hour=integer(obj, "maxPerHour", path, _RECLAIM["maxPerHour"], 1, MAX_RECLAIMS_PER_HOUR),
+        dry_run=boolean(obj, "dryRun", path, _RECLAIM["dryRun"]),
+    )
 
 
 def _scale(value: Any, path: str, rules: Sequence[Rule]) -> ScaleAction:

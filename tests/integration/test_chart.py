@@ -373,6 +373,7 @@ def test_schema_rejects_wrong_values_at_install(control_plane: ControlPlane, nam
         ("operator.replicas=0", "/operator/replicas"),
         ("agent.sampleInterval=1x", "/agent/sampleInterval"),
         ("operator.podAntiAffinity=maybe", "/operator/podAntiAffinity"),
+        ("operator.reclaim.maxPerHour=0", "/operator/reclaim/maxPerHour"),
         ("no.such.value=1", "additional properties 'no' not allowed"),
     ],
 )

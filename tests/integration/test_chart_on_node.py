@@ -16,11 +16,14 @@ pod attribution here is the kubelet's PodResources answer, not per-process attri
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -46,6 +49,8 @@ IDLE_GPU = "GPU-0d3f5a1e-7c21-4b8e-9a0f-3e1d2c4b5a60"
 SATURATED_GPU = "GPU-3e8f0a4b-6c5d-4d73-8e9f-1a2b3c4d5e93"
 """GPU 3 of e2e-fast: ~98% busy."""
 TIMEOUT = 120.0
+GRACE = 15.0
+"""The reclaim policy's gracePeriod, seconds."""
 POLICY = "llm-serving"
 """test_operator_scaling's policy: one more replica when a pod is saturated, at most REPLICAS + 1."""
 T = TypeVar("T")
@@ -55,7 +60,9 @@ def values(node: Node) -> dict[str, Any]:
     images = node.images
     return {
         "global": {"imageRegistry": images.registry},
-        "operator": {"image": {"tag": images.operator_tag}},
+        # Reclaiming is granted (test_an_idle_deployment_is_reclaimed_and_restored); no policy here asks
+        # for it but that test's, so the other tests see no difference.
+        "operator": {"image": {"tag": images.operator_tag}, "reclaim": {"enabled": True}},
         "agent": {
             "image": {"tag": images.agent_tag},
             "backend": "scripted",
@@ -542,6 +549,113 @@ def test_the_network_policies_select_the_pods_they_are_meant_for(installed: Inst
 
 TEST_POD = f"{RELEASE}-test"
 """The helm test pod's name (`<fullname>-test`; the release is named after the chart)."""
+
+
+def reclaim_policy(namespace: str) -> dict[str, Any]:
+    """Scale the notebook Deployment to zero once its pod has idled 5 s, GRACE after the warning."""
+    return {
+        "apiVersion": "gpuwarden.dev/v1alpha1",
+        "kind": "GPUMonitorPolicy",
+        "metadata": {"name": "reclaim", "namespace": namespace},
+        "spec": {
+            "selector": {"matchLabels": {"app": "notebook"}},
+            "evaluationInterval": "1s",
+            "rules": [
+                {"name": "idle-gpu", "utilizationFloor": {"percent": 20, "for": "5s", "signal": "gpuUtil"}}
+            ],
+            "actions": {
+                "reclaim": {
+                    "rules": ["idle-gpu"],
+                    "action": "ScaleToZero",
+                    "gracePeriod": f"{GRACE:.0f}s",
+                    "dryRun": False,
+                }
+            },
+        },
+    }
+
+
+def event_time(event: dict[str, Any]) -> float:
+    return datetime.fromisoformat(
+        event.get("eventTime") or event["metadata"]["creationTimestamp"]
+    ).timestamp()
+
+
+def test_an_idle_deployment_is_warned_scaled_to_zero_after_its_grace_period_and_restored(
+    installed: Installed,
+) -> None:
+    """A notebook Deployment on the idle GPU: warned, scaled to zero a grace period later, restored."""
+    cp, namespace = installed.cp, installed.namespace
+    # Free the idle GPU for the notebook: the scaling policy stops acting, and llm-server gives up its
+    # pod on that GPU (the lowest deletion cost goes first; its Pending extra replica before any).
+    patch = '{"spec":{"actions":{"scale":{"dryRun":true}}}}'
+    cp.kubectl("patch", "gpumonitorpolicy", POLICY, "-n", namespace, "--type=merge", "-p", patch, check=True)
+    on_idle = installed.allocated()[IDLE_GPU]
+    cp.kubectl(
+        "annotate",
+        "pod",
+        on_idle,
+        "-n",
+        namespace,
+        "controller.kubernetes.io/pod-deletion-cost=-1000",
+        check=True,
+    )
+    cp.kubectl("scale", "deployment", APP, "-n", namespace, f"--replicas={REPLICAS - 1}", check=True)
+    installed.until(lambda: get(cp, "pod", on_idle, "-n", namespace) is None, f"{on_idle} gone", TIMEOUT)
+    apply(
+        installed.node,
+        namespace,
+        deployment(
+            "notebook",
+            1,
+            container(
+                "notebook",
+                installed.node.images.workload.name,
+                ["sleep", "infinity"],
+                resources={"limits": {"nvidia.com/gpu": 1}},
+            ),
+        ),
+    )
+    wait(installed.node, namespace, "--for=condition=Available", "deployment/notebook")
+    (pod,) = installed.pods(namespace, "app=notebook")
+    name = pod["metadata"]["name"]
+    gpu = cp.kubectl("exec", "-n", namespace, name, "--", "printenv", "NVIDIA_VISIBLE_DEVICES", check=True)
+    assert gpu.stdout.strip() == IDLE_GPU  # the only GPU left free
+    apply(installed.node, namespace, reclaim_policy(namespace))
+
+    def said(reason: str) -> list[Any]:
+        return events(cp, namespace, kind="Deployment", name="notebook", reason=reason)
+
+    (warning,) = installed.until(lambda: said("ReclaimPending"), "the ReclaimPending warning", TIMEOUT)
+    assert "will scale Deployment notebook to zero at " in warning["message"]
+    assert f"(in {GRACE:.0f}s) unless its GPUs work: idle-gpu on 1/1 pods" in warning["message"]
+    assert events(cp, namespace, kind="Pod", name=name, reason="ReclaimPending")
+
+    (done,) = installed.until(lambda: said("Reclaimed"), "the Reclaimed Event", GRACE + 60)
+    # Not before the grace period the warning named (each Event is stamped when posted: a second's slack).
+    assert event_time(done) - event_time(warning) >= GRACE - 1
+    notebook = get(cp, "deployment", "notebook", "-n", namespace)
+    assert notebook["spec"]["replicas"] == 0
+    assert notebook["metadata"]["annotations"]["gpuwarden.dev/previous-replicas"] == "1"
+    installed.until(
+        lambda: installed.pods(namespace, "app=notebook") == [], "the notebook's pod gone", TIMEOUT
+    )
+
+    restored = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "restore", "deployment/notebook", "-n", namespace],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "KUBECONFIG": str(cp.kubeconfig)},
+        timeout=60,
+        check=False,
+    )
+    assert restored.returncode == 0, restored.stderr
+    assert restored.stdout.strip() == f"restored deployment/notebook in {namespace}: replicas 1"
+    wait(installed.node, namespace, "--for=condition=Available", "deployment/notebook")
+    notebook = get(cp, "deployment", "notebook", "-n", namespace)
+    assert not any(k.startswith("gpuwarden.dev/") for k in notebook["metadata"].get("annotations") or {})
+    cp.kubectl("delete", "gpumonitorpolicy", "reclaim", "-n", namespace, check=True)
+    cp.kubectl("delete", "deployment", "notebook", "-n", namespace, check=True)
 
 
 def helm_test(installed: Installed) -> tuple[subprocess.CompletedProcess[str], float]:

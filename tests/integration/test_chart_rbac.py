@@ -35,11 +35,14 @@ MODES: dict[str, list[str]] = {
     "observe-only": ["--set", "rbac.observeOnly=true", "--set", "operator.nodeHealth.cordon.enabled=true"],
     "sharded": ["--set", "operator.sharding.enabled=true"],
     "named-namespaces": ["--set", "operator.watchNamespaces={ml,inference}"],
+    "reclaim": ["--set", "operator.reclaim.enabled=true"],
     "everything-on": [
         "--set",
         "operator.nodeHealth.cordon.enabled=true",
         "--set",
         "operator.nodeHealth.cordon.dryRun=false",
+        "--set",
+        "operator.reclaim.enabled=true",
         "--set-json",
         f"operator.rbac.extraScaleTargets={json.dumps([EXTRA_SCALE])}",
     ],
@@ -138,6 +141,7 @@ CONDITIONS: dict[str, Callable[[Mapping[str, Any]], bool]] = {
     "observeOnly": lambda v: bool(v["rbac"]["observeOnly"]),
     "followOwners": lambda v: bool(v["accounting"]["followOwners"]),
     "sharding": lambda v: bool(v["operator"]["sharding"]["enabled"]),
+    "reclaim": lambda v: bool(v["operator"]["reclaim"]["enabled"]),
     "allNamespaces": lambda v: not v["operator"]["watchNamespaces"],
     "podList": lambda v: bool(v["agent"]["enabled"] and v["agent"]["podList"]["enabled"]),
     "resourceSlices": lambda v: bool(
@@ -244,3 +248,14 @@ def test_a_grant_the_table_lacks_is_caught(helm: Path) -> None:
     extra, missing = differences(widened, values)
     assert extra == {("operator", "", "secrets", "get", False)}
     assert missing == set()
+
+
+def test_reclaiming_is_refused_in_observe_only(helm: Path) -> None:
+    """Observe only changes no workload: the chart refuses to grant reclaiming there."""
+    proc = subprocess.run(
+        [str(helm), "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+         "--set", "rbac.observeOnly=true", "--set", "operator.reclaim.enabled=true"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "rbac.observeOnly changes no workload: operator.reclaim.enabled must stay false" in proc.stderr

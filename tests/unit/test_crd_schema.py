@@ -207,6 +207,7 @@ DURATION_FIELDS: dict[str, str | None] = {
     ".spec.actions.scale.behavior.scaleDown.stabilizationWindow": "5m",
     ".spec.actions.scale.behavior.scaleDown.cooldown": "5m",
     ".spec.actions.scale.forecast.horizon": None,  # unset: the observed start-up time
+    ".spec.actions.reclaim.gracePeriod": "10m",
 }
 
 

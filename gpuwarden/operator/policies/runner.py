@@ -14,7 +14,8 @@ Every round:
    steps 3 to 5 being the owner's alone.
 3. **Announce** starts, re-notifications and ends as Events (:mod:`.announce`).
 4. **Scale**, through the :class:`Scaler` seam (which answers None without ``actions.scale``;
-   the status then loses ``ScalingActive`` and ``status.scale``).
+   the status then loses ``ScalingActive`` and ``status.scale``); then **reclaim** idle workloads
+   through the :class:`~gpuwarden.operator.reclaim.Reclaimer` (likewise for ``actions.reclaim``).
 5. **Status**: built (:mod:`.status`) and patched only when it differs from
    what was last written, so a quiet policy writes nothing.
 
@@ -37,6 +38,7 @@ from gpuwarden.operator.kube import ApiError, object_ref
 from gpuwarden.operator.pacing import Pacing
 from gpuwarden.operator.policies.announce import Announcer, announce
 from gpuwarden.operator.policies.status import PolicyVerdict, build_status, findings_from_status, owned_part
+from gpuwarden.operator.reclaim import Reclaimer, ReclaimResult
 from gpuwarden.operator.resources import FIELD_MANAGER, GROUP, PLURAL, VERSION, PodRecord, PolicyKey
 from gpuwarden.operator.scaling import PolicyClaim, Scaler, ScaleResult
 from gpuwarden.operator.scrape import availability
@@ -51,6 +53,7 @@ from gpuwarden.policy import (
     ServiceScrape,
     SpecError,
     parse_spec,
+    recently_active,
     rule_kind,
     service_metric_names,
     spec_warnings,
@@ -69,10 +72,18 @@ this ends it within five minutes (a 404 on the status write, sooner)."""
 class PolicyRunner:
     """The evaluation loop of one policy (one per running daemon)."""
 
-    def __init__(self, state: OperatorState, key: PolicyKey, *, scaler: Scaler | None = None) -> None:
+    def __init__(
+        self,
+        state: OperatorState,
+        key: PolicyKey,
+        *,
+        scaler: Scaler | None = None,
+        reclaimer: Reclaimer | None = None,
+    ) -> None:
         self.state = state
         self.key = key
         self.scaler = scaler
+        self.reclaimer = reclaimer
         self.log = logging.getLogger(f"{__name__}.{key}")
         self.generation: int | None = None
         self.parsed = False
@@ -82,6 +93,7 @@ class PolicyRunner:
         self.announcer: Announcer | None = None
         self.evaluation: Evaluation | None = None
         self.scale_result: ScaleResult | None = None
+        self.reclaim_result: ReclaimResult | None = None
         self.written: dict[str, Any] | None = None
         """The status fields last written (or found, at start)."""
         self._judge: tuple[int | None, PolicyEvaluator | None] | None = None
@@ -186,6 +198,8 @@ class PolicyRunner:
                 # Also without actions.scale: the scaler then forgets the policy and answers None, so a
                 # removed action takes its last result (a problem, the condition) with it.
                 self.scale_result = await self._scale(evaluation, now, policies)
+            if self.reclaimer is not None:
+                self.reclaim_result = await self._reclaim(evaluation, now, records, str(meta.get("uid", "")))
         await self.write_status(status, now, pacing)
 
     def _judged_here(self, record: PodRecord) -> bool:
@@ -276,7 +290,7 @@ class PolicyRunner:
         self.state.metrics.set_findings(self.key.namespace, self.key.name, ())
         self.state.set_horizon(self.key, None)
         self.generation = self.spec = self.spec_error = self.evaluator = self.announcer = None
-        self.evaluation = self.scale_result = self.written = None
+        self.evaluation = self.scale_result = self.reclaim_result = self.written = None
         self.parsed = False
 
     def sync_spec(
@@ -321,6 +335,24 @@ class PolicyRunner:
             self.log.exception("The scaler failed; scaling is retried at the next evaluation.")
             return self.scale_result
 
+    async def _reclaim(
+        self, evaluation: Evaluation, now: float, records: list[PodRecord], uid: str
+    ) -> ReclaimResult | None:
+        assert self.reclaimer is not None
+        assert self.spec is not None
+        active: set[PodId] = set()
+        if (action := self.spec.actions.reclaim) is not None:
+            store = self.state.store
+            series = {pod: store.series_of(*pod) for pod in evaluation.matched_pods}
+            active = recently_active(
+                series, action, self.spec.rules, now, self.spec.evaluation_interval_seconds
+            )
+        try:
+            return await self.reclaimer.reclaim(self.key, self.spec, evaluation, now, records, active, uid)
+        except Exception:
+            self.log.exception("The reclaimer failed; it is retried at the next evaluation.")
+            return self.reclaim_result
+
     def verdict(self) -> PolicyVerdict:
         """What this round concluded, for the status."""
         return PolicyVerdict(
@@ -334,6 +366,9 @@ class PolicyRunner:
             scale=self.scale_result.status if self.scale_result else None,
             scale_condition=self.scale_result.condition if self.scale_result else None,
             scaling=self.spec is None or self.spec.actions.scale is not None,
+            reclaim=self.reclaim_result.status if self.reclaim_result else None,
+            reclaim_condition=self.reclaim_result.condition if self.reclaim_result else None,
+            reclaiming=self.spec is None or self.spec.actions.reclaim is not None,
             service_metrics=self._service_metrics(),
         )
 

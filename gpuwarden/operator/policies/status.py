@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwarden.kubetime import format_time, parse_epoch
+from gpuwarden.operator.reclaim import RECLAIM_ACTIVE
 from gpuwarden.operator.scaling import SCALING_ACTIVE
 from gpuwarden.operator.scrape import AVAILABLE
 from gpuwarden.policy import Evaluation, Finding, FindingKey, PolicySpec, rule_kind, rule_type
@@ -66,6 +67,12 @@ class PolicyVerdict:
     """``(status, reason, message)`` of the scaler's ``ScalingActive`` condition; None keeps what is there."""
     scaling: bool = True
     """Whether the spec has ``actions.scale``; False removes ``ScalingActive`` and ``status.scale``."""
+    reclaim: Mapping[str, Any] | None = None
+    """``status.reclaim`` from the reclaimer; None keeps what the status has."""
+    reclaim_condition: tuple[str, str, str] | None = None
+    """``(status, reason, message)`` of ``ReclaimActive``; None keeps what is there."""
+    reclaiming: bool = True
+    """Whether the spec has ``actions.reclaim``; False removes ``ReclaimActive`` and ``status.reclaim``."""
     service_metrics: tuple[str, str, str] | None = None
     """``(status, reason, message)`` of ``ServiceMetricsAvailable``
     (:func:`~gpuwarden.operator.scrape.availability`) when the spec has ``serviceMetrics``; None
@@ -105,9 +112,13 @@ def build_status(verdict: PolicyVerdict, previous: Mapping[str, Any] | None, now
     wanted = {READY: ready, VIOLATING: violating}
     if verdict.scale_condition is not None:
         wanted[SCALING_ACTIVE] = verdict.scale_condition
+    if verdict.reclaim_condition is not None:
+        wanted[RECLAIM_ACTIVE] = verdict.reclaim_condition
     if verdict.service_metrics is not None:
         wanted[AVAILABLE] = verdict.service_metrics
     drop = [] if verdict.scaling else [SCALING_ACTIVE]
+    if not verdict.reclaiming:
+        drop.append(RECLAIM_ACTIVE)
     if verdict.service_metrics is None and verdict.spec_error is None:
         drop.append(AVAILABLE)  # no serviceMetrics (any more); an invalid spec keeps what was said
     conditions = _conditions(
@@ -127,13 +138,27 @@ def build_status(verdict: PolicyVerdict, previous: Mapping[str, Any] | None, now
             status["scale"] = None  # a merge patch's null removes it
     elif scale is not None:
         status["scale"] = dict(scale)
+    reclaim = verdict.reclaim if verdict.reclaim is not None else previous.get("reclaim")
+    if not verdict.reclaiming:
+        if reclaim is not None:
+            status["reclaim"] = None
+    elif reclaim is not None:
+        status["reclaim"] = dict(reclaim)
     return status
 
 
 def owned_part(status: Mapping[str, Any] | None) -> dict[str, Any]:
     """The keys of a status that :func:`build_status` writes (to tell whether a write changes anything)."""
     status = status or {}
-    keys = ("observedGeneration", "matchedPods", "violatingPods", "violations", "conditions", "scale")
+    keys = (
+        "observedGeneration",
+        "matchedPods",
+        "violatingPods",
+        "violations",
+        "conditions",
+        "scale",
+        "reclaim",
+    )
     return {k: status[k] for k in keys if k in status}
 
 

@@ -401,6 +401,10 @@ class RuleType(Generic[_R]):
     forecast_floor: Callable[[_R], float] | None = None
     """As the first such rule in ``scaleDownOn``: the utilization floor (percent) under which a
     utilization forecast lets a scale-down go ahead; None: it gives none."""
+    idle: str | None = None
+    """What its findings say is idle, for ``actions.reclaim``: ``"pod"`` (the pod's GPUs: any action
+    fits), ``"some"`` (some GPUs while another works: only Annotate fits, stopping the workload would
+    stop the work); None: nothing idle, it cannot trigger a reclaim."""
 
     @property
     def key(self) -> str:

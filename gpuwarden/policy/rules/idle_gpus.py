@@ -147,4 +147,5 @@ RULE_TYPE = RuleType(
     per_gpu=True,
     colour="tab:pink",
     utilization=True,
+    idle="some",
 )

@@ -351,6 +351,7 @@ FLOOR_TYPE = RuleType(
     colour="tab:purple",
     utilization=True,
     forecast_floor=lambda rule: rule.percent,
+    idle="pod",
 )
 
 CEILING_TYPE = RuleType(

@@ -159,6 +159,28 @@ class ScaleAction:
     forecast: ScaleForecast | None = None
 
 
+class ReclaimMethod(enum.StrEnum):
+    """What ``actions.reclaim`` does to an idle workload (docs/reclaim.md)."""
+
+    SCALE_TO_ZERO = "ScaleToZero"  # Deployment, StatefulSet, LeaderWorkerSet: spec.replicas 0
+    SUSPEND = "Suspend"  # Job, JobSet, RayCluster: spec.suspend; a Kueue Workload: spec.active false
+    ANNOTATE = "Annotate"  # only mark the workload
+
+
+@dataclass(frozen=True, slots=True)
+class ReclaimAction:
+    """spec.actions.reclaim: give an idle workload's GPUs back, after a warning and a grace period."""
+
+    rules: tuple[str, ...]
+    """The rules (utilizationFloor; idleGpus with Annotate) whose findings on every pod of a workload
+    make it idle."""
+    method: ReclaimMethod
+    grace_seconds: float = 600.0
+    max_per_hour: int = 5
+    """Reclaims by this policy in any trailing hour; the next waits (the circuit breaker)."""
+    dry_run: bool = True
+
+
 @dataclass(frozen=True, slots=True)
 class Actions:
     """spec.actions."""
@@ -166,6 +188,7 @@ class Actions:
     events: bool = True
     renotify_seconds: float = 3600.0
     scale: ScaleAction | None = None
+    reclaim: ReclaimAction | None = None
 
 
 @dataclass(frozen=True, slots=True)

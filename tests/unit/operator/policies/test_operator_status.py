@@ -176,6 +176,30 @@ def test_problem_makes_it_not_ready_and_foreign_conditions_and_scale_are_kept() 
     assert status["scale"] == {"desiredReplicas": 3}
 
 
+def test_reclaim_writes_its_condition_and_state_and_a_removed_reclaim_takes_them_away() -> None:
+    verdict = PolicyVerdict(
+        1,
+        10.0,
+        evaluation=evaluation([], 1),
+        reclaim={"pendingWorkloads": 1, "lastReclaimTime": None, "lastReclaimMessage": None},
+        reclaim_condition=("False", "BreakerOpen", "circuit breaker open"),
+    )
+    status = build_status(verdict, None, T0)
+    assert conditions(status)["ReclaimActive"]["reason"] == "BreakerOpen"
+    assert status["reclaim"]["pendingWorkloads"] == 1
+    assert owned_part(status)["reclaim"] == status["reclaim"]
+    # A round whose reclaimer answered nothing new keeps what was written.
+    kept = build_status(PolicyVerdict(1, 10.0, evaluation=evaluation([], 1)), status, T0 + 10)
+    assert kept["reclaim"] == status["reclaim"]
+    assert "ReclaimActive" in conditions(kept)
+    # The spec lost its reclaim: the condition goes and a merge patch's null removes status.reclaim.
+    gone = build_status(
+        PolicyVerdict(1, 10.0, evaluation=evaluation([], 1), reclaiming=False), status, T0 + 20
+    )
+    assert "ReclaimActive" not in conditions(gone)
+    assert gone["reclaim"] is None
+
+
 def test_owned_part_ignores_foreign_fields() -> None:
     assert owned_part({"matchedPods": 1, "kopf": {"x": 1}}) == {"matchedPods": 1}
     assert owned_part(None) == {}
