@@ -211,11 +211,18 @@ class LineRecorder:
         """A path under the working directory, relative to it."""
         return filename[len(self._cwd) :] if filename.startswith(self._cwd) else filename
 
+    def _rank(self, item: tuple[tuple[str, int], tuple[int, int]]) -> tuple[int, int]:
+        (file, _), (size, _) = item
+        kind = 0 if file == NO_FRAMES else 2 if self._kinds.kind_of(file) == "job" else 1
+        return (kind, size)
+
     def ranked(self, lines: Lines, now: float, top: int) -> tuple[Site, ...]:
-        """``lines`` as GPU sites, the most bytes first, with their growth since recording began."""
+        """``lines`` as GPU sites with their growth since recording began: the job's own lines first,
+        then the libraries', then :data:`NO_FRAMES` (what was live before recording began, a ballast
+        or the model, lands there and says nothing of a leak), each the most bytes first."""
         minutes = max(now - self._since, 1e-9) / 60
         out = []
-        for (file, line), (size, count) in sorted(lines.items(), key=lambda kv: kv[1][0], reverse=True)[:top]:
+        for (file, line), (size, count) in sorted(lines.items(), key=self._rank, reverse=True)[:top]:
             growth = max(0, size - self._baseline.get((file, line), (0, 0))[0])
             per_minute = int(growth / minutes) if now > self._since else None
             site = Site(self.display(file), line, size, growth, count, gpu=True, growth_per_minute=per_minute)

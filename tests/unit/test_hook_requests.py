@@ -218,7 +218,9 @@ async def test_refusals_are_answers_not_silence(server: HookServer, tmp_path: Pa
     small.close()
 
 
-async def test_a_request_of_another_version_is_refused_by_the_hook(server: HookServer, tmp_path: Path) -> None:
+async def test_a_request_of_another_version_is_refused_by_the_hook(
+    server: HookServer, tmp_path: Path
+) -> None:
     """A newer agent's request: the hook answers what it speaks instead of guessing."""
     hook = hook_on(server, tmp_path)
     await reading(hook)
