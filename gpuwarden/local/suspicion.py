@@ -17,12 +17,9 @@ import time
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
+from gpuwarden.agent.hookcontrol import answer_text
 from gpuwarden.agent.hooksocket import HookServer
-from gpuwarden.policy import PROCESS_NAMESPACE
-from gpuwarden.policy.findings import Finding
-from gpuwarden.policy.humanize import format_bytes
-from gpuwarden.policy.rules.growth import IMMINENT_REASON, site_text
-from gpuwarden.wire.hook import HookAnswer
+from gpuwarden.policy import IMMINENT_REASON, PROCESS_NAMESPACE, Finding
 
 MIN_RECORDING_S = 30.0
 """How long the history runs before an imminent leak's snapshot is taken: the blocks allocated before
@@ -40,17 +37,6 @@ def pid_of(finding: Finding) -> int | None:
     if finding.namespace != PROCESS_NAMESPACE or not name.startswith("pid/") or not name[4:].isdigit():
         return None
     return int(name[4:])
-
-
-def answer_text(answer: HookAnswer) -> str:
-    """An answer as a line says it: the file and its top lines, or why it was refused."""
-    if answer.status != "ok":
-        return f"refused: {answer.reason}"
-    if answer.file is None:
-        return "ok"
-    lines = ", ".join(site_text(site) for site in answer.sites)
-    size = f" ({format_bytes(answer.size_bytes)})" if answer.size_bytes is not None else ""
-    return f"{answer.file}{size}" + (f"; top lines: {lines}" if lines else "")
 
 
 class SuspicionResponder:

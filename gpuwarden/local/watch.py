@@ -50,6 +50,7 @@ from gpuwarden.accounting import DEFAULT_IDLE_FLOOR, Ledger, observe_snapshot, u
 from gpuwarden.agent.backend import BackendError, DeviceBackend
 from gpuwarden.agent.config import DEFAULT_HOOK_SOCKET, HOOK_SOCKET_ENV
 from gpuwarden.agent.hookattach import HookStage
+from gpuwarden.agent.hookcontrol import ControlServer
 from gpuwarden.agent.hooksocket import HookReadings, HookServer, HookSocketError
 from gpuwarden.agent.metrics import HookMetrics
 from gpuwarden.agent.scripted import ScriptedBackend
@@ -354,6 +355,7 @@ async def watch(
     registry, metrics = local_registry(ring, session.active, backend=backend.name, command_of=session.command)
     hooks: HookServer | None = None
     responders: list[SuspicionResponder] = []  # one, once the hook socket is up
+    controls: list[ControlServer] = []  # `gpuwarden snapshot`'s socket, likewise
     annotate: Callable[[Snapshot], Snapshot] | None = None
     if config.hook_socket is not None:
         readings = HookReadings()
@@ -427,6 +429,12 @@ async def watch(
                 )
                 if not scripted:
                     responders.append(SuspicionResponder(hooks, display.note))
+                    controls.append(ControlServer(hooks))
+                    try:
+                        await controls[0].start()
+                    except OSError as exc:
+                        display.note(f"note: {exc}; `gpuwarden snapshot` cannot reach this watch")
+                        controls.clear()
         code = await _serve_until_stopped(config, sampler, scraper, registry, ring, display, stop, source)
         if code is not None:
             return code
@@ -434,6 +442,8 @@ async def watch(
     finally:
         for responder in responders:
             await responder.close()
+        for control in controls:
+            await control.close()
         if hooks is not None:
             await hooks.close()
         for signum in (signal.SIGINT, signal.SIGTERM):
