@@ -11,7 +11,9 @@ import asyncio
 import json
 import os
 import pickle
+import select
 import socket
+import stat
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -19,10 +21,14 @@ from typing import Any
 
 import pytest
 
+from gpuwarden.agent.hookcontrol import ControlServer
+from gpuwarden.agent.hookcontrol import ask as control_ask
 from gpuwarden.agent.hooksocket import HookReadings, HookServer
 from gpuwarden.hook import HookClient, StepHook
 from gpuwarden.hook.history import NO_FRAMES, ScriptedHistory, TorchHistory, block, segments
 from gpuwarden.hook.message import Reading, encode_line
+from gpuwarden.local.suspicion import MIN_RECORDING_S, SuspicionResponder
+from gpuwarden.policy import IMMINENT_REASON, PROCESS_NAMESPACE, Finding, RuleKind, process_subject
 from gpuwarden.wire.hook import HookAnswer
 
 GiB = 2**30
@@ -271,3 +277,105 @@ def test_torch_history_refuses_without_torch(monkeypatch: pytest.MonkeyPatch) ->
     with pytest.raises(Refused) as refused:
         TorchHistory().start(10)
     assert refused.value.reason == "noTorch"
+
+
+# ----------------------------------------------------------------------------- watch's side, the CLI's
+
+
+def growth(seconds_to_full: float, reason: str = "GPUMemoryLeakSuspected") -> Finding:
+    """A memoryGrowth finding of this process, as watch's session hands it over."""
+    return Finding(
+        policy="leaks",
+        rule="tensor-leak",
+        kind=RuleKind("memoryGrowth"),
+        reason=reason,
+        namespace=PROCESS_NAMESPACE,
+        pod=process_subject(os.getpid()),
+        gpus=("GPU-0",),
+        value=1e8,
+        threshold=1e6,
+        unit="bytes/s",
+        started_at=1.0,
+        message="allocated memory grows",
+        seconds_to_full=seconds_to_full,
+    )
+
+
+async def settle(responder: SuspicionResponder, hook: StepHook) -> None:
+    """Let the responder's questions reach the hook, and the hook's answers come back."""
+    await asyncio.sleep(0)
+    await reading(hook)
+    if hook.writer is not None:
+        await asyncio.to_thread(hook.writer.wait, 10)
+    await reading(hook)
+    await asyncio.gather(*responder._tasks)
+
+
+async def test_watch_asks_to_record_on_a_leak_and_for_one_snapshot_once_it_is_imminent(
+    server: HookServer, tmp_path: Path
+) -> None:
+    notes: list[str] = []
+    clock = Clock()
+    responder = SuspicionResponder(server, notes.append, clock=clock)
+    hook = hook_on(server, tmp_path)
+    await reading(hook)
+    responder.observe([growth(3600)], clock())
+    await settle(responder, hook)
+    assert hook.lines is not None
+    assert hook.lines.recording
+    assert notes == [
+        f"RECORDING tensor-leak pid {os.getpid()}: GPU bytes by line, from the allocator's history"
+    ]
+    # Imminent, but the history is too young to hold the leak's blocks: not yet.
+    responder.observe([growth(600, IMMINENT_REASON)], clock() + MIN_RECORDING_S - 1)
+    await settle(responder, hook)
+    assert len(notes) == 1
+    responder.observe([growth(600, IMMINENT_REASON)], clock() + MIN_RECORDING_S)
+    await settle(responder, hook)
+    responder.observe([growth(30, IMMINENT_REASON)], clock() + MIN_RECORDING_S + 60)  # one per finding
+    await settle(responder, hook)
+    assert len(notes) == 2, notes
+    assert notes[1].startswith(f"SNAPSHOT tensor-leak pid {os.getpid()}: {tmp_path}/gpuwarden-snapshot-")
+    assert "train.py:35 holds" in notes[1]
+    assert len(await asyncio.to_thread(lambda: list(tmp_path.glob("*.pickle")))) == 1
+    hook.close()
+
+
+async def test_a_job_that_did_not_opt_in_is_never_asked_and_nothing_is_said(server: HookServer) -> None:
+    notes: list[str] = []
+    responder = SuspicionResponder(server, notes.append)
+    plain = StepHook(memory=None, client=HookClient(str(server.path)), snapshots=False)
+    await reading(plain)
+    responder.observe([growth(10, IMMINENT_REASON)], 1.0)
+    await settle(responder, plain)
+    assert notes == []
+    assert plain.client.requests == []
+    plain.close()
+
+
+async def test_gpuwarden_snapshot_pid_asks_through_the_control_socket(
+    server: HookServer, tmp_path: Path
+) -> None:
+    control = ControlServer(server)
+    await control.start()
+    assert stat.S_IMODE(os.stat(control.path).st_mode) == 0o600
+    hook = hook_on(server, tmp_path)
+    await reading(hook)
+    asked = asyncio.create_task(asyncio.to_thread(control_ask, control.path, os.getpid(), "snapshot", 10.0))
+    sock = hook.client._sock
+    assert sock is not None
+    # Until the agent, asked by the command, writes its request to the hook.
+    await asyncio.to_thread(select.select, [sock], [], [], 10.0)
+    await reading(hook)
+    assert hook.writer is not None
+    await asyncio.to_thread(hook.writer.wait, 10)
+    await reading(hook)
+    answer = await asked
+    assert answer.status == "ok", answer
+    assert answer.file is not None
+    assert Path(answer.file).parent == tmp_path
+    refused = await asyncio.to_thread(control_ask, control.path, 1, "snapshot", 10.0)
+    assert (refused.status, (refused.reason or "").split(":")[0]) == ("refused", "unknownProcess")
+    hook.close()
+    await control.close()
+    assert not control.path.exists()
