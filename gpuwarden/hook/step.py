@@ -42,6 +42,7 @@ from gpuwarden.hook.history import (
 )
 from gpuwarden.hook.host_memory import memory_limit_bytes, tree_rss_bytes
 from gpuwarden.hook.message import (
+    MAX_ANSWERS,
     MAX_SITES,
     REQUESTS_VERSION,
     Answer,
@@ -194,7 +195,7 @@ class StepHook:
             host_limit_bytes=self._part("host memory limit", self._host_limit, None),
             sites=sites,
             requests=REQUESTS_VERSION if self.lines is not None else None,
-            answers=tuple(self._answers),
+            answers=tuple(self._answers[:MAX_ANSWERS]),
         )
 
     def send_now(self) -> bool:
