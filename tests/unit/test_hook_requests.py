@@ -379,3 +379,14 @@ async def test_gpuwarden_snapshot_pid_asks_through_the_control_socket(
     hook.close()
     await control.close()
     assert not control.path.exists()
+
+
+def test_gpuwarden_snapshot_says_why_it_cannot_ask(
+    socket_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpuwarden.cli import main
+
+    assert main(["snapshot", "trainer-0", f"--hook-socket={socket_dir}/hook.sock"]) == 2
+    assert "expected a PID (naming a pod is not supported)" in capsys.readouterr().err
+    assert main(["snapshot", "4242", f"--hook-socket={socket_dir}/hook.sock"]) == 1
+    assert f"no answer from {socket_dir}/hook.sock.control" in capsys.readouterr().err
