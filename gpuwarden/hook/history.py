@@ -35,9 +35,10 @@ from gpuwarden.hook.sites import DEFAULT_BUDGET, CodeKinds
 
 NO_FRAMES = "<no Python frames>"
 """The file of the blocks no Python frame allocated: before recording began, or on autograd's threads."""
-DEFAULT_MAX_ENTRIES = 100_000
-"""Allocator events the history keeps (the visualizer's timeline): bounded, so recording holds a
-fixed amount of host memory however long the job runs."""
+DEFAULT_MAX_ENTRIES = 10_000
+"""Allocator events the history keeps (the visualizer's timeline, the last few hundred steps of a
+training loop): bounded, so recording holds a fixed amount of host memory however long the job runs,
+and a reading or a snapshot walks a bounded list (docs/benchmarks.md, "GPU bytes by line")."""
 DEFAULT_MAX_BYTES = 1 << 30
 """A snapshot file larger than this is not written (refused ``tooLarge``)."""
 DEFAULT_MAX_FILES = 4
@@ -249,6 +250,31 @@ class LineRecorder:
         return self._last
 
 
+def share_stacks(snapshot: dict[str, Any]) -> None:
+    """Make equal stacks one object, in place: pickle then writes each distinct stack once.
+
+    torch gives every block and every history event its own list of frame dicts, although a leak
+    repeats one stack thousands of times. Pickling holds the interpreter's lock throughout, so the
+    training step waits for all of it; this pass is plain Python (the step gets its turns) and leaves
+    the pickling a fraction of the work. The file loads to the same data.
+    """
+    stacks: dict[tuple[tuple[Any, ...], ...], list[Any]] = {}
+
+    def shared(entry: dict[str, Any]) -> None:
+        frames = entry.get("frames")
+        if frames:
+            key = tuple(tuple(f.items()) for f in frames)
+            entry["frames"] = stacks.setdefault(key, frames)
+
+    for segment in snapshot.get("segments", ()):
+        shared(segment)
+        for b in segment.get("blocks", ()):
+            shared(b)
+    for events in snapshot.get("device_traces", ()):
+        for event in events:
+            shared(event)
+
+
 class SnapshotWriter:
     """Writes allocator snapshots into ``directory``, one at a time, on a thread of its own.
 
@@ -307,6 +333,7 @@ class SnapshotWriter:
         start = self._clock()
         try:
             lines, snapshot = self.recorder.read()
+            share_stacks(snapshot)
             data = pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL)
             if len(data) > self.max_bytes:
                 answer = Answer(request_id, "refused", f"tooLarge: {len(data)} bytes > {self.max_bytes}")
