@@ -25,7 +25,7 @@ from gpuwarden.agent.hookcontrol import ControlServer
 from gpuwarden.agent.hookcontrol import ask as control_ask
 from gpuwarden.agent.hooksocket import HookReadings, HookServer
 from gpuwarden.hook import HookClient, StepHook
-from gpuwarden.hook.history import NO_FRAMES, ScriptedHistory, TorchHistory, block, segments
+from gpuwarden.hook.history import NO_FRAMES, ScriptedHistory, TorchHistory, block, segments, share_stacks
 from gpuwarden.hook.message import Reading, encode_line
 from gpuwarden.local.suspicion import MIN_RECORDING_S, SuspicionResponder
 from gpuwarden.policy import IMMINENT_REASON, PROCESS_NAMESPACE, Finding, RuleKind, process_subject
@@ -390,3 +390,17 @@ def test_gpuwarden_snapshot_says_why_it_cannot_ask(
     assert "expected a PID (naming a pod is not supported)" in capsys.readouterr().err
     assert main(["snapshot", "4242", f"--hook-socket={socket_dir}/hook.sock"]) == 1
     assert f"no answer from {socket_dir}/hook.sock.control" in capsys.readouterr().err
+
+
+def test_a_snapshot_shares_equal_stacks_and_loads_to_the_same_data() -> None:
+    """Pickling holds the interpreter's lock: the writer makes a leak's thousand equal stacks one object
+    first, so the pickle (and the step's wait for it) is a fraction of the size."""
+    made = [segments(*(block(GiB, (LIBRARY, 125), (JOB, 35)) for _ in range(1000)))]
+    kept = pickle.loads(pickle.dumps(made[0]))
+    before = len(pickle.dumps(made[0]))
+    share_stacks(made[0])
+    after = pickle.dumps(made[0])
+    assert pickle.loads(after) == kept
+    blocks = made[0]["segments"][0]["blocks"]
+    assert all(b["frames"] is blocks[0]["frames"] for b in blocks)
+    assert len(after) < before / 2
