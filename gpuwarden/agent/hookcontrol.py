@@ -33,14 +33,17 @@ MAX_REQUEST_BYTES = 1024
 
 
 def answer_text(answer: HookAnswer) -> str:
-    """An answer as a line says it: the file and its top lines, or why it was refused."""
+    """An answer as a line says it: the file and its top lines, or why it was refused. What the job
+    wrote is shown printable only (no terminal escapes from a job's strings)."""
     if answer.status != "ok":
-        return f"refused: {answer.reason}"
-    if answer.file is None:
-        return "ok"
-    lines = ", ".join(site_text(site) for site in answer.sites)
-    size = f" ({format_bytes(answer.size_bytes)})" if answer.size_bytes is not None else ""
-    return f"{answer.file}{size}" + (f"; top lines: {lines}" if lines else "")
+        text = f"refused: {answer.reason}"
+    elif answer.file is None:
+        text = "ok"
+    else:
+        lines = ", ".join(site_text(site) for site in answer.sites)
+        size = f" ({format_bytes(answer.size_bytes)})" if answer.size_bytes is not None else ""
+        text = f"{answer.file}{size}" + (f"; top lines: {lines}" if lines else "")
+    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 def control_path(hook_socket: Path) -> Path:

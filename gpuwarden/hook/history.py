@@ -80,8 +80,12 @@ class TorchHistory:
         torch.cuda.memory._record_memory_history(enabled="all", stacks="python", max_entries=max_entries)
 
     def snapshot(self) -> dict[str, Any]:
+        if importlib.util.find_spec("torch") is None:
+            raise Refused("noTorch")
         import torch
 
+        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            raise Refused("noCuda")
         return dict(torch.cuda.memory._snapshot())
 
     def stop(self) -> None:
@@ -345,6 +349,8 @@ class SnapshotWriter:
                 aside.replace(path)
                 sites = self.recorder.ranked(lines, self._clock(), MAX_ANSWER_SITES)
                 answer = Answer(request_id, "ok", file=str(path), size_bytes=len(data), sites=sites)
+        except Refused as exc:
+            answer = Answer(request_id, "refused", exc.reason)
         except Exception as exc:  # answered, never raised into the job
             answer = Answer(request_id, "refused", f"failed: {type(exc).__name__}: {exc}")
         self.seconds.append(self._clock() - start)

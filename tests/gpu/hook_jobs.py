@@ -33,6 +33,11 @@ Each prints one JSON line once CUDA and the hook are up (``{"ready": true, "pid"
   the score instead. The GpuwardenCallback drives a StepHook at its defaults but for tracemalloc on.
 - ``lightning``: the same model and leak in a ``LightningModule``'s ``training_step`` under a
   Lightning Trainer, with ``--fixed`` the same way.
+
+``trainer`` and ``lightning`` take ``--snapshots DIR`` (the hook opts in to the agent's requests,
+snapshots into DIR), ``--ballast-free-gib N`` (one allocation leaves N GiB of the card free, so a leak
+reaches the OOM in minutes) and ``--no-tracemalloc``; their ready line also names ``forwardLine``,
+the line whose forward pass allocates the logits the leak keeps.
 """
 
 from __future__ import annotations

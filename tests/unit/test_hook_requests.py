@@ -21,11 +21,19 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.agent.hookcontrol import ControlServer
+from gpuwarden.agent.hookcontrol import ControlServer, answer_text
 from gpuwarden.agent.hookcontrol import ask as control_ask
 from gpuwarden.agent.hooksocket import HookReadings, HookServer
 from gpuwarden.hook import HookClient, StepHook
-from gpuwarden.hook.history import NO_FRAMES, ScriptedHistory, TorchHistory, block, segments, share_stacks
+from gpuwarden.hook.history import (
+    NO_FRAMES,
+    Refused,
+    ScriptedHistory,
+    TorchHistory,
+    block,
+    segments,
+    share_stacks,
+)
 from gpuwarden.hook.message import Reading, encode_line
 from gpuwarden.local.suspicion import MIN_RECORDING_S, SuspicionResponder
 from gpuwarden.policy import IMMINENT_REASON, PROCESS_NAMESPACE, Finding, RuleKind, process_subject
@@ -404,3 +412,19 @@ def test_a_snapshot_shares_equal_stacks_and_loads_to_the_same_data() -> None:
     blocks = made[0]["segments"][0]["blocks"]
     assert all(b["frames"] is blocks[0]["frames"] for b in blocks)
     assert len(after) < before / 2
+
+
+async def test_a_snapshot_without_cuda_is_refused_and_a_jobs_strings_are_shown_printable(
+    server: HookServer, tmp_path: Path
+) -> None:
+    class NoCuda(ScriptedHistory):
+        def snapshot(self) -> dict[str, Any]:
+            raise Refused("noCuda")
+
+    hook = hook_on(server, tmp_path, history=NoCuda([]))
+    await reading(hook)
+    answer = await ask(server, hook, "snapshot")
+    assert (answer.status, answer.reason) == ("refused", "noCuda")
+    hook.close()
+    shown = answer_text(HookAnswer.model_validate({"id": 1, "status": "refused", "reason": "x\x1b[2Jy"}))
+    assert shown == "refused: x?[2Jy"
