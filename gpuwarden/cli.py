@@ -21,6 +21,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("gpuwarden.operator.command", "run the Kopf operator (ingestion, evaluation, events)"),
     "demo": ("gpuwarden.local.demo", "play the scripted eight-GPU scenario through the engine"),
     "watch": ("gpuwarden.local.watch", "watch this host's GPUs with a policy file, no Kubernetes"),
+    "snapshot": (
+        "gpuwarden.agent.hookcontrol",
+        "ask a hooked training process for a GPU memory snapshot now",
+    ),
     "sim-server": ("gpuwarden.simserver.command", "serve a simulated inference replica (vLLM's metrics)"),
     "check": (
         "gpuwarden.operator.check",

@@ -27,6 +27,7 @@ from gpuwarden.agent.attribution import (
 from gpuwarden.agent.backend import DeviceBackend
 from gpuwarden.agent.config import AgentConfig
 from gpuwarden.agent.hookattach import HookStage
+from gpuwarden.agent.hookcontrol import ControlServer
 from gpuwarden.agent.hooksocket import HookReadings, HookServer, HookSocketError
 from gpuwarden.agent.http import CleanupContext, background_task, build_app, listen, stale_after
 from gpuwarden.agent.metrics import (
@@ -227,6 +228,7 @@ async def serve(
         )
         metrics.error("attribution")
 
+    control: ControlServer | None = None
     if hooks is not None:
         try:
             await hooks.start()
@@ -236,6 +238,16 @@ async def serve(
             hooks = None
         else:
             log.info("training hooks connect to %s", hooks.path)
+            control = ControlServer(hooks)
+            try:
+                await control.start()
+            except OSError as exc:
+                log.error(
+                    "cannot listen on %s (%s); `gpuwarden snapshot` cannot reach this agent",
+                    control.path,
+                    exc,
+                )
+                control = None
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
@@ -261,6 +273,8 @@ async def serve(
             loop.remove_signal_handler(signum)
         if runner is not None:
             await runner.cleanup()
+        if control is not None:
+            await control.close()
         if hooks is not None:
             await hooks.close()
         await closer.close()

@@ -34,6 +34,8 @@ as its parent (the same container, so the same pod).
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import logging
 import os
 import socket
@@ -47,7 +49,14 @@ from pathlib import Path
 from typing import Protocol
 
 from gpuwarden.hook.client import REFUSED, TAKEN
-from gpuwarden.wire.hook import MAX_LINE_BYTES, HookMessage, MessageError, parse_message
+from gpuwarden.wire.hook import (
+    MAX_LINE_BYTES,
+    REQUESTS_VERSION,
+    HookAnswer,
+    HookMessage,
+    MessageError,
+    parse_message,
+)
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +84,12 @@ IDLE_TIMEOUT = 120.0
 """Seconds a connection may go without a line taken."""
 MAX_UNREAD = 4096
 """Answer bytes a peer may leave unread before its connection is closed."""
+
+ASK_TIMEOUT = 60.0
+"""How long :meth:`HookServer.ask` waits for the hook's answer: it comes with the hook's next reading
+(every 5 s by default, at once when the hook reads in a thread of its own)."""
+OPS = ("record", "snapshot")
+"""What the agent may ask a hook (docs/hook.md, "Requests")."""
 
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
@@ -154,6 +169,10 @@ class HookReadings:
             if closed is None:
                 break
             del self._readings[closed]
+
+    def newest(self, pid: int) -> HookReading | None:
+        """``pid``'s newest reading, however old."""
+        return self._readings.get(pid)
 
     def drop(self, pid: int) -> None:
         """Forget ``pid``'s reading (its next message is judged afresh)."""
@@ -310,6 +329,11 @@ class HookServer:
         self._server: asyncio.Server | None = None
         self._connections: dict[asyncio.Task[None], _Connection] = {}
         self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket file we made
+        self._writers: dict[int, asyncio.StreamWriter] = {}
+        """Each PID's newest connection: where a request to it goes."""
+        self._ids = itertools.count(1)
+        self._asked: dict[int, tuple[int, asyncio.Future[HookAnswer]]] = {}
+        """Requests written and not answered yet: id → (pid, the asker's future)."""
 
     @property
     def connections(self) -> int:
@@ -383,9 +407,12 @@ class HookServer:
             self._open += 1
             self.readings.opened(pid)
             bucket = self._buckets.acquire(pid)
+            self._writers[pid] = writer
             try:
                 await self._read(reader, connection, pid, uid, bucket)
             finally:
+                if self._writers.get(pid) is writer:
+                    del self._writers[pid]
                 del self._connections[task]
                 if not connection.evicted:
                     self._release(connection)
@@ -458,8 +485,47 @@ class HookServer:
                 log.info("hook connection of pid %d (uid %d): %s; dropped", pid, uid, exc)
             return None
         self.readings.put(HookReading(pid=pid, uid=uid, message=message, received_at=self._clock()))
+        for answer in message.answers:
+            asked = self._asked.get(answer.id)
+            if asked is not None and asked[0] == pid and not asked[1].done():  # only the one asked answers
+                asked[1].set_result(answer)
         self._events.accepted()
         return TAKEN
+
+    async def ask(self, pid: int, op: str, *, wait: float = ASK_TIMEOUT) -> HookAnswer:
+        """Ask ``pid``'s hook to carry out ``op`` (one of :data:`OPS`) and wait for its answer.
+
+        Never hangs and never raises for the hook's sake: a process with no hook reading, a hook that
+        announced no ``requests`` (an older one, or a job that did not opt in), one no longer connected
+        or one that does not answer within ``wait`` seconds is answered here, ``refused`` with the reason.
+        """
+        reading = self.readings.newest(pid)
+        if reading is None:
+            return refusal(0, "unknownProcess: no hook reading from this process")
+        if reading.message.requests is None:
+            return refusal(
+                0, "notSupported: this hook takes no requests (an older hook, or the job did not opt in)"
+            )
+        writer = self._writers.get(pid)
+        if writer is None or writer.is_closing():
+            return refusal(0, "notConnected: the hook has no connection open")
+        rid = next(self._ids)
+        future: asyncio.Future[HookAnswer] = asyncio.get_running_loop().create_future()
+        self._asked[rid] = (pid, future)
+        request = {"v": REQUESTS_VERSION, "id": rid, "op": op}
+        writer.write(json.dumps(request, separators=(",", ":")).encode() + b"\n")
+        try:
+            async with asyncio.timeout(wait):
+                return await future
+        except TimeoutError:
+            return refusal(rid, f"noAnswer: none within {wait:g}s")
+        finally:
+            del self._asked[rid]
+
+
+def refusal(rid: int, reason: str) -> HookAnswer:
+    """A ``refused`` answer the agent gives on the hook's behalf."""
+    return HookAnswer.model_validate({"id": rid, "status": "refused", "reason": reason[:256]})
 
 
 def _prepare_directory(directory: Path) -> None:

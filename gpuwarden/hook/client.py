@@ -30,6 +30,10 @@ TAKEN = b"+"
 """The agent's answer to a line it kept."""
 REFUSED = b"-"
 """The agent's answer to a line it refused."""
+MAX_REQUEST_BYTES = 4096
+"""A request line longer than this is dropped."""
+MAX_PENDING_REQUESTS = 16
+"""Requests kept until the hook takes them; the agent asks one thing at a time."""
 BACKOFF_MIN_S = 1.0
 BACKOFF_MAX_S = 60.0
 
@@ -69,6 +73,9 @@ class HookClient:
         self._next_attempt = 0.0
         self._backoff = BACKOFF_MIN_S
         self._said_absent = False
+        self.requests: list[bytes] = []
+        """Request lines the agent wrote (docs/hook.md, "Requests"), for the hook to take and answer."""
+        self._request: bytearray | None = None  # a request line begun, not ended yet
 
     @property
     def sent(self) -> int:
@@ -87,6 +94,7 @@ class HookClient:
             self._sock = None
         self.lost += self._waiting
         self._waiting = 0
+        self._request = None
 
     def _read_answers(self, wait_s: float = 0.0) -> bool:
         """Count the answers that came (waiting up to ``wait_s`` for all of them); False once the
@@ -108,13 +116,35 @@ class HookClient:
                 self._sock.settimeout(self.timeout_s)
             if not data:
                 return False
-            taken = data.count(TAKEN)
-            refused = len(data) - taken
+            answered = self._split(data)
+            taken = answered.count(TAKEN)
             self.taken += taken
-            self.refused += refused
-            self._waiting = max(0, self._waiting - len(data))
+            self.refused += len(answered) - taken
+            self._waiting = max(0, self._waiting - len(answered))
             if wait_s <= 0 or not self._waiting or self._clock() >= deadline:
                 return True
+
+    def _split(self, data: bytes) -> bytes:
+        """The answer bytes of ``data``; the request lines in it (``{…}`` to a newline, written only
+        to a hook that announced ``requests``) go to :attr:`requests`, whole, in order."""
+        answers = bytearray()
+        for byte in data:
+            char = bytes((byte,))
+            if self._request is None:
+                if char == b"{":
+                    self._request = bytearray(char)
+                elif char in (TAKEN, REFUSED):
+                    answers += char
+                continue
+            if char == b"\n":
+                if len(self.requests) < MAX_PENDING_REQUESTS:
+                    self.requests.append(bytes(self._request))
+                self._request = None
+            elif len(self._request) < MAX_REQUEST_BYTES:
+                self._request += char
+            else:
+                self._request = bytearray(b"!")  # too long: dropped at its newline (not JSON)
+        return bytes(answers)
 
     def _connect(self) -> bool:
         now = self._clock()

@@ -11,10 +11,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PROTOCOL_VERSION = 1
+REQUESTS_VERSION = 1
+"""The version of the agent's requests (``record``, ``snapshot``) this hook answers, announced in each
+message as ``requests`` when the job opted in (docs/hook.md, "Requests")."""
 MAX_LINE_BYTES = 64 * 1024
 """The agent refuses longer lines."""
 MAX_DEVICES = 64
 MAX_SITES = 16
+MAX_ANSWERS = 8
+MAX_REASON_CHARS = 256
+MAX_ANSWER_SITES = 3
 MAX_FILE_CHARS = 1024
 """``AllocationSite.file`` is at most this long; a longer path keeps its end (the file's own name)."""
 
@@ -32,13 +38,34 @@ class DeviceMemory:
 
 @dataclass(frozen=True)
 class Site:
-    """A line of the training code whose live allocations grew since the first snapshot."""
+    """A line of the training code whose live allocations grew since the first snapshot.
+
+    ``gpu``: the live GPU bytes of the blocks allocated at this line (the allocator's history),
+    not host objects (tracemalloc); ``growth_per_minute`` is then their growth since recording began.
+    """
 
     file: str
     line: int
     size_bytes: int
     growth_bytes: int
     count: int
+    gpu: bool = False
+    growth_per_minute: int | None = None
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The hook's answer to one of the agent's requests (``status`` ``ok`` or ``refused``)."""
+
+    id: int
+    status: str
+    reason: str | None = None
+    """Why refused (``noTorch``, ``noCuda``, ``alreadyRecording``, ``capReached``, …), or what failed."""
+    file: str | None = None
+    """``snapshot``: the file written, as the job sees it."""
+    size_bytes: int | None = None
+    sites: tuple[Site, ...] = ()
+    """``snapshot``: its top GPU lines."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +79,9 @@ class Reading:
     host_limit_bytes: int | None = None
     """The memory limit the process runs under (its cgroup's, else the node's memory)."""
     sites: tuple[Site, ...] | None = field(default=None)
+    requests: int | None = None
+    """The request version this hook answers; None: it takes no requests (not opted in)."""
+    answers: tuple[Answer, ...] = ()
 
 
 def _device(d: DeviceMemory) -> dict[str, Any]:
@@ -67,13 +97,31 @@ def _device(d: DeviceMemory) -> dict[str, Any]:
 
 
 def _site(s: Site) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "file": s.file[-MAX_FILE_CHARS:],
         "line": s.line,
         "sizeBytes": s.size_bytes,
         "growthBytes": s.growth_bytes,
         "count": s.count,
     }
+    if s.gpu:
+        out["memory"] = "gpu"
+    if s.growth_per_minute is not None:
+        out["growthBytesPerMinute"] = s.growth_per_minute
+    return out
+
+
+def _answer(a: Answer) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": a.id, "status": a.status}
+    if a.reason is not None:
+        out["reason"] = a.reason[:MAX_REASON_CHARS]
+    if a.file is not None:
+        out["file"] = a.file[-MAX_FILE_CHARS:]
+    if a.size_bytes is not None:
+        out["sizeBytes"] = a.size_bytes
+    if a.sites:
+        out["sites"] = [_site(s) for s in a.sites[:MAX_ANSWER_SITES]]
+    return out
 
 
 def encode_line(reading: Reading) -> bytes:
@@ -93,6 +141,10 @@ def encode_line(reading: Reading) -> bytes:
         message["hostRssBytes"] = reading.host_rss_bytes
     if reading.host_limit_bytes is not None:
         message["hostLimitBytes"] = reading.host_limit_bytes
+    if reading.requests is not None:
+        message["requests"] = reading.requests
+    if reading.answers:
+        message["answers"] = [_answer(a) for a in reading.answers[:MAX_ANSWERS]]
     sites = None if reading.sites is None else [_site(s) for s in reading.sites[:MAX_SITES]]
     while True:
         if sites is not None:

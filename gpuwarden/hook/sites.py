@@ -58,6 +58,29 @@ GENERATED = ("<frozen", "<string>")
 kept graph grew 617 blocks a few minutes in at ``<string>:5``: transformers' ModelOutput)."""
 
 
+class CodeKinds:
+    """Whose code a file is: ``job`` (the training code), ``library`` (stdlib, site-packages, generated
+    code) or ``hook`` (gpuwarden, and what it reads through); remembered per file name."""
+
+    def __init__(self) -> None:
+        self._prefixes = _library_prefixes()
+        self._kind: dict[str, str] = {}
+
+    def kind_of(self, filename: str) -> str:
+        """``job``, ``library`` or ``hook`` (see the class doc)."""
+        kind = self._kind.get(filename)
+        if kind is None:
+            real = os.path.realpath(filename)
+            if real.startswith(GPUWARDEN_PREFIX) or real.endswith(HOOK_READS_THROUGH):
+                kind = "hook"
+            elif filename.startswith(GENERATED) or real.startswith(self._prefixes):
+                kind = "library"
+            else:
+                kind = "job"
+            self._kind[filename] = kind
+        return kind
+
+
 DEFAULT_BUDGET = 0.01
 """The share of the job's wall time the tracker may spend reading: after a reading that took ``c``
 seconds, the next comes ``c / budget`` later at the earliest, and the readings between repeat the last
@@ -91,8 +114,7 @@ class AllocationTracker:
         self.budget = budget
         self._clock = clock
         self._cwd = os.path.join(cwd or os.getcwd(), "")
-        self._prefixes = _library_prefixes()
-        self._kind: dict[str, str] = {}
+        self._kinds = CodeKinds()
         self._baseline: dict[tuple[str, int], tuple[int, int]] | None = None
         self._started = False
         self._cleared = True
@@ -117,18 +139,7 @@ class AllocationTracker:
         self._baseline = None
 
     def _kind_of(self, filename: str) -> str:
-        """``job`` (the training code), ``library`` (stdlib, site-packages) or ``hook`` (gpuwarden)."""
-        kind = self._kind.get(filename)
-        if kind is None:
-            real = os.path.realpath(filename)
-            if real.startswith(GPUWARDEN_PREFIX) or real.endswith(HOOK_READS_THROUGH):
-                kind = "hook"
-            elif filename.startswith(GENERATED) or real.startswith(self._prefixes):
-                kind = "library"
-            else:
-                kind = "job"
-            self._kind[filename] = kind
-        return kind
+        return self._kinds.kind_of(filename)
 
     def _grouped(self) -> dict[tuple[str, int], tuple[int, int]]:
         """(file, line) -> (bytes, blocks) of what is live now, by the innermost frame of the job's code."""

@@ -50,6 +50,7 @@ from gpuwarden.accounting import DEFAULT_IDLE_FLOOR, Ledger, observe_snapshot, u
 from gpuwarden.agent.backend import BackendError, DeviceBackend
 from gpuwarden.agent.config import DEFAULT_HOOK_SOCKET, HOOK_SOCKET_ENV
 from gpuwarden.agent.hookattach import HookStage
+from gpuwarden.agent.hookcontrol import ControlServer
 from gpuwarden.agent.hooksocket import HookReadings, HookServer, HookSocketError
 from gpuwarden.agent.metrics import HookMetrics
 from gpuwarden.agent.scripted import ScriptedBackend
@@ -71,6 +72,7 @@ from gpuwarden.local.policies import LocalPolicy, for_processes, load_policies
 from gpuwarden.local.replay import ScenarioClock, ScenarioSampler
 from gpuwarden.local.services import ServiceWatcher, scrape_interval, service_subject, wanted_names
 from gpuwarden.local.session import Session, SubjectKind, processes_in
+from gpuwarden.local.suspicion import SuspicionResponder
 from gpuwarden.policy import RULE_TYPES, PodView, SpecError, service_metric_names
 from gpuwarden.sim.scenario import PACKAGED, Scenario, ScenarioError, load_scenario
 from gpuwarden.units import format_duration
@@ -352,6 +354,8 @@ async def watch(
     ring = SnapshotRing(capacity=max(1, int(RING_SECONDS / config.interval)))
     registry, metrics = local_registry(ring, session.active, backend=backend.name, command_of=session.command)
     hooks: HookServer | None = None
+    responders: list[SuspicionResponder] = []  # one, once the hook socket is up
+    controls: list[ControlServer] = []  # `gpuwarden snapshot`'s socket, likewise
     annotate: Callable[[Snapshot], Snapshot] | None = None
     if config.hook_socket is not None:
         readings = HookReadings()
@@ -369,6 +373,8 @@ async def watch(
             step = session.observe(snapshot)
             observe_snapshot(ledger, snapshot, processes=True)
             display.show(step, f"{title}, {label(snapshot.timestamp)}")
+            for responder in responders:
+                responder.observe(session.active(), snapshot.timestamp)
         except Exception:
             log.exception("evaluating a snapshot failed")
             failed.append("evaluating a snapshot failed (the error is logged above)")
@@ -421,11 +427,23 @@ async def watch(
                     f"Training hooks: listening on {hooks.path} "
                     f"(export {HOOK_SOCKET_ENV}={hooks.path} for the job if that is not the default)"
                 )
+                if not scripted:
+                    responders.append(SuspicionResponder(hooks, display.note))
+                    controls.append(ControlServer(hooks))
+                    try:
+                        await controls[0].start()
+                    except OSError as exc:
+                        display.note(f"note: {exc}; `gpuwarden snapshot` cannot reach this watch")
+                        controls.clear()
         code = await _serve_until_stopped(config, sampler, scraper, registry, ring, display, stop, source)
         if code is not None:
             return code
         _summarise(history, label, config, title, usage_lines(ledger, session.subject_name))
     finally:
+        for responder in responders:
+            await responder.close()
+        for control in controls:
+            await control.close()
         if hooks is not None:
             await hooks.close()
         for signum in (signal.SIGINT, signal.SIGTERM):

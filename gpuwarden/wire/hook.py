@@ -8,16 +8,22 @@ knows the writer from the socket (``SO_PEERCRED``), never from what it writes.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from gpuwarden.wire.base import MAX_COUNT, MAX_TIMESTAMP, Bytes, WireModel, parse_strict
 from gpuwarden.wire.node import AllocationSite
 
 PROTOCOL_VERSION = 1
+REQUESTS_VERSION = 1
+"""The version of the requests this agent writes to a hook (docs/hook.md, "Requests")."""
 MAX_LINE_BYTES = 64 * 1024
 """A line longer than this (its newline not counted) ends the connection."""
 MAX_DEVICES = 64
 MAX_SITES = 16
+MAX_ANSWERS = 8
+MAX_ANSWER_SITES = 3
 
 
 class _Message(WireModel):
@@ -35,6 +41,19 @@ class HookDevice(_Message):
     max_allocated_bytes: Bytes | None = None
 
 
+class HookAnswer(_Message):
+    """The hook's answer to one request of the agent's, carried by its next message."""
+
+    id: int = Field(ge=0, le=MAX_COUNT)
+    status: Literal["ok", "refused"]
+    reason: str | None = Field(default=None, max_length=256)
+    file: str | None = Field(default=None, min_length=1, max_length=1024)
+    """``snapshot``: the file the hook wrote, as the job sees it (the agent never opens it)."""
+    size_bytes: Bytes | None = None
+    sites: list[AllocationSite] = Field(default_factory=list, max_length=MAX_ANSWER_SITES)
+    """``snapshot``: its top GPU lines."""
+
+
 class HookMessage(_Message):
     """One reading of the hook (docs/hook.md, "Messages")."""
 
@@ -46,6 +65,9 @@ class HookMessage(_Message):
     host_rss_bytes: Bytes | None = None
     host_limit_bytes: Bytes | None = None
     sites: list[AllocationSite] = Field(default_factory=list, max_length=MAX_SITES)
+    requests: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    """The request version the hook answers; None: it takes none (an older hook, or not opted in)."""
+    answers: list[HookAnswer] = Field(default_factory=list, max_length=MAX_ANSWERS)
 
     @field_validator("v")
     @classmethod

@@ -17,20 +17,21 @@ format). Timestamps are bounded by the operator's clock, not here (the agent has
 from __future__ import annotations
 
 import enum
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 
 from gpuwarden.wire.base import MAX_COUNT, MAX_TIMESTAMP, Bytes, WireModel, parse_strict
 from gpuwarden.wire.scrape import MAX_TARGETS, ServiceSample
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 """The ``schemaVersion`` this build sends; bumped on any change an older operator would refuse."""
 
-ACCEPTED_SCHEMA_VERSIONS = frozenset({1, 2, 3, 4, 5, 6})
+ACCEPTED_SCHEMA_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7})
 """What the operator accepts: version 2 added ``GpuSample.health``, version 3 ``ProcessSample.hook``,
 version 4 ``PodRef.claim``, version 5 ``HookSample.host_limit_bytes``, version 6 ``Snapshot.services``
-(the pods' own metrics, :mod:`gpuwarden.wire.scrape`); an older report lacks them.
+(the pods' own metrics, :mod:`gpuwarden.wire.scrape`), version 7 ``AllocationSite.memory`` and
+``growth_bytes_per_minute`` (GPU bytes by line); an older report lacks them.
 Upgrade the operator before the agents (an older operator refuses a newer version by its number)."""
 
 MAX_SNAPSHOTS_PER_REPORT = 3600
@@ -128,6 +129,11 @@ class AllocationSite(WireModel):
     """How much that grew since the hook's first snapshot (only growing lines are sent)."""
     count: int = Field(ge=0, le=MAX_COUNT)
     """Live blocks allocated at this line."""
+    memory: Literal["gpu"] | None = None
+    """``gpu``: the GPU bytes of the blocks the caching allocator's history credits to this line
+    (schema version 7; recorded only after a leak was suspected); None: host objects (tracemalloc)."""
+    growth_bytes_per_minute: Bytes | None = None
+    """``gpu`` lines: how fast they grew since recording began (schema version 7)."""
 
 
 class HookSample(WireModel):
@@ -281,6 +287,16 @@ def parse_report(body: bytes | str) -> NodeReport:
     if report.schema_version < 6 and any(s.services for s in report.snapshots):
         v = report.schema_version
         raise ReportError(f"services: not part of schemaVersion {v} (send schemaVersion 6)")
+    if report.schema_version < 7 and any(
+        site.memory is not None or site.growth_bytes_per_minute is not None
+        for s in report.snapshots
+        for g in s.gpus
+        for p in g.processes
+        if p.hook is not None
+        for site in p.hook.sites
+    ):
+        v = report.schema_version
+        raise ReportError(f"sites: GPU lines are not part of schemaVersion {v} (send schemaVersion 7)")
     return report
 
 

@@ -33,6 +33,11 @@ Each prints one JSON line once CUDA and the hook are up (``{"ready": true, "pid"
   the score instead. The GpuwardenCallback drives a StepHook at its defaults but for tracemalloc on.
 - ``lightning``: the same model and leak in a ``LightningModule``'s ``training_step`` under a
   Lightning Trainer, with ``--fixed`` the same way.
+
+``trainer`` and ``lightning`` take ``--snapshots DIR`` (the hook opts in to the agent's requests,
+snapshots into DIR), ``--ballast-free-gib N`` (one allocation leaves N GiB of the card free, so a leak
+reaches the OOM in minutes) and ``--no-tracemalloc``; their ready line also names ``forwardLine``,
+the line whose forward pass allocates the logits the leak keeps.
 """
 
 from __future__ import annotations
@@ -214,7 +219,24 @@ def _tokens(args: argparse.Namespace, items: int) -> Any:
 
 
 def _hook(args: argparse.Namespace) -> StepHook:
-    return StepHook(interval=args.interval, tracemalloc=True, client=HookClient(args.socket))
+    return StepHook(
+        interval=args.interval,
+        tracemalloc=not args.no_tracemalloc,
+        client=HookClient(args.socket),
+        snapshots=args.snapshots or False,
+    )
+
+
+def _ballast(args: argparse.Namespace) -> Any:
+    """With ``--ballast-free-gib``: one allocation that leaves that much of the card free, so that a
+    leak reaches the OOM in minutes (kept referenced for the job's life)."""
+    if args.ballast_free_gib is None:
+        return None
+    import torch
+
+    free, _ = torch.cuda.mem_get_info()
+    size = free - int(args.ballast_free_gib * 2**30)
+    return torch.empty(max(size, 0), dtype=torch.uint8, device="cuda") if size > 0 else None
 
 
 def trainer(args: argparse.Namespace) -> None:
@@ -236,7 +258,7 @@ def trainer(args: argparse.Namespace) -> None:
         def compute_loss(
             self, model: Any, inputs: Any, return_outputs: bool = False, num_items_in_batch: Any = None
         ) -> Any:
-            outputs = model(**inputs)
+            outputs = model(**inputs)  # hook-jobs: trainer-forward
             if args.fixed:
                 self.total += outputs.logits.detach().logsumexp(-1).mean().item()
             else:
@@ -261,13 +283,18 @@ def trainer(args: argparse.Namespace) -> None:
         disable_tqdm=True,
     )
     hook = _hook(args)
+    ballast = _ballast(args)  # noqa: F841 (held)
     job = ScoringTrainer(
         model=_gpt2(args),
         args=targs,
         train_dataset=data,
         callbacks=[GpuwardenCallback(hook), Paced()],
     )
-    _ready(leakFile=str(Path(__file__).resolve()), leakLine=marker_line("trainer-leak"))
+    _ready(
+        leakFile=str(Path(__file__).resolve()),
+        leakLine=marker_line("trainer-leak"),
+        forwardLine=marker_line("trainer-forward"),
+    )
     pace = Pace(args.seconds, args.steps_per_second)
     job.train()
 
@@ -289,7 +316,7 @@ def lightning(args: argparse.Namespace) -> None:
             self.total = 0.0
 
         def training_step(self, batch: Any, batch_idx: int) -> Any:
-            outputs = self.model(input_ids=batch, labels=batch)
+            outputs = self.model(input_ids=batch, labels=batch)  # hook-jobs: lightning-forward
             if args.fixed:
                 self.total += outputs.logits.detach().logsumexp(-1).mean().item()
             else:
@@ -306,6 +333,7 @@ def lightning(args: argparse.Namespace) -> None:
 
     data = torch.utils.data.DataLoader(_tokens(args, 4096), batch_size=args.sequences, shuffle=True)
     hook = _hook(args)
+    ballast = _ballast(args)  # noqa: F841 (held)
     job = pl.Trainer(
         accelerator="gpu",
         devices=1,
@@ -316,7 +344,11 @@ def lightning(args: argparse.Namespace) -> None:
         enable_model_summary=False,
         callbacks=[GpuwardenCallback(hook), Paced()],
     )
-    _ready(leakFile=str(Path(__file__).resolve()), leakLine=marker_line("lightning-leak"))
+    _ready(
+        leakFile=str(Path(__file__).resolve()),
+        leakLine=marker_line("lightning-leak"),
+        forwardLine=marker_line("lightning-forward"),
+    )
     pace = Pace(args.seconds, args.steps_per_second)
     job.fit(Scoring(), data)
 
@@ -341,6 +373,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sequences", type=int, default=4, help="trainer, lightning: sequences a batch")
     parser.add_argument("--vocab", type=int, default=8192, help="trainer, lightning: GPT-2's vocabulary")
     parser.add_argument("--seq", type=int, default=128, help="trainer, lightning: tokens a sequence")
+    parser.add_argument(
+        "--snapshots",
+        help="trainer, lightning: opt in to the agent's requests, snapshots into this directory",
+    )
+    parser.add_argument(
+        "--ballast-free-gib", type=float, help="trainer, lightning: allocate all of the card but this much"
+    )
+    parser.add_argument("--no-tracemalloc", action="store_true", help="trainer, lightning: tracemalloc off")
     args = parser.parse_args(argv)
     jobs = {"leak": leak, "cache": cache, "loader": loader, "trainer": trainer, "lightning": lightning}
     jobs[args.job](args)

@@ -364,6 +364,38 @@ def test_the_message_keeps_the_hooks_order_not_the_largest_bytes_first() -> None
     assert lines == "app/train.py:41 +512Ki (300 blocks), gpt2/modeling_gpt2.py:240 +800Mi (9,000 blocks)"
 
 
+def test_the_message_says_what_each_gpu_line_holds_before_the_growing_host_lines() -> None:
+    # While the allocator's history is recorded (docs/hook.md, "Requests"), the hook's GPU lines come
+    # first: what each line holds on the card and how fast it grew, the frameless blocks by that name.
+    gpu = AllocationSite(
+        file="/app/train.py",
+        line=35,
+        size_bytes=int(41.2 * GI),
+        growth_bytes=40 * GI,
+        count=300,
+        memory="gpu",
+        growth_bytes_per_minute=int(36.9 * GI),
+    )
+    frameless = AllocationSite(
+        file="<no Python frames>", line=0, size_bytes=312 * MI, growth_bytes=0, count=9, memory="gpu"
+    )
+    host = AllocationSite(file="/app/train.py", line=36, size_bytes=MI, growth_bytes=MI // 2, count=300)
+
+    def lined(i: int) -> list[GpuSample]:
+        (sample,) = tensor_leak(i)
+        (proc,) = sample.processes
+        assert proc.hook is not None
+        hook = proc.hook.model_copy(update={"sites": [gpu, frameless, host]})
+        return [sample.model_copy(update={"processes": [proc.model_copy(update={"hook": hook})]})]
+
+    outcome = judge(feed(lined), rule(MemorySource.ALLOCATED))
+    assert outcome.holds
+    assert outcome.message.endswith(
+        "; on the GPU by line: app/train.py:35 holds 41.2Gi (+36.9Gi/m), <no Python frames> holds 312Mi"
+        "; top growing lines: app/train.py:36 +512Ki (300 blocks)"
+    )
+
+
 def test_two_processes_sites_are_merged_rank_by_rank_each_keeping_its_hooks_order() -> None:
     def process(pid: int, *lines: int) -> ProcessSample:
         sites = [

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuwarden.hook import DeviceMemory, Reading, Site, encode_line
-from gpuwarden.hook.message import MAX_LINE_BYTES
+from gpuwarden.hook.message import MAX_LINE_BYTES, Answer
 from gpuwarden.wire.node import AllocationSite, HookSample
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "hook.md").read_text()
@@ -20,6 +20,8 @@ FULL = Reading(
     host_rss_bytes=6442450944,
     host_limit_bytes=17179869184,
     sites=(Site("train.py", 88, 52428800, 52000000, 1200),),
+    requests=1,
+    answers=(Answer(7, "ok"),),
 )
 
 
@@ -60,7 +62,7 @@ def test_the_full_line_has_the_doc_examples_fields_and_types() -> None:
 def test_every_field_of_the_doc_table_is_sent_with_its_sub_fields() -> None:
     fields, line = doc_fields(), emitted(FULL)
     assert set(fields) == set(line)
-    for parent in ("devices", "sites"):
+    for parent in ("devices", "sites", "answers"):
         named = set(re.findall(r"`([A-Za-z]+)`", fields[parent]))
         sent = set(line[parent][0])
         assert sent <= named, f"{parent}: sent {sent - named} that the table does not name"

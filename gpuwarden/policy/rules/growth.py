@@ -799,7 +799,13 @@ def growth_message(o: Outcome) -> str:
     if o.gpu_count > 1 and o.gpus and memory is not MemorySource.HOST:
         text += f" (on {len(o.gpus)} of {o.gpu_count} GPUs)"
     if isinstance(o.extra, tuple) and o.extra:
-        text += "; top growing lines: " + ", ".join(site_text(site) for site in o.extra[:MESSAGE_SITES])
+        sites = o.extra[:MESSAGE_SITES]
+        gpu = [site_text(s) for s in sites if s.memory == "gpu"]
+        host = [site_text(s) for s in sites if s.memory != "gpu"]
+        if gpu:
+            text += "; on the GPU by line: " + ", ".join(gpu)
+        if host:
+            text += "; top growing lines: " + ", ".join(host)
     return text
 
 
@@ -816,11 +822,19 @@ def change_text(change: Change, memory: MemorySource, rate: float) -> str:
 
 
 def site_text(site: AllocationSite) -> str:
-    """``train.py:88 +50Mi (1,200 blocks)``: the file's last two path parts, bounded in length."""
+    """``train.py:88 +50Mi (1,200 blocks)``: the file's last two path parts, bounded in length. A GPU
+    line (the allocator's history) says what it holds: ``train.py:35 holds 41.2Gi (+36.9Gi/m)``; the
+    blocks no Python frame allocated, line 0, are named alone (``<no Python frames> holds 312Mi``)."""
     parts = site.file.replace("\\", "/").rsplit("/", 2)
     name = "/".join(parts[-2:])
     if len(name) > SITE_FILE_CHARS:
         name = "…" + name[-(SITE_FILE_CHARS - 1) :]
+    if site.memory == "gpu":
+        where = f"{name}:{site.line}" if site.line else name
+        rate = site.growth_bytes_per_minute
+        return f"{where} holds {format_bytes(site.size_bytes)}" + (
+            f" (+{format_bytes(rate)}/m)" if rate else ""
+        )
     blocks = "block" if site.count == 1 else "blocks"
     return f"{name}:{site.line} +{format_bytes(site.growth_bytes)} ({site.count:,} {blocks})"
 

@@ -41,8 +41,8 @@ def report(version: int, hook: HookSample | None) -> bytes:
     return dump_report(built)
 
 
-def test_this_build_sends_version_6_and_the_hook_block_round_trips() -> None:
-    assert SCHEMA_VERSION == 6
+def test_this_build_sends_version_7_and_the_hook_block_round_trips() -> None:
+    assert SCHEMA_VERSION == 7
     body = report(3, HOOK)
     assert b'"allocatedBytes":21474836480' in body
     assert b'"growthBytes"' in body
@@ -99,6 +99,28 @@ def test_the_host_memory_limit_is_part_of_version_5_only() -> None:
     assert parse_report(report(4, HOOK)).schema_version == 4  # an older agent's hook block, without it
     with pytest.raises(ReportError, match="hostLimitBytes: not part of schemaVersion 4"):
         parse_report(report(4, limited))
+
+
+def test_gpu_lines_are_part_of_version_7_only() -> None:
+    """GPU bytes by line (the allocator's history, docs/hook.md "Requests"): a site with ``memory``."""
+    gpu = AllocationSite(
+        file="train.py",
+        line=35,
+        size_bytes=41 * 2**30,
+        growth_bytes=40 * 2**30,
+        count=300,
+        memory="gpu",
+        growth_bytes_per_minute=37 * 2**30,
+    )
+    lined = HOOK.model_copy(update={"sites": [gpu, *HOOK.sites]})
+    body = report(7, lined)
+    assert b'"memory":"gpu","growthBytesPerMinute":39728447488' in body
+    assert parse_report(body).snapshots[0].gpus[0].processes[0].hook == lined
+    assert b'"memory"' not in report(6, HOOK)  # a host site is as before
+    with pytest.raises(ReportError, match="GPU lines are not part of schemaVersion 6"):
+        parse_report(report(6, lined))
+    with pytest.raises(ReportError, match="memory"):
+        parse_report(body.replace(b'"memory":"gpu"', b'"memory":"host"'))
 
 
 @pytest.mark.parametrize("limit", [-1, 2**50 + 1, 1.5])

@@ -1,0 +1,160 @@
+"""``gpuwarden snapshot PID``: ask a hooked process for an allocator snapshot now, through the agent
+(or ``gpuwarden watch``) that its hook talks to.
+
+The agent, and watch, listen beside their hook socket on a control socket of their own
+(:func:`control_path`: ``<hook socket>.control``), mode 0600: only the agent's user (root on a node)
+can connect, and the agent checks the peer's UID (``SO_PEERCRED``) besides. The command writes one
+line, ``{"v": 1, "pid": 1234, "op": "snapshot"}``, and reads one, the hook's answer
+(:class:`~gpuwarden.wire.hook.HookAnswer`, camelCase). The agent asks the hook over its own
+connection (:meth:`~gpuwarden.agent.hooksocket.HookServer.ask`): a process whose hook did not opt in
+is never asked, and the file is written by the job, in the job's directory, never by the agent.
+
+On a node: ``kubectl exec -n gpuwarden <agent pod> -- gpuwarden snapshot <PID>`` with the PID as the
+node sees it (the agent's /metrics label it ``pid``). Naming a pod instead of a PID is not supported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import stat
+import sys
+from pathlib import Path
+
+from gpuwarden.agent.hooksocket import OPS, HookServer, peer_credentials, refusal
+from gpuwarden.policy import format_bytes, site_text
+from gpuwarden.wire.hook import HookAnswer
+
+CONTROL_VERSION = 1
+MAX_REQUEST_BYTES = 1024
+
+
+def answer_text(answer: HookAnswer) -> str:
+    """An answer as a line says it: the file and its top lines, or why it was refused. What the job
+    wrote is shown printable only (no terminal escapes from a job's strings)."""
+    if answer.status != "ok":
+        text = f"refused: {answer.reason}"
+    elif answer.file is None:
+        text = "ok"
+    else:
+        lines = ", ".join(site_text(site) for site in answer.sites)
+        size = f" ({format_bytes(answer.size_bytes)})" if answer.size_bytes is not None else ""
+        text = f"{answer.file}{size}" + (f"; top lines: {lines}" if lines else "")
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
+def control_path(hook_socket: Path) -> Path:
+    """The control socket beside ``hook_socket``."""
+    return hook_socket.with_name(hook_socket.name + ".control")
+
+
+class ControlServer:
+    """Serves ``gpuwarden snapshot`` on :func:`control_path` of ``hooks``' socket (see the module doc)."""
+
+    def __init__(self, hooks: HookServer) -> None:
+        self.hooks = hooks
+        self.path = control_path(hooks.path)
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        """Listen (0600); a stale socket file is replaced, anything else at the path refused."""
+        try:
+            info = os.lstat(self.path)
+        except FileNotFoundError:
+            pass
+        else:
+            if not stat.S_ISSOCK(info.st_mode):
+                raise OSError(f"{self.path} exists and is not a socket; not removing it")
+            os.unlink(self.path)  # ours from a run that did not stop cleanly: the hook socket's check passed
+        old = os.umask(0o177)
+        try:
+            self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
+        finally:
+            os.umask(old)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+            self.path.unlink(missing_ok=True)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            answer = await self._answer(reader, writer)
+            writer.write(answer.model_dump_json(by_alias=True, exclude_none=True).encode() + b"\n")
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            writer.close()
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> HookAnswer:
+        _, uid = peer_credentials(writer.get_extra_info("socket"))
+        if uid not in (0, os.getuid()):
+            return refusal(0, "forbidden: only the agent's user may ask")
+        line = await reader.readuntil(b"\n")
+        try:
+            request = json.loads(line[:MAX_REQUEST_BYTES])
+        except ValueError:
+            return refusal(0, "malformed: not JSON")
+        if not isinstance(request, dict) or request.get("v") != CONTROL_VERSION:
+            return refusal(0, f"unsupportedVersion: this agent speaks {CONTROL_VERSION}")
+        pid, op = request.get("pid"), request.get("op")
+        if not isinstance(pid, int) or pid <= 0 or op not in OPS:
+            return refusal(0, f"malformed: expected a pid and an op of {', '.join(OPS)}")
+        return await self.hooks.ask(pid, op)
+
+
+def ask(path: Path, pid: int, op: str, timeout: float) -> HookAnswer:
+    """Ask through the control socket at ``path``; the agent's answer (``OSError`` if none listens)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(str(path))
+        sock.sendall(json.dumps({"v": CONTROL_VERSION, "pid": pid, "op": op}).encode() + b"\n")
+        with sock.makefile("rb") as answer:
+            return HookAnswer.model_validate_json(answer.readline())
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the flags of ``gpuwarden snapshot``."""
+    from gpuwarden.agent.config import DEFAULT_HOOK_SOCKET, HOOK_SOCKET_ENV
+
+    parser.description = (
+        "Ask a hooked training process for a snapshot of its GPU allocator now (the file PyTorch's "
+        "memory visualizer opens, written by the job into its own snapshot directory), through the "
+        "agent or `gpuwarden watch` its hook talks to."
+    )
+    parser.add_argument("target", metavar="PID", help="the process, by its PID as this host sees it")
+    parser.add_argument(
+        "--hook-socket",
+        type=Path,
+        default=Path(os.environ.get(HOOK_SOCKET_ENV) or DEFAULT_HOOK_SOCKET),
+        metavar="PATH",
+        help=f"the hook socket the agent or watch listens on (${HOOK_SOCKET_ENV}, else "
+        f"{DEFAULT_HOOK_SOCKET}); its control socket is PATH.control",
+    )
+    parser.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for the answer (90)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """0 when the snapshot was written, 1 when refused or nobody answered, 2 for a bad target."""
+    if not args.target.isdigit():
+        print(
+            f"gpuwarden snapshot: {args.target!r}: expected a PID (naming a pod is not supported)",
+            file=sys.stderr,
+        )
+        return 2
+    path = control_path(args.hook_socket)
+    try:
+        answer = ask(path, int(args.target), "snapshot", args.timeout)
+    except (OSError, ValueError) as exc:
+        print(f"gpuwarden snapshot: no answer from {path}: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"{'SNAPSHOT' if answer.status == 'ok' else 'NO SNAPSHOT'} pid {args.target}: {answer_text(answer)}"
+    )
+    return 0 if answer.status == "ok" else 1
