@@ -28,7 +28,7 @@ from test_doc_links import anchors
 
 from gpuwarden.policy.rules import RULE_TYPES
 from gpuwarden.policy.rules.anomaly import Pattern
-from gpuwarden.policy.rules.growth import HOST_LEAK_REASON, IMMINENT_REASON
+from gpuwarden.policy.rules import growth
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "gpuwarden"
@@ -115,7 +115,8 @@ def finding_reasons() -> dict[str, set[str]]:
 
 
 def test_every_finding_reason_is_alerted_on_once_or_said_not_to_be() -> None:
-    known = {t.reason for t in RULE_TYPES} | {IMMINENT_REASON, HOST_LEAK_REASON, *Pattern}
+    named = {value for name, value in vars(growth).items() if name.endswith("_REASON")}
+    known = {t.reason for t in RULE_TYPES} | named | set(Pattern)
     alerted = finding_reasons()
     every = [reason for reasons in alerted.values() for reason in reasons]
     assert len(every) == len(set(every)), "a reason in two alerts"
