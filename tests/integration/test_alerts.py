@@ -21,7 +21,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -115,7 +114,7 @@ def world(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory)
     gpus, pods = scenario(setup.namespace)
     groups = rule_groups()
     with operator_and_agent(setup, setup.scenario("alerts", gpus, pods)) as (operator, agent):
-        scrape = [
+        scrape: list[dict[str, Any]] = [
             {
                 "job_name": "gpuwarden-operator",
                 "static_configs": [{"targets": [f"127.0.0.1:{operator.metrics_port}"]}],
@@ -126,7 +125,7 @@ def world(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory)
                 "static_configs": [{"targets": [f"127.0.0.1:{agent.port}"], "labels": {"node": AGENT_NODE}}],
             },
         ]
-        prometheus = Prometheus(binary, Path(setup.workdir) / "prometheus", scrape, groups, interval=SCRAPE)
+        prometheus = Prometheus(binary, setup.workdir / "prometheus", scrape, groups, interval=SCRAPE)
         try:
             yield Alerting(control_plane, setup.namespace, operator, agent, prometheus, groups)
         finally:

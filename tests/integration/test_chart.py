@@ -869,7 +869,9 @@ def test_the_prometheus_rule_is_the_rule_file_with_the_releases_jobs_and_the_ove
 def test_the_prometheus_rule_follows_the_podmonitors_jobs_and_the_agents_absence(
     control_plane: ControlPlane,
 ) -> None:
-    values = {"monitoring": {"podMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}}
+    values: dict[str, Any] = {
+        "monitoring": {"podMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}
+    }
     groups, services = render_alerts(control_plane, values)
     exprs = {r["alert"]: r["expr"] for g in groups for r in g["rules"]}
     assert f'up{{job="mon/{services["operator"]}"}}' in exprs["GPUWardenOperatorDown"]

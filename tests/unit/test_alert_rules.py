@@ -26,9 +26,8 @@ import yaml
 from test_agent_metrics import promtool
 from test_doc_links import anchors
 
-from gpuwarden.policy.rules import RULE_TYPES
+from gpuwarden.policy.rules import RULE_TYPES, growth
 from gpuwarden.policy.rules.anomaly import Pattern
-from gpuwarden.policy.rules import growth
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "gpuwarden"
@@ -74,7 +73,8 @@ def test_promtool_unit_tests_pass() -> None:
 
 
 def test_every_alert_has_a_case_where_it_fires_and_one_where_it_does_not() -> None:
-    fires, silent = set(), set()
+    fires: set[str] = set()
+    silent: set[str] = set()
     for case in yaml.safe_load(CASES.read_text())["tests"]:
         for check in case["alert_rule_test"]:
             (fires if check["exp_alerts"] else silent).add(check["alertname"])
