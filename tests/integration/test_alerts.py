@@ -1,19 +1,21 @@
 """gpuwarden's alert rules in a real Prometheus, firing for the real operator's findings.
 
 The operator and a scripted agent run as their own processes against the real API server (as in
-test_operator_rules.py), with three GPU pods breaking a rule each from the start: ``idle-0`` at about
-3% (utilizationFloor), ``leak-0`` growing 3Gi/m (memoryGrowth, its card full in about 40 minutes) and
+test_operator_rules.py), with four GPU pods breaking a rule each from the start: ``idle-0`` at about
+3% (utilizationFloor); ``leak-0`` growing 3Gi/m (memoryGrowth, its card full in about 40 minutes);
 ``flood-0`` growing 40Gi/m (memoryGrowth's GPUMemoryExhaustionImminent, its card full after about
-three and a half minutes, when the tests are done). Debian's Prometheus scrapes
-the operator and the agent under the job names the rule file selects (``gpuwarden-operator``,
-``gpuwarden-agent``, the agent's node added as ``node``, as the chart's monitors do) and loads
-charts/gpuwarden/rules/gpuwarden-alerts.yaml, the plain rule file users load, with shorter ``for``s.
+three and a half minutes, when the tests are done); and ``broken-0``, whose GPU has an uncorrected ECC
+error at 5 s (gpuHealth). Debian's Prometheus scrapes the operator and the agent under the job names
+the rule file selects (``gpuwarden-operator``, ``gpuwarden-agent``, the agent's node added as
+``node``, as the chart's monitors do) and loads charts/gpuwarden/rules/gpuwarden-alerts.yaml, the
+plain rule file users load, with shorter ``for``s.
 
 Then every rule evaluates without an error; GPUWardenGPUIdle fires for the idle pod,
-GPUWardenGPUMemoryLeak for the leaking one and GPUWardenGPUMemoryExhaustionImminent (critical) for
-the flooding one, each with the finding's labels and descriptions naming the node (and for the leak
-its time to full), not before the finding was scraped and its ``for`` passed, and for no other pod;
-and the alerts that wrong scrape job names would raise are not even pending.
+GPUWardenGPUMemoryLeak for the leaking one, GPUWardenGPUMemoryExhaustionImminent (critical) for the
+flooding one and GPUWardenGPUUnhealthy for the broken one: each with the finding's labels and a
+description naming the node (and for the leaks the time to full), not before the finding was scraped
+and its ``for`` passed, and for no other pod. The alerts that wrong scrape job names would raise are
+not even pending.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ pytestmark = pytest.mark.integration
 RULES = REPO_ROOT / "charts" / "gpuwarden" / "rules" / "gpuwarden-alerts.yaml"
 SCRAPE = "1s"
 """Prometheus' scrape and evaluation interval."""
-FOR = {"GPUWardenGPUIdle": 5, "GPUWardenGPUMemoryLeak": 5}
+FOR = {"GPUWardenGPUIdle": 5, "GPUWardenGPUMemoryLeak": 5, "GPUWardenGPUUnhealthy": 5}
 """The ``for`` this test gives the alerts it waits on, seconds (the imminent one keeps its 0s)."""
 LABELS = {"team": "alerts"}
 POLICY = "gpus"
@@ -54,20 +56,23 @@ CASES = {
     "idle-0": ("GPUWardenGPUIdle", "idle", "GPUUnderutilized", "warning"),
     "leak-0": ("GPUWardenGPUMemoryLeak", "leak", "GPUMemoryLeakSuspected", "warning"),
     "flood-0": ("GPUWardenGPUMemoryExhaustionImminent", "leak", "GPUMemoryExhaustionImminent", "critical"),
+    "broken-0": ("GPUWardenGPUUnhealthy", "gpu-health", "GPUUnhealthy", "warning"),
 }
 TIMEOUT = 150.0
 """The leak is found about a minute into the readings; the rest within seconds."""
 
 
 def scenario(namespace: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    uuids = [f"GPU-a1e47000-0000-4000-8000-00000000000{i}" for i in range(3)]
+    uuids = [f"GPU-a1e47000-0000-4000-8000-00000000000{i}" for i in range(4)]
     gpus = [
         gpu(uuids[0], 0, [{"kind": "idle", "level": 3, "noise": 1}], [{"kind": "idle", "level": "9Gi"}]),
         gpu(uuids[1], 1, [{"kind": "idle", "level": 50, "noise": 2}],
             [{"kind": "leak", "start": "20Gi", "rate": "3Gi/m", "noise": "2Mi"}]),
         gpu(uuids[2], 2, [{"kind": "idle", "level": 50, "noise": 2}],
             [{"kind": "leak", "start": "1Gi", "rate": "40Gi/m", "noise": "2Mi"}]),
+        gpu(uuids[3], 3, [{"kind": "idle", "level": 50, "noise": 2}], [{"kind": "idle", "level": "9Gi"}]),
     ]  # fmt: skip
+    gpus[3]["health"] = [{"kind": "ecc", "at": "5s", "uncorrected": 1}]
     pods = [pod(namespace, name, uuids[i], LABELS, 5000 + i) for i, name in enumerate(CASES)]
     return gpus, pods
 
@@ -109,7 +114,11 @@ class Alerting(World):
 def world(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Alerting]:
     binary = prometheus_binary()
     setup = prepare(control_plane, tmp_path_factory, "alerts", gpu_pods=CASES, labels=LABELS)
-    rules = [IDLE_RULE, {"name": "leak", "memoryGrowth": {"rate": "1Gi/m", "window": "1m", "minFit": 0.8}}]
+    rules = [
+        IDLE_RULE,
+        {"name": "leak", "memoryGrowth": {"rate": "1Gi/m", "window": "1m", "minFit": 0.8}},
+        {"name": "gpu-health", "gpuHealth": {}},
+    ]
     setup.apply(monitor_policy(setup.namespace, POLICY, rules, selector={"matchLabels": LABELS}))
     gpus, pods = scenario(setup.namespace)
     groups = rule_groups()
@@ -168,7 +177,7 @@ def test_the_alert_fires_for_the_pod_once_its_finding_held_for_its_for(
     }
     assert f"pod {world.namespace}/{pod_name} on node {AGENT_NODE} " in annotations["description"]
     assert annotations["runbook_url"].endswith(f"/docs/alerts.md#{name.lower()}")
-    if name != "GPUWardenGPUIdle":  # the operator's projection: the leak's ~40 minutes, the flood's few
+    if rule == "leak":  # the operator's projection: the leak's ~40 minutes, the flood's few
         full_in = re.search(r"full in ((\d+)m )?[\d.]+s", annotations["description"])
         assert full_in, annotations["description"]
         assert int(full_in.group(2) or 0) < (45 if pod_name == "leak-0" else 5)
