@@ -483,6 +483,8 @@ def test_the_report_by_team_with_unallocated_gpus_and_cost_per_million_tokens(tm
     label:team`` then states each team's hours, the unallocated GPU and the cost per million tokens,
     against the truth the test computes from what it fed."""
     binary = prometheus_binary()
+    if binary is None:
+        pytest.fail("prometheus is missing (Debian: apt-get install prometheus)")
     model = "NVIDIA H200"
     book = AccountingBook(
         AccountingSettings(group_label="team", prices={model: TEAM_PRICE}, scrape_interval=1.0),
