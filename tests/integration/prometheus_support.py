@@ -22,15 +22,24 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
-from controlplane import ControlPlane, ManagedProcess, free_port, wait_for
+from controlplane import ControlPlane, ManagedProcess, free_port, in_ci, wait_for
 
 STARTUP_TIMEOUT = 60.0
 
 
-def prometheus_binary() -> str | None:
-    """The ``prometheus`` server binary on PATH (Debian's ``prometheus`` package), or None."""
-    return shutil.which("prometheus")
+def prometheus_binary() -> str:
+    """The ``prometheus`` server binary on PATH (Debian's ``prometheus`` package); where it is missing,
+    the test fails in CI and is skipped elsewhere."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        if in_ci():
+            pytest.fail(
+                "CI=true: the prometheus server is missing (hack/ensure-system-deps.sh)", pytrace=False
+            )
+        pytest.skip("the prometheus server is not installed (Debian: apt-get install prometheus)")
+    return binary
 
 
 def _label_name(label: str) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from typing import Any
 
 import pytest
 import yaml
-from controlplane import REPO_ROOT, ControlPlane
+from controlplane import REPO_ROOT, ControlPlane, in_ci
 
 pytestmark = pytest.mark.integration
 
@@ -772,3 +773,128 @@ def test_deploy_manifests_are_accepted(control_plane: ControlPlane) -> None:
     kinds = {d["kind"] for d in docs}
     assert {"Deployment", "DaemonSet", "ClusterKopfPeering", "ClusterRole", "Role", "Certificate"} <= kinds
     assert "Secret" not in kinds  # no private key shared by every cluster that applies deploy/
+
+
+# -------------------------------------------------------------------------------- alerts
+
+ALERT_RULES = CHART / "rules" / "gpuwarden-alerts.yaml"
+PLACEHOLDER_JOBS = {"operator": 'job="gpuwarden-operator"', "agent": 'job="gpuwarden-agent"'}
+"""The scrape jobs the rule file selects, which the chart replaces with the release's."""
+
+
+def render_alerts(cp: ControlPlane, values: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The rendered PrometheusRule's groups (release gw in mon), and the release's Services by component."""
+    out = ok(
+        cp.run_helm(
+            "template", "gw", str(CHART), "--namespace", "mon", "-f", "-", input=yaml.safe_dump(values)
+        ),
+        "helm template",
+    )
+    docs = docs_of(out)
+    (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
+    services = {
+        d["metadata"]["labels"]["app.kubernetes.io/component"]: d["metadata"]["name"]
+        for d in docs
+        if d["kind"] == "Service"
+    }
+    return rule["spec"]["groups"], services
+
+
+def alert_values(**prometheus_rule: Any) -> dict[str, Any]:
+    return {
+        "monitoring": {
+            "serviceMonitor": {"enabled": True},
+            "prometheusRule": {"enabled": True, **prometheus_rule},
+        }
+    }
+
+
+def test_the_prometheus_rule_is_the_rule_file_with_the_releases_jobs_and_the_overrides(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    values = alert_values(
+        alertLabels={"team": "ml-platform"},
+        runbookUrl="https://wiki.example.com/gpu#",
+        rules={
+            "GPUWardenGPUIdle": {"for": "1h", "severity": "info"},
+            "GPUWardenGPUUnhealthy": {"severity": "critical"},
+            "GPUWardenEvaluationsLate": {"enabled": False},
+        },
+        additionalRules=[{"alert": "Mine", "expr": "vector(1)", "labels": {"severity": "info"}}],
+    )
+    groups, services = render_alerts(control_plane, values)
+    source = yaml.safe_load(ALERT_RULES.read_text())["groups"]
+    assert [g["name"] for g in groups] == [*(g["name"] for g in source), "gpuwarden-additional"]
+    assert groups[-1]["rules"] == values["monitoring"]["prometheusRule"]["additionalRules"]
+
+    def releases(text: str) -> str:  # the file's jobs as the ServiceMonitors name them: their Services
+        for component, placeholder in PLACEHOLDER_JOBS.items():
+            text = text.replace(placeholder, f'job="{services[component]}"')
+        return text
+
+    rendered = {r["alert"]: r for g in groups[:-1] for r in g["rules"]}
+    expected = [r for g in source for r in g["rules"] if r["alert"] != "GPUWardenEvaluationsLate"]
+    assert list(rendered) == [r["alert"] for r in expected]
+    for rule in expected:
+        name, got = rule["alert"], rendered[rule["alert"]]
+        assert got["expr"] == releases(rule["expr"]), name
+        assert got["for"] == {"GPUWardenGPUIdle": "1h"}.get(name, rule["for"]), name
+        severity = {"GPUWardenGPUIdle": "info", "GPUWardenGPUUnhealthy": "critical"}.get(name)
+        assert got["labels"] == {"severity": severity or rule["labels"]["severity"], "team": "ml-platform"}, (
+            name
+        )
+        assert got["annotations"] == {
+            **{k: releases(v) for k, v in rule["annotations"].items()},
+            "runbook_url": f"https://wiki.example.com/gpu#{name.lower()}",
+        }, name
+    text = yaml.safe_dump(groups)
+    assert not any(placeholder in text for placeholder in PLACEHOLDER_JOBS.values())
+
+    # What Prometheus loads from it, checked by Prometheus' own tool.
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if in_ci():
+            pytest.fail("CI=true: promtool is missing (hack/ensure-system-deps.sh)", pytrace=False)
+        pytest.skip("promtool is not installed (Debian: apt-get install prometheus)")
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
+    check = subprocess.run(
+        [promtool, "check", "rules", str(tmp_path / "rules.yaml")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert f"SUCCESS: {len(expected) + 1} rules found" in check.stdout
+
+
+def test_the_prometheus_rule_follows_the_podmonitors_jobs_and_the_agents_absence(
+    control_plane: ControlPlane,
+) -> None:
+    values: dict[str, Any] = {
+        "monitoring": {"podMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}
+    }
+    groups, services = render_alerts(control_plane, values)
+    exprs = {r["alert"]: r["expr"] for g in groups for r in g["rules"]}
+    assert f'up{{job="mon/{services["operator"]}"}}' in exprs["GPUWardenOperatorDown"]
+    assert f'up{{job="mon/{services["agent"]}"}}' in exprs["GPUWardenAgentDown"]
+
+    values["agent"] = {"enabled": False}
+    groups, _ = render_alerts(control_plane, values)
+    kept = {r["alert"] for g in groups for r in g["rules"]}
+    on_agents = {name for name, expr in exprs.items() if f'job="mon/{services["agent"]}"' in expr}
+    assert on_agents == {
+        "GPUWardenAgentDown",
+        "GPUWardenAgentDroppingReports",
+        "GPUWardenOperatorReceivesNoReports",
+    }
+    assert kept == set(exprs) - on_agents
+
+
+def test_an_override_of_an_alert_gpuwarden_does_not_have_fails(control_plane: ControlPlane) -> None:
+    values = alert_values(rules={"GPUWardenGPUIdel": {"for": "1h"}})
+    proc = control_plane.run_helm(
+        "template", "gw", str(CHART), "--namespace", "mon", "-f", "-", input=yaml.safe_dump(values)
+    )
+    assert proc.returncode != 0
+    assert "monitoring.prometheusRule.rules.GPUWardenGPUIdel: gpuwarden has no such alert" in proc.stderr
+    assert "GPUWardenGPUIdle" in proc.stderr  # the names it has

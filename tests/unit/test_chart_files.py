@@ -265,7 +265,8 @@ def test_ci_scenarios_validate_against_the_schema(
         (("operator", "watchNamespaces"), ["Not_A_Namespace"]),
         (("operator", "rbac", "extraScaleTargets"), [{"apiGroups": ["apps"], "resources": ["deployments"]}]),
         (("operator", "typo"), 1),
-        (("monitoring", "prometheusRule", "severity"), "page"),
+        (("monitoring", "prometheusRule", "rules"), {"GPUWardenGPUIdle": {"severity": "page"}}),
+        (("monitoring", "prometheusRule", "rules"), {"GPUWardenGPUIdle": {"for": "an hour"}}),
     ],
 )
 def test_schema_rejects_wrong_values(
