@@ -280,7 +280,8 @@ async def serve(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> N
             "received": get("gpuwarden_operator_reports_total"),
             "rejected": {
                 r: get("gpuwarden_operator_reports_rejected_total", {"reason": r})
-                for r in ("rate_limited", "invalid", "internal", "unauthenticated")
+                # unavailable: the TokenReview budget for never-seen tokens (503, overload protection).
+                for r in ("rate_limited", "invalid", "internal", "unauthenticated", "unavailable", "standby")
             },
             "points": get("gpuwarden_operator_points_total"),
             "series": state.store.stats().series,

@@ -1,0 +1,121 @@
+"""The operator's fast decoder of a NodeReport: the same schema, checked in one pass by msgspec.
+
+Pydantic stays the schema (the models of :mod:`gpuwarden.wire.node`) and the one voice of every
+refusal; this module derives from those models, field by field, msgspec Structs with the same wire
+names, types and bounds (strict: JSON types as declared; finite, bounded numbers; nothing unknown;
+immutable), and decodes a body into them about four times faster than pydantic validates it
+(docs/benchmarks.md, "The ingest path side by side"). A body they refuse, and a model they cannot
+mirror (one with validators of its own: a snapshot's ``services``), go to :func:`parse_report`, which
+answers as it always did: its refusal, or its models where it accepts more (snake_case names).
+
+What :func:`decode_report` returns reads like a :class:`~gpuwarden.wire.node.NodeReport`, attribute
+for attribute, values equal; it is not a pydantic model (no ``model_*`` methods, no ``isinstance``):
+the ingest past the endpoint only reads attributes (tests/unit/wire/test_fast_decode.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from typing import Annotated, Any, Union, cast, get_args, get_origin
+
+import annotated_types
+import msgspec
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from gpuwarden.wire.node import NodeReport, check_versions, parse_report
+
+__all__ = ["decode_report", "mirror"]
+
+
+def _meta(metadata: list[Any]) -> msgspec.Meta | None:
+    """msgspec's constraints for pydantic's (``annotated_types`` bounds and lengths, a pattern)."""
+    bounds: dict[str, Any] = {}
+    for item in metadata:
+        if isinstance(item, annotated_types.Ge):
+            bounds["ge"] = item.ge
+        elif isinstance(item, annotated_types.Le):
+            bounds["le"] = item.le
+        elif isinstance(item, annotated_types.Gt):
+            bounds["gt"] = item.gt
+        elif isinstance(item, annotated_types.Lt):
+            bounds["lt"] = item.lt
+        elif isinstance(item, annotated_types.MinLen):
+            bounds["min_length"] = item.min_length
+        elif isinstance(item, annotated_types.MaxLen):
+            bounds["max_length"] = item.max_length
+        elif getattr(item, "pattern", None) is not None:
+            # Python's `$` also matches before a final newline; pydantic's (Rust) regex does not.
+            pattern: str = item.pattern
+            bounds["pattern"] = pattern[:-1] + r"\Z" if pattern.endswith("$") else pattern
+        else:
+            raise TypeError(f"no msgspec equivalent of {item!r}")
+    return msgspec.Meta(**bounds) if bounds else None
+
+
+def _type(annotation: Any, metadata: list[Any]) -> Any:
+    """The msgspec type of a pydantic annotation, ``metadata`` (the field's constraints) applied to
+    its value (the non-None part of an optional, as pydantic applies them)."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        inner, *extra = get_args(annotation)
+        own = [m for info in extra if isinstance(info, FieldInfo) for m in info.metadata]
+        return _type(inner, [*own, *metadata])
+    if origin in (Union, types.UnionType):
+        options = get_args(annotation)
+        if type(None) not in options or len(options) != 2:
+            raise TypeError(f"no msgspec mirror of {annotation!r}")
+        (value,) = (o for o in options if o is not type(None))
+        return Union[_type(value, metadata), None]  # noqa: UP007 (built at run time)
+    if origin is list:
+        (item,) = get_args(annotation)
+        out: Any = list[_type(item, [])]  # type: ignore[misc]
+    elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        out = mirror(annotation)
+    elif annotation in (str, int, float, bool) or (
+        isinstance(annotation, type) and issubclass(annotation, str)  # a StrEnum
+    ):
+        out = annotation
+    else:
+        raise TypeError(f"no msgspec mirror of {annotation!r}")
+    meta = _meta(metadata)
+    return Annotated[out, meta] if meta is not None else out
+
+
+@functools.cache
+def mirror(model: type[BaseModel]) -> Any:
+    """The msgspec Struct of a wire model: its fields by their wire names, types and constraints;
+    ``None`` (only null or absent accepted) for a model with validators of its own."""
+    decorators = model.__pydantic_decorators__
+    if decorators.model_validators or decorators.field_validators:
+        return None
+    fields = []
+    for name, info in model.model_fields.items():
+        default: Any = msgspec.NODEFAULT
+        if info.default_factory is list:
+            default = []  # msgspec copies an empty list default for each Struct
+        elif info.default_factory is not None:
+            raise TypeError(f"{model.__name__}.{name}: no msgspec mirror of its default_factory")
+        elif not info.is_required():
+            default = info.default
+        kind = _type(info.annotation, info.metadata)
+        fields.append((name, kind, msgspec.field(default=default, name=info.alias or name)))
+    return msgspec.defstruct(
+        model.__name__, fields, kw_only=True, forbid_unknown_fields=True, frozen=True, module=__name__
+    )
+
+
+@functools.cache
+def _decoder() -> msgspec.json.Decoder[Any]:
+    return msgspec.json.Decoder(mirror(NodeReport))
+
+
+def decode_report(body: bytes) -> NodeReport:
+    """:func:`~gpuwarden.wire.node.parse_report`'s answer to ``body``, read-only (see the module doc):
+    decoded here when the mirror takes it, else by ``parse_report`` (its ReportError, or its models)."""
+    try:
+        report = cast(NodeReport, _decoder().decode(body))
+    except msgspec.MsgspecError:
+        return parse_report(body)
+    return check_versions(report)
