@@ -39,14 +39,17 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 PARTS = (
-    ("wire parse (pydantic)", ("validate_json", "/wire/", "nodereport")),
+    ("wire parse (pydantic or msgspec)", ("validate_json", "msgspec", "/wire/", "nodereport")),
     ("accounting", ("/accounting/",)),
     ("GPU health store", ("health",)),
     ("series store and intake", ("/policy/store/", "/policy/series", "/policy/intake")),
     ("admission (state.accept)", ("operator/state.py", "operator/metrics.py")),
     ("endpoint (auth, limits, body, answer)", ("/operator/endpoints/", "/operator/ingest.py", "tokenreview")),
     ("evaluation (engine, rules, runner)", ("/policy/", "/operator/policies/", "/operator/evaluation")),
-    ("HTTP and TLS (aiohttp, asyncio, ssl)", ("aiohttp", "asyncio", "ssl", "selectors", "socket", "multidict", "yarl")),
+    (
+        "HTTP and TLS (aiohttp, asyncio, ssl)",
+        ("aiohttp", "asyncio", "ssl", "selectors", "socket", "multidict"),
+    ),
 )
 """Parts of the path, by the first of their file (or built-in) name fragments a function matches."""
 
@@ -156,6 +159,15 @@ def per_core(summary: dict[str, Any]) -> float:
     return float(summary["reports_per_s"]) / share if share else float("nan")
 
 
+def over_floor(summary: dict[str, Any]) -> str:
+    """Ingest CPU a report over its floor (``json.loads`` + pydantic's parse of the same body, on the
+    server's CPU), where the revision's bench measures the floor."""
+    floor = summary.get("floor_us")
+    if not floor:
+        return "n/a"
+    return format(summary["ingest_cpu_us_per_report"] / (floor["json_loads"] + floor["parse_report"]), ".2f")
+
+
 def unavailable(summary: dict[str, Any]) -> str:
     """The measured window's 503s by reason, where the revision's bench counts them."""
     rejected = summary.get("rejected", {})
@@ -197,9 +209,10 @@ def main() -> int:
     print(f"bench/ingest.py {' '.join(bench_args)}; {args.rounds} rounds, alternated\n")
     print(
         "| tree | reports/s | reports/s per core | ingest µs / report | p99 evaluation delay "
-        "| 503 answers (whole run) | 503s measured, by reason |"
+        "| 503 answers (whole run) | 503s measured, by reason | ingest / floor |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
+    notes: list[str] = []
     for label, _ in revs:
         runs = results[label]
 
@@ -210,8 +223,14 @@ def main() -> int:
             f"| {label} | {each(lambda s: s['reports_per_s'], ',.0f')} | {each(per_core, ',.0f')} "
             f"| {each(lambda s: s['ingest_cpu_us_per_report'], '.1f')} "
             f"| {each(lambda s: s['evaluation_delay_ms']['p99'], ',.0f')} ms "
-            f"| {each(lambda s: s['statuses'].get('503', 0), ',')} | {' · '.join(map(unavailable, runs))} |"
+            f"| {each(lambda s: s['statuses'].get('503', 0), ',')} | {' · '.join(map(unavailable, runs))} "
+            f"| {' · '.join(map(over_floor, runs))} |"
         )
+        floors = [s["floor_us"] for s in runs if s.get("floor_us")]
+        if floors:
+            described = " · ".join(", ".join(f"{name} {us}" for name, us in f.items()) for f in floors)
+            notes.append(f"{label}: floor µs a report ({described})")
+    print("\n".join(["", *notes]))
     base = statistics.median(per_core(s) for s in results[revs[0][0]])
     print()
     for label, _ in revs[1:]:

@@ -68,6 +68,7 @@ from gpuwarden.operator.sharding.ring import Ring, policy_key
 from gpuwarden.operator.state import OperatorState
 from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.store.series import Point, SeriesKey
+from gpuwarden.wire.fast import decode_report
 from gpuwarden.wire.node import (
     SCHEMA_VERSION,
     GpuHealth,
@@ -77,6 +78,7 @@ from gpuwarden.wire.node import (
     ProcessSample,
     Snapshot,
     dump_report,
+    parse_report,
 )
 
 AGENT = "system:serviceaccount:gpuwarden-system:gpuwarden-agent"
@@ -210,8 +212,27 @@ def prefill(state: OperatorState, layout: Layout, history: float, now: float) ->
     return added
 
 
+def floor(layout: Layout) -> dict[str, float]:
+    """CPU µs a report, on this CPU, of what any ingest of the bench's body must do at least: decode its
+    JSON (``json.loads``), and the operator's decoders (the endpoint's, pydantic's); best of 5."""
+    body = Bodies(layout)(0, 1, time.time())
+
+    def best(decode: Any) -> float:
+        runs = []
+        for _ in range(5):
+            started = time.process_time()
+            for _ in range(500):
+                decode(body)
+            runs.append(time.process_time() - started)
+        return round(1e6 * min(runs) / 500, 1)
+
+    decoders = {"json_loads": json.loads, "decode_report": decode_report, "parse_report": parse_report}
+    return {name: best(decode) for name, decode in decoders.items()}
+
+
 async def serve(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> None:
     layout = Layout(args.nodes, args.nodes_per_policy, args.shards, health=not args.no_health)
+    floors = floor(layout)
     api = BenchApi()
     sharded = {"shards": True, "identity": SELF, "pod_namespace": "bench"} if args.shards else {}
     config = OperatorConfig(node_rate=20.0, max_body_bytes=8 * 2**20, **sharded)  # type: ignore[arg-type]
@@ -277,6 +298,7 @@ async def serve(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> N
             "cpu": usage.ru_utime + usage.ru_stime,
             "eval_cpu": eval_cpu[0],
             "maxrss_mib": usage.ru_maxrss / 1024,
+            "floor_us": floors,
             "received": get("gpuwarden_operator_reports_total"),
             "rejected": {
                 r: get("gpuwarden_operator_reports_rejected_total", {"reason": r})
@@ -730,6 +752,7 @@ def main() -> int:
         "rejected": rejected,
         "statuses": statuses,
         "server_maxrss_mib": round(after["maxrss_mib"], 1),
+        "floor_us": after["floor_us"],
     }
     print(json.dumps(summary, indent=2))
     return 0
