@@ -58,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aiohttp import web
 
+from gpuwarden import serving
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.endpoints.reports import make_ingest_app
@@ -341,13 +342,13 @@ async def keep_membership(state: OperatorState, shards: int) -> None:
 async def serve_until_stopped(
     app: web.Application, port_queue: Any, stop_event: Any, tls: ssl.SSLContext | None = None
 ) -> None:
-    """Serve ``app`` on a free loopback port (put on ``port_queue``) until ``stop_event`` is set."""
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
+    """Serve ``app`` on a free loopback port (put on ``port_queue``) until ``stop_event`` is set, as
+    the operator serves it (:func:`gpuwarden.serving.serve`: the request deadline, the connections
+    tracked and capped)."""
+    limiter = serving.ConnectionLimiter(serving.connection_cap(serving.raise_fd_limit()))
+    runner = await serving.serve(app, "127.0.0.1", 0, limiter=limiter, ssl_context=tls, backlog=4096)
     try:
-        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096, ssl_context=tls)
-        await site.start()
-        port_queue.put(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+        port_queue.put(runner.addresses[0][1])
         await asyncio.to_thread(stop_event.wait)
     finally:
         await runner.cleanup()
