@@ -4,9 +4,10 @@ Pydantic stays the schema (the models of :mod:`gpuwarden.wire.node`) and the one
 refusal; this module derives from those models, field by field, msgspec Structs with the same wire
 names, types and bounds (strict: JSON types as declared; finite, bounded numbers; nothing unknown;
 immutable), and decodes a body into them about four times faster than pydantic validates it
-(docs/benchmarks.md, "The ingest path side by side"). A body they refuse, and a model they cannot
-mirror (one with validators of its own: a snapshot's ``services``), go to :func:`parse_report`, which
-answers as it always did: its refusal, or its models where it accepts more (snake_case names).
+(docs/benchmarks.md, "The ingest path side by side"). A body they refuse goes to :func:`parse_report`,
+which answers as it always did: its refusal, or its models where it accepts more (snake_case names,
+and the values of a model that checks itself, which the Structs take only as null: a snapshot's
+``services``, the pods' scrapes).
 
 What :func:`decode_report` returns reads like a :class:`~gpuwarden.wire.node.NodeReport`, attribute
 for attribute, values equal; it is not a pydantic model (no ``model_*`` methods, no ``isinstance``):
@@ -26,7 +27,7 @@ from pydantic.fields import FieldInfo
 
 from gpuwarden.wire.node import NodeReport, check_versions, parse_report
 
-__all__ = ["decode_report", "mirror"]
+__all__ = ["Unmirrored", "decode_report", "mirror"]
 
 
 def _meta(metadata: list[Any]) -> msgspec.Meta | None:
@@ -83,13 +84,20 @@ def _type(annotation: Any, metadata: list[Any]) -> Any:
     return Annotated[out, meta] if meta is not None else out
 
 
+class Unmirrored(TypeError):
+    """A model that checks itself (validators): no Struct can say what it refuses."""
+
+
 @functools.cache
 def mirror(model: type[BaseModel]) -> Any:
-    """The msgspec Struct of a wire model: its fields by their wire names, types and constraints;
-    ``None`` (only null or absent accepted) for a model with validators of its own."""
+    """The msgspec Struct of a wire model: its fields by their wire names, types and constraints.
+
+    An optional field of a model that checks itself (:class:`Unmirrored`) takes null alone (absent
+    included): a value there is left to pydantic; a required one makes its model :class:`Unmirrored`.
+    """
     decorators = model.__pydantic_decorators__
     if decorators.model_validators or decorators.field_validators:
-        return None
+        raise Unmirrored(model.__name__)
     fields = []
     for name, info in model.model_fields.items():
         default: Any = msgspec.NODEFAULT
@@ -99,7 +107,12 @@ def mirror(model: type[BaseModel]) -> Any:
             raise TypeError(f"{model.__name__}.{name}: no msgspec mirror of its default_factory")
         elif not info.is_required():
             default = info.default
-        kind = _type(info.annotation, info.metadata)
+        try:
+            kind = _type(info.annotation, info.metadata)
+        except Unmirrored:
+            if default is not None:
+                raise
+            kind = None
         fields.append((name, kind, msgspec.field(default=default, name=info.alias or name)))
     return msgspec.defstruct(
         model.__name__, fields, kw_only=True, forbid_unknown_fields=True, frozen=True, module=__name__
