@@ -32,6 +32,15 @@ The policies are this replica's too. The guard: sharding must cost at most 10% o
 
 ``--tls`` serves the ingest over TLS, as the chart does by default (a certificate for the name
 ``bench``, which the load's connections verify), to measure what encryption costs the server.
+
+The server serves as the operator does (:func:`gpuwarden.serving.serve`: the request deadline, the
+connections tracked). The summary counts the measured window's refusals by reason: ``unavailable``
+(503) is the TokenReview budget for never-seen tokens refusing past its rate, overload protection
+(the bench's nodes all start with new tokens at once, and the pod index it fills does not name their
+nodes, so every token is a stranger's until reviewed); ``statuses`` are the load's, whole run.
+``floor_us`` is what decoding the bench's body costs on the server's CPU (``json.loads``, the
+endpoint's decoder, pydantic's parse): the floor the ingest's CPU a report is held against
+(``bench/compare_ingest.py`` runs this bench side by side for several revisions).
 """
 
 from __future__ import annotations

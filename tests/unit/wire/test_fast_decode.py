@@ -17,6 +17,7 @@ from gpuwarden.wire.fast import decode_report, mirror
 from gpuwarden.wire.node import (
     SCHEMA_VERSION,
     AllocationSite,
+    DeviceState,
     GpuHealth,
     GpuSample,
     HookSample,
@@ -89,7 +90,7 @@ FULL = NodeReport(
                         )
                     ],
                 ),
-                GpuSample(uuid="GPU-1", index=1, mig_id="MIG-1", state="lost"),
+                GpuSample(uuid="GPU-1", index=1, mig_id="MIG-1", state=DeviceState.LOST),
             ],
         )
     ],
@@ -204,7 +205,7 @@ def paths(document: Any, at: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
 
 DOCUMENT = json.loads(BODY)
 PATHS = paths(DOCUMENT)[1:]
-ODD = [
+ODD: list[Any] = [
     None,
     True,
     False,
