@@ -280,3 +280,25 @@ def test_non_finite_numbers_are_refused_alike(literal: bytes) -> None:
     assert body != BODY
     same_answer(body)
     assert answer(decode_report, body)[0] == "refused"
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (b"{", b"\xef\xbb\xbf{"),  # a byte order mark
+        (b"{", b" \n\t{"),
+        (b'"node":"gpu-node-1"', b'"node":"gpu-node-\\u0031"'),
+        (b'"node":"gpu-node-1"', b'"node":"\xff"'),  # not UTF-8
+        (b'"seq":7', b'"seq":7.0'),
+        (b'"seq":7', b'"seq":-0'),
+        (b"55.5", b"5.55e1"),
+        (b"55.5", b"1E2"),
+        (b"55.5", b"100.0000000000000001"),  # rounds to the bound
+        (b"55.5", b"100.00000000000002"),  # the next float past it
+    ],
+)
+def test_json_spellings_are_answered_alike(old: bytes, new: bytes) -> None:
+    body = BODY.replace(old, new, 1)
+    assert body != BODY
+    same_answer(body)
+    same_answer(body + b" x")  # trailing bytes
