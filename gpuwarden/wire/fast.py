@@ -4,10 +4,10 @@ Pydantic stays the schema (the models of :mod:`gpuwarden.wire.node`) and the one
 refusal; this module derives from those models, field by field, msgspec Structs with the same wire
 names, types and bounds (strict: JSON types as declared; finite, bounded numbers; nothing unknown;
 immutable), and decodes a body into them about four times faster than pydantic validates it
-(docs/benchmarks.md, "The ingest path side by side"). A body they refuse goes to :func:`parse_report`,
-which answers as it always did: its refusal, or its models where it accepts more (snake_case names,
-and the values of a model that checks itself, which the Structs take only as null: a snapshot's
-``services``, the pods' scrapes).
+(docs/benchmarks.md, "The ingest path side by side"). A model with checks of its own (validators: a
+snapshot's ``services``, the pods' scrapes) is no Struct: its field is kept as raw JSON and pydantic
+validates it, as that field, into its models. A body they refuse goes to :func:`parse_report`, which
+answers as it always did: its refusal, or its models where it accepts more (snake_case names).
 
 What :func:`decode_report` returns reads like a :class:`~gpuwarden.wire.node.NodeReport`, attribute
 for attribute, values equal; it is not a pydantic model (no ``model_*`` methods, no ``isinstance``):
@@ -22,10 +22,10 @@ from typing import Annotated, Any, Union, cast, get_args, get_origin
 
 import annotated_types
 import msgspec
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
-from gpuwarden.wire.node import NodeReport, check_versions, parse_report
+from gpuwarden.wire.node import NodeReport, Snapshot, check_versions, parse_report
 
 __all__ = ["Unmirrored", "decode_report", "mirror"]
 
@@ -92,8 +92,9 @@ class Unmirrored(TypeError):
 def mirror(model: type[BaseModel]) -> Any:
     """The msgspec Struct of a wire model: its fields by their wire names, types and constraints.
 
-    An optional field of a model that checks itself (:class:`Unmirrored`) takes null alone (absent
-    included): a value there is left to pydantic; a required one makes its model :class:`Unmirrored`.
+    An optional field holding models that check themselves (:class:`Unmirrored`) is kept as its raw
+    JSON (:data:`CHECKED_BY_PYDANTIC` says how to validate it); a required one makes its own model
+    :class:`Unmirrored`.
     """
     decorators = model.__pydantic_decorators__
     if decorators.model_validators or decorators.field_validators:
@@ -107,28 +108,55 @@ def mirror(model: type[BaseModel]) -> Any:
             raise TypeError(f"{model.__name__}.{name}: no msgspec mirror of its default_factory")
         elif not info.is_required():
             default = info.default
+        raw: TypeAdapter[Any] | None = None
         try:
             kind = _type(info.annotation, info.metadata)
         except Unmirrored:
             if default is not None:
                 raise
-            kind = None
+            kind, raw = msgspec.Raw, TypeAdapter(info.rebuild_annotation())
         fields.append((name, kind, msgspec.field(default=default, name=info.alias or name)))
-    return msgspec.defstruct(
+        if raw is not None:
+            CHECKED_BY_PYDANTIC.setdefault(model, []).append((name, raw))
+    struct = msgspec.defstruct(
         model.__name__, fields, kw_only=True, forbid_unknown_fields=True, frozen=True, module=__name__
     )
+    if model in CHECKED_BY_PYDANTIC:
+        CHECKED_BY_PYDANTIC[struct] = CHECKED_BY_PYDANTIC.pop(model)
+    return struct
+
+
+CHECKED_BY_PYDANTIC: dict[type, list[tuple[str, TypeAdapter[Any]]]] = {}
+"""The mirror's fields kept raw, by Struct: their names and pydantic's validators (the field's type and
+constraints, its models' own checks)."""
 
 
 @functools.cache
-def _decoder() -> msgspec.json.Decoder[Any]:
-    return msgspec.json.Decoder(mirror(NodeReport))
+def _decoder() -> tuple[msgspec.json.Decoder[Any], list[tuple[str, TypeAdapter[Any]]]]:
+    """The report's decoder, and the snapshot's raw fields (a report keeps them nowhere else)."""
+    decoder = msgspec.json.Decoder(mirror(NodeReport))
+    raw = CHECKED_BY_PYDANTIC.get(mirror(Snapshot), [])
+    if len(CHECKED_BY_PYDANTIC) > (1 if raw else 0):
+        raise TypeError(
+            f"raw fields outside a snapshot, which decode_report does not read: {CHECKED_BY_PYDANTIC}"
+        )
+    return decoder, raw
 
 
 def decode_report(body: bytes) -> NodeReport:
     """:func:`~gpuwarden.wire.node.parse_report`'s answer to ``body``, read-only (see the module doc):
-    decoded here when the mirror takes it, else by ``parse_report`` (its ReportError, or its models)."""
+    decoded here when the mirror takes it (a snapshot's raw fields by pydantic), else by
+    ``parse_report`` (its ReportError, or its models)."""
+    decoder, raw = _decoder()
     try:
-        report = cast(NodeReport, _decoder().decode(body))
-    except msgspec.MsgspecError:
+        report = cast(NodeReport, decoder.decode(body))
+        snapshots: list[Any] = report.snapshots  # the mirror's Structs
+        for i, snapshot in enumerate(snapshots):
+            for name, adapter in raw:
+                value = getattr(snapshot, name)
+                if value is not None:  # absent: None, as pydantic's default
+                    checked = adapter.validate_json(bytes(value), strict=True)
+                    snapshots[i] = snapshot = msgspec.structs.replace(snapshot, **{name: checked})
+    except (msgspec.MsgspecError, ValidationError):
         return parse_report(body)
     return check_versions(report)
