@@ -32,6 +32,15 @@ The policies are this replica's too. The guard: sharding must cost at most 10% o
 
 ``--tls`` serves the ingest over TLS, as the chart does by default (a certificate for the name
 ``bench``, which the load's connections verify), to measure what encryption costs the server.
+
+The server serves as the operator does (:func:`gpuwarden.serving.serve`: the request deadline, the
+connections tracked). The summary counts the measured window's refusals by reason: ``unavailable``
+(503) is the TokenReview budget for never-seen tokens refusing past its rate, overload protection
+(the bench's nodes all start with new tokens at once, and the pod index it fills does not name their
+nodes, so every token is a stranger's until reviewed); ``statuses`` are the load's, whole run.
+``floor_us`` is what decoding the bench's body costs on the server's CPU (``json.loads``, the
+endpoint's decoder, pydantic's parse): the floor the ingest's CPU a report is held against
+(``bench/compare_ingest.py`` runs this bench side by side for several revisions).
 """
 
 from __future__ import annotations
@@ -58,6 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aiohttp import web
 
+from gpuwarden import serving
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.endpoints.reports import make_ingest_app
@@ -68,6 +78,7 @@ from gpuwarden.operator.sharding.ring import Ring, policy_key
 from gpuwarden.operator.state import OperatorState
 from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.store.series import Point, SeriesKey
+from gpuwarden.wire.fast import decode_report
 from gpuwarden.wire.node import (
     SCHEMA_VERSION,
     GpuHealth,
@@ -77,6 +88,7 @@ from gpuwarden.wire.node import (
     ProcessSample,
     Snapshot,
     dump_report,
+    parse_report,
 )
 
 AGENT = "system:serviceaccount:gpuwarden-system:gpuwarden-agent"
@@ -217,8 +229,27 @@ def prefill(state: OperatorState, layout: Layout, history: float, now: float) ->
     return added
 
 
+def floor(layout: Layout) -> dict[str, float]:
+    """CPU µs a report, on this CPU, of what any ingest of the bench's body must do at least: decode its
+    JSON (``json.loads``), and the operator's decoders (the endpoint's, pydantic's); best of 5."""
+    body = Bodies(layout)(0, 1, time.time())
+
+    def best(decode: Any) -> float:
+        runs = []
+        for _ in range(5):
+            started = time.process_time()
+            for _ in range(500):
+                decode(body)
+            runs.append(time.process_time() - started)
+        return round(1e6 * min(runs) / 500, 1)
+
+    decoders = {"json_loads": json.loads, "decode_report": decode_report, "parse_report": parse_report}
+    return {name: best(decode) for name, decode in decoders.items()}
+
+
 async def serve(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> None:
     layout = Layout(args.nodes, args.nodes_per_policy, args.shards, health=not args.no_health)
+    floors = floor(layout)
     api = BenchApi()
     sharded = {"shards": True, "identity": SELF, "pod_namespace": "bench"} if args.shards else {}
     config = OperatorConfig(node_rate=20.0, max_body_bytes=8 * 2**20, **sharded)  # type: ignore[arg-type]
@@ -284,10 +315,12 @@ async def serve(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> N
             "cpu": usage.ru_utime + usage.ru_stime,
             "eval_cpu": eval_cpu[0],
             "maxrss_mib": usage.ru_maxrss / 1024,
+            "floor_us": floors,
             "received": get("gpuwarden_operator_reports_total"),
             "rejected": {
                 r: get("gpuwarden_operator_reports_rejected_total", {"reason": r})
-                for r in ("rate_limited", "invalid", "internal", "unauthenticated")
+                # unavailable: the TokenReview budget for never-seen tokens (503, overload protection).
+                for r in ("rate_limited", "invalid", "internal", "unauthenticated", "unavailable", "standby")
             },
             "points": get("gpuwarden_operator_points_total"),
             "series": state.store.stats().series,
@@ -325,13 +358,13 @@ async def keep_membership(state: OperatorState, shards: int) -> None:
 async def serve_until_stopped(
     app: web.Application, port_queue: Any, stop_event: Any, tls: ssl.SSLContext | None = None
 ) -> None:
-    """Serve ``app`` on a free loopback port (put on ``port_queue``) until ``stop_event`` is set."""
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
+    """Serve ``app`` on a free loopback port (put on ``port_queue``) until ``stop_event`` is set, as
+    the operator serves it (:func:`gpuwarden.serving.serve`: the request deadline, the connections
+    tracked and capped)."""
+    limiter = serving.ConnectionLimiter(serving.connection_cap(serving.raise_fd_limit()))
+    runner = await serving.serve(app, "127.0.0.1", 0, limiter=limiter, ssl_context=tls, backlog=4096)
     try:
-        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096, ssl_context=tls)
-        await site.start()
-        port_queue.put(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+        port_queue.put(runner.addresses[0][1])
         await asyncio.to_thread(stop_event.wait)
     finally:
         await runner.cleanup()
@@ -736,6 +769,7 @@ def main() -> int:
         "rejected": rejected,
         "statuses": statuses,
         "server_maxrss_mib": round(after["maxrss_mib"], 1),
+        "floor_us": after["floor_us"],
     }
     print(json.dumps(summary, indent=2))
     return 0

@@ -5,6 +5,8 @@ Import a schema from its own module, the package's public surface:
 - :mod:`gpuwarden.wire.node`: the NodeReport an agent sends the operator (``parse_report``,
   ``dump_report``), its samples, and the helpers on them (``device_key``,
   ``merge_process_utilization``);
+- :mod:`gpuwarden.wire.fast`: the operator's decoder of a NodeReport (``decode_report``): msgspec
+  Structs derived from ``node``'s models, pydantic answering what they refuse;
 - :mod:`gpuwarden.wire.scrape`: the pods' own metrics: the scrape plan the operator answers a
   report with (``parse_plan``, ``dump_plan``), and the compacted scrapes a snapshot carries back;
 - :mod:`gpuwarden.wire.verdicts`: the VerdictReport a shard sends a policy's owner;
@@ -17,4 +19,4 @@ models cost memory as they are built, docs/benchmarks.md; an agent never loads t
 ``gpuwarden.wire`` imports nothing else of gpuwarden's (an import contract in pyproject.toml).
 """
 
-__all__ = ["base", "hook", "node", "scrape", "verdicts"]
+__all__ = ["base", "fast", "hook", "node", "scrape", "verdicts"]

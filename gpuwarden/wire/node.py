@@ -257,7 +257,12 @@ class ReportError(ValueError):
 
 def parse_report(body: bytes | str) -> NodeReport:
     """Parse a JSON body strictly (see the module doc); raise :class:`ReportError` naming the field."""
-    report = parse_strict(NodeReport, body, ReportError)
+    return check_versions(parse_strict(NodeReport, body, ReportError))
+
+
+def check_versions(report: NodeReport) -> NodeReport:
+    """``report``, if it sends nothing its ``schemaVersion`` lacks (or an unknown version): else a
+    :class:`ReportError` naming the field. Reads attributes only (:mod:`gpuwarden.wire.fast` too)."""
     if report.schema_version not in ACCEPTED_SCHEMA_VERSIONS:
         speaks = ", ".join(str(v) for v in sorted(ACCEPTED_SCHEMA_VERSIONS))
         raise ReportError(

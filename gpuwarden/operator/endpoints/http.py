@@ -33,7 +33,8 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     # actually arrives, and what it decodes to, inflating no more than the limit allows.
     chunks: list[bytes] = []
     received = size = 0
-    while chunk := await request.content.read(1 << 16):
+    content = request.content
+    while chunk := await content.read(1 << 16):
         received += len(chunk)
         if decoder is not None:
             try:
@@ -44,6 +45,8 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         if size > limit or received > limit:
             raise Refusal(413, "TooLarge", f"the body exceeds {limit} bytes", "too_large")
         chunks.append(chunk)
+        if content.at_eof():
+            break  # all of it came (a report's body mostly comes whole): no read for the empty chunk
     if decoder is not None and not decoder.eof:
         raise _undecodable(request)
     if decoder is not None and decoder.unused_data:

@@ -57,7 +57,8 @@ from gpuwarden.operator.endpoints.http import Refusal, authenticate, error_respo
 from gpuwarden.operator.endpoints.ratelimit import NodeRateLimiter
 from gpuwarden.operator.kube import TokenAuthenticator
 from gpuwarden.operator.metrics import OperatorMetrics
-from gpuwarden.wire.node import NodeReport, ReportError, parse_report
+from gpuwarden.wire.fast import decode_report
+from gpuwarden.wire.node import NodeReport, ReportError
 
 __all__ = [
     "INGEST",
@@ -226,7 +227,7 @@ class ReportIngest:
 
     def _ingest(self, node: str, body: bytes) -> web.Response:
         try:
-            report = parse_report(body)
+            report = decode_report(body)
         except ReportError as exc:
             raise Refusal(400, "InvalidReport", str(exc), "invalid") from None
         if report.node != node:
