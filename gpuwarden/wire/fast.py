@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import types
-from typing import Annotated, Any, Union, cast, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, cast, get_args, get_origin
 
 import annotated_types
 import msgspec
@@ -74,6 +74,8 @@ def _type(annotation: Any, metadata: list[Any]) -> Any:
         out: Any = list[_type(item, [])]  # type: ignore[misc]
     elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
         out = mirror(annotation)
+    elif origin is Literal and all(type(v) in (str, int) for v in get_args(annotation)):
+        out = annotation  # msgspec checks str and int literals as pydantic does (bool is no int here)
     elif annotation in (str, int, float, bool) or (
         isinstance(annotation, type) and issubclass(annotation, str)  # a StrEnum
     ):

@@ -83,7 +83,17 @@ FULL = NodeReport(
                                 sites=[
                                     AllocationSite(
                                         file="train.py", line=88, size_bytes=1, growth_bytes=1, count=3
-                                    )
+                                    ),
+                                    # A GPU line (schema 7), while the allocator's history is recorded.
+                                    AllocationSite(
+                                        file="train.py",
+                                        line=35,
+                                        size_bytes=41 * 2**30,
+                                        growth_bytes=2**30,
+                                        count=12,
+                                        memory="gpu",
+                                        growth_bytes_per_minute=37 * 2**30,
+                                    ),
                                 ],
                             ),
                         )
