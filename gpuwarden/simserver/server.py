@@ -276,8 +276,9 @@ async def _metrics(request: web.Request) -> web.StreamResponse:
         return await _huge(request)
     server = request.app[SERVER]
     server.settle()
-    # prometheus_client's handler, as the agent's and the operator's: the format asked for, gzipped
-    # if accepted.
+    # prometheus_client's handler, as the agent's and the operator's, and vLLM's own: the format asked
+    # for, gzipped if accepted. Asked for OpenMetrics (Prometheus does), it writes the names' colons as
+    # underscores in the sample lines, as vLLM does (prometheus/client_python#1177).
     return await make_aiohttp_handler(server.registry)(request)
 
 
