@@ -1,5 +1,6 @@
-"""The running agent: :func:`serve` wires the sampler, attribution, training hooks, the report
-sender, the pods' scrapes and the HTTP server on an opened backend, and runs them until SIGTERM or
+"""The running agent. :func:`build_agent` is its composition root: on an opened backend it wires the
+sampler, attribution, training hooks, the report sender and the pods' scrapes into the HTTP server's
+app, each opened and closed by the app's ``cleanup_ctx``; :func:`serve` runs that app until SIGTERM or
 SIGINT."""
 
 from __future__ import annotations
@@ -9,10 +10,11 @@ import contextlib
 import logging
 import signal
 import ssl
-import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from gpuwarden.agent.attribution import (
     CgroupReader,
@@ -26,13 +28,11 @@ from gpuwarden.agent.attribution import (
 )
 from gpuwarden.agent.backend import DeviceBackend
 from gpuwarden.agent.config import AgentConfig
-from gpuwarden.agent.hookattach import HookStage
-from gpuwarden.agent.hookcontrol import ControlServer
-from gpuwarden.agent.hooksocket import HookReadings, HookServer, HookSocketError
+from gpuwarden.agent.hookchannel import HookChannel, hook_channel, open_hook_channel
 from gpuwarden.agent.http import CleanupContext, background_task, build_app, listen, stale_after
 from gpuwarden.agent.metrics import (
+    AgentMetrics,
     DraMetrics,
-    HookMetrics,
     PodResourcesCollector,
     ScrapeMetrics,
     build_registry,
@@ -45,29 +45,44 @@ from gpuwarden.wire.node import Snapshot
 
 log = logging.getLogger("gpuwarden.agent")
 
-RING_SECONDS = 300.0
-"""How much recent history the agent keeps in memory, whatever the sampling interval."""
+
+@dataclass(frozen=True, slots=True)
+class _Clients:
+    """What the agent talks to for attribution: the kubelet, and the API server for the node's pods and
+    ResourceSlices (None: not wanted, or no API token). Opened lazily; closed by :func:`_closing`."""
+
+    pod_resources: PodResourcesClient | None = None
+    pods: NodePods | None = None
+    slices: ResourceSlices | None = None
 
 
-class _Closer:
-    """What the attributor opened (kubelet channel, API session), closed on the way out."""
+def _clients(config: AgentConfig) -> _Clients:
+    if config.attribution != "kubelet":
+        return _Clients()
+    return _Clients(
+        PodResourcesClient(config.pod_resources_socket, dra_drivers=config.dra_drivers),
+        # None outside a cluster or without an API token: PodResources alone then (logged by NodePods).
+        NodePods.in_cluster(config.node),
+        # None without an API token: DRA devices then resolve by name only (logged).
+        ResourceSlices.in_cluster(config.node) if config.dra_drivers and config.dra_resource_slices else None,
+    )
 
-    def __init__(self) -> None:
-        self.client: PodResourcesClient | None = None
-        self.pods: NodePods | None = None
-        self.slices: ResourceSlices | None = None
 
-    async def close(self) -> None:
-        for closeable in (self.client, self.pods, self.slices):
-            if closeable is not None:
+def _closing(clients: _Clients) -> CleanupContext:
+    async def context(app: web.Application) -> AsyncIterator[None]:
+        yield
+        for client in (clients.pod_resources, clients.pods, clients.slices):
+            if client is not None:
                 try:
-                    await closeable.close()
+                    await client.close()
                 except Exception as exc:
-                    log.warning("closing %s: %s", type(closeable).__name__, exc)
+                    log.warning("closing %s: %s", type(client).__name__, exc)
+
+    return context
 
 
 def _attributor(
-    config: AgentConfig, backend: DeviceBackend, closer: _Closer, dra: DraResolver | None = None
+    config: AgentConfig, backend: DeviceBackend, clients: _Clients, dra: DraResolver | None = None
 ) -> Attributor:
     if config.attribution == "scenario":
         # Loaded already (whoever built the backend imported it); here for the reason given
@@ -76,65 +91,94 @@ def _attributor(
 
         assert isinstance(backend, ScriptedBackend)  # open_backend opened it from this config
         return ScenarioAttributor(backend)
-    closer.client = PodResourcesClient(config.pod_resources_socket, dra_drivers=config.dra_drivers)
-    # None outside a cluster or without an API token: PodResources alone then (logged by NodePods).
-    closer.pods = NodePods.in_cluster(config.node)
+    assert clients.pod_resources is not None  # _clients opened it for kubelet attribution
     return PodAttributor(
-        closer.client,
+        clients.pod_resources,
         cgroups=CgroupReader(config.proc_root, config.cgroup_root),
-        pod_lookup=closer.pods,
+        pod_lookup=clients.pods,
         dra=dra,
     )
 
 
-def _listed(closer: _Closer, uid: str) -> ListedPod | None:
+def _listed(pods: NodePods | None, uid: str) -> ListedPod | None:
     """The pod of ``uid`` as this node's pod list has it: what a scrape target is held to."""
-    found = closer.pods.addresses(uid) if closer.pods is not None else None
+    found = pods.addresses(uid) if pods is not None else None
     if found is None:
         return None  # without a pod list (no API token) no target is scraped
     ref, ips = found
     return ListedPod(ref.namespace, ref.name, ips)
 
 
-def _dra(config: AgentConfig, closer: _Closer, metrics: DraMetrics) -> DraResolver:
-    # None without an API token: DRA devices then resolve by name only (logged).
-    closer.slices = ResourceSlices.in_cluster(config.node) if config.dra_resource_slices else None
+def _dra(config: AgentConfig, slices: ResourceSlices | None, registry: CollectorRegistry) -> DraResolver:
+    def slices_state() -> SlicesState:
+        return slices.state if slices is not None else SlicesState.NOT_LISTED
+
     return DraResolver(
-        closer.slices,
+        slices,
         # Minor numbers and MIG placements are the real GPUs'; a scripted backend has none to offer.
         minor_numbers=nvml_minor_numbers if config.backend == "nvml" else None,
         mig_devices=nvml_mig_devices if config.backend == "nvml" else None,
-        on_unresolved=metrics.count_unresolved,
+        on_unresolved=DraMetrics(registry, slices_state).count_unresolved,
     )
 
 
-async def serve(
-    config: AgentConfig,
-    backend: DeviceBackend,
-    *,
-    listening: Callable[[list[str]], None] | None = None,
-) -> int:
-    """Run the agent on an opened backend until SIGTERM/SIGINT or a background task dies.
+def _first_refresh(
+    config: AgentConfig, attributor: Attributor, slices: ResourceSlices | None, metrics: AgentMetrics
+) -> CleanupContext:
+    async def context(app: web.Application) -> AsyncIterator[None]:
+        if slices is not None:
+            # Before the first refresh, so that DRA devices resolve from the start instead of being
+            # counted as unresolvable while the watch (a background task) lists.
+            with contextlib.suppress(
+                ResourceSlicesError, TimeoutError
+            ):  # logged by list(); the watch retries
+                await asyncio.wait_for(slices.list(), timeout=max(5.0, config.attribution_interval))
+        try:
+            # Allocations first, so that the first snapshot already carries pod names.
+            await asyncio.wait_for(attributor.refresh(), timeout=max(5.0, config.attribution_interval))
+        except Exception as exc:
+            log.warning(
+                "first attribution refresh failed (%s); retrying every %ss", exc, config.attribution_interval
+            )
+            metrics.error("attribution")
+        yield
 
-    ``listening`` is called with the bound addresses once the HTTP server is up.
+    return context
+
+
+def _hooks_open(channel: HookChannel) -> CleanupContext:
+    async def context(app: web.Application) -> AsyncIterator[None]:
+        async with open_hook_channel(channel, who="agent", complain=log.error) as hooks:
+            if hooks is not None:
+                log.info("training hooks connect to %s", hooks.path)
+            yield
+
+    return context
+
+
+def build_agent(
+    config: AgentConfig, backend: DeviceBackend, *, on_exit: Callable[[str, BaseException | None], None]
+) -> web.Application:
+    """The agent on an opened backend, as an app: /metrics and the probes, with everything the agent
+    opens and runs in its ``cleanup_ctx`` (started in order when the app starts, stopped in reverse).
+
+    ``on_exit(name, error)`` is called if a background task ends on its own (see
+    :func:`~gpuwarden.agent.http.background_task`).
     """
-    loop = asyncio.get_running_loop()
-    ring = SnapshotRing(capacity=max(1, int(RING_SECONDS / config.sample_interval)))
+    ring = SnapshotRing.lasting(config.sample_interval)
     registry, metrics = build_registry(ring, backend=backend.name, node=config.node)
-    closer = _Closer()
-    dra: DraResolver | None = None
-    if config.attribution == "kubelet" and config.dra_drivers:
-
-        def slices_state() -> SlicesState:
-            return closer.slices.state if closer.slices is not None else SlicesState.NOT_LISTED
-
-        dra = _dra(config, closer, DraMetrics(registry, slices_state))
-    attributor = _attributor(config, backend, closer, dra)
+    clients = _clients(config)
+    dra = (
+        _dra(config, clients.slices, registry)
+        if config.attribution == "kubelet" and config.dra_drivers
+        else None
+    )
+    attributor = _attributor(config, backend, clients, dra)
     if isinstance(attributor, PodAttributor):
         registry.register(PodResourcesCollector(lambda: attributor.pod_resources_state))
     scraper = (
         Scraper(
-            lambda uid: _listed(closer, uid),
+            lambda uid: _listed(clients.pods, uid),
             ScrapeMetrics(registry),
             concurrency=config.scrape_concurrency,
             timeout=config.scrape_timeout,
@@ -165,16 +209,11 @@ async def serve(
             services = scraper.drain() if scraper is not None else []
             sender.submit(snapshot.model_copy(update={"services": services}) if services else snapshot)
 
-    annotate = attributor.annotate
-    hooks: HookServer | None = None
-    if config.hook_socket is not None:
-        readings = HookReadings()
-        hook_metrics = HookMetrics(registry, readings, time.time)
-        hooks = HookServer(config.hook_socket, readings, events=hook_metrics)
-        stage = HookStage(readings, hook_metrics)
+    channel = hook_channel(config.hook_socket, registry) if config.hook_socket is not None else None
 
-        def annotate(snapshot: Snapshot) -> Snapshot:
-            return stage.annotate(attributor.annotate(snapshot))
+    def annotate(snapshot: Snapshot) -> Snapshot:
+        annotated = attributor.annotate(snapshot)
+        return channel.stage.annotate(annotated) if channel is not None else annotated
 
     sampler = Sampler(
         backend,
@@ -186,13 +225,6 @@ async def serve(
         events=metrics,
     )
 
-    stop = asyncio.Event()
-    failed: list[str] = []
-
-    def on_exit(name: str, error: BaseException | None) -> None:
-        failed.append(name)
-        stop.set()
-
     async def refresh_attribution() -> None:
         while True:
             await asyncio.sleep(config.attribution_interval)
@@ -202,62 +234,46 @@ async def serve(
                 log.exception("refreshing pod attribution failed")
                 metrics.error("attribution")
 
-    # Started in this order and stopped in reverse: sampling stops first, the sender last,
-    # so that what was sampled before SIGTERM still has its chance to go out.
-    background: list[CleanupContext] = []
+    # Started in this order and stopped in reverse: sampling stops first, the sender last, so that
+    # what was sampled before SIGTERM still has its chance to go out; the clients close after all.
+    contexts = [_closing(clients), _first_refresh(config, attributor, clients.slices, metrics)]
+    if channel is not None:
+        contexts.append(_hooks_open(channel))
     if sender is not None:
-        background.append(background_task("sender", sender.run, on_exit=on_exit))
+        contexts.append(background_task("sender", sender.run, on_exit=on_exit))
     if scraper is not None:
-        background.append(background_task("scraper", scraper.run, on_exit=on_exit))
-    background.append(background_task("attribution", refresh_attribution, on_exit=on_exit))
-    if closer.slices is not None:
-        background.append(background_task("resource slices", closer.slices.run, on_exit=on_exit))
-    background.append(background_task("sampler", sampler.run, on_exit=on_exit))
+        contexts.append(background_task("scraper", scraper.run, on_exit=on_exit))
+    contexts.append(background_task("attribution", refresh_attribution, on_exit=on_exit))
+    if clients.slices is not None:
+        contexts.append(background_task("resource slices", clients.slices.run, on_exit=on_exit))
+    contexts.append(background_task("sampler", sampler.run, on_exit=on_exit))
+    return build_app(registry, ring, stale_after=stale_after(config.sample_interval), background=contexts)
 
-    if closer.slices is not None:
-        # Before the first refresh, so that DRA devices resolve from the start instead of being
-        # counted as unresolvable while the watch (started with the other tasks below) lists.
-        with contextlib.suppress(ResourceSlicesError, TimeoutError):  # logged by list(); the watch retries
-            await asyncio.wait_for(closer.slices.list(), timeout=max(5.0, config.attribution_interval))
-    try:
-        # Allocations first, so that the first snapshot already carries pod names.
-        await asyncio.wait_for(attributor.refresh(), timeout=max(5.0, config.attribution_interval))
-    except Exception as exc:
-        log.warning(
-            "first attribution refresh failed (%s); retrying every %ss", exc, config.attribution_interval
-        )
-        metrics.error("attribution")
 
-    control: ControlServer | None = None
-    if hooks is not None:
-        try:
-            await hooks.start()
-        except HookSocketError as exc:
-            # The GPUs' readings matter more than the hooks': run on without them, loudly.
-            log.error("%s; training hooks cannot reach this agent", exc)
-            hooks = None
-        else:
-            log.info("training hooks connect to %s", hooks.path)
-            control = ControlServer(hooks)
-            try:
-                await control.start()
-            except OSError as exc:
-                log.error(
-                    "cannot listen on %s (%s); `gpuwarden snapshot` cannot reach this agent",
-                    control.path,
-                    exc,
-                )
-                control = None
+async def serve(
+    config: AgentConfig,
+    backend: DeviceBackend,
+    *,
+    listening: Callable[[list[str]], None] | None = None,
+) -> int:
+    """Run the agent (:func:`build_agent`) until SIGTERM/SIGINT or a background task dies.
 
+    ``listening`` is called with the bound addresses once the HTTP server is up.
+    """
+    stop = asyncio.Event()
+    failed: list[str] = []
+
+    def on_exit(name: str, error: BaseException | None) -> None:
+        failed.append(name)
+        stop.set()
+
+    app = build_agent(config, backend, on_exit=on_exit)
+    loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     runner: web.AppRunner | None = None
     try:
-        runner, addresses = await listen(
-            build_app(registry, ring, stale_after=stale_after(config.sample_interval), background=background),
-            config.host,
-            config.port,
-        )
+        runner, addresses = await listen(app, config.host, config.port)
         log.info(
             "agent on node %s, backend %s, listening on %s; reporting to %s",
             config.node,
@@ -273,11 +289,6 @@ async def serve(
             loop.remove_signal_handler(signum)
         if runner is not None:
             await runner.cleanup()
-        if control is not None:
-            await control.close()
-        if hooks is not None:
-            await hooks.close()
-        await closer.close()
     if failed:
         log.error("stopped because %s ended", ", ".join(failed))
         return 1

@@ -17,7 +17,8 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
+from prometheus_client.aiohttp import make_aiohttp_handler
 
 from gpuwarden.agent.snapshots import SnapshotRing
 from gpuwarden.serving import ConnectionCollector, ConnectionLimiter, connection_cap, raise_fd_limit, serve
@@ -34,15 +35,6 @@ MAX_CONNECTIONS = 256
 """Connections the agent's server holds open at once: Prometheus, the kubelet's probes and a few
 people; a local flood of idle connections evicts itself
 (:class:`~gpuwarden.serving.ConnectionLimiter`)."""
-
-# What generate_latest writes when no format is negotiated; every Prometheus version reads it.
-TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"
-
-
-async def _metrics(request: web.Request) -> web.Response:
-    # The collectors only read the latest snapshot: cheap enough for the event loop.
-    body = generate_latest(request.app[REGISTRY])
-    return web.Response(body=body, headers={"Content-Type": TEXT_FORMAT})
 
 
 async def _healthz(request: web.Request) -> web.Response:
@@ -90,7 +82,10 @@ def build_app(
     app[REGISTRY] = registry
     app[RING] = ring
     app[STALE_AFTER] = stale_after
-    app.router.add_get("/metrics", _metrics)
+    # prometheus_client's handler, as the operator's and the simulated server's: the format the scraper
+    # asks for, gzipped when it accepts that. The collectors only read the latest snapshot: cheap
+    # enough for the event loop.
+    app.router.add_get("/metrics", make_aiohttp_handler(registry))
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.cleanup_ctx.extend(background)

@@ -30,8 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gpuwarden import __version__
-from gpuwarden.agent.attribution.dra import SlicesState, UnresolvedReason
-from gpuwarden.agent.attribution.kubelet import PodResourcesState
+from gpuwarden.agent.attribution import PodResourcesState, SlicesState, UnresolvedReason
 from gpuwarden.agent.health import CLOCK_EVENT_BITS
 from gpuwarden.agent.hooksocket import REFUSALS as HOOK_REFUSALS
 from gpuwarden.agent.hooksocket import HookReadings

@@ -179,10 +179,9 @@ class NvmlBackend:
         """Initialise NVML and enumerate the GPUs; :class:`BackendError` if NVML cannot start."""
         if self.nvml is None:
             try:
-                import pynvml
+                self.nvml = _pynvml()
             except ImportError as exc:  # pragma: no cover - a dependency of the package
                 raise BackendError(f"cannot import pynvml (nvidia-ml-py): {exc}") from exc
-            self.nvml = pynvml
         nvml = self.nvml
         try:
             nvml.nvmlInit()
@@ -684,6 +683,7 @@ def nvml_mig_devices(
 
 
 def _pynvml() -> Any:
+    # The one import of pynvml in gpuwarden; a contract in pyproject.toml keeps it so.
     import pynvml
 
     return pynvml

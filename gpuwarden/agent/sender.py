@@ -60,6 +60,7 @@ from typing import Any
 import aiohttp
 from prometheus_client import CollectorRegistry
 
+from gpuwarden.agent.account import bearer
 from gpuwarden.agent.metrics import SenderMetrics
 from gpuwarden.wire.node import MAX_SNAPSHOTS_PER_REPORT, REFUSALS, SCHEMA_VERSION, Snapshot
 
@@ -295,7 +296,7 @@ class ReportSender:
         headers = {"Content-Type": "application/json"}
         if self._token_path is not None:
             try:
-                headers["Authorization"] = f"Bearer {_read_token(self._token_path)}"
+                headers["Authorization"] = bearer(self._token_path)
             except OSError as exc:
                 return self._failed("token", f"cannot read the token {self._token_path}: {exc}")
         body = self._body(report)
@@ -427,11 +428,6 @@ class ReportSender:
             return min(retry_after, self._backoff_cap)
         ceiling = min(self._backoff_cap, self._backoff_base * 2 ** min(self._failures - 1, 30))
         return self._rng.uniform(0, ceiling)
-
-
-def _read_token(path: Path) -> str:
-    # A small file on a tmpfs the kubelet rewrites in place: read it whole, every time.
-    return path.read_text().strip()
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -67,11 +67,21 @@ class _NoEvents:
         pass
 
 
+RING_SECONDS = 300.0
+"""How much recent history the agent and ``gpuwarden watch`` keep in memory, whatever the sampling
+interval (:meth:`SnapshotRing.lasting`)."""
+
+
 class SnapshotRing:
     """The last ``capacity`` snapshots, oldest first, and the latest per-process utilization.
 
     Written and read on the event loop only, so it needs no lock.
     """
+
+    @classmethod
+    def lasting(cls, interval: float, seconds: float = RING_SECONDS) -> SnapshotRing:
+        """A ring holding ``seconds`` of snapshots taken every ``interval`` seconds (at least one)."""
+        return cls(capacity=max(1, int(seconds / interval)))
 
     def __init__(self, capacity: int = 300, *, clock: Callable[[], float] = time.monotonic) -> None:
         if capacity < 1:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -49,10 +50,7 @@ from prometheus_client import CollectorRegistry
 from gpuwarden.accounting import DEFAULT_IDLE_FLOOR, Ledger, observe_snapshot, usage_lines
 from gpuwarden.agent.backend import BackendError, DeviceBackend
 from gpuwarden.agent.config import DEFAULT_HOOK_SOCKET, HOOK_SOCKET_ENV
-from gpuwarden.agent.hookattach import HookStage
-from gpuwarden.agent.hookcontrol import ControlServer
-from gpuwarden.agent.hooksocket import HookReadings, HookServer, HookSocketError
-from gpuwarden.agent.metrics import HookMetrics
+from gpuwarden.agent.hookchannel import hook_channel, open_hook_channel
 from gpuwarden.agent.scripted import ScriptedBackend
 from gpuwarden.agent.snapshots import Sampler, SnapshotRing
 from gpuwarden.local.display import LiveDisplay, PlainDisplay, elapsed_clock, summary_lines, wall_clock
@@ -86,8 +84,6 @@ EXIT_NO_GPU = 3
 """NVML could not start (no NVIDIA driver, or no GPU): distinct, so scripts can tell it from a failure."""
 
 DEFAULT_LISTEN = ":9400"
-RING_SECONDS = 300.0
-"""Snapshots kept for /metrics (the collectors read only the latest; a short ring is plenty)."""
 _SERVICE_KINDS = ", ".join(t.key for t in RULE_TYPES if t.metric is not None)
 """The rule kinds that read the pods' own metrics, for the flags' words."""
 
@@ -351,17 +347,11 @@ async def watch(
         if config.live
         else PlainDisplay(sys.stdout, label)
     )
-    ring = SnapshotRing(capacity=max(1, int(RING_SECONDS / config.interval)))
+    ring = SnapshotRing.lasting(config.interval)
     registry, metrics = local_registry(ring, session.active, backend=backend.name, command_of=session.command)
-    hooks: HookServer | None = None
+    channel = hook_channel(config.hook_socket, registry) if config.hook_socket is not None else None
+    annotate = channel.stage.annotate if channel is not None else None
     responders: list[SuspicionResponder] = []  # one, once the hook socket is up
-    controls: list[ControlServer] = []  # `gpuwarden snapshot`'s socket, likewise
-    annotate: Callable[[Snapshot], Snapshot] | None = None
-    if config.hook_socket is not None:
-        readings = HookReadings()
-        hook_metrics = HookMetrics(registry, readings, time.time)
-        hooks = HookServer(config.hook_socket, readings, events=hook_metrics)
-        annotate = HookStage(readings, hook_metrics).annotate
     stop = asyncio.Event()
     failed: list[str] = []
     source = f"scenario {config.scenario.name!r}" if config.scenario is not None else socket.gethostname()
@@ -416,36 +406,30 @@ async def watch(
     # The handlers stay in place through the summary and the plot: a Ctrl-C that comes while they are
     # written (the stop already set) must not cut them off with a KeyboardInterrupt.
     try:
-        if hooks is not None:
-            try:
-                await hooks.start()
-            except HookSocketError as exc:
-                display.note(f"note: {exc}; training hooks cannot reach this watch")
-                hooks = None
-            else:
-                display.note(
-                    f"Training hooks: listening on {hooks.path} "
-                    f"(export {HOOK_SOCKET_ENV}={hooks.path} for the job if that is not the default)"
+        async with contextlib.AsyncExitStack() as opened:
+            if channel is not None:
+                hooks = await opened.enter_async_context(
+                    open_hook_channel(
+                        channel,
+                        who="watch",
+                        complain=lambda message: display.note(f"note: {message}"),
+                        # A scenario's processes are not this host's: nothing to ask a snapshot of.
+                        control=not scripted,
+                    )
                 )
-                if not scripted:
-                    responders.append(SuspicionResponder(hooks, display.note))
-                    controls.append(ControlServer(hooks))
-                    try:
-                        await controls[0].start()
-                    except OSError as exc:
-                        display.note(f"note: {exc}; `gpuwarden snapshot` cannot reach this watch")
-                        controls.clear()
-        code = await _serve_until_stopped(config, sampler, scraper, registry, ring, display, stop, source)
-        if code is not None:
-            return code
-        _summarise(history, label, config, title, usage_lines(ledger, session.subject_name))
+                if hooks is not None:
+                    display.note(
+                        f"Training hooks: listening on {hooks.path} "
+                        f"(export {HOOK_SOCKET_ENV}={hooks.path} for the job if that is not the default)"
+                    )
+                    if not scripted:
+                        responders.append(SuspicionResponder(hooks, display.note))
+                        opened.push_async_callback(responders[0].close)
+            code = await _serve_until_stopped(config, sampler, scraper, registry, ring, display, stop, source)
+            if code is not None:
+                return code
+            _summarise(history, label, config, title, usage_lines(ledger, session.subject_name))
     finally:
-        for responder in responders:
-            await responder.close()
-        for control in controls:
-            await control.close()
-        if hooks is not None:
-            await hooks.close()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
     if failed:

@@ -17,8 +17,9 @@ from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from gpuwarden.policy import Finding, Point, SeriesKey, SeriesStore
@@ -345,25 +346,34 @@ class _Exposition:
         try:
             body = self._metrics.exposition()
         except Exception as exc:
-            # Nothing a report carries can get here (the wire bounds every value and timestamp);
-            # if a bug does, the scrape fails and so does readiness, instead of a silent blind spot.
-            logger.exception("The metrics exposition failed.")
-            self.failing = f"{type(exc).__name__}: {exc}"
+            self.failed(exc)
             return None
         self.failing = None
         return body
+
+    def failed(self, exc: Exception) -> None:
+        # Nothing a report carries can get here (the wire bounds every value and timestamp);
+        # if a bug does, the scrape fails and so does readiness, instead of a silent blind spot.
+        logger.exception("The metrics exposition failed.")
+        self.failing = f"{type(exc).__name__}: {exc}"
 
 
 def make_metrics_app(metrics: OperatorMetrics, ready: Callable[[], bool]) -> web.Application:
     """``/metrics``, ``/healthz`` (the event loop answers) and ``/readyz`` (``ready()``, and the
     exposition works: after a failed scrape, readiness renders it again until it succeeds)."""
     exposition = _Exposition(metrics)
+    # prometheus_client's handler, as the agent's and the simulated server's: the format the scraper
+    # asks for, gzipped when it accepts that.
+    handler = make_aiohttp_handler(metrics.registry)
 
-    async def serve_metrics(_: web.Request) -> web.Response:
-        body = exposition.render()
-        if body is None:
+    async def serve_metrics(request: web.Request) -> web.StreamResponse:
+        try:
+            response = await handler(request)
+        except Exception as exc:
+            exposition.failed(exc)
             return web.Response(status=500, text=f"the metrics exposition failed: {exposition.failing}\n")
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        exposition.failing = None
+        return response
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")

@@ -35,7 +35,8 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.aiohttp import make_aiohttp_handler
 
 from gpuwarden.sim.service import (
     E2E_LATENCY,
@@ -65,7 +66,7 @@ __all__ = [
 ]
 
 TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"
-"""What ``generate_latest`` writes; every Prometheus version reads it."""
+"""The text format that every Prometheus version reads: what :attr:`MetricsFault.HUGE` answers in."""
 
 HUGE_BYTES = 10 * 1024 * 1024
 """What ``/metrics`` answers with :attr:`MetricsFault.HUGE`, at least: 10 MiB."""
@@ -175,11 +176,6 @@ class SimServer:
         self._waiting.set(gauges[REQUESTS_WAITING])
         self._kv_cache.set(gauges[KV_CACHE_USAGE])
 
-    def exposition(self) -> bytes:
-        """``/metrics``'s body now, in the Prometheus text format."""
-        self.settle()
-        return generate_latest(self.registry)
-
     def next_id(self) -> str:
         """A completion's id, ``cmpl-<n>``."""
         return f"cmpl-{next(self._ids)}"
@@ -278,8 +274,12 @@ async def _metrics(request: web.Request) -> web.StreamResponse:
         return web.Response(text=NOT_PROMETHEUS, content_type="text/html")
     if fault == MetricsFault.HUGE:
         return await _huge(request)
-    body = request.app[SERVER].exposition()
-    return web.Response(body=body, headers={"Content-Type": TEXT_FORMAT})
+    server = request.app[SERVER]
+    server.settle()
+    # prometheus_client's handler, as the agent's and the operator's, and vLLM's own: the format asked
+    # for, gzipped if accepted. Asked for OpenMetrics (Prometheus does), it writes the names' colons as
+    # underscores in the sample lines, as vLLM does (prometheus/client_python#1177).
+    return await make_aiohttp_handler(server.registry)(request)
 
 
 async def _huge(request: web.Request) -> web.StreamResponse:

@@ -127,7 +127,7 @@ def test_pods_come_from_the_scenario_only_when_scripted_and_not_told_otherwise(
     config = AgentConfig.from_args(args)
     assert config.attribution == attribution
     backend = command.open_backend(config) if config.backend == "scripted" else BrokenNvml()
-    chosen = app._attributor(config, backend, app._Closer())  # type: ignore[arg-type]
+    chosen = app._attributor(config, backend, app._clients(config))  # type: ignore[arg-type]
     assert type(chosen).__name__ == attributor
 
 

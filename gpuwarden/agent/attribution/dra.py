@@ -35,8 +35,8 @@ from typing import Any, NamedTuple
 
 import aiohttp
 
+from gpuwarden.agent.account import SERVICE_ACCOUNT_DIR, bearer, in_cluster_api
 from gpuwarden.agent.attribution.kubelet import Allocations, DraDevice
-from gpuwarden.agent.attribution.nodepods import SERVICE_ACCOUNT_DIR, in_cluster_api
 from gpuwarden.wire.node import PodRef
 
 log = logging.getLogger(__name__)
@@ -294,7 +294,7 @@ class ResourceSlices:
         headers = {"Accept": "application/json"}
         if self._token_path is not None:
             try:
-                headers["Authorization"] = f"Bearer {self._token_path.read_text().strip()}"
+                headers["Authorization"] = bearer(self._token_path)
             except OSError as exc:
                 raise ResourceSlicesError(
                     SlicesState.ERROR, f"cannot read the ServiceAccount token: {exc}"

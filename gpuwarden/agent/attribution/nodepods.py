@@ -23,31 +23,10 @@ from pathlib import Path
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gpuwarden.agent.account import SERVICE_ACCOUNT_DIR, bearer, in_cluster_api
 from gpuwarden.wire.node import PodRef
 
 log = logging.getLogger(__name__)
-
-SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-
-
-def in_cluster_api(service_account_dir: str | os.PathLike[str], without: str) -> tuple[str, Path] | None:
-    """The API server's URL and the ServiceAccount directory of the pod this runs in.
-
-    None, logged once with ``without`` (what is then done without), when there is no API
-    server or no token to reach it with: a configuration, not an error.
-    """
-    host = os.environ.get("KUBERNETES_SERVICE_HOST")
-    port = os.environ.get("KUBERNETES_SERVICE_PORT")
-    account = Path(service_account_dir)
-    if not host or not port:
-        log.info("not in a cluster (no KUBERNETES_SERVICE_HOST/PORT): %s", without)
-        return None
-    if not (account / "token").exists():
-        log.info("no API token at %s: %s", account, without)
-        return None
-    if ":" in host:  # an IPv6 address
-        host = f"[{host}]"
-    return f"https://{host}:{port}", account
 
 
 class NodePodsError(RuntimeError):
@@ -262,7 +241,7 @@ class NodePods:
         headers = {"Accept": "application/json"}
         if self._token_path is not None:
             try:
-                headers["Authorization"] = f"Bearer {self._token_path.read_text().strip()}"
+                headers["Authorization"] = bearer(self._token_path)
             except OSError as exc:
                 raise NodePodsError(f"cannot read the ServiceAccount token: {exc}") from None
         # resourceVersion=0: any recent state will do, so the API server answers from its

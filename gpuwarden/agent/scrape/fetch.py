@@ -23,7 +23,10 @@ DEFAULT_MAX_BYTES = 1024 * 1024
 """A metrics page larger than this is refused (vLLM's is about 60 kB)."""
 CHUNK = 64 * 1024
 
-ACCEPT = "text/plain;version=0.0.4;q=1.0, application/openmetrics-text;q=0.5, */*;q=0.1"
+# The text format only, whatever else a server offers: prometheus_client (vLLM's exposition, and our
+# simulated server's) ignores q-values and answers OpenMetrics whenever it is named, escaping vLLM's
+# colons to underscores (``vllm_num_requests_running``), so the wanted names would never match.
+ACCEPT = "text/plain;version=0.0.4;q=1.0, */*;q=0.1"
 HEADERS = {"Accept": ACCEPT, "Accept-Encoding": "identity", "User-Agent": "gpuwarden-agent"}
 
 
