@@ -129,10 +129,10 @@ from typing import Any
 
 from gpuwarden.policy.humanize import approx_duration, format_bytes
 from gpuwarden.policy.rules.common import (
+    JudgeContext,
     Outcome,
     RuleKind,
     RuleType,
-    Services,
     WindowParams,
     covered,
     pod_end,
@@ -156,7 +156,6 @@ from gpuwarden.policy.stats import (
     sen_lower_bound,
     theil_sen,
 )
-from gpuwarden.policy.store.health import HealthStore
 from gpuwarden.policy.store.series import Column, PodId, SeriesKey, Window
 from gpuwarden.units import format_duration, parse_rate
 from gpuwarden.wire.node import AllocationSite
@@ -1096,17 +1095,8 @@ def parse_memory_growth(name: str, obj: Mapping[str, Any], path: str) -> MemoryG
     )
 
 
-def _judge(
-    rule: MemoryGrowth,
-    pod: PodId,
-    series: Sequence[tuple[SeriesKey, Window]],
-    now: float,
-    params: WindowParams,
-    memo: Any,
-    health: HealthStore | None,
-    services: Services | None,
-) -> Outcome:
-    return evaluate_growth(rule, pod, series, now, params, memo if isinstance(memo, GrowthCache) else None)
+def _judge(rule: MemoryGrowth, c: JudgeContext, memo: GrowthCache | None) -> Outcome:
+    return evaluate_growth(rule, c.pod, c.series, c.now, c.params, memo)
 
 
 RULE_TYPE = RuleType(
@@ -1121,7 +1111,7 @@ RULE_TYPE = RuleType(
     reason="GPUMemoryLeakSuspected",
     meaning="steady growth like this usually means a leak, heading for out-of-memory",
     per_gpu=True,
-    colour="tab:red",
+    colour="darkmagenta",
     utilization=False,
     hold=lambda rule: rule.for_seconds,
     memo=GrowthCache,
