@@ -101,7 +101,7 @@ def horizon_seconds(spec: PolicySpec, params: WindowParams | None = None) -> flo
     """The store retention this policy needs: its longest reach back, plus staleness and slack.
 
     A rule reaches back its window (its kind's ``reach``; memoryGrowth: its window plus one bucket,
-    see :func:`gpuwarden.policy.rules.growth.growth_window`) from the pod's newest
+    see :func:`gpuwarden.policy.rules.growth.shape.growth_window`) from the pod's newest
     sample, which may be up to ``stale_after_seconds`` old. Size the store's
     ``retention_seconds`` as the largest horizon over all policies.
     """
