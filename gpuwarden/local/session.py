@@ -24,12 +24,11 @@ from gpuwarden.local.policies import LocalPolicy
 from gpuwarden.local.rows import Announcement, GpuRow, ScaleNote, ShareRow, Step
 from gpuwarden.local.scaler import SimulatedScaler, SimulatedTarget
 from gpuwarden.local.subjects import (
+    ATTRIBUTION,
     PodsOf,
     SubjectKind,
     device_name,
     one_line,
-    pods_in,
-    processes_in,
     short_command,
 )
 from gpuwarden.policy import (
@@ -46,9 +45,6 @@ from gpuwarden.policy import (
     SeriesStore,
     ServiceStore,
     Transition,
-    pods_of,
-    points_from_processes,
-    points_from_snapshot,
     process_subject,
     rule_type,
 )
@@ -87,7 +83,8 @@ class Session:
         if not policies:
             raise ValueError("a session needs at least one policy")
         self.subjects = subjects
-        self._pods_of: PodsOf = pods_of or (processes_in if subjects is SubjectKind.PROCESSES else pods_in)
+        self._attribution = ATTRIBUTION[subjects]
+        self._pods_of: PodsOf = pods_of or self._attribution.listed
         self._policies = [
             _Policy(
                 policy=p,
@@ -122,9 +119,9 @@ class Session:
         now = snapshot.timestamp
         self.history.mark_time(now)
         subjects_by_device = self._subjects_by_device(snapshot)
-        points = list(self._points(snapshot))
+        points = list(self._attribution.points(snapshot))
         self.store.extend(points)
-        self.health.observe(snapshot, subjects=self._health_subjects)
+        self.health.observe(snapshot, subjects=self._attribution.on_device)
         shares = self._shares(points)
         self._record(snapshot, subjects_by_device, shares)
         devices_of = self._devices_of(snapshot)
@@ -194,11 +191,6 @@ class Session:
 
     # -- internals --------------------------------------------------------------------------------
 
-    def _health_subjects(self, gpu: GpuSample) -> list[PodId]:
-        if self.subjects is SubjectKind.PROCESSES:
-            return [PodId(PROCESS_NAMESPACE, process_subject(p.pid)) for p in gpu.processes]
-        return pods_of(gpu)
-
     def _record_judged(self, evaluation: Evaluation) -> None:
         """The service rules' values, for the plot: no GPU reading shows what they judge."""
         for outcome in evaluation.outcomes:
@@ -213,11 +205,6 @@ class Session:
                     evaluation.at,
                     outcome.value,
                 )
-
-    def _points(self, snapshot: Snapshot) -> Iterator[tuple[SeriesKey, Point]]:
-        if self.subjects is SubjectKind.PROCESSES:
-            return points_from_processes(snapshot)
-        return points_from_snapshot(snapshot)
 
     def _subjects_by_device(self, snapshot: Snapshot) -> dict[str, list[str]]:
         """Each device's subjects' display names; learns the names on the way."""
@@ -320,11 +307,7 @@ class Session:
         devices_of: dict[PodId, list[str]] = {}
         for gpu in snapshot.gpus:
             for proc in gpu.processes:
-                subject = (
-                    PodId(PROCESS_NAMESPACE, process_subject(proc.pid))
-                    if self.subjects is SubjectKind.PROCESSES
-                    else (PodId(proc.pod.namespace, proc.pod.name) if proc.pod else None)
-                )
+                subject = self._attribution.of_process(proc)
                 if subject is not None:
                     devices_of.setdefault(subject, []).append(device_key(gpu))
             for ref in gpu.pods:

@@ -10,15 +10,21 @@ of characters long); the whole command line is kept for the summary.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 from gpuwarden.policy import (
     PROCESS_NAMESPACE,
     PodId,
     PodView,
+    Point,
+    SeriesKey,
+    pods_of,
+    points_from_processes,
+    points_from_snapshot,
     process_subject,
 )
-from gpuwarden.wire.node import DeviceState, GpuSample, Snapshot
+from gpuwarden.wire.node import DeviceState, GpuSample, ProcessSample, Snapshot
 
 COMMAND_WIDTH = 60
 """Characters of a process's command in its display name and its /metrics label, ``...`` included."""
@@ -79,3 +85,37 @@ def short_command(command: str, width: int = COMMAND_WIDTH) -> str:
 def device_name(gpu: GpuSample) -> str:
     """How the display names a device: ``GPU 0``, or ``GPU 0 MIG-…`` for a MIG instance."""
     return f"GPU {gpu.index}" if gpu.mig_id is None else f"GPU {gpu.index} {gpu.mig_id}"
+
+
+def _process_subject(proc: ProcessSample) -> PodId:
+    return PodId(PROCESS_NAMESPACE, process_subject(proc.pid))
+
+
+def _pod_of(proc: ProcessSample) -> PodId | None:
+    return PodId(proc.pod.namespace, proc.pod.name) if proc.pod is not None else None
+
+
+def _processes_on(gpu: GpuSample) -> list[PodId]:
+    return [_process_subject(p) for p in gpu.processes]
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    """How a snapshot's readings are attributed to one :class:`SubjectKind`'s subjects: the loop asks
+    this, never which kind it runs."""
+
+    listed: PodsOf
+    """The subjects at a snapshot's time, when no pod list says them."""
+    points: Callable[[Snapshot], Iterator[tuple[SeriesKey, Point]]]
+    """Each subject's points in a snapshot."""
+    on_device: Callable[[GpuSample], list[PodId]]
+    """Whose health record a device's report is."""
+    of_process: Callable[[ProcessSample], PodId | None]
+    """The subject a process belongs to (None: a process of no pod)."""
+
+
+ATTRIBUTION = {
+    SubjectKind.PODS: Attribution(pods_in, points_from_snapshot, pods_of, _pod_of),
+    SubjectKind.PROCESSES: Attribution(processes_in, points_from_processes, _processes_on, _process_subject),
+}
+"""Each subject kind's attribution."""
