@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuwarden.policy.rules.common import covered, readings
+from gpuwarden.policy.rules.common import WindowParams, covered, pod_end, readings
 from gpuwarden.policy.spec.model import Signal
 from gpuwarden.policy.store.series import Column, SeriesKey, UtilizationSource, Window
 
@@ -105,6 +105,32 @@ def pod_activity(
             )
         )
     return out
+
+
+def trailing_activity(
+    series: Sequence[tuple[SeriesKey, Window]],
+    signal: Signal,
+    for_seconds: float,
+    now: float,
+    params: WindowParams,
+    *,
+    noise_floor: float = 0.0,
+    with_power: bool = False,
+) -> list[GpuActivity]:
+    """What a utilization kind judges: :func:`pod_activity` over ``[end - for_seconds, end]``, ``end``
+    the pod's as-of time (:func:`~gpuwarden.policy.rules.common.pod_end`); empty for a stale pod."""
+    end = pod_end(series, now, params)
+    if end is None:
+        return []
+    return pod_activity(
+        series,
+        signal,
+        end - for_seconds,
+        end,
+        noise_floor=noise_floor,
+        max_gap=params.max_gap_seconds,
+        with_power=with_power,
+    )
 
 
 def signal_name(gpus: Sequence[GpuActivity]) -> str:

@@ -6,7 +6,7 @@ parallelism (a tensor-parallel size below the GPU count, a script that uses ``cu
 rank that stopped while the others wait for it.
 
 Semantics (the window, coverage and as-of time are in :mod:`gpuwarden.policy.rules.common`; the
-readings are utilization's, :func:`~gpuwarden.policy.rules.activity.pod_activity`):
+readings are utilization's, :func:`~gpuwarden.policy.rules.activity.trailing_activity`):
 
 - **Per GPU**, the mean of its readings over ``[end - for, end]``, on the rule's ``signal``.
 - **Idle**: a GPU whose mean is below ``percent``. **In use**: one whose mean is at least
@@ -29,14 +29,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuwarden.policy.rules.activity import UNIT, pod_activity, signal_name
+from gpuwarden.policy.rules.activity import UNIT, signal_name, trailing_activity
 from gpuwarden.policy.rules.common import (
     Outcome,
     RuleKind,
     RuleType,
     WindowParams,
     percent,
-    pod_end,
     unknown,
 )
 from gpuwarden.policy.rules.throttling import judged_with_throttling
@@ -86,10 +85,7 @@ def evaluate_idle_gpus(
     params: WindowParams,
 ) -> Outcome:
     """Judge an idleGpus rule for one pod (see the module doc)."""
-    end = pod_end(series, now, params)
-    if end is None:
-        return unknown(rule.name, KIND, pod, rule.percent, UNIT)
-    gpus = pod_activity(series, rule.signal, end - rule.for_seconds, end, max_gap=params.max_gap_seconds)
+    gpus = trailing_activity(series, rule.signal, rule.for_seconds, now, params)
     read = sorted((g for g in gpus if g.mean is not None), key=lambda g: g.mean or 0.0)
     if not read:
         return unknown(rule.name, KIND, pod, rule.percent, UNIT)

@@ -35,14 +35,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuwarden.policy.rules.activity import UNIT, pod_activity, signal_name
+from gpuwarden.policy.rules.activity import UNIT, signal_name, trailing_activity
 from gpuwarden.policy.rules.common import (
     Outcome,
     RuleKind,
     RuleType,
     WindowParams,
     percent,
-    pod_end,
     unknown,
 )
 from gpuwarden.policy.rules.throttling import judged_with_throttling
@@ -111,18 +110,14 @@ def evaluate_floor(
 ) -> Outcome:
     """Judge a utilizationFloor rule for one pod (see the module doc)."""
     kind = FLOOR_KIND
-    end = pod_end(series, now, params)
-    if end is None:
-        return unknown(rule.name, kind, pod, rule.percent, UNIT)
-    with_power = rule.power_threshold_watts is not None
-    gpus = pod_activity(
+    gpus = trailing_activity(
         series,
         rule.signal,
-        end - rule.for_seconds,
-        end,
+        rule.for_seconds,
+        now,
+        params,
         noise_floor=rule.noise_floor,
-        max_gap=params.max_gap_seconds,
-        with_power=with_power,
+        with_power=rule.power_threshold_watts is not None,
     )
     means = [g.mean for g in gpus if g.mean is not None]
     if not means:
@@ -166,10 +161,7 @@ def evaluate_ceiling(
 ) -> Outcome:
     """Judge a utilizationCeiling rule for one pod (see the module doc)."""
     kind = CEILING_KIND
-    end = pod_end(series, now, params)
-    if end is None:
-        return unknown(rule.name, kind, pod, rule.percent, UNIT)
-    gpus = pod_activity(series, rule.signal, end - rule.for_seconds, end, max_gap=params.max_gap_seconds)
+    gpus = trailing_activity(series, rule.signal, rule.for_seconds, now, params)
     means = [g.mean for g in gpus if g.mean is not None]
     if not means:
         return unknown(rule.name, kind, pod, rule.percent, UNIT)
