@@ -41,8 +41,10 @@ from gpuwarden.local.options import (
 from gpuwarden.local.plot import PlotUnavailable, require_matplotlib, save_plot
 from gpuwarden.local.policies import LocalPolicy, demo_policy_path, load_policies
 from gpuwarden.local.replay import Pacer
+from gpuwarden.local.rows import ScaleNote, Step
 from gpuwarden.local.services import scrape_interval, scrape_of_replica, wanted_names
-from gpuwarden.local.session import ScaleNote, Session, Step, SubjectKind
+from gpuwarden.local.session import Session
+from gpuwarden.local.subjects import SubjectKind
 from gpuwarden.policy import PodId, PodView, SpecError
 from gpuwarden.sim.scenario import DEFAULT_ORIGIN, PACKAGED, Scenario, ScenarioError, load_scenario
 from gpuwarden.units import format_duration

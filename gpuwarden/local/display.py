@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TextIO
 
 from gpuwarden.local.history import FindingSpan, History
-from gpuwarden.local.session import Announcement, GpuRow, ScaleNote, SimulatedTarget, Step, TargetRow
+from gpuwarden.local.rows import Announcement, GpuRow, ScaleNote, Step, TargetRow
+from gpuwarden.local.scaler import SimulatedTarget
 from gpuwarden.policy import FindingTransition, Transition, format_bytes
 from gpuwarden.wire.node import DeviceState
 

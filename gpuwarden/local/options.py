@@ -13,7 +13,7 @@ import sys
 from typing import Protocol, TextIO
 
 from gpuwarden.agent.config import UsageError, duration, parse_listen
-from gpuwarden.local.session import Step
+from gpuwarden.local.rows import Step
 
 __all__ = [
     "EXIT_BROKEN_PIPE",

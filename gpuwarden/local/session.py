@@ -1,49 +1,36 @@
 """The loop local mode shares between ``demo`` and ``watch``: snapshots in, findings and rows out.
 
 A :class:`Session` is the operator's evaluation in miniature, without a cluster: each
-snapshot (from the scripted backend or NVML) is attributed to subjects, stored in a
-:class:`~gpuwarden.policy.SeriesStore`, and every policy is evaluated once its
-``evaluationInterval`` has passed, in snapshot time, so a compressed scenario runs the
-engine exactly as real time would. What comes back from :meth:`Session.observe` is a
-:class:`Step`: the GPUs as the display shows them (on a GPU several subjects share, each
-subject's own readings, as the engine judges them: :class:`ShareRow`), the findings that
-started, re-notified or cleared, and the scale decisions. The run's :class:`History` keeps, for the
-plot and the summary, the readings, the findings' spans, the service rules' values at each
-evaluation and the scale decisions.
-
-Subjects are pods (``demo``: the scenario's pods, with their labels) or host processes
-(``watch``: ``pid/<pid>`` in namespace ``""``, see :func:`gpuwarden.policy.process_subject`).
-A process is shown as ``pid 474 python3 -c import torch...``: its executable's basename and
-arguments, cut at :data:`COMMAND_WIDTH` (a ``python -c`` script would make every line hundreds
-of characters long); the whole command line is kept for the summary.
-
-Scaling is decided as the operator decides it: a :class:`SimulatedScaler` takes the same
-pure :func:`~gpuwarden.policy.scaling.decider.scale_step` after each evaluation with the target's
-current replicas, applies a change the step asks for and settles the step, which starts
-its cooldown. There is no cluster, so the target is a :class:`SimulatedTarget`: it starts
-with one replica per pod the policy matches (when it first matches any) and follows the
-decisions, 1 -> 2 -> 3 within ``minReplicas``/``maxReplicas``. Whoever plays the snapshots
-makes the replicas real: the demo scales the scenario's Deployment of that name
-(:meth:`gpuwarden.sim.scenario.Scenario.scale`), whose load then spreads over the new
-pods once they start, so scaling out lowers each pod's utilization and stops when it is
-low enough. A target with no such Deployment gets no pods: a saturated server then keeps
-asking, once per cooldown, up to ``maxReplicas``. A ``dryRun: true`` policy leaves the
-replicas as they are, as the operator would, and its wish comes back once per cooldown
-unchanged. A policy with ``forecast`` is asked with each evaluation's load sample, as
-the operator asks it.
+snapshot (from the scripted backend or NVML) is attributed to subjects
+(:mod:`~gpuwarden.local.subjects`), stored in a :class:`~gpuwarden.policy.SeriesStore`, and every
+policy is evaluated once its ``evaluationInterval`` has passed, in snapshot time, so a compressed
+scenario runs the engine exactly as real time would. What comes back from :meth:`Session.observe`
+is a :class:`~gpuwarden.local.rows.Step` (:mod:`~gpuwarden.local.rows`). Scaling is simulated
+(:mod:`~gpuwarden.local.scaler`). The run's :class:`History` keeps, for the plot and the summary,
+the readings, the findings' spans, the service rules' values at each evaluation and the scale
+decisions.
 
 Pure apart from the clock-free bookkeeping: no I/O, no sleeping.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from gpuwarden.local.history import History, ScaleMark
 from gpuwarden.local.policies import LocalPolicy
+from gpuwarden.local.rows import Announcement, GpuRow, ScaleNote, ShareRow, Step
+from gpuwarden.local.scaler import SimulatedScaler, SimulatedTarget
+from gpuwarden.local.subjects import (
+    ATTRIBUTION,
+    PodsOf,
+    SubjectKind,
+    device_name,
+    one_line,
+    short_command,
+)
 from gpuwarden.policy import (
     PROCESS_NAMESPACE,
     Evaluation,
@@ -54,255 +41,17 @@ from gpuwarden.policy import (
     PodView,
     Point,
     PolicyEvaluator,
-    ScaleDecider,
-    ScaleDecision,
     SeriesKey,
     SeriesStore,
     ServiceStore,
-    StepKind,
     Transition,
-    pods_of,
-    points_from_processes,
-    points_from_snapshot,
     process_subject,
     rule_type,
-    scale_step,
 )
-from gpuwarden.wire.node import DeviceState, GpuSample, ProcessSample, Snapshot, device_key
+from gpuwarden.wire.node import GpuSample, ProcessSample, Snapshot, device_key
 
 POINT_SLACK = 1.25
 """Series room beyond retention / interval: sampling jitters, and a short series would evict early."""
-COMMAND_WIDTH = 60
-"""Characters of a process's command in its display name and its /metrics label, ``...`` included."""
-ELLIPSIS = "..."
-"""ASCII, as the rest of local mode's output (display.py): a log stays legible in any encoding."""
-
-
-class SubjectKind(enum.StrEnum):
-    """What a finding is about in local mode."""
-
-    PODS = "pod"
-    PROCESSES = "process"
-
-
-PodsOf = Callable[[Snapshot], Sequence[PodView]]
-"""The pods that exist at a snapshot's time, with their labels (what a pod list would say)."""
-
-
-def pods_in(snapshot: Snapshot) -> list[PodView]:
-    """The pods a snapshot names (allocated a GPU or running on one), without labels."""
-    seen: dict[PodId, None] = {}
-    for gpu in snapshot.gpus:
-        for ref in gpu.pods:
-            seen.setdefault(PodId(ref.namespace, ref.name), None)
-        for proc in gpu.processes:
-            if proc.pod is not None:
-                seen.setdefault(PodId(proc.pod.namespace, proc.pod.name), None)
-    return [PodView(namespace=p.namespace, name=p.name) for p in seen]
-
-
-def processes_in(snapshot: Snapshot) -> list[PodView]:
-    """Every process on a healthy device of the snapshot, as a subject (``pid/<pid>``)."""
-    pids = sorted({p.pid for gpu in snapshot.gpus if gpu.state is DeviceState.OK for p in gpu.processes})
-    return [PodView(namespace=PROCESS_NAMESPACE, name=process_subject(pid)) for pid in pids]
-
-
-def one_line(command: str) -> str:
-    """A command line on one line, runs of whitespace as one space (``python -c`` scripts have newlines)."""
-    return " ".join(command.split())
-
-
-def short_command(command: str, width: int = COMMAND_WIDTH) -> str:
-    """``/usr/bin/python3 train.py --lr 3e-4`` as ``python3 train.py --lr 3e-4``, cut to ``width``.
-
-    The executable's directory is left out (its basename says what runs); the arguments say
-    which script, so they stay, as far as ``width`` allows; a cut one ends in :data:`ELLIPSIS`.
-    """
-    words = command.split()
-    if not words:
-        return ""
-    words[0] = words[0].rstrip("/").rsplit("/", 1)[-1] or words[0]
-    text = " ".join(words)
-    if len(text) <= width:
-        return text
-    return text[: max(0, width - len(ELLIPSIS))].rstrip() + ELLIPSIS
-
-
-def device_name(gpu: GpuSample) -> str:
-    """How the display names a device: ``GPU 0``, or ``GPU 0 MIG-…`` for a MIG instance."""
-    return f"GPU {gpu.index}" if gpu.mig_id is None else f"GPU {gpu.index} {gpu.mig_id}"
-
-
-@dataclass(frozen=True, slots=True)
-class GpuRow:
-    """One device as last sampled, with the active findings that speak for it."""
-
-    device: str
-    """Device key: the GPU (or MIG device) UUID."""
-    name: str
-    model: str
-    state: DeviceState
-    utilization: float | None
-    sm_active: float | None
-    memory_used: float | None
-    memory_total: float | None
-    subjects: tuple[str, ...]
-    """Display names of the pods or processes on it."""
-    findings: tuple[str, ...]
-    """Rules with an active finding on it."""
-    allocated: float | None = None
-    """What live tensors hold, summed over the processes whose training hook reports it (None: no hook)."""
-    reserved: float | None = None
-    """What the processes' caching allocators hold, from their hooks (None: no hook)."""
-    shares: tuple[ShareRow, ...] = ()
-    """On a shared GPU (more than one subject), each subject's own readings; empty otherwise."""
-
-
-@dataclass(frozen=True, slots=True)
-class ShareRow:
-    """One pod or process on a shared GPU: its own readings, as the engine judges them."""
-
-    subject: str
-    """Display name."""
-    utilization: float | None
-    """Its per-process SM utilization (the sum over its processes), as last read."""
-    memory_used: float | None
-    """The sum of its processes' memory."""
-    findings: tuple[str, ...]
-    """Rules with an active finding on it, on this GPU."""
-    allocated: float | None = None
-    """Its processes' live tensors, from their training hook (None: not hooked)."""
-    reserved: float | None = None
-    """Its processes' allocator cache, from their training hook (None: not hooked)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ScaleNote:
-    """A scale decision that changes the target's replicas (only the simulated ones: see the module doc)."""
-
-    policy: str
-    target: str
-    """``Deployment inference/llm-server``."""
-    decision: ScaleDecision
-    at: float
-    applied: bool
-    """Whether the simulated target took it (False: the policy is ``dryRun``, its replicas stay)."""
-    namespace: str = ""
-    """The target's namespace (the policy's; ``""`` for a policy without one)."""
-    name: str = ""
-    """The target's name."""
-
-
-@dataclass(slots=True)
-class SimulatedTarget:
-    """A policy's scale target in local mode: a replica count that follows the decisions."""
-
-    policy: str
-    target: str
-    """``Deployment inference/llm-server``."""
-    initial: int
-    """Replicas when the policy first matched pods: one per matched pod."""
-    replicas: int
-    dry_run: bool
-    """The policy's ``dryRun``: decisions are announced, the replicas stay at ``initial``."""
-    scaled_up: int = 0
-    scaled_down: int = 0
-
-    def apply(self, decision: ScaleDecision) -> None:
-        """Take a decision that changes the replicas, as a patched ``/scale`` would."""
-        if decision.desired > self.replicas:
-            self.scaled_up += 1
-        elif decision.desired < self.replicas:
-            self.scaled_down += 1
-        self.replicas = decision.desired
-
-    @property
-    def row(self) -> TargetRow:
-        """The target as the display shows it."""
-        return TargetRow(self.policy, self.target, self.replicas, self.dry_run)
-
-
-class SimulatedScaler:
-    """Scales one policy's :class:`SimulatedTarget` after each evaluation, as the WorkloadScaler would."""
-
-    def __init__(self, policy: LocalPolicy) -> None:
-        self.policy = policy
-        self.decider = ScaleDecider()
-        self.target: SimulatedTarget | None = None
-        """None until the policy first matches a pod (nothing to size the target by before)."""
-
-    def scale(self, evaluation: Evaluation, now: float) -> ScaleNote | None:
-        """One scale step after ``evaluation``; a note when it changes (dryRun: would change) the replicas."""
-        action = self.policy.spec.actions.scale
-        matched = len(evaluation.matched_pods)
-        if action is None:
-            return None
-        target = self.target
-        if target is None:
-            if matched == 0:
-                # Nothing to size the Deployment by yet; the operator would read /scale instead.
-                return None
-            ref = action.target_ref
-            where = f"{self.policy.namespace}/{ref.name}" if self.policy.namespace else ref.name
-            target = self.target = SimulatedTarget(
-                policy=self.policy.key,
-                target=f"{ref.kind} {where}",
-                initial=matched,
-                replicas=matched,
-                dry_run=action.dry_run,
-            )
-        step = scale_step(
-            self.decider, action, target.replicas, evaluation.active, matched, now, evaluation.load
-        )
-        if step.kind is StepKind.HOLD:
-            return None
-        applied = step.kind is StepKind.APPLY
-        if applied:
-            target.apply(step.decision)
-        step.settle(made=applied)
-        return ScaleNote(
-            self.policy.key,
-            target.target,
-            step.decision,
-            now,
-            applied=applied,
-            namespace=self.policy.namespace or "",
-            name=action.target_ref.name,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class TargetRow:
-    """A simulated scale target's replicas at one step, for the table and the status lines."""
-
-    policy: str
-    target: str
-    replicas: int
-    dry_run: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Announcement:
-    """A finding that started, re-notified or cleared, with the names the display needs."""
-
-    transition: FindingTransition
-    subject: str
-    devices: tuple[str, ...]
-    """Display names of the GPUs it speaks for (``GPU 1``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """What one snapshot changed."""
-
-    at: float
-    rows: tuple[GpuRow, ...]
-    announcements: tuple[Announcement, ...]
-    scaling: tuple[ScaleNote, ...]
-    evaluated: bool
-    """Whether any policy was evaluated at this snapshot."""
-    targets: tuple[TargetRow, ...] = ()
-    """The simulated scale targets after this step (none before a scaling policy matched a pod)."""
 
 
 @dataclass(slots=True)
@@ -334,7 +83,8 @@ class Session:
         if not policies:
             raise ValueError("a session needs at least one policy")
         self.subjects = subjects
-        self._pods_of: PodsOf = pods_of or (processes_in if subjects is SubjectKind.PROCESSES else pods_in)
+        self._attribution = ATTRIBUTION[subjects]
+        self._pods_of: PodsOf = pods_of or self._attribution.listed
         self._policies = [
             _Policy(
                 policy=p,
@@ -369,9 +119,9 @@ class Session:
         now = snapshot.timestamp
         self.history.mark_time(now)
         subjects_by_device = self._subjects_by_device(snapshot)
-        points = list(self._points(snapshot))
+        points = list(self._attribution.points(snapshot))
         self.store.extend(points)
-        self.health.observe(snapshot, subjects=self._health_subjects)
+        self.health.observe(snapshot, subjects=self._attribution.on_device)
         shares = self._shares(points)
         self._record(snapshot, subjects_by_device, shares)
         devices_of = self._devices_of(snapshot)
@@ -441,11 +191,6 @@ class Session:
 
     # -- internals --------------------------------------------------------------------------------
 
-    def _health_subjects(self, gpu: GpuSample) -> list[PodId]:
-        if self.subjects is SubjectKind.PROCESSES:
-            return [PodId(PROCESS_NAMESPACE, process_subject(p.pid)) for p in gpu.processes]
-        return pods_of(gpu)
-
     def _record_judged(self, evaluation: Evaluation) -> None:
         """The service rules' values, for the plot: no GPU reading shows what they judge."""
         for outcome in evaluation.outcomes:
@@ -460,11 +205,6 @@ class Session:
                     evaluation.at,
                     outcome.value,
                 )
-
-    def _points(self, snapshot: Snapshot) -> Iterator[tuple[SeriesKey, Point]]:
-        if self.subjects is SubjectKind.PROCESSES:
-            return points_from_processes(snapshot)
-        return points_from_snapshot(snapshot)
 
     def _subjects_by_device(self, snapshot: Snapshot) -> dict[str, list[str]]:
         """Each device's subjects' display names; learns the names on the way."""
@@ -567,11 +307,7 @@ class Session:
         devices_of: dict[PodId, list[str]] = {}
         for gpu in snapshot.gpus:
             for proc in gpu.processes:
-                subject = (
-                    PodId(PROCESS_NAMESPACE, process_subject(proc.pid))
-                    if self.subjects is SubjectKind.PROCESSES
-                    else (PodId(proc.pod.namespace, proc.pod.name) if proc.pod else None)
-                )
+                subject = self._attribution.of_process(proc)
                 if subject is not None:
                     devices_of.setdefault(subject, []).append(device_key(gpu))
             for ref in gpu.pods:

@@ -69,7 +69,8 @@ from gpuwarden.local.plot import PlotUnavailable, require_matplotlib, save_plot
 from gpuwarden.local.policies import LocalPolicy, for_processes, load_policies
 from gpuwarden.local.replay import ScenarioClock, ScenarioSampler
 from gpuwarden.local.services import ServiceWatcher, scrape_interval, service_subject, wanted_names
-from gpuwarden.local.session import Session, SubjectKind, processes_in
+from gpuwarden.local.session import Session
+from gpuwarden.local.subjects import SubjectKind, processes_in
 from gpuwarden.local.suspicion import SuspicionResponder
 from gpuwarden.policy import RULE_TYPES, PodView, SpecError, service_metric_names
 from gpuwarden.sim.scenario import PACKAGED, Scenario, ScenarioError, load_scenario

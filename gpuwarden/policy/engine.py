@@ -35,7 +35,7 @@ from gpuwarden.policy.findings import (
     Transition,
 )
 from gpuwarden.policy.rules import RULE_TYPES, Memo, type_of
-from gpuwarden.policy.rules.common import Outcome, RuleKind, Services, WindowParams, unknown
+from gpuwarden.policy.rules.common import JudgeContext, Outcome, RuleKind, Services, WindowParams, unknown
 from gpuwarden.policy.scaling.predictive import WorkloadLoad, request_load, workload_load
 from gpuwarden.policy.spec.model import ForecastLoad, PolicySpec, Rule
 from gpuwarden.policy.spec.selector import selector_matches
@@ -101,7 +101,7 @@ def horizon_seconds(spec: PolicySpec, params: WindowParams | None = None) -> flo
     """The store retention this policy needs: its longest reach back, plus staleness and slack.
 
     A rule reaches back its window (its kind's ``reach``; memoryGrowth: its window plus one bucket,
-    see :func:`gpuwarden.policy.rules.growth.growth_window`) from the pod's newest
+    see :func:`gpuwarden.policy.rules.growth.shape.growth_window`) from the pod's newest
     sample, which may be up to ``stale_after_seconds`` old. Size the store's
     ``retention_seconds`` as the largest horizon over all policies.
     """
@@ -128,7 +128,7 @@ def evaluate_rule(
     ``services``: the pods' own metrics, what the service kinds judge (those whose record reads a
     ``metric``); without them those have nothing to judge.
     """
-    return type_of(rule).evaluate(rule, pod, series, now, params, memo, health, services)
+    return type_of(rule).evaluate(rule, JudgeContext(pod, series, now, params, health, services), memo)
 
 
 def snoozed_until(annotations: Mapping[str, str], rule_name: str) -> float | None:
@@ -224,7 +224,7 @@ class PolicyEvaluator:
         judged: dict[PodId, list[Outcome]] = {}
         for pod_id in sorted(selected):
             pod = selected[pod_id]
-            series = store.series_of(*pod_id)
+            context = JudgeContext(pod_id, store.series_of(*pod_id), now, self.params, health, scrapes)
             snoozes = any(k.startswith(SNOOZE_PREFIX) for k in pod.annotations)
             out = judged[pod_id] = []
             for rule in self.spec.rules:
@@ -232,8 +232,8 @@ class PolicyEvaluator:
                     until = snoozed_until(pod.annotations, rule.name)
                     if until is not None and now < until:
                         continue
-                memo = self._memos.get(rule_kind(rule))
-                out.append(evaluate_rule(rule, pod_id, series, now, self.params, memo, health, scrapes))
+                t = type_of(rule)
+                out.append(t.evaluate(rule, context, self._memos.get(t.kind)))
         self._sweep()
         return judged
 
@@ -261,9 +261,10 @@ class PolicyEvaluator:
         """
         tracker = self._tracker
         rules = {r.name: r for r in self.spec.rules}
-        # Per rule, once: its kind, the `for` the tracker applies (memoryGrowth only) and its kind's memo.
+        # Per rule, once: its kind, the `for` the tracker applies (memoryGrowth only), its kind's
+        # evaluator and memo.
         plan = [
-            (rule, t.kind, 0.0 if t.hold is None else t.hold(rule), self._memos.get(t.kind))
+            (rule, t.kind, 0.0 if t.hold is None else t.hold(rule), t.evaluate, self._memos.get(t.kind))
             for rule in self.spec.rules
             for t in (type_of(rule),)
         ]
@@ -280,10 +281,14 @@ class PolicyEvaluator:
             pod = selected[pod_id]
             namespace, name = pod_id
             sent = remote.get(pod_id)
-            series = store.series_of(namespace, name) if sent is None else []
+            context = (
+                JudgeContext(pod_id, store.series_of(namespace, name), now, self.params, health, scrapes)
+                if sent is None
+                else None
+            )
             by_rule = {o.rule: o for o in sent} if sent is not None else {}
             snoozes = any(k.startswith(SNOOZE_PREFIX) for k in pod.annotations)
-            for rule, kind, for_seconds, memo in plan:
+            for rule, kind, for_seconds, judge, memo in plan:
                 key = FindingKey(rule.name, namespace, name)
                 state = tracker.state(key)
                 if state is not None and state.finding.kind != kind:
@@ -293,8 +298,8 @@ class PolicyEvaluator:
                     if until is not None and now < until:
                         _append(transitions, tracker.resolve(key, Resolution.SNOOZED, now))
                         continue
-                if sent is None:
-                    outcome = evaluate_rule(rule, pod_id, series, now, self.params, memo, health, scrapes)
+                if context is not None:
+                    outcome = judge(rule, context, memo)
                 else:
                     outcome = by_rule.get(rule.name) or unknown(rule.name, kind, pod_id, 0.0, "")
                 outcomes.append(outcome)

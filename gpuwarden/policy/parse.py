@@ -125,10 +125,10 @@ class Scheme(enum.StrEnum):
 
 
 _OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
-_RULE_TYPES: Mapping[str, RuleType[Any]] = {t.key: t for t in RULE_TYPES}
+_RULE_TYPES: Mapping[str, RuleType[Any, Any]] = {t.key: t for t in RULE_TYPES}
 
 
-def _kinds(has: Callable[[RuleType[Any]], object]) -> str:
+def _kinds(has: Callable[[RuleType[Any, Any]], object]) -> str:
     """The kinds whose record ``has``, for a message: ``a, b or c``."""
     keys = [t.key for t in RULE_TYPES if has(t)]
     return " or ".join(filter(None, (", ".join(keys[:-1]), keys[-1])))

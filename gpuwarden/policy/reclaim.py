@@ -29,8 +29,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from gpuwarden.policy.rules.activity import pod_activity
 from gpuwarden.policy.rules.common import WindowParams, pod_end
-from gpuwarden.policy.rules.utilization import UtilizationFloor, pod_activity
+from gpuwarden.policy.rules.utilization import UtilizationFloor
 from gpuwarden.policy.spec.model import ReclaimAction, Rule
 from gpuwarden.policy.store.series import PodId, SeriesKey, Window
 

@@ -52,7 +52,8 @@ from gpuwarden.agent.attribution import (
     UnresolvedReason,
 )
 from gpuwarden.local.policies import LocalPolicy
-from gpuwarden.local.session import Session, SubjectKind
+from gpuwarden.local.session import Session
+from gpuwarden.local.subjects import SubjectKind
 from gpuwarden.operator.policies.pods import requests_gpu
 from gpuwarden.policy.findings import Transition
 from gpuwarden.policy.parse import parse_policy_object

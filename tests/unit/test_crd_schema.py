@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from gpuwarden.policy.parse import DEFAULTS, SpecError, parse_spec
-from gpuwarden.policy.rules.gpu_health import Throttling
+from gpuwarden.policy.rules.throttling import Throttling
 from gpuwarden.policy.xids import CRITICAL_XIDS
 from gpuwarden.units import DURATION_PATTERN, RATE_PATTERN
 

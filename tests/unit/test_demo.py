@@ -29,7 +29,7 @@ from gpuwarden.local.display import (
 )
 from gpuwarden.local.history import History
 from gpuwarden.local.policies import demo_policy_path, for_processes, load_policies
-from gpuwarden.local.session import GpuRow, ScaleNote, Step, TargetRow
+from gpuwarden.local.rows import GpuRow, ScaleNote, Step, TargetRow
 from gpuwarden.policy import Resolution
 from gpuwarden.policy.parse import SpecError
 from gpuwarden.policy.rules import growth

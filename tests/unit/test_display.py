@@ -9,7 +9,8 @@ import yaml
 
 from gpuwarden.local.display import PlainDisplay, elapsed_clock
 from gpuwarden.local.policies import LocalPolicy, for_processes
-from gpuwarden.local.session import Session, SubjectKind
+from gpuwarden.local.session import Session
+from gpuwarden.local.subjects import SubjectKind
 from gpuwarden.policy.parse import parse_spec
 from gpuwarden.wire.node import GpuSample, ProcessSample, Snapshot
 

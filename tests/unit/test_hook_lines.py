@@ -13,7 +13,9 @@ from hook_socket_support import LineServer
 from gpuwarden.hook import DeviceMemory, HookClient, ScriptedMemory, StepHook
 from gpuwarden.local.display import announcement_line, elapsed_clock
 from gpuwarden.local.policies import LocalPolicy, for_processes
-from gpuwarden.local.session import Announcement, Session, SubjectKind
+from gpuwarden.local.rows import Announcement
+from gpuwarden.local.session import Session
+from gpuwarden.local.subjects import SubjectKind
 from gpuwarden.policy.parse import parse_spec
 from gpuwarden.wire.hook import parse_message
 from gpuwarden.wire.node import AllocationSite, GpuSample, HookSample, ProcessSample, Snapshot

@@ -15,7 +15,7 @@ from gpuwarden.local.display import elapsed_clock, render_table, status_lines, s
 from gpuwarden.local.history import History, ShareHistory
 from gpuwarden.local.plot import build_figure
 from gpuwarden.local.policies import LocalPolicy
-from gpuwarden.local.session import Step
+from gpuwarden.local.rows import Step
 from gpuwarden.policy.parse import parse_spec
 from gpuwarden.sim.scenario import DEFAULT_ORIGIN, load_scenario
 

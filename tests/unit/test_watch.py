@@ -27,7 +27,9 @@ from gpuwarden.agent.scripted import ScriptedBackend
 from gpuwarden.local.display import announcement_line, elapsed_clock, render_table, summary_lines
 from gpuwarden.local.metrics import FindingCollector
 from gpuwarden.local.policies import LocalPolicy, for_processes
-from gpuwarden.local.session import COMMAND_WIDTH, Announcement, Session, SubjectKind, short_command
+from gpuwarden.local.rows import Announcement
+from gpuwarden.local.session import Session
+from gpuwarden.local.subjects import COMMAND_WIDTH, SubjectKind, short_command
 from gpuwarden.local.watch import EXIT_NO_GPU, WatchConfig, default_hook_socket, watch
 from gpuwarden.policy.parse import parse_spec
 from gpuwarden.wire.node import AllocationSite, GpuSample, HookSample, ProcessSample, Snapshot

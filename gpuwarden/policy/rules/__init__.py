@@ -3,8 +3,11 @@
 Each kind's module holds its spec's class, its parser, its evaluator, its kind (``KIND``) and its
 :class:`RuleType` (what the parser, the engine, the operator's status and Events, and local mode's
 plot need to know of it); ``common`` holds what they share (:class:`Outcome`, :class:`RuleKind`,
-:class:`WindowParams`, windows and coverage); ``serving`` what the kinds that read the pods' own
-metrics share.
+:class:`WindowParams`, the evaluator's contract :data:`~gpuwarden.policy.rules.common.Judge` and
+its :class:`~gpuwarden.policy.rules.common.JudgeContext`, windows and coverage); ``activity`` the
+GPUs' activity the utilization kinds read; ``throttling`` the throttling beside their verdicts;
+``serving`` what the kinds that read the pods' own metrics share. A kind's module imports these,
+never another kind's (``tests/unit/policy/rules/test_registry.py`` holds it).
 
 Others in the policy engine import this package (the registry) and ``common``; a kind's own module
 only for what is that kind's alone (e.g. anomaly's ``Pattern``). Adding a kind: docs/policy.md,
@@ -41,7 +44,7 @@ __all__ = [
     "type_of",
 ]
 
-RULE_TYPES: tuple[RuleType[Any], ...] = (
+RULE_TYPES: tuple[RuleType[Any, Any], ...] = (
     utilization.FLOOR_TYPE,
     utilization.CEILING_TYPE,
     idle_gpus.RULE_TYPE,
@@ -59,12 +62,12 @@ _BY_KIND = {t.kind: t for t in RULE_TYPES}
 _BY_MODEL = {t.model: t for t in RULE_TYPES}
 
 
-def rule_type(kind: RuleKind) -> RuleType[Any]:
+def rule_type(kind: RuleKind) -> RuleType[Any, Any]:
     """The record of a kind."""
     return _BY_KIND[kind]
 
 
-def type_of(rule: Rule) -> RuleType[Any]:
+def type_of(rule: Rule) -> RuleType[Any, Any]:
     """The record of a rule's kind, by its spec's class."""
     return _BY_MODEL[type(rule)]
 

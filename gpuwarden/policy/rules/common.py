@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from operator import sub
 from typing import Any, Generic, NewType, Protocol, TypeAlias, TypeVar
 
@@ -91,11 +91,15 @@ class Outcome:
     ``value`` is None when there was nothing to judge (no readings, stale pod);
     then both ``holds`` and ``clears`` are False. ``holds`` implies not ``clears``.
 
-    Read-only by convention. Not frozen, and its message built only when asked
-    for, by a module-level function from the fields below (no closure): one is
-    built per pod, rule and evaluation, and all of them live until the
-    evaluation ends, so each object less per outcome is less work for the
-    cyclic GC; a frozen dataclass also takes five times as long to build.
+    A mutable result: its kind's evaluator builds it, and the adapter that made
+    the evaluator a :data:`Judge` may amend it before returning it (a note: the
+    throttling beside a utilization verdict, why a service kind had nothing to
+    judge; a verdict throttling belies). Once the :data:`Judge` returns it, no
+    one changes it. Not frozen, and its message built only when asked for, by a
+    module-level function from the fields below (no closure): one is built per
+    pod, rule and evaluation, and all of them live until the evaluation ends,
+    so each object less per outcome is less work for the cyclic GC; a frozen
+    dataclass also takes five times as long to build.
     """
 
     rule: str
@@ -278,75 +282,67 @@ class Services:
     pods: Sequence[PodId]
 
 
-_R = TypeVar("_R")
+@dataclass(slots=True)
+class JudgeContext:
+    """Everything a rule kind's evaluator may read of one pod at one evaluation, in one object (as
+    Kopf passes one cause per handler call): what a kind reads is its own business, and a new field
+    changes no evaluator's signature. The engine builds one per pod and evaluation, for all its rules.
 
-Judge: TypeAlias = Callable[
-    [
-        _R,
-        PodId,
-        Sequence[tuple[SeriesKey, Window]],
-        float,
-        WindowParams,
-        Any,
-        HealthStore | None,
-        Services | None,
-    ],
-    Outcome,
-]
-"""A rule kind's evaluator: ``(rule, pod, series, now, params, memo, health, services)``. ``memo`` is the
-kind's :class:`Memo` (None when it keeps none, or the caller keeps none); ``health`` the GPUs' health
-records; ``services`` the pods' own metrics (None: the service kinds have nothing to judge)."""
+    No evaluator assigns to it. Not frozen: a frozen dataclass takes four times as long to build
+    (1.1 µs against 0.3), which :func:`~gpuwarden.policy.engine.evaluate_rule` pays per call.
+    """
+
+    pod: PodId
+    series: Sequence[tuple[SeriesKey, Window]]
+    """The pod's series, one per GPU it was seen on."""
+    now: float
+    params: WindowParams
+    health: HealthStore | None = None
+    """The GPUs' health records (gpuHealth, and throttling beside utilization); None: nothing to judge."""
+    services: Services | None = None
+    """The pods' own metrics; None: the service kinds have nothing to judge."""
+
+
+_R = TypeVar("_R")
+_M = TypeVar("_M", bound=Memo | None)
+
+Judge: TypeAlias = Callable[[_R, JudgeContext, _M | None], Outcome]
+"""A rule kind's evaluator: ``(rule, context, memo)``; ``memo`` is what the kind keeps between
+evaluations (its :class:`RuleType`'s ``memo`` makes it), None when it keeps none or the caller
+keeps none."""
 
 
 def on_series(
     evaluate: Callable[[_R, PodId, Sequence[tuple[SeriesKey, Window]], float, WindowParams], Outcome],
-) -> Judge[_R]:
+) -> Judge[_R, None]:
     """An evaluator that reads only the pod's series, as a :data:`Judge` (no memo, no health)."""
 
-    def judge(
-        rule: _R,
-        pod: PodId,
-        series: Sequence[tuple[SeriesKey, Window]],
-        now: float,
-        params: WindowParams,
-        memo: Any,
-        health: HealthStore | None,
-        services: Services | None,
-    ) -> Outcome:
-        return evaluate(rule, pod, series, now, params)
+    def judge(rule: _R, c: JudgeContext, memo: None) -> Outcome:
+        return evaluate(rule, c.pod, c.series, c.now, c.params)
 
     return judge
 
 
 def on_services(
     evaluate: Callable[[_R, PodId, float, WindowParams, Services | None], Outcome],
-) -> Judge[_R]:
+) -> Judge[_R, None]:
     """An evaluator that reads only the pods' own metrics, as a :data:`Judge` (no series, memo or health).
 
     An outcome with nothing to judge carries why in its ``note`` (a failed or stale scrape), which a
     reminder of an active finding then says beside its last figure.
     """
 
-    def judge(
-        rule: _R,
-        pod: PodId,
-        series: Sequence[tuple[SeriesKey, Window]],
-        now: float,
-        params: WindowParams,
-        memo: Any,
-        health: HealthStore | None,
-        services: Services | None,
-    ) -> Outcome:
-        outcome = evaluate(rule, pod, now, params, services)
-        if outcome.value is None and services is not None:
-            return replace(outcome, note=services.store.unjudged(pod, now, params.stale_after_seconds))
+    def judge(rule: _R, c: JudgeContext, memo: None) -> Outcome:
+        outcome = evaluate(rule, c.pod, c.now, c.params, c.services)
+        if outcome.value is None and c.services is not None:
+            outcome.note = c.services.store.unjudged(c.pod, c.now, c.params.stale_after_seconds)
         return outcome
 
     return judge
 
 
 @dataclass(frozen=True, slots=True)
-class RuleType(Generic[_R]):
+class RuleType(Generic[_R, _M]):
     """Everything gpuwarden knows of one rule kind, in one record; each kind's module defines its own
     next to its evaluator, and :data:`gpuwarden.policy.rules.RULE_TYPES` lists them. The parser, the
     engine, the operator's status and Events, and local mode's plot read these, never the kinds."""
@@ -360,7 +356,7 @@ class RuleType(Generic[_R]):
     :class:`~gpuwarden.policy.spec.fields.SpecError` naming the field."""
     defaults: Mapping[str, Any]
     """The CRD's scalar defaults for its fields (``tests/unit/test_crd_schema.py`` holds them equal)."""
-    evaluate: Judge[_R]
+    evaluate: Judge[_R, _M]
     """Judges one pod."""
     reach: Callable[[_R], float]
     """How far back before a pod's newest sample it reads (sizes the store's retention)."""
@@ -380,8 +376,8 @@ class RuleType(Generic[_R]):
     hold: Callable[[_R], float] | None = None
     """How long a holding outcome must last before its finding starts (the tracker's ``for``);
     None: at once (a kind whose window is its ``for``)."""
-    memo: Callable[[], Memo] | None = None
-    """Makes what it keeps between evaluations; None: nothing."""
+    memo: Callable[[], _M] | None = None
+    """Makes what it keeps between evaluations (its evaluator's ``memo``); None: nothing."""
     metric: Callable[[_R], Metric | str] | None = None
     """A kind that reads the pods' own metrics (its spec is a
     :class:`~gpuwarden.policy.spec.model.ServiceRule`): the metric a rule reads, or why its server has

@@ -1,4 +1,4 @@
-"""gpuHealth, and throttling as a reason beside utilization findings: judged from the health store.
+"""gpuHealth: a pod's GPUs lost, failing or held down, judged from the health store.
 
 **A GPU's problems** (:func:`gpu_problems`), as of ``now``, for one set of settings (a rule's,
 or the operator's node view):
@@ -17,36 +17,19 @@ A GPU the agents have not reported for ``stale_after`` seconds has nothing to ju
 **gpuHealth** (:func:`evaluate_health`) holds while one of the pod's GPUs (those it was on in
 the last ``stale_after`` seconds) has a problem, and clears as soon as none has; the finding's
 value is the number of problems, its message the first problem GPU's, in words (XIDs with
-their meaning and the recommended action, :mod:`gpuwarden.policy.xids`).
-
-**Throttling beside utilization** (:func:`throttling_note`): a GPU read by its device-wide
-utilization (not a shared GPU's per-process readings: see :func:`with_throttling`) and held down by thermal,
-power or hardware slowdown reasons for at least :data:`THROTTLED_SHARE` of a utilization
-rule's window is not idle: its utilization measures the throttling, not the workload. So a
-utilizationFloor does not hold for its pod, and an active finding clears, with the reason in
-the message (``…; throttled 80% of the window (thermal): not idle``), as a GPU busy by power
-does; a utilizationCeiling still holds (the GPU is saturated either way) and says so
-(``…; throttled 80% of the window (thermal)``): more replicas may not help a GPU that is hot.
+their meaning and the recommended action, :mod:`gpuwarden.policy.xids`). Throttling beside
+utilization verdicts is :mod:`gpuwarden.policy.rules.throttling`'s.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from gpuwarden.policy.humanize import approx_duration, time_of_day
-from gpuwarden.policy.rules.common import (
-    Judge,
-    Outcome,
-    RuleKind,
-    RuleType,
-    Services,
-    WindowParams,
-    pod_end,
-    unknown,
-)
+from gpuwarden.policy.rules.common import JudgeContext, Outcome, RuleKind, RuleType, WindowParams, unknown
+from gpuwarden.policy.rules.throttling import Throttling, reasons_of, throttling_words
 from gpuwarden.policy.spec.fields import (
     SpecError,
     as_list,
@@ -57,20 +40,12 @@ from gpuwarden.policy.spec.fields import (
     type_name,
 )
 from gpuwarden.policy.store.health import GpuRecord, HealthStore
-from gpuwarden.policy.store.series import PodId, SeriesKey, UtilizationSource, Window
+from gpuwarden.policy.store.series import PodId
 from gpuwarden.policy.xids import CRITICAL_XIDS, describe_xid
 from gpuwarden.wire.node import ClockEventReason
 
 KIND = RuleKind("gpuHealth")
 """Its kind: its key under ``spec.rules[]``."""
-
-
-class Throttling(enum.StrEnum):
-    """A class of clock event reasons a gpuHealth rule can count (:data:`THROTTLING_REASONS`)."""
-
-    THERMAL = "thermal"  # swThermalSlowdown, hwThermalSlowdown
-    POWER = "power"  # swPowerCap, hwPowerBrakeSlowdown
-    HW_SLOWDOWN = "hwSlowdown"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,55 +67,17 @@ class GpuHealthRule:
 
 
 __all__ = [
-    "ANY_THROTTLING",
     "KIND",
     "RULE_TYPE",
-    "THROTTLED_SHARE",
-    "THROTTLING_REASONS",
     "GpuHealthRule",
     "Problem",
-    "Throttling",
     "evaluate_health",
     "gpu_problems",
     "parse_gpu_health",
-    "throttling_note",
-    "with_throttling",
 ]
 
-THROTTLING_REASONS: Mapping[Throttling, frozenset[ClockEventReason]] = {
-    Throttling.THERMAL: frozenset(
-        {ClockEventReason.SW_THERMAL_SLOWDOWN, ClockEventReason.HW_THERMAL_SLOWDOWN}
-    ),
-    Throttling.POWER: frozenset({ClockEventReason.SW_POWER_CAP, ClockEventReason.HW_POWER_BRAKE_SLOWDOWN}),
-    Throttling.HW_SLOWDOWN: frozenset({ClockEventReason.HW_SLOWDOWN}),
-}
-"""Which clock event reasons each throttling class stands for."""
-
-ANY_THROTTLING = frozenset().union(*THROTTLING_REASONS.values())
-"""Every reason that holds the clocks down for heat, power or the hardware's protection (not idling,
-application clocks, sync boost or display settings)."""
-
-THROTTLED_SHARE = 0.5
-"""The share of a utilization rule's window a GPU must be throttled for to count as throttled."""
 
 UNIT = "problems"
-
-_CLASS_WORDS = {
-    Throttling.THERMAL: "thermal",
-    Throttling.POWER: "power",
-    Throttling.HW_SLOWDOWN: "hardware slowdown",
-}
-
-
-def reasons_of(classes: Iterable[Throttling]) -> frozenset[ClockEventReason]:
-    """The clock event reasons of some throttling classes."""
-    return frozenset().union(*(THROTTLING_REASONS[c] for c in classes))
-
-
-def throttling_words(reasons: Iterable[ClockEventReason]) -> str:
-    """The classes some reasons belong to, in words: ``thermal, power``."""
-    held = set(reasons)
-    return ", ".join(_CLASS_WORDS[c] for c, rs in THROTTLING_REASONS.items() if held & rs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,93 +191,6 @@ def evaluate_health(
     )
 
 
-def throttling_note(
-    health: HealthStore | None, pod: PodId, gpus: Sequence[str], start: float, end: float
-) -> tuple[str, bool]:
-    """The note for a utilization outcome of ``pod`` over ``[start, end]``, and whether a GPU was throttled.
-
-    ``gpus`` are the series' GPU ids (MIG device UUIDs included), each read from the record of
-    the node that reported the pod on it: another node's word on that UUID counts for nothing.
-    Empty note when none was throttled for :data:`THROTTLED_SHARE` of the window.
-    """
-    if health is None:
-        return "", False
-    worst = 0.0
-    held: set[ClockEventReason] = set()
-    for gpu in gpus:
-        record = health.gpu_of(pod.namespace, pod.name, gpu)
-        if record is None:
-            continue
-        share, reasons = record.throttled_share(ANY_THROTTLING, start, end)
-        if share >= THROTTLED_SHARE:
-            worst = max(worst, share)
-            held |= reasons
-    if not held:
-        return "", False
-    return f"throttled {round(worst * 100)}% of the window ({throttling_words(held)})", True
-
-
-def with_throttling(
-    outcome: Outcome,
-    series: Sequence[tuple[SeriesKey, Window]],
-    now: float,
-    params: WindowParams,
-    health: HealthStore | None,
-    *,
-    idle: bool,
-) -> Outcome:
-    """A utilization rule's outcome, with throttling as a reason beside it (see the module doc);
-    ``idle``: whether its outcome says the GPUs are idle (a floor's), which throttling belies."""
-    if health is None or outcome.value is None or not outcome.gpus:
-        return outcome
-    end = pod_end(series, now, params)
-    if end is None:
-        return outcome
-    # Only a device-wide reading measures the throttling. A process's own share of SM time on a
-    # shared GPU does not drop when the clocks do, and a process that ran no kernel is idle
-    # however the GPU is held down (its clocks are the other processes' doing: an H200 at full
-    # load sits at its power cap).
-    device_read = {key.gpu for key, window in series if window.util_source is UtilizationSource.DEVICE}
-    gpus = [gpu for gpu in outcome.gpus if gpu in device_read]
-    note, throttled = throttling_note(health, outcome.pod, gpus, end - outcome.window_seconds, end)
-    if not throttled:
-        return outcome
-    outcome.note = note
-    if idle:
-        # Its utilization measures the throttling, not the workload: not idle (as busy by power).
-        outcome.note += ": not idle"
-        outcome.holds = False
-        outcome.clears = True
-    return outcome
-
-
-_R = TypeVar("_R")
-
-
-def judged_with_throttling(
-    evaluate: Callable[[_R, PodId, Sequence[tuple[SeriesKey, Window]], float, WindowParams], Outcome],
-    *,
-    idle: bool,
-) -> Judge[_R]:
-    """A utilization rule's evaluator, as a :data:`~gpuwarden.policy.rules.common.Judge`, with the
-    GPUs' throttling noted beside its verdict (``idle``: see :func:`with_throttling`)."""
-
-    def judge(
-        rule: _R,
-        pod: PodId,
-        series: Sequence[tuple[SeriesKey, Window]],
-        now: float,
-        params: WindowParams,
-        memo: Any,
-        health: HealthStore | None,
-        services: Services | None,
-    ) -> Outcome:
-        outcome = evaluate(rule, pod, series, now, params)
-        return with_throttling(outcome, series, now, params, health, idle=idle)
-
-    return judge
-
-
 # --- the kind ----------------------------------------------------------------------------------------
 
 DEFAULTS: Mapping[str, Any] = {"gpuLost": True, "memoryErrors": True, "for": "5m", "clearAfter": "10m"}
@@ -391,17 +241,8 @@ def parse_gpu_health(name: str, obj: Mapping[str, Any], path: str) -> GpuHealthR
     return rule
 
 
-def _judge(
-    rule: GpuHealthRule,
-    pod: PodId,
-    series: Sequence[tuple[SeriesKey, Window]],
-    now: float,
-    params: WindowParams,
-    memo: Any,
-    health: HealthStore | None,
-    services: Services | None,
-) -> Outcome:
-    return evaluate_health(rule, pod, health, now, params)
+def _judge(rule: GpuHealthRule, c: JudgeContext, memo: None) -> Outcome:
+    return evaluate_health(rule, c.pod, c.health, c.now, c.params)
 
 
 RULE_TYPE = RuleType(

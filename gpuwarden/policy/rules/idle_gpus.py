@@ -6,7 +6,7 @@ parallelism (a tensor-parallel size below the GPU count, a script that uses ``cu
 rank that stopped while the others wait for it.
 
 Semantics (the window, coverage and as-of time are in :mod:`gpuwarden.policy.rules.common`; the
-readings are utilization's, :func:`~gpuwarden.policy.rules.utilization.pod_activity`):
+readings are utilization's, :func:`~gpuwarden.policy.rules.activity.trailing_activity`):
 
 - **Per GPU**, the mean of its readings over ``[end - for, end]``, on the rule's ``signal``.
 - **Idle**: a GPU whose mean is below ``percent``. **In use**: one whose mean is at least
@@ -20,7 +20,7 @@ readings are utilization's, :func:`~gpuwarden.policy.rules.utilization.pod_activ
 - **Value**: the least used GPU's mean; the finding names the idle GPUs (the status the first),
   none once no GPU is idle (a GPU inside the margin keeps an active finding but is not named).
 - **Throttling**: as for utilizationFloor, an idle GPU throttled for half the window is not idle
-  (:func:`~gpuwarden.policy.rules.gpu_health.with_throttling`).
+  (:func:`~gpuwarden.policy.rules.throttling.with_throttling`).
 """
 
 from __future__ import annotations
@@ -29,17 +29,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuwarden.policy.rules.activity import UNIT, signal_name, trailing_activity
 from gpuwarden.policy.rules.common import (
     Outcome,
     RuleKind,
     RuleType,
     WindowParams,
     percent,
-    pod_end,
     unknown,
 )
-from gpuwarden.policy.rules.gpu_health import judged_with_throttling
-from gpuwarden.policy.rules.utilization import UNIT, pod_activity, signal_name
+from gpuwarden.policy.rules.throttling import judged_with_throttling
 from gpuwarden.policy.spec.fields import check_fields, duration, member, number, value_or
 from gpuwarden.policy.spec.model import Signal
 from gpuwarden.policy.store.series import PodId, SeriesKey, Window
@@ -86,10 +85,7 @@ def evaluate_idle_gpus(
     params: WindowParams,
 ) -> Outcome:
     """Judge an idleGpus rule for one pod (see the module doc)."""
-    end = pod_end(series, now, params)
-    if end is None:
-        return unknown(rule.name, KIND, pod, rule.percent, UNIT)
-    gpus = pod_activity(series, rule.signal, end - rule.for_seconds, end, max_gap=params.max_gap_seconds)
+    gpus = trailing_activity(series, rule.signal, rule.for_seconds, now, params)
     read = sorted((g for g in gpus if g.mean is not None), key=lambda g: g.mean or 0.0)
     if not read:
         return unknown(rule.name, KIND, pod, rule.percent, UNIT)

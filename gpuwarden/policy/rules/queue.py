@@ -18,13 +18,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuwarden.policy.humanize import format_count
-from gpuwarden.policy.rules.common import Outcome, RuleKind, RuleType, Services, WindowParams, unknown
+from gpuwarden.policy.rules.common import (
+    JudgeContext,
+    Outcome,
+    RuleKind,
+    RuleType,
+    Services,
+    WindowParams,
+    unknown,
+)
 from gpuwarden.policy.rules.serving import SHORT_OF_REPLICAS, metric_of, parse_source
 from gpuwarden.policy.spec.fields import check_fields, duration, member, number, value_or
 from gpuwarden.policy.spec.model import Server
 from gpuwarden.policy.spec.servers import Metric, source_metric
-from gpuwarden.policy.store.health import HealthStore
-from gpuwarden.policy.store.series import PodId, SeriesKey, Window
+from gpuwarden.policy.store.series import PodId
 
 KIND = RuleKind("requestQueue")
 """Its kind: its key under ``spec.rules[]``."""
@@ -166,17 +173,8 @@ def evaluate_queue(
     )
 
 
-def _judge(
-    rule: RequestQueue,
-    pod: PodId,
-    series: Sequence[tuple[SeriesKey, Window]],
-    now: float,
-    params: WindowParams,
-    memo: Any,
-    health: HealthStore | None,
-    services: Services | None,
-) -> Outcome:
-    return evaluate_queue(rule, pod, now, params, services, memo if isinstance(memo, QueueMemo) else None)
+def _judge(rule: RequestQueue, c: JudgeContext, memo: QueueMemo | None) -> Outcome:
+    return evaluate_queue(rule, c.pod, c.now, c.params, c.services, memo)
 
 
 RULE_TYPE = RuleType(
@@ -191,7 +189,7 @@ RULE_TYPE = RuleType(
     reason="RequestQueueLong",
     meaning="requests wait to be served: it needs more replicas",
     per_gpu=False,
-    colour="tab:brown",
+    colour="teal",
     utilization=True,  # local mode's plot draws it on the utilization panel: it speaks of load
     hold=lambda rule: rule.for_seconds,
     memo=QueueMemo,

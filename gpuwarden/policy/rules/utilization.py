@@ -35,21 +35,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuwarden.policy.rules.activity import UNIT, signal_name, trailing_activity
 from gpuwarden.policy.rules.common import (
     Outcome,
     RuleKind,
     RuleType,
     WindowParams,
-    covered,
     percent,
-    pod_end,
-    readings,
     unknown,
 )
-from gpuwarden.policy.rules.gpu_health import judged_with_throttling
+from gpuwarden.policy.rules.throttling import judged_with_throttling
 from gpuwarden.policy.spec.fields import check_fields, duration, member, number, optional_number, value_or
 from gpuwarden.policy.spec.model import Signal
-from gpuwarden.policy.store.series import Column, PodId, SeriesKey, UtilizationSource, Window
+from gpuwarden.policy.store.series import PodId, SeriesKey, Window
 from gpuwarden.units import format_duration
 
 FLOOR_KIND = RuleKind("utilizationFloor")
@@ -85,107 +83,6 @@ class UtilizationCeiling:
     hysteresis: float = 5.0
 
 
-UNIT = "percent"
-
-SIGNAL_NAMES = {
-    UtilizationSource.DEVICE: "GPU utilization (device counter)",
-    UtilizationSource.PROCESSES: "per-process SM utilization",
-    UtilizationSource.NO_PROCESS: "per-process SM utilization (no process of its own on the shared GPU)",
-}
-"""How a message names a gpuUtil reading, by what it is made of."""
-GPM_SIGNAL = "SM activity (GPM)"
-
-
-@dataclass(slots=True)
-class GpuActivity:
-    """One GPU's activity over a window."""
-
-    gpu: str
-    column: Column
-    """The reading used (SM_ACTIVE or GPU_UTIL)."""
-    signal: str
-    """What that reading is made of, in words (see :data:`SIGNAL_NAMES`)."""
-    mean: float | None
-    """None when the window has no reading of ``column``."""
-    covered: bool
-    power_w: float | None = None
-    """Mean power draw over the window, when asked for and reported."""
-
-
-def gpu_activity(
-    gpu: str,
-    window: Window,
-    signal: Signal,
-    start: float,
-    end: float,
-    *,
-    noise_floor: float = 0.0,
-    max_gap: float | None = None,
-    with_power: bool = False,
-) -> GpuActivity:
-    """One GPU's mean activity over ``[start, end]`` per ``signal``, readings <= ``noise_floor`` as 0."""
-    column = Column.GPU_UTIL if signal is Signal.GPU_UTIL else Column.SM_ACTIVE
-    r = readings(window, column, start, end)
-    if not r.values and signal is Signal.AUTO:
-        column = Column.GPU_UTIL
-        r = readings(window, column, start, end)
-    power: float | None = None
-    if with_power:
-        watts = readings(window, Column.POWER_W, start, end).values
-        power = sum(watts) / len(watts) if watts else None
-    named = GPM_SIGNAL if column is Column.SM_ACTIVE else SIGNAL_NAMES[window.util_source]
-    if not r.values:
-        return GpuActivity(gpu, column, named, None, covered=False, power_w=power)
-    total = sum(filter(noise_floor.__lt__, r.values)) if noise_floor > 0 else sum(r.values)
-    return GpuActivity(
-        gpu,
-        column,
-        named,
-        total / len(r.values),
-        covered=covered(r, start, end, max_gap),
-        power_w=power,
-    )
-
-
-def pod_activity(
-    series: Sequence[tuple[SeriesKey, Window]],
-    signal: Signal,
-    start: float,
-    end: float,
-    *,
-    noise_floor: float = 0.0,
-    max_gap: float | None = None,
-    with_power: bool = False,
-) -> list[GpuActivity]:
-    """Activity of each of the pod's GPUs that has any point in ``[start, end]``."""
-    out = []
-    for key, window in series:
-        i0, i1 = window.span(start, end)
-        if i0 == i1:
-            continue  # silent for the whole window: no longer part of the pod's view
-        out.append(
-            gpu_activity(
-                key.gpu,
-                window,
-                signal,
-                start,
-                end,
-                noise_floor=noise_floor,
-                max_gap=max_gap,
-                with_power=with_power,
-            )
-        )
-    return out
-
-
-def signal_name(gpus: Sequence[GpuActivity]) -> str:
-    """The signal that decided, in words; several when the pod's GPUs were judged on different ones."""
-    names = list(dict.fromkeys(g.signal for g in gpus if g.mean is not None))
-    if len(names) == 1:
-        return names[0]
-    return f"GPU activity ({'; '.join(names)})"
-
-
 def _mean_over(o: Outcome) -> str:
     across = f" across {o.gpu_count} GPUs" if o.gpu_count > 1 else ""
     return f"mean {o.signal} {percent(o.value or 0.0)} over {format_duration(o.window_seconds)}{across}"
@@ -213,18 +110,14 @@ def evaluate_floor(
 ) -> Outcome:
     """Judge a utilizationFloor rule for one pod (see the module doc)."""
     kind = FLOOR_KIND
-    end = pod_end(series, now, params)
-    if end is None:
-        return unknown(rule.name, kind, pod, rule.percent, UNIT)
-    with_power = rule.power_threshold_watts is not None
-    gpus = pod_activity(
+    gpus = trailing_activity(
         series,
         rule.signal,
-        end - rule.for_seconds,
-        end,
+        rule.for_seconds,
+        now,
+        params,
         noise_floor=rule.noise_floor,
-        max_gap=params.max_gap_seconds,
-        with_power=with_power,
+        with_power=rule.power_threshold_watts is not None,
     )
     means = [g.mean for g in gpus if g.mean is not None]
     if not means:
@@ -268,10 +161,7 @@ def evaluate_ceiling(
 ) -> Outcome:
     """Judge a utilizationCeiling rule for one pod (see the module doc)."""
     kind = CEILING_KIND
-    end = pod_end(series, now, params)
-    if end is None:
-        return unknown(rule.name, kind, pod, rule.percent, UNIT)
-    gpus = pod_activity(series, rule.signal, end - rule.for_seconds, end, max_gap=params.max_gap_seconds)
+    gpus = trailing_activity(series, rule.signal, rule.for_seconds, now, params)
     means = [g.mean for g in gpus if g.mean is not None]
     if not means:
         return unknown(rule.name, kind, pod, rule.percent, UNIT)

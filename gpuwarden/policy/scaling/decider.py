@@ -3,7 +3,7 @@
 Pure: findings, the target's current replicas and ``now`` come in; a
 :class:`ScaleDecision` goes out. Whoever owns the target (the operator's
 :class:`~gpuwarden.operator.scaling.WorkloadScaler`, local mode's
-:class:`~gpuwarden.local.session.SimulatedScaler`) takes one :func:`scale_step` per
+:class:`~gpuwarden.local.scaler.SimulatedScaler`) takes one :func:`scale_step` per
 evaluation: it reads the replicas, the step decides and says what to do (hold, announce
 in dryRun, or apply), the owner does it (its I/O) and settles the step with the outcome,
 so that cooldowns start from real changes only.

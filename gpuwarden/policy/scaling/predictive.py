@@ -42,8 +42,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from gpuwarden.policy.humanize import format_count
+from gpuwarden.policy.rules.activity import pod_activity
 from gpuwarden.policy.rules.common import Services, WindowParams, percent, pod_end
-from gpuwarden.policy.rules.utilization import pod_activity
 from gpuwarden.policy.scaling.forecast import MIN_ERRORS, LoadForecast, Smoothing
 from gpuwarden.policy.spec.model import BUCKET_SECONDS, MAX_STEPS, ForecastLoad, ScaleForecast
 from gpuwarden.policy.store.series import SeriesKey, Window

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from matplotlib.axes import Axes
+from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 from matplotlib.image import imread
 
@@ -14,6 +15,7 @@ from gpuwarden.local.demo import ScenarioRun
 from gpuwarden.local.history import History
 from gpuwarden.local.plot import build_figure, save_plot
 from gpuwarden.local.policies import demo_policy_path, load_policies
+from gpuwarden.policy.rules import RULE_TYPES
 from gpuwarden.sim.scenario import load_scenario
 
 PODS = ("research/notebook-idle-0", "training/llm-finetune-0", "training/vision-train-0")
@@ -229,3 +231,9 @@ def test_a_long_watch_is_plotted_in_hours() -> None:
     assert figure.axes[0].get_title(loc="left") == "GPU 0: pid 7 python leak.py  (utilization)"
     # Without SM activity readings there is no SM line.
     assert [line.get_label() for line in figure.axes[0].lines] == ["utilization.gpu"]
+
+
+def test_no_two_rule_kinds_share_a_colour() -> None:
+    # Two kinds of one colour on one panel read as one kind (anomaly and requestQueue were both brown).
+    colours = {t.kind: to_rgba(t.colour) for t in RULE_TYPES}
+    assert len(set(colours.values())) == len(colours), colours

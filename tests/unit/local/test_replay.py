@@ -12,7 +12,7 @@ import pytest
 
 from gpuwarden import cli
 from gpuwarden.agent.scripted import ScriptedBackend
-from gpuwarden.local.session import Step
+from gpuwarden.local.rows import Step
 from gpuwarden.local.watch import WatchConfig, watch
 from gpuwarden.sim.scenario import DEFAULT_ORIGIN
 

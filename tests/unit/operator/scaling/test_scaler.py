@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuwarden.kubetime import format_time
 from gpuwarden.local.policies import LocalPolicy
-from gpuwarden.local.session import SimulatedScaler
+from gpuwarden.local.scaler import SimulatedScaler
 from gpuwarden.operator.kube.client import JsonObject
 from gpuwarden.operator.metrics import DesiredReplicasCollector
 from gpuwarden.operator.resources import ObjectRef, PolicyKey

@@ -13,7 +13,8 @@ import pytest
 
 from gpuwarden.policy import PodView, PolicyEvaluator, Resolution, SeriesStore, Transition
 from gpuwarden.policy.parse import SpecError, parse_spec
-from gpuwarden.policy.rules.gpu_health import THROTTLED_SHARE, GpuHealthRule, Throttling, gpu_problems
+from gpuwarden.policy.rules.gpu_health import GpuHealthRule, gpu_problems
+from gpuwarden.policy.rules.throttling import THROTTLED_SHARE, Throttling
 from gpuwarden.policy.store.health import HealthStore, IncidentKind
 from gpuwarden.policy.store.intake import points_from_snapshot
 from gpuwarden.policy.xids import CRITICAL_XIDS, XIDS, describe_xid

@@ -14,20 +14,15 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gpuwarden.policy.rules.common import Outcome, WindowParams
-from gpuwarden.policy.rules.growth import (
+from gpuwarden.policy.rules.growth import GrowthCache, MemoryGrowth, evaluate_growth
+from gpuwarden.policy.rules.growth.model import (
     BUCKETS,
     JUMP_SHARE,
     MAX_POINTS,
     MIN_SPAN_SECONDS,
-    GrowthCache,
-    MemoryGrowth,
-    evaluate_growth,
     evidence_spans,
-    gpu_growth,
-    growth_window,
-    peak_before,
-    span_ends,
 )
+from gpuwarden.policy.rules.growth.shape import gpu_growth, growth_window, peak_before, span_ends
 from gpuwarden.policy.stats import (
     bucket_medians,
     fit_line,

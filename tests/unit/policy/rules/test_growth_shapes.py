@@ -25,13 +25,8 @@ from gpuwarden.policy import (
     SeriesStore,
     Transition,
 )
-from gpuwarden.policy.rules.growth import (
-    MIN_SPAN_SECONDS,
-    URGENCY,
-    MemoryGrowth,
-    evidence_spans,
-    urgent_spans,
-)
+from gpuwarden.policy.rules.growth import MemoryGrowth
+from gpuwarden.policy.rules.growth.model import MIN_SPAN_SECONDS, URGENCY, evidence_spans, urgent_spans
 from gpuwarden.policy.spec.model import LabelSelector, PolicySpec
 
 T0 = 1_749_999_960.0

@@ -28,7 +28,7 @@ from gpuwarden.policy import (
 from gpuwarden.policy.engine import HORIZON_SLACK_SECONDS
 from gpuwarden.policy.parse import DEFAULTS
 from gpuwarden.policy.rules import type_of
-from gpuwarden.policy.rules.common import WindowParams
+from gpuwarden.policy.rules.common import JudgeContext, WindowParams
 from gpuwarden.policy.spec.model import Rule
 from gpuwarden.policy.store.series import PodId
 
@@ -60,7 +60,7 @@ def crd_rule_keys() -> list[str]:
     return [k for k in items["properties"] if k != "name"]
 
 
-def parsed(t: RuleType[Any]) -> Rule:
+def parsed(t: RuleType[Any, Any]) -> Rule:
     spec = parse_spec({"selector": {}, "rules": [{"name": "r", t.key: MINIMAL[t.key]}]})
     return spec.rules[0]
 
@@ -72,9 +72,14 @@ def test_the_registry_and_the_crd_name_the_same_kinds_in_the_same_order() -> Non
     assert sorted(MINIMAL) == sorted(keys)
 
 
+def kind_module(t: RuleType[Any, Any]) -> str:
+    """The kind's module: ``gpuwarden.policy.rules.<kind>``, a module or, for a kind in parts, a package."""
+    return ".".join(t.model.__module__.split(".")[:4])
+
+
 @pytest.mark.parametrize("t", RULE_TYPES, ids=lambda t: t.key)
-def test_a_kind_s_module_declares_its_kind_and_its_spec_s_frozen_class(t: RuleType[Any]) -> None:
-    module = sys.modules[t.model.__module__]
+def test_a_kind_s_module_declares_its_kind_and_its_spec_s_frozen_class(t: RuleType[Any, Any]) -> None:
+    module = sys.modules[kind_module(t)]
     assert module.__name__.startswith("gpuwarden.policy.rules.")
     assert t.kind in [v for k, v in vars(module).items() if k.endswith("KIND")]
     assert t in vars(module).values()
@@ -86,6 +91,23 @@ def test_a_kind_s_module_declares_its_kind_and_its_spec_s_frozen_class(t: RuleTy
 def test_the_models_are_one_per_kind() -> None:
     models = [t.model for t in RULE_TYPES]
     assert len(set(models)) == len(models)
+
+
+@pytest.mark.parametrize("t", RULE_TYPES, ids=lambda t: t.key)
+def test_a_kind_s_module_imports_no_other_kind(t: RuleType[Any, Any]) -> None:
+    # What several kinds share lives in a module of no kind (common, activity, throttling, serving).
+    module = kind_module(t)
+    kinds = {kind_module(other) for other in RULE_TYPES} - {module}
+    path = Path(sys.modules[module].__file__ or "")
+    imported = set()
+    for file in path.parent.glob("*.py") if path.name == "__init__.py" else [path]:
+        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module is not None:
+                imported.add(node.module)
+                imported.update(f"{node.module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+    assert not {name for name in imported if ".".join(name.split(".")[:4]) in kinds}
 
 
 # What reads every kind through the registry names none: a new kind is its module, its line in
@@ -132,7 +154,7 @@ def test_the_crd_defaults_of_each_kind_are_its_record_s() -> None:
 
 
 @pytest.mark.parametrize("t", RULE_TYPES, ids=lambda t: t.key)
-def test_every_kind_is_registered_whole(t: RuleType[Any]) -> None:
+def test_every_kind_is_registered_whole(t: RuleType[Any, Any]) -> None:
     rule = parsed(t)
     assert isinstance(rule, t.model)
     assert type_of(rule) is t
@@ -148,7 +170,7 @@ def test_every_kind_is_registered_whole(t: RuleType[Any]) -> None:
     assert t.meaning
     assert t.colour
     memo = None if t.memo is None else t.memo()
-    outcome = t.evaluate(rule, PodId("ns", "p"), [], 1_800_000_000.0, WindowParams(), memo, None, None)
+    outcome = t.evaluate(rule, JudgeContext(PodId("ns", "p"), [], 1_800_000_000.0, WindowParams()), memo)
     assert (outcome.rule, outcome.kind, outcome.value) == ("r", t.kind, None)
     if memo is not None:
         memo.sweep()

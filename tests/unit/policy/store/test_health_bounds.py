@@ -9,7 +9,7 @@ import pytest
 
 from gpuwarden.policy.findings import Finding
 from gpuwarden.policy.rules import utilization
-from gpuwarden.policy.rules.gpu_health import throttling_note
+from gpuwarden.policy.rules.throttling import throttling_note
 from gpuwarden.policy.store import health as healthstore
 from gpuwarden.policy.store.health import (
     MAX_DEVICES_PER_GPU,
