@@ -25,22 +25,11 @@ import time
 from pathlib import Path
 
 import pytest
-from watch_support import Recorder, launch, rate_of, started, stop, up, watching
+from watch_support import LEAK_POLICY, Recorder, launch, rate_of, started, stop, up, watching
 
 pytestmark = pytest.mark.gpu
 
 JOBS = Path(__file__).with_name("hook_jobs.py")
-POLICY = """\
-apiVersion: gpuwarden.dev/v1alpha1
-kind: GPUMonitorPolicy
-metadata: {name: tensor-leaks}
-spec:
-  selector: {}
-  evaluationInterval: 1s
-  rules:
-    - name: tensor-leak
-      memoryGrowth: {rate: 20Mi/m}
-"""
 
 
 def jobs_argv(kinds: tuple[str, ...], socket: Path, *flags: str) -> dict[str, list[str]]:
@@ -62,7 +51,7 @@ def first_line(text: str) -> str:
 def test_the_leaking_line_of_a_trainer_override_and_a_lightning_step_is_named_first(tmp_path: Path) -> None:
     socket = tmp_path / "hook.sock"
     seen: list[str] = []
-    with watching(POLICY, tmp_path, socket, "480s") as (watch, address):
+    with watching(LEAK_POLICY, tmp_path, socket, "480s") as (watch, address):
         assert watch.stdout is not None
         flags = ("--seconds=420", "--steps-per-second=4")
         kinds = ("trainer", "trainer-fixed", "lightning", "lightning-fixed")
@@ -95,7 +84,7 @@ def test_a_leak_that_fills_the_card_in_4_minutes_is_flagged_2_minutes_before_it_
 ) -> None:
     socket = tmp_path / "hook.sock"
     seen: list[str] = []
-    with watching(POLICY, tmp_path, socket, "420s") as (watch, address):
+    with watching(LEAK_POLICY, tmp_path, socket, "420s") as (watch, address):
         assert watch.stdout is not None
         # 32 sequences of 128 tokens keep 128 MiB of logits a step: 4.5 steps a second fill 140 GiB in
         # about 4 minutes.

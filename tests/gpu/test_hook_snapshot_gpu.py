@@ -41,22 +41,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from watch_support import launch, stop, up, watching
+from watch_support import LEAK_POLICY, launch, stop, up, watching
 
 pytestmark = pytest.mark.gpu
 
 JOBS = Path(__file__).with_name("hook_jobs.py")
-POLICY = """\
-apiVersion: gpuwarden.dev/v1alpha1
-kind: GPUMonitorPolicy
-metadata: {name: tensor-leaks}
-spec:
-  selector: {}
-  evaluationInterval: 1s
-  rules:
-    - name: tensor-leak
-      memoryGrowth: {rate: 20Mi/m}
-"""
 FAST_FREE_GIB = float(os.environ.get("GPUWARDEN_SNAPSHOT_FAST_FREE_GIB", "80"))
 SLOW_FREE_GIB = float(os.environ.get("GPUWARDEN_SNAPSHOT_SLOW_FREE_GIB", "10"))
 SPEEDS = {
@@ -123,7 +112,7 @@ def test_a_snapshot_is_on_disk_before_the_oom_and_names_the_jobs_line(
     }
     seen: list[str] = []
     snapshots: list[tuple[float, str]] = []  # (monotonic time read, line) of the leaking job's SNAPSHOT lines
-    with watching(POLICY, tmp_path, socket_path, "390s") as (watch, address):
+    with watching(LEAK_POLICY, tmp_path, socket_path, "390s") as (watch, address):
         assert watch.stdout is not None
         # The twin first, so that the leaking job's ballast leaves the card's free memory as said.
         jobs = launch({f"{job}-fixed": argvs[f"{job}-fixed"]}, tmp_path)

@@ -16,6 +16,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+LEAK_POLICY = """\
+apiVersion: gpuwarden.dev/v1alpha1
+kind: GPUMonitorPolicy
+metadata: {name: tensor-leaks}
+spec:
+  selector: {}
+  evaluationInterval: 1s
+  rules:
+    - name: tensor-leak
+      memoryGrowth: {rate: 20Mi/m}
+"""
+"""The policy the hook's GPU tests watch their jobs by: any growth over 20Mi/m, judged every second."""
+
 
 def watch_for(seconds: int, rule: str, tmp_path: Path) -> str:
     """What `gpuwarden watch` printed (stdout and stderr) over ``seconds`` with a policy of one rule

@@ -69,6 +69,18 @@ def policy(namespace: str, name: str = "idle", **reclaim: Any) -> dict[str, Any]
     }
 
 
+def controller_ref(owner: dict[str, Any]) -> dict[str, Any]:
+    """An ownerReference naming ``owner`` (an object as the API server returned it) its controller."""
+    meta = owner["metadata"]
+    return {
+        "apiVersion": owner["apiVersion"],
+        "kind": owner["kind"],
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+    }
+
+
 def finding(namespace: str, pod: str, since: float) -> Finding:
     return Finding(
         policy="idle",
@@ -116,13 +128,7 @@ class Bench(InNamespace):
 
     async def pod_of(self, owner: dict[str, Any], name: str) -> None:
         """A GPU pod controlled by ``owner`` (Pending: nothing runs here)."""
-        ref = {
-            "apiVersion": owner["apiVersion"],
-            "kind": owner["kind"],
-            "name": owner["metadata"]["name"],
-            "uid": owner["metadata"]["uid"],
-            "controller": True,
-        }
+        ref = controller_ref(owner)
         pod = await self.create(
             {
                 "apiVersion": "v1",
@@ -161,17 +167,11 @@ class Bench(InNamespace):
                 },
             }
         )
-        owner = {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "name": name,
-            "uid": deploy["metadata"]["uid"],
-        }
         rs = await self.create(
             {
                 "apiVersion": "apps/v1",
                 "kind": "ReplicaSet",
-                "metadata": {"name": f"{name}-abc", "ownerReferences": [{**owner, "controller": True}]},
+                "metadata": {"name": f"{name}-abc", "ownerReferences": [controller_ref(deploy)]},
                 "spec": {
                     "replicas": replicas,
                     "selector": {"matchLabels": {"app": name}},
@@ -187,15 +187,7 @@ class Bench(InNamespace):
     async def job(self, name: str, owner: dict[str, Any] | None = None) -> dict[str, Any]:
         meta: dict[str, Any] = {"name": name}
         if owner is not None:
-            meta["ownerReferences"] = [
-                {
-                    "apiVersion": owner["apiVersion"],
-                    "kind": owner["kind"],
-                    "name": owner["metadata"]["name"],
-                    "uid": owner["metadata"]["uid"],
-                    "controller": True,
-                }
-            ]
+            meta["ownerReferences"] = [controller_ref(owner)]
         job = await self.create(
             {
                 "apiVersion": "batch/v1",
@@ -515,15 +507,7 @@ async def test_leader_worker_set_scales_to_zero_through_its_groups(bench: Bench)
             "kind": "StatefulSet",
             "metadata": {
                 "name": "llm",
-                "ownerReferences": [
-                    {
-                        "apiVersion": lws["apiVersion"],
-                        "kind": "LeaderWorkerSet",
-                        "name": "llm",
-                        "uid": lws["metadata"]["uid"],
-                        "controller": True,
-                    }
-                ],
+                "ownerReferences": [controller_ref(lws)],
             },
             "spec": {
                 "replicas": 3,
@@ -631,15 +615,7 @@ async def test_a_job_kueue_admits_is_deactivated_through_its_workload(bench: Ben
             "kind": "Workload",
             "metadata": {
                 "name": "job-queued-1a2b3",
-                "ownerReferences": [
-                    {
-                        "apiVersion": "batch/v1",
-                        "kind": "Job",
-                        "name": "queued",
-                        "uid": job["metadata"]["uid"],
-                        "controller": True,
-                    }
-                ],
+                "ownerReferences": [controller_ref(job)],
             },
             "spec": {"active": True, "queueName": "team-a", "podSets": []},
         }
