@@ -167,11 +167,27 @@ class BenchApi:
         return {}
 
     async def get(self, path: str) -> dict[str, Any]:
-        """The policy objects, which every daemon reads every few minutes to see that its own still
-        exists (as :func:`policy_body` names them)."""
-        parts = path.split("/")
-        assert parts[-2] == "gpumonitorpolicies", path
-        return {"metadata": {"name": parts[-1], "namespace": parts[-3], "uid": f"uid-{parts[-3]}"}}
+        """The objects the operator reads by name: each policy (every daemon checks every few minutes
+        that its own still exists, as :func:`policy_body` names them), and for the accounting each pod
+        and its Job (``job-NODE-GPU``, whatever generation of pod it runs now: one workload a GPU)."""
+        *_, namespace, plural, name = path.split("/")
+        meta: dict[str, Any] = {"name": name, "namespace": namespace}
+        if plural == "gpumonitorpolicies":
+            meta["uid"] = f"uid-{namespace}"
+        elif plural == "pods":
+            job = "-".join(name.split("-")[:3])
+            meta["ownerReferences"] = [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": job,
+                    "uid": f"uid-{job}",
+                    "controller": True,
+                }
+            ]
+        else:
+            assert plural == "jobs", path
+        return {"metadata": meta}
 
     async def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         assert (method, path.rpartition("/")[2]) == ("POST", "events"), (method, path)

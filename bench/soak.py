@@ -195,6 +195,10 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
 
     # What Services runs in the operator, and the churn.
     background = [state.events.run(), state.prune(), fleet.churn(args.deletion_lag)]
+    if state.accounting is not None:
+        # As the operator's services run it: it resolves each new pod's workload and retires the pods
+        # gone silent, without which the ledger keeps every pod the soak ever made.
+        background.append(state.accounting.run())
     if not args.no_trim:
         background.append(return_freed_memory())
     tasks = [asyncio.create_task(t) for t in background]
