@@ -11,11 +11,15 @@ without an import circle (before, :mod:`~gpuwarden.operator.scaling.seam` needed
 - The prefix of its finalizer and of Kopf's bookkeeping annotations.
 - :class:`PolicyKey`, :class:`PodRecord` and :class:`ObjectRef`: a policy, a GPU pod as the pod
   index keeps it, and an object an Event is about.
+- :func:`controller_ref`: which of an object's ``ownerReferences`` is its controller, as the
+  accounting (a pod's workload) and reclaiming (the workload to act on) both read it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from gpuwarden.policy import API_VERSION, KIND, PodView
 
@@ -32,6 +36,7 @@ __all__ = [
     "ObjectRef",
     "PodRecord",
     "PolicyKey",
+    "controller_ref",
     "policies_path",
 ]
 
@@ -90,3 +95,10 @@ class PodRecord:
     def object_ref(self) -> ObjectRef:
         """The pod, as an Event's ``involvedObject``."""
         return ObjectRef("v1", "Pod", self.view.namespace, self.view.name, self.uid)
+
+
+def controller_ref(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The ``ownerReference`` marked controller in an object's ``metadata`` (the first owner when none
+    is marked: objects some tools create); None when it has no owner."""
+    refs = [r for r in meta.get("ownerReferences") or () if isinstance(r, Mapping)]
+    return next((r for r in refs if r.get("controller")), refs[0] if refs else None)

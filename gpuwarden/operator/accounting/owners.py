@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpuwarden.operator.kube import ApiError
+from gpuwarden.operator.resources import controller_ref
 
 __all__ = ["ObjectReader", "OwnerResolver", "Unresolved", "Workload"]
 
@@ -68,8 +69,7 @@ class ObjectReader(Protocol):
 def controller_of(meta: Mapping[str, Any]) -> tuple[str, str, str] | None:
     """(API group, kind, name) of the object's controller ``ownerReference`` (the first owner when none
     is marked controller); None when it has no owner."""
-    refs = [r for r in meta.get("ownerReferences") or () if isinstance(r, Mapping)]
-    ref = next((r for r in refs if r.get("controller")), refs[0] if refs else None)
+    ref = controller_ref(meta)
     if ref is None or not ref.get("kind") or not ref.get("name"):
         return None
     group = str(ref.get("apiVersion", "")).rpartition("/")[0]

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from gpuwarden.operator.kube import ApiError, JsonObject, KubeApi
 from gpuwarden.operator.reclaim.marks import kind_of
-from gpuwarden.operator.resources import ObjectRef
+from gpuwarden.operator.resources import ObjectRef, controller_ref
 
 __all__ = ["KubeReclaimApi", "Owner", "ReclaimApi", "ReclaimApiError", "ReclaimConflict", "path_of"]
 
@@ -87,12 +87,6 @@ def path_of(api_version: str, kind: str, namespace: str, name: str) -> str | Non
     return f"{root}/namespaces/{namespace}/{record.plural}/{name}"
 
 
-def controller(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The object's controller ownerReference (the first when none is marked)."""
-    refs = [r for r in meta.get("ownerReferences") or () if isinstance(r, Mapping)]
-    return next((r for r in refs if r.get("controller")), refs[0] if refs else None)
-
-
 FOLLOWED = frozenset({("apps", "ReplicaSet"), ("batch", "Job"), ("apps", "StatefulSet"), ("", "Pod")})
 """The kinds whose owner is looked up (any other is the top of its chain)."""
 
@@ -111,7 +105,7 @@ class KubeReclaimApi:
         links = [Owner("v1", "Pod", namespace, pod, uid)]
         obj = await self._get(f"/api/v1/namespaces/{namespace}/pods/{pod}")
         for _ in range(MAX_DEPTH):
-            ref = controller((obj or {}).get("metadata") or {}) if obj is not None else None
+            ref = controller_ref((obj or {}).get("metadata") or {}) if obj is not None else None
             if ref is None:
                 break
             owner = Owner(
