@@ -105,13 +105,17 @@ class KubeReclaimApi:
         links = [Owner("v1", "Pod", namespace, pod, uid)]
         obj = await self._get(f"/api/v1/namespaces/{namespace}/pods/{pod}")
         for _ in range(MAX_DEPTH):
-            ref = controller_ref((obj or {}).get("metadata") or {}) if obj is not None else None
+            ref = controller_ref((obj or {}).get("metadata") or {})
             if ref is None:
                 break
             owner = Owner(
-                str(ref.get("apiVersion", "")), str(ref.get("kind", "")), namespace, str(ref["name"])
+                str(ref.get("apiVersion", "")),
+                str(ref.get("kind", "")),
+                namespace,
+                str(ref["name"]),
+                str(ref.get("uid", "")),
             )
-            links.append(Owner(owner.api_version, owner.kind, namespace, owner.name, str(ref.get("uid", ""))))
+            links.append(owner)
             if (owner.api_version.rpartition("/")[0], owner.kind) not in FOLLOWED:
                 break
             path = path_of(owner.api_version, owner.kind, namespace, owner.name)
