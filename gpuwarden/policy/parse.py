@@ -323,8 +323,8 @@ def _check_windows(rules: Sequence[Rule], interval: float, path: str) -> None:
         kind = type_of(rule)
         if kind.window is None:
             continue
-        name, seconds = kind.window(rule)
-        field = f"{kind.key}.{name}"
+        seconds = kind.window(rule)
+        field = f"{kind.key}.{kind.body.window}"
         if seconds < interval:
             shorter = f"{format_duration(seconds)} is shorter than evaluationInterval"
             raise SpecError(

@@ -67,7 +67,7 @@ from gpuwarden.policy.rules.common import (
     readings,
     unknown,
 )
-from gpuwarden.policy.spec.fields import check_fields, duration, member, number
+from gpuwarden.policy.spec.schema import Body, Choice, Duration, Number
 from gpuwarden.policy.store.series import Column, PodId, SeriesKey, Window
 from gpuwarden.units import format_duration
 
@@ -407,21 +407,61 @@ def evaluate_anomaly(
 
 # --- the kind ----------------------------------------------------------------------------------------
 
-DEFAULTS: Mapping[str, Any] = {"window": "30m", "threshold": 5, "minDeviation": 5}
-
-MIN_WINDOW = 60.0
-"""A baseline needs readings enough to say what is usual: a minute of them, at the agent's 1 s."""
+METRIC = Choice(
+    "metric",
+    "The reading to watch. utilization: SM activity where the GPU reports it (GPM), else GPU"
+    " utilization. memory: GPU memory used.",
+    choices=AnomalyMetric,
+    required=True,
+)
+WINDOW = Duration(
+    "window",
+    "The trailing window the median and MAD are taken over, and deviations looked for in (a duration,"
+    " at least 1m and at least evaluationInterval). The GPU's samples must cover it without gaps"
+    " before the rule can fire.",
+    default="30m",
+    # A baseline needs readings enough to say what is usual: a minute of them, at the agent's 1 s.
+    minimum="1m",
+    window=True,
+)
+THRESHOLD = Number(
+    "threshold",
+    "The robust z-score a reading must pass, either way, to deviate (1 to 100; 5 is far outside"
+    " normal noise).",
+    minimum=1,
+    maximum=100,
+    default=5,
+)
+MIN_DEVIATION = Number(
+    "minDeviation",
+    "The least distance from the median that counts, whatever the z-score: percentage points of"
+    " utilization, or percent of the GPU's memory (0 to 100), so that a series flat to the byte does"
+    " not call any wobble a deviation.",
+    minimum=0,
+    maximum=100,
+    default=5,
+)
+BODY = Body(
+    "Fires when one of the pod's GPUs leaves its usual band: a reading whose robust z-score (distance"
+    " from the window's median in units of 1.4826 x its median absolute deviation, so that a spike"
+    " does not widen its own band) passes threshold, and by at least minDeviation. Names the pattern"
+    " in the reason: GPUSpike (one or a few irregular deviations), GPUPeriodicSpikes (at least three"
+    " at a regular interval: a scheduled job), GPUSteadyClimb (a deviation still going on that keeps"
+    " rising: an unbounded cache) or GPULevelShift (one still going on, flat: a new level). Clears"
+    " once no deviation is left in the window.",
+    (METRIC, WINDOW, THRESHOLD, MIN_DEVIATION),
+)
 
 
 def parse_anomaly(name: str, obj: Mapping[str, Any], path: str) -> Anomaly:
     """An anomaly rule's body (``path`` is its own)."""
-    check_fields(obj, path, ("metric", "window", "threshold", "minDeviation"), ("metric",))
+    BODY.check(obj, path)
     return Anomaly(
         name=name,
-        metric=member(AnomalyMetric, obj["metric"], f"{path}.metric"),
-        window_seconds=duration(obj, "window", path, DEFAULTS["window"], minimum=MIN_WINDOW),
-        threshold=number(obj, "threshold", path, DEFAULTS["threshold"], 1, 100),
-        min_deviation=number(obj, "minDeviation", path, DEFAULTS["minDeviation"], 0, 100),
+        metric=METRIC.read(obj, path),
+        window_seconds=WINDOW.read(obj, path),
+        threshold=THRESHOLD.read(obj, path),
+        min_deviation=MIN_DEVIATION.read(obj, path),
     )
 
 
@@ -429,10 +469,10 @@ RULE_TYPE = RuleType(
     kind=KIND,
     model=Anomaly,
     parse=parse_anomaly,
-    defaults=DEFAULTS,
+    body=BODY,
     evaluate=on_series(evaluate_anomaly),
     reach=lambda rule: rule.window_seconds,
-    window=lambda rule: ("window", rule.window_seconds),
+    window=lambda rule: rule.window_seconds,
     reason="GPUAnomaly",
     meaning="its GPU readings left their usual band",
     per_gpu=True,

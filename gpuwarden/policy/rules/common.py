@@ -53,6 +53,7 @@ from operator import sub
 from typing import Any, Generic, NewType, Protocol, TypeAlias, TypeVar
 
 from gpuwarden.policy.spec.model import Signal
+from gpuwarden.policy.spec.schema import Body
 from gpuwarden.policy.spec.servers import Metric
 from gpuwarden.policy.store.health import HealthStore
 from gpuwarden.policy.store.series import GAP_RECORD_SECONDS, Column, PodId, SeriesKey, Window
@@ -354,14 +355,16 @@ class RuleType(Generic[_R, _M]):
     parse: Callable[[str, Mapping[str, Any], str], _R]
     """``(name, body, path)``: the checked spec of a rule of this kind; raises
     :class:`~gpuwarden.policy.spec.fields.SpecError` naming the field."""
-    defaults: Mapping[str, Any]
-    """The CRD's scalar defaults for its fields (``tests/unit/test_crd_schema.py`` holds them equal)."""
+    body: Body
+    """Its fields, declared once: the parser reads them, and the CRD's schema is rendered from them
+    (:mod:`gpuwarden.policy.crd`)."""
     evaluate: Judge[_R, _M]
     """Judges one pod."""
     reach: Callable[[_R], float]
     """How far back before a pod's newest sample it reads (sizes the store's retention)."""
-    window: Callable[[_R], tuple[str, float]] | None
-    """Its window's field and length, which must span an evaluation interval; None: it reads none."""
+    window: Callable[[_R], float] | None
+    """Its window's length, which must span an evaluation interval; None: it reads none. Its field
+    is the body's :attr:`~gpuwarden.policy.spec.schema.Body.window`."""
     reason: str
     """The Event reason of its findings (an outcome may name a more precise one)."""
     meaning: str
@@ -401,6 +404,15 @@ class RuleType(Generic[_R, _M]):
     """What its findings say is idle, for ``actions.reclaim``: ``"pod"`` (the pod's GPUs: any action
     fits), ``"some"`` (some GPUs while another works: only Annotate fits, stopping the workload would
     stop the work); None: nothing idle, it cannot trigger a reclaim."""
+
+    def __post_init__(self) -> None:
+        if (self.window is None) != (self.body.window is None):
+            raise ValueError(f"{self.kind}: a window needs a Duration field with window=True, and back")
+
+    @property
+    def defaults(self) -> Mapping[str, Any]:
+        """The CRD's scalar defaults for its fields, by name."""
+        return self.body.defaults
 
     @property
     def key(self) -> str:

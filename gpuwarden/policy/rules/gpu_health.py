@@ -30,15 +30,8 @@ from typing import Any
 from gpuwarden.policy.humanize import approx_duration, time_of_day
 from gpuwarden.policy.rules.common import JudgeContext, Outcome, RuleKind, RuleType, WindowParams, unknown
 from gpuwarden.policy.rules.throttling import Throttling, reasons_of, throttling_words
-from gpuwarden.policy.spec.fields import (
-    SpecError,
-    as_list,
-    boolean,
-    check_fields,
-    duration,
-    member,
-    type_name,
-)
+from gpuwarden.policy.spec.fields import SpecError, as_list, type_name
+from gpuwarden.policy.spec.schema import Body, Boolean, Check, Choice, Duration, Integer, ListOf
 from gpuwarden.policy.store.health import GpuRecord, HealthStore
 from gpuwarden.policy.store.series import PodId
 from gpuwarden.policy.xids import CRITICAL_XIDS, describe_xid
@@ -193,50 +186,111 @@ def evaluate_health(
 
 # --- the kind ----------------------------------------------------------------------------------------
 
-DEFAULTS: Mapping[str, Any] = {"gpuLost": True, "memoryErrors": True, "for": "5m", "clearAfter": "10m"}
+# NVML reports an XID as an unsigned 32-bit number.
+XID = Integer("", "One XID code.", minimum=1, maximum=2**32 - 1)
+XIDS = ListOf(
+    "xids",
+    "The XID codes that count (the NVIDIA driver's error codes, e.g. 79: the GPU has fallen off the"
+    " bus). Each keeps the violation active for clearAfter. Left out: those after which the GPU needs"
+    f" a reset or the node a reboot, {', '.join(map(str, CRITICAL_XIDS))}; [] counts none.",
+    item=XID,
+    max_items=64,
+)
+GPU_LOST = Boolean(
+    "gpuLost", "A GPU off the bus (NVML cannot reach it) counts, for as long as it is.", default=True
+)
+MEMORY_ERRORS = Boolean(
+    "memoryErrors",
+    "A new uncorrected (double-bit) ECC error counts for clearAfter; a memory repair that failed or"
+    " waits for a GPU reset (row remapping, page retirement) counts for as long as the GPU reports it.",
+    default=True,
+)
+THROTTLE = Choice("", "One class of clock event reasons.", choices=Throttling)
+THROTTLING = ListOf(
+    "throttling",
+    "Clock throttling that counts once it lasted for `for` without a break: thermal (software or"
+    " hardware thermal slowdown), power (power cap, power brake), hwSlowdown (the hardware's own"
+    " slowdown). Left out: none, throttling alone is not a fault (utilization rules say when it"
+    " explains a low figure).",
+    item=THROTTLE,
+    max_items=len(Throttling),
+)
+FOR = Duration(
+    "for",
+    "How long throttling must last without a break before it counts (a duration such as 5m). Lost"
+    " GPUs, XIDs and memory errors count at once.",
+    default="5m",
+)
+CLEAR_AFTER = Duration(
+    "clearAfter",
+    "How long an XID or a new ECC error keeps the violation active after it (a duration, at least 1s,"
+    " such as 10m): NVML never says that one is over, and a GPU that keeps failing keeps raising them.",
+    default="10m",
+    minimum="1s",
+)
+BODY = Body(
+    "Fires while one of the pod's GPUs is broken: off the bus (gpuLost), an XID of the listed codes"
+    " (xids), uncorrected memory errors (memoryErrors), or, when listed, throttling that lasts"
+    " (throttling, for). The message names the GPU and says what happened, with the XID's meaning and"
+    " the recommended action. gpuHealth: {} counts the defaults.",
+    (XIDS, GPU_LOST, MEMORY_ERRORS, THROTTLING, FOR, CLEAR_AFTER),
+    (
+        Check(
+            "!has(self.xids) || size(self.xids) > 0 || !has(self.gpuLost) || self.gpuLost"
+            " || !has(self.memoryErrors) || self.memoryErrors"
+            " || (has(self.throttling) && size(self.throttling) > 0)",
+            "gpuHealth counts nothing: set xids, gpuLost, memoryErrors or throttling",
+        ),
+    ),
+)
 
-MAX_XIDS = 64
-MAX_XID = 2**32 - 1  # NVML reports an XID as an unsigned 32-bit number
+
+def _xids(raw: Any, path: str) -> tuple[int, ...]:
+    """xids: whole numbers in the item's range, no duplicates."""
+    lo, hi = XID.bounds
+    codes: list[int] = []
+    for i, code in enumerate(as_list(raw, f"{path}.xids", max_items=XIDS.max_items)):
+        item_path = f"{path}.xids[{i}]"
+        if isinstance(code, float) and code.is_integer():
+            code = int(code)  # JSON has one number type (as fields.integer says)
+        if isinstance(code, bool) or not isinstance(code, int):
+            raise SpecError(item_path, f"must be an XID code (a whole number), not {type_name(code)}")
+        if not lo <= code <= hi:
+            raise SpecError(item_path, f"{code} is out of range; must be between {lo} and {hi}")
+        if code in codes:
+            raise SpecError(item_path, f"duplicate XID {code}")
+        codes.append(code)
+    return tuple(codes)
 
 
 def parse_gpu_health(name: str, obj: Mapping[str, Any], path: str) -> GpuHealthRule:
     """A gpuHealth rule's body (``path`` is its own)."""
-    check_fields(obj, path, ("xids", "gpuLost", "memoryErrors", "throttling", "for", "clearAfter"))
+    BODY.check(obj, path)
     raw_xids = obj.get("xids")
-    xids = CRITICAL_XIDS  # absent; the CRD has no list default (its defaults are scalars: DEFAULTS)
-    if raw_xids is not None:
-        items = as_list(raw_xids, f"{path}.xids", max_items=MAX_XIDS)
-        codes: list[int] = []
-        for i, code in enumerate(items):
-            item_path = f"{path}.xids[{i}]"
-            if isinstance(code, float) and code.is_integer():
-                code = int(code)  # JSON has one number type (as fields.integer says)
-            if isinstance(code, bool) or not isinstance(code, int):
-                raise SpecError(item_path, f"must be an XID code (a whole number), not {type_name(code)}")
-            if not 1 <= code <= MAX_XID:
-                raise SpecError(item_path, f"{code} is out of range; must be between 1 and {MAX_XID}")
-            if code in codes:
-                raise SpecError(item_path, f"duplicate XID {code}")
-            codes.append(code)
-        xids = tuple(codes)
+    # Absent: the critical ones (the CRD has no list default; its description names them).
+    xids = CRITICAL_XIDS if raw_xids is None else _xids(raw_xids, path)
     raw_throttling = obj.get("throttling")
     throttling: list[Throttling] = []
-    items = [] if raw_throttling is None else as_list(raw_throttling, f"{path}.throttling", max_items=3)
+    items = (
+        []
+        if raw_throttling is None
+        else as_list(raw_throttling, f"{path}.throttling", max_items=THROTTLING.max_items)
+    )
     for i, item in enumerate(items):
-        value = member(Throttling, item, f"{path}.throttling[{i}]")
+        value = THROTTLE.check(item, f"{path}.throttling[{i}]")
         if value in throttling:
             raise SpecError(f"{path}.throttling[{i}]", f'duplicate entry "{value}"')
         throttling.append(value)
     rule = GpuHealthRule(
         name=name,
         xids=xids,
-        gpu_lost=boolean(obj, "gpuLost", path, DEFAULTS["gpuLost"]),
-        memory_errors=boolean(obj, "memoryErrors", path, DEFAULTS["memoryErrors"]),
+        gpu_lost=GPU_LOST.read(obj, path),
+        memory_errors=MEMORY_ERRORS.read(obj, path),
         throttling=tuple(throttling),
-        for_seconds=duration(obj, "for", path, DEFAULTS["for"]),
-        clear_after_seconds=duration(obj, "clearAfter", path, DEFAULTS["clearAfter"], minimum=1.0),
+        for_seconds=FOR.read(obj, path),
+        clear_after_seconds=CLEAR_AFTER.read(obj, path),
     )
-    if not (rule.xids or rule.gpu_lost or rule.memory_errors or rule.throttling):
+    if not (rule.xids or rule.gpu_lost or rule.memory_errors or rule.throttling):  # the body's Check
         raise SpecError(path, "gpuHealth counts nothing: set xids, gpuLost, memoryErrors or throttling")
     return rule
 
@@ -249,7 +303,7 @@ RULE_TYPE = RuleType(
     kind=KIND,
     model=GpuHealthRule,
     parse=parse_gpu_health,
-    defaults=DEFAULTS,
+    body=BODY,
     evaluate=_judge,
     reach=lambda rule: max(rule.for_seconds, rule.clear_after_seconds),
     # No window of samples: it judges states and events as they are reported.

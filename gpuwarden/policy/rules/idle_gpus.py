@@ -39,8 +39,8 @@ from gpuwarden.policy.rules.common import (
     unknown,
 )
 from gpuwarden.policy.rules.throttling import judged_with_throttling
-from gpuwarden.policy.spec.fields import check_fields, duration, member, number, value_or
 from gpuwarden.policy.spec.model import Signal
+from gpuwarden.policy.spec.schema import Body, Choice, Duration, Number
 from gpuwarden.policy.store.series import PodId, SeriesKey, Window
 from gpuwarden.units import format_duration
 
@@ -115,18 +115,54 @@ def evaluate_idle_gpus(
 
 # --- the kind ----------------------------------------------------------------------------------------
 
-DEFAULTS: Mapping[str, Any] = {"percent": 5, "for": "10m", "signal": "auto", "hysteresis": 5}
+PERCENT = Number(
+    "percent",
+    "A GPU whose mean utilization over the window is below this percentage (0-100) is idle.",
+    minimum=0,
+    maximum=100,
+    default=5,
+)
+FOR = Duration(
+    "for",
+    "The trailing window each GPU's utilization is averaged over (a duration such as 10m, at least"
+    " evaluationInterval). Every GPU's samples must cover it without gaps before the rule can fire.",
+    default="10m",
+    window=True,
+)
+SIGNAL = Choice(
+    "signal",
+    "Which utilization reading to use, as for utilizationFloor: smActive (GPM), gpuUtil (NVML's"
+    " utilization.gpu; on a shared GPU the pod's own per-process SM utilization), or auto (smActive"
+    " where the GPU reports it, gpuUtil elsewhere).",
+    choices=Signal,
+    default=Signal.AUTO,
+)
+HYSTERESIS = Number(
+    "hysteresis",
+    "Percentage points above percent: a GPU at least this far above it is in use, and an active"
+    " violation clears once every GPU is (at percent + hysteresis or more).",
+    minimum=0,
+    maximum=50,
+    default=5,
+)
+BODY = Body(
+    "Fires when some of a pod's GPUs stay idle (mean utilization over the trailing `for` window below"
+    " percent) while another is in use (at least percent + hysteresis), with every GPU's samples"
+    " covering the window: the pod holds more GPUs than its work uses. A pod with one GPU, or whose"
+    " GPUs are all idle, never fires (that is utilizationFloor's finding).",
+    (PERCENT, FOR, SIGNAL, HYSTERESIS),
+)
 
 
 def parse_idle_gpus(name: str, obj: Mapping[str, Any], path: str) -> IdleGpus:
     """An idleGpus rule's body (``path`` is its own)."""
-    check_fields(obj, path, ("percent", "for", "signal", "hysteresis"))
+    BODY.check(obj, path)
     return IdleGpus(
         name=name,
-        for_seconds=duration(obj, "for", path, DEFAULTS["for"]),
-        percent=number(obj, "percent", path, DEFAULTS["percent"], 0, 100),
-        signal=member(Signal, value_or(obj, "signal", DEFAULTS["signal"]), f"{path}.signal"),
-        hysteresis=number(obj, "hysteresis", path, DEFAULTS["hysteresis"], 0, 50),
+        for_seconds=FOR.read(obj, path),
+        percent=PERCENT.read(obj, path),
+        signal=SIGNAL.read(obj, path),
+        hysteresis=HYSTERESIS.read(obj, path),
     )
 
 
@@ -134,10 +170,10 @@ RULE_TYPE = RuleType(
     kind=KIND,
     model=IdleGpus,
     parse=parse_idle_gpus,
-    defaults=DEFAULTS,
+    body=BODY,
     evaluate=judged_with_throttling(evaluate_idle_gpus, idle=True),
     reach=lambda rule: rule.for_seconds,
-    window=lambda rule: ("for", rule.for_seconds),
+    window=lambda rule: rule.for_seconds,
     reason="GPUIdleInPod",
     meaning="it holds GPUs its work does not use: request fewer, or spread the work over all of them",
     per_gpu=True,

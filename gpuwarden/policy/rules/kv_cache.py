@@ -26,9 +26,9 @@ from gpuwarden.policy.rules.common import (
     percent,
     unknown,
 )
-from gpuwarden.policy.rules.serving import SHORT_OF_REPLICAS, metric_of, parse_source
-from gpuwarden.policy.spec.fields import check_fields, duration, member, number, value_or
+from gpuwarden.policy.rules.serving import SERVER, SHORT_OF_REPLICAS, metric_field, metric_of, parse_source
 from gpuwarden.policy.spec.model import Server
+from gpuwarden.policy.spec.schema import Body, Check, Choice, Duration, Number
 from gpuwarden.policy.spec.servers import Metric, source_metric
 from gpuwarden.policy.store.series import PodId
 
@@ -61,21 +61,63 @@ class KvCacheUsage:
 
 UNIT = "percent"
 
-DEFAULTS: Mapping[str, Any] = {"for": "2m", "unit": "ratio", "hysteresis": 5}
+
+PERCENT = Number(
+    "percent",
+    "The usage in percent (0-100) the KV cache must stay at or below.",
+    minimum=0,
+    maximum=100,
+    required=True,
+)
+FOR = Duration(
+    "for",
+    "How long the usage must stay above percent, judged at every evaluation, before the violation"
+    " starts (a duration such as 2m).",
+    default="2m",
+)
+METRIC = metric_field("A gauge of KV-cache usage (see unit).")
+UNIT_FIELD = Choice(
+    "unit",
+    "What metric reads in: ratio (0 to 1, as vLLM's and SGLang's) or percent (0 to 100). A server's"
+    " preset knows its own.",
+    choices=GaugeUnit,
+    default=GaugeUnit.RATIO,
+)
+HYSTERESIS = Number(
+    "hysteresis",
+    "Percentage points the usage must fall below percent before an active violation clears (0 to 50).",
+    minimum=0,
+    maximum=50,
+    default=5,
+)
+BODY = Body(
+    "Fires when the pod's KV cache stays fuller than percent for the duration `for`: the pod's own"
+    " gauge (its server's, or metric), scraped by the node agent (spec.serviceMetrics); of several"
+    " label sets (models), the fullest. A full KV cache makes the server preempt or queue requests.",
+    (PERCENT, FOR, SERVER, METRIC, UNIT_FIELD, HYSTERESIS),
+    # The parser refuses the same through the presets (kv_cache_metric: no such gauge).
+    (
+        Check(
+            "has(self.metric) || !has(self.server) || self.server in ['vllm', 'sglang']",
+            "Triton and TGI export no KV-cache usage of their own; name a gauge with metric",
+            ".server",
+        ),
+    ),
+)
 
 
 def parse_kv_cache(name: str, obj: Mapping[str, Any], path: str) -> KvCacheUsage:
     """A kvCacheUsage rule's body (``path`` is its own)."""
-    check_fields(obj, path, ("percent", "for", "server", "metric", "unit", "hysteresis"), ("percent",))
-    server, metric = parse_source(obj, path)
+    BODY.check(obj, path)
+    server, metric = parse_source(obj, path, METRIC)
     return KvCacheUsage(
         name=name,
-        percent=number(obj, "percent", path, None, 0, 100),
-        for_seconds=duration(obj, "for", path, DEFAULTS["for"]),
+        percent=PERCENT.read(obj, path),
+        for_seconds=FOR.read(obj, path),
         server=server,
         metric=metric,
-        unit=member(GaugeUnit, value_or(obj, "unit", DEFAULTS["unit"]), f"{path}.unit"),
-        hysteresis=number(obj, "hysteresis", path, DEFAULTS["hysteresis"], 0, 50),
+        unit=UNIT_FIELD.read(obj, path),
+        hysteresis=HYSTERESIS.read(obj, path),
     )
 
 
@@ -125,7 +167,7 @@ RULE_TYPE = RuleType(
     kind=KIND,
     model=KvCacheUsage,
     parse=parse_kv_cache,
-    defaults=DEFAULTS,
+    body=BODY,
     evaluate=on_services(evaluate_kv_cache),
     # It reads the newest scrape; the last few tell the pod's scrape interval (its staleness).
     reach=lambda rule: max(rule.for_seconds, 60.0),

@@ -29,9 +29,9 @@ from gpuwarden.policy.rules.common import (
     on_services,
     unknown,
 )
-from gpuwarden.policy.rules.serving import SHORT_OF_REPLICAS, metric_of, parse_source
-from gpuwarden.policy.spec.fields import SpecError, check_fields, duration, integer, member, number, value_or
+from gpuwarden.policy.rules.serving import SERVER, SHORT_OF_REPLICAS, metric_field, metric_of, parse_source
 from gpuwarden.policy.spec.model import Server
+from gpuwarden.policy.spec.schema import Body, Check, Choice, Duration, Integer, Number
 from gpuwarden.policy.spec.servers import Latency, Metric, source_metric
 from gpuwarden.policy.store.series import PodId
 from gpuwarden.policy.store.service import histogram_quantile
@@ -64,10 +64,6 @@ class RequestLatency:
 
 
 UNIT = "seconds"
-PERCENTILES = (50, 90, 95, 99)
-MIN_THRESHOLD = 0.001
-
-DEFAULTS: Mapping[str, Any] = {"window": "5m", "for": "2m", "latency": "endToEnd", "hysteresis": 10}
 
 _LATENCY_WORDS = {
     Latency.END_TO_END: "latency",
@@ -81,32 +77,91 @@ def latency_metric(rule: RequestLatency) -> Metric | str:
     return source_metric(rule, lambda preset: preset.latency[rule.latency])
 
 
+PERCENTILE = Integer(
+    "percentile",
+    "Which percentile of the window's requests to judge (P50, P90, P95 or P99).",
+    choices=(50, 90, 95, 99),
+    required=True,
+)
+THRESHOLD = Duration(
+    "threshold",
+    "The latency the percentile must stay at or below (a duration such as 2s or 500ms, at least 1ms).",
+    minimum="1ms",
+    required=True,
+)
+WINDOW = Duration(
+    "window",
+    "The trailing window whose requests the percentile is taken over (a duration, at least 1s and at"
+    " least evaluationInterval).",
+    default="5m",
+    minimum="1s",
+    window=True,
+)
+FOR = Duration(
+    "for",
+    "How long the percentile must stay above threshold, judged at every evaluation, before the"
+    " violation starts (a duration such as 2m).",
+    default="2m",
+)
+LATENCY = Choice(
+    "latency",
+    "Which latency of the server's to read. endToEnd: from a request's arrival to its last token."
+    " timeToFirstToken: to its first token. interToken: between consecutive output tokens (TGI: each"
+    " request's mean time per token).",
+    choices=Latency,
+    default=Latency.END_TO_END,
+)
+METRIC = metric_field("A latency histogram in seconds, by its base name (without _bucket).")
+HYSTERESIS = Number(
+    "hysteresis",
+    "Percent of threshold the percentile must fall below it before an active violation clears (0 to 90).",
+    minimum=0,
+    maximum=90,
+    default=10,
+)
+BODY = Body(
+    "Fires when a percentile of the pod's request latency over the trailing window is above threshold,"
+    " for the duration `for`: the pod's own histogram (its server's, or metric), scraped by the node"
+    " agent (spec.serviceMetrics), read as Prometheus's histogram_quantile(percentile/100,"
+    " increase(<histogram>_bucket[window])) computes it. A window without requests has no value:"
+    " nothing starts or clears. A percentile in the histogram's +Inf bucket reads as its highest"
+    " finite bound.",
+    (PERCENTILE, THRESHOLD, WINDOW, FOR, LATENCY, SERVER, METRIC, HYSTERESIS),
+    # The parser refuses the same through the presets (latency_metric: no such histogram).
+    (
+        Check(
+            "has(self.metric) || !has(self.server)"
+            " || !(self.server == 'triton' && self.latency != 'timeToFirstToken')",
+            "Triton exports no end-to-end or inter-token latency histogram (nv_inference_request_duration_us"
+            " is a counter: a mean, not a percentile); use latency: timeToFirstToken or name a histogram"
+            " with metric",
+            ".latency",
+        ),
+        Check(
+            "has(self.metric) || !has(self.server)"
+            " || !(self.server == 'tgi' && self.latency == 'timeToFirstToken')",
+            "TGI exports no time-to-first-token histogram; use latency: endToEnd or interToken, or name a"
+            " histogram with metric",
+            ".latency",
+        ),
+    ),
+)
+
+
 def parse_latency(name: str, obj: Mapping[str, Any], path: str) -> RequestLatency:
     """A requestLatency rule's body (``path`` is its own)."""
-    check_fields(
-        obj,
-        path,
-        ("percentile", "threshold", "window", "for", "latency", "server", "metric", "hysteresis"),
-        ("percentile", "threshold"),
-    )
-    percentile = integer(obj, "percentile", path, None, 1, 99)
-    if percentile not in PERCENTILES:
-        raise SpecError(
-            f"{path}.percentile", f"{percentile} is not one of {', '.join(map(str, PERCENTILES))}"
-        )
-    if obj.get("threshold") is None:
-        raise SpecError(f"{path}.threshold", "required field is missing")
-    server, metric = parse_source(obj, path)
+    BODY.check(obj, path)
+    server, metric = parse_source(obj, path, METRIC)
     return RequestLatency(
         name=name,
-        percentile=percentile,
-        threshold_seconds=duration(obj, "threshold", path, "0s", minimum=MIN_THRESHOLD),
-        window_seconds=duration(obj, "window", path, DEFAULTS["window"], minimum=1.0),
-        for_seconds=duration(obj, "for", path, DEFAULTS["for"]),
-        latency=member(Latency, value_or(obj, "latency", DEFAULTS["latency"]), f"{path}.latency"),
+        percentile=PERCENTILE.read(obj, path),
+        threshold_seconds=THRESHOLD.read(obj, path),
+        window_seconds=WINDOW.read(obj, path),
+        for_seconds=FOR.read(obj, path),
+        latency=LATENCY.read(obj, path),
         server=server,
         metric=metric,
-        hysteresis=number(obj, "hysteresis", path, DEFAULTS["hysteresis"], 0, 90),
+        hysteresis=HYSTERESIS.read(obj, path),
     )
 
 
@@ -160,12 +215,12 @@ RULE_TYPE = RuleType(
     kind=KIND,
     model=RequestLatency,
     parse=parse_latency,
-    defaults=DEFAULTS,
+    body=BODY,
     evaluate=on_services(evaluate_latency),
     # The window, and the scrape before it (which tells the window is covered): scrapes come at most
     # a minute apart in any sensible serviceMetrics.interval.
     reach=lambda rule: rule.window_seconds + 60.0,
-    window=lambda rule: ("window", rule.window_seconds),
+    window=lambda rule: rule.window_seconds,
     reason="RequestLatencyHigh",
     meaning="its requests are served too slowly: it may need more replicas",
     per_gpu=False,

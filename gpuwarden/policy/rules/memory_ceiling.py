@@ -34,9 +34,10 @@ from gpuwarden.policy.rules.common import (
     readings,
     unknown,
 )
-from gpuwarden.policy.spec.fields import SpecError, check_fields, duration, number, optional_number, type_name
+from gpuwarden.policy.spec.fields import SpecError
+from gpuwarden.policy.spec.schema import Body, Bytes, Check, Duration, Number
 from gpuwarden.policy.store.series import Column, PodId, SeriesKey, Window
-from gpuwarden.units import format_duration, parse_quantity
+from gpuwarden.units import format_duration
 
 KIND = RuleKind("memoryCeiling")
 """Its kind: its key under ``spec.rules[]``."""
@@ -146,33 +147,56 @@ def evaluate_memory_ceiling(
 
 # --- the kind ----------------------------------------------------------------------------------------
 
-DEFAULTS: Mapping[str, Any] = {"for": "1m", "hysteresis": 2}
+PERCENT = Number(
+    "percent", "The threshold as a percentage (0-100) of the GPU's total memory.", minimum=0, maximum=100
+)
+BYTES = Bytes(
+    "bytes",
+    "the threshold as an absolute size, a whole number of bytes or a Kubernetes quantity such as"
+    " 120Gi, 80G or 1.5Ti.",
+)
+FOR = Duration(
+    "for",
+    "How long memory must stay above the limit (a duration such as 1m, at least evaluationInterval):"
+    " the lowest reading in the trailing window must be above it, and the GPU's samples must cover the"
+    " window without gaps.",
+    default="1m",
+    window=True,
+)
+HYSTERESIS = Number(
+    "hysteresis",
+    "How far below the threshold memory must fall before an active violation clears: percentage"
+    " points of the GPU's memory with percent, percent of the bytes threshold with bytes.",
+    minimum=0,
+    maximum=50,
+    default=2,
+)
+BODY = Body(
+    "Fires when the memory used on one of the pod's GPUs stays above a share of that GPU's total"
+    " memory (percent) or an absolute size (bytes) for the whole `for` window: close to out-of-memory."
+    " Each GPU is judged on its own. Set exactly one of percent and bytes.",
+    (PERCENT, BYTES, FOR, HYSTERESIS),
+    (
+        Check(
+            "has(self.percent) != has(self.bytes)", "memoryCeiling must set exactly one of percent or bytes"
+        ),
+    ),
+)
 
 
 def parse_memory_ceiling(name: str, obj: Mapping[str, Any], path: str) -> MemoryCeiling:
     """A memoryCeiling rule's body (``path`` is its own)."""
-    check_fields(obj, path, ("percent", "bytes", "for", "hysteresis"))
+    BODY.check(obj, path)
     has_percent, has_bytes = obj.get("percent") is not None, obj.get("bytes") is not None
-    if has_percent == has_bytes:
+    if has_percent == has_bytes:  # the body's Check
         found = "both" if has_percent else "neither"
         raise SpecError(path, f"memoryCeiling must set exactly one of percent or bytes; found {found}")
-    size: int | None = None
-    if has_bytes:
-        raw = obj["bytes"]
-        if isinstance(raw, bool) or not isinstance(raw, str | int):
-            raise SpecError(f"{path}.bytes", f"must be a quantity such as 120Gi, not {type_name(raw)}")
-        try:
-            size = parse_quantity(raw)
-        except ValueError as exc:
-            raise SpecError(f"{path}.bytes", str(exc)) from None
-        if size == 0:
-            raise SpecError(f"{path}.bytes", "must be greater than zero")
     return MemoryCeiling(
         name=name,
-        for_seconds=duration(obj, "for", path, DEFAULTS["for"]),
-        percent=optional_number(obj, "percent", path, 0, 100),
-        bytes=size,
-        hysteresis=number(obj, "hysteresis", path, DEFAULTS["hysteresis"], 0, 50),
+        for_seconds=FOR.read(obj, path),
+        percent=PERCENT.get(obj, path),
+        bytes=BYTES.get(obj, path),
+        hysteresis=HYSTERESIS.read(obj, path),
     )
 
 
@@ -180,10 +204,10 @@ RULE_TYPE = RuleType(
     kind=KIND,
     model=MemoryCeiling,
     parse=parse_memory_ceiling,
-    defaults=DEFAULTS,
+    body=BODY,
     evaluate=on_series(evaluate_memory_ceiling),
     reach=lambda rule: rule.for_seconds,
-    window=lambda rule: ("for", rule.for_seconds),
+    window=lambda rule: rule.for_seconds,
     reason="GPUMemoryNearLimit",
     meaning="it is close to running out of GPU memory",
     per_gpu=True,

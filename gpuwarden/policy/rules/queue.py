@@ -27,9 +27,9 @@ from gpuwarden.policy.rules.common import (
     WindowParams,
     unknown,
 )
-from gpuwarden.policy.rules.serving import SHORT_OF_REPLICAS, metric_of, parse_source
-from gpuwarden.policy.spec.fields import check_fields, duration, member, number, value_or
+from gpuwarden.policy.rules.serving import SERVER, SHORT_OF_REPLICAS, metric_field, metric_of, parse_source
 from gpuwarden.policy.spec.model import Server
+from gpuwarden.policy.spec.schema import Body, Choice, Duration, Number
 from gpuwarden.policy.spec.servers import Metric, source_metric
 from gpuwarden.policy.store.series import PodId
 
@@ -61,23 +61,58 @@ class RequestQueue:
 
 
 UNIT = "requests"
-MAX_LIMIT = 1_000_000.0
 
-DEFAULTS: Mapping[str, Any] = {"for": "1m", "per": "replica", "hysteresis": 10}
+
+LIMIT = Number(
+    "limit",
+    "The most waiting requests (per replica, or per pod) that is fine.",
+    minimum=0,
+    maximum=1_000_000,
+    required=True,
+)
+FOR = Duration(
+    "for",
+    "How long the queue must stay above limit, judged at every evaluation, before the violation starts"
+    " (a duration such as 1m).",
+    default="1m",
+)
+PER = Choice(
+    "per",
+    "replica: the workload's waiting requests per replica (a load balancer may queue unevenly; scaling"
+    " answers the workload's queue). pod: each pod's own.",
+    choices=QueueScope,
+    default=QueueScope.REPLICA,
+)
+METRIC = metric_field("A gauge of waiting requests (summed over its label sets).")
+HYSTERESIS = Number(
+    "hysteresis",
+    "Percent of limit the queue must fall below it before an active violation clears (0 to 90).",
+    minimum=0,
+    maximum=90,
+    default=10,
+)
+BODY = Body(
+    "Fires when requests waiting to be served stay above limit for the duration `for`: the pods' own"
+    " gauge of waiting requests (their server's, or metric), scraped by the node agent"
+    " (spec.serviceMetrics), summed over its label sets. Per replica (the default): the sum over the"
+    " policy's pods that report, divided by their number, judged on every pod alike; per pod: each"
+    " pod's own.",
+    (LIMIT, FOR, PER, SERVER, METRIC, HYSTERESIS),
+)
 
 
 def parse_queue(name: str, obj: Mapping[str, Any], path: str) -> RequestQueue:
     """A requestQueue rule's body (``path`` is its own)."""
-    check_fields(obj, path, ("limit", "for", "per", "server", "metric", "hysteresis"), ("limit",))
-    server, metric = parse_source(obj, path)
+    BODY.check(obj, path)
+    server, metric = parse_source(obj, path, METRIC)
     return RequestQueue(
         name=name,
-        limit=number(obj, "limit", path, None, 0, MAX_LIMIT),
-        for_seconds=duration(obj, "for", path, DEFAULTS["for"]),
-        per=member(QueueScope, value_or(obj, "per", DEFAULTS["per"]), f"{path}.per"),
+        limit=LIMIT.read(obj, path),
+        for_seconds=FOR.read(obj, path),
+        per=PER.read(obj, path),
         server=server,
         metric=metric,
-        hysteresis=number(obj, "hysteresis", path, DEFAULTS["hysteresis"], 0, 90),
+        hysteresis=HYSTERESIS.read(obj, path),
     )
 
 
@@ -181,7 +216,7 @@ RULE_TYPE = RuleType(
     kind=KIND,
     model=RequestQueue,
     parse=parse_queue,
-    defaults=DEFAULTS,
+    body=BODY,
     evaluate=_judge,
     # It reads the newest scrape; the last few tell the pod's scrape interval (its staleness).
     reach=lambda rule: max(rule.for_seconds, 60.0),

@@ -12,19 +12,37 @@ newest scrape at or before ``now``, and only when that scrape succeeded and is f
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
-from gpuwarden.policy.spec.fields import SpecError, member, show, type_name
+from gpuwarden.policy.spec.fields import SpecError, show, type_name
 from gpuwarden.policy.spec.model import Server
+from gpuwarden.policy.spec.schema import Choice, Text
 from gpuwarden.policy.spec.servers import Metric
 
-__all__ = ["MAX_METRIC_NAME", "METRIC_NAME", "SHORT_OF_REPLICAS", "metric_of", "parse_source"]
+__all__ = ["SERVER", "SHORT_OF_REPLICAS", "metric_field", "metric_of", "parse_source"]
 
-METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-"""A Prometheus metric name (the classic grammar every server here writes)."""
-MAX_METRIC_NAME = 200
+SERVER = Choice(
+    "server",
+    "The inference server whose metric to read, by its preset: vllm, sglang, triton or tgi"
+    " (text-generation-inference, archived upstream). Default: spec.serviceMetrics.server. Set this,"
+    " metric, or spec.serviceMetrics.server.",
+    choices=Server,
+)
+"""A service rule's ``server`` (no CRD default: the parser fills in ``serviceMetrics.server``)."""
+
+
+def metric_field(description: str) -> Text:
+    """A service rule's ``metric``: a Prometheus metric name (the classic grammar every server here
+    writes), which wins over ``server``."""
+    return Text(
+        "metric",
+        f"{description} Wins over server.",
+        max_length=200,
+        pattern="[a-zA-Z_:][a-zA-Z0-9_:]*",
+        message="must be a Prometheus metric name such as vllm:num_requests_waiting",
+    )
+
 
 SHORT_OF_REPLICAS = (
     "it fires when the service is short of replicas, so it can only scale up"
@@ -33,17 +51,17 @@ SHORT_OF_REPLICAS = (
 """Why a service rule may not be a ``scaleDownOn`` rule (its kinds' records' ``up_only``)."""
 
 
-def parse_source(obj: Mapping[str, Any], path: str) -> tuple[Server | None, str | None]:
+def parse_source(obj: Mapping[str, Any], path: str, metric: Text) -> tuple[Server | None, str | None]:
     """A service rule's ``server`` and ``metric`` (either may be absent here: the policy's
     ``serviceMetrics.server`` may name the server; :func:`gpuwarden.policy.parse.parse_spec` checks)."""
-    server = None if obj.get("server") is None else member(Server, obj["server"], f"{path}.server")
+    server = SERVER.get(obj, path)
     raw = obj.get("metric")
     if raw is None:
         return server, None
     field = f"{path}.metric"
     if not isinstance(raw, str):
         raise SpecError(field, f"must be a metric name, not {type_name(raw)}")
-    if len(raw) > MAX_METRIC_NAME or not METRIC_NAME.fullmatch(raw):
+    if not metric.matches(raw):
         raise SpecError(
             field,
             f"{show(raw)} is not a Prometheus metric name such as vllm:num_requests_waiting"

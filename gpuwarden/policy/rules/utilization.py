@@ -45,8 +45,8 @@ from gpuwarden.policy.rules.common import (
     unknown,
 )
 from gpuwarden.policy.rules.throttling import judged_with_throttling
-from gpuwarden.policy.spec.fields import check_fields, duration, member, number, optional_number, value_or
 from gpuwarden.policy.spec.model import Signal
+from gpuwarden.policy.spec.schema import Body, Choice, Duration, Number
 from gpuwarden.policy.store.series import PodId, SeriesKey, Window
 from gpuwarden.units import format_duration
 
@@ -188,42 +188,116 @@ def evaluate_ceiling(
 # --- the two kinds ------------------------------------------------------------------------------------
 
 
-FLOOR_DEFAULTS: Mapping[str, Any] = {"for": "5m", "signal": "auto", "noiseFloor": 0, "hysteresis": 5}
-CEILING_DEFAULTS: Mapping[str, Any] = {"for": "2m", "signal": "auto", "hysteresis": 5}
+_SIGNAL = Choice(
+    "signal",
+    "Which utilization reading to use. smActive: the fraction of time SMs had work (GPM, Hopper and"
+    " newer). gpuUtil: NVML's utilization.gpu, the fraction of time any kernel ran. auto: smActive"
+    " where the GPU reports it, gpuUtil elsewhere. On a GPU shared by several pods, gpuUtil is the"
+    " pod's own per-process SM utilization and smActive has no value (it cannot be split per pod).",
+    choices=Signal,
+    default=Signal.AUTO,
+)
 
 
-def _signal(obj: Mapping[str, Any], path: str, default: str) -> Signal:
-    return member(Signal, value_or(obj, "signal", default), f"{path}.signal")
+def _percent(side: str) -> Number:
+    return Number(
+        "percent",
+        f"The threshold in percent (0-100); the rule holds while the pod's mean utilization over the"
+        f" window is {side} it.",
+        minimum=0,
+        maximum=100,
+        required=True,
+    )
+
+
+FLOOR_PERCENT = _percent("below")
+FLOOR_FOR = Duration(
+    "for",
+    "The trailing window the utilization is averaged over (a duration such as 5m, at least"
+    " evaluationInterval). Every GPU's samples must cover it without gaps before the rule can fire:"
+    " missing samples never count as idle.",
+    default="5m",
+    window=True,
+)
+NOISE_FLOOR = Number(
+    "noiseFloor",
+    "Readings at or below this percentage count as 0, so monitoring chatter (health probes, periodic"
+    " tiny kernels) does not mask an idle GPU.",
+    minimum=0,
+    maximum=100,
+    default=0,
+)
+POWER_THRESHOLD = Number(
+    "powerThresholdWatts",
+    "Optional: a GPU whose mean power draw over the window is at least this many watts counts as"
+    " busy whatever its utilization reading (catches work the counters miss); the rule does not hold"
+    " for its pod, and an active violation clears.",
+    minimum=0,
+)
+FLOOR_HYSTERESIS = Number(
+    "hysteresis",
+    "Percentage points the mean utilization must rise above percent before an active violation"
+    " clears (it clears at percent + hysteresis or more), so a value hovering at the threshold does"
+    " not flap.",
+    minimum=0,
+    maximum=50,
+    default=5,
+)
+FLOOR_BODY = Body(
+    "Fires when a pod's GPU utilization, averaged over the trailing `for` window and over the pod's"
+    " GPUs, is below percent, with every GPU's samples covering the window: GPUs held but barely"
+    " used.",
+    (FLOOR_PERCENT, FLOOR_FOR, _SIGNAL, NOISE_FLOOR, POWER_THRESHOLD, FLOOR_HYSTERESIS),
+)
+
+CEILING_PERCENT = _percent("above")
+CEILING_FOR = Duration(
+    "for",
+    "The trailing window the utilization is averaged over (a duration such as 2m, at least"
+    " evaluationInterval). Every GPU's samples must cover it without gaps before the rule can fire.",
+    default="2m",
+    window=True,
+)
+CEILING_HYSTERESIS = Number(
+    "hysteresis",
+    "Percentage points the mean utilization must fall below percent before an active violation"
+    " clears (it clears at percent - hysteresis or less), so a value hovering at the threshold does"
+    " not flap.",
+    minimum=0,
+    maximum=50,
+    default=5,
+)
+CEILING_BODY = Body(
+    "Fires when a pod's GPU utilization, averaged over the trailing `for` window and over the pod's"
+    " GPUs, is above percent, with every GPU's samples covering the window: saturated, a candidate for"
+    " scaling out.",
+    (CEILING_PERCENT, CEILING_FOR, _SIGNAL, CEILING_HYSTERESIS),
+)
 
 
 def parse_floor(name: str, obj: Mapping[str, Any], path: str) -> UtilizationFloor:
     """A utilizationFloor rule's body (``path`` is its own)."""
-    check_fields(
-        obj,
-        path,
-        ("percent", "for", "signal", "noiseFloor", "powerThresholdWatts", "hysteresis"),
-        ("percent",),
-    )
+    FLOOR_BODY.check(obj, path)
     return UtilizationFloor(
         name=name,
-        percent=number(obj, "percent", path, None, 0, 100),
-        for_seconds=duration(obj, "for", path, FLOOR_DEFAULTS["for"]),
-        signal=_signal(obj, path, FLOOR_DEFAULTS["signal"]),
-        noise_floor=number(obj, "noiseFloor", path, FLOOR_DEFAULTS["noiseFloor"], 0, 100),
-        power_threshold_watts=optional_number(obj, "powerThresholdWatts", path, 0, None),
-        hysteresis=number(obj, "hysteresis", path, FLOOR_DEFAULTS["hysteresis"], 0, 50),
+        percent=FLOOR_PERCENT.read(obj, path),
+        for_seconds=FLOOR_FOR.read(obj, path),
+        signal=_SIGNAL.read(obj, path),
+        noise_floor=NOISE_FLOOR.read(obj, path),
+        power_threshold_watts=POWER_THRESHOLD.get(obj, path),
+        hysteresis=FLOOR_HYSTERESIS.read(obj, path),
     )
 
 
 def parse_ceiling(name: str, obj: Mapping[str, Any], path: str) -> UtilizationCeiling:
     """A utilizationCeiling rule's body (``path`` is its own)."""
-    check_fields(obj, path, ("percent", "for", "signal", "hysteresis"), ("percent",))
+    CEILING_BODY.check(obj, path)
     return UtilizationCeiling(
         name=name,
-        percent=number(obj, "percent", path, None, 0, 100),
-        for_seconds=duration(obj, "for", path, CEILING_DEFAULTS["for"]),
-        signal=_signal(obj, path, CEILING_DEFAULTS["signal"]),
-        hysteresis=number(obj, "hysteresis", path, CEILING_DEFAULTS["hysteresis"], 0, 50),
+        percent=CEILING_PERCENT.read(obj, path),
+        for_seconds=CEILING_FOR.read(obj, path),
+        signal=_SIGNAL.read(obj, path),
+        hysteresis=CEILING_HYSTERESIS.read(obj, path),
     )
 
 
@@ -231,10 +305,10 @@ FLOOR_TYPE = RuleType(
     kind=FLOOR_KIND,
     model=UtilizationFloor,
     parse=parse_floor,
-    defaults=FLOOR_DEFAULTS,
+    body=FLOOR_BODY,
     evaluate=judged_with_throttling(evaluate_floor, idle=True),
     reach=lambda rule: rule.for_seconds,
-    window=lambda rule: ("for", rule.for_seconds),
+    window=lambda rule: rule.for_seconds,
     reason="GPUUnderutilized",
     meaning="its GPUs sit mostly idle: release them, share them or scale in",
     per_gpu=False,
@@ -248,10 +322,10 @@ CEILING_TYPE = RuleType(
     kind=CEILING_KIND,
     model=UtilizationCeiling,
     parse=parse_ceiling,
-    defaults=CEILING_DEFAULTS,
+    body=CEILING_BODY,
     evaluate=judged_with_throttling(evaluate_ceiling, idle=False),
     reach=lambda rule: rule.for_seconds,
-    window=lambda rule: ("for", rule.for_seconds),
+    window=lambda rule: rule.for_seconds,
     reason="GPUSaturated",
     meaning="its GPUs are fully busy: it may need more replicas",
     per_gpu=False,

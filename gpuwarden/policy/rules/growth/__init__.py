@@ -27,7 +27,7 @@ from gpuwarden.policy.rules.growth.model import (
     MemoryGrowth,
     MemorySource,
 )
-from gpuwarden.policy.rules.growth.parse import DEFAULTS, parse_memory_growth
+from gpuwarden.policy.rules.growth.parse import BODY, parse_memory_growth
 from gpuwarden.policy.rules.growth.text import site_text
 
 __all__ = [
@@ -54,11 +54,11 @@ RULE_TYPE = RuleType(
     kind=KIND,
     model=MemoryGrowth,
     parse=parse_memory_growth,
-    defaults=DEFAULTS,
+    body=BODY,
     evaluate=_judge,
     # growth_window: the window plus one bucket.
     reach=lambda rule: rule.window_seconds * (1 + 1 / BUCKETS),
-    window=lambda rule: ("window", rule.window_seconds),
+    window=lambda rule: rule.window_seconds,
     reason="GPUMemoryLeakSuspected",
     meaning="steady growth like this usually means a leak, heading for out-of-memory",
     per_gpu=True,
