@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint unit integration control-plane images demo-cluster release clean
+.PHONY: demo test lint crds unit integration control-plane images demo-cluster release clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,11 @@ lint: $(BIN)/.installed
 	  MYPYPATH=$(subst $(space),:,$(TYPED_DIRS)) $(BIN)/mypy $$root || status=1; \
 	done; exit $$status
 	$(BIN)/lint-imports
+
+## crds: render the CRD's rule-kind parts from the kinds' declarations (gpuwarden/policy/crd.py) and copy
+## the CRDs into the chart
+crds: $(BIN)/.installed
+	$(BIN)/python hack/gen-crd.py
 
 ## demo-cluster: the operator, a scripted agent and the example policy on a throwaway kube-apiserver (~4 min)
 demo-cluster: $(BIN)/.installed control-plane

@@ -49,6 +49,7 @@ from gpuwarden.policy.spec.model import (
     ServiceMetricsSource,
     Signal,
 )
+from gpuwarden.policy.spec.schema import Text
 from gpuwarden.policy.spec.servers import Metric, request_counters
 from gpuwarden.units import format_duration
 
@@ -56,6 +57,7 @@ __all__ = [
     "API_VERSION",
     "DEFAULTS",
     "KIND",
+    "RULE_NAME",
     "PolicyObject",
     "SpecError",
     "parse_policy_object",
@@ -112,6 +114,18 @@ _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 _LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 _KIND = re.compile(r"[A-Z][A-Za-z0-9]*")
+
+RULE_NAME = Text(
+    "name",
+    "The rule's name (a DNS label): it appears in Events and status, is what actions.scale refers to,"
+    " and names the snooze annotation snooze.gpuwarden.dev/<name>.",
+    max_length=63,
+    pattern=_DNS_LABEL.pattern,
+    message="must be a DNS label such as idle-gpu: lower-case letters, digits and '-', starting and ending"
+    " with a letter or digit",
+    required=True,
+)
+"""A rule's ``name``, as the CRD declares it (:mod:`gpuwarden.policy.crd`)."""
 _MIN_PODS_PERCENT = re.compile(r"(100|[1-9][0-9]?)%")
 _STEP_PERCENT = re.compile(r"[1-9][0-9]{0,2}%")
 _METRICS_PATH = re.compile(r"/[!$&'()*+,;=:@A-Za-z0-9._~/%-]*")
@@ -339,7 +353,7 @@ def _rule(value: Any, path: str) -> Rule:
     obj = as_object(value, path)
     check_fields(obj, path, ("name", *_RULE_TYPES), ("name",))
     name = obj["name"]
-    if not isinstance(name, str) or len(name) > 63 or not _DNS_LABEL.fullmatch(name):
+    if not isinstance(name, str) or not RULE_NAME.matches(name):
         raise SpecError(
             f"{path}.name",
             f"{show(name)} is not a valid rule name (a DNS label such as idle-gpu, at most 63 chars)",

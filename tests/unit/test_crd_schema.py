@@ -17,6 +17,7 @@ import jsonschema
 import pytest
 import yaml
 
+from gpuwarden.policy.crd import regenerate, rules_schema, spec_checks
 from gpuwarden.policy.parse import DEFAULTS, SpecError, parse_spec
 from gpuwarden.policy.rules.throttling import Throttling
 from gpuwarden.policy.xids import CRITICAL_XIDS
@@ -137,6 +138,33 @@ def test_printer_columns() -> None:
         path = column["jsonPath"].split("[")[0]
         if not path.startswith(".metadata"):
             assert path in NODES, path
+
+
+# --- the generated parts -------------------------------------------------------------------------------
+
+
+def test_the_crd_is_what_the_rule_kinds_declare() -> None:
+    """The rule kinds' schema is rendered from the declarations their parsers read: a bound, a default
+    or a description changed on one side only fails here (`make crds` renders the file anew)."""
+    text = CRD_PATH.read_text(encoding="utf-8")
+    assert "# generated: rules" in text
+    assert "# generated: spec-checks" in text
+    assert regenerate(text) == text, "crds/ is stale: run make crds"
+
+
+def test_the_generated_yaml_reads_back_as_declared() -> None:
+    """The renderer's YAML (folded text, plain or quoted scalars) means what the declarations say."""
+    assert NODES[".spec.rules"] == rules_schema()
+    checks = NODES[".spec"]["x-kubernetes-validations"]
+    assert checks[-len(spec_checks()) :] == spec_checks()
+
+
+def test_a_hand_edit_inside_a_generated_region_is_undone() -> None:
+    """The check above has teeth: a bound edited in the file alone is not what the kinds declare."""
+    text = CRD_PATH.read_text(encoding="utf-8")
+    stale = text.replace("maximum: 50\n", "maximum: 51\n", 1)
+    assert stale != text
+    assert regenerate(stale) == text
 
 
 # --- structural rules the API server would enforce when creating the CRD --------------------------------

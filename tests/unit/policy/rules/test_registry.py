@@ -30,7 +30,9 @@ from gpuwarden.policy.parse import DEFAULTS
 from gpuwarden.policy.rules import type_of
 from gpuwarden.policy.rules.common import JudgeContext, WindowParams
 from gpuwarden.policy.spec.model import Rule
+from gpuwarden.policy.spec.schema import Duration, Integer, Number
 from gpuwarden.policy.store.series import PodId
+from gpuwarden.units import parse_duration
 
 ROOT = Path(__file__).resolve().parents[4]
 CRD_PATH = ROOT / "crds" / "gpuwarden.dev_gpumonitorpolicies.yaml"
@@ -150,7 +152,39 @@ def test_the_engine_s_other_modules_name_no_kind(path: str) -> None:
 
 def test_the_crd_defaults_of_each_kind_are_its_record_s() -> None:
     for t in RULE_TYPES:
-        assert DEFAULTS[f".spec.rules[].{t.key}"] is t.defaults
+        assert DEFAULTS[f".spec.rules[].{t.key}"] == t.defaults
+
+
+def bound_cases(t: RuleType[Any, Any]) -> list[tuple[str, object, bool]]:
+    """(field, value, accepted) at and just past each bound its body declares."""
+    cases: list[tuple[str, object, bool]] = []
+    for f in t.body.fields:
+        if isinstance(f, Number | Integer) and f.minimum is not None:
+            cases += [(f.name, f.minimum, True), (f.name, f.minimum - 1, False)]
+        if isinstance(f, Number | Integer) and f.maximum is not None:
+            cases += [(f.name, f.maximum, True), (f.name, f.maximum + 1, False)]
+        if isinstance(f, Integer) and f.choices:
+            cases += [(f.name, c, True) for c in f.choices] + [(f.name, max(f.choices) - 1, False)]
+        if isinstance(f, Duration) and f.minimum is not None:
+            least = parse_duration(f.minimum)
+            cases += [(f.name, f.minimum, True), (f.name, f"{round(least * 1000) - 1}ms", False)]
+    return cases
+
+
+@pytest.mark.parametrize("t", RULE_TYPES, ids=lambda t: t.key)
+def test_the_parser_keeps_the_bounds_the_crd_is_rendered_from(t: RuleType[Any, Any]) -> None:
+    """One declaration, two readers: the CRD is rendered from the body (test_crd_schema.py holds the
+    committed file to it), and the kind's parser accepts exactly its bounds."""
+    cases = bound_cases(t)
+    assert cases
+    for name, value, accepted in cases:
+        body = {**MINIMAL[t.key], name: value}
+        rules = [{"name": "r", t.key: body}]
+        if accepted:
+            parse_spec({"selector": {}, "evaluationInterval": "1s", "rules": rules})
+        else:
+            with pytest.raises(SpecError, match=rf"\.{name}\b"):
+                parse_spec({"selector": {}, "evaluationInterval": "1s", "rules": rules})
 
 
 @pytest.mark.parametrize("t", RULE_TYPES, ids=lambda t: t.key)
@@ -162,8 +196,8 @@ def test_every_kind_is_registered_whole(t: RuleType[Any, Any]) -> None:
     assert rule_type(t.kind) is t
     assert t.reach(rule) > 0
     if t.window is not None:
-        name, seconds = t.window(rule)
-        assert name in ("for", "window")
+        seconds = t.window(rule)
+        assert t.body.window in ("for", "window")
         assert seconds > 0
         assert t.reach(rule) >= seconds
     assert re.fullmatch(r"(GPU|Request|KVCache)[A-Z][A-Za-z]+", t.reason)
