@@ -172,6 +172,19 @@ def bound_cases(t: RuleType[Any, Any]) -> list[tuple[str, object, bool]]:
 
 
 @pytest.mark.parametrize("t", RULE_TYPES, ids=lambda t: t.key)
+def test_descriptions_that_state_a_bound_state_the_declared_one(t: RuleType[Any, Any]) -> None:
+    """`kubectl explain` readers see the bounds in words ("(0-100)", "at least 1m"): the words must be
+    the declaration's, the one place a bound is written."""
+    for f in t.body.fields:
+        if isinstance(f, Number):
+            for lo, hi in re.findall(r"\b(\d+(?:\.\d+)?) ?(?:to|-) ?(\d+(?:\.\d+)?)\b", f.description):
+                assert (float(lo), float(hi)) == (f.minimum, f.maximum), (t.key, f.name)
+        if isinstance(f, Duration):
+            stated = re.findall(r"at least (\d+(?:ms|s|m|h))\b", f.description)
+            assert stated == ([] if f.minimum is None else [f.minimum]), (t.key, f.name)
+
+
+@pytest.mark.parametrize("t", RULE_TYPES, ids=lambda t: t.key)
 def test_the_parser_keeps_the_bounds_the_crd_is_rendered_from(t: RuleType[Any, Any]) -> None:
     """One declaration, two readers: the CRD is rendered from the body (test_crd_schema.py holds the
     committed file to it), and the kind's parser accepts exactly its bounds."""
