@@ -1,17 +1,20 @@
-"""The GPUMonitorPolicy CRD's parts that the rule kinds make, rendered from their declarations.
+"""The GPUMonitorPolicy CRD's schema, rendered from the declarations the parser reads.
 
 ``crds/gpuwarden.dev_gpumonitorpolicies.yaml`` is written by hand but for its regions between
 ``# generated: NAME`` and ``# end generated: NAME``, which :func:`regenerate` renders (``make crds``
 runs ``hack/gen-crd.py``):
 
-- ``rules``: ``spec.rules``, each kind's body from its :class:`~gpuwarden.policy.spec.schema.Body`
-  (what the kind's parser reads), and the CEL rule that a rule sets exactly one kind;
+- ``spec-fields``: ``spec``'s fields after its selector, from
+  :mod:`gpuwarden.policy.spec.declarations` (evaluationInterval, serviceMetrics, a rule's name,
+  actions) and each rule kind's :class:`~gpuwarden.policy.spec.schema.Body`, with the CEL rule that a
+  rule sets exactly one kind;
 - ``spec-checks``: the CEL rules on ``spec`` that name kinds by what their records say (which kinds
   reclaim, give a forecast its ceiling, read the pods' own metrics, may only scale up, have a window).
 
-So a new kind's diff is its module, its line in :data:`~gpuwarden.policy.rules.RULE_TYPES` and the
-regenerated CRD; ``tests/unit/test_crd_schema.py`` fails while the committed file differs. Pure text
-in, text out: the script does the file's reading and writing.
+The selector (Kubernetes' own LabelSelector), the rule-name references' CEL rules and the status stay
+written by hand. So a new kind's diff is its module, its line in
+:data:`~gpuwarden.policy.rules.RULE_TYPES` and the regenerated CRD; ``tests/unit/test_crd_schema.py``
+fails while the committed file differs. Pure text in, text out: the script reads and writes the file.
 """
 
 from __future__ import annotations
@@ -22,13 +25,19 @@ import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gpuwarden.policy.parse import MAX_RULES, RULE_NAME
 from gpuwarden.policy.rules import RULE_TYPES, RuleType
+from gpuwarden.policy.spec.declarations import (
+    ACTIONS,
+    EVALUATION_INTERVAL,
+    MAX_RULES,
+    RULE_NAME,
+    SERVICE_METRICS,
+)
 from gpuwarden.policy.spec.model import Server
 from gpuwarden.policy.spec.schema import Node
 from gpuwarden.units import DURATION_PATTERN
 
-__all__ = ["REGIONS", "regenerate", "render", "rules_schema", "spec_checks"]
+__all__ = ["REGIONS", "regenerate", "render", "rules_schema", "spec_checks", "spec_fields"]
 
 WIDTH = 110
 """The longest line the CRD's folded text is wrapped to."""
@@ -173,8 +182,20 @@ def spec_checks() -> list[Node]:
     ]
 
 
+def spec_fields() -> Node:
+    """The spec's fields after its selector: evaluationInterval, serviceMetrics, rules, actions."""
+    return {
+        EVALUATION_INTERVAL.name: EVALUATION_INTERVAL.openapi(),
+        SERVICE_METRICS.name: SERVICE_METRICS.openapi(),
+        "rules": rules_schema(),
+        ACTIONS.name: ACTIONS.openapi(),
+    }
+
+
 REGIONS: Mapping[str, Callable[[int], list[str]]] = {
-    "rules": lambda indent: render("rules", rules_schema(), indent),
+    "spec-fields": lambda indent: [
+        line for name, node in spec_fields().items() for line in render(name, node, indent)
+    ],
     "spec-checks": lambda indent: [line for check in spec_checks() for line in _item(check, indent)],
 }
 """Each generated region of the CRD, by the name its markers carry: its lines at an indentation."""
@@ -234,7 +255,9 @@ def render(key: str, value: Any, indent: int) -> list[str]:
             return [f"{pad}{key}: [{', '.join(_scalar(v, _WORD) for v in value)}]"]
         return [f"{pad}{key}:", *(line for item in value for line in _item(item, indent + 2))]
     inline = f"{pad}{key}: {_scalar(value)}"
-    if len(inline) <= WIDTH and (not isinstance(value, str) or not inline.endswith('"') or key == "rule"):
+    # Text for people (descriptions, messages) is folded rather than quoted.
+    prose = key in ("description", "message", "messageExpression") and inline.endswith('"')
+    if len(inline) <= WIDTH and not prose:
         return [inline]
     width = WIDTH - indent - 2
     folded = textwrap.wrap(str(value), width, break_long_words=False, break_on_hyphens=False)

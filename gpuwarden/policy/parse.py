@@ -2,37 +2,71 @@
 
 ``parse_spec`` applies the CRD's defaults and enforces everything its schema and CEL rules enforce
 (and a little more), because local mode reads policy files that never went through an API server.
+It reads the fields through their declarations (:mod:`gpuwarden.policy.spec.declarations`, the rule
+kinds' bodies), from which the CRD's schema is rendered: a bound or a default is written once.
 Every error is a :class:`SpecError` naming the field, in the API server's path notation.
 """
 
 from __future__ import annotations
 
-import enum
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from gpuwarden.policy.rules import RULE_TYPES, RuleType, rule_metric, service_rule, type_of
+from gpuwarden.policy.spec.declarations import (
+    ACTIONS,
+    BEHAVIOR,
+    DNS_LABEL,
+    DNS_SUBDOMAIN,
+    EVALUATION_INTERVAL,
+    EVENTS,
+    FORECAST,
+    GRACE_PERIOD,
+    HORIZON,
+    LOAD,
+    MAX_PER_HOUR,
+    MAX_REPLICAS,
+    MAX_RULES,
+    MAX_UNCERTAINTY,
+    METRICS_PATH,
+    METRICS_PORT,
+    METRICS_SCHEME,
+    METRICS_SERVER,
+    MIN_REPLICAS,
+    RECLAIM,
+    RECLAIM_ACTION,
+    RECLAIM_DRY_RUN,
+    RECLAIM_RULES,
+    RENOTIFY_INTERVAL,
+    REQUESTS_PER_REPLICA,
+    RULE_NAME,
+    SCALE,
+    SCALE_DOWN,
+    SCALE_DOWN_ON,
+    SCALE_DRY_RUN,
+    SCALE_UP,
+    SCALE_UP_MIN_PODS,
+    SCALE_UP_ON,
+    SCRAPE_INTERVAL,
+    SERVICE_METRICS,
+    TARGET_API_VERSION,
+    TARGET_KIND,
+    TARGET_NAME,
+    TARGET_REF,
+)
 from gpuwarden.policy.spec.fields import (
     SpecError,
     as_list,
     as_object,
-    boolean,
     check_fields,
     did_you_mean,
-    duration,
-    integer,
-    member,
-    number,
     show,
     string,
     type_name,
-    value_or,
 )
 from gpuwarden.policy.spec.model import (
-    BUCKET_SECONDS,
-    MAX_STEPS,
     Actions,
     ForecastLoad,
     LabelRequirement,
@@ -45,19 +79,16 @@ from gpuwarden.policy.spec.model import (
     ScaleDirection,
     ScaleForecast,
     ScaleTargetRef,
-    Server,
     ServiceMetricsSource,
     Signal,
 )
-from gpuwarden.policy.spec.schema import Text
+from gpuwarden.policy.spec.schema import Duration, IntOrPercent, Names, Object
 from gpuwarden.policy.spec.servers import Metric, request_counters
 from gpuwarden.units import format_duration
 
 __all__ = [
     "API_VERSION",
-    "DEFAULTS",
     "KIND",
-    "RULE_NAME",
     "PolicyObject",
     "SpecError",
     "parse_policy_object",
@@ -68,74 +99,15 @@ __all__ = [
 API_VERSION = "gpuwarden.dev/v1alpha1"
 KIND = "GPUMonitorPolicy"
 
-# Limits mirrored from the CRD; the CRD needs them for CEL cost estimates, we keep them so a policy
-# file that works locally also applies to a cluster.
-MAX_RULES = 32
+# Limits of the selector (Kubernetes' own LabelSelector, written by hand in the CRD): the CRD needs them
+# for CEL cost estimates, we keep them so a policy file that works locally also applies to a cluster.
 MAX_SELECTOR_ENTRIES = 32
 MAX_SELECTOR_VALUES = 64
-MAX_REPLICAS = 2**31 - 1  # int32, as in the CRD and the /scale subresource
-MIN_EVALUATION_INTERVAL = 1.0
-MIN_RENOTIFY_INTERVAL = 60.0
-# A forecast looks at least one evaluation ahead and at most as far as it forecasts (model.MAX_STEPS).
-MIN_FORECAST_HORIZON = 10.0
-MAX_FORECAST_HORIZON = MAX_STEPS * BUCKET_SECONDS
-MIN_SCRAPE_INTERVAL = 1.0
-MAX_METRICS_PATH = 256
-MAX_REQUEST_RATE = 1_000_000.0
-MIN_RECLAIM_GRACE = 10.0
-MAX_RECLAIMS_PER_HOUR = 1000
 
-# The CRD's scalar defaults, by the schema path of the object that holds them. The API server fills them
-# in; local mode's policy files never went through one, so the parser does. tests/unit/test_crd_schema.py
-# checks that this table and the CRD's `default`s are the same. (Empty objects and lists the CRD defaults,
-# such as actions: {}, read here as absent: the same thing.) A rule kind's are its RuleType's.
-DEFAULTS: Mapping[str, Mapping[str, Any]] = {
-    ".spec": {"evaluationInterval": "10s"},
-    **{f".spec.rules[].{t.key}": t.defaults for t in RULE_TYPES},
-    ".spec.serviceMetrics": {"scheme": "http"},
-    ".spec.actions": {"events": True, "renotifyInterval": "1h"},
-    ".spec.actions.scale": {"minReplicas": 1, "scaleUpMinPods": 1, "dryRun": False},
-    ".spec.actions.scale.behavior.scaleUp": {"stabilizationWindow": "0s", "step": 1, "cooldown": "1m"},
-    ".spec.actions.scale.behavior.scaleDown": {"stabilizationWindow": "5m", "step": 1, "cooldown": "5m"},
-    ".spec.actions.scale.forecast": {"maxUncertainty": 20, "load": "utilization"},
-    ".spec.actions.reclaim": {"gracePeriod": "10m", "maxPerHour": 5, "dryRun": True},
-}
-_SPEC = DEFAULTS[".spec"]
-_ACTIONS = DEFAULTS[".spec.actions"]
-_SCALE = DEFAULTS[".spec.actions.scale"]
-_SCALE_UP = DEFAULTS[".spec.actions.scale.behavior.scaleUp"]
-_SCALE_DOWN = DEFAULTS[".spec.actions.scale.behavior.scaleDown"]
-_FORECAST = DEFAULTS[".spec.actions.scale.forecast"]
-_RECLAIM = DEFAULTS[".spec.actions.reclaim"]
-_SERVICE_METRICS = DEFAULTS[".spec.serviceMetrics"]
-
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_DNS_LABEL = re.compile(DNS_LABEL)
+_DNS_SUBDOMAIN = re.compile(DNS_SUBDOMAIN)
 _LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
-_KIND = re.compile(r"[A-Z][A-Za-z0-9]*")
-
-RULE_NAME = Text(
-    "name",
-    "The rule's name (a DNS label): it appears in Events and status, is what actions.scale refers to,"
-    " and names the snooze annotation snooze.gpuwarden.dev/<name>.",
-    max_length=63,
-    pattern=_DNS_LABEL.pattern,
-    message="must be a DNS label such as idle-gpu: lower-case letters, digits and '-', starting and ending"
-    " with a letter or digit",
-    required=True,
-)
-"""A rule's ``name``, as the CRD declares it (:mod:`gpuwarden.policy.crd`)."""
-_MIN_PODS_PERCENT = re.compile(r"(100|[1-9][0-9]?)%")
-_STEP_PERCENT = re.compile(r"[1-9][0-9]{0,2}%")
-_METRICS_PATH = re.compile(r"/[!$&'()*+,;=:@A-Za-z0-9._~/%-]*")
-
-
-class Scheme(enum.StrEnum):
-    """serviceMetrics.scheme."""
-
-    HTTP = "http"
-    HTTPS = "https"
 
 
 _OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
@@ -164,19 +136,16 @@ def parse_spec(spec: Mapping[str, Any], *, path: str = "spec") -> PolicySpec:
     check_fields(
         spec,
         path,
-        ("selector", "evaluationInterval", "serviceMetrics", "rules", "actions"),
+        ("selector", EVALUATION_INTERVAL.name, SERVICE_METRICS.name, "rules", ACTIONS.name),
         ("selector", "rules"),
     )
     selector = parse_selector(spec["selector"], path=f"{path}.selector")
-    interval = duration(
-        spec, "evaluationInterval", path, _SPEC["evaluationInterval"], minimum=MIN_EVALUATION_INTERVAL
-    )
-    source = None
-    if spec.get("serviceMetrics") is not None:
-        source = _service_metrics(spec["serviceMetrics"], f"{path}.serviceMetrics")
+    interval = EVALUATION_INTERVAL.read(spec, path)
+    metrics = SERVICE_METRICS.get(spec, path)
+    source = None if metrics is None else _service_metrics(metrics, f"{path}.{SERVICE_METRICS.name}")
     rules = _with_servers(_rules(spec["rules"], f"{path}.rules"), source, path)
     _check_windows(rules, interval, f"{path}.rules")
-    actions = _actions(spec.get("actions"), f"{path}.actions", rules)
+    actions = _actions(ACTIONS.read(spec, path), f"{path}.{ACTIONS.name}", rules)
     return PolicySpec(
         selector=selector,
         rules=rules,
@@ -251,28 +220,22 @@ def parse_policy_object(doc: Any) -> PolicyObject:
 # --- service metrics ---------------------------------------------------------------------------------
 
 
-def _service_metrics(value: Any, path: str) -> ServiceMetricsSource:
+def _service_metrics(obj: Mapping[str, Any], path: str) -> ServiceMetricsSource:
     """spec.serviceMetrics: where to scrape the pods' own metrics, and the service rules' preset."""
-    obj = as_object(value, path)
-    check_fields(obj, path, ("port", "path", "scheme", "interval", "server"))
-    port = None if obj.get("port") is None else integer(obj, "port", path, None, 1, 65535)
     metrics_path = None
-    if obj.get("path") is not None:
-        metrics_path = string(obj, "path", path, max_length=MAX_METRICS_PATH)
-        if not _METRICS_PATH.fullmatch(metrics_path):
+    if obj.get(METRICS_PATH.name) is not None:
+        metrics_path = string(obj, METRICS_PATH.name, path, max_length=METRICS_PATH.max_length)
+        if not METRICS_PATH.matches(metrics_path):
             raise SpecError(
-                f"{path}.path",
+                f"{path}.{METRICS_PATH.name}",
                 f"{show(metrics_path)} is not a URL path such as /metrics (no query, no space)",
             )
-    interval = None
-    if obj.get("interval") is not None:
-        interval = duration(obj, "interval", path, "0s", minimum=MIN_SCRAPE_INTERVAL)
     return ServiceMetricsSource(
-        port=port,
+        port=METRICS_PORT.get(obj, path),
         path=metrics_path,
-        scheme=member(Scheme, value_or(obj, "scheme", _SERVICE_METRICS["scheme"]), f"{path}.scheme").value,
-        interval_seconds=interval,
-        server=None if obj.get("server") is None else member(Server, obj["server"], f"{path}.server"),
+        scheme=METRICS_SCHEME.read(obj, path).value,
+        interval_seconds=SCRAPE_INTERVAL.get(obj, path),
+        server=METRICS_SERVER.get(obj, path),
     )
 
 
@@ -371,28 +334,24 @@ def _rule(value: Any, path: str) -> Rule:
 # --- actions -----------------------------------------------------------------------------------------
 
 
-def _actions(value: Any, path: str, rules: Sequence[Rule]) -> Actions:
-    """spec.actions; ``rules`` lets scale check the rules it names."""
-    if value is None:
-        return Actions()
-    obj = as_object(value, path)
-    check_fields(obj, path, ("events", "renotifyInterval", "scale", "reclaim"))
-    events = boolean(obj, "events", path, _ACTIONS["events"])
-    renotify = duration(
-        obj, "renotifyInterval", path, _ACTIONS["renotifyInterval"], minimum=MIN_RENOTIFY_INTERVAL
+def _actions(obj: Mapping[str, Any], path: str, rules: Sequence[Rule]) -> Actions:
+    """spec.actions (checked; ``{}`` when absent); ``rules`` lets scale and reclaim check the rules
+    they name."""
+    scale = SCALE.get(obj, path)
+    reclaim = RECLAIM.get(obj, path)
+    return Actions(
+        events=EVENTS.read(obj, path),
+        renotify_seconds=RENOTIFY_INTERVAL.read(obj, path),
+        scale=None if scale is None else _scale(scale, f"{path}.{SCALE.name}", rules),
+        reclaim=None if reclaim is None else _reclaim(reclaim, f"{path}.{RECLAIM.name}", rules),
     )
-    scale = None if obj.get("scale") is None else _scale(obj["scale"], f"{path}.scale", rules)
-    reclaim = None if obj.get("reclaim") is None else _reclaim(obj["reclaim"], f"{path}.reclaim", rules)
-    return Actions(events=events, renotify_seconds=renotify, scale=scale, reclaim=reclaim)
 
 
-def _reclaim(value: Any, path: str, rules: Sequence[Rule]) -> ReclaimAction:
-    obj = as_object(value, path)
-    check_fields(obj, path, ("rules", "action", "gracePeriod", "maxPerHour", "dryRun"), ("rules", "action"))
-    names = _rule_refs(obj, "rules", path, tuple(r.name for r in rules))
+def _reclaim(obj: Mapping[str, Any], path: str, rules: Sequence[Rule]) -> ReclaimAction:
+    names = _rule_refs(obj, RECLAIM_RULES, path, tuple(r.name for r in rules))
     if not names:
-        raise SpecError(f"{path}.rules", "must name at least one rule")
-    method = member(ReclaimMethod, obj["action"], f"{path}.action")
+        raise SpecError(f"{path}.{RECLAIM_RULES.name}", "must name at least one rule")
+    method = RECLAIM_ACTION.read(obj, path)
     by_name = {r.name: r for r in rules}
     for i, name in enumerate(names):
         kind = type_of(by_name[name])
@@ -408,38 +367,21 @@ def _reclaim(value: Any, path: str, rules: Sequence[Rule]) -> ReclaimAction:
     return ReclaimAction(
         rules=names,
         method=method,
-        grace_seconds=duration(obj, "gracePeriod", path, _RECLAIM["gracePeriod"], minimum=MIN_RECLAIM_GRACE),
-        max_per_hour=integer(obj, "maxPerHour", path, _RECLAIM["maxPerHour"], 1, MAX_RECLAIMS_PER_HOUR),
-        dry_run=boolean(obj, "dryRun", path, _RECLAIM["dryRun"]),
+        grace_seconds=GRACE_PERIOD.read(obj, path),
+        max_per_hour=MAX_PER_HOUR.read(obj, path),
+        dry_run=RECLAIM_DRY_RUN.read(obj, path),
     )
 
 
-def _scale(value: Any, path: str, rules: Sequence[Rule]) -> ScaleAction:
-    obj = as_object(value, path)
+def _scale(obj: Mapping[str, Any], path: str, rules: Sequence[Rule]) -> ScaleAction:
     rule_names = tuple(r.name for r in rules)
-    check_fields(
-        obj,
-        path,
-        (
-            "targetRef",
-            "minReplicas",
-            "maxReplicas",
-            "scaleUpOn",
-            "scaleDownOn",
-            "scaleUpMinPods",
-            "behavior",
-            "dryRun",
-            "forecast",
-        ),
-        ("targetRef", "maxReplicas"),
-    )
-    target = _target_ref(obj["targetRef"], f"{path}.targetRef")
-    min_replicas = integer(obj, "minReplicas", path, _SCALE["minReplicas"], 1, MAX_REPLICAS)
-    max_replicas = integer(obj, "maxReplicas", path, None, 1, MAX_REPLICAS)
+    target = _target_ref(TARGET_REF.read(obj, path), f"{path}.{TARGET_REF.name}")
+    min_replicas = MIN_REPLICAS.read(obj, path)
+    max_replicas = MAX_REPLICAS.read(obj, path)
     if min_replicas > max_replicas:
         raise SpecError(f"{path}.minReplicas", f"{min_replicas} exceeds maxReplicas ({max_replicas})")
-    up_on = _rule_refs(obj, "scaleUpOn", path, rule_names)
-    down_on = _rule_refs(obj, "scaleDownOn", path, rule_names)
+    up_on = _rule_refs(obj, SCALE_UP_ON, path, rule_names)
+    down_on = _rule_refs(obj, SCALE_DOWN_ON, path, rule_names)
     if not up_on and not down_on:
         raise SpecError(path, "scale needs at least one rule in scaleUpOn or scaleDownOn")
     by_name = {r.name: r for r in rules}
@@ -451,47 +393,38 @@ def _scale(value: Any, path: str, rules: Sequence[Rule]) -> ScaleAction:
         kind = type_of(by_name[rule])
         if kind.up_only is not None:
             raise SpecError(f"{path}.scaleDownOn[{i}]", f'"{rule}" is a {kind.key} rule: {kind.up_only}')
-    min_pods, min_pods_percent = _count_or_percent(
-        obj, "scaleUpMinPods", path, _SCALE["scaleUpMinPods"], _MIN_PODS_PERCENT, "1% to 100%"
-    )
-    behavior = obj.get("behavior")
-    b_path = f"{path}.behavior"
-    b_obj: Mapping[str, Any] = {} if behavior is None else as_object(behavior, b_path)
-    check_fields(b_obj, b_path, ("scaleUp", "scaleDown"))
+    min_pods, min_pods_percent = SCALE_UP_MIN_PODS.read(obj, path)
+    behavior = BEHAVIOR.read(obj, path)
+    b_path = f"{path}.{BEHAVIOR.name}"
+    forecast = FORECAST.get(obj, path)
     return ScaleAction(
         target_ref=target,
         min_replicas=min_replicas,
         max_replicas=max_replicas,
         scale_up_on=up_on,
         scale_down_on=down_on,
-        scale_up=_direction(b_obj.get("scaleUp"), f"{b_path}.scaleUp", _SCALE_UP),
-        scale_down=_direction(b_obj.get("scaleDown"), f"{b_path}.scaleDown", _SCALE_DOWN),
+        scale_up=_direction(behavior, b_path, SCALE_UP),
+        scale_down=_direction(behavior, b_path, SCALE_DOWN),
         scale_up_min_pods=min_pods,
         scale_up_min_pods_percent=min_pods_percent,
-        dry_run=boolean(obj, "dryRun", path, _SCALE["dryRun"]),
+        dry_run=SCALE_DRY_RUN.read(obj, path),
         forecast=None
-        if obj.get("forecast") is None
-        else _forecast(obj["forecast"], f"{path}.forecast", rules, up_on, down_on),
+        if forecast is None
+        else _forecast(forecast, f"{path}.{FORECAST.name}", rules, up_on, down_on),
     )
 
 
 def _forecast(
-    value: Any, path: str, rules: Sequence[Rule], up_on: Sequence[str], down_on: Sequence[str]
+    obj: Mapping[str, Any], path: str, rules: Sequence[Rule], up_on: Sequence[str], down_on: Sequence[str]
 ) -> ScaleForecast:
     """scale.forecast, its ceiling and floor taken from the first utilization rules scale names
     (requests load: its ceiling is requestsPerReplica)."""
-    obj = as_object(value, path)
-    check_fields(obj, path, ("horizon", "maxUncertainty", "load", "requestsPerReplica"))
-    load = member(ForecastLoad, value_or(obj, "load", _FORECAST["load"]), f"{path}.load")
-    horizon = None
-    if obj.get("horizon") is not None:
-        horizon = duration(obj, "horizon", path, "0s", minimum=MIN_FORECAST_HORIZON)
-        if horizon > MAX_FORECAST_HORIZON:
-            raise SpecError(f"{path}.horizon", f"must be at most {format_duration(MAX_FORECAST_HORIZON)}")
-    uncertainty = number(obj, "maxUncertainty", path, _FORECAST["maxUncertainty"], 1, 100)
+    load = LOAD.read(obj, path)
+    horizon = HORIZON.get(obj, path)
+    uncertainty = MAX_UNCERTAINTY.read(obj, path)
     if load is ForecastLoad.REQUESTS:
         return _request_forecast(obj, path, rules, up_on, horizon, uncertainty)
-    if obj.get("requestsPerReplica") is not None:
+    if obj.get(REQUESTS_PER_REPLICA.name) is not None:  # FORECAST's Check
         raise SpecError(f"{path}.requestsPerReplica", "is for load: requests only")
     by_name = {r.name: r for r in rules}
     ceilings = [(n, c(by_name[n])) for n in up_on if (c := type_of(by_name[n]).forecast_ceiling) is not None]
@@ -524,11 +457,9 @@ def _request_forecast(
 ) -> ScaleForecast:
     """A forecast of the requests the pods serve: their servers' counters of requests served, else
     the count of the latency histograms their rules read."""
-    if obj.get("requestsPerReplica") is None:
+    per_replica = REQUESTS_PER_REPLICA.get(obj, path)
+    if per_replica is None:  # FORECAST's Check
         raise SpecError(f"{path}.requestsPerReplica", "required field is missing with load: requests")
-    per_replica = number(obj, "requestsPerReplica", path, None, 0, MAX_REQUEST_RATE)
-    if per_replica <= 0:
-        raise SpecError(f"{path}.requestsPerReplica", "must be above 0")
     by_name = {r.name: r for r in rules}
     service = [s for r in rules if (s := service_rule(r)) is not None]
     scrapers = [n for n in up_on if service_rule(by_name[n]) is not None]
@@ -558,17 +489,15 @@ def _request_forecast(
     )
 
 
-def _target_ref(value: Any, path: str) -> ScaleTargetRef:
-    obj = as_object(value, path)
-    check_fields(obj, path, ("apiVersion", "kind", "name"), ("apiVersion", "kind", "name"))
-    api_version = string(obj, "apiVersion", path, max_length=253)
-    kind = string(obj, "kind", path, max_length=63)
-    if not _KIND.fullmatch(kind):
+def _target_ref(obj: Mapping[str, Any], path: str) -> ScaleTargetRef:
+    api_version = string(obj, TARGET_API_VERSION.name, path, max_length=TARGET_API_VERSION.max_length)
+    kind = string(obj, TARGET_KIND.name, path, max_length=TARGET_KIND.max_length)
+    if not TARGET_KIND.matches(kind):
         raise SpecError(f"{path}.kind", f"{show(kind)} is not a kind such as Deployment")
-    if not _scalable(api_version, kind):
+    if not _scalable(api_version, kind):  # TARGET_REF's Check
         raise SpecError(f"{path}.kind", f"{show(kind)} of {show(api_version)} has no /scale subresource")
-    name = string(obj, "name", path, max_length=253)
-    if not _DNS_SUBDOMAIN.fullmatch(name):
+    name = string(obj, TARGET_NAME.name, path, max_length=TARGET_NAME.max_length)
+    if not TARGET_NAME.matches(name):
         raise SpecError(f"{path}.name", f"{show(name)} is not a valid object name")
     return ScaleTargetRef(api_version=api_version, kind=kind, name=name)
 
@@ -587,11 +516,11 @@ def _scalable(api_version: str, kind: str) -> bool:
     return not _BUILTIN_GROUP.match(api_version)
 
 
-def _rule_refs(obj: Mapping[str, Any], key: str, path: str, rule_names: Sequence[str]) -> tuple[str, ...]:
-    """scaleUpOn / scaleDownOn: a set of names of rules that exist."""
-    list_path = f"{path}.{key}"
-    raw = obj.get(key)
-    items = [] if raw is None else as_list(raw, list_path, max_items=MAX_RULES)
+def _rule_refs(obj: Mapping[str, Any], field: Names, path: str, rule_names: Sequence[str]) -> tuple[str, ...]:
+    """scaleUpOn, scaleDownOn, reclaim's rules: a set of names of rules that exist."""
+    list_path = f"{path}.{field.name}"
+    raw = obj.get(field.name)
+    items = [] if raw is None else as_list(raw, list_path, max_items=field.max_items)
     names: list[str] = []
     for i, item in enumerate(items):
         item_path = f"{list_path}[{i}]"
@@ -607,37 +536,18 @@ def _rule_refs(obj: Mapping[str, Any], key: str, path: str, rule_names: Sequence
     return tuple(names)
 
 
-def _direction(value: Any, path: str, defaults: Mapping[str, Any]) -> ScaleDirection:
-    """behavior.scaleUp / behavior.scaleDown with that direction's defaults."""
-    obj: Mapping[str, Any] = {} if value is None else as_object(value, path)
-    check_fields(obj, path, ("stabilizationWindow", "step", "cooldown"))
-    replicas, percent = _count_or_percent(obj, "step", path, defaults["step"], _STEP_PERCENT, "1% to 999%")
+def _direction(behavior: Mapping[str, Any], path: str, direction: Object) -> ScaleDirection:
+    """behavior.scaleUp / behavior.scaleDown, with that direction's defaults."""
+    obj = direction.read(behavior, path)
+    path = f"{path}.{direction.name}"
+    stabilization, step, cooldown = (direction.field(n) for n in ("stabilizationWindow", "step", "cooldown"))
+    replicas, percent = cast(IntOrPercent, step).read(obj, path)
     return ScaleDirection(
-        stabilization_seconds=duration(obj, "stabilizationWindow", path, defaults["stabilizationWindow"]),
+        stabilization_seconds=cast(Duration, stabilization).read(obj, path),
         step_replicas=replicas,
         step_percent=percent,
-        cooldown_seconds=duration(obj, "cooldown", path, defaults["cooldown"]),
+        cooldown_seconds=cast(Duration, cooldown).read(obj, path),
     )
-
-
-def _count_or_percent(
-    obj: Mapping[str, Any],
-    key: str,
-    path: str,
-    default: int,
-    percent_re: re.Pattern[str],
-    percent_range: str,
-) -> tuple[int | None, float | None]:
-    """An int-or-string field: a count >= 1 or a percentage string; exactly one is set."""
-    raw = value_or(obj, key, default)
-    field = f"{path}.{key}"
-    if isinstance(raw, str):
-        if not percent_re.fullmatch(raw):
-            raise SpecError(
-                field, f"{show(raw)} is not a count such as 1 or a percentage from {percent_range}"
-            )
-        return None, float(raw[:-1])
-    return integer({key: raw}, key, path, None, 1, MAX_REPLICAS), None
 
 
 # --- selector ------------------------------------------------------------------------------------------

@@ -37,6 +37,13 @@ class LabelSelector:
     match_expressions: tuple[LabelRequirement, ...] = ()
 
 
+class Scheme(enum.StrEnum):
+    """How the pods' own metrics are scraped (serviceMetrics.scheme)."""
+
+    HTTP = "http"
+    HTTPS = "https"
+
+
 class Server(enum.StrEnum):
     """An inference server whose metric names a service rule's preset knows
     (:mod:`gpuwarden.policy.spec.servers`)."""

@@ -1,15 +1,16 @@
-"""A rule kind's fields, declared once: their names, types, bounds, defaults and descriptions.
+"""Fields of the policy's spec, declared once: their names, types, bounds, defaults and descriptions.
 
-A kind's module declares its body as a :class:`Body` of these next to its parser. The parser reads
-each field through its declaration (:meth:`Field.read`, :meth:`Field.get`), and the CRD's schema for
-the kind is rendered from the same declaration (:meth:`Body.openapi`, by
-:mod:`gpuwarden.policy.crd` and ``make crds``), so a bound or a default is written in one place and
-the two cannot disagree (``tests/unit/test_crd_schema.py`` regenerates the CRD and compares).
+A rule kind's module declares its body as a :class:`Body` of these next to its parser, and
+:mod:`gpuwarden.policy.spec.declarations` the spec's own fields. The parser reads each field through
+its declaration (:meth:`Field.read`, :meth:`Field.get`), and the CRD's schema is rendered from the
+same declarations (:meth:`Field.openapi`, by :mod:`gpuwarden.policy.crd` and ``make crds``), so a
+bound or a default is written in one place and the two cannot disagree
+(``tests/unit/test_crd_schema.py`` regenerates the CRD and compares).
 
 A field's description is what ``kubectl explain`` prints; its default is appended to it
 (``Default: 5m.``), because ``kubectl explain`` prints descriptions, never defaults. What a CEL rule
 checks across fields (:class:`Check`) is the one thing written twice: CEL for the API server, Python
-in the kind's parser for local mode's files, side by side in the kind's module.
+in the parser for local mode's files, side by side.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from typing import Any, Generic, TypeVar, cast
 
 from gpuwarden.policy.spec.fields import (
     SpecError,
+    as_object,
     boolean,
     check_fields,
     duration,
     integer,
     member,
     optional_number,
+    show,
     type_name,
 )
 from gpuwarden.units import DURATION_PATTERN, RATE_PATTERN, parse_duration, parse_quantity, parse_rate
@@ -41,10 +44,13 @@ __all__ = [
     "Choice",
     "Duration",
     "Field",
+    "IntOrPercent",
     "Integer",
     "ListOf",
+    "Names",
     "Node",
     "Number",
+    "Object",
     "Rate",
     "Text",
 ]
@@ -74,14 +80,6 @@ class Check:
         if self.field_path is not None:
             node["fieldPath"] = self.field_path
         return node
-
-
-def _cel_duration(name: str, minimum: str) -> Check:
-    """A duration's lower bound, which must not also fail (unreadably) on a malformed duration."""
-    return Check(
-        f"!self.matches('{DURATION_PATTERN}') || duration(self) >= duration('{minimum}')",
-        f"{name} must be at least {minimum}",
-    )
 
 
 def _yaml_word(value: object) -> str:
@@ -140,6 +138,8 @@ class Number(Field[float]):
     _: KW_ONLY
     minimum: float
     maximum: float | None = None
+    above: bool = False
+    """The minimum itself is refused (a CEL rule: the API server's exclusiveMinimum reads worse)."""
     default: float | None = None
     required: bool = False
 
@@ -150,10 +150,19 @@ class Number(Field[float]):
         node["minimum"] = self.minimum
         if self.maximum is not None:
             node["maximum"] = self.maximum
+        if self.above:
+            node["x-kubernetes-validations"] = [
+                Check(
+                    f"self > {float(self.minimum)!r}", f"{self.name} must be above {self.minimum:g}"
+                ).openapi()
+            ]
         return node
 
     def get(self, obj: Mapping[str, Any], path: str) -> float | None:
-        return optional_number(obj, self.name, path, self.minimum, self.maximum)
+        value = optional_number(obj, self.name, path, self.minimum, self.maximum)
+        if self.above and value == self.minimum:
+            raise SpecError(f"{path}.{self.name}", f"must be above {self.minimum:g}")
+        return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,12 +172,18 @@ class Integer(Field[int]):
     _: KW_ONLY
     minimum: int | None = None
     maximum: int | None = None
+    """None: unbounded but for its format's range."""
+    int32: bool = False
+    """Declared int32 (as a Kubernetes replica count is), which bounds it too."""
     choices: tuple[int, ...] = ()
     default: int | None = None
     required: bool = False
 
     def openapi(self) -> Node:
-        node: Node = {"type": "integer", "description": self.explain()}
+        node: Node = {"type": "integer"}
+        if self.int32:
+            node["format"] = "int32"
+        node["description"] = self.explain()
         if self.choices:
             node["enum"] = list(self.choices)
         if self.default is not None:
@@ -183,7 +198,7 @@ class Integer(Field[int]):
     def bounds(self) -> tuple[int, int]:
         """Its least and greatest value."""
         lo = self.minimum if self.minimum is not None else min(self.choices)
-        hi = self.maximum if self.maximum is not None else max(self.choices)
+        hi = self.maximum if self.maximum is not None else max(self.choices, default=2**31 - 1)
         return lo, hi
 
     def get(self, obj: Mapping[str, Any], path: str) -> int | None:
@@ -250,8 +265,11 @@ class Duration(Field[float]):
     _: KW_ONLY
     default: str | None = None
     minimum: str | None = None
+    maximum: str | None = None
     required: bool = False
     window: bool = False
+    label: str | None = None
+    """How its bound's message names it; None: by its name."""
 
     def openapi(self) -> Node:
         node: Node = {"type": "string", "description": self.explain()}
@@ -259,8 +277,24 @@ class Duration(Field[float]):
             node["default"] = self.default
         node["maxLength"] = MAX_DURATION_LENGTH
         checks = [Check(f"self.matches('{DURATION_PATTERN}')", DURATION_MESSAGE)]
-        if self.minimum is not None:
-            checks.append(_cel_duration(self.name, self.minimum))
+        label = self.label or self.name
+        # A bound must not also fail (unreadably) on a malformed duration.
+        valid = f"!self.matches('{DURATION_PATTERN}')"
+        if self.minimum is not None and self.maximum is not None:
+            checks.append(
+                Check(
+                    f"{valid} || (duration(self) >= duration('{self.minimum}')"
+                    f" && duration(self) <= duration('{self.maximum}'))",
+                    f"{label} must be between {self.minimum} and {self.maximum}",
+                )
+            )
+        elif self.minimum is not None:
+            checks.append(
+                Check(
+                    f"{valid} || duration(self) >= duration('{self.minimum}')",
+                    f"{label} must be at least {self.minimum}",
+                )
+            )
         node["x-kubernetes-validations"] = [c.openapi() for c in checks]
         return node
 
@@ -268,34 +302,48 @@ class Duration(Field[float]):
         if obj.get(self.name) is None:
             return None
         least = 0.0 if self.minimum is None else parse_duration(self.minimum)
-        return duration(obj, self.name, path, "0s", minimum=least)
+        seconds = duration(obj, self.name, path, "0s", minimum=least)
+        if self.maximum is not None and seconds > parse_duration(self.maximum):
+            raise SpecError(f"{path}.{self.name}", f"must be at most {self.maximum}")
+        return seconds
 
 
 @dataclass(frozen=True, slots=True)
 class Text(Field[str]):
     """A string of ``min_length`` to ``max_length`` characters matching ``pattern`` (a regular
-    expression both CEL and Python read alike; unanchored: the whole string must match)."""
+    expression both CEL and Python read alike; unanchored: the whole string must match).
+
+    With a ``message``, a CEL rule checks the pattern and says that message; without, the schema's
+    ``pattern`` does (whose message is the regex: only for Kubernetes' own names, whose grammar is the
+    API's).
+    """
 
     _: KW_ONLY
-    min_length: int = 1
+    min_length: int | None = 1
+    """None: the schema says nothing (the parser still refuses an empty string)."""
     max_length: int
-    pattern: str
-    message: str
-    """The CEL rule's message when the pattern does not match."""
+    pattern: str | None = None
+    message: str | None = None
     required: bool = False
 
     def openapi(self) -> Node:
-        return {
-            "type": "string",
-            "description": self.explain(),
-            "minLength": self.min_length,
-            "maxLength": self.max_length,
-            "x-kubernetes-validations": [Check(f"self.matches('^{self.pattern}$')", self.message).openapi()],
-        }
+        node: Node = {"type": "string", "description": self.explain()}
+        if self.min_length is not None:
+            node["minLength"] = self.min_length
+        node["maxLength"] = self.max_length
+        if self.pattern is not None and self.message is None:
+            node["pattern"] = f"^{self.pattern}$"
+        elif self.pattern is not None and self.message is not None:
+            literal = self.pattern.replace("\\", "\\\\").replace("'", "\\'")  # in CEL's '...'
+            check = Check(f"self.matches('^{literal}$')", self.message)
+            node["x-kubernetes-validations"] = [check.openapi()]
+        return node
 
     def matches(self, raw: str) -> bool:
         """Whether ``raw`` is a valid value (length and pattern)."""
-        return self.min_length <= len(raw) <= self.max_length and bool(re.fullmatch(self.pattern, raw))
+        if not max(self.min_length or 0, 1) <= len(raw) <= self.max_length:
+            return False
+        return self.pattern is None or bool(re.fullmatch(self.pattern, raw))
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,6 +443,113 @@ class ListOf(Field[tuple[Any, ...]]):
             "x-kubernetes-list-type": "set",
             "items": item,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class IntOrPercent(Field[tuple[int | None, float | None]]):
+    """A count of at least 1, or a percentage string (``50%``) matching ``percent``: read as
+    ``(count, None)`` or ``(None, percent)``."""
+
+    _: KW_ONLY
+    default: int
+    percent: str
+    """The percentage's grammar (unanchored), e.g. ``[1-9][0-9]{0,2}%``."""
+    span: str
+    """The percentages it allows, in words: ``1% to 999%``."""
+
+    def explain(self) -> str:
+        # kubectl explain types an int-or-string field <Object>: the description says what it is.
+        return f"Integer or string: {Field.explain(self)}"
+
+    def openapi(self) -> Node:
+        return {
+            "description": self.explain(),
+            "x-kubernetes-int-or-string": True,
+            "default": self.default,
+            "minimum": 1,
+            "maxLength": 4,
+            "x-kubernetes-validations": [
+                Check(
+                    f"type(self) == int || self.matches('^{self.percent}$')",
+                    f"must be a count such as 1 or a percentage from {self.span}",
+                ).openapi()
+            ],
+        }
+
+    def get(self, obj: Mapping[str, Any], path: str) -> tuple[int | None, float | None] | None:
+        raw = obj.get(self.name)
+        if raw is None:
+            return None
+        if isinstance(raw, str):
+            if not re.fullmatch(self.percent, raw):
+                raise SpecError(
+                    f"{path}.{self.name}",
+                    f"{show(raw)} is not a count such as 1 or a percentage from {self.span}",
+                )
+            return None, float(raw[:-1])
+        return integer(obj, self.name, path, None, 1, 2**31 - 1), None
+
+
+@dataclass(frozen=True, slots=True)
+class Names(Field[tuple[str, ...]]):
+    """A set of rule names (the parser checks that each is a rule of the spec's)."""
+
+    _: KW_ONLY
+    item: str
+    """The description of one name."""
+    min_items: int = 0
+    max_items: int
+    max_length: int
+    defaulted: bool = False
+    """The schema defaults it to ``[]``."""
+    required: bool = False
+
+    def openapi(self) -> Node:
+        node: Node = {"type": "array", "description": self.explain()}
+        if self.min_items:
+            node["minItems"] = self.min_items
+        node["maxItems"] = self.max_items
+        node["x-kubernetes-list-type"] = "set"
+        if self.defaulted:
+            node["default"] = []
+        node["items"] = {"type": "string", "description": self.item, "maxLength": self.max_length}
+        return node
+
+
+@dataclass(frozen=True, slots=True)
+class Object(Field[Mapping[str, Any]]):
+    """An object of declared fields, read as itself (checked for unknown and missing fields): its
+    parser reads its fields through their declarations."""
+
+    _: KW_ONLY
+    fields: tuple[Field[Any], ...]
+    checks: tuple[Check, ...] = ()
+    defaulted: bool = False
+    """The schema defaults it to ``{}`` (so that its fields' defaults apply): read as ``{}`` when absent."""
+    required: bool = False
+
+    @property
+    def body(self) -> Body:
+        return Body(self.description, self.fields, self.checks)
+
+    def openapi(self) -> Node:
+        node = self.body.openapi()
+        if self.defaulted:
+            node = {"type": "object", "description": self.description, "default": {}} | node
+        return node
+
+    def get(self, obj: Mapping[str, Any], path: str) -> Mapping[str, Any] | None:
+        raw = obj.get(self.name)
+        if raw is None:
+            return {} if self.defaulted else None
+        field = f"{path}.{self.name}"
+        value = as_object(raw, field)
+        self.body.check(value, field)
+        return value
+
+    def field(self, name: str) -> Field[Any]:
+        """One of its fields, by name."""
+        return next(f for f in self.fields if f.name == name)
 
 
 @dataclass(frozen=True, slots=True)
