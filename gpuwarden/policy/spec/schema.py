@@ -118,7 +118,10 @@ class Field(Generic[_T]):
         raise NotImplementedError
 
     def get(self, obj: Mapping[str, Any], path: str) -> _T | None:
-        """The field's value, checked; None when absent (or null), its default not applied."""
+        """The field's value, checked; None when absent (or null), its default not applied.
+
+        Not for :class:`Text`, :class:`Names` and :class:`ListOf`: their parsers read them with the
+        declared bounds and their own words (which name the grammar: "not a kind such as Deployment")."""
         raise NotImplementedError
 
     def read(self, obj: Mapping[str, Any], path: str) -> _T:
