@@ -319,7 +319,8 @@ def _rule(value: Any, path: str) -> Rule:
     if not isinstance(name, str) or not RULE_NAME.matches(name):
         raise SpecError(
             f"{path}.name",
-            f"{show(name)} is not a valid rule name (a DNS label such as idle-gpu, at most 63 chars)",
+            f"{show(name)} is not a valid rule name (a DNS label such as idle-gpu, at most"
+            f" {RULE_NAME.max_length} chars)",
         )
     kinds = [k for k in _RULE_TYPES if obj.get(k) is not None]
     if len(kinds) != 1:
