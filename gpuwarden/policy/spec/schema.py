@@ -175,9 +175,9 @@ class Integer(Field[int]):
     _: KW_ONLY
     minimum: int | None = None
     maximum: int | None = None
-    """None: unbounded but for its format's range."""
+    """None: the greatest of ``choices``, else an int32's (the parser's bound; the schema says int32
+    when ``int32`` is set, as for a Kubernetes replica count)."""
     int32: bool = False
-    """Declared int32 (as a Kubernetes replica count is), which bounds it too."""
     choices: tuple[int, ...] = ()
     default: int | None = None
     required: bool = False
