@@ -50,7 +50,7 @@ crds: $(BIN)/.installed
 demo-cluster: $(BIN)/.installed control-plane
 	./hack/demo-cluster.sh
 
-## control-plane: build (once, cached outside the tree) kube-apiserver, etcd, kubectl, helm and the test node's binaries
+## control-plane: build (once, cached outside the tree) kube-apiserver, etcd, kubectl, helm, the test node's binaries and Kueue
 control-plane:
 	./hack/build-control-plane.sh >/dev/null
 

@@ -7,7 +7,10 @@
 # The control plane: kube-apiserver, kubectl, etcd, helm. The test node
 # (tests/integration/node.py): kubelet, kube-proxy, kube-scheduler,
 # kube-controller-manager (the same k8s.io/kubernetes module and build cache as
-# kube-apiserver) and CoreDNS (plugins as the node's Corefile uses them).
+# kube-apiserver) and CoreDNS (plugins as the node's Corefile uses them). The reclaim
+# tests (tests/integration/kueue.py): Kueue's controller manager, and next to it manifests
+# copied from the module cache: Kueue's CRD and webhook kustomizations, and the CRDs of
+# RayCluster, JobSet and LeaderWorkerSet at the versions Kueue is built against.
 #
 # Only what is missing is built; a warm cache makes this a no-op. The versions are
 # pinned by the wrapper modules under hack/tools/<name>/ (go.mod + go.sum).
@@ -25,8 +28,8 @@
 #                          (the module proxy does not serve it; default: unknown)
 #
 # Output (stdout): KUBE_APISERVER=..., KUBECTL=..., ETCD=..., HELM=..., KUBELET=...,
-# KUBE_PROXY=..., KUBE_SCHEDULER=..., KUBE_CONTROLLER_MANAGER=..., COREDNS=...,
-# plus <NAME>_VERSION=... lines. Build progress goes to stderr.
+# KUBE_PROXY=..., KUBE_SCHEDULER=..., KUBE_CONTROLLER_MANAGER=..., COREDNS=..., KUEUE=...,
+# KUEUE_MANIFESTS=... (a directory), plus <NAME>_VERSION=... lines. Build progress goes to stderr.
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; }
@@ -61,6 +64,7 @@ K8S_VERSION="$(pinned_version kubernetes k8s.io/kubernetes)"
 ETCD_VERSION="$(pinned_version etcd go.etcd.io/etcd/server/v3)"
 HELM_VERSION="$(pinned_version helm helm.sh/helm/v3)"
 COREDNS_VERSION="$(pinned_version coredns github.com/coredns/coredns)"
+KUEUE_VERSION="$(pinned_version kueue sigs.k8s.io/kueue)"
 
 KUBE_APISERVER="${CACHE}/kube-apiserver-${K8S_VERSION}/kube-apiserver"
 KUBECTL="${CACHE}/kubectl-${K8S_VERSION}/kubectl"
@@ -71,6 +75,8 @@ KUBE_PROXY="${CACHE}/kube-proxy-${K8S_VERSION}/kube-proxy"
 KUBE_SCHEDULER="${CACHE}/kube-scheduler-${K8S_VERSION}/kube-scheduler"
 KUBE_CONTROLLER_MANAGER="${CACHE}/kube-controller-manager-${K8S_VERSION}/kube-controller-manager"
 COREDNS="${CACHE}/coredns-${COREDNS_VERSION}/coredns"
+KUEUE="${CACHE}/kueue-${KUEUE_VERSION}/kueue"
+KUEUE_MANIFESTS="${CACHE}/kueue-${KUEUE_VERSION}/manifests"
 
 mkdir -p "${CACHE}"
 
@@ -162,6 +168,33 @@ if needs_build "${COREDNS}"; then
 	go_build coredns "-s -w" "${COREDNS}:gpuwarden.dev/hack/tools/coredns"
 fi
 
+if needs_build "${KUEUE}"; then
+	kueue_ldflags="-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=${KUEUE_VERSION}"
+	go_build kueue "${kueue_ldflags}" "${KUEUE}:sigs.k8s.io/kueue/cmd/kueue"
+fi
+if [[ ${rebuild} -eq 1 || ! -d "${KUEUE_MANIFESTS}" ]]; then
+	# The module cache is read-only and may be cleaned: the manifests are copied next to the
+	# binary, from the module versions the wrapper's go.sum pins (those Kueue is built with):
+	# Kueue's CRD and webhook kustomizations, and the CRDs of the workloads reclaim suspends.
+	manifest_modules=(sigs.k8s.io/kueue github.com/ray-project/kuberay/ray-operator sigs.k8s.io/jobset sigs.k8s.io/lws)
+	module_dirs="$(cd "${TOOLS_DIR}/kueue" && go mod download "${manifest_modules[@]}" \
+		&& go list -m -f '{{.Dir}}' "${manifest_modules[@]}")" \
+		|| die "[kueue] could not download ${manifest_modules[*]}"
+	{ read -r kueue_dir; read -r kuberay_dir; read -r jobset_dir; read -r lws_dir; } <<<"${module_dirs}"
+	tmp="$(mktemp -d "${CACHE}/.tmp-build.XXXXXX")"
+	TMP_DIRS+=("${tmp}")
+	mkdir -p "${tmp}/kueue" "${tmp}/crds"
+	cp -r "${kueue_dir}/config/components/crd" "${kueue_dir}/config/components/webhook" "${tmp}/kueue/"
+	cp "${kuberay_dir}/config/crd/bases/ray.io_rayclusters.yaml" \
+		"${jobset_dir}/config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml" \
+		"${lws_dir}/config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml" "${tmp}/crds/"
+	chmod -R u+w,go+rX "${tmp}"
+	rm -rf "${KUEUE_MANIFESTS}"
+	mkdir -p "$(dirname "${KUEUE_MANIFESTS}")"
+	mv "${tmp}" "${KUEUE_MANIFESTS}"
+	log "[kueue] manifests in ${KUEUE_MANIFESTS}"
+fi
+
 # Every binary of k8s.io/kubernetes goes through one `go build`, so the packages they
 # share are compiled once; only the missing ones are linked.
 k8s_specs=()
@@ -207,8 +240,11 @@ KUBE_PROXY=${KUBE_PROXY}
 KUBE_SCHEDULER=${KUBE_SCHEDULER}
 KUBE_CONTROLLER_MANAGER=${KUBE_CONTROLLER_MANAGER}
 COREDNS=${COREDNS}
+KUEUE=${KUEUE}
+KUEUE_MANIFESTS=${KUEUE_MANIFESTS}
 KUBERNETES_VERSION=${K8S_VERSION}
 ETCD_VERSION=${ETCD_VERSION}
 HELM_VERSION=${HELM_VERSION}
 COREDNS_VERSION=${COREDNS_VERSION}
+KUEUE_VERSION=${KUEUE_VERSION}
 OUT

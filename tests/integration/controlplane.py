@@ -1,8 +1,8 @@
 """A real, throwaway Kubernetes control plane (etcd + kube-apiserver) for tests.
 
 The binaries come from ``hack/build-control-plane.sh --print-env``, which builds
-kube-apiserver, kubectl, etcd, helm and the node's binaries from their Go modules into a cache outside the
-work tree (only what is missing).  :class:`ControlPlane` then
+kube-apiserver, kubectl, etcd, helm, the node's binaries and Kueue from their Go modules into a cache outside
+the work tree (only what is missing).  :class:`ControlPlane` then
 
 * generates a throwaway CA, a serving certificate for localhost/127.0.0.1 and a
   service-account signing key (``cryptography``),
@@ -103,6 +103,9 @@ class Binaries:
     kube_scheduler: Path
     kube_controller_manager: Path
     coredns: Path
+    kueue: Path
+    kueue_manifests: Path
+    """Kueue's and the reclaim targets' manifests (:mod:`kueue`), copied from their Go modules."""
     versions: Mapping[str, str] = field(default_factory=dict)
 
     def missing(self) -> list[Path]:
@@ -118,9 +121,10 @@ class Binaries:
                 self.kube_scheduler,
                 self.kube_controller_manager,
                 self.coredns,
+                self.kueue,
             )
             if not (p.is_file() and os.access(p, os.X_OK))
-        ]
+        ] + ([] if self.kueue_manifests.is_dir() else [self.kueue_manifests])
 
 
 def parse_env_lines(text: str) -> dict[str, str]:
@@ -176,6 +180,8 @@ def locate_binaries(timeout: float = BUILD_TIMEOUT_S) -> Binaries:
         "kube_scheduler": "KUBE_SCHEDULER",
         "kube_controller_manager": "KUBE_CONTROLLER_MANAGER",
         "coredns": "COREDNS",
+        "kueue": "KUEUE",
+        "kueue_manifests": "KUEUE_MANIFESTS",
     }
     absent = [k for k in keys.values() if not env.get(k)]
     if absent:

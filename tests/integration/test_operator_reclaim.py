@@ -8,11 +8,12 @@ clock. Each round writes the status the way the operator does (``build_status`` 
 patch), so the CRD's schema judges what the Reclaimer reports. ``gpuwarden restore`` runs as the user
 runs it: a process with a kubeconfig.
 
-There is no controller-manager, and no JobSet, LeaderWorkerSet, KubeRay or Kueue controller: their CRDs
-are tests/integration/crds/reclaim-targets.yaml (upstream's names and subresources, trimmed schemas). A
-Deployment's pods are made here with the ownerReferences its ReplicaSet would give them. For Kueue, what
-its controller does with a deactivated Workload (suspend the Job it admits) is scripted in
-:func:`kueue_step`; Kueue's own controller is not built here (docs/reclaim.md#tests says why).
+The module runs on an API server of its own with Kueue's real controller manager (:mod:`kueue`: built
+from its Go module, installed from its release's CRDs and webhooks; their webhooks fail closed and must
+not outlive it on the session's), and the real CRDs of RayCluster, JobSet and LeaderWorkerSet, whose
+controllers do not run: nothing but Kueue acts on a reclaimed object. There is no controller-manager
+either: a Deployment's pods are made here with the ownerReferences its ReplicaSet would give them, and a
+Job's status stays empty (Kueue reads an unstarted Job as stopped).
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from controlplane import REPO_ROOT, ControlPlane
+from controlplane import Binaries, ControlPlane, ControlPlaneError, running_control_plane
+from kueue import Kueue
 from operator_support import InNamespace, apply, apply_crds, get, wait_until
 
 from gpuwarden.clients import Credentials
@@ -44,13 +46,11 @@ pytestmark = pytest.mark.integration
 T0 = 1_900_000_000.0
 TICK = 10.0
 GRACE = "1m"
-TARGET_CRDS = REPO_ROOT / "tests" / "integration" / "crds" / "reclaim-targets.yaml"
-TARGET_RESOURCES = (
-    "jobsets.jobset.x-k8s.io",
-    "leaderworkersets.leaderworkerset.x-k8s.io",
-    "rayclusters.ray.io",
-    "workloads.kueue.x-k8s.io",
-)
+CLUSTER_QUEUE = "gpus"
+LOCAL_QUEUE = "team-a"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_WAIT_S = 60.0
+"""How long Kueue may take to admit, evict or re-admit a Workload (it takes well under a second)."""
 
 
 def policy(namespace: str, name: str = "idle", **reclaim: Any) -> dict[str, Any]:
@@ -276,16 +276,58 @@ class Bench(InNamespace):
 
 
 @pytest.fixture(scope="module")
-def crds(control_plane: ControlPlane) -> None:
-    apply_crds(control_plane)
-    control_plane.kubectl("apply", "--server-side", "-f", str(TARGET_CRDS), check=True)
-    for resource in TARGET_RESOURCES:
-        # Established is not yet served: a list answers 503 "initializing" until the API's storage is up.
-        wait_until(
-            lambda r=resource: control_plane.kubectl("get", r, "-A").returncode == 0,  # type: ignore[misc]
-            timeout=60,
-            what=f"{resource} served",
+def control_plane(
+    control_plane_binaries: Binaries, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControlPlane]:
+    """This module's own API server (for it, the session's ``control_plane`` and ``namespace``): Kueue's
+    webhooks, on pods, Deployments and Jobs among others, would fail every later module's requests."""
+    with running_control_plane(control_plane_binaries, tmp_path_factory.mktemp("reclaim")) as cp:
+        yield cp
+
+
+@pytest.fixture(scope="module")
+def kueue(
+    control_plane: ControlPlane, control_plane_binaries: Binaries, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Kueue]:
+    """Kueue running, with a ClusterQueue of eight GPUs (one flavor) any namespace's LocalQueue may use;
+    the GPUMonitorPolicy CRD beside it."""
+    binaries = control_plane_binaries
+    running = Kueue(control_plane, binaries.kueue, binaries.kueue_manifests, tmp_path_factory.mktemp("kueue"))
+    try:
+        try:
+            running.start()
+        except ControlPlaneError as exc:
+            pytest.fail(f"Kueue did not start: {exc}", pytrace=False)
+        apply_crds(control_plane)
+        apply(
+            control_plane,
+            {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "gpu"}},
         )
+        apply(
+            control_plane,
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "ClusterQueue",
+                "metadata": {"name": CLUSTER_QUEUE},
+                "spec": {
+                    "namespaceSelector": {},
+                    "resourceGroups": [
+                        {
+                            "coveredResources": ["nvidia.com/gpu"],
+                            "flavors": [
+                                {"name": "gpu", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 8}]}
+                            ],
+                        }
+                    ],
+                },
+            },
+        )
+        control_plane.kubectl(
+            "wait", "--for=condition=Active", f"clusterqueue/{CLUSTER_QUEUE}", "--timeout=60s", check=True
+        )
+        yield running
+    finally:
+        running.stop()
 
 
 @contextlib.asynccontextmanager
@@ -303,7 +345,7 @@ async def bench_in(cp: ControlPlane, namespace: str, *, max_per_hour: int = 20) 
 
 
 @pytest.fixture
-async def bench(control_plane: ControlPlane, namespace: str, crds: None) -> AsyncIterator[Bench]:
+async def bench(control_plane: ControlPlane, namespace: str, kueue: Kueue) -> AsyncIterator[Bench]:
     async with bench_in(control_plane, namespace) as b:
         yield b
 
@@ -473,7 +515,7 @@ async def test_the_breaker_stops_at_max_per_hour_and_says_so(bench: Bench) -> No
 
 
 async def test_the_cluster_breaker_holds_every_policy(
-    control_plane: ControlPlane, namespace: str, crds: None
+    control_plane: ControlPlane, namespace: str, kueue: Kueue
 ) -> None:
     async with bench_in(control_plane, namespace, max_per_hour=1) as bench:
         await bench.deployment("a")
@@ -498,7 +540,15 @@ async def test_leader_worker_set_scales_to_zero_through_its_groups(bench: Bench)
             "apiVersion": "leaderworkerset.x-k8s.io/v1",
             "kind": "LeaderWorkerSet",
             "metadata": {"name": "llm"},
-            "spec": {"replicas": 3},
+            "spec": {
+                "replicas": 3,
+                "leaderWorkerTemplate": {
+                    "size": 1,
+                    "workerTemplate": {
+                        "spec": {"containers": [{"name": "w", "image": "example.invalid/w:1"}]}
+                    },
+                },
+            },
         }
     )
     leaders = await bench.create(
@@ -561,7 +611,25 @@ async def test_a_jobset_is_suspended_not_its_jobs(bench: Bench) -> None:
             "apiVersion": "jobset.x-k8s.io/v1alpha2",
             "kind": "JobSet",
             "metadata": {"name": "pretrain"},
-            "spec": {"suspend": False, "replicatedJobs": []},
+            "spec": {
+                "suspend": False,
+                "replicatedJobs": [
+                    {
+                        "name": "workers",
+                        "replicas": 1,
+                        "template": {
+                            "spec": {
+                                "template": {
+                                    "spec": {
+                                        "restartPolicy": "Never",
+                                        "containers": [{"name": "w", "image": "example.invalid/w:1"}],
+                                    }
+                                }
+                            }
+                        },
+                    }
+                ],
+            },
         }
     )
     await bench.job("pretrain-workers-0", owner=jobset)
@@ -580,7 +648,14 @@ async def test_a_ray_cluster_is_suspended_and_restored(bench: Bench) -> None:
             "apiVersion": "ray.io/v1",
             "kind": "RayCluster",
             "metadata": {"name": "ray"},
-            "spec": {"headGroupSpec": {}},
+            "spec": {
+                "headGroupSpec": {
+                    "rayStartParams": {},
+                    "template": {
+                        "spec": {"containers": [{"name": "head", "image": "example.invalid/ray:1"}]}
+                    },
+                }
+            },
         }
     )
     await bench.pod_of(ray, "ray-head")
@@ -594,51 +669,110 @@ async def test_a_ray_cluster_is_suspended_and_restored(bench: Bench) -> None:
     assert bench.read("raycluster", "ray")["spec"]["suspend"] is False
 
 
-def kueue_step(cp: ControlPlane, namespace: str) -> None:
-    """What Kueue's controller does for a Workload's ``spec.active`` (scripted: it is not built here):
-    a deactivated Workload's Job is suspended, a reactivated one's resumed."""
-    for item in get(cp, "workloads.kueue.x-k8s.io", "-n", namespace)["items"]:
-        active = (item.get("spec") or {}).get("active", True)
-        for ref in item["metadata"].get("ownerReferences") or []:
-            if ref["kind"] == "Job":
-                patch = '{"spec":{"suspend":%s}}' % ("false" if active else "true")
-                cp.kubectl(
-                    "patch", "job", ref["name"], "-n", namespace, "--type=merge", "-p", patch, check=True
-                )
+def conditions(obj: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """An object's ``status.conditions``: type → (status, reason)."""
+    return {c["type"]: (c["status"], c["reason"]) for c in (obj.get("status") or {}).get("conditions") or []}
 
 
-async def test_a_job_kueue_admits_is_deactivated_through_its_workload(bench: Bench) -> None:
-    job = await bench.job("queued")
+async def test_a_job_kueue_admits_is_deactivated_through_its_workload_and_readmitted_on_restore(
+    bench: Bench,
+) -> None:
     await bench.create(
         {
-            "apiVersion": "kueue.x-k8s.io/v1beta1",
-            "kind": "Workload",
-            "metadata": {
-                "name": "job-queued-1a2b3",
-                "ownerReferences": [controller_ref(job)],
-            },
-            "spec": {"active": True, "queueName": "team-a", "podSets": []},
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": LOCAL_QUEUE},
+            "spec": {"clusterQueue": CLUSTER_QUEUE},
         }
     )
+    job = await bench.create(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "queued", "labels": {QUEUE_LABEL: LOCAL_QUEUE}},
+            "spec": {
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [
+                            {
+                                "name": "train",
+                                "image": "example.invalid/train:1",
+                                "resources": {
+                                    "requests": {"nvidia.com/gpu": 1},
+                                    "limits": {"nvidia.com/gpu": 1},
+                                },
+                            }
+                        ],
+                    }
+                }
+            },
+        }
+    )
+    assert job["spec"]["suspend"] is True  # Kueue's webhook: a queued Job waits for admission
+    uid = job["metadata"]["uid"]
+
+    def workload(**want: tuple[str, str]) -> dict[str, Any] | None:
+        """The Job's Workload (Kueue names it), once its conditions include ``want``."""
+        for item in get(bench.cp, "workloads.kueue.x-k8s.io", "-n", bench.namespace)["items"]:
+            if any(r["uid"] == uid for r in item["metadata"].get("ownerReferences") or []):
+                have = conditions(item)
+                return dict(item) if all(have.get(t) == v for t, v in want.items()) else None
+        return None
+
+    def suspended(value: bool) -> bool:
+        return bench.read("job", "queued")["spec"]["suspend"] is value
+
+    admitted = wait_until(
+        lambda: workload(QuotaReserved=("True", "QuotaReserved"), Admitted=("True", "Admitted")),
+        timeout=KUEUE_WAIT_S,
+        what="Kueue admitting the Job's Workload",
+    )
+    name = admitted["metadata"]["name"]
+    assert admitted["status"]["admission"]["clusterQueue"] == CLUSTER_QUEUE
+    wait_until(lambda: suspended(False), timeout=KUEUE_WAIT_S, what="Kueue starting the admitted Job")
+    await bench.pod_of(job, "queued-0")
+
     obj = policy(bench.namespace, action="Suspend")
     apply(bench.cp, obj)
     await bench.rounds(obj, ["queued-0"], 7)
-    workload = bench.read("workloads.kueue.x-k8s.io", "job-queued-1a2b3")
-    assert workload["spec"]["active"] is False
-    assert workload["metadata"]["annotations"]["gpuwarden.dev/previous-active"] == "true"
-    # The Job itself is Kueue's to suspend (setting it directly, Kueue would undo it).
-    assert bench.read("job", "queued")["spec"]["suspend"] is False
+    deactivated = bench.read("workloads.kueue.x-k8s.io", name)
+    assert deactivated["spec"]["active"] is False
+    assert deactivated["metadata"]["annotations"]["gpuwarden.dev/previous-active"] == "true"
     (done,) = bench.events("Job", "queued", "Reclaimed")
-    assert "(its Kueue Workload job-queued-1a2b3)" in done["message"]
-    kueue_step(bench.cp, bench.namespace)
-    assert bench.read("job", "queued")["spec"]["suspend"] is True
+    assert f"(its Kueue Workload {name})" in done["message"]
+    # Kueue evicts the deactivated Workload, suspends the Job (gpuwarden leaves the Job to it: a suspend
+    # set on an admitted Job, Kueue would undo) and, the Job stopped, releases its quota.
+    evicted = wait_until(
+        lambda: workload(
+            Evicted=("True", "Deactivated"),
+            Requeued=("False", "Deactivated"),
+            QuotaReserved=("False", "Pending"),
+            Admitted=("False", "NoReservation"),
+        ),
+        timeout=KUEUE_WAIT_S,
+        what="Kueue evicting the deactivated Workload",
+    )
+    assert "admission" not in evicted["status"]
+    assert suspended(True)
 
     result = bench.restore("job/queued")
     assert result.returncode == 0, result.stderr
-    assert "its Kueue Workload job-queued-1a2b3" in result.stdout
-    assert bench.read("workloads.kueue.x-k8s.io", "job-queued-1a2b3")["spec"]["active"] is True
-    kueue_step(bench.cp, bench.namespace)
-    assert bench.read("job", "queued")["spec"]["suspend"] is False
+    assert result.stdout.strip() == (
+        f"restored job/queued (its Kueue Workload {name}) in {bench.namespace}: active true"
+    )
+    readmitted = wait_until(
+        lambda: workload(
+            Requeued=("True", "Reactivated"),
+            QuotaReserved=("True", "QuotaReserved"),
+            Admitted=("True", "Admitted"),
+        ),
+        timeout=KUEUE_WAIT_S,
+        what="Kueue re-admitting the reactivated Workload",
+    )
+    assert readmitted["spec"]["active"] is True
+    assert not any(k.startswith("gpuwarden.dev/") for k in readmitted["metadata"].get("annotations") or {})
+    wait_until(lambda: suspended(False), timeout=KUEUE_WAIT_S, what="Kueue resuming the re-admitted Job")
 
 
 async def test_a_kind_the_action_does_not_fit_is_said_once(bench: Bench) -> None:

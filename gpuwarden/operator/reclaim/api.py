@@ -21,7 +21,11 @@ from gpuwarden.operator.resources import ObjectRef, controller_ref
 
 __all__ = ["KubeReclaimApi", "Owner", "ReclaimApi", "ReclaimApiError", "ReclaimConflict", "path_of"]
 
-KUEUE_WORKLOADS = "/apis/kueue.x-k8s.io/v1beta1/namespaces/{namespace}/workloads"
+KUEUE_WORKLOADS = "/apis/kueue.x-k8s.io/{version}/namespaces/{namespace}/workloads"
+KUEUE_VERSIONS = ("v1beta2", "v1beta1")
+"""Newest first, the next only where one is not served (a Kueue before v1beta2). Through v1beta1, an
+update of an admitted Workload that Kueue stores as v1beta2 fails v1beta1's own validation rules (a
+422 on ``spec.priorityClassSource``, which v1beta2 does not have: seen with Kueue v0.17)."""
 MAX_DEPTH = 5
 """Owners followed at most: a LeaderWorkerSet worker's chain (StatefulSet, leader Pod, StatefulSet,
 LeaderWorkerSet) is the deepest known."""
@@ -151,12 +155,17 @@ class KubeReclaimApi:
         return sorted(found)
 
     async def kueue_workload(self, owner: Owner) -> JsonObject | None:
-        try:
-            listing = await self._kube.get(KUEUE_WORKLOADS.format(namespace=owner.namespace))
-        except ApiError as exc:
-            if exc.status == 404:
-                return None  # Kueue's API is not served here
-            raise ReclaimApiError(f"listing Kueue Workloads: {exc}", exc.status) from exc
+        for version in KUEUE_VERSIONS:
+            try:
+                listing = await self._kube.get(
+                    KUEUE_WORKLOADS.format(version=version, namespace=owner.namespace)
+                )
+                break
+            except ApiError as exc:
+                if exc.status != 404:  # 404: this version, or Kueue, is not served here
+                    raise ReclaimApiError(f"listing Kueue Workloads: {exc}", exc.status) from exc
+        else:
+            return None
         for item in listing.get("items") or []:
             refs = (item.get("metadata") or {}).get("ownerReferences") or []
             if any(r.get("uid") == owner.uid and r.get("kind") == owner.kind for r in refs):

@@ -66,7 +66,7 @@ KINDS = (
     Kind("batch", "Job", "jobs", "v1", "suspend"),
     Kind("jobset.x-k8s.io", "JobSet", "jobsets", "v1alpha2", "suspend"),
     Kind("ray.io", "RayCluster", "rayclusters", "v1", "suspend"),
-    Kind("kueue.x-k8s.io", "Workload", "workloads", "v1beta1", "active"),
+    Kind("kueue.x-k8s.io", "Workload", "workloads", "v1beta2", "active"),
     Kind("apps", "ReplicaSet", "replicasets", "v1", None),
     Kind("", "Pod", "pods", "v1", None),
 )

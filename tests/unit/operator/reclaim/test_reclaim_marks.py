@@ -49,7 +49,7 @@ def obj(api_version: str, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
         ("batch/v1", "Job", {"suspend": False}, ReclaimMethod.SUSPEND, {"suspend": True}, "suspended"),
         ("ray.io/v1", "RayCluster", {}, ReclaimMethod.SUSPEND, {"suspend": True}, "suspended"),
         (
-            "kueue.x-k8s.io/v1beta1",
+            "kueue.x-k8s.io/v1beta2",
             "Workload",
             {},
             ReclaimMethod.SUSPEND,
