@@ -16,7 +16,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
-from test_agent_metrics import promtool, sample_at
+from promtool_support import promtool
+from test_agent_metrics import sample_at
 
 from gpuwarden.agent.http import build_app as agent_app
 from gpuwarden.agent.metrics import build_registry
