@@ -40,7 +40,9 @@ def test_no_two_modules_share_a_basename() -> None:
 
 def _mirrors(folder: Path) -> bool:
     """Whether a folder under tests/unit names a room of the package or another folder of the repository."""
-    return (PACKAGE / folder).is_dir() or (folder.parts[0] not in {"gpuwarden", "tests"} and (ROOT / folder).is_dir())
+    if (PACKAGE / folder).is_dir():
+        return True
+    return folder.parts[0] not in {"gpuwarden", "tests"} and (ROOT / folder).is_dir()
 
 
 def test_every_unit_test_sits_in_the_folder_of_what_it_tests() -> None:
@@ -54,7 +56,8 @@ def test_every_unit_test_sits_in_the_folder_of_what_it_tests() -> None:
         elif path.name not in REPOSITORY_WIDE and not any(
             path.stem == f"test_{module}" or path.stem.startswith(f"test_{module}_") for module in top_modules
         ):
-            misplaced.append(f"{path.name}: flat, but names no top-level module ({', '.join(sorted(top_modules))})")
+            modules = ", ".join(sorted(top_modules))
+            misplaced.append(f"{path.name}: flat, but names no top-level module ({modules})")
     assert misplaced == []
 
 
@@ -65,7 +68,8 @@ def test_a_support_module_at_the_top_is_shared_by_more_than_one_folder() -> None
         if support.name == "conftest.py" or support.name.startswith("test_"):
             continue
         importing = re.compile(rf"^(?:from {support.stem} import|import {support.stem}\b)", re.M)
-        folders = {path.parent for path, text in sources.items() if path != support and importing.search(text)}
+        folders = {p.parent for p, text in sources.items() if p != support and importing.search(text)}
         if len(folders) < 2:
-            lonely.append(f"{support.name}: imported from {sorted(str(f.relative_to(UNIT)) for f in folders)}")
+            where = sorted(str(f.relative_to(UNIT)) for f in folders)
+            lonely.append(f"{support.name}: imported from {where}")
     assert lonely == []

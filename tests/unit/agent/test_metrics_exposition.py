@@ -23,7 +23,7 @@ from gpuwarden.agent.http import build_app as agent_app
 from gpuwarden.agent.metrics import build_registry
 from gpuwarden.agent.snapshots import SnapshotRing
 from gpuwarden.operator.metrics import OperatorMetrics, make_metrics_app
-from gpuwarden.sim.service import ReplicaConfig
+from gpuwarden.sim.replica import ReplicaConfig
 from gpuwarden.simserver.server import SimServer
 from gpuwarden.simserver.server import build_app as simserver_app
 

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from promtool_support import promtool
 
-from gpuwarden.sim.service import (
+from gpuwarden.sim.replica import (
     E2E_LATENCY,
     GENERATION_TOKENS,
     HISTOGRAM_BOUNDS,
