@@ -2,7 +2,7 @@
 
 Replays request traces (steady, ramp, burst, diurnal; a few simulated hours each, generated from
 seeds, see below) against a fleet of simulated inference server replicas
-(:mod:`gpuwarden.sim.service`: a FIFO queue, continuous batching, vLLM's metrics, a GPU utilization
+(:mod:`gpuwarden.sim.replica`: a FIFO queue, continuous batching, vLLM's metrics, a GPU utilization
 that follows the batch), scaled by gpuwarden's real policy engine and scale decider: each policy is a
 GPUMonitorPolicy spec parsed by :func:`~gpuwarden.policy.parse_spec`, evaluated by a
 :class:`~gpuwarden.policy.PolicyEvaluator` every ``evaluationInterval`` on a
@@ -58,7 +58,7 @@ from gpuwarden.policy import (
     scale_step,
     service_metric_names,
 )
-from gpuwarden.sim.service import Replica, ReplicaConfig, ReplicaMetrics
+from gpuwarden.sim.replica import Replica, ReplicaConfig, ReplicaMetrics
 
 BUCKET = 10.0
 """Seconds per trace value (the arrival rate is constant within one)."""

@@ -3,7 +3,7 @@
 # package's extra of that name), into the Python environment of $PYTHON (default: python3 on PATH),
 # check that it works, then remove the installers (pip, setuptools), which nothing runs at runtime. The
 # one install procedure for both images (Dockerfile.agent, Dockerfile.operator);
-# tests/unit/test_chart_files.py runs it against fresh virtual environments, so what the images do is
+# tests/unit/charts/test_chart_files.py runs it against fresh virtual environments, so what the images do is
 # tested without a container engine.
 #
 # Usage: hack/install-runtime.sh WHEEL_DIR agent|operator

@@ -14,7 +14,7 @@
 #     --namespace gpuwarden-system --set global.imageRegistry=REGISTRY
 #
 # VERSION must be pyproject.toml's: one version for the package, both images and the chart
-# (tests/unit/test_version.py). The images are hack/build-images.sh's (podman, on its local Debian base,
+# (tests/unit/test_cli_version.py). The images are hack/build-images.sh's (podman, on its local Debian base,
 # this machine's architecture), tagged VERSION; .github/workflows/release.yml builds the public
 # release's for amd64 and arm64 instead. INSECURE=1: the registry speaks plain HTTP (a test registry).
 # Needs root (podman) and helm (HELM, default the pinned one of hack/build-control-plane.sh).

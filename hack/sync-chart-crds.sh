@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Copy the CRDs from crds/ (the source of truth) into the chart's crds/ directory, byte for byte.
-# Helm installs the chart's crds/ on first install only; tests/unit/test_chart_files.py checks that the
+# Helm installs the chart's crds/ on first install only; tests/unit/charts/test_chart_files.py checks that the
 # two directories hold the same files with the same bytes.
 #
 # Usage: hack/sync-chart-crds.sh [--check]

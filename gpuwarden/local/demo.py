@@ -42,7 +42,7 @@ from gpuwarden.local.plot import PlotUnavailable, require_matplotlib, save_plot
 from gpuwarden.local.policies import LocalPolicy, demo_policy_path, load_policies
 from gpuwarden.local.replay import Pacer
 from gpuwarden.local.rows import ScaleNote, Step
-from gpuwarden.local.services import scrape_interval, scrape_of_replica, wanted_names
+from gpuwarden.local.scrapes import scrape_interval, scrape_of_replica, wanted_names
 from gpuwarden.local.session import Session
 from gpuwarden.local.subjects import SubjectKind
 from gpuwarden.policy import PodId, PodView, SpecError

@@ -238,7 +238,7 @@ class History:
             self.first = t
         self.last = t
 
-    def judge(
+    def record_judged(
         self,
         subject: str,
         rule: str,

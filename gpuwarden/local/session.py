@@ -196,7 +196,7 @@ class Session:
         for outcome in evaluation.outcomes:
             if rule_type(outcome.kind).metric is not None:
                 subject = self.subject_name(outcome.pod.namespace, outcome.pod.name)
-                self.history.judge(
+                self.history.record_judged(
                     subject,
                     outcome.rule,
                     outcome.kind,

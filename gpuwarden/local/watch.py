@@ -10,7 +10,7 @@ series, plus ``gpuwarden_local_finding_active``) is served on ``--listen``. Trai
 is printed at the start.
 
 ``--service-metrics URL`` (repeatable) scrapes an inference server's own Prometheus metrics at the
-policies' pace (:class:`~gpuwarden.local.services.ServiceWatcher`: the agent's bounded fetch and
+policies' pace (:class:`~gpuwarden.local.scrapes.ServiceWatcher`: the agent's bounded fetch and
 compaction), so the service rules (those that read the pods' own metrics) judge it:
 each URL is a subject of its own, ``service/<host:port>``.
 
@@ -68,7 +68,7 @@ from gpuwarden.local.options import (
 from gpuwarden.local.plot import PlotUnavailable, require_matplotlib, save_plot
 from gpuwarden.local.policies import LocalPolicy, for_processes, load_policies
 from gpuwarden.local.replay import ScenarioClock, ScenarioSampler
-from gpuwarden.local.services import ServiceWatcher, scrape_interval, service_subject, wanted_names
+from gpuwarden.local.scrapes import ServiceWatcher, scrape_interval, service_subject, wanted_names
 from gpuwarden.local.session import Session
 from gpuwarden.local.subjects import SubjectKind, processes_in
 from gpuwarden.local.suspicion import SuspicionResponder

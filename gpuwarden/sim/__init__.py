@@ -6,7 +6,7 @@ Others import three modules, the package's public surface:
   ``Scenario`` (readings, snapshots and pods at any scenario time; ``scale`` for local mode's
   simulated scaling), ``ScenarioError``, ``DEFAULT_ORIGIN``;
 - :mod:`gpuwarden.sim.scenarios`: ``PACKAGED``, the names of the scenario files shipped beside it;
-- :mod:`gpuwarden.sim.service`: a simulated inference server replica (``Replica``, ``ReplicaConfig``):
+- :mod:`gpuwarden.sim.replica`: a simulated inference server replica (``Replica``, ``ReplicaConfig``):
   a FIFO queue and continuous batching played by the caller's clock, exporting vLLM's metrics
   (``ReplicaMetrics``, the metric names, ``HISTOGRAM_BOUNDS``) and a GPU utilization.
 

@@ -24,8 +24,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from gpuwarden.sim.replica import ReplicaMetrics
 from gpuwarden.sim.scenarios import PACKAGED as PACKAGED  # re-exported: the names load_scenario takes
-from gpuwarden.sim.service import ReplicaMetrics
 from gpuwarden.sim.signals import Signal, gauss
 from gpuwarden.sim.spec import Ecc, GpuSpec, HealthEvent, MigSpec, ScenarioSpec, Throttle, Xid
 from gpuwarden.sim.workloads import Deployment, ScenarioPod, ScenarioProcess, Service
@@ -193,7 +193,7 @@ class Scenario:
 
     def service_metrics(self, t: float) -> list[tuple[PodRef, ReplicaMetrics]]:
         """What each serving replica of a served Deployment exports at ``t`` (vLLM's metrics, from
-        :mod:`gpuwarden.sim.service`'s model), every request up to ``t`` played; replicas still
+        :mod:`gpuwarden.sim.replica`'s model), every request up to ``t`` played; replicas still
         loading their model export nothing yet. Played forward: ``t`` must never go back."""
         out = []
         for service in self.services:

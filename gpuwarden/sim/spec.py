@@ -295,7 +295,7 @@ class PodSpec(_Spec):
 
 
 class ServiceSpec(_Spec):
-    """A Deployment's replicas as inference servers (:mod:`gpuwarden.sim.service`'s model, one per
+    """A Deployment's replicas as inference servers (:mod:`gpuwarden.sim.replica`'s model, one per
     serving replica): the Deployment's ``load`` is then also its request rate, 100 being what one
     replica serves with a full batch, spread round-robin over the replicas that serve. What they
     export (vLLM's metrics) is :meth:`~gpuwarden.sim.scenario.Scenario.service_metrics`'s.

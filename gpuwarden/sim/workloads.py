@@ -10,7 +10,7 @@ import random
 from bisect import bisect_right
 from dataclasses import dataclass
 
-from gpuwarden.sim.service import Replica, ReplicaConfig, ReplicaMetrics
+from gpuwarden.sim.replica import Replica, ReplicaConfig, ReplicaMetrics
 from gpuwarden.sim.signals import Signal
 from gpuwarden.sim.spec import DeploymentSpec, Idle, ServiceSpec
 from gpuwarden.wire.node import PodRef

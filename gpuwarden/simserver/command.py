@@ -1,6 +1,6 @@
 """``gpuwarden sim-server``: one simulated inference replica behind real HTTP, until SIGTERM/SIGINT.
 
-The flags are the model's (:class:`~gpuwarden.sim.service.ReplicaConfig`), named as vLLM's where
+The flags are the model's (:class:`~gpuwarden.sim.replica.ReplicaConfig`), named as vLLM's where
 vLLM has one (``--max-num-seqs``, ``--served-model-name``, port 8000), so that a test can saturate
 one replica with a few concurrent requests: ``--max-num-seqs 1 --token-time 50ms`` serves one
 request at a time, each ``max_tokens`` x 50 ms.
@@ -19,7 +19,7 @@ import sys
 from gpuwarden.agent.config import UsageError, duration, parse_listen
 from gpuwarden.agent.http import address_text
 from gpuwarden.serving import ConnectionLimiter, connection_cap, raise_fd_limit, serve
-from gpuwarden.sim.service import ReplicaConfig
+from gpuwarden.sim.replica import ReplicaConfig
 from gpuwarden.simserver.server import MetricsFault, SimServer, build_app
 
 log = logging.getLogger("gpuwarden.simserver")
@@ -37,7 +37,7 @@ _DEFAULTS = ReplicaConfig()
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add sim-server's flags."""
     parser.description = (
-        "Serve one simulated inference replica (gpuwarden.sim.service's queueing model) over HTTP, in "
+        "Serve one simulated inference replica (gpuwarden.sim.replica's queueing model) over HTTP, in "
         "real time: POST /v1/completions answered after the simulated latency, GET /metrics with "
         "histograms, gauges and a counter under vLLM's names and bucket bounds, GET /health."
     )

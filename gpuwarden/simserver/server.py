@@ -1,6 +1,6 @@
 """The simulated inference server's HTTP app: completions in real time, vLLM's metrics.
 
-One process is one replica (:class:`~gpuwarden.sim.service.Replica`). ``POST /v1/completions``
+One process is one replica (:class:`~gpuwarden.sim.replica.Replica`). ``POST /v1/completions``
 submits the request to the model at the clock's time; the model fixes its timings at once (FIFO
 queue, continuous batching), and the answer goes out when the clock reaches the request's finish.
 ``GET /metrics`` first settles every request the model has finished by then, whether or not its
@@ -9,14 +9,14 @@ observing each into real ``prometheus_client`` metrics under vLLM's names and bu
 
 - ``vllm:e2e_request_latency_seconds``, ``vllm:time_to_first_token_seconds``,
   ``vllm:inter_token_latency_seconds`` (one observation per output token after the first, as vLLM
-  makes): histograms with :data:`~gpuwarden.sim.service.HISTOGRAM_BOUNDS`;
+  makes): histograms with :data:`~gpuwarden.sim.replica.HISTOGRAM_BOUNDS`;
 - ``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``
   (0..1): gauges, read from the model at scrape time;
 - ``vllm:request_success_total``, ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``:
   counters (a request's tokens counted when it finishes).
 
 Every series carries ``model_name``, as vLLM's do. So the exposition equals what
-:meth:`~gpuwarden.sim.service.Replica.metrics` says at the same instant.
+:meth:`~gpuwarden.sim.replica.Replica.metrics` says at the same instant.
 
 A :class:`MetricsFault` makes ``/metrics`` misbehave on purpose, for the tests of whoever scrapes
 it: hang, answer 10 MiB, or answer a page that is not Prometheus text.
@@ -38,7 +38,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from gpuwarden.sim.service import (
+from gpuwarden.sim.replica import (
     E2E_LATENCY,
     GENERATION_TOKENS,
     HISTOGRAM_BOUNDS,

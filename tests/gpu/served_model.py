@@ -30,7 +30,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from gpuwarden.sim.service import (
+from gpuwarden.sim.replica import (
     E2E_LATENCY,
     HISTOGRAM_BOUNDS,
     REQUEST_SUCCESS,

@@ -7,7 +7,7 @@ bf16 matmuls for a while (test_agent_gpu's child): the GPU it runs on must not r
 
 No XID can be injected on a real GPU (the driver raises them on faults only), so this test checks
 that the thread runs and that a healthy GPU raises none; what an XID does downstream is played by
-the scripted backend (tests/unit/test_agent_health.py, tests/integration/test_operator_node_health.py).
+the scripted backend (tests/unit/agent/test_agent_health.py, tests/integration/test_operator_node_health.py).
 
     pytest -m gpu tests/gpu/test_agent_health_gpu.py -s -o addopts=''   # GPUWARDEN_GPU_REPORT=path.json
 """

@@ -34,7 +34,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gpuwarden.sim.service import E2E_LATENCY, HISTOGRAM_BOUNDS
+from gpuwarden.sim.replica import E2E_LATENCY, HISTOGRAM_BOUNDS
 
 pytestmark = pytest.mark.gpu
 

@@ -31,8 +31,8 @@ from gpuwarden.agent.attribution.kubelet import (
     PodResourcesError,
     PodResourcesState,
     allocations_from_response,
-    device_key,
     is_nvidia_gpu_resource,
+    physical_device,
 )
 from gpuwarden.agent.attribution.nodepods import NodePods, NodePodsError
 
@@ -61,10 +61,10 @@ __all__ = [
     "SlicesState",
     "UnresolvedReason",
     "allocations_from_response",
-    "device_key",
     "is_nvidia_gpu_resource",
     "mig_placement",
     "parse_cgroup_path",
     "parse_proc_cgroup",
+    "physical_device",
     "published_devices",
 ]

@@ -74,9 +74,9 @@ def is_nvidia_gpu_resource(resource_name: str) -> bool:
     return vendor == "nvidia.com" and (kind == "gpu" or kind.startswith(("gpu.", "mig-")))
 
 
-def device_key(device_id: str) -> str:
+def physical_device(plugin_id: str) -> str:
     """The physical device behind a device-plugin ID: ``GPU-x::3`` (a time-slicing replica) is ``GPU-x``."""
-    return device_id.split(_REPLICA_SEPARATOR, 1)[0]
+    return plugin_id.split(_REPLICA_SEPARATOR, 1)[0]
 
 
 @dataclass(frozen=True, order=True)
@@ -144,7 +144,7 @@ def allocations_from_response(
                 if not is_nvidia_gpu_resource(allocated.resource_name):
                     continue
                 for device_id in allocated.device_ids:
-                    devices[device_key(device_id)].add(ref)
+                    devices[physical_device(device_id)].add(ref)
             for dynamic in container.dynamic_resources:
                 for resource in dynamic.claim_resources:
                     if resource.driver_name not in dra_drivers or not resource.device_name:

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from gpuwarden.sim.replica import E2E_LATENCY, REQUESTS_WAITING, CumulativeHistogram
 from gpuwarden.sim.scenario import ScenarioError, load_scenario, parse_scenario
-from gpuwarden.sim.service import E2E_LATENCY, REQUESTS_WAITING, CumulativeHistogram
 
 NAMESPACE, NAME = "inference", "llm-server"
 FORECAST_SCALE_UP = 15 * 60 + 10

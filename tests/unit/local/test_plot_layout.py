@@ -195,8 +195,10 @@ def test_a_service_on_no_gpu_has_a_row_of_its_own() -> None:
     # watch --service-metrics: the server is a subject of its own, on no GPU.
     history = one_gpu([20.0, 20.0])
     for t in range(0, 601, 10):
-        history.judge(SERVICE, "slow", latency.KIND, "seconds", 2.0, float(t), 1.0 if t < 300 else 3.0)
-        history.judge(SERVICE, "queued", queue.KIND, "requests", 50.0, float(t), 5.0)
+        history.record_judged(
+            SERVICE, "slow", latency.KIND, "seconds", 2.0, float(t), 1.0 if t < 300 else 3.0
+        )
+        history.record_judged(SERVICE, "queued", queue.KIND, "requests", 50.0, float(t), 5.0)
     history.spans.append(
         span(
             "slow",

@@ -26,7 +26,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 from driver_support import nvml_works
 
-from gpuwarden.sim.service import ReplicaConfig
+from gpuwarden.sim.replica import ReplicaConfig
 from gpuwarden.simserver.server import MetricsFault, SimServer, build_app
 
 ONE_AT_A_TIME = ReplicaConfig(max_batch=1, prefill_seconds=0.04, token_seconds=0.012, batch_slowdown=0.0)

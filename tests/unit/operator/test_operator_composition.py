@@ -3,7 +3,7 @@ client, posts its Events through the operator's Event poster like every other Ev
 poster's backoffs take no real time).
 
 The API client is an in-memory API server that serves a Deployment's ``/scale`` and keeps Events by
-name, answering as scripted (event_store_support.py; test_operator_posting.py tests the poster itself).
+name, answering as scripted (event_store_support.py; test_kube_events.py tests the poster itself).
 """
 
 from __future__ import annotations

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,8 +21,9 @@ import pytest
 from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
+from promtool_support import promtool
 
-from gpuwarden.sim.service import (
+from gpuwarden.sim.replica import (
     E2E_LATENCY,
     GENERATION_TOKENS,
     HISTOGRAM_BOUNDS,
@@ -44,15 +43,6 @@ from gpuwarden.simserver.server import HUGE_BYTES, MetricsFault, SimServer, buil
 ONE_AT_A_TIME = ReplicaConfig(max_batch=1, prefill_seconds=0.04, token_seconds=0.012, batch_slowdown=0.0)
 TOKENS = 6
 SERVICE = 0.04 + (TOKENS - 1) * 0.012
-
-
-def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("promtool is missing; CI must have it (Debian: apt-get install prometheus)")
-        pytest.skip("promtool is not installed (Debian: apt-get install prometheus)")
-    return path
 
 
 async def serving(server: SimServer, fault: MetricsFault | None = None) -> AsyncIterator[str]:

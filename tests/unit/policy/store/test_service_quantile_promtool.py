@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_agent_metrics import promtool
+from promtool_support import promtool
 
 from gpuwarden.policy import Histogram, PodId, ServiceScrape, ServiceStore
 from gpuwarden.policy.store.service import histogram_quantile

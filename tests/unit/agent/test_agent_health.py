@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
-from test_agent_metrics import promtool, scrape, series
+from promtool_support import promtool
+from test_agent_metrics import scrape, series
 from test_nvml_states import GPU_IS_LOST, NOT_SUPPORTED, NOW, FakeDevice, FakeNvml, FakeNVMLError
 
 from gpuwarden.agent.health import XID_CRITICAL_ERROR, clock_event_reasons

@@ -19,8 +19,8 @@ from gpuwarden.agent.attribution.kubelet import (
     PodResourcesError,
     PodResourcesState,
     allocations_from_response,
-    device_key,
     is_nvidia_gpu_resource,
+    physical_device,
 )
 from gpuwarden.agent.podresources import podresources_pb2 as pb
 from gpuwarden.agent.podresources import podresources_pb2_grpc as pb_grpc
@@ -265,9 +265,9 @@ def test_is_nvidia_gpu_resource(resource: str, is_gpu: bool) -> None:
 
 
 def test_device_key_strips_replica_suffix() -> None:
-    assert device_key(f"{GPU0}::12") == GPU0
-    assert device_key(MIG0) == MIG0
-    assert device_key("3") == "3"
+    assert physical_device(f"{GPU0}::12") == GPU0
+    assert physical_device(MIG0) == MIG0
+    assert physical_device("3") == "3"
 
 
 def test_pods_without_names_are_skipped() -> None:

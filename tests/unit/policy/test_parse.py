@@ -42,7 +42,7 @@ from gpuwarden.units import (
     parse_rate,
 )
 
-ROOT = Path(__file__).resolve().parents[4]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "gpumonitorpolicy.yaml"
 MI = 2**20
 

@@ -34,7 +34,7 @@ from gpuwarden.local.watch import EXIT_NO_GPU, WatchConfig, default_hook_socket,
 from gpuwarden.policy.parse import parse_spec
 from gpuwarden.wire.node import AllocationSite, GpuSample, HookSample, ProcessSample, Snapshot
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 EXAMPLE_POLICY = REPO / "examples" / "gpumonitorpolicy.yaml"
 
 # Short windows, so that e2e-fast (whose conditions show within 10 s) fires in seconds of

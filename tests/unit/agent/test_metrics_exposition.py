@@ -16,13 +16,14 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
-from test_agent_metrics import promtool, sample_at
+from promtool_support import promtool
+from test_agent_metrics import sample_at
 
 from gpuwarden.agent.http import build_app as agent_app
 from gpuwarden.agent.metrics import build_registry
 from gpuwarden.agent.snapshots import SnapshotRing
 from gpuwarden.operator.metrics import OperatorMetrics, make_metrics_app
-from gpuwarden.sim.service import ReplicaConfig
+from gpuwarden.sim.replica import ReplicaConfig
 from gpuwarden.simserver.server import SimServer
 from gpuwarden.simserver.server import build_app as simserver_app
 

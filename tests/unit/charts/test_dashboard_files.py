@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 import yaml
-from test_agent_metrics import promtool
+from promtool_support import promtool
 
 DASHBOARDS = sorted(
-    (Path(__file__).resolve().parents[2] / "charts" / "gpuwarden" / "dashboards").glob("*.json")
+    (Path(__file__).resolve().parents[3] / "charts" / "gpuwarden" / "dashboards").glob("*.json")
 )
 GRAFANA_VARIABLES = {
     "node": ".*",

@@ -96,5 +96,5 @@ def test_the_event_names_the_jobs_own_line_before_the_librarys_that_grew_more(tm
     source = HERE.read_text().splitlines()
     job_line = next(n for n, t in enumerate(source, 1) if t.endswith("# the job's leak"))
     _, lines = text.split("; top growing lines: ")
-    assert lines.startswith(f"unit/{HERE.name}:{job_line} +"), text
+    assert lines.startswith(f"{HERE.parent.name}/{HERE.name}:{job_line} +"), text
     assert "json/" in lines  # the library's lines still come, after

@@ -23,14 +23,14 @@ from typing import Any
 
 import pytest
 import yaml
-from test_agent_metrics import promtool
+from promtool_support import promtool
 from test_doc_links import anchors
 
 from gpuwarden.policy.rules import RULE_TYPES
 from gpuwarden.policy.rules.anomaly import Pattern
 from gpuwarden.policy.rules.growth import model as growth
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "gpuwarden"
 RULES = CHART / "rules" / "gpuwarden-alerts.yaml"
 CASES = Path(__file__).with_suffix(".yaml")

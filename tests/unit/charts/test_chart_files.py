@@ -29,7 +29,7 @@ import jsonschema
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "gpuwarden"
 CRDS = ROOT / "crds"
 CONTRACT = ROOT / "docs" / "deployment-contract.md"

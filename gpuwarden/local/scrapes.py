@@ -24,7 +24,7 @@ import aiohttp
 from gpuwarden.agent import scrape
 from gpuwarden.local.policies import LocalPolicy
 from gpuwarden.policy import PROCESS_NAMESPACE, Histogram, PodId, ServiceScrape, service_metric_names
-from gpuwarden.sim.service import ReplicaMetrics
+from gpuwarden.sim.replica import ReplicaMetrics
 
 log = logging.getLogger(__name__)
 

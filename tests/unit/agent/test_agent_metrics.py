@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import subprocess
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,6 +11,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from promtool_support import promtool
 
 from gpuwarden.agent.attribution.kubelet import PodResourcesState
 from gpuwarden.agent.hookattach import attach_hook
@@ -208,15 +207,6 @@ def test_unknown_state_reads_down_with_what_could_be_read(
     assert series(metrics, "gpuwarden_gpu_up", uuid=UUID0, state="unknown") == [0.0]
     assert series(metrics, "gpuwarden_gpu_memory_used_bytes", uuid=UUID0) == [5.0]
     assert series(metrics, "gpuwarden_gpu_power_watts", uuid=UUID0) == []
-
-
-def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("promtool is missing; CI must have it (Debian: apt-get install prometheus)")
-        pytest.skip("promtool is not installed (Debian: apt-get install prometheus)")
-    return path
 
 
 def test_promtool_accepts_the_exposition(ring: SnapshotRing) -> None:

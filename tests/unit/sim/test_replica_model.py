@@ -8,7 +8,7 @@ from collections import deque
 
 import pytest
 
-from gpuwarden.sim.service import (
+from gpuwarden.sim.replica import (
     E2E_LATENCY,
     HISTOGRAM_BOUNDS,
     INTER_TOKEN_LATENCY,

@@ -11,7 +11,7 @@ from gpuwarden.hook import DeviceMemory, Reading, Site, encode_line
 from gpuwarden.hook.message import MAX_LINE_BYTES, Answer
 from gpuwarden.wire.node import AllocationSite, HookSample
 
-DOC = (Path(__file__).resolve().parents[2] / "docs" / "hook.md").read_text()
+DOC = (Path(__file__).resolve().parents[3] / "docs" / "hook.md").read_text()
 
 FULL = Reading(
     timestamp=1764770000.5,
