@@ -73,6 +73,7 @@ from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.endpoints.reports import make_ingest_app
 from gpuwarden.operator.policies.runner import PolicyRunner
 from gpuwarden.operator.resources import PodRecord, PolicyKey
+from gpuwarden.operator.sharding import Sharding
 from gpuwarden.operator.sharding.membership import POLL_SECONDS, Member
 from gpuwarden.operator.sharding.ring import Ring, policy_key
 from gpuwarden.operator.state import OperatorState
@@ -360,14 +361,15 @@ async def serve(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> N
 
 async def keep_membership(state: OperatorState, shards: int) -> None:
     """What the Lease listing does every poll: ``shards`` live replicas, the view kept fresh."""
-    assert state.sharding is not None
+    shard = state.leadership
+    assert isinstance(shard, Sharding)
     members = {r: Member(r, f"http://{r}:8443/v1/reports") for r in replicas(shards)}
     # Members for a while already: the policies are settled, as in a replica that has run for a bit.
     now = time.monotonic()
-    for ago in range(int(state.sharding.view.settle_seconds), 0, -int(POLL_SECONDS)):
-        state.sharding.view.update(members, now - ago)
+    for ago in range(int(shard.view.settle_seconds), 0, -int(POLL_SECONDS)):
+        shard.view.update(members, now - ago)
     while True:
-        state.sharding.view.update(members, time.monotonic())
+        shard.view.update(members, time.monotonic())
         await asyncio.sleep(POLL_SECONDS)
 
 

@@ -67,7 +67,12 @@ def build_operator(
     seconds; the one wall clock of the whole operator), ``monotonic`` (seconds that only move on)."""
     api = api or KubeApi()
     metrics = OperatorMetrics()
-    sharding = Sharding(config, api, clock=clock, monotonic=monotonic) if config.shards else None
+    # Not sharded is a shard of one (Leadership), which owns every node and policy.
+    leadership = (
+        Sharding(config, api, clock=clock, monotonic=monotonic)
+        if config.shards
+        else Leadership(config, api, clock=clock)
+    )
 
     async def review(token: str) -> dict[str, Any]:
         return await api.create_token_review(token, [config.token_audience])
@@ -77,8 +82,13 @@ def build_operator(
         api=api,
         metrics=metrics,
         events=EventPoster(api, instance=config.identity, dropped=metrics.events_dropped, clock=clock),
-        leadership=sharding or Leadership(config, api, clock=clock),
-        sharding=sharding,
+        leadership=leadership,
+        verdict_sender=VerdictSender(
+            config.peer_token_file,
+            metrics,
+            tls=ssl.create_default_context(cafile=config.peer_ca_file),
+            server_name=config.peer_server_name,
+        ),
         authenticator=TokenAuthenticator(
             review,
             audience=config.token_audience,
@@ -100,26 +110,19 @@ def build_operator(
     metrics.registry.register(accounting)
     state.accounting = accounting
     state.authenticator.known_node = state.knows_node
-    leadership = state.leadership
     state.ingest = ReportIngest(
         authenticator=state.authenticator,
         limiter=state.limiter,
         book=state.book,
         metrics=metrics,
         accept=state.accept,
-        acting=sharding.acting if sharding else lambda: leadership.active,
+        acting=leadership.acting,
         max_body_bytes=config.max_body_bytes,
         clock=clock,
-        route=sharding.route if sharding else None,
+        route=leadership.route,
         plan=state.scrape_plan,
     )
-    if sharding is not None:
-        state.verdict_sender = VerdictSender(
-            config.peer_token_file,
-            metrics,
-            tls=ssl.create_default_context(cafile=config.peer_ca_file),
-            server_name=config.peer_server_name,
-        )
+    if config.shards:
         state.verdict_ingest = VerdictIngest(
             authenticator=TokenAuthenticator(
                 review,
@@ -129,7 +132,7 @@ def build_operator(
             ),
             board=state.verdicts,
             metrics=metrics,
-            acting=sharding.acting,
+            acting=leadership.acting,
             received=state.verdicts_arrived,
             known=state.runs_policy,
             max_body_bytes=config.max_body_bytes,

@@ -95,8 +95,7 @@ class Services:
             # Undone in reverse: the API client closes last, after the sender, the servers, the
             # Events' drain (which needs the client) and the step down (which removes the pod label).
             stack.push_async_callback(state.api.close)
-            if state.verdict_sender is not None:
-                stack.push_async_callback(state.verdict_sender.close)
+            stack.push_async_callback(state.verdict_sender.close)
             verdicts = state.verdict_ingest.handle if state.verdict_ingest else None
             await self._serve(stack, make_ingest_app(state.ingest, verdicts), config.ingest, tls, "ingest")
             await self._serve(

@@ -25,7 +25,7 @@ from gpuwarden.operator.metrics import OperatorMetrics, store_gauges
 from gpuwarden.operator.pacing import Pacing, PolicySchedule
 from gpuwarden.operator.resources import PodRecord, PolicyKey
 from gpuwarden.operator.scrape import ServicePod, ServicePolicy, plan_node
-from gpuwarden.operator.sharding import Leadership, Sharding, VerdictBoard, VerdictIngest, VerdictSender
+from gpuwarden.operator.sharding import Leadership, VerdictBoard, VerdictIngest, VerdictSender
 from gpuwarden.policy import (
     Admission,
     HealthStore,
@@ -82,9 +82,10 @@ class OperatorState:
     events: EventPoster
     """Posts the policies' Events in the background (:class:`Services` runs it)."""
     leadership: Leadership
-    """Whether this replica acts now (peering), or in sharded mode :attr:`sharding` itself."""
-    sharding: Sharding | None
-    """Sharded mode (``--shards``): membership, and which nodes and policies are ours."""
+    """Whether this replica acts now, and on what: peering (not sharded: a shard of one, which owns
+    every node and policy), or in sharded mode (``--shards``) its :class:`Sharding`, by the ring."""
+    verdict_sender: VerdictSender
+    """Sharded mode: sends this shard's verdicts on the policies owned elsewhere to their owners."""
     authenticator: TokenAuthenticator
     limiter: NodeRateLimiter
     clock: Callable[[], float] = time.time
@@ -118,8 +119,6 @@ class OperatorState:
     """True once the servers listen (``/readyz``)."""
     verdicts: VerdictBoard = field(default_factory=VerdictBoard)
     """Sharded mode: the per-pod verdicts other shards sent on the policies owned here."""
-    verdict_sender: VerdictSender | None = None
-    """Sharded mode: sends this shard's verdicts on the policies owned elsewhere to their owners."""
     verdict_ingest: VerdictIngest | None = None
     """Sharded mode: ``POST /v1/verdicts``, the other shards' verdicts (the operator's own
     ServiceAccount only); plugged in by the composition root (it nudges through :meth:`verdicts_arrived`)."""
@@ -139,7 +138,7 @@ class OperatorState:
             "gpuwarden_operator_retention_seconds": self.store.retention_seconds,
             "gpuwarden_operator_service_scrape_bytes": self.services.nbytes,
             "gpuwarden_operator_service_scrapes_dropped": self.services.dropped,
-            "gpuwarden_operator_shard_members": len(self.sharding.view.members) if self.sharding else 0,
+            "gpuwarden_operator_shard_members": self.leadership.members(),
         }
 
     # -- ingestion --
@@ -375,10 +374,6 @@ class OperatorState:
         self.store.retention_seconds = min(MAX_RETENTION, max(MIN_RETENTION, wanted))
         self.health.retention_seconds = self.store.retention_seconds
         self.services.retention_seconds = self.store.retention_seconds
-
-    def acts_on(self, key: PolicyKey) -> bool:
-        """Whether this replica evaluates ``key`` (always, but in sharded mode: its owner only)."""
-        return self.sharding is None or self.sharding.acts_on_policy(key.namespace, key.name)
 
     def runs_policy(self, namespace: str, name: str) -> bool:
         """Whether the policy's daemon runs here (it is a policy that exists, in a watched namespace)."""

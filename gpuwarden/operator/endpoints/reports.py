@@ -176,11 +176,12 @@ class ReportIngest:
     """Stores an admitted report's readings (report, the token's node, now); says what it kept."""
     acting: Callable[[], bool]
     """Whether this replica acts (else 503)."""
+    route: Callable[[str], Elsewhere | None]
+    """None when the token's node is ours, else its owner (a 421): sharded mode's share; one shard of
+    one owns every node."""
     max_body_bytes: int
     clock: Callable[[], float] = time.time
     """The operator's clock, which snapshots' timestamps are held against."""
-    route: Callable[[str], Elsewhere | None] | None = None
-    """Sharded mode: None when the token's node is ours, else its owner (a 421). None: every node is ours."""
     plan: Callable[[str], str | None] | None = None
     """The scrape plan of a node, as the JSON of the answer's ``scrape``; None: nothing to scrape."""
     _large: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
@@ -203,7 +204,7 @@ class ReportIngest:
             raise standby()
 
         node = await self._authenticate(request)
-        if self.route is not None and (elsewhere := self.route(node)) is not None:
+        if (elsewhere := self.route(node)) is not None:
             hint = {"owner": elsewhere.owner} | ({"url": elsewhere.url} if elsewhere.url else {})
             message = f"node {node} reports to replica {elsewhere.owner}"
             raise Refusal(421, "NotOwner", message, "not_owner", hint=hint)

@@ -42,7 +42,7 @@ from gpuwarden.operator.reclaim import Reclaimer, ReclaimResult
 from gpuwarden.operator.resources import FIELD_MANAGER, GROUP, PLURAL, VERSION, PodRecord, PolicyKey
 from gpuwarden.operator.scaling import PolicyClaim, Scaler, ScaleResult
 from gpuwarden.operator.scrape import availability
-from gpuwarden.operator.sharding import pod_verdicts, verdicts_url
+from gpuwarden.operator.sharding import pod_verdicts
 from gpuwarden.operator.state import OperatorState
 from gpuwarden.policy import (
     Evaluation,
@@ -166,7 +166,7 @@ class PolicyRunner:
         """
         now = self.state.clock()
         meta = body.get("metadata") or {}
-        if not self.state.acts_on(self.key):
+        if not self.state.leadership.acts_on_policy(self.key.namespace, self.key.name):
             self._stand_aside()
             await self.judge_for_owner(meta.get("generation"), body.get("spec") or {}, pods, pacing, now)
             return
@@ -204,18 +204,15 @@ class PolicyRunner:
 
     def _judged_here(self, record: PodRecord) -> bool:
         """Whether this replica holds the pod's readings (sharded mode: its node is ours)."""
-        sharding = self.state.sharding
-        if sharding is None:
-            return True
         nodes = self.state.pod_nodes.get((record.view.namespace, record.view.name))
-        return not nodes or any(sharding.owns_node(n) for n in nodes)
+        return not nodes or any(self.state.leadership.owns_node(n) for n in nodes)
 
     def _judged_elsewhere(
         self, records: Iterable[PodRecord], now: float
     ) -> dict[PodId, list[Outcome]] | None:
-        """Sharded mode, on the policy's owner: the pods on other shards' nodes, with the outcomes
+        """On the policy's owner: the pods on other shards' nodes (not sharded: none), with the outcomes
         their shards sent (none: nothing to judge them by this time)."""
-        if self.state.sharding is None or self.spec is None:
+        if self.spec is None:
             return None
         received = self.state.verdicts.outcomes(
             self.key.namespace,
@@ -237,11 +234,8 @@ class PolicyRunner:
     ) -> None:
         """Sharded mode, another replica owns the policy: judge the pods on our nodes and send the
         owner the verdicts (it alone announces, scales and writes the status)."""
-        sharding, sender = self.state.sharding, self.state.verdict_sender
-        if sharding is None or sender is None:
-            return
-        owner = sharding.policy_owner(self.key.namespace, self.key.name)
-        if owner is None or owner.identity == sharding.me.identity or owner.url is None:
+        url = self.state.leadership.verdicts_to(self.key.namespace, self.key.name)
+        if url is None:
             return  # ours, not settled yet (nothing to send), or an owner that takes nothing
         judge = self._judge_by(generation, spec)
         if judge is None:
@@ -255,14 +249,14 @@ class PolicyRunner:
             return  # none of the policy's pods is ours
         report = VerdictReport(
             schema_version=VERDICT_SCHEMA_VERSION,
-            shard=sharding.me.identity,
+            shard=self.state.leadership.identity,
             at=now,
             namespace=self.key.namespace,
             policy=self.key.name,
             generation=generation,
             pods=pod_verdicts(judged),
         )
-        await sender.send(verdicts_url(owner.url), report)
+        await self.state.verdict_sender.send(url, report)
 
     def _judge_by(self, generation: int | None, spec: Mapping[str, Any]) -> PolicyEvaluator | None:
         """The evaluator that judges for the owner, by the spec of ``generation`` (None: invalid)."""

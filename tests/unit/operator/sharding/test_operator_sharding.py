@@ -32,6 +32,7 @@ from gpuwarden.operator.sharding.membership import (
     lease_name,
 )
 from gpuwarden.operator.sharding.ring import policy_key
+from gpuwarden.operator.sharding.shard import Sharding
 from gpuwarden.operator.state import OperatorState
 from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.store.series import Point, SeriesKey
@@ -104,6 +105,12 @@ def test_the_flags_build_a_sharded_config() -> None:
         OperatorConfig.parse([*flags, "--advertise-url", "http://x/v1/reports"], env)
 
 
+def sharding(state: OperatorState) -> Sharding:
+    """The state's shard: in sharded mode, a :class:`Sharding`."""
+    assert isinstance(state.leadership, Sharding)
+    return state.leadership
+
+
 class Clocks:
     """The operator's two clocks, driven by the test: wall time (the Leases') and monotonic (the view's)."""
 
@@ -121,33 +128,31 @@ async def test_the_loop_renews_its_lease_sees_the_others_and_hands_over_on_exit(
     clocks = Clocks()
     a = clocks.build("op-a", api)
     b = clocks.build("op-b", api)
-    assert a.sharding is not None
-    assert b.sharding is not None
-    await a.sharding._follow()
-    assert not a.sharding.active  # one listing: not yet steady
-    await a.sharding._follow()
-    assert a.sharding.active
-    assert set(a.sharding.view.members) == {"op-a"}
+    await sharding(a)._follow()
+    assert not sharding(a).active  # one listing: not yet steady
+    await sharding(a)._follow()
+    assert sharding(a).active
+    assert set(sharding(a).view.members) == {"op-a"}
     lease = api.leases[lease_name("gpuwarden", "op-a")]
     assert lease["metadata"]["annotations"] == {URL_ANNOTATION: "http://op-a:8443/v1/reports"}
     assert lease["spec"]["renewTime"] == format_micro_time(T0)  # the operator's clock
-    await b.sharding._follow()
-    await a.sharding._follow()
-    assert set(a.sharding.view.members) == {"op-a", "op-b"}
-    assert a.sharding.view.members["op-b"].url == "http://op-b:8443/v1/reports"
+    await sharding(b)._follow()
+    await sharding(a)._follow()
+    assert set(sharding(a).view.members) == {"op-a", "op-b"}
+    assert sharding(a).view.members["op-b"].url == "http://op-b:8443/v1/reports"
 
-    await b.sharding.step_down()
+    await sharding(b).step_down()
     assert lease_name("gpuwarden", "op-b") not in api.leases
-    await a.sharding._follow()
-    assert set(a.sharding.view.members) == {"op-a"}
+    await sharding(a)._follow()
+    assert set(sharding(a).view.members) == {"op-a"}
 
     # The API away: the view goes stale and the replica stops acting, though it was active.
     api.down = True
     clocks.mono += 10
     with pytest.raises(Exception, match="away"):
-        await a.sharding._follow()
-    assert not a.sharding.active
-    assert not a.sharding.acting()
+        await sharding(a)._follow()
+    assert not sharding(a).active
+    assert not sharding(a).acting()
 
 
 async def test_a_lease_not_renewed_dies_by_the_operators_clock() -> None:
@@ -155,23 +160,21 @@ async def test_a_lease_not_renewed_dies_by_the_operators_clock() -> None:
     clocks = Clocks()
     a = clocks.build("op-a", api)
     b = clocks.build("op-b", api)
-    assert a.sharding is not None
-    assert b.sharding is not None
-    await b.sharding._follow()
-    await a.sharding._follow()
-    await a.sharding._follow()
-    assert set(a.sharding.view.members) == {"op-a", "op-b"}
+    await sharding(b)._follow()
+    await sharding(a)._follow()
+    await sharding(a)._follow()
+    assert set(sharding(a).view.members) == {"op-a", "op-b"}
     # b stops renewing (killed); a renews its own every RENEW_SECONDS of its monotonic clock.
     clocks.wall += LEASE_SECONDS - 1
     clocks.mono += RENEW_SECONDS
-    await a.sharding._follow()
-    assert set(a.sharding.view.members) == {"op-a", "op-b"}  # b's Lease lives a second more
+    await sharding(a)._follow()
+    assert set(sharding(a).view.members) == {"op-a", "op-b"}  # b's Lease lives a second more
     clocks.wall += 1
     clocks.mono += RENEW_SECONDS
-    await a.sharding._follow()
-    assert set(a.sharding.view.members) == {"op-a"}
+    await sharding(a)._follow()
+    assert set(sharding(a).view.members) == {"op-a"}
     assert api.leases[lease_name("gpuwarden", "op-a")]["spec"]["renewTime"] == format_micro_time(clocks.wall)
-    assert a.sharding.active
+    assert sharding(a).active
 
 
 @pytest.fixture
@@ -198,8 +201,8 @@ async def test_ingest_answers_421_with_the_owner_for_nodes_it_does_not_own(clien
     c, state = client
     assert (await post(c, "node-1", "good"))[0] == 503  # no listing yet: acts on nothing
     members = [Member("op-a", "http://op-a:8443/v1/reports"), Member("op-b", URL_B)]
-    state.sharding.view = view("op-a", *members)
-    ring = state.sharding.view.ring
+    sharding(state).view = view("op-a", *members)
+    ring = sharding(state).view.ring
     assert {ring.owner("node-1"), ring.owner("node-2")} == {"op-a", "op-b"}  # (the names were picked so)
     ours, theirs = ("good", "node-1"), ("good-2", "node-2")
     if ring.owner("node-1") == "op-b":
@@ -236,7 +239,7 @@ def owner_of_pol(*identities: str) -> str:
 async def test_only_the_policys_owner_evaluates_and_a_new_owner_does_not_announce_again(world: Any) -> None:
     state, api, posted, clock = world
     other = next(o for o in (f"op-{c}" for c in "bcdefgh") if owner_of_pol("op-a", o) == o)
-    state.sharding.view = view("op-a", Member("op-a"), Member(other))
+    sharding(state).view = view("op-a", Member("op-a"), Member(other))
     runner = PolicyRunner(state, PolicyKey("ns", "pol"))
     pacing = state.open_policy(runner.key)
     feed(state, T0 - 20, T0, util=3)
@@ -245,28 +248,27 @@ async def test_only_the_policys_owner_evaluates_and_a_new_owner_does_not_announc
 
     # The owner announced it and wrote the status; then it left, and op-a takes the policy over.
     owner = build_operator(sharded(other), api=api, clock=state.clock).state
-    assert owner.sharding is not None
     owner.events = state.events
-    owner.sharding.view = view(other, Member("op-a"), Member(other))
+    sharding(owner).view = view(other, Member("op-a"), Member(other))
     feed(owner, T0 - 20, T0, util=3)
     theirs = PolicyRunner(owner, PolicyKey("ns", "pol"))
     await theirs.round(body=dict(POLICY, status={}), pods=PODS["ns"], pacing=owner.open_policy(theirs.key))
     assert len(posted) == 2
     written = api.patches[-1]
 
-    state.sharding.view = view("op-a", Member("op-a"), settle=6.0)
+    sharding(state).view = view("op-a", Member("op-a"), settle=6.0)
     clock[0] += 1
     feed(state, T0, clock[0], util=3)
     await runner.round(body=dict(POLICY, status=written), pods=PODS["ns"], pacing=pacing)
     assert len(api.patches) == 1  # not yet settled: nothing written
-    state.sharding.view = view("op-a", Member("op-a"))
+    sharding(state).view = view("op-a", Member("op-a"))
     await runner.round(body=dict(POLICY, status=written), pods=PODS["ns"], pacing=pacing)
     assert len(posted) == 2  # resumed from status, not announced again
     assert runner.evaluation is not None
     assert len(runner.evaluation.active) == 1
 
     # And it stands aside again when the ring gives the policy back.
-    state.sharding.view = view("op-a", Member("op-a"), Member(other))
+    sharding(state).view = view("op-a", Member("op-a"), Member(other))
     await runner.round(body=dict(POLICY, status=written), pods=PODS["ns"], pacing=pacing)
     assert runner.evaluator is None
 
@@ -311,8 +313,6 @@ async def test_a_policy_spanning_shards_is_judged_on_all_its_pods_and_announced_
     for state in (owner, shard):
         state.pod_nodes = {("ns", "p"): [node_a], ("ns", "q"): [node_b]}
     assert owner.verdict_ingest is not None
-    assert owner.sharding is not None
-    assert shard.sharding is not None
     server = TestServer(make_ingest_app(owner.ingest, owner.verdict_ingest.handle))
     c = TestClient(server)
     await c.start_server()
@@ -322,8 +322,8 @@ async def test_a_policy_spanning_shards_is_judged_on_all_its_pods_and_announced_
     try:
         url = str(server.make_url("/v1/reports"))
         members = [Member("op-a", url), Member(other, "http://unused/v1/reports")]
-        owner.sharding.view = view("op-a", *members)
-        shard.sharding.view = view(other, *members)
+        sharding(owner).view = view("op-a", *members)
+        sharding(shard).view = view(other, *members)
         add_readings(owner.store, "p", T0 - 20, T0, util=50)  # busy on op-a's node
         add_readings(shard.store, "q", T0 - 20, T0, util=3)  # idle on the other's
 
