@@ -25,15 +25,15 @@ from gpuwarden.operator.sharding.ring import Ring
 
 def main() -> None:
     members = {f"replica-{i}": Member(f"replica-{i}", "http://x/v1/reports") for i in range(3)}
-    state = build_operator(OperatorConfig(shards=True, identity="replica-0", pod_namespace="bench")).state
-    shard = state.leadership
+    operator = build_operator(OperatorConfig(shards=True, identity="replica-0", pod_namespace="bench"))
+    shard = operator.parts.shard
     assert isinstance(shard, Sharding)
     for t in (time.monotonic() - 1, time.monotonic()):  # two listings alike: a steady view
         shard.view.update(members, t)
     ring = Ring(members)
     names = (f"gpu-node-{k:05d}" for k in range(100_000))
     nodes = [n for n in names if ring.owner(n) == "replica-0"][:2000]
-    ingest = state.ingest
+    ingest = operator.ingest
 
     def one_pass() -> None:
         for node in nodes:

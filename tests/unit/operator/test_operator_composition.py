@@ -19,6 +19,7 @@ from event_store_support import EventStore
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.resources import PolicyKey
+from gpuwarden.operator.scaling import WorkloadScaler
 from gpuwarden.policy.spec.model import ScaleAction, ScaleDirection, ScaleTargetRef
 
 NS = "inference"
@@ -85,15 +86,17 @@ async def test_a_scale_whose_events_meet_an_outage_and_an_etcd_stall_announces_e
     operator = build_operator(OperatorConfig(identity="op-0"), api=api, clock=lambda: T0)  # type: ignore[arg-type]
     findings = [Saturated("saturated", "a"), Saturated("saturated", "b")]
 
-    outcome = await operator.scaler.reconcile(PolicyKey(NS, "llm-serving"), scale_up(), findings, 2, T0, [])
+    scaler = operator.parts.scaler
+    assert isinstance(scaler, WorkloadScaler)  # the runners' scaler, Events through the runners' sink
+    outcome = await scaler.reconcile(PolicyKey(NS, "llm-serving"), scale_up(), findings, 2, T0, [])
 
     assert outcome.applied
     assert api.replicas == 3
     # Queued, not posted inside the evaluation round: the round never waits for the API server.
     assert api.attempts == 0
-    posting = asyncio.create_task(operator.state.events.run())
+    posting = asyncio.create_task(operator.services.events.run())
     try:
-        await asyncio.wait_for(operator.state.events.drain(), timeout=600)
+        await asyncio.wait_for(operator.services.events.drain(), timeout=600)
     finally:
         posting.cancel()
     # The policy's Event met no answer, then a stall that stored it: retried under its name, once.
