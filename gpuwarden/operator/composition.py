@@ -104,15 +104,16 @@ def build_operator(
         server_name=config.peer_server_name,
     )
 
-    def arrived(report: VerdictReport) -> None:
-        # Another shard's verdicts on a policy owned here: its daemon may evaluate.
-        records.schedule.nudge_policy_data(report.namespace, report.policy)
-
     # The one place the mode is chosen: not sharded is a shard of one (Leadership), which owns every
     # node and policy and takes no verdicts.
     shard: Leadership
     if config.shards:
         shard = Sharding(config, api, clock=clock, monotonic=monotonic)
+
+        def arrived(report: VerdictReport) -> None:
+            # Another shard's verdicts on a policy owned here: its daemon may evaluate.
+            records.schedule.nudge_policy_data(report.namespace, report.policy)
+
         verdicts = VerdictIngest(
             authenticator=TokenAuthenticator(
                 review,
