@@ -7,8 +7,9 @@ of 1 s readings, every pod on one H200, for ``--pods`` pods grouped into workloa
 the real :class:`~gpuwarden.operator.accounting.OwnerResolver` against an in-memory API, and with a
 price set (four counters a row), then scrapes it as ``/metrics`` does. Then the cost on the ingest
 path, side by side in one run: the same 8-GPU node reports (one snapshot each, ``--pods`` / 8
-nodes) through two operators' :meth:`~gpuwarden.operator.state.OperatorState.accept` (parsing
-aside: the series store, admission, and the book), one with its accounting book and one without,
+nodes) through two operators' :meth:`~gpuwarden.operator.admission.ReportAdmission.accept` (parsing
+aside: the series store, admission, and the book), one with its accounting book and one with a book
+that bills nothing,
 alternating which goes first.
 
     .venv/bin/python bench/accounting_cardinality.py                # 10,000 pods, 8 a workload, then bare
@@ -29,10 +30,10 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuwarden.operator.accounting import AccountingBook, AccountingSettings, OwnerResolver
+from gpuwarden.operator.admission import ReportAdmission
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.kube import ApiError
-from gpuwarden.operator.state import OperatorState
 from gpuwarden.policy import Point
 from gpuwarden.wire.node import SCHEMA_VERSION, GpuSample, NodeReport, PodRef, Snapshot
 
@@ -159,16 +160,24 @@ def node_report(node: int, seq: int, t: float) -> NodeReport:
     )
 
 
+class Unbilled:
+    """An accounting book that bills nothing: the ingest's cost without accounting's own."""
+
+    def observe(self, *_: Any, **__: Any) -> None:
+        pass
+
+
 def ingest_cost(nodes: int, seconds: int) -> dict[str, float]:
-    """CPU µs per report through ``OperatorState.accept``, with the accounting book and without."""
+    """CPU µs per report through ``ReportAdmission.accept``, with the accounting book and with one that
+    bills nothing (the admission still gathers what the store took for it)."""
     t0 = 1_800_000_000.0
     clock = [t0]
-    states: dict[str, OperatorState] = {}
+    states: dict[str, ReportAdmission] = {}
     for name in ("with", "without"):
-        state = build_operator(OperatorConfig(), clock=lambda: clock[0]).state
+        admission = build_operator(OperatorConfig(), clock=lambda: clock[0]).ingest.admission
         if name == "without":
-            state.accounting = None
-        states[name] = state
+            admission.accounting = Unbilled()  # type: ignore[assignment]
+        states[name] = admission
     spent = dict.fromkeys(states, 0.0)
     for s in range(seconds):
         batch = [node_report(n, s + 1, t0 + s) for n in range(nodes)]
@@ -180,7 +189,6 @@ def ingest_cost(nodes: int, seconds: int) -> dict[str, float]:
                 accept(report, report.node, clock[0])
             spent[name] += time.process_time() - start
     accounting = states["with"].accounting
-    assert accounting is not None
     assert len(accounting.ledger.pods()) == nodes * 8  # every pod counted: the path was taken
     return {name: spent[name] / (nodes * seconds) * 1e6 for name in spent}
 
@@ -215,7 +223,7 @@ def main() -> None:
 
     nodes = max(1, args.pods // 8)
     cost = ingest_cost(nodes, args.ingest_seconds)
-    print(f"\n{nodes:,} nodes of 8 GPUs, {args.ingest_seconds} reports each through OperatorState.accept")
+    print(f"\n{nodes:,} nodes of 8 GPUs, {args.ingest_seconds} reports each through ReportAdmission.accept")
     print("| CPU a report, without accounting | with | accounting's share |")
     print("|---|---|---|")
     extra = cost["with"] - cost["without"]

@@ -43,7 +43,7 @@ PARTS = (
     ("accounting", ("/accounting/",)),
     ("GPU health store", ("health",)),
     ("series store and intake", ("/policy/store/", "/policy/series", "/policy/intake")),
-    ("admission (state.accept)", ("operator/state.py", "operator/metrics.py")),
+    ("admission (accept)", ("operator/admission.py", "operator/state.py", "operator/metrics.py")),
     ("endpoint (auth, limits, body, answer)", ("/operator/endpoints/", "/operator/ingest.py", "tokenreview")),
     ("evaluation (engine, rules, runner)", ("/policy/", "/operator/policies/", "/operator/evaluation")),
     (

@@ -64,8 +64,10 @@ OPERATOR_TOKEN = "bench-operator-token"
 def serve(port_queue: Any, stop: Any, layout: Layout) -> None:
     async def main() -> None:
         api = BenchApi()
-        state = build_operator(OperatorConfig(), api=api).state  # type: ignore[arg-type]
-        state.leadership.active = True
+        config = OperatorConfig()
+        operator = build_operator(config, api=api)  # type: ignore[arg-type]
+        state = operator.state
+        operator.parts.shard.active = True
         state.pod_nodes, state.pods_synced = pod_nodes(layout), True
         state.open_policy(PolicyKey(layout.namespace(0), "gpus"))
 
@@ -81,18 +83,18 @@ def serve(port_queue: Any, stop: Any, layout: Layout) -> None:
                 username=OPERATOR,
                 pod_bound=False,
             ),
-            board=state.verdicts,
-            metrics=state.metrics,
+            board=operator.parts.board,
+            metrics=operator.parts.metrics,
             acting=lambda: True,
-            received=state.verdicts_arrived,
-            max_body_bytes=state.config.max_body_bytes,
+            received=lambda report: state.schedule.nudge_policy_data(report.namespace, report.policy),
+            max_body_bytes=config.max_body_bytes,
             known=state.runs_policy,
         )
-        runner = web.AppRunner(make_ingest_app(state.ingest, verdicts.handle), access_log=None)
+        runner = web.AppRunner(make_ingest_app(operator.ingest, verdicts.handle), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
         await site.start()
-        pruning = asyncio.create_task(state.prune())
+        pruning = asyncio.create_task(operator.services.tasks["gpuwarden pruning"]())
         port_queue.put(runner.addresses[0][1])
         await asyncio.to_thread(stop.wait)
         pruning.cancel()

@@ -66,7 +66,7 @@ def main() -> int:
     finally:
         elapsed = time.perf_counter() - started
         harness = operator.harness
-        get = harness.state.metrics.registry.get_sample_value
+        get = harness.op.parts.metrics.registry.get_sample_value
         print(
             json.dumps(
                 {
@@ -79,7 +79,7 @@ def main() -> int:
                         for r in ("future", "past", "foreignPod", "unknownPod")
                     },
                     "stored_points": get("gpuwarden_operator_points_total"),
-                    "series": len(harness.state.store),
+                    "series": len(harness.op.state.store),
                     "rss_mib": [(n, round(m, 1)) for n, m in rss],
                 },
                 indent=2,

@@ -58,9 +58,9 @@ NODE = "good-node"
 
 
 async def _server(variant: str, fd_limit: int, port_queue: Any, stop: Any, stats_queue: Any) -> None:
-    state = build_operator(OperatorConfig(), api=BenchApi()).state  # type: ignore[arg-type]
-    state.leadership.active = True
-    app = make_ingest_app(state.ingest)
+    operator = build_operator(OperatorConfig(), api=BenchApi())  # type: ignore[arg-type]
+    operator.parts.shard.active = True
+    app = make_ingest_app(operator.ingest)
     limiter: ConnectionLimiter | None = None
     if variant == "now":
         limiter = ConnectionLimiter(connection_cap(raise_fd_limit()))

@@ -59,7 +59,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,7 @@ from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.endpoints.reports import make_ingest_app
 from gpuwarden.operator.policies.runner import PolicyRunner
 from gpuwarden.operator.resources import PodRecord, PolicyKey
+from gpuwarden.operator.sharding import Leadership, Sharding
 from gpuwarden.operator.sharding.membership import POLL_SECONDS, Member
 from gpuwarden.operator.sharding.ring import Ring, policy_key
 from gpuwarden.operator.state import OperatorState
@@ -269,10 +270,13 @@ async def serve(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> N
     api = BenchApi()
     sharded = {"shards": True, "identity": SELF, "pod_namespace": "bench"} if args.shards else {}
     config = OperatorConfig(node_rate=20.0, max_body_bytes=8 * 2**20, **sharded)  # type: ignore[arg-type]
-    state = build_operator(config, api=api).state  # type: ignore[arg-type]
-    state.leadership.active = True
-    membership = asyncio.create_task(keep_membership(state, args.shards)) if args.shards else None
-    posting = asyncio.create_task(state.events.run())
+    operator = build_operator(config, api=api)  # type: ignore[arg-type]
+    state, shard = operator.state, operator.parts.shard
+    shard.active = True
+    membership = asyncio.create_task(keep_membership(shard, args.shards)) if args.shards else None
+    posting = asyncio.create_task(operator.services.events.run())
+    # The runners as the bench has always run them: neither scaling nor reclaiming.
+    parts = replace(operator.parts, scaler=None, reclaimer=None)
 
     t0 = time.time()
     points = prefill(state, layout, args.history, t0)
@@ -288,13 +292,13 @@ async def serve(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> N
 
     delays: list[float] = []
     durations: list[float] = []
-    observe_delay = state.metrics.evaluation_delay.observe
+    observe_delay = parts.metrics.evaluation_delay.observe
 
     def observe(amount: float, exemplar: dict[str, str] | None = None) -> None:
         delays.append(amount)
         observe_delay(amount, exemplar)
 
-    state.metrics.evaluation_delay.observe = observe  # type: ignore[method-assign]
+    parts.metrics.evaluation_delay.observe = observe  # type: ignore[method-assign]
     original_round = PolicyRunner.round
 
     eval_cpu = [0.0]
@@ -311,7 +315,7 @@ async def serve(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> N
         if args.no_policies
         else [
             asyncio.create_task(
-                PolicyRunner(state, PolicyKey(ns, layout.policy(ns))).run(
+                PolicyRunner(parts, PolicyKey(ns, layout.policy(ns))).run(
                     body=policy_body(ns, args.interval, not args.no_growth, layout.policy(ns)),
                     pods=pods,
                     policies={},
@@ -325,7 +329,7 @@ async def serve(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> N
 
     async def stats(request: web.Request) -> web.Response:
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        get = state.metrics.registry.get_sample_value
+        get = parts.metrics.registry.get_sample_value
         body = {
             "now": time.time(),
             "cpu": usage.ru_utime + usage.ru_stime,
@@ -351,23 +355,23 @@ async def serve(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> N
             stats_marks["durations"] = len(durations)
         return web.json_response(body)
 
-    app = make_ingest_app(state.ingest)
+    app = make_ingest_app(operator.ingest)
     app.router.add_get("/bench/stats", stats)
     await serve_until_stopped(app, port_queue, stop_event, server_tls(args))
     for task in [*runners, posting, *([membership] if membership else [])]:
         task.cancel()
 
 
-async def keep_membership(state: OperatorState, shards: int) -> None:
+async def keep_membership(shard: Leadership, shards: int) -> None:
     """What the Lease listing does every poll: ``shards`` live replicas, the view kept fresh."""
-    assert state.sharding is not None
+    assert isinstance(shard, Sharding)
     members = {r: Member(r, f"http://{r}:8443/v1/reports") for r in replicas(shards)}
     # Members for a while already: the policies are settled, as in a replica that has run for a bit.
     now = time.monotonic()
-    for ago in range(int(state.sharding.view.settle_seconds), 0, -int(POLL_SECONDS)):
-        state.sharding.view.update(members, now - ago)
+    for ago in range(int(shard.view.settle_seconds), 0, -int(POLL_SECONDS)):
+        shard.view.update(members, now - ago)
     while True:
-        state.sharding.view.update(members, time.monotonic())
+        shard.view.update(members, time.monotonic())
         await asyncio.sleep(POLL_SECONDS)
 
 

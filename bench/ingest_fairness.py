@@ -57,10 +57,10 @@ def token(layout: Layout, node: int) -> str:
 def serve(port_queue: Any, stop: Any, layout: Layout, max_body: str) -> None:
     async def main() -> None:
         config = OperatorConfig(max_body_bytes=parse_size(max_body, flag="--max-body-bytes"))
-        state = build_operator(config, api=BenchApi()).state  # type: ignore[arg-type]
-        state.leadership.active = True
-        state.pod_nodes, state.pods_synced = pod_nodes(layout), True
-        runner = web.AppRunner(make_ingest_app(state.ingest), access_log=None)
+        operator = build_operator(config, api=BenchApi())  # type: ignore[arg-type]
+        operator.parts.shard.active = True
+        operator.state.pod_nodes, operator.state.pods_synced = pod_nodes(layout), True
+        runner = web.AppRunner(make_ingest_app(operator.ingest), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
         await site.start()

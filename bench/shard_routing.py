@@ -18,26 +18,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
+from gpuwarden.operator.sharding import Sharding
 from gpuwarden.operator.sharding.membership import Member
 from gpuwarden.operator.sharding.ring import Ring
 
 
 def main() -> None:
     members = {f"replica-{i}": Member(f"replica-{i}", "http://x/v1/reports") for i in range(3)}
-    state = build_operator(OperatorConfig(shards=True, identity="replica-0", pod_namespace="bench")).state
-    assert state.sharding is not None
+    operator = build_operator(OperatorConfig(shards=True, identity="replica-0", pod_namespace="bench"))
+    shard = operator.parts.shard
+    assert isinstance(shard, Sharding)
     for t in (time.monotonic() - 1, time.monotonic()):  # two listings alike: a steady view
-        state.sharding.view.update(members, t)
+        shard.view.update(members, t)
     ring = Ring(members)
     names = (f"gpu-node-{k:05d}" for k in range(100_000))
     nodes = [n for n in names if ring.owner(n) == "replica-0"][:2000]
-    ingest = state.ingest
-    assert ingest.route is not None
+    ingest = operator.ingest
 
     def one_pass() -> None:
         for node in nodes:
             ingest.acting()
-            ingest.route(node)  # type: ignore[misc]
+            ingest.route(node)
 
     best = min(timeit.repeat(one_pass, number=10, repeat=7)) / (10 * len(nodes))
     print(f"acting() + route(node), cached: {best * 1e6:.2f} us a report")

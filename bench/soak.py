@@ -11,7 +11,7 @@ Pods churn as a Job's do: each lives ``--pod-lifetime`` (10 min; the pods' phase
 so ~13 a second are replaced at the default size), then another of a new name takes its GPU: the
 policies see the new one (findings of the gone pod resolve, ``PodGone``), and ``--deletion-lag``
 later the server forgets the old one as the operator's pod-deletion handler does
-(:meth:`OperatorState.forget_pod`). A report that lands after that (the load running late) leaves
+(:meth:`Operator.forget_pod`). A report that lands after that (the load running late) leaves
 an orphan series, which the store's pruning drops once past the retention: they are counted. The
 store starts in its steady state: each pod's series pre-filled for its age, at most the retention
 (10 min).
@@ -60,13 +60,12 @@ from ingest import (
     start_load,
 )
 
-from gpuwarden.operator.composition import build_operator
+from gpuwarden.operator.composition import Operator, build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.endpoints.reports import make_ingest_app
 from gpuwarden.operator.policies.runner import PolicyRunner
 from gpuwarden.operator.resources import PodRecord, PolicyKey
-from gpuwarden.operator.services import return_freed_memory
-from gpuwarden.operator.state import MIN_RETENTION, OperatorState
+from gpuwarden.operator.state import MIN_RETENTION
 from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.store.series import Point, SeriesKey
 
@@ -121,8 +120,9 @@ class Fleet:
     """The pods the server's policies see, replaced as they churn (what Kopf's pod index and the
     pod-deletion handler do in the operator)."""
 
-    def __init__(self, state: OperatorState, layout: ChurningLayout) -> None:
-        self.state = state
+    def __init__(self, operator: Operator, layout: ChurningLayout) -> None:
+        self.operator = operator
+        self.state = operator.state
         self.layout = layout
         self.pods: dict[str, list[PodRecord]] = {}
         self._slots: dict[tuple[int, int], int] = {}
@@ -177,34 +177,35 @@ class Fleet:
                 heapq.heappush(self._due, (due + self.layout.lifetime, node, gpu))
             while deletions and deletions[0][0] <= now:
                 _, namespace, name = deletions.popleft()
-                self.state.forget_pod(namespace, name)
+                self.operator.forget_pod(namespace, name)
             await asyncio.sleep(0.2)
 
 
 async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: Any, stop_event: Any) -> None:
     baseline: list[tracemalloc.Snapshot] = []
     api = BenchApi()
-    state = build_operator(OperatorConfig(node_rate=20.0, max_body_bytes=8 * 2**20), api=api).state  # type: ignore[arg-type]
-    state.leadership.active = True
-    fleet = Fleet(state, layout)
+    operator = build_operator(OperatorConfig(node_rate=20.0, max_body_bytes=8 * 2**20), api=api)  # type: ignore[arg-type]
+    state, metrics, events = operator.state, operator.parts.metrics, operator.services.events
+    operator.parts.shard.active = True
+    fleet = Fleet(operator, layout)
     started = time.time()
     points = fleet.prefill(MIN_RETENTION, started)
     print(f"server: prefilled {points} readings in {time.time() - started:.1f}s", file=sys.stderr, flush=True)
     if args.tracemalloc:
         tracemalloc.start(4)  # after the prefill, which it would slow tenfold
 
-    # What Services runs in the operator, and the churn.
-    background = [state.events.run(), state.prune(), fleet.churn(args.deletion_lag)]
-    if state.accounting is not None:
-        # As the operator's services run it: it resolves each new pod's workload and retires the pods
-        # gone silent, without which the ledger keeps every pod the soak ever made.
-        background.append(state.accounting.run())
-    if not args.no_trim:
-        background.append(return_freed_memory())
+    # What Services runs in the operator (the pruning, the accounting, which resolves each new pod's
+    # workload and retires the pods gone silent, and the heap trim), and the churn.
+    work = dict(operator.services.tasks)
+    if args.no_trim:
+        del work["gpuwarden heap trim"]
+    background = [events.run(), fleet.churn(args.deletion_lag), *(run() for run in work.values())]
     tasks = [asyncio.create_task(t) for t in background]
+    # The runners as the soak has always run them: neither scaling nor reclaiming.
+    parts = replace(operator.parts, scaler=None, reclaimer=None)
     tasks += [
         asyncio.create_task(
-            PolicyRunner(state, PolicyKey(ns, "gpus")).run(
+            PolicyRunner(parts, PolicyKey(ns, "gpus")).run(
                 body=policy_body(ns, args.interval), pods=fleet.pods, policies={}
             )
         )
@@ -224,7 +225,7 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
         task.add_done_callback(report_death)
 
     async def stats(request: web.Request) -> web.Response:
-        state.metrics.exposition()  # a scrape, as Prometheus makes (it ages out the per-pod gauges)
+        metrics.exposition()  # a scrape, as Prometheus makes (it ages out the per-pod gauges)
         growth: list[str] = []
         recent: list[str] = []
         if args.tracemalloc:
@@ -235,7 +236,7 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
             # What grew since the last sample: past the stores' warm-up, only what keeps growing.
             recent = _growth(snapshot, baseline[-1])
             baseline[1:] = [snapshot]
-        get = state.metrics.registry.get_sample_value
+        get = metrics.registry.get_sample_value
         store = state.store.stats()
         usage = resource.getrusage(resource.RUSAGE_SELF)
         alive = {(r.view.namespace, r.view.name) for records in fleet.pods.values() for r in records}
@@ -253,14 +254,14 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
                 "replaced_pods": fleet.replaced,
                 "events": api.events,
                 "status_writes": api.status_writes,
-                "events_pending": state.events.pending,
+                "events_pending": events.pending,
                 "growth": growth,
                 "growth_since_last": recent,
                 "died": died,
             }
         )
 
-    app = make_ingest_app(state.ingest)
+    app = make_ingest_app(operator.ingest)
     app.router.add_get("/bench/stats", stats)
     await serve_until_stopped(app, port_queue, stop_event)
     for task in tasks:

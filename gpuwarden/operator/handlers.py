@@ -40,7 +40,6 @@ from gpuwarden.operator.policies import pod_record, requests_gpu
 from gpuwarden.operator.resources import FINALIZER, GROUP, PLURAL, PREFIX, VERSION, PodRecord, PolicyKey
 from gpuwarden.operator.scaling import PolicyClaim, policy_claim
 from gpuwarden.operator.scrape import ServicePod, ServicePolicy, service_pod, service_policy
-from gpuwarden.operator.state import OperatorState
 
 logger = logging.getLogger(__name__)
 
@@ -51,10 +50,6 @@ registry = kopf.OperatorRegistry()
 def _operator(memo: kopf.Memo) -> Operator:
     operator: Operator = memo.operator
     return operator
-
-
-def _state(memo: kopf.Memo) -> OperatorState:
-    return _operator(memo).state
 
 
 @kopf.on.login(registry=registry)
@@ -109,7 +104,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
 async def start_services(memo: kopf.Memo, **kwargs: Any) -> None:
     # The indexes by their names (empty this early, filled live by Kopf): which node each GPU pod runs
     # on, for the reports' pods; the pods' uids, for the node view.
-    state = _state(memo)
+    state = _operator(memo).state
     state.pod_nodes = kwargs["gpu_pod_nodes"]
     state.pod_grants = kwargs["gpu_pod_grants"]
     state.pods = kwargs["gpu_pods"]
@@ -196,7 +191,7 @@ def policy_claims(namespace: str | None, body: kopf.Body, **_: Any) -> dict[str,
 def _gpu_pod_gone(type: str, spec: kopf.Spec, memo: kopf.Memo, **_: Any) -> bool:
     # Kopf calls a non-index handler's filter only once every index has been filled from the
     # initial listing: from the first pod event on, the pod indexes hold every pod.
-    _state(memo).pods_synced = True
+    _operator(memo).state.pods_synced = True
     # Filtered here, not in the handler: Kopf logs every handler call, and pods change often.
     return type == "DELETED" and requests_gpu(spec)
 
@@ -206,7 +201,7 @@ def _gpu_pod_gone(type: str, spec: kopf.Spec, memo: kopf.Memo, **_: Any) -> bool
 @kopf.on.event("pods", when=_gpu_pod_gone, registry=registry)
 async def pod_deleted(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
     if namespace is not None:
-        _state(memo).forget_pod(namespace, name)
+        _operator(memo).forget_pod(namespace, name)
 
 
 # Cancelled at once when stopped (peering pause, exit): a round holds nothing worth finishing.
@@ -226,7 +221,7 @@ def _deleted(type: str, **_: Any) -> bool:
 
 @kopf.on.event(GROUP, VERSION, PLURAL, when=_deleted, registry=registry)
 async def policy_deleted(uid: str, memo: kopf.Memo, **_: Any) -> None:
-    _state(memo).end_policy(uid)
+    _operator(memo).state.end_policy(uid)
 
 
 def _no_finalizers() -> None:
@@ -253,4 +248,4 @@ _no_finalizers()
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", registry=registry)
 async def spec_changed(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
     if namespace is not None:
-        _state(memo).nudge_policy(PolicyKey(namespace, name))
+        _operator(memo).state.nudge_policy(PolicyKey(namespace, name))

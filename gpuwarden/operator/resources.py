@@ -2,7 +2,7 @@
 
 A leaf: it imports nothing of :mod:`gpuwarden.operator`, so any operator module may import it
 without an import circle (before, :mod:`~gpuwarden.operator.scaling.seam` needed ``PolicyKey`` from
-:mod:`~gpuwarden.operator.state`, which needs ``Scaler`` from it).
+:mod:`~gpuwarden.operator.state`, which then needed ``Scaler`` from it).
 
 - The CRD's identity (group, version, plural, kind), once: the spec parser checks manifests
   against the same :data:`~gpuwarden.policy.parse.API_VERSION` and

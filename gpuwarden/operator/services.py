@@ -3,11 +3,12 @@
 Built by the composition root, started by a ``@kopf.on.startup`` handler and stopped by
 ``@kopf.on.cleanup`` (one :class:`contextlib.AsyncExitStack`):
 the ingest server (``POST /v1/reports``), the metrics server (``/metrics``,
-``/healthz``, ``/readyz``), the leadership loop (peering verdict → pod label), the
-Event poster, the pruning of the series and health stores and the heap trim after it
-(:func:`return_freed_memory`), and with ``--node-health`` the node view of GPU health
-(:mod:`.nodehealth`). The servers go through :mod:`gpuwarden.serving` (timeouts, one connection
-cap for both under the file-descriptor limit raised here).
+``/healthz``, ``/readyz``), the leadership loop (peering verdict, or sharded mode's membership →
+pod label), the Event poster, and the tasks the composition root names: the pruning of the records
+(:func:`prune`) and the heap trim after it (:func:`return_freed_memory`), the accounting, and with
+``--node-health`` the node view of GPU health (:mod:`.nodehealth`). The servers go through
+:mod:`gpuwarden.serving` (timeouts, one connection cap for both under the file-descriptor limit
+raised here).
 """
 
 from __future__ import annotations
@@ -19,20 +20,19 @@ import ctypes.util
 import logging
 import os
 import ssl
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from aiohttp import web
 
-from gpuwarden.operator.config import Address
-from gpuwarden.operator.endpoints import make_ingest_app
-from gpuwarden.operator.kube import EventPoster, ReviewCollector
-from gpuwarden.operator.metrics import make_metrics_app
-from gpuwarden.operator.nodehealth import NodeHealthMonitor
+from gpuwarden.operator.config import Address, OperatorConfig
+from gpuwarden.operator.kube import EventPoster, KubeApi, ReviewCollector, TokenAuthenticator
+from gpuwarden.operator.metrics import OperatorMetrics, make_metrics_app
+from gpuwarden.operator.sharding import Leadership, VerdictSender
 from gpuwarden.operator.state import PRUNE_SECONDS, OperatorState
 from gpuwarden.serving import ConnectionCollector, ConnectionLimiter, connection_cap, raise_fd_limit, serve
 
-__all__ = ["Services", "return_freed_memory", "trim_heap"]
+__all__ = ["Services", "prune", "return_freed_memory", "trim_heap"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,14 @@ def trim_heap() -> bool:
     return True
 
 
+async def prune(records: OperatorState, clock: Callable[[], float]) -> None:
+    """Forever, every :data:`PRUNE_SECONDS`: age out what stopped receiving readings
+    (:meth:`OperatorState.prune`)."""
+    while True:
+        await asyncio.sleep(PRUNE_SECONDS)
+        records.prune(clock())
+
+
 async def return_freed_memory(every: float = PRUNE_SECONDS) -> None:
     """Forever, every ``every`` seconds, :func:`trim_heap` (after the stores' pruning has freed)."""
     while True:
@@ -67,25 +75,47 @@ async def return_freed_memory(every: float = PRUNE_SECONDS) -> None:
 class Services:
     """Servers and tasks the operator runs besides Kopf's own; built by the composition root.
 
-    ``node_health``: the node view (``--node-health``), run as one of the tasks.
+    ``ingest_app``: the ingest server's routes; ``shard``: the leadership loop (peering, or sharded
+    mode's membership), stepped down at exit; ``sender``: sharded mode's verdict sender, closed at
+    exit; ``tasks``: the background work to run, by task name (cancelled at exit).
     """
 
-    def __init__(self, state: OperatorState, *, node_health: NodeHealthMonitor | None = None) -> None:
-        self.state = state
-        self.node_health = node_health
+    def __init__(
+        self,
+        config: OperatorConfig,
+        *,
+        api: KubeApi,
+        metrics: OperatorMetrics,
+        authenticator: TokenAuthenticator,
+        events: EventPoster,
+        shard: Leadership,
+        sender: VerdictSender,
+        ingest_app: web.Application,
+        tasks: Mapping[str, Callable[[], Coroutine[Any, Any, None]]],
+    ) -> None:
+        self.config = config
+        self.api = api
+        self.metrics = metrics
+        self.events = events
+        self.shard = shard
+        self.sender = sender
+        self.ingest_app = ingest_app
+        self.tasks = tasks
+        self.started = False
+        """True once the servers listen (``/readyz``)."""
         self._stack = contextlib.AsyncExitStack()
         """What :meth:`start` started, undone last started first by :meth:`stop`."""
         fds = raise_fd_limit()
-        self.connections = ConnectionLimiter(connection_cap(fds, state.config.max_connections))
+        self.connections = ConnectionLimiter(connection_cap(fds, config.max_connections))
         """Shared by the ingest and the metrics servers."""
-        state.metrics.registry.register(ConnectionCollector(self.connections, "gpuwarden_operator"))
-        state.metrics.registry.register(ReviewCollector(state.authenticator, "gpuwarden_operator"))
+        metrics.registry.register(ConnectionCollector(self.connections, "gpuwarden_operator"))
+        metrics.registry.register(ReviewCollector(authenticator, "gpuwarden_operator"))
         logger.info("File-descriptor limit %d: at most %d connections at once.", fds, self.connections.limit)
 
     async def start(self) -> None:
-        """Listen on the ingest and metrics addresses; follow the peering verdict; post Events;
-        prune the stores; judge node health. What started before a failure is stopped again."""
-        state, config = self.state, self.state.config
+        """Listen on the ingest and metrics addresses; follow the peering verdict (or the shard group);
+        post Events; run the tasks. What started before a failure is stopped again."""
+        config = self.config
         self.connections.count_accept_errors(asyncio.get_running_loop())
         tls = None
         if config.tls_cert_file and config.tls_key_file:
@@ -94,29 +124,23 @@ class Services:
         async with contextlib.AsyncExitStack() as stack:
             # Undone in reverse: the API client closes last, after the sender, the servers, the
             # Events' drain (which needs the client) and the step down (which removes the pod label).
-            stack.push_async_callback(state.api.close)
-            if state.verdict_sender is not None:
-                stack.push_async_callback(state.verdict_sender.close)
-            verdicts = state.verdict_ingest.handle if state.verdict_ingest else None
-            await self._serve(stack, make_ingest_app(state.ingest, verdicts), config.ingest, tls, "ingest")
+            stack.push_async_callback(self.api.close)
+            stack.push_async_callback(self.sender.close)
+            await self._serve(stack, self.ingest_app, config.ingest, tls, "ingest")
             await self._serve(
-                stack, make_metrics_app(state.metrics, lambda: state.started), config.metrics, None, "metrics"
+                stack, make_metrics_app(self.metrics, lambda: self.started), config.metrics, None, "metrics"
             )
-            posting = asyncio.create_task(state.events.run(), name="gpuwarden events")
-            stack.push_async_callback(_drain_then_cancel, state.events, posting)
-            stack.push_async_callback(state.leadership.step_down)
-            self._task(stack, state.leadership.run(), "gpuwarden leadership")
-            self._task(stack, state.prune(), "gpuwarden pruning")
-            self._task(stack, return_freed_memory(), "gpuwarden heap trim")
-            if state.accounting is not None:
-                self._task(stack, state.accounting.run(), "gpuwarden accounting")
-            if self.node_health is not None:
-                self._task(stack, self.node_health.run(), "gpuwarden node health")
+            posting = asyncio.create_task(self.events.run(), name="gpuwarden events")
+            stack.push_async_callback(_drain_then_cancel, self.events, posting)
+            stack.push_async_callback(self.shard.step_down)
+            self._task(stack, self.shard.run(), "gpuwarden leadership")
+            for name, work in self.tasks.items():
+                self._task(stack, work(), name)
             if tls is not None and config.tls_cert_file and config.tls_key_file:
                 reload = reload_certificate(tls, config.tls_cert_file, config.tls_key_file)
                 self._task(stack, reload, "gpuwarden certificate reload")
-            stack.callback(setattr, state, "started", False)
-            state.started = True
+            stack.callback(setattr, self, "started", False)
+            self.started = True
             self._stack = stack.pop_all()
 
     @staticmethod
@@ -136,7 +160,7 @@ class Services:
             address.host,
             address.port,
             limiter=self.connections,
-            idle_timeout=self.state.config.idle_timeout,
+            idle_timeout=self.config.idle_timeout,
             ssl_context=tls,
         )
         stack.push_async_callback(runner.cleanup)

@@ -21,9 +21,12 @@ In order, each request is answered with the first that applies:
 ====  =======================  ===================================================
 
 The identity is the node the token is bound to: the rate limit and the duplicate
-book are keyed by it, so names a report claims cost nothing. ``refused`` counts
+book are keyed by it, so names a report claims cost nothing. What of a report is
+stored is the admission's to say (:class:`~gpuwarden.operator.admission.ReportAdmission`,
+the endpoint's collaborator, which these rules document). ``refused`` counts
 what of an accepted report was not stored (readings; XIDs and pods on the health
-path), by reason: ``future`` (more than :data:`MAX_FUTURE_SKEW` ahead of the
+path), by reason: ``future`` (more than
+:data:`~gpuwarden.operator.admission.MAX_FUTURE_SKEW` ahead of the
 operator's clock: snapshots and XIDs alike), ``past`` (older than the longest
 retention), ``foreignPod`` (the pod runs on another node), ``unknownPod`` (no
 such GPU pod is watched), ``tooManyGpus`` and ``tooManyPods`` (past a bound of
@@ -53,6 +56,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from gpuwarden.operator.admission import ReportAdmission
 from gpuwarden.operator.endpoints.http import Refusal, authenticate, error_response, read_body, standby
 from gpuwarden.operator.endpoints.ratelimit import NodeRateLimiter
 from gpuwarden.operator.kube import TokenAuthenticator
@@ -62,11 +66,9 @@ from gpuwarden.wire.node import NodeReport, ReportError
 
 __all__ = [
     "INGEST",
-    "MAX_FUTURE_SKEW",
     "REPORTS_PATH",
     "VERDICTS_PATH",
     "Elsewhere",
-    "Intake",
     "ReportBook",
     "ReportIngest",
     "make_ingest_app",
@@ -78,24 +80,8 @@ REPORTS_PATH = "/v1/reports"
 VERDICTS_PATH = "/v1/verdicts"
 """Sharded mode: the other replicas' verdicts (:mod:`gpuwarden.operator.sharding.exchange`)."""
 
-MAX_FUTURE_SKEW = 30.0
-"""Seconds a snapshot may be ahead of the operator's clock (NTP keeps nodes within milliseconds).
-
-A series keeps only points newer than its latest, so a reading from the future hides the
-real ones that follow it until the clock catches up: at most this long.
-"""
-
 LARGE_BODY = 64 * 1024
 """Bodies above this (a replay; a live report of 8 GPUs is about 5 kB) are parsed one at a time."""
-
-
-@dataclass(slots=True)
-class Intake:
-    """What became of an accepted report's readings."""
-
-    stored: int = 0
-    refused: dict[str, int] = field(default_factory=dict)
-    """Readings not stored, by reason (one of :data:`~gpuwarden.wire.node.REFUSALS`)."""
 
 
 SEQ_WINDOW = 64
@@ -172,17 +158,17 @@ class ReportIngest:
     limiter: NodeRateLimiter
     book: ReportBook
     metrics: OperatorMetrics
-    accept: Callable[[NodeReport, str, float], Intake]
-    """Stores an admitted report's readings (report, the token's node, now); says what it kept."""
+    admission: ReportAdmission
+    """Stores what of an authenticated report may be stored and says what it refused; plans the node's
+    scrapes."""
     acting: Callable[[], bool]
     """Whether this replica acts (else 503)."""
+    route: Callable[[str], Elsewhere | None]
+    """None when the token's node is ours, else its owner (a 421): sharded mode's share; one shard of
+    one owns every node."""
     max_body_bytes: int
     clock: Callable[[], float] = time.time
     """The operator's clock, which snapshots' timestamps are held against."""
-    route: Callable[[str], Elsewhere | None] | None = None
-    """Sharded mode: None when the token's node is ours, else its owner (a 421). None: every node is ours."""
-    plan: Callable[[str], str | None] | None = None
-    """The scrape plan of a node, as the JSON of the answer's ``scrape``; None: nothing to scrape."""
     _large: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
 
     async def handle(self, request: web.Request) -> web.Response:
@@ -203,7 +189,7 @@ class ReportIngest:
             raise standby()
 
         node = await self._authenticate(request)
-        if self.route is not None and (elsewhere := self.route(node)) is not None:
+        if (elsewhere := self.route(node)) is not None:
             hint = {"owner": elsewhere.owner} | ({"url": elsewhere.url} if elsewhere.url else {})
             message = f"node {node} reports to replica {elsewhere.owner}"
             raise Refusal(421, "NotOwner", message, "not_owner", hint=hint)
@@ -236,7 +222,7 @@ class ReportIngest:
         if self.book.is_duplicate(node, report):
             self.metrics.duplicates.inc()
             return self._answer(node, 0, {}, duplicate=True)
-        intake = self.accept(report, node, self.clock())
+        intake = self.admission.accept(report, node, self.clock())
         self.book.record(node, report)
         self.metrics.points.inc(intake.stored)
         for reason, count in intake.refused.items():
@@ -250,7 +236,7 @@ class ReportIngest:
         # comes as JSON already.
         text = json.dumps(refused) if refused else "{}"
         body = f'{{"accepted": {accepted}, "duplicate": {"true" if duplicate else "false"}, "refused": {text}'
-        scrape = self.plan(node) if self.plan is not None else None
+        scrape = self.admission.plan(node)
         if scrape is not None:
             body += f', "scrape": {scrape}'
         return web.Response(text=body + "}", content_type="application/json")

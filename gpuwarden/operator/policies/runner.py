@@ -22,6 +22,11 @@ Every round:
 Then wait (:class:`~gpuwarden.operator.pacing.Pacing`): an interval after the
 previous round started, as soon as readings arrived.
 
+A runner is given what it uses (:class:`RunnerParts`, one for every policy, built by the composition
+root): the records it reads and keeps its policy's pacing and retention in, the API client, the clock,
+the metrics, the Event sink, this replica's shard (not sharded: a shard of one, which acts on every
+policy and owns every node), the verdicts received and the sender of its own, the scaler, the reclaimer.
+
 Status is patched here through the API rather than through Kopf's ``patch``
 kwarg: a daemon's ``patch`` is applied only when the daemon function returns,
 and this one runs for as long as the policy exists.
@@ -31,10 +36,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from gpuwarden.operator.kube import ApiError, object_ref
+from gpuwarden.operator.kube import ApiError, EventSink, KubeApi, object_ref
+from gpuwarden.operator.metrics import OperatorMetrics
 from gpuwarden.operator.pacing import Pacing
 from gpuwarden.operator.policies.announce import Announcer, announce
 from gpuwarden.operator.policies.status import PolicyVerdict, build_status, findings_from_status, owned_part
@@ -42,7 +49,7 @@ from gpuwarden.operator.reclaim import Reclaimer, ReclaimResult
 from gpuwarden.operator.resources import FIELD_MANAGER, GROUP, PLURAL, VERSION, PodRecord, PolicyKey
 from gpuwarden.operator.scaling import PolicyClaim, Scaler, ScaleResult
 from gpuwarden.operator.scrape import availability
-from gpuwarden.operator.sharding import pod_verdicts, verdicts_url
+from gpuwarden.operator.sharding import Leadership, VerdictBoard, VerdictSender, pod_verdicts
 from gpuwarden.operator.state import OperatorState
 from gpuwarden.policy import (
     Evaluation,
@@ -61,7 +68,7 @@ from gpuwarden.policy import (
 from gpuwarden.wire.verdicts import SCHEMA_VERSION as VERDICT_SCHEMA_VERSION
 from gpuwarden.wire.verdicts import VerdictReport
 
-__all__ = ["PolicyRunner"]
+__all__ = ["PolicyRunner", "RunnerParts"]
 
 EXISTENCE_CHECK_S = 300.0
 """How often a daemon confirms that its policy object still exists. No finalizer holds a policy (see
@@ -69,21 +76,36 @@ handlers.py), so its DELETED event ends the daemon; should a watch that is re-li
 this ends it within five minutes (a 404 on the status write, sooner)."""
 
 
+@dataclass(frozen=True, eq=False)
+class RunnerParts:
+    """What every policy's runner is given (by the composition root)."""
+
+    records: OperatorState
+    """The series, health and scrapes judged; the pod index; the policies' pacing and retention."""
+    api: KubeApi
+    """Reads the policy (does it still exist?) and writes its status."""
+    clock: Callable[[], float]
+    metrics: OperatorMetrics
+    events: EventSink
+    shard: Leadership
+    """Which policies this replica acts on and which nodes' pods it judges (not sharded: all)."""
+    board: VerdictBoard
+    """Sharded mode, on a policy's owner: the verdicts the other shards sent."""
+    sender: VerdictSender
+    """Sharded mode, on the others: sends the policy's owner this replica's verdicts."""
+    scaler: Scaler | None = None
+    reclaimer: Reclaimer | None = None
+
+
 class PolicyRunner:
     """The evaluation loop of one policy (one per running daemon)."""
 
-    def __init__(
-        self,
-        state: OperatorState,
-        key: PolicyKey,
-        *,
-        scaler: Scaler | None = None,
-        reclaimer: Reclaimer | None = None,
-    ) -> None:
-        self.state = state
+    def __init__(self, parts: RunnerParts, key: PolicyKey) -> None:
+        self.parts = parts
+        self.records = parts.records
         self.key = key
-        self.scaler = scaler
-        self.reclaimer = reclaimer
+        self.scaler = parts.scaler
+        self.reclaimer = parts.reclaimer
         self.log = logging.getLogger(f"{__name__}.{key}")
         self.generation: int | None = None
         self.parsed = False
@@ -111,7 +133,8 @@ class PolicyRunner:
 
         ``pods`` and ``policies`` are the operator's indexes, by namespace (live: Kopf keeps them).
         """
-        pacing = self.state.open_policy(self.key, str((body.get("metadata") or {}).get("uid", "")))
+        parts, records = self.parts, self.records
+        pacing = records.open_policy(self.key, str((body.get("metadata") or {}).get("uid", "")))
         loop = asyncio.get_running_loop()
         checked = loop.time()
         try:
@@ -123,7 +146,7 @@ class PolicyRunner:
                         break
                 started = loop.time()
                 try:
-                    with self.state.metrics.evaluation_seconds.time():
+                    with parts.metrics.evaluation_seconds.time():
                         await self.round(
                             body=body,
                             pods=pods.get(self.key.namespace, ()),
@@ -133,21 +156,21 @@ class PolicyRunner:
                 except Exception:
                     # One failed round (a bug in a rule) must not stop the policy for Kopf's retry backoff.
                     self.log.exception("Evaluation failed; it is retried at the next interval.")
-                self.state.metrics.evaluation_delay.observe(max(0.0, loop.time() - due))
+                parts.metrics.evaluation_delay.observe(max(0.0, loop.time() - due))
                 due = await pacing.wait_next(started)
         finally:
-            self.state.close_policy(self.key, pacing)
-            if not self.state.runs_policy(
+            records.close_policy(self.key, pacing)
+            if not records.runs_policy(
                 self.key.namespace, self.key.name
             ):  # a namesake created since keeps its own
-                self.state.verdicts.forget(self.key.namespace, self.key.name)
-                self.state.metrics.set_findings(self.key.namespace, self.key.name, ())
+                parts.board.forget(self.key.namespace, self.key.name)
+                parts.metrics.set_findings(self.key.namespace, self.key.name, ())
 
     async def _exists(self, uid: str) -> bool:
         """Whether the policy object ``uid`` still exists (an unanswered API: assumed so)."""
         path = f"/apis/{GROUP}/{VERSION}/namespaces/{self.key.namespace}/{PLURAL}/{self.key.name}"
         try:
-            live = await self.state.api.get(path)
+            live = await self.parts.api.get(path)
         except ApiError as exc:
             return exc.status != 404
         return not uid or (live.get("metadata") or {}).get("uid") == uid
@@ -164,9 +187,10 @@ class PolicyRunner:
 
         ``policies``: the namespace's (this one included), for the scaler's conflict check.
         """
-        now = self.state.clock()
+        parts, records = self.parts, self.records
+        now = parts.clock()
         meta = body.get("metadata") or {}
-        if not self.state.acts_on(self.key):
+        if not parts.shard.acts_on_policy(self.key.namespace, self.key.name):
             self._stand_aside()
             await self.judge_for_owner(meta.get("generation"), body.get("spec") or {}, pods, pacing, now)
             return
@@ -174,50 +198,48 @@ class PolicyRunner:
         self.sync_spec(meta.get("generation"), body.get("spec") or {}, status, now)
         pacing.interval = self.spec.evaluation_interval_seconds if self.spec else pacing.interval
         if self.spec_error is None and self.evaluator is not None and self.announcer is not None:
-            records = list(pods)
+            pod_records = list(pods)
             evaluation = self.evaluator.evaluate(
-                (r.view for r in records),
-                self.state.store,
+                (r.view for r in pod_records),
+                records.store,
                 now,
-                self.state.health,
-                elsewhere=self._judged_elsewhere(records, now),
-                services=self.state.services,
+                records.health,
+                elsewhere=self._judged_elsewhere(pod_records, now),
+                services=records.services,
             )
             self.evaluation = evaluation
             assert self.spec is not None
             specs = self.announcer.plan(
-                evaluation, events=self.spec.actions.events, claim_of=self.state.health.claim_of
+                evaluation, events=self.spec.actions.events, claim_of=records.health.claim_of
             )
             if specs:
-                refs = {r.view.name: r.object_ref() for r in records}
-                sink = self.state.events
-                for spec in await announce(specs, policy=object_ref(body), pods=refs, sink=sink):
-                    self.state.metrics.events.labels(spec.type, spec.reason).inc()
-            self.state.metrics.set_findings(self.key.namespace, self.key.name, evaluation.active)
+                refs = {r.view.name: r.object_ref() for r in pod_records}
+                for spec in await announce(specs, policy=object_ref(body), pods=refs, sink=parts.events):
+                    parts.metrics.events.labels(spec.type, spec.reason).inc()
+            parts.metrics.set_findings(self.key.namespace, self.key.name, evaluation.active)
             if self.scaler is not None:
                 # Also without actions.scale: the scaler then forgets the policy and answers None, so a
                 # removed action takes its last result (a problem, the condition) with it.
                 self.scale_result = await self._scale(evaluation, now, policies)
             if self.reclaimer is not None:
-                self.reclaim_result = await self._reclaim(evaluation, now, records, str(meta.get("uid", "")))
+                self.reclaim_result = await self._reclaim(
+                    evaluation, now, pod_records, str(meta.get("uid", ""))
+                )
         await self.write_status(status, now, pacing)
 
     def _judged_here(self, record: PodRecord) -> bool:
         """Whether this replica holds the pod's readings (sharded mode: its node is ours)."""
-        sharding = self.state.sharding
-        if sharding is None:
-            return True
-        nodes = self.state.pod_nodes.get((record.view.namespace, record.view.name))
-        return not nodes or any(sharding.owns_node(n) for n in nodes)
+        nodes = self.records.pod_nodes.get((record.view.namespace, record.view.name))
+        return not nodes or any(self.parts.shard.owns_node(n) for n in nodes)
 
     def _judged_elsewhere(
         self, records: Iterable[PodRecord], now: float
     ) -> dict[PodId, list[Outcome]] | None:
-        """Sharded mode, on the policy's owner: the pods on other shards' nodes, with the outcomes
+        """On the policy's owner: the pods on other shards' nodes (not sharded: none), with the outcomes
         their shards sent (none: nothing to judge them by this time)."""
-        if self.state.sharding is None or self.spec is None:
+        if self.spec is None:
             return None
-        received = self.state.verdicts.outcomes(
+        received = self.parts.board.outcomes(
             self.key.namespace,
             self.key.name,
             kinds={r.name: rule_kind(r) for r in self.spec.rules},
@@ -237,32 +259,33 @@ class PolicyRunner:
     ) -> None:
         """Sharded mode, another replica owns the policy: judge the pods on our nodes and send the
         owner the verdicts (it alone announces, scales and writes the status)."""
-        sharding, sender = self.state.sharding, self.state.verdict_sender
-        if sharding is None or sender is None:
-            return
-        owner = sharding.policy_owner(self.key.namespace, self.key.name)
-        if owner is None or owner.identity == sharding.me.identity or owner.url is None:
+        parts, records = self.parts, self.records
+        url = parts.shard.verdicts_to(self.key.namespace, self.key.name)
+        if url is None:
             return  # ours, not settled yet (nothing to send), or an owner that takes nothing
         judge = self._judge_by(generation, spec)
         if judge is None:
             return
         pacing.interval = judge.spec.evaluation_interval_seconds
-        records = [r for r in pods if self._judged_here(r)]
         judged = judge.judge(
-            (r.view for r in records), self.state.store, now, self.state.health, services=self.state.services
+            (r.view for r in pods if self._judged_here(r)),
+            records.store,
+            now,
+            records.health,
+            services=records.services,
         )
         if not judged:
             return  # none of the policy's pods is ours
         report = VerdictReport(
             schema_version=VERDICT_SCHEMA_VERSION,
-            shard=sharding.me.identity,
+            shard=parts.shard.identity,
             at=now,
             namespace=self.key.namespace,
             policy=self.key.name,
             generation=generation,
             pods=pod_verdicts(judged),
         )
-        await sender.send(verdicts_url(owner.url), report)
+        await parts.sender.send(url, report)
 
     def _judge_by(self, generation: int | None, spec: Mapping[str, Any]) -> PolicyEvaluator | None:
         """The evaluator that judges for the owner, by the spec of ``generation`` (None: invalid)."""
@@ -287,8 +310,8 @@ class PolicyRunner:
         if not self.parsed:
             return
         self.log.info("Another replica owns this policy now; this one sends it its verdicts.")
-        self.state.metrics.set_findings(self.key.namespace, self.key.name, ())
-        self.state.set_horizon(self.key, None)
+        self.parts.metrics.set_findings(self.key.namespace, self.key.name, ())
+        self.records.set_horizon(self.key, None)
         self.generation = self.spec = self.spec_error = self.evaluator = self.announcer = None
         self.evaluation = self.scale_result = self.reclaim_result = self.written = None
         self.parsed = False
@@ -322,7 +345,7 @@ class PolicyRunner:
                 self.log.info("Resumed %d ongoing violation(s) from status.", len(restored))
         else:
             self.evaluator.update_spec(parsed)
-        self.state.set_horizon(self.key, self.evaluator.horizon_seconds())
+        self.records.set_horizon(self.key, self.evaluator.horizon_seconds())
 
     async def _scale(
         self, evaluation: Evaluation, now: float, policies: Iterable[PolicyClaim]
@@ -342,7 +365,7 @@ class PolicyRunner:
         assert self.spec is not None
         active: set[PodId] = set()
         if (action := self.spec.actions.reclaim) is not None:
-            store = self.state.store
+            store = self.records.store
             series = {pod: store.series_of(*pod) for pod in evaluation.matched_pods}
             active = recently_active(
                 series, action, self.spec.rules, now, self.spec.evaluation_interval_seconds
@@ -376,7 +399,7 @@ class PolicyRunner:
         """``ServiceMetricsAvailable`` over the selected pods, while the rules read the pods' own metrics."""
         if self.spec is None or self.evaluation is None or not service_metric_names(self.spec):
             return None
-        services = self.state.services
+        services = self.records.services
 
         def latest(pod: PodId) -> ServiceScrape | None:
             kept = services.scrapes(pod)
@@ -392,7 +415,7 @@ class PolicyRunner:
         if new == self.written:
             return
         try:
-            await self.state.api.patch_status(
+            await self.parts.api.patch_status(
                 GROUP, VERSION, PLURAL, self.key.namespace, self.key.name, new, manager=FIELD_MANAGER
             )
         except ApiError as exc:
@@ -403,6 +426,6 @@ class PolicyRunner:
                 return
             self.log.warning("Cannot write the status (retried at the next evaluation): %s", exc)
             return
-        self.state.metrics.status_writes.inc()
+        self.parts.metrics.status_writes.inc()
         # What the server holds now: a merge patch's null removes the field.
         self.written = {k: v for k, v in new.items() if v is not None}

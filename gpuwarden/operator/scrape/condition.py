@@ -1,7 +1,7 @@
 """A policy's ``ServiceMetricsAvailable`` condition: whether its selected pods' own metrics are read.
 
 Built from each selected pod's latest scrape in the service store (the agent's outcome, or ``NoPort``
-when the plan found no port to scrape, :meth:`~gpuwarden.operator.state.OperatorState.scrape_plan`):
+when the plan found no port to scrape, :meth:`~gpuwarden.operator.admission.ReportAdmission.plan`):
 failing pods counted by reason with a few named, as a user can act on them.
 """
 

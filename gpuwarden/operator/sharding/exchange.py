@@ -12,7 +12,7 @@ the policy's daemon.
 
 Answers: 503 ``Standby`` (this replica does not act), 401/403/503 as for reports (the messages say
 verdicts), 413/415 for the body, 400 ``InvalidVerdicts`` (the message names the field; ``at`` more
-than :data:`~gpuwarden.operator.endpoints.reports.MAX_FUTURE_SKEW` ahead of this replica's clock
+than :data:`~gpuwarden.operator.admission.MAX_FUTURE_SKEW` ahead of this replica's clock
 too), 404 ``UnknownPolicy`` (no daemon of that policy runs here: nothing would ever read its
 verdicts, so none are kept), else 200 ``{"taken": N, "refused": M}`` (pods whose verdict was newer
 than the one held; pods new to a policy that holds :data:`~gpuwarden.wire.verdicts.MAX_PODS`
@@ -34,8 +34,8 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from gpuwarden.operator.admission import MAX_FUTURE_SKEW
 from gpuwarden.operator.endpoints import (
-    MAX_FUTURE_SKEW,
     REPORTS_PATH,
     VERDICTS_PATH,
     Refusal,

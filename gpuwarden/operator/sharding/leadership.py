@@ -15,6 +15,11 @@ A missing peering object pauses, as in Kopf (``--peering`` makes peering
 mandatory). The two verdicts can disagree for at most one poll interval after a
 change: either way reports are buffered by the agents or land on a replica that
 is about to evaluate them.
+
+Not sharded is sharded mode's one shard of one (as kube-state-metrics has it): the acting replica
+owns every node and every policy. So :class:`Leadership` answers what the rest of the operator asks
+a shard (:meth:`~Leadership.route`, :meth:`~Leadership.owns_node`, ...), and
+:class:`~.shard.Sharding` answers the same by its share of the ring: no part asks which mode it runs in.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any
 
 from gpuwarden.kubetime import parse_time
 from gpuwarden.operator.config import INGEST_ACTIVE_LABEL, OperatorConfig
+from gpuwarden.operator.endpoints import Elsewhere
 from gpuwarden.operator.kube import ApiError, KubeApi
 from gpuwarden.operator.resources import FIELD_MANAGER
 
@@ -63,7 +69,7 @@ def peering_paused(peers: Mapping[str, Any], *, identity: str, priority: int, no
 
 
 class Leadership:
-    """Follows the peering verdict; labels this replica's pod while it acts."""
+    """Follows the peering verdict; labels this replica's pod while it acts; a shard of one."""
 
     def __init__(
         self,
@@ -75,6 +81,7 @@ class Leadership:
         poll_seconds: float = POLL_SECONDS,
     ) -> None:
         self.config = config
+        self.identity = config.identity
         self.api = api
         self.clock = clock
         """Wall time, epoch seconds (the operator's one clock): held against the peers' ``lastseen``."""
@@ -84,6 +91,33 @@ class Leadership:
         """The label state last written to our pod (None: not known yet)."""
         self.poll_seconds = poll_seconds
         self._on_change = on_change
+
+    # -- what the rest of the operator asks a shard (a shard of one: everything is ours) --
+
+    def acting(self) -> bool:
+        """Whether this replica acts now: else ingest answers 503."""
+        return self.active
+
+    def route(self, node: str) -> Elsewhere | None:
+        """None when ``node``'s reports are ours (always, here); else the owner, for the 421."""
+        return None
+
+    def owns_node(self, node: str) -> bool:
+        """Whether ``node``'s reports are taken here (its pods are judged here)."""
+        return True
+
+    def acts_on_policy(self, namespace: str, name: str) -> bool:
+        """Whether this replica evaluates, announces, scales and writes the status of a policy."""
+        return True
+
+    def verdicts_to(self, namespace: str, name: str) -> str | None:
+        """Where to send this replica's verdicts on a policy it does not act on; None: nowhere (here,
+        it acts on all)."""
+        return None
+
+    def members(self) -> int:
+        """Live replicas in this replica's view of the shard group (0: not sharded)."""
+        return 0
 
     def _peering_paths(self) -> list[str]:
         name = self.config.peering

@@ -20,6 +20,7 @@ from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.endpoints import Elsewhere
 from gpuwarden.operator.kube import ApiError, KubeApi
 from gpuwarden.operator.resources import FIELD_MANAGER
+from gpuwarden.operator.sharding.exchange import verdicts_url
 from gpuwarden.operator.sharding.leadership import Leadership
 from gpuwarden.operator.sharding.membership import (
     GROUP_LABEL,
@@ -80,13 +81,21 @@ class Sharding(Leadership):
         """Whether ``node``'s reports are taken here (its pods are judged here)."""
         return self.view.owns(node, self.monotonic())
 
-    def policy_owner(self, namespace: str, name: str) -> Member | None:
-        """The replica that owns a policy in the current ring (where this one sends its verdicts)."""
-        return self.view.owner(policy_key(namespace, name))
-
     def acts_on_policy(self, namespace: str, name: str) -> bool:
         """Whether this replica evaluates, announces, scales and writes the status of a policy."""
         return self.view.settled_owner(policy_key(namespace, name), self.monotonic())
+
+    def verdicts_to(self, namespace: str, name: str) -> str | None:
+        """Where the policy's owner in the current ring takes this replica's verdicts on it; None while
+        it is ours, not settled yet, or owned by a replica that advertises no URL."""
+        owner = self.view.owner(policy_key(namespace, name))
+        if owner is None or owner.identity == self.me.identity or owner.url is None:
+            return None
+        return verdicts_url(owner.url)
+
+    def members(self) -> int:
+        """Live replicas in this replica's view of the shard group."""
+        return len(self.view.members)
 
     # -- the loop (Leadership.run calls _follow every poll) --
 

@@ -208,8 +208,7 @@ def test_promtool_accepts_the_counters() -> None:
 
 def test_the_ingest_feeds_the_ledger_what_the_store_takes_once() -> None:
     now = 1_800_000_000.0
-    state = build_operator(OperatorConfig(), clock=lambda: now).state
-    assert state.accounting is not None
+    admission = build_operator(OperatorConfig(), clock=lambda: now).ingest.admission
 
     def report(seq: int, times: list[float]) -> NodeReport:
         snapshots = [
@@ -229,10 +228,10 @@ def test_the_ingest_feeds_the_ledger_what_the_store_takes_once() -> None:
         ]
         return NodeReport(schema_version=5, node="n1", agent_id="x", seq=seq, snapshots=snapshots)
 
-    state.accept(report(1, [now - 3, now - 2, now - 1]), "n1", now)
+    admission.accept(report(1, [now - 3, now - 2, now - 1]), "n1", now)
     # A replay of readings already taken, and one from the future (refused by the store): nothing more.
-    state.accept(report(2, [now - 3, now - 2, now + 60]), "n1", now)
-    totals = state.accounting.ledger.pod_totals("ml", "a")[H200]
+    admission.accept(report(2, [now - 3, now - 2, now + 60]), "n1", now)
+    totals = admission.accounting.ledger.pod_totals("ml", "a")[H200]
     assert totals.allocated == pytest.approx(2.0)
     assert totals.used == pytest.approx(1.0)
 
@@ -297,8 +296,8 @@ def test_a_node_cannot_bill_its_one_gpu_pod_for_32_gpus_six_hours_back() -> None
     # Issue 45: gpu-node-2 reported its pod other-0 (one GPU, 30 s old) on 32 GPUs, a snapshot every
     # 4.5 s over the 6 h the ingest accepts. The pod is billed at most one GPU for its 30 s.
     now = 1_800_000_000.0
-    state = build_operator(OperatorConfig(), clock=lambda: now).state
-    assert state.accounting is not None
+    operator = build_operator(OperatorConfig(), clock=lambda: now)
+    state, admission = operator.state, operator.ingest.admission
     pod = ("ml", "other-0")
     spec = {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
     state.pod_nodes = {pod: ["gpu-node-2"]}
@@ -309,14 +308,14 @@ def test_a_node_cannot_bill_its_one_gpu_pod_for_32_gpus_six_hours_back() -> None
     times = [now - 6 * 3600 + 4.5 * i for i in range(267)] + [now - 1200 + 4.5 * i for i in range(267)]
     for seq, start in enumerate(range(0, len(times), 500)):
         snapshots = [snapshot(t, gpus, 90.0) for t in times[start : start + 500]]
-        state.accept(
+        admission.accept(
             NodeReport(schema_version=5, node="gpu-node-2", agent_id="x", seq=seq, snapshots=snapshots),
             "gpu-node-2",
             now,
         )
-    billed = sum(u.allocated for u in state.accounting.ledger.pod_totals(*pod).values())
+    billed = sum(u.allocated for u in admission.accounting.ledger.pod_totals(*pod).values())
     assert 0 < billed <= 1 * 30.0
-    assert state.accounting.ledger.refused > 0
+    assert admission.accounting.ledger.refused > 0
 
 
 def test_a_pods_grant_is_its_containers_gpus_from_its_start() -> None:

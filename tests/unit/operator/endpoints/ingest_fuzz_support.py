@@ -34,15 +34,15 @@ from aiohttp.test_utils import TestServer
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuwarden.operator.admission import MAX_FUTURE_SKEW, MAX_REPORT_AGE
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
-from gpuwarden.operator.endpoints.reports import MAX_FUTURE_SKEW, make_ingest_app
+from gpuwarden.operator.endpoints.reports import make_ingest_app
 from gpuwarden.operator.kube.tokenreview import TokenAuthenticator
 from gpuwarden.operator.metrics import make_metrics_app
 from gpuwarden.operator.nodehealth import NodeSettings, incident_event, node_verdict
 from gpuwarden.operator.resources import PolicyKey
 from gpuwarden.operator.sharding.exchange import VerdictIngest
-from gpuwarden.operator.state import MAX_REPORT_AGE
 from gpuwarden.policy.engine import PodView, PolicyEvaluator
 from gpuwarden.policy.parse import parse_spec
 from gpuwarden.policy.store.series import SeriesKey
@@ -353,12 +353,13 @@ class Harness:
         self.clock = Clock()
         # Rate limits are exercised elsewhere; here they would only turn cases into 429s.
         config = OperatorConfig(namespaces=(NAMESPACE,), node_rate=1e9, max_body_bytes=256 * 1024)
-        self.state = build_operator(config, api=FuzzApi(), clock=self.clock).state  # type: ignore[arg-type]
-        self.state.leadership.active = True
-        self.state.pod_nodes = POD_NODES
-        self.state.pods_synced = True
-        self.state.open_policy(PolicyKey(NAMESPACE, POLICY))
+        self.op = build_operator(config, api=FuzzApi(), clock=self.clock)  # type: ignore[arg-type]
+        self.op.parts.shard.active = True
+        self.op.state.pod_nodes = POD_NODES
+        self.op.state.pods_synced = True
+        self.op.state.open_policy(PolicyKey(NAMESPACE, POLICY))
         api = FuzzApi()
+        schedule = self.op.state.schedule
 
         async def review(token: str) -> dict[str, Any]:
             return await api.create_token_review(token, [config.token_audience])
@@ -367,13 +368,13 @@ class Harness:
             authenticator=TokenAuthenticator(
                 review, audience=config.token_audience, username=OPERATOR, pod_bound=False
             ),
-            board=self.state.verdicts,
-            metrics=self.state.metrics,
+            board=self.op.parts.board,
+            metrics=self.op.parts.metrics,
             acting=lambda: True,
-            received=self.state.verdicts_arrived,
+            received=lambda report: schedule.nudge_policy_data(report.namespace, report.policy),
             max_body_bytes=config.max_body_bytes,
             clock=self.clock,
-            known=self.state.runs_policy,
+            known=self.op.state.runs_policy,
         )
         self.evaluator = PolicyEvaluator("ns/fuzz", SPEC, namespace=NAMESPACE)
         self.health_evaluator = PolicyEvaluator("ns/health", HEALTH_SPEC, namespace=NAMESPACE)
@@ -385,8 +386,8 @@ class Harness:
         # Plain sessions rather than aiohttp's TestClient, which keeps every response until closed:
         # a long run (bench/fuzz_ingest.py) measures the operator's memory, not the client's.
         self._servers = [
-            TestServer(make_ingest_app(self.state.ingest, self.verdicts.handle)),
-            TestServer(make_metrics_app(self.state.metrics, lambda: True)),
+            TestServer(make_ingest_app(self.op.ingest, self.verdicts.handle)),
+            TestServer(make_metrics_app(self.op.parts.metrics, lambda: True)),
         ]
         for server in self._servers:
             await server.start_server()
@@ -415,7 +416,7 @@ class Harness:
             assert all(count > 0 for count in answer["refused"].values()), answer
         else:
             assert set(answer) == {"reason", "message"}, answer
-        get = self.state.metrics.registry.get_sample_value
+        get = self.op.parts.metrics.registry.get_sample_value
         assert get("gpuwarden_operator_reports_rejected_total", {"reason": "internal"}) == 0
 
         await self._good_report_is_stored_and_evaluated(now)
@@ -450,10 +451,10 @@ class Harness:
         }
         rsp = await self.ingest.post("/v1/reports", json=report, headers={"Authorization": "Bearer node-1"})
         assert (rsp.status, await rsp.json()) == (200, {"accepted": 1, "duplicate": False, "refused": {}})
-        window = self.state.store.window(SeriesKey(NAMESPACE, GOOD_POD, GOOD_GPU))
+        window = self.op.state.store.window(SeriesKey(NAMESPACE, GOOD_POD, GOOD_GPU))
         assert window is not None
         assert window.last_time == t
-        evaluation = self.evaluator.evaluate([PodView(NAMESPACE, GOOD_POD)], self.state.store, t)
+        evaluation = self.evaluator.evaluate([PodView(NAMESPACE, GOOD_POD)], self.op.state.store, t)
         (outcome,) = evaluation.outcomes
         # Judged from the good reading (95% of the card), whatever the cases stored before it.
         assert outcome.value is not None, outcome
@@ -474,9 +475,9 @@ class Harness:
 
     def _health_round_runs(self, now: float) -> None:
         """A whole round of the health path on what the cases left: nothing raises (issue 27, 2)."""
-        health = self.state.health
+        health = self.op.state.health
         pods = [PodView(ns, name) for ns, name in {*POD_NODES, *PODS}]
-        evaluation = self.health_evaluator.evaluate(pods, self.state.store, now, health)
+        evaluation = self.health_evaluator.evaluate(pods, self.op.state.store, now, health)
         for outcome in evaluation.outcomes:
             assert outcome.value is None or math.isfinite(outcome.value), outcome
             assert outcome.message  # the words of every outcome can be made
@@ -489,16 +490,16 @@ class Harness:
     def _state_is_bounded(self) -> None:
         # Per-identity state is as large as the identities, whatever names the requests claim.
         identities = sum(1 for _, node in TOKENS.values() if node is not None)
-        assert len(self.state.limiter) <= identities
-        assert len(self.state.book) <= identities
-        assert len(self.state.authenticator) <= len(TOKENS) + 1
+        assert len(self.op.ingest.limiter) <= identities
+        assert len(self.op.ingest.book) <= identities
+        assert len(self.op.ingest.authenticator) <= len(TOKENS) + 1
         # Series only for the watched pods the index places on the token's node, on the GPUs named.
-        placed = [pod for pod in self.state.store.pods() if (pod.namespace, pod.name) in POD_NODES]
-        assert placed == list(self.state.store.pods())
-        assert len(self.state.store) <= len(POD_NODES) * (len(GPUS) + 1)
-        assert len(self.state.metrics.latest) <= len(self.state.store) + len(POD_NODES)
+        placed = [pod for pod in self.op.state.store.pods() if (pod.namespace, pod.name) in POD_NODES]
+        assert placed == list(self.op.state.store.pods())
+        assert len(self.op.state.store) <= len(POD_NODES) * (len(GPUS) + 1)
+        assert len(self.op.parts.metrics.latest) <= len(self.op.state.store) + len(POD_NODES)
         # Health only from the identities' nodes, for the GPUs named.
-        health = self.state.health
+        health = self.op.state.health
         assert health.nodes() <= {"node-1", "node-2"}, health.nodes()
         assert sum(len(health.gpus_on(node)) for node in health.nodes()) <= 2 * (len(GPUS) + 1)
         # A node's GPUs hold only pods the index places on it (issue 27, 1), and no XID from the future.
@@ -509,8 +510,8 @@ class Harness:
                     assert node in POD_NODES.get((pod.namespace, pod.name), ()), (node, pod)
                 assert all(t <= latest for t, _ in record.xids), record.xids
         # Verdicts only for the policy that runs, and bounded (issue 27, 7).
-        assert self.state.verdicts.policies() <= 1
-        assert len(self.state.verdicts) <= MAX_PODS
+        assert self.op.parts.board.policies() <= 1
+        assert len(self.op.parts.board) <= MAX_PODS
 
 
 class HarnessRunner:

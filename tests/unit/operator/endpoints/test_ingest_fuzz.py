@@ -13,8 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from ingest_fuzz_support import START, Case, HarnessRunner, cases
 
-from gpuwarden.operator.endpoints.reports import MAX_FUTURE_SKEW
-from gpuwarden.operator.state import MAX_REPORT_AGE
+from gpuwarden.operator.admission import MAX_FUTURE_SKEW, MAX_REPORT_AGE
 from gpuwarden.wire.base import MAX_BYTES, MAX_COUNT, MAX_TIMESTAMP
 
 _seqs = itertools.count(1)
@@ -45,9 +44,9 @@ def test_the_cases_reach_every_answer(operator: HarnessRunner) -> None:
     """The fuzzer is worth its time only if its cases get past each check (ran after the one above)."""
     harness = operator.harness
     assert set(harness.statuses) >= {200, 400, 401, 403, 404}, harness.statuses
-    taken = harness.state.metrics.registry.get_sample_value
+    taken = harness.op.parts.metrics.registry.get_sample_value
     assert (taken("gpuwarden_operator_verdicts_received_total", {"result": "ok"}) or 0) > 0
-    get = harness.state.metrics.registry.get_sample_value
+    get = harness.op.parts.metrics.registry.get_sample_value
     refused = {
         reason: get("gpuwarden_operator_points_refused_total", {"reason": reason}) or 0
         for reason in ("future", "past", "foreignPod", "unknownPod")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -11,10 +12,9 @@ from operator_fakes import PODS, POLICY, T0, StatusApi, feed
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.pacing import Pacing
-from gpuwarden.operator.policies.runner import PolicyRunner
+from gpuwarden.operator.policies.runner import PolicyRunner, RunnerParts
 from gpuwarden.operator.resources import ObjectRef, PolicyKey
 from gpuwarden.operator.scaling.seam import ScaleResult
-from gpuwarden.operator.state import OperatorState
 from gpuwarden.policy.spec.model import PolicySpec
 
 # -- pacing ---------------------------------------------------------------------------------------
@@ -64,27 +64,37 @@ async def test_a_spec_change_wakes_it_at_once() -> None:
 # -- rounds ---------------------------------------------------------------------------------------
 
 
+class Sink:
+    """Takes the Events a runner posts: (kind, type, reason)."""
+
+    def __init__(self) -> None:
+        self.posted: list[tuple[str, str, str]] = []
+
+    async def post(self, regarding: ObjectRef, type_: str, reason: str, message: str) -> None:
+        self.posted.append((regarding.kind, type_, reason))
+
+
+def runner_parts(api: StatusApi, clock: list[float], events: Sink) -> RunnerParts:
+    """A runner's parts as the composition root builds them, with the Events going to ``events`` and
+    neither scaling nor reclaiming."""
+    parts = build_operator(OperatorConfig(), api=api, clock=lambda: clock[0]).parts  # type: ignore[arg-type]
+    return replace(parts, events=events, scaler=None, reclaimer=None)
+
+
 @pytest.fixture
-def world() -> tuple[OperatorState, StatusApi, list[tuple[str, str, str]], list[float]]:
+def world() -> tuple[RunnerParts, StatusApi, list[tuple[str, str, str]], list[float]]:
     api = StatusApi()
     clock = [T0]
-    state = build_operator(OperatorConfig(), api=api, clock=lambda: clock[0]).state  # type: ignore[arg-type]
-    posted: list[tuple[str, str, str]] = []
-
-    class Sink:
-        async def post(self, regarding: ObjectRef, type_: str, reason: str, message: str) -> None:
-            posted.append((regarding.kind, type_, reason))
-
-    state.events = Sink()  # type: ignore[assignment]
-    return state, api, posted, clock
+    sink = Sink()
+    return runner_parts(api, clock, sink), api, sink.posted, clock
 
 
 async def test_a_violation_warns_once_then_resolves_and_status_follows(world: Any) -> None:
-    state, api, posted, clock = world
+    parts, api, posted, clock = world
     body = dict(POLICY, status={})
-    runner = PolicyRunner(state, PolicyKey("ns", "pol"))
-    pacing = state.open_policy(runner.key)
-    feed(state, T0 - 20, T0, util=3)
+    runner = PolicyRunner(parts, PolicyKey("ns", "pol"))
+    pacing = parts.records.open_policy(runner.key)
+    feed(parts.records, T0 - 20, T0, util=3)
     await runner.round(body=body, pods=PODS["ns"], pacing=pacing)
     assert posted == [
         ("Pod", "Warning", "GPUUnderutilized"),
@@ -97,7 +107,7 @@ async def test_a_violation_warns_once_then_resolves_and_status_follows(world: An
     # Ongoing for 30 s: no Event, no status write.
     for _ in range(30):
         clock[0] += 1
-        feed(state, clock[0], clock[0], util=3)
+        feed(parts.records, clock[0], clock[0], util=3)
         await runner.round(body=body, pods=PODS["ns"], pacing=pacing)
     assert len(posted) == 2
     assert len(api.patches) == 1
@@ -105,12 +115,12 @@ async def test_a_violation_warns_once_then_resolves_and_status_follows(world: An
     # Re-notified after a minute.
     for _ in range(30):
         clock[0] += 1
-        feed(state, clock[0], clock[0], util=3)
+        feed(parts.records, clock[0], clock[0], util=3)
         await runner.round(body=body, pods=PODS["ns"], pacing=pacing)
     assert len(posted) == 4
     assert len(api.patches) == 1  # the same figure was announced again: the status did not change
     assert (
-        state.metrics.registry.get_sample_value(
+        parts.metrics.registry.get_sample_value(
             "gpuwarden_operator_findings", {"namespace": "ns", "policy": "pol", "rule": "idle"}
         )
         == 1
@@ -119,7 +129,7 @@ async def test_a_violation_warns_once_then_resolves_and_status_follows(world: An
     # Recovered: busy for a while, until the window's mean passes the floor and its hysteresis.
     for _ in range(12):
         clock[0] += 1
-        feed(state, clock[0], clock[0], util=90)
+        feed(parts.records, clock[0], clock[0], util=90)
         await runner.round(body=body, pods=PODS["ns"], pacing=pacing)
     assert posted[-2:] == [
         ("Pod", "Normal", "GPUUnderutilizedResolved"),
@@ -128,7 +138,7 @@ async def test_a_violation_warns_once_then_resolves_and_status_follows(world: An
     assert api.patches[-1]["violations"] == []
     assert api.patches[-1]["violatingPods"] == 0
     assert (
-        state.metrics.registry.get_sample_value(
+        parts.metrics.registry.get_sample_value(
             "gpuwarden_operator_events_total", {"type": "Warning", "reason": "GPUUnderutilized"}
         )
         == 4
@@ -136,10 +146,10 @@ async def test_a_violation_warns_once_then_resolves_and_status_follows(world: An
 
 
 async def test_an_invalid_spec_is_not_ready_and_the_fix_is_picked_up(world: Any) -> None:
-    state, api, posted, _ = world
+    parts, api, posted, _ = world
     bad = dict(POLICY, spec={**POLICY["spec"], "rules": []}, metadata={**POLICY["metadata"], "generation": 2})
-    runner = PolicyRunner(state, PolicyKey("ns", "pol"))
-    pacing = state.open_policy(runner.key)
+    runner = PolicyRunner(parts, PolicyKey("ns", "pol"))
+    pacing = parts.records.open_policy(runner.key)
     await runner.round(body=bad, pods=PODS["ns"], pacing=pacing)
     ready = {c["type"]: c for c in api.patches[-1]["conditions"]}["Ready"]
     assert (ready["status"], ready["reason"], ready["observedGeneration"]) == ("False", "InvalidSpec", 2)
@@ -154,22 +164,22 @@ async def test_an_invalid_spec_is_not_ready_and_the_fix_is_picked_up(world: Any)
 
 
 async def test_a_restart_resumes_violations_from_status_without_announcing_them(world: Any) -> None:
-    state, api, posted, clock = world
+    parts, api, posted, clock = world
     body = dict(POLICY, status={})
-    first = PolicyRunner(state, PolicyKey("ns", "pol"))
-    feed(state, T0 - 20, T0, util=3)
-    await first.round(body=body, pods=PODS["ns"], pacing=state.open_policy(first.key))
+    first = PolicyRunner(parts, PolicyKey("ns", "pol"))
+    feed(parts.records, T0 - 20, T0, util=3)
+    await first.round(body=body, pods=PODS["ns"], pacing=parts.records.open_policy(first.key))
     assert len(posted) == 2
     written = api.patches[-1]
 
     # A new process: empty store, status as the previous one wrote it.
-    state2 = build_operator(OperatorConfig(), api=api, clock=state.clock).state
-    runner = PolicyRunner(state2, PolicyKey("ns", "pol"))
-    pacing = state2.open_policy(runner.key)
+    parts2 = replace(runner_parts(api, clock, Sink()), events=parts.events)
+    runner = PolicyRunner(parts2, PolicyKey("ns", "pol"))
+    pacing = parts2.records.open_policy(runner.key)
     resumed = dict(POLICY, status=written)
     clock[0] += 30
     await runner.round(body=resumed, pods=PODS["ns"], pacing=pacing)  # no data yet
-    feed(state2, clock[0] - 30, clock[0], util=3)  # the agent's replay
+    feed(parts2.records, clock[0] - 30, clock[0], util=3)  # the agent's replay
     clock[0] += 1
     await runner.round(body=resumed, pods=PODS["ns"], pacing=pacing)
     assert len(posted) == 2  # nothing new
@@ -177,12 +187,12 @@ async def test_a_restart_resumes_violations_from_status_without_announcing_them(
 
 
 async def test_status_is_not_rewritten_when_another_replica_left_it_right(world: Any) -> None:
-    state, api, _, _ = world
-    runner = PolicyRunner(state, PolicyKey("ns", "pol"))
-    pacing = state.open_policy(runner.key)
+    parts, api, _, _ = world
+    runner = PolicyRunner(parts, PolicyKey("ns", "pol"))
+    pacing = parts.records.open_policy(runner.key)
     await runner.round(body=dict(POLICY), pods=[], pacing=pacing)
     assert len(api.patches) == 1
-    other = PolicyRunner(state, PolicyKey("ns", "pol"))
+    other = PolicyRunner(parts, PolicyKey("ns", "pol"))
     await other.round(body=dict(POLICY, status=api.patches[-1]), pods=[], pacing=pacing)
     assert len(api.patches) == 1
 
@@ -191,8 +201,8 @@ async def test_status_is_not_rewritten_when_another_replica_left_it_right(world:
 async def test_run_survives_a_failing_round_and_cleans_up(
     world: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    state, _, _, _ = world
-    runner = PolicyRunner(state, PolicyKey("ns", "pol"))
+    parts, _, _, _ = world
+    runner = PolicyRunner(parts, PolicyKey("ns", "pol"))
     rounds: asyncio.Queue[float] = asyncio.Queue()
     loop = asyncio.get_running_loop()
 
@@ -203,15 +213,15 @@ async def test_run_survives_a_failing_round_and_cleans_up(
     monkeypatch.setattr(runner, "round", failing)
     task = asyncio.create_task(runner.run(body=POLICY, pods=PODS, policies={}))
     first = await rounds.get()
-    assert list(state.running_policies()) == [runner.key]
-    state.nudge_policy(runner.key)  # wake it: another round despite the failure, at once
+    assert list(parts.records.running_policies()) == [runner.key]
+    parts.records.nudge_policy(runner.key)  # wake it: another round despite the failure, at once
     async with asyncio.timeout(1):  # the next unprompted round is an interval (10 s) away
         second = await rounds.get()
     assert second == pytest.approx(first)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert list(state.running_policies()) == []
+    assert list(parts.records.running_policies()) == []
 
 
 # -- scaling ----------------------------------------------------------------------------------------
@@ -238,9 +248,9 @@ def conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 async def test_removing_the_scale_action_clears_its_status_at_the_next_round(world: Any) -> None:
-    state, api, _, _ = world
-    runner = PolicyRunner(state, PolicyKey("ns", "pol"), scaler=MissingTarget())
-    pacing = state.open_policy(runner.key)
+    parts, api, _, _ = world
+    runner = PolicyRunner(replace(parts, scaler=MissingTarget()), PolicyKey("ns", "pol"))
+    pacing = parts.records.open_policy(runner.key)
     scale = {"targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}, "maxReplicas": 3}
     scaling = dict(POLICY, spec={**POLICY["spec"], "actions": {"scale": {**scale, "scaleDownOn": ["idle"]}}})
     await runner.round(body=scaling, pods=PODS["ns"], pacing=pacing)

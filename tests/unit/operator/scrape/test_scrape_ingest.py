@@ -44,8 +44,9 @@ class Api:
 
 @pytest.fixture
 async def served() -> AsyncIterator[tuple[TestClient[Any, Any], OperatorState]]:
-    state = build_operator(OperatorConfig(), api=Api(), clock=lambda: T0 + 60).state  # type: ignore[arg-type]
-    state.leadership.active = True
+    operator = build_operator(OperatorConfig(), api=Api(), clock=lambda: T0 + 60)  # type: ignore[arg-type]
+    operator.parts.shard.active = True
+    state = operator.state
     state.pod_nodes = {
         ("serving", "llm-0"): ["node-1"],
         ("serving", "llm-1"): ["node-1"],
@@ -61,7 +62,7 @@ async def served() -> AsyncIterator[tuple[TestClient[Any, Any], OperatorState]]:
     }
     selector = LabelSelector(match_labels=(("app", "llm"),))
     state.service_policies = {"serving": [ServicePolicy("latency", selector, frozenset({LATENCY}), 5.0)]}
-    client = TestClient(TestServer(make_ingest_app(state.ingest)))
+    client = TestClient(TestServer(make_ingest_app(operator.ingest)))
     await client.start_server()
     try:
         yield client, state

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import ssl
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import ConfigError, OperatorConfig
 from gpuwarden.operator.endpoints.reports import make_ingest_app
 from gpuwarden.operator.metrics import OperatorMetrics
-from gpuwarden.operator.policies.runner import PolicyRunner
+from gpuwarden.operator.policies.runner import PolicyRunner, RunnerParts
 from gpuwarden.operator.resources import ObjectRef, PodRecord, PolicyKey
 from gpuwarden.operator.sharding.exchange import VerdictSender
 from gpuwarden.operator.sharding.membership import (
@@ -32,7 +33,7 @@ from gpuwarden.operator.sharding.membership import (
     lease_name,
 )
 from gpuwarden.operator.sharding.ring import policy_key
-from gpuwarden.operator.state import OperatorState
+from gpuwarden.operator.sharding.shard import Sharding
 from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.store.series import Point, SeriesKey
 from gpuwarden.wire.node import dump_report
@@ -111,9 +112,16 @@ class Clocks:
         self.wall = T0
         self.mono = 1000.0
 
-    def build(self, identity: str, api: LeaseApi) -> OperatorState:
+    def build(self, identity: str, api: LeaseApi) -> Sharding:
         config = sharded(identity)
-        return build_operator(config, api=api, clock=lambda: self.wall, monotonic=lambda: self.mono).state  # type: ignore[arg-type]
+        operator = build_operator(config, api=api, clock=lambda: self.wall, monotonic=lambda: self.mono)  # type: ignore[arg-type]
+        return sharding(operator.parts)
+
+
+def sharding(parts: RunnerParts) -> Sharding:
+    """The shard the composition root gave the runners: in sharded mode, a :class:`Sharding`."""
+    assert isinstance(parts.shard, Sharding)
+    return parts.shard
 
 
 async def test_the_loop_renews_its_lease_sees_the_others_and_hands_over_on_exit() -> None:
@@ -121,33 +129,31 @@ async def test_the_loop_renews_its_lease_sees_the_others_and_hands_over_on_exit(
     clocks = Clocks()
     a = clocks.build("op-a", api)
     b = clocks.build("op-b", api)
-    assert a.sharding is not None
-    assert b.sharding is not None
-    await a.sharding._follow()
-    assert not a.sharding.active  # one listing: not yet steady
-    await a.sharding._follow()
-    assert a.sharding.active
-    assert set(a.sharding.view.members) == {"op-a"}
+    await a._follow()
+    assert not a.active  # one listing: not yet steady
+    await a._follow()
+    assert a.active
+    assert set(a.view.members) == {"op-a"}
     lease = api.leases[lease_name("gpuwarden", "op-a")]
     assert lease["metadata"]["annotations"] == {URL_ANNOTATION: "http://op-a:8443/v1/reports"}
     assert lease["spec"]["renewTime"] == format_micro_time(T0)  # the operator's clock
-    await b.sharding._follow()
-    await a.sharding._follow()
-    assert set(a.sharding.view.members) == {"op-a", "op-b"}
-    assert a.sharding.view.members["op-b"].url == "http://op-b:8443/v1/reports"
+    await b._follow()
+    await a._follow()
+    assert set(a.view.members) == {"op-a", "op-b"}
+    assert a.view.members["op-b"].url == "http://op-b:8443/v1/reports"
 
-    await b.sharding.step_down()
+    await b.step_down()
     assert lease_name("gpuwarden", "op-b") not in api.leases
-    await a.sharding._follow()
-    assert set(a.sharding.view.members) == {"op-a"}
+    await a._follow()
+    assert set(a.view.members) == {"op-a"}
 
     # The API away: the view goes stale and the replica stops acting, though it was active.
     api.down = True
     clocks.mono += 10
     with pytest.raises(Exception, match="away"):
-        await a.sharding._follow()
-    assert not a.sharding.active
-    assert not a.sharding.acting()
+        await a._follow()
+    assert not a.active
+    assert not a.acting()
 
 
 async def test_a_lease_not_renewed_dies_by_the_operators_clock() -> None:
@@ -155,34 +161,32 @@ async def test_a_lease_not_renewed_dies_by_the_operators_clock() -> None:
     clocks = Clocks()
     a = clocks.build("op-a", api)
     b = clocks.build("op-b", api)
-    assert a.sharding is not None
-    assert b.sharding is not None
-    await b.sharding._follow()
-    await a.sharding._follow()
-    await a.sharding._follow()
-    assert set(a.sharding.view.members) == {"op-a", "op-b"}
+    await b._follow()
+    await a._follow()
+    await a._follow()
+    assert set(a.view.members) == {"op-a", "op-b"}
     # b stops renewing (killed); a renews its own every RENEW_SECONDS of its monotonic clock.
     clocks.wall += LEASE_SECONDS - 1
     clocks.mono += RENEW_SECONDS
-    await a.sharding._follow()
-    assert set(a.sharding.view.members) == {"op-a", "op-b"}  # b's Lease lives a second more
+    await a._follow()
+    assert set(a.view.members) == {"op-a", "op-b"}  # b's Lease lives a second more
     clocks.wall += 1
     clocks.mono += RENEW_SECONDS
-    await a.sharding._follow()
-    assert set(a.sharding.view.members) == {"op-a"}
+    await a._follow()
+    assert set(a.view.members) == {"op-a"}
     assert api.leases[lease_name("gpuwarden", "op-a")]["spec"]["renewTime"] == format_micro_time(clocks.wall)
-    assert a.sharding.active
+    assert a.active
 
 
 @pytest.fixture
-async def client() -> AsyncIterator[tuple[TestClient[Any, Any], OperatorState]]:
-    state = build_operator(sharded("op-a"), api=ReviewApi(), clock=Clock()).state  # type: ignore[arg-type]
-    state.pod_nodes = {("ns", "pod-a"): ["node-1"], ("ns", "pod-b"): ["node-2"]}
-    state.pods_synced = True
-    c = TestClient(TestServer(make_ingest_app(state.ingest)))
+async def client() -> AsyncIterator[tuple[TestClient[Any, Any], RunnerParts]]:
+    operator = build_operator(sharded("op-a"), api=ReviewApi(), clock=Clock())  # type: ignore[arg-type]
+    operator.state.pod_nodes = {("ns", "pod-a"): ["node-1"], ("ns", "pod-b"): ["node-2"]}
+    operator.state.pods_synced = True
+    c = TestClient(TestServer(make_ingest_app(operator.ingest)))
     await c.start_server()
     try:
-        yield c, state
+        yield c, operator.parts
     finally:
         await c.close()
 
@@ -195,11 +199,11 @@ async def post(c: TestClient[Any, Any], node: str, token: str) -> tuple[int, dic
 
 
 async def test_ingest_answers_421_with_the_owner_for_nodes_it_does_not_own(client: Any) -> None:
-    c, state = client
+    c, parts = client
     assert (await post(c, "node-1", "good"))[0] == 503  # no listing yet: acts on nothing
     members = [Member("op-a", "http://op-a:8443/v1/reports"), Member("op-b", URL_B)]
-    state.sharding.view = view("op-a", *members)
-    ring = state.sharding.view.ring
+    sharding(parts).view = view("op-a", *members)
+    ring = sharding(parts).view.ring
     assert {ring.owner("node-1"), ring.owner("node-2")} == {"op-a", "op-b"}  # (the names were picked so)
     ours, theirs = ("good", "node-1"), ("good-2", "node-2")
     if ring.owner("node-1") == "op-b":
@@ -208,25 +212,30 @@ async def test_ingest_answers_421_with_the_owner_for_nodes_it_does_not_own(clien
     assert (status, payload["reason"], payload["owner"], payload["url"]) == (421, "NotOwner", "op-b", URL_B)
     status, payload = await post(c, ours[1], ours[0])
     assert (status, payload["duplicate"]) == (200, False)
-    rejected = state.metrics.registry.get_sample_value(
+    rejected = parts.metrics.registry.get_sample_value(
         "gpuwarden_operator_reports_rejected_total", {"reason": "not_owner"}
     )
     assert rejected == 1
 
 
 @pytest.fixture
-def world() -> tuple[OperatorState, StatusApi, list[str], list[float]]:
+def world() -> tuple[RunnerParts, StatusApi, list[str], list[float]]:
     api = StatusApi()
     clock = [T0]
-    state = build_operator(sharded("op-a"), api=api, clock=lambda: clock[0]).state  # type: ignore[arg-type]
     posted: list[str] = []
 
     class Sink:
         async def post(self, regarding: ObjectRef, type_: str, reason: str, message: str) -> None:
             posted.append(f"{regarding.kind} {reason}")
 
-    state.events = Sink()  # type: ignore[assignment]
-    return state, api, posted, clock
+    return runner_parts(sharded("op-a"), api, lambda: clock[0], Sink()), api, posted, clock
+
+
+def runner_parts(config: OperatorConfig, api: Any, clock: Callable[[], float], events: Any) -> RunnerParts:
+    """A runner's parts as the composition root builds them, with the Events going to ``events`` and
+    neither scaling nor reclaiming."""
+    parts = build_operator(config, api=api, clock=clock).parts
+    return replace(parts, events=events, scaler=None, reclaimer=None)
 
 
 def owner_of_pol(*identities: str) -> str:
@@ -234,39 +243,39 @@ def owner_of_pol(*identities: str) -> str:
 
 
 async def test_only_the_policys_owner_evaluates_and_a_new_owner_does_not_announce_again(world: Any) -> None:
-    state, api, posted, clock = world
+    parts, api, posted, clock = world
     other = next(o for o in (f"op-{c}" for c in "bcdefgh") if owner_of_pol("op-a", o) == o)
-    state.sharding.view = view("op-a", Member("op-a"), Member(other))
-    runner = PolicyRunner(state, PolicyKey("ns", "pol"))
-    pacing = state.open_policy(runner.key)
-    feed(state, T0 - 20, T0, util=3)
+    sharding(parts).view = view("op-a", Member("op-a"), Member(other))
+    runner = PolicyRunner(parts, PolicyKey("ns", "pol"))
+    pacing = parts.records.open_policy(runner.key)
+    feed(parts.records, T0 - 20, T0, util=3)
     await runner.round(body=dict(POLICY, status={}), pods=PODS["ns"], pacing=pacing)
     assert (posted, api.patches) == ([], [])  # the other replica's policy
 
     # The owner announced it and wrote the status; then it left, and op-a takes the policy over.
-    owner = build_operator(sharded(other), api=api, clock=state.clock).state
-    assert owner.sharding is not None
-    owner.events = state.events
-    owner.sharding.view = view(other, Member("op-a"), Member(other))
-    feed(owner, T0 - 20, T0, util=3)
+    owner = runner_parts(sharded(other), api, parts.clock, parts.events)
+    sharding(owner).view = view(other, Member("op-a"), Member(other))
+    feed(owner.records, T0 - 20, T0, util=3)
     theirs = PolicyRunner(owner, PolicyKey("ns", "pol"))
-    await theirs.round(body=dict(POLICY, status={}), pods=PODS["ns"], pacing=owner.open_policy(theirs.key))
+    await theirs.round(
+        body=dict(POLICY, status={}), pods=PODS["ns"], pacing=owner.records.open_policy(theirs.key)
+    )
     assert len(posted) == 2
     written = api.patches[-1]
 
-    state.sharding.view = view("op-a", Member("op-a"), settle=6.0)
+    sharding(parts).view = view("op-a", Member("op-a"), settle=6.0)
     clock[0] += 1
-    feed(state, T0, clock[0], util=3)
+    feed(parts.records, T0, clock[0], util=3)
     await runner.round(body=dict(POLICY, status=written), pods=PODS["ns"], pacing=pacing)
     assert len(api.patches) == 1  # not yet settled: nothing written
-    state.sharding.view = view("op-a", Member("op-a"))
+    sharding(parts).view = view("op-a", Member("op-a"))
     await runner.round(body=dict(POLICY, status=written), pods=PODS["ns"], pacing=pacing)
     assert len(posted) == 2  # resumed from status, not announced again
     assert runner.evaluation is not None
     assert len(runner.evaluation.active) == 1
 
     # And it stands aside again when the ring gives the policy back.
-    state.sharding.view = view("op-a", Member("op-a"), Member(other))
+    sharding(parts).view = view("op-a", Member("op-a"), Member(other))
     await runner.round(body=dict(POLICY, status=written), pods=PODS["ns"], pacing=pacing)
     assert runner.evaluator is None
 
@@ -295,49 +304,49 @@ async def test_a_policy_spanning_shards_is_judged_on_all_its_pods_and_announced_
     node_b = next(n for n in (f"node-{i}" for i in range(100)) if ring.owner(n) == other)
     clock = [T0]
     api = PeerApi()
-    owner = build_operator(sharded("op-a"), api=api, clock=lambda: clock[0]).state  # type: ignore[arg-type]
-    shard = build_operator(sharded(other), api=api, clock=lambda: clock[0]).state  # type: ignore[arg-type]
+    owner_operator = build_operator(sharded("op-a"), api=api, clock=lambda: clock[0])  # type: ignore[arg-type]
     posted: list[str] = []
 
     class Sink:
         async def post(self, regarding: ObjectRef, type_: str, reason: str, message: str) -> None:
             posted.append(f"{regarding.kind} {regarding.name} {reason}")
 
-    owner.events = shard.events = Sink()  # type: ignore[assignment]
+    sink = Sink()
+    owner = replace(owner_operator.parts, events=sink, scaler=None, reclaimer=None)
+    shard = runner_parts(sharded(other), api, lambda: clock[0], sink)
+    token = tmp_path / "token"
+    token.write_text("peer\n")
+    shard = replace(shard, sender=VerdictSender(str(token), shard.metrics))
     pods = [
         PodRecord(PodView("ns", "p", {"app": "x"}), "uid-p"),
         PodRecord(PodView("ns", "q", {"app": "x"}), "uid-q"),
     ]
-    for state in (owner, shard):
-        state.pod_nodes = {("ns", "p"): [node_a], ("ns", "q"): [node_b]}
-    assert owner.verdict_ingest is not None
-    assert owner.sharding is not None
-    assert shard.sharding is not None
-    server = TestServer(make_ingest_app(owner.ingest, owner.verdict_ingest.handle))
+    for parts in (owner, shard):
+        parts.records.pod_nodes = {("ns", "p"): [node_a], ("ns", "q"): [node_b]}
+    server = TestServer(owner_operator.services.ingest_app)  # /v1/reports and /v1/verdicts, as wired
     c = TestClient(server)
     await c.start_server()
-    token = tmp_path / "token"
-    token.write_text("peer\n")
-    shard.verdict_sender = VerdictSender(str(token), shard.metrics)
     try:
         url = str(server.make_url("/v1/reports"))
         members = [Member("op-a", url), Member(other, "http://unused/v1/reports")]
-        owner.sharding.view = view("op-a", *members)
-        shard.sharding.view = view(other, *members)
-        add_readings(owner.store, "p", T0 - 20, T0, util=50)  # busy on op-a's node
-        add_readings(shard.store, "q", T0 - 20, T0, util=3)  # idle on the other's
+        sharding(owner).view = view("op-a", *members)
+        sharding(shard).view = view(other, *members)
+        add_readings(owner.records.store, "p", T0 - 20, T0, util=50)  # busy on op-a's node
+        add_readings(shard.records.store, "q", T0 - 20, T0, util=3)  # idle on the other's
 
         # Every replica runs every policy's daemon: the owner takes verdicts only on a policy it runs.
         ours = PolicyRunner(owner, PolicyKey("ns", "pol"))
-        our_pacing = owner.open_policy(ours.key)
+        our_pacing = owner.records.open_policy(ours.key)
         theirs = PolicyRunner(shard, PolicyKey("ns", "pol"))
-        await theirs.round(body=dict(POLICY, status={}), pods=pods, pacing=shard.open_policy(theirs.key))
+        await theirs.round(
+            body=dict(POLICY, status={}), pods=pods, pacing=shard.records.open_policy(theirs.key)
+        )
         assert (posted, api.patches) == ([], [])  # only the owner announces and writes
         sent = shard.metrics.registry.get_sample_value(
             "gpuwarden_operator_verdicts_sent_total", {"result": "ok"}
         )
         assert sent == 1
-        assert len(owner.verdicts) == 1  # q's verdict
+        assert len(owner.board) == 1  # q's verdict
 
         await ours.round(body=dict(POLICY, status={}), pods=pods, pacing=our_pacing)
         assert posted == ["Pod q GPUUnderutilized", "GPUMonitorPolicy pol GPUUnderutilized"]
@@ -347,10 +356,14 @@ async def test_a_policy_spanning_shards_is_judged_on_all_its_pods_and_announced_
 
         # q recovers on its shard: the owner resolves it (once), from the next verdict.
         clock[0] = T0 + 30
-        add_readings(shard.store, "q", T0 + 1, T0 + 30, util=60)
-        add_readings(owner.store, "p", T0 + 1, T0 + 30, util=50)
-        await theirs.round(body=dict(POLICY, status={}), pods=pods, pacing=shard.open_policy(theirs.key))
-        await ours.round(body=dict(POLICY, status=written), pods=pods, pacing=owner.open_policy(ours.key))
+        add_readings(shard.records.store, "q", T0 + 1, T0 + 30, util=60)
+        add_readings(owner.records.store, "p", T0 + 1, T0 + 30, util=50)
+        await theirs.round(
+            body=dict(POLICY, status={}), pods=pods, pacing=shard.records.open_policy(theirs.key)
+        )
+        await ours.round(
+            body=dict(POLICY, status=written), pods=pods, pacing=owner.records.open_policy(ours.key)
+        )
         assert posted[2:] == [
             "Pod q GPUUnderutilizedResolved",
             "GPUMonitorPolicy pol GPUUnderutilizedResolved",
@@ -363,7 +376,7 @@ async def test_a_policy_spanning_shards_is_judged_on_all_its_pods_and_announced_
         rsp = await c.post("/v1/verdicts", data=b"{}", headers={"Authorization": "Bearer peer"})
         assert (rsp.status, (await rsp.json())["reason"]) == (400, "InvalidVerdicts")
     finally:
-        await shard.verdict_sender.close()
+        await shard.sender.close()
         await c.close()
 
 
