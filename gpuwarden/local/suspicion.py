@@ -3,11 +3,10 @@
 On a memoryGrowth finding of a process whose hook takes requests (docs/hook.md, "Requests"), watch asks
 the hook to ``record`` the allocator's history: from then on its readings carry the GPU bytes of each
 of the job's lines, which the finding's message names (``train.py:35 holds 41.2Gi (+36.9Gi/m)``).
-Once the leak is imminent (the card full within :data:`~gpuwarden.policy.rules.growth.IMMINENT_SECONDS`,
-the finding's reason ``GPUMemoryExhaustionImminent``) and the history has run for
-:data:`MIN_RECORDING_S` (so that the snapshot holds the leak's own blocks), or the card is full
-within :data:`LAST_CHANCE_S` whatever the history, it asks for one ``snapshot``: one per finding.
-Each answer is said on a line of its own (``RECORDING``, ``SNAPSHOT``, ``NO SNAPSHOT``).
+When :func:`~gpuwarden.policy.snapshot_due` says so (the leak imminent and recorded for a while, or
+the card about to be full), it asks for one ``snapshot``: one per finding. The operator follows the
+same rule through the nodes' agents (:mod:`gpuwarden.operator.suspicion`). Each answer is said on a
+line of its own (``RECORDING``, ``SNAPSHOT``, ``NO SNAPSHOT``).
 """
 
 from __future__ import annotations
@@ -19,13 +18,8 @@ from typing import Any
 
 from gpuwarden.agent.hookcontrol import answer_text
 from gpuwarden.agent.hooksocket import HookServer
-from gpuwarden.policy import IMMINENT_REASON, PROCESS_NAMESPACE, Finding
+from gpuwarden.policy import PROCESS_NAMESPACE, Finding, snapshot_due
 
-MIN_RECORDING_S = 30.0
-"""How long the history runs before an imminent leak's snapshot is taken: the blocks allocated before
-recording began carry no line, so a snapshot at once would say little."""
-LAST_CHANCE_S = 60.0
-"""Full within this long, the snapshot is taken whatever the history: after the crash there is none."""
 GROWTH_KIND = "memoryGrowth"
 QUIET = ("notSupported", "unknownProcess")
 """Refusals not worth a line: a process without a hook, or whose job did not opt in."""
@@ -71,11 +65,8 @@ class SuspicionResponder:
             self._spawn(self._snapshot(pid, finding.rule))
 
     def _due(self, finding: Finding, pid: int, now: float) -> bool:
-        full_in = finding.seconds_to_full
-        if full_in is not None and full_in <= LAST_CHANCE_S:
-            return True
         since = self._recording.get(pid)
-        return finding.reason == IMMINENT_REASON and since is not None and now - since >= MIN_RECORDING_S
+        return snapshot_due(finding.reason, finding.seconds_to_full, None if since is None else now - since)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)

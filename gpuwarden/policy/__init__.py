@@ -63,7 +63,7 @@ from gpuwarden.policy.rules import RULE_TYPES, RuleType, rule_type, service_metr
 from gpuwarden.policy.rules.anomaly import Pattern
 from gpuwarden.policy.rules.common import Outcome, RuleKind, WindowParams
 from gpuwarden.policy.rules.gpu_health import Problem, gpu_name, gpu_problems
-from gpuwarden.policy.rules.growth import HOST_IMMINENT_REASON, IMMINENT_REASON, site_text
+from gpuwarden.policy.rules.growth import HOST_IMMINENT_REASON, IMMINENT_REASON, site_text, snapshot_due
 from gpuwarden.policy.scaling.decider import (
     ActiveFinding,
     Blocker,
@@ -203,6 +203,7 @@ __all__ = [
     "service_metric_names",
     "service_scrape",
     "site_text",
+    "snapshot_due",
     "snoozed_until",
     "spec_warnings",
 ]

@@ -8,12 +8,10 @@ knows the writer from the socket (``SO_PEERCRED``), never from what it writes.
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from gpuwarden.wire.base import MAX_COUNT, MAX_TIMESTAMP, Bytes, WireModel, parse_strict
-from gpuwarden.wire.node import AllocationSite
+from gpuwarden.wire.node import AllocationSite, HookAnswerBody
 
 PROTOCOL_VERSION = 1
 REQUESTS_VERSION = 1
@@ -23,7 +21,6 @@ MAX_LINE_BYTES = 64 * 1024
 MAX_DEVICES = 64
 MAX_SITES = 16
 MAX_ANSWERS = 8
-MAX_ANSWER_SITES = 3
 
 
 class _Message(WireModel):
@@ -41,17 +38,10 @@ class HookDevice(_Message):
     max_allocated_bytes: Bytes | None = None
 
 
-class HookAnswer(_Message):
+class HookAnswer(_Message, HookAnswerBody):
     """The hook's answer to one request of the agent's, carried by its next message."""
 
     id: int = Field(ge=0, le=MAX_COUNT)
-    status: Literal["ok", "refused"]
-    reason: str | None = Field(default=None, max_length=256)
-    file: str | None = Field(default=None, min_length=1, max_length=1024)
-    """``snapshot``: the file the hook wrote, as the job sees it (the agent never opens it)."""
-    size_bytes: Bytes | None = None
-    sites: list[AllocationSite] = Field(default_factory=list, max_length=MAX_ANSWER_SITES)
-    """``snapshot``: its top GPU lines."""
 
 
 class HookMessage(_Message):

@@ -17,17 +17,17 @@ format). Timestamps are bounded by the operator's clock, not here (the agent has
 from __future__ import annotations
 
 import enum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 
-from gpuwarden.wire.base import MAX_COUNT, MAX_TIMESTAMP, Bytes, WireModel, parse_strict
+from gpuwarden.wire.base import MAX_COUNT, MAX_TIMESTAMP, Bytes, WireModel, first_error, parse_strict
 from gpuwarden.wire.scrape import MAX_TARGETS, ServiceSample
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 """The ``schemaVersion`` this build sends; bumped on any change an older operator would refuse."""
 
-ACCEPTED_SCHEMA_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7})
+ACCEPTED_SCHEMA_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8})
 """What the operator accepts: version 2 added ``GpuSample.health``, version 3 ``ProcessSample.hook``,
 version 4 ``PodRef.claim``, version 5 ``HookSample.host_limit_bytes``, version 6 ``Snapshot.services``
 (the pods' own metrics, :mod:`gpuwarden.wire.scrape`), version 7 ``AllocationSite.memory`` and
@@ -136,6 +136,61 @@ class AllocationSite(WireModel):
     """``gpu`` lines: how fast they grew since recording began (schema version 7)."""
 
 
+MAX_ANSWER_SITES = 3
+MAX_HOOK_REPLIES = 16
+"""Replies a snapshot carries: the operator asks at most as many at a time (:data:`MAX_HOOK_ASKS`)."""
+MAX_HOOK_ASKS = 16
+"""Requests an answer carries: the hooks of a node's pods under suspicion, at most this many at a time."""
+HOOK_OPS = ("record", "snapshot")
+"""What may be asked of a hook (docs/hook.md, "Requests"): start the allocator's history, write a snapshot."""
+
+HookOp = Literal["record", "snapshot"]
+
+
+class HookAnswerBody(WireModel):
+    """What a hook answers to one request: the hook's own answer (:class:`gpuwarden.wire.hook.HookAnswer`)
+    and the agent's relay of it to the operator (:class:`HookReply`) both carry it."""
+
+    status: Literal["ok", "refused"]
+    reason: str | None = Field(default=None, max_length=256)
+    file: str | None = Field(default=None, min_length=1, max_length=1024)
+    """``snapshot``: the file the hook wrote, as the job sees it (the agent never opens it)."""
+    size_bytes: Bytes | None = None
+    sites: list[AllocationSite] = Field(default_factory=list, max_length=MAX_ANSWER_SITES)
+    """``snapshot``: its top GPU lines."""
+
+
+class HookAsk(WireModel):
+    """One request of the operator's to the hooks of a pod's processes on some of its GPUs (the
+    ``hookAsks`` of its answer to a report): relayed by the agent to each hooked process there."""
+
+    id: int = Field(ge=1, le=MAX_COUNT)
+    """The operator's; each process's reply carries it back (:class:`HookReply`)."""
+    namespace: str = Field(min_length=1, max_length=253)
+    pod: str = Field(min_length=1, max_length=253)
+    gpus: list[str] = Field(default_factory=list, max_length=64)
+    """The GPUs (UUIDs, a MIG device's own) whose processes are asked; empty: every GPU of the pod."""
+    op: HookOp
+
+
+class HookAsks(WireModel):
+    """The ``hookAsks`` of the operator's answer to a report (absent: nothing to ask)."""
+
+    asks: list[HookAsk] = Field(default_factory=list, max_length=MAX_HOOK_ASKS)
+
+
+class HookReply(HookAnswerBody):
+    """A hooked process's answer to a :class:`HookAsk`, relayed by its node's agent (schema version 8).
+    A process that could not be asked (none hooked, or not taking requests) is answered ``refused`` by
+    the agent, with ``pid`` 0."""
+
+    id: int = Field(ge=1, le=MAX_COUNT)
+    namespace: str = Field(min_length=1, max_length=253)
+    pod: str = Field(min_length=1, max_length=253)
+    pid: int = Field(ge=0, le=MAX_PID)
+    op: HookOp
+
+
 class HookSample(WireModel):
     """What the training-side hook (:mod:`gpuwarden.hook`) last told the agent about one process on one GPU.
 
@@ -229,6 +284,9 @@ class Snapshot(WireModel):
     services: list[ServiceSample] | None = Field(default=None, max_length=MAX_TARGETS)
     """The pods' metrics the agent scraped since the previous snapshot (schema version 6; the operator's
     plan says which, :class:`~gpuwarden.wire.scrape.ScrapePlan`); None, and not sent, when none."""
+    hook_replies: list[HookReply] | None = Field(default=None, max_length=MAX_HOOK_REPLIES)
+    """The hooks' answers to the operator's asks since the previous snapshot (schema version 8); None,
+    and not sent, when none."""
 
 
 class NodeReport(WireModel):
@@ -302,7 +360,30 @@ def check_versions(report: NodeReport) -> NodeReport:
     ):
         v = report.schema_version
         raise ReportError(f"sites: GPU lines are not part of schemaVersion {v} (send schemaVersion 7)")
+    if report.schema_version < 8 and any(s.hook_replies for s in report.snapshots):
+        v = report.schema_version
+        raise ReportError(f"hookReplies: not part of schemaVersion {v} (send schemaVersion 8)")
     return report
+
+
+class AsksError(ValueError):
+    """An answer's ``hookAsks`` that is not a valid :class:`HookAsks`; the message names the field."""
+
+
+def parse_asks(value: Any) -> list[HookAsk]:
+    """The asks of an answer's decoded ``hookAsks`` (None: none), strictly; :class:`AsksError` names
+    the field."""
+    if value is None:
+        return []
+    try:
+        return HookAsks.model_validate({"asks": value}, strict=True, by_name=False).asks
+    except ValidationError as exc:
+        raise AsksError(first_error(exc, top="hookAsks")) from None
+
+
+def dump_asks(asks: list[HookAsk]) -> str:
+    """``asks`` as the answer's ``hookAsks`` value (JSON, camelCase)."""
+    return "[" + ",".join(a.model_dump_json(by_alias=True) for a in asks) + "]"
 
 
 def dump_report(report: NodeReport) -> bytes:

@@ -35,8 +35,9 @@ from gpuwarden.hook.history import (
     share_stacks,
 )
 from gpuwarden.hook.message import Reading, encode_line
-from gpuwarden.local.suspicion import MIN_RECORDING_S, SuspicionResponder
+from gpuwarden.local.suspicion import SuspicionResponder
 from gpuwarden.policy import IMMINENT_REASON, PROCESS_NAMESPACE, Finding, RuleKind, process_subject
+from gpuwarden.policy.rules.growth.snapshot import MIN_RECORDING_S
 from gpuwarden.wire.hook import HookAnswer
 
 GiB = 2**30

@@ -10,7 +10,8 @@ every quarter grows, the rise is not made of jumps and memory was not higher bef
 
 Its parts, by job: ``model`` (the spec, the constants, the spans and the reasons), ``shape`` (one GPU's
 trend over one span), ``cache`` (the trends kept between evaluations), ``judge`` (the verdicts),
-``text`` (the messages) and ``parse`` (the rule's body). Others import what this package exports
+``text`` (the messages), ``parse`` (the rule's body) and ``snapshot`` (when a suspect's hook is
+asked for an allocator snapshot). Others import what this package exports
 (``__all__``); tests may reach a part's own names.
 """
 
@@ -28,6 +29,7 @@ from gpuwarden.policy.rules.growth.model import (
     MemorySource,
 )
 from gpuwarden.policy.rules.growth.parse import BODY, parse_memory_growth
+from gpuwarden.policy.rules.growth.snapshot import snapshot_due
 from gpuwarden.policy.rules.growth.text import site_text
 
 __all__ = [
@@ -43,6 +45,7 @@ __all__ = [
     "evaluate_growth",
     "parse_memory_growth",
     "site_text",
+    "snapshot_due",
 ]
 
 
