@@ -174,9 +174,10 @@ class HookAsk(WireModel):
 
 
 class HookAsks(WireModel):
-    """The ``hookAsks`` of the operator's answer to a report (absent: nothing to ask)."""
+    """The ``hookAsks`` of the operator's answer to a report (absent: nothing to ask), as one field so
+    that a refusal names it."""
 
-    asks: list[HookAsk] = Field(default_factory=list, max_length=MAX_HOOK_ASKS)
+    hook_asks: list[HookAsk] = Field(default_factory=list, max_length=MAX_HOOK_ASKS)
 
 
 class HookReply(HookAnswerBody):
@@ -376,7 +377,7 @@ def parse_asks(value: Any) -> list[HookAsk]:
     if value is None:
         return []
     try:
-        return HookAsks.model_validate({"asks": value}, strict=True, by_name=False).asks
+        return HookAsks.model_validate({"hookAsks": value}, strict=True, by_name=False).hook_asks
     except ValidationError as exc:
         raise AsksError(first_error(exc, top="hookAsks")) from None
 

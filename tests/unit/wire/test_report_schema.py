@@ -1,7 +1,10 @@
-"""Schema versions 3 and 5: the hook's block on a process entry (5: its host memory limit), and what older
-versions may not carry."""
+"""Schema versions 3, 5, 7 and 8: the hook's block on a process entry (5: its host memory limit; 7: GPU
+lines; 8: the hooks' replies to the operator's asks, and the asks themselves), and what older versions
+may not carry."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from pydantic import ValidationError
@@ -14,9 +17,14 @@ from gpuwarden.wire.node import (
     NodeReport,
     PodRef,
     ProcessSample,
+    AsksError,
+    HookAsk,
+    HookReply,
     ReportError,
     Snapshot,
+    dump_asks,
     dump_report,
+    parse_asks,
     parse_report,
 )
 
@@ -41,8 +49,8 @@ def report(version: int, hook: HookSample | None) -> bytes:
     return dump_report(built)
 
 
-def test_this_build_sends_version_7_and_the_hook_block_round_trips() -> None:
-    assert SCHEMA_VERSION == 7
+def test_this_build_sends_version_8_and_the_hook_block_round_trips() -> None:
+    assert SCHEMA_VERSION == 8
     body = report(3, HOOK)
     assert b'"allocatedBytes":21474836480' in body
     assert b'"growthBytes"' in body
@@ -137,3 +145,47 @@ def test_a_claim_is_a_kubernetes_object_name(name: str) -> None:
     # it reaches Event text: nothing but a name a ResourceClaim could have
     with pytest.raises(ValidationError):
         PodRef(namespace="ns", name="p", claim=name)
+
+
+REPLY = HookReply(
+    id=7,
+    namespace="ml",
+    pod="train-0",
+    pid=4242,
+    op="snapshot",
+    status="ok",
+    file="/data/snaps/gpuwarden-snapshot-4242-1.pickle",
+    size_bytes=3 * 2**20,
+    sites=[
+        AllocationSite(
+            file="train.py", line=35, size_bytes=18 * 2**30, growth_bytes=17 * 2**30, count=90, memory="gpu"
+        )
+    ],
+)
+
+
+def replied(version: int) -> bytes:
+    snapshot = Snapshot(timestamp=T0, gpus=[GpuSample(uuid="GPU-0", index=0)], hook_replies=[REPLY])
+    return dump_report(
+        NodeReport(schema_version=version, node="n", agent_id="a", seq=0, snapshots=[snapshot])
+    )
+
+
+def test_the_hooks_replies_are_part_of_version_8_only() -> None:
+    body = replied(8)
+    assert b'"hookReplies":[{"status":"ok"' in body
+    assert parse_report(body).snapshots[0].hook_replies == [REPLY]
+    with pytest.raises(ReportError, match="hookReplies: not part of schemaVersion 7"):
+        parse_report(replied(7))
+    with pytest.raises(ReportError, match="op"):
+        parse_report(body.replace(b'"op":"snapshot"', b'"op":"format"'))
+
+
+def test_the_asks_round_trip_and_a_bad_one_names_its_field() -> None:
+    asks = [HookAsk(id=1, namespace="ml", pod="train-0", gpus=["GPU-0"], op="record")]
+    assert parse_asks(json.loads(dump_asks(asks))) == asks
+    assert parse_asks(None) == []
+    with pytest.raises(AsksError, match=r"hookAsks\.0\.op"):
+        parse_asks([{"id": 1, "namespace": "ml", "pod": "p", "op": "delete"}])
+    with pytest.raises(AsksError, match="hookAsks"):
+        parse_asks([{"id": 1, "namespace": "ml", "pod": "p", "op": "record"}] * 17)
