@@ -12,6 +12,7 @@ import signal
 import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -29,6 +30,7 @@ from gpuwarden.agent.attribution import (
 from gpuwarden.agent.backend import DeviceBackend
 from gpuwarden.agent.config import AgentConfig
 from gpuwarden.agent.hookchannel import HookChannel, hook_channel, open_hook_channel
+from gpuwarden.agent.hookrelay import HookRelay
 from gpuwarden.agent.http import CleanupContext, background_task, build_app, listen, stale_after
 from gpuwarden.agent.metrics import (
     AgentMetrics,
@@ -146,12 +148,14 @@ def _first_refresh(
     return context
 
 
-def _hooks_open(channel: HookChannel) -> CleanupContext:
+def _hooks_open(channel: HookChannel, relay: HookRelay | None) -> CleanupContext:
     async def context(app: web.Application) -> AsyncIterator[None]:
         async with open_hook_channel(channel, who="agent", complain=log.error) as hooks:
             if hooks is not None:
                 log.info("training hooks connect to %s", hooks.path)
             yield
+            if relay is not None:
+                await relay.close()
 
     return context
 
@@ -186,6 +190,18 @@ def build_agent(
         if config.operator_url and config.service_metrics
         else None
     )
+    channel = hook_channel(config.hook_socket, registry) if config.hook_socket is not None else None
+    # The operator's asks to the hooks of this node's pods (a leak suspected), and their replies.
+    relay = (
+        HookRelay(channel.server, channel.processes) if channel is not None and config.operator_url else None
+    )
+
+    def on_answer(answer: dict[str, Any]) -> None:
+        if scraper is not None:
+            scraper.accept_plan(answer.get("scrape"))
+        if relay is not None:
+            relay.accept(answer.get("hookAsks"))
+
     sender = (
         ReportSender(
             url=config.operator_url,
@@ -196,7 +212,7 @@ def build_agent(
             registry=registry,
             tls=ssl.create_default_context(cafile=config.operator_ca_file),
             server_name=config.operator_server_name,
-            on_plan=scraper.accept_plan if scraper is not None else None,
+            on_answer=on_answer,
         )
         if config.operator_url
         else None
@@ -205,15 +221,20 @@ def build_agent(
     def deliver(snapshot: Snapshot) -> None:
         metrics.count_xids(snapshot)  # XIDs are events: each is counted as its snapshot passes
         if sender is not None:
-            # The pods' scrapes ride on the next snapshot out (not on the ring's: /metrics is the GPUs').
-            services = scraper.drain() if scraper is not None else []
-            sender.submit(snapshot.model_copy(update={"services": services}) if services else snapshot)
-
-    channel = hook_channel(config.hook_socket, registry) if config.hook_socket is not None else None
+            # The pods' scrapes and the hooks' replies ride on the next snapshot out (not on the ring's:
+            # /metrics is the GPUs').
+            extra: dict[str, Any] = {}
+            if scraper is not None and (services := scraper.drain()):
+                extra["services"] = services
+            if relay is not None and (replies := relay.drain()):
+                extra["hook_replies"] = replies
+            sender.submit(snapshot.model_copy(update=extra) if extra else snapshot)
 
     def annotate(snapshot: Snapshot) -> Snapshot:
         annotated = attributor.annotate(snapshot)
-        return channel.stage.annotate(annotated) if channel is not None else annotated
+        if channel is None:
+            return annotated
+        return channel.processes.observe(channel.stage.annotate(annotated))
 
     sampler = Sampler(
         backend,
@@ -238,7 +259,7 @@ def build_agent(
     # what was sampled before SIGTERM still has its chance to go out; the clients close after all.
     contexts = [_closing(clients), _first_refresh(config, attributor, clients.slices, metrics)]
     if channel is not None:
-        contexts.append(_hooks_open(channel))
+        contexts.append(_hooks_open(channel, relay))
     if sender is not None:
         contexts.append(background_task("sender", sender.run, on_exit=on_exit))
     if scraper is not None:

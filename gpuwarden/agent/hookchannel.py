@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuwarden.agent.hookattach import HookStage
 from gpuwarden.agent.hookcontrol import ControlServer
+from gpuwarden.agent.hookrelay import PodProcesses
 from gpuwarden.agent.hooksocket import HookReadings, HookServer, HookSocketError
 from gpuwarden.agent.metrics import HookMetrics
 
@@ -28,13 +29,17 @@ from gpuwarden.agent.metrics import HookMetrics
 class HookChannel:
     server: HookServer
     stage: HookStage
+    processes: PodProcesses
+    """The pods' hooked processes as the newest snapshot has them (the agent's sampler keeps it)."""
 
 
 def hook_channel(path: Path, registry: CollectorRegistry) -> HookChannel:
     """The hook socket's server at ``path`` and the sampler's hook stage, counted in ``registry``."""
     readings = HookReadings()
     metrics = HookMetrics(registry, readings, time.time)
-    return HookChannel(HookServer(path, readings, events=metrics), HookStage(readings, metrics))
+    return HookChannel(
+        HookServer(path, readings, events=metrics), HookStage(readings, metrics), PodProcesses()
+    )
 
 
 @contextlib.asynccontextmanager
@@ -54,7 +59,7 @@ async def open_hook_channel(
     try:
         async with contextlib.AsyncExitStack() as stack:
             if control:
-                answering = ControlServer(hooks)
+                answering = ControlServer(hooks, channel.processes)
                 try:
                     await answering.start()
                 except OSError as exc:

@@ -22,8 +22,9 @@ What happens on each answer:
 - 2xx: delivered; readings the operator refused to store (``refused`` in the answer: a
   timestamp out of its clock's bounds, a pod the API places on another node) are counted
   by reason and logged, since retrying cannot help: this node's clock, or its pods, are off;
-  the answer's scrape plan (``scrape``; None when an older operator sends none) goes to
-  ``on_plan`` (:meth:`gpuwarden.agent.scrape.Scraper.accept_plan`);
+  the answer goes to ``on_answer``, which hands its scrape plan (``scrape``; absent from an older
+  operator's) to :meth:`gpuwarden.agent.scrape.Scraper.accept_plan` and its ``hookAsks`` to
+  :meth:`gpuwarden.agent.hookrelay.HookRelay.accept`;
 - 401, 403: retried; the token is re-read for every attempt (the kubelet rotates it);
 - 408, 429, 5xx, connection errors, timeouts: retried with capped exponential backoff
   and full jitter, honouring ``Retry-After``;
@@ -121,7 +122,7 @@ class ReportSender:
     names its replicas by pod IP, so the chart sets the ingest Service's name here.
     ``session_factory``: builds the HTTP session on first delivery.
     ``rng``: the jitter's random source, for tests.
-    ``on_plan``: called with the ``scrape`` value of each 2xx answer (None when it has none).
+    ``on_answer``: called with each 2xx answer, decoded (an empty dict when it is no JSON object).
     """
 
     def __init__(
@@ -142,7 +143,7 @@ class ReportSender:
         session_factory: Callable[[], aiohttp.ClientSession] | None = None,
         agent_id: str | None = None,
         rng: random.Random | None = None,
-        on_plan: Callable[[Any], None] | None = None,
+        on_answer: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         if interval <= 0 or buffer_limit < 1 or backoff_base <= 0 or backoff_cap < backoff_base:
             raise ValueError(
@@ -163,7 +164,7 @@ class ReportSender:
         self._server_name = server_name
         self._session_factory = session_factory or aiohttp.ClientSession
         self._rng = rng or random.Random()
-        self._on_plan = on_plan
+        self._on_answer = on_answer
         self._pending: deque[bytes] = deque()
         self._inflight: _Report | None = None
         self._next_seq = 0
@@ -337,8 +338,8 @@ class ReportSender:
                 answer = None
             answer = answer if isinstance(answer, dict) else {}
             self._count_refused(report, answer)
-            if self._on_plan is not None:
-                self._on_plan(answer.get("scrape"))
+            if self._on_answer is not None:
+                self._on_answer(answer)
             return _Outcome(delivered=True)
         text = text[:500]  # for the log: an error page can be long
         if status in (401, 403):

@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.agent.hookcontrol import ControlServer, answer_text
+from gpuwarden.agent.hookcontrol import ControlAnswer, ControlServer, answer_text
 from gpuwarden.agent.hookcontrol import ask as control_ask
+from gpuwarden.agent.hookrelay import HookRelay, PodProcesses
 from gpuwarden.agent.hooksocket import HookReadings, HookServer
 from gpuwarden.hook import HookClient, StepHook
 from gpuwarden.hook.history import (
@@ -39,6 +40,7 @@ from gpuwarden.local.suspicion import SuspicionResponder
 from gpuwarden.policy import IMMINENT_REASON, PROCESS_NAMESPACE, Finding, RuleKind, process_subject
 from gpuwarden.policy.rules.growth.snapshot import MIN_RECORDING_S
 from gpuwarden.wire.hook import HookAnswer
+from gpuwarden.wire.node import GpuSample, HookSample, PodRef, ProcessSample, Snapshot
 
 GiB = 2**30
 JOB = "/work/job/train.py"
@@ -362,15 +364,66 @@ async def test_a_job_that_did_not_opt_in_is_never_asked_and_nothing_is_said(serv
     plain.close()
 
 
-async def test_gpuwarden_snapshot_pid_asks_through_the_control_socket(
+def pod_snapshot(pid: int, namespace: str, pod: str, gpu: str = "GPU-0") -> Snapshot:
+    """A snapshot as the agent's sampler annotates it: ``pid`` of ``namespace/pod`` on ``gpu``, hooked."""
+    process = ProcessSample(
+        pid=pid,
+        pod=PodRef(namespace=namespace, name=pod),
+        hook=HookSample(timestamp=1.0, allocated_bytes=GiB),
+    )
+    return Snapshot(timestamp=1.0, gpus=[GpuSample(uuid=gpu, index=0, processes=[process])])
+
+
+async def test_the_operators_asks_are_relayed_to_the_pods_hooks_once_and_replied_on_the_next_snapshot(
     server: HookServer, tmp_path: Path
 ) -> None:
-    control = ControlServer(server)
-    await control.start()
-    assert stat.S_IMODE(os.stat(control.path).st_mode) == 0o600
+    processes = PodProcesses()
+    relay = HookRelay(server, processes)
     hook = hook_on(server, tmp_path)
     await reading(hook)
-    asked = asyncio.create_task(asyncio.to_thread(control_ask, control.path, os.getpid(), "snapshot", 10.0))
+    processes.observe(pod_snapshot(os.getpid(), "ml", "train-0"))
+    ask = {"id": 41, "namespace": "ml", "pod": "train-0", "gpus": ["GPU-0"], "op": "record"}
+    relay.accept([ask])
+    relay.accept([ask])  # repeated by the operator until it has the reply: acted on once
+    sock = hook.client._sock
+    assert sock is not None
+    await asyncio.to_thread(select.select, [sock], [], [], 10.0)  # the relay's request reached the hook
+    await reading(hook)  # takes the request
+    await reading(hook)  # answers it
+    await asyncio.wait_for(relay.settled(), 10)
+    [reply] = relay.drain()
+    assert (reply.id, reply.namespace, reply.pod, reply.pid, reply.op, reply.status) == (
+        41,
+        "ml",
+        "train-0",
+        os.getpid(),
+        "record",
+        "ok",
+    ), reply
+    assert relay.drain() == []
+    # A pod with no hooked process there (on another GPU of its, or none at all): refused, pid 0.
+    relay.accept([{**ask, "id": 42, "gpus": ["GPU-1"]}, {**ask, "id": 43, "pod": "other-0"}])
+    await asyncio.wait_for(relay.settled(), 10)
+    assert [(r.id, r.pid, r.status, (r.reason or "").split(":")[0]) for r in relay.drain()] == [
+        (42, 0, "refused", "noHookedProcess"),
+        (43, 0, "refused", "noHookedProcess"),
+    ]
+    hook.close()
+    await relay.close()
+
+
+async def test_malformed_asks_are_ignored_whole(server: HookServer, caplog: pytest.LogCaptureFixture) -> None:
+    relay = HookRelay(server, PodProcesses())
+    relay.accept([{"id": 1, "namespace": "ml", "pod": "p", "op": "delete"}])
+    relay.accept(None)  # an answer without asks
+    await relay.close()
+    assert relay.pending == 0
+    assert "hookAsks.0.op" in caplog.text
+
+
+async def snapshot_through(control: ControlServer, hook: StepHook, target: int | str) -> list[ControlAnswer]:
+    """``gpuwarden snapshot TARGET``'s answers, the hook (of this process) answering the agent's request."""
+    asked = asyncio.create_task(asyncio.to_thread(control_ask, control.path, target, "snapshot", 10.0))
     sock = hook.client._sock
     assert sock is not None
     # Until the agent, asked by the command, writes its request to the hook.
@@ -379,12 +432,36 @@ async def test_gpuwarden_snapshot_pid_asks_through_the_control_socket(
     assert hook.writer is not None
     await asyncio.to_thread(hook.writer.wait, 10)
     await reading(hook)
-    answer = await asked
-    assert answer.status == "ok", answer
+    return await asked
+
+
+async def test_gpuwarden_snapshot_asks_through_the_control_socket_by_pid_or_pod(
+    server: HookServer, tmp_path: Path
+) -> None:
+    processes = PodProcesses()
+    control = ControlServer(server, processes)
+    await control.start()
+    assert stat.S_IMODE(os.stat(control.path).st_mode) == 0o600
+    hook = hook_on(server, tmp_path)
+    await reading(hook)
+    [answer] = await snapshot_through(control, hook, os.getpid())
+    assert (answer.status, answer.pid) == ("ok", os.getpid()), answer
     assert answer.file is not None
     assert Path(answer.file).parent == tmp_path
-    refused = await asyncio.to_thread(control_ask, control.path, 1, "snapshot", 10.0)
+    # By pod: the processes the newest snapshot attributes to it, with a hook.
+    processes.observe(pod_snapshot(os.getpid(), "ml", "train-0"))
+    [by_pod] = await snapshot_through(control, hook, "ml/train-0")
+    assert (by_pod.status, by_pod.pid) == ("ok", os.getpid()), by_pod
+    assert by_pod.file is not None
+    assert by_pod.file != answer.file
+    [refused] = await asyncio.to_thread(control_ask, control.path, 1, "snapshot", 10.0)
     assert (refused.status, (refused.reason or "").split(":")[0]) == ("refused", "unknownProcess")
+    [nobody] = await asyncio.to_thread(control_ask, control.path, "ml/other-0", "snapshot", 10.0)
+    assert (nobody.status, nobody.pid, (nobody.reason or "").split(":")[0]) == (
+        "refused",
+        0,
+        "noHookedProcess",
+    )
     hook.close()
     await control.close()
     assert not control.path.exists()
@@ -396,7 +473,7 @@ def test_gpuwarden_snapshot_says_why_it_cannot_ask(
     from gpuwarden.cli import main
 
     assert main(["snapshot", "trainer-0", f"--hook-socket={socket_dir}/hook.sock"]) == 2
-    assert "expected a PID (naming a pod is not supported)" in capsys.readouterr().err
+    assert "expected a PID or NAMESPACE/POD" in capsys.readouterr().err
     assert main(["snapshot", "4242", f"--hook-socket={socket_dir}/hook.sock"]) == 1
     assert f"no answer from {socket_dir}/hook.sock.control" in capsys.readouterr().err
 

@@ -200,7 +200,7 @@ async def test_the_agents_sender_hands_the_plan_to_its_scraper(served: Any, tmp_
         "node-1",
         token,
         registry=registry,
-        on_plan=scraper.accept_plan,
+        on_answer=lambda answer: scraper.accept_plan(answer.get("scrape")),
     )
     sender.submit(Snapshot(timestamp=T0, gpus=[]))
     await sender.flush()
