@@ -30,7 +30,7 @@ from pydantic import Field
 
 from gpuwarden.agent.hookrelay import PodProcesses
 from gpuwarden.agent.hooksocket import OPS, HookServer, peer_credentials, refusal
-from gpuwarden.policy import format_bytes, site_text
+from gpuwarden.policy import answer_text
 from gpuwarden.wire.hook import HookAnswer
 from gpuwarden.wire.node import MAX_PID
 
@@ -43,20 +43,6 @@ class ControlAnswer(HookAnswer):
     (0: nobody, when the request itself is refused)."""
 
     pid: int = Field(ge=0, le=MAX_PID)
-
-
-def answer_text(answer: HookAnswer) -> str:
-    """An answer as a line says it: the file and its top lines, or why it was refused. What the job
-    wrote is shown printable only (no terminal escapes from a job's strings)."""
-    if answer.status != "ok":
-        text = f"refused: {answer.reason}"
-    elif answer.file is None:
-        text = "ok"
-    else:
-        lines = ", ".join(site_text(site) for site in answer.sites)
-        size = f" ({format_bytes(answer.size_bytes)})" if answer.size_bytes is not None else ""
-        text = f"{answer.file}{size}" + (f"; top lines: {lines}" if lines else "")
-    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 def control_path(hook_socket: Path) -> Path:

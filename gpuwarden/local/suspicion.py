@@ -16,9 +16,8 @@ import time
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
-from gpuwarden.agent.hookcontrol import answer_text
 from gpuwarden.agent.hooksocket import HookServer
-from gpuwarden.policy import PROCESS_NAMESPACE, Finding, snapshot_due
+from gpuwarden.policy import PROCESS_NAMESPACE, Finding, answer_text, snapshot_due
 
 GROWTH_KIND = "memoryGrowth"
 QUIET = ("notSupported", "unknownProcess")

@@ -63,7 +63,13 @@ from gpuwarden.policy.rules import RULE_TYPES, RuleType, rule_type, service_metr
 from gpuwarden.policy.rules.anomaly import Pattern
 from gpuwarden.policy.rules.common import Outcome, RuleKind, WindowParams
 from gpuwarden.policy.rules.gpu_health import Problem, gpu_name, gpu_problems
-from gpuwarden.policy.rules.growth import HOST_IMMINENT_REASON, IMMINENT_REASON, site_text, snapshot_due
+from gpuwarden.policy.rules.growth import (
+    HOST_IMMINENT_REASON,
+    IMMINENT_REASON,
+    answer_text,
+    site_text,
+    snapshot_due,
+)
 from gpuwarden.policy.scaling.decider import (
     ActiveFinding,
     Blocker,
@@ -178,6 +184,7 @@ __all__ = [
     "WindowParams",
     "WorkloadLoad",
     "WorkloadRef",
+    "answer_text",
     "approx_duration",
     "describe_xid",
     "evaluate_rule",

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.agent.hookcontrol import ControlAnswer, ControlServer, answer_text
+from gpuwarden.agent.hookcontrol import ControlAnswer, ControlServer
 from gpuwarden.agent.hookcontrol import ask as control_ask
 from gpuwarden.agent.hookrelay import HookRelay, PodProcesses
 from gpuwarden.agent.hooksocket import HookReadings, HookServer
@@ -37,7 +37,14 @@ from gpuwarden.hook.history import (
 )
 from gpuwarden.hook.message import Reading, encode_line
 from gpuwarden.local.suspicion import SuspicionResponder
-from gpuwarden.policy import IMMINENT_REASON, PROCESS_NAMESPACE, Finding, RuleKind, process_subject
+from gpuwarden.policy import (
+    IMMINENT_REASON,
+    PROCESS_NAMESPACE,
+    Finding,
+    RuleKind,
+    answer_text,
+    process_subject,
+)
 from gpuwarden.policy.rules.growth.snapshot import MIN_RECORDING_S
 from gpuwarden.wire.hook import HookAnswer
 from gpuwarden.wire.node import GpuSample, HookSample, PodRef, ProcessSample, Snapshot

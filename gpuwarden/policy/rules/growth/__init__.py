@@ -30,7 +30,7 @@ from gpuwarden.policy.rules.growth.model import (
 )
 from gpuwarden.policy.rules.growth.parse import BODY, parse_memory_growth
 from gpuwarden.policy.rules.growth.snapshot import snapshot_due
-from gpuwarden.policy.rules.growth.text import site_text
+from gpuwarden.policy.rules.growth.text import answer_text, site_text
 
 __all__ = [
     "HOST_IMMINENT_REASON",
@@ -42,6 +42,7 @@ __all__ = [
     "GrowthCache",
     "MemoryGrowth",
     "MemorySource",
+    "answer_text",
     "evaluate_growth",
     "parse_memory_growth",
     "site_text",

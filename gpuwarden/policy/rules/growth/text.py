@@ -12,7 +12,7 @@ from gpuwarden.policy.rules.growth.model import (
     MemorySource,
 )
 from gpuwarden.units import format_duration
-from gpuwarden.wire.node import AllocationSite
+from gpuwarden.wire.node import AllocationSite, HookAnswerBody
 
 MEMORY_NOUNS = {
     MemorySource.DEVICE: "GPU memory",
@@ -112,3 +112,17 @@ def site_text(site: AllocationSite) -> str:
         )
     blocks = "block" if site.count == 1 else "blocks"
     return f"{name}:{site.line} +{format_bytes(site.growth_bytes)} ({site.count:,} {blocks})"
+
+
+def answer_text(answer: HookAnswerBody) -> str:
+    """A hook's answer as a line says it: the file and its top lines, or why it was refused. What the
+    job wrote is shown printable only (no terminal escapes, no line breaks from a job's strings)."""
+    if answer.status != "ok":
+        text = f"refused: {answer.reason}"
+    elif answer.file is None:
+        text = "ok"
+    else:
+        lines = ", ".join(site_text(site) for site in answer.sites)
+        size = f" ({format_bytes(answer.size_bytes)})" if answer.size_bytes is not None else ""
+        text = f"{answer.file}{size}" + (f"; top lines: {lines}" if lines else "")
+    return "".join(c if c.isprintable() else "?" for c in text)
