@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
 from gpuwarden.agent.hooksocket import HookServer
@@ -37,9 +37,15 @@ class SuspicionResponder:
     each evaluation, on the event loop. ``note`` says each answer; ``clock`` is the findings' clock."""
 
     def __init__(
-        self, hooks: HookServer, note: Callable[[str], None], clock: Callable[[], float] = time.time
+        self,
+        hooks: HookServer,
+        note: Callable[[str], None],
+        before: Mapping[tuple[str, str], float] | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._hooks = hooks
+        self._before = before or {}
+        """(policy, rule) → the rule's ``snapshotBefore``; a rule not in it: the default, 16m."""
         self._note = note
         self._clock = clock
         self._recording: dict[int, float | None] = {}
@@ -65,7 +71,9 @@ class SuspicionResponder:
 
     def _due(self, finding: Finding, pid: int, now: float) -> bool:
         since = self._recording.get(pid)
-        return snapshot_due(finding.reason, finding.seconds_to_full, None if since is None else now - since)
+        recorded_for = None if since is None else now - since
+        before = self._before.get((finding.policy, finding.rule))
+        return snapshot_due(finding.reason, finding.seconds_to_full, recorded_for, before)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)

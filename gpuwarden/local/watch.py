@@ -72,7 +72,7 @@ from gpuwarden.local.scrapes import ServiceWatcher, scrape_interval, service_sub
 from gpuwarden.local.session import Session
 from gpuwarden.local.subjects import SubjectKind, processes_in
 from gpuwarden.local.suspicion import SuspicionResponder
-from gpuwarden.policy import RULE_TYPES, PodView, SpecError, service_metric_names
+from gpuwarden.policy import RULE_TYPES, PodView, SpecError, service_metric_names, snapshot_before
 from gpuwarden.sim.scenario import PACKAGED, Scenario, ScenarioError, load_scenario
 from gpuwarden.units import format_duration
 from gpuwarden.wire.node import GpuSample, ProcessUtilization, Snapshot
@@ -424,7 +424,12 @@ async def watch(
                         f"(export {HOOK_SOCKET_ENV}={hooks.path} for the job if that is not the default)"
                     )
                     if not scripted:
-                        responders.append(SuspicionResponder(hooks, display.note))
+                        before = {
+                            (p.key, rule): seconds
+                            for p in session.policies
+                            for rule, seconds in snapshot_before(p.spec.rules).items()
+                        }
+                        responders.append(SuspicionResponder(hooks, display.note, before))
                         opened.push_async_callback(responders[0].close)
             code = await _serve_until_stopped(config, sampler, scraper, registry, ring, display, stop, source)
             if code is not None:

@@ -79,9 +79,17 @@ class HookAsks:
         """(policy, rule, namespace, pod) of the findings a snapshot was asked for: one each."""
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def observe(self, policy: str, active: Iterable[Finding], places: Mapping[str, PodPlace]) -> None:
+    def observe(
+        self,
+        policy: str,
+        active: Iterable[Finding],
+        places: Mapping[str, PodPlace],
+        before: Mapping[str, float],
+    ) -> None:
         """File the asks ``policy``'s ``active`` findings call for; ``places``: the pods' nodes, by name
-        (the policy's namespace). Forgets the snapshots asked for findings no longer active."""
+        (the policy's namespace); ``before``: its memoryGrowth rules' ``snapshotBefore``, by name
+        (:func:`~gpuwarden.policy.snapshot_before`). Forgets the snapshots asked for findings no longer
+        active."""
         now = self._clock()
         self._expire(now)
         growing = [f for f in active if f.kind == GROWTH_KIND and f.pod in places]
@@ -96,9 +104,10 @@ class HookAsks:
             key = (finding.policy, finding.rule, finding.namespace, finding.pod)
             since = self._recording.get(pod)
             recorded_for = None if since is None else now - since
-            if key not in self._snapshots and snapshot_due(
-                finding.reason, finding.seconds_to_full, recorded_for
-            ):
+            due = snapshot_due(
+                finding.reason, finding.seconds_to_full, recorded_for, before.get(finding.rule)
+            )
+            if key not in self._snapshots and due:
                 self._snapshots.add(key)
                 self._file("snapshot", finding, place, now)
 

@@ -68,6 +68,7 @@ from gpuwarden.policy.rules.growth import (
     IMMINENT_REASON,
     answer_text,
     site_text,
+    snapshot_before,
     snapshot_due,
 )
 from gpuwarden.policy.scaling.decider import (
@@ -210,6 +211,7 @@ __all__ = [
     "service_metric_names",
     "service_scrape",
     "site_text",
+    "snapshot_before",
     "snapshot_due",
     "snoozed_until",
     "spec_warnings",

@@ -29,7 +29,7 @@ from gpuwarden.policy.rules.growth.model import (
     MemorySource,
 )
 from gpuwarden.policy.rules.growth.parse import BODY, parse_memory_growth
-from gpuwarden.policy.rules.growth.snapshot import snapshot_due
+from gpuwarden.policy.rules.growth.snapshot import snapshot_before, snapshot_due
 from gpuwarden.policy.rules.growth.text import answer_text, site_text
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "evaluate_growth",
     "parse_memory_growth",
     "site_text",
+    "snapshot_before",
     "snapshot_due",
 ]
 

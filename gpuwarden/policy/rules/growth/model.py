@@ -32,6 +32,10 @@ class MemoryGrowth:
     min_fit: float
     for_seconds: float = 0.0
     memory: MemorySource = MemorySource.AUTO
+    snapshot_before_seconds: float = 960.0  # 16m: IMMINENT_SECONDS, which the spans below define
+    """A hooked process under this rule's finding is asked for an allocator snapshot once its card is
+    full within this long (:func:`~gpuwarden.policy.rules.growth.snapshot.snapshot_due`); 16m, the
+    imminent horizon (:data:`IMMINENT_SECONDS`), by default."""
 
 
 MIN_SPAN_SECONDS = 240.0

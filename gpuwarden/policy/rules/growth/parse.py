@@ -53,6 +53,17 @@ MEMORY = Choice(
     choices=MemorySource,
     default=MemorySource.AUTO,
 )
+SNAPSHOT_BEFORE = Duration(
+    "snapshotBefore",
+    "When a process under this rule's finding is asked for a snapshot of its GPU allocator (the file"
+    " PyTorch's memory visualizer opens; only processes whose gpuwarden training hook opted in to"
+    " requests are asked, docs/hook.md): once the card is projected full within this long (a duration,"
+    " at least 1m) and the"
+    " allocator's history has been recorded for 30s (or at once when the card is full within a minute)."
+    " One snapshot per finding. 16m is when the finding's reason becomes GPUMemoryExhaustionImminent.",
+    default="16m",
+    minimum="1m",
+)
 BODY = Body(
     "Fires when the memory used on one of the pod's GPUs (or, with memory: host, its host memory)"
     " grows steadily (a leak), as soon as the evidence is enough: over some trailing span from 4m (or"
@@ -61,7 +72,7 @@ BODY = Body(
     " straight enough (fit at least minFit), every quarter of the span grows, it did not rise in a few"
     " jumps, and memory was not higher before the span. Reports the projected time until the GPU is"
     " full.",
-    (RATE, WINDOW, MIN_FIT, FOR, MEMORY),
+    (RATE, WINDOW, MIN_FIT, FOR, MEMORY, SNAPSHOT_BEFORE),
 )
 
 
@@ -75,4 +86,5 @@ def parse_memory_growth(name: str, obj: Mapping[str, Any], path: str) -> MemoryG
         min_fit=MIN_FIT.read(obj, path),
         for_seconds=FOR.read(obj, path),
         memory=MEMORY.read(obj, path),
+        snapshot_before_seconds=SNAPSHOT_BEFORE.read(obj, path),
     )
