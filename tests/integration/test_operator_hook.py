@@ -12,6 +12,13 @@ is that client's PID, so the kernel's ``SO_PEERCRED`` attribution is what ties t
   judged allocated memory, and names the client's leaking line.
 - ``device-growth`` (``memory: device``) watches the same process and never fires: NVML's figure is flat.
 - ``host-leak`` (``memory: host``) fires on the client's resident memory.
+
+The client opts in to the agent's requests (docs/hook.md, "In a cluster"), its allocator's history
+scripted too (``ScriptedHistory``: the leaking line keeps 64 MiB more at each reading): on
+``tensor-leak``'s finding the operator asks, through its answers to the agent's reports, that the hook
+record, then (``snapshotBefore`` far enough that the card's hours to full count as near) write a
+snapshot; each reply is an Event on the pod, the snapshot's naming the file the client wrote and the
+leaking line.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ LABELS = {"app": "trainer"}
 CLIENT = """\
 import sys, time
 from gpuwarden.hook import DeviceMemory, HookClient, ScriptedMemory, StepHook
+from gpuwarden.hook.history import ScriptedHistory, block, segments
 
 MIB = 2**20
 
@@ -45,8 +53,23 @@ def allocator():
         yield [DeviceMemory(sys.argv[2], allocated_bytes=allocated, reserved_bytes=30 * 1024 * MIB)]
 
 
+def history():
+    kept = []
+    while True:
+        torch = ("/usr/lib/python3/site-packages/torch/nn/linear.py", 125)
+        kept.append(block(64 * MIB, torch, ("train.py", 35)))
+        yield segments(*kept)
+
+
 client = HookClient(sys.argv[1])
-hook = StepHook(interval=1.0, memory=ScriptedMemory(allocator()), tracemalloc=True, client=client)
+hook = StepHook(
+    interval=1.0,
+    memory=ScriptedMemory(allocator()),
+    tracemalloc=True,
+    client=client,
+    snapshots=sys.argv[3],
+    history=ScriptedHistory(history()),
+)
 kept = []
 print("ready", flush=True)
 while True:
@@ -57,7 +80,10 @@ while True:
 LEAK_LINE = next(n for n, line in enumerate(CLIENT.splitlines(), 1) if line.endswith("# the leak"))
 
 RULES = [
-    {"name": "tensor-leak", "memoryGrowth": {"rate": "100Mi/m", "window": "1m", "minFit": 0.8}},
+    {
+        "name": "tensor-leak",
+        "memoryGrowth": {"rate": "100Mi/m", "window": "1m", "minFit": 0.8, "snapshotBefore": "24h"},
+    },
     {"name": "device-growth", "memoryGrowth": {"memory": "device", "rate": "100Mi/m", "window": "1m"}},
     {"name": "host-leak", "memoryGrowth": {"memory": "host", "rate": "100Mi/m", "window": "1m"}},
 ]
@@ -65,13 +91,18 @@ RULES = [
 
 @pytest.fixture
 def client(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
-    """The hooked process, started before the agent so that its PID can be written in the scenario."""
+    """The hooked process, started before the agent so that its PID can be written in the scenario; it
+    writes its snapshots into ``tmp_path/snaps``."""
     script = tmp_path / "hook_client.py"
     script.write_text(CLIENT)
     socket = tmp_path / "hook" / "hook.sock"
     socket.parent.mkdir(mode=0o755)
+    (tmp_path / "snaps").mkdir()
     proc = subprocess.Popen(
-        [sys.executable, str(script), str(socket), GPU_UUID], stdout=subprocess.PIPE, text=True, cwd=tmp_path
+        [sys.executable, str(script), str(socket), GPU_UUID, str(tmp_path / "snaps")],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
     )
     try:
         assert proc.stdout is not None
@@ -85,6 +116,7 @@ def client(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
 def test_the_hook_readings_reach_the_events_with_the_memory_judged_and_the_leaking_line(
     control_plane: ControlPlane,
     tmp_path_factory: pytest.TempPathFactory,
+    tmp_path: Path,
     client: tuple[subprocess.Popen[str], Path],
 ) -> None:
     proc, socket = client
@@ -100,6 +132,10 @@ def test_the_hook_readings_reach_the_events_with_the_memory_judged_and_the_leaki
                 found = {v["rule"]: v.get("message", "") for v in setup.violations("training")}
                 return found if {"tensor-leak", "host-leak"} <= found.keys() else None
 
+            def snapshot() -> list[str] | None:
+                said = [e["message"] for e in setup.events("Pod", "train-0", "GPUMemorySnapshot")]
+                return said or None
+
             violations = wait_until(
                 reasons,
                 timeout=180,
@@ -112,6 +148,15 @@ def test_the_hook_readings_reach_the_events_with_the_memory_judged_and_the_leaki
             assert "host memory" in violations["host-leak"], violations["host-leak"]
             assert "device-growth" not in violations, violations
             assert agent.metrics().get("gpuwarden_agent_hook_processes") == 1.0
+            # The finding's asks, relayed by the agent: recording, then (30 s of history later) a snapshot.
+            [said] = wait_until(snapshot, timeout=120, what="a GPUMemorySnapshot Event", alive=agent.alive)
+    recording = [e["message"] for e in setup.events("Pod", "train-0", "GPUMemoryRecording")]
+    assert len(recording) == 1, recording
+    assert recording[0].startswith(f"pid {proc.pid}: recording the allocator's history"), recording
+    snaps = sorted((tmp_path / "snaps").glob("gpuwarden-snapshot-*.pickle"))
+    assert len(snaps) == 1, snaps
+    assert said.startswith(f"pid {proc.pid} wrote {snaps[0]} ("), said
+    assert "top lines: train.py:35 holds " in said, said
     events = [e["message"] for e in setup.events("Pod", "train-0", "GPUMemoryLeakSuspected")]
     assert any(f"hook_client.py:{LEAK_LINE} +" in m for m in events), events
     assert not any("GPU memory grows" in m for m in events), events
