@@ -17,6 +17,7 @@ from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.metrics import LatestReadings
 from gpuwarden.operator.scrape import plan_node
 from gpuwarden.operator.state import MAX_RETENTION, OperatorState
+from gpuwarden.operator.suspicion import HookAsks
 from gpuwarden.policy import (
     Admission,
     PodId,
@@ -60,7 +61,8 @@ class ReportAdmission:
 
     ``records``: the stores it fills and the Kopf indexes it checks pods against; ``latest``: the
     per-pod GPU gauges' newest readings; ``accounting``: GPU time per workload, fed with what the
-    store took; ``clock``: the operator's (a ``NoPort`` scrape's time).
+    store took; ``asks``: the asks to the node's hooks, which the snapshots' ``hookReplies`` answer
+    and the answer carries (:meth:`hook_asks`); ``clock``: the operator's (a ``NoPort`` scrape's time).
     """
 
     def __init__(
@@ -70,6 +72,7 @@ class ReportAdmission:
         *,
         latest: LatestReadings,
         accounting: AccountingBook,
+        asks: HookAsks,
         clock: Callable[[], float],
     ) -> None:
         self._clusterwide = config.clusterwide
@@ -78,6 +81,7 @@ class ReportAdmission:
         self._latest = latest
         self.accounting = accounting
         """GPU time per workload, fed with what the store took."""
+        self._asks = asks
         self._clock = clock
 
     def accept(self, report: NodeReport, node: str, now: float) -> Intake:
@@ -128,6 +132,9 @@ class ReportAdmission:
                 taken = {}
             if snapshot.services:
                 self._accept_services(snapshot.services, node, admission, verdicts, asked)
+            if snapshot.hook_replies:
+                # Answers to this replica's own asks of this node (ids it keeps): timely or not.
+                self._asks.replied(node, snapshot.hook_replies)
             for key, point in points_from_snapshot(snapshot):
                 pod = (key.namespace, key.pod)
                 if pod in verdicts:
@@ -232,6 +239,10 @@ class ReportAdmission:
             # buffers) a pod it does not know yet is not held against the report.
             return "unknownPod" if self._records.pods_synced else None
         return None if node in where else "foreignPod"
+
+    def hook_asks(self, node: str) -> str | None:
+        """The asks waiting for ``node``'s hooks, as the JSON of the answer's ``hookAsks``; None: none."""
+        return self._asks.for_node(node)
 
     def plan(self, node: str) -> str | None:
         """The JSON of ``node``'s scrape plan (:mod:`gpuwarden.operator.scrape`) for the answer to its

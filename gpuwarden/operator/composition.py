@@ -9,7 +9,8 @@ client; the metrics; the TokenReview authenticator of the agents' tokens; the Ev
 Event goes through (the scaler's included); this replica's shard: leadership (peering), which is
 sharded mode's one shard of one, or in sharded mode membership with its ring and the verdict
 endpoint the other shards post to; the verdicts received and the sender of this replica's; the
-accounting book (GPU time per workload, on ``/metrics``); the admission of the agents' reports
+accounting book (GPU time per workload, on ``/metrics``); the asks to the hooks of pods under a
+leak finding (:mod:`.suspicion`); the admission of the agents' reports
 (:mod:`.admission`) and the ingest endpoint that holds it; the scaler; the reclaimer; with
 ``--node-health`` the node view; the policies' runners' parts; and the
 :class:`~gpuwarden.operator.services.Services` that start and stop the servers and background tasks.
@@ -42,6 +43,7 @@ from gpuwarden.operator.scaling import KubeScaleApi, WorkloadScaler
 from gpuwarden.operator.services import Services, prune, return_freed_memory
 from gpuwarden.operator.sharding import Leadership, Sharding, VerdictBoard, VerdictIngest, VerdictSender
 from gpuwarden.operator.state import OperatorState
+from gpuwarden.operator.suspicion import HookAsks
 from gpuwarden.wire.verdicts import VerdictReport
 
 __all__ = ["Operator", "build_operator"]
@@ -68,6 +70,8 @@ class Operator:
         """A pod was deleted: drop its records and its per-pod GPU gauges."""
         self.state.forget_pod(namespace, name)
         self.parts.metrics.latest.forget_pod(namespace, name)
+        if self.parts.asks is not None:
+            self.parts.asks.forget_pod(namespace, name)
 
 
 def build_operator(
@@ -143,12 +147,15 @@ def build_operator(
         clock,
     )
     metrics.registry.register(accounting)
+    asks = HookAsks(events, clock)
     ingest = ReportIngest(
         authenticator=authenticator,
         limiter=NodeRateLimiter(config.node_rate, config.node_burst, clock=monotonic),
         book=book,
         metrics=metrics,
-        admission=ReportAdmission(config, records, latest=metrics.latest, accounting=accounting, clock=clock),
+        admission=ReportAdmission(
+            config, records, latest=metrics.latest, accounting=accounting, asks=asks, clock=clock
+        ),
         acting=shard.acting,
         route=shard.route,
         max_body_bytes=config.max_body_bytes,
@@ -216,6 +223,7 @@ def build_operator(
         shard=shard,
         board=board,
         sender=sender,
+        asks=asks,
         scaler=scaler,
         reclaimer=reclaimer,
     )

@@ -83,20 +83,21 @@ class HookAsks:
         self,
         policy: str,
         active: Iterable[Finding],
-        places: Mapping[str, PodPlace],
+        place_of: Callable[[str], PodPlace | None],
         before: Mapping[str, float],
     ) -> None:
-        """File the asks ``policy``'s ``active`` findings call for; ``places``: the pods' nodes, by name
-        (the policy's namespace); ``before``: its memoryGrowth rules' ``snapshotBefore``, by name
-        (:func:`~gpuwarden.policy.snapshot_before`). Forgets the snapshots asked for findings no longer
-        active."""
+        """File the asks ``policy``'s ``active`` findings call for; ``place_of``: where a pod of the
+        policy's namespace runs, by name (None: not known, not asked); ``before``: its memoryGrowth
+        rules' ``snapshotBefore``, by name (:func:`~gpuwarden.policy.snapshot_before`). Forgets the
+        snapshots asked for its findings no longer active."""
         now = self._clock()
         self._expire(now)
-        growing = [f for f in active if f.kind == GROWTH_KIND and f.pod in places]
-        live = {(f.policy, f.rule, f.namespace, f.pod) for f in growing}
+        growing = [
+            (f, place) for f in active if f.kind == GROWTH_KIND and (place := place_of(f.pod)) is not None
+        ]
+        live = {(f.policy, f.rule, f.namespace, f.pod) for f, _ in growing}
         self._snapshots = {k for k in self._snapshots if k[0] != policy or k in live}
-        for finding in growing:
-            place = places[finding.pod]
+        for finding, place in growing:
             pod = (finding.namespace, finding.pod)
             if pod not in self._recording:
                 self._recording[pod] = None

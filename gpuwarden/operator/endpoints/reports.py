@@ -17,7 +17,8 @@ In order, each request is answered with the first that applies:
                                not JSON, not the schema,
                                or another schemaVersion (the message names the field)
 403   ``Forbidden``            the report names another node than the one the token's pod runs on
-200                            ``{"accepted": N, "duplicate": false, "refused": {...}, "scrape": {...}}``
+200                            ``{"accepted": N, "duplicate": false, "refused": {...}, "scrape": {...},
+                               "hookAsks": [...]}``
 ====  =======================  ===================================================
 
 The identity is the node the token is bound to: the rate limit and the duplicate
@@ -35,6 +36,8 @@ docs/operator.md, "Bounds"); empty when all were.
 ``scrape`` is the node's scrape plan (:class:`~gpuwarden.wire.scrape.ScrapePlan`: the pods of that
 node whose own metrics its agent is to read), in every 200, duplicates included; absent when there
 is nothing to scrape, which the agent reads as an empty plan (as it reads an older operator's answer).
+``hookAsks`` is what the hooks of the node's pods under a ``memoryGrowth`` finding are asked
+(:mod:`gpuwarden.operator.suspicion`), in every 200 while any waits; absent when none does.
 
 Error bodies are JSON ``{"reason": ..., "message": ...}``. A request is
 independent of every other: one bad report never costs a good one; an
@@ -239,6 +242,9 @@ class ReportIngest:
         scrape = self.admission.plan(node)
         if scrape is not None:
             body += f', "scrape": {scrape}'
+        asks = self.admission.hook_asks(node)
+        if asks is not None:
+            body += f', "hookAsks": {asks}'
         return web.Response(text=body + "}", content_type="application/json")
 
 

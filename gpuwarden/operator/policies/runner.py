@@ -51,6 +51,7 @@ from gpuwarden.operator.scaling import PolicyClaim, Scaler, ScaleResult
 from gpuwarden.operator.scrape import availability
 from gpuwarden.operator.sharding import Leadership, VerdictBoard, VerdictSender, pod_verdicts
 from gpuwarden.operator.state import OperatorState
+from gpuwarden.operator.suspicion import HookAsks, PodPlace
 from gpuwarden.policy import (
     Evaluation,
     Outcome,
@@ -63,6 +64,7 @@ from gpuwarden.policy import (
     recently_active,
     rule_kind,
     service_metric_names,
+    snapshot_before,
     spec_warnings,
 )
 from gpuwarden.wire.verdicts import SCHEMA_VERSION as VERDICT_SCHEMA_VERSION
@@ -93,6 +95,8 @@ class RunnerParts:
     """Sharded mode, on a policy's owner: the verdicts the other shards sent."""
     sender: VerdictSender
     """Sharded mode, on the others: sends the policy's owner this replica's verdicts."""
+    asks: HookAsks | None = None
+    """What the hooks of pods under a memoryGrowth finding are asked, through their nodes' agents."""
     scaler: Scaler | None = None
     reclaimer: Reclaimer | None = None
 
@@ -217,6 +221,8 @@ class PolicyRunner:
                 for spec in await announce(specs, policy=object_ref(body), pods=refs, sink=parts.events):
                     parts.metrics.events.labels(spec.type, spec.reason).inc()
             parts.metrics.set_findings(self.key.namespace, self.key.name, evaluation.active)
+            if parts.asks is not None and (before := snapshot_before(self.spec.rules)):
+                parts.asks.observe(str(self.key), evaluation.active, self._place_of(pod_records), before)
             if self.scaler is not None:
                 # Also without actions.scale: the scaler then forgets the policy and answers None, so a
                 # removed action takes its last result (a problem, the condition) with it.
@@ -226,6 +232,19 @@ class PolicyRunner:
                     evaluation, now, pod_records, str(meta.get("uid", ""))
                 )
         await self.write_status(status, now, pacing)
+
+    def _place_of(self, pod_records: list[PodRecord]) -> Callable[[str], PodPlace | None]:
+        """Where a pod of this policy's namespace runs, by name, and its Event reference."""
+        records: dict[str, PodRecord] = {}
+
+        def place_of(name: str) -> PodPlace | None:
+            if not records:
+                records.update((r.view.name, r) for r in pod_records)
+            record = records.get(name)
+            nodes = self.records.pod_nodes.get((self.key.namespace, name)) if record is not None else None
+            return PodPlace(next(iter(nodes)), record.object_ref()) if record is not None and nodes else None
+
+        return place_of
 
     def _judged_here(self, record: PodRecord) -> bool:
         """Whether this replica holds the pod's readings (sharded mode: its node is ours)."""

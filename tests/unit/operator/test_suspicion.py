@@ -78,10 +78,10 @@ async def test_a_leak_is_recorded_then_snapshotted_once_when_imminent_and_each_r
     events, clock = Events(), Clock()
     asks = HookAsks(events, clock)
     places = {"train-0": place("train-0")}
-    asks.observe("leaks", [growth()], places, {})
+    asks.observe("leaks", [growth()], places.get, {})
     assert waiting(asks) == [("train-0", "record")]
     assert asks.for_node("gpu-node-2") is None
-    asks.observe("leaks", [growth()], places, {})  # asked again in every answer, filed once
+    asks.observe("leaks", [growth()], places.get, {})  # asked again in every answer, filed once
     assert waiting(asks) == [("train-0", "record")]
     asks.replied("gpu-node-1", [reply(asks, "record")])
     await asks.drain()
@@ -89,10 +89,10 @@ async def test_a_leak_is_recorded_then_snapshotted_once_when_imminent_and_each_r
     assert events.posted[-1][:3] == ("train-0", "Normal", "GPUMemoryRecording")
     # Imminent, but the history has not run long enough to hold the leak's blocks: not yet.
     clock.now += MIN_RECORDING_S - 1
-    asks.observe("leaks", [growth(reason=IMMINENT_REASON)], places, {})
+    asks.observe("leaks", [growth(reason=IMMINENT_REASON)], places.get, {})
     assert waiting(asks) == []
     clock.now += 1
-    asks.observe("leaks", [growth(reason=IMMINENT_REASON)], places, {})
+    asks.observe("leaks", [growth(reason=IMMINENT_REASON)], places.get, {})
     assert waiting(asks) == [("train-0", "snapshot")]
     site = AllocationSite(
         file="/app/train.py", line=35, size_bytes=18 * GiB, growth_bytes=17 * GiB, count=9, memory="gpu"
@@ -116,7 +116,7 @@ async def test_a_leak_is_recorded_then_snapshotted_once_when_imminent_and_each_r
         "GPUMemorySnapshot",
         "pid 4242 wrote /snaps/gpuwarden-snapshot-4242-1.pickle (3Mi); top lines: app/train.py:35 holds 18Gi",
     )
-    asks.observe("leaks", [growth(reason=IMMINENT_REASON)], places, {})  # one per finding
+    asks.observe("leaks", [growth(reason=IMMINENT_REASON)], places.get, {})  # one per finding
     assert waiting(asks) == []
 
 
@@ -124,7 +124,10 @@ async def test_the_card_about_to_be_full_is_snapshotted_at_once_and_a_refusal_is
     events, clock = Events(), Clock()
     asks = HookAsks(events, clock)
     asks.observe(
-        "leaks", [growth(reason=IMMINENT_REASON, full_in=LAST_CHANCE_S)], {"train-0": place("train-0")}, {}
+        "leaks",
+        [growth(reason=IMMINENT_REASON, full_in=LAST_CHANCE_S)],
+        {"train-0": place("train-0")}.get,
+        {},
     )
     assert waiting(asks) == [("train-0", "record"), ("train-0", "snapshot")]
     asks.replied("gpu-node-1", [reply(asks, "snapshot", status="refused", reason="tooLarge: over 1 GiB")])
@@ -145,11 +148,11 @@ async def test_a_pod_without_a_hook_taking_requests_is_not_asked_to_record_again
     events, clock = Events(), Clock()
     asks = HookAsks(events, clock)
     places = {"train-0": place("train-0")}
-    asks.observe("leaks", [growth()], places, {})
+    asks.observe("leaks", [growth()], places.get, {})
     asks.replied(
         "gpu-node-1", [reply(asks, "record", status="refused", pid=0, reason="noHookedProcess: none")]
     )
-    asks.observe("leaks", [growth()], places, {})
+    asks.observe("leaks", [growth()], places.get, {})
     await asks.drain()
     assert waiting(asks) == []
     assert events.posted == []
@@ -159,13 +162,13 @@ async def test_replies_are_heard_only_from_the_asked_node_and_unanswered_asks_ex
     events, clock = Events(), Clock()
     asks = HookAsks(events, clock)
     places = {"train-0": place("train-0")}
-    asks.observe("leaks", [growth()], places, {})
+    asks.observe("leaks", [growth()], places.get, {})
     asks.replied("gpu-node-2", [reply(asks, "record")])  # another node answering for this one's ask
     assert waiting(asks) == [("train-0", "record")]
     clock.now += ASK_TTL_S + 1
-    asks.observe("leaks", [], places, {})
+    asks.observe("leaks", [], places.get, {})
     assert waiting(asks) == []
-    asks.observe("leaks", [growth()], places, {})  # still leaking: asked again
+    asks.observe("leaks", [growth()], places.get, {})  # still leaking: asked again
     assert waiting(asks) == [("train-0", "record")]
     await asks.drain()
     assert events.posted == []
@@ -174,7 +177,7 @@ async def test_replies_are_heard_only_from_the_asked_node_and_unanswered_asks_ex
 def test_at_most_so_many_asks_wait_for_a_node_and_a_deleted_pod_takes_its_asks() -> None:
     asks = HookAsks(Events(), Clock())
     pods = [f"train-{i}" for i in range(MAX_HOOK_ASKS + 3)]
-    asks.observe("leaks", [growth(p) for p in pods], {p: place(p) for p in pods}, {})
+    asks.observe("leaks", [growth(p) for p in pods], {p: place(p) for p in pods}.get, {})
     assert len(waiting(asks)) == MAX_HOOK_ASKS
     asks.forget_pod("ml", "train-0")
     assert len(waiting(asks)) == MAX_HOOK_ASKS - 1
@@ -186,11 +189,11 @@ async def test_a_rules_snapshot_before_moves_the_moment() -> None:
     events, clock = Events(), Clock()
     asks = HookAsks(events, clock)
     places = {"train-0": place("train-0")}
-    asks.observe("leaks", [growth(reason=IMMINENT_REASON, full_in=600)], places, {"tensor-leak": 300.0})
+    asks.observe("leaks", [growth(reason=IMMINENT_REASON, full_in=600)], places.get, {"tensor-leak": 300.0})
     asks.replied("gpu-node-1", [reply(asks, "record")])
     clock.now += MIN_RECORDING_S
-    asks.observe("leaks", [growth(reason=IMMINENT_REASON, full_in=600)], places, {"tensor-leak": 300.0})
+    asks.observe("leaks", [growth(reason=IMMINENT_REASON, full_in=600)], places.get, {"tensor-leak": 300.0})
     assert waiting(asks) == []
-    asks.observe("leaks", [growth(reason=IMMINENT_REASON, full_in=300)], places, {"tensor-leak": 300.0})
+    asks.observe("leaks", [growth(reason=IMMINENT_REASON, full_in=300)], places.get, {"tensor-leak": 300.0})
     assert waiting(asks) == [("train-0", "snapshot")]
     await asks.drain()
