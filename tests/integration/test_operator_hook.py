@@ -38,7 +38,7 @@ GPU_UUID = "GPU-hook0000-0000-4000-8000-000000000000"
 LABELS = {"app": "trainer"}
 
 CLIENT = """\
-import sys, time
+import os, sys, time
 from gpuwarden.hook import DeviceMemory, HookClient, ScriptedMemory, StepHook
 from gpuwarden.hook.history import ScriptedHistory, block, segments
 
@@ -56,7 +56,8 @@ def allocator():
 def history():
     kept = []
     while True:
-        torch = ("/usr/lib/python3/site-packages/torch/nn/linear.py", 125)
+        # The innermost frame a library's (torch's, in site-packages), as in a model's forward pass.
+        torch = (os.path.join(os.path.dirname(os.__file__), "site-packages", "torch", "nn", "linear.py"), 125)
         kept.append(block(64 * MIB, torch, ("train.py", 35)))
         yield segments(*kept)
 
