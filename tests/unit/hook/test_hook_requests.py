@@ -130,14 +130,20 @@ async def reading(hook: StepHook) -> None:
     assert hook.client.unanswered == 0
 
 
-async def ask(server: HookServer, hook: StepHook, op: str) -> HookAnswer:
-    """Ask ``op``; the hook reads the request at its next reading and answers in the one after."""
-    asked = asyncio.create_task(server.ask(os.getpid(), op, wait=10))
-    await asyncio.sleep(0)  # the request is written before the task first waits
+async def answering(hook: StepHook) -> None:
+    """The hook reads the agent's request at its next reading and answers in the one after (a snapshot
+    once its writer has finished)."""
     await reading(hook)
-    if op == "snapshot" and hook.writer is not None:
+    if hook.writer is not None:
         await asyncio.to_thread(hook.writer.wait, 10)
         await reading(hook)
+
+
+async def ask(server: HookServer, hook: StepHook, op: str) -> HookAnswer:
+    """Ask ``op`` and wait for the hook's answer."""
+    asked = asyncio.create_task(server.ask(os.getpid(), op, wait=10))
+    await asyncio.sleep(0)  # the request is written before the task first waits
+    await answering(hook)
     return await asked
 
 
@@ -435,10 +441,7 @@ async def snapshot_through(control: ControlServer, hook: StepHook, target: int |
     assert sock is not None
     # Until the agent, asked by the command, writes its request to the hook.
     await asyncio.to_thread(select.select, [sock], [], [], 10.0)
-    await reading(hook)
-    assert hook.writer is not None
-    await asyncio.to_thread(hook.writer.wait, 10)
-    await reading(hook)
+    await answering(hook)
     return await asked
 
 
