@@ -94,7 +94,7 @@ def serve(port_queue: Any, stop: Any, layout: Layout) -> None:
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
         await site.start()
-        pruning = asyncio.create_task(operator.services.tasks["gpuwarden pruning"]())
+        pruning = asyncio.create_task(operator.lifecycle.tasks["gpuwarden pruning"]())
         port_queue.put(runner.addresses[0][1])
         await asyncio.to_thread(stop.wait)
         pruning.cancel()

@@ -75,7 +75,7 @@ from gpuwarden.operator.policies.runner import PolicyRunner
 from gpuwarden.operator.resources import PodRecord, PolicyKey
 from gpuwarden.operator.sharding import Leadership, Sharding
 from gpuwarden.operator.sharding.membership import POLL_SECONDS, Member
-from gpuwarden.operator.sharding.ring import Ring, policy_key
+from gpuwarden.operator.sharding.ring import Ring, ring_key
 from gpuwarden.operator.state import OperatorState
 from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.store.series import Point, SeriesKey
@@ -136,7 +136,7 @@ class Layout:
             return "gpus"
         ring = Ring(replicas(self.shards))
         names = (f"gpus-{k}" for k in itertools.count())
-        return next(n for n in names if ring.owner(policy_key(namespace, n)) == SELF)
+        return next(n for n in names if ring.owner(ring_key(namespace, n)) == SELF)
 
     def uuid(self, node: int, gpu: int) -> str:
         return f"GPU-{node:08x}-{gpu:04x}-4000-8000-{node * GPUS + gpu:012x}"
@@ -274,7 +274,7 @@ async def serve(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> N
     state, shard = operator.state, operator.parts.shard
     shard.active = True
     membership = asyncio.create_task(keep_membership(shard, args.shards)) if args.shards else None
-    posting = asyncio.create_task(operator.services.events.run())
+    posting = asyncio.create_task(operator.lifecycle.events.run())
     # The runners as the bench has always run them: neither scaling nor reclaiming.
     parts = replace(operator.parts, scaler=None, reclaimer=None)
 
@@ -439,7 +439,7 @@ def make_certificate(directory: str) -> str:
 
 
 def server_tls(args: argparse.Namespace) -> ssl.SSLContext | None:
-    """The operator's server context (gpuwarden/operator/services.py), or None without ``--tls``."""
+    """The operator's server context (gpuwarden/operator/lifecycle.py), or None without ``--tls``."""
     if not args.tls_dir:
         return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

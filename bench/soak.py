@@ -185,7 +185,7 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
     baseline: list[tracemalloc.Snapshot] = []
     api = BenchApi()
     operator = build_operator(OperatorConfig(node_rate=20.0, max_body_bytes=8 * 2**20), api=api)  # type: ignore[arg-type]
-    state, metrics, events = operator.state, operator.parts.metrics, operator.services.events
+    state, metrics, events = operator.state, operator.parts.metrics, operator.lifecycle.events
     operator.parts.shard.active = True
     fleet = Fleet(operator, layout)
     started = time.time()
@@ -194,9 +194,9 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
     if args.tracemalloc:
         tracemalloc.start(4)  # after the prefill, which it would slow tenfold
 
-    # What Services runs in the operator (the pruning, the accounting, which resolves each new pod's
+    # What Lifecycle runs in the operator (the pruning, the accounting, which resolves each new pod's
     # workload and retires the pods gone silent, and the heap trim), and the churn.
-    work = dict(operator.services.tasks)
+    work = dict(operator.lifecycle.tasks)
     if args.no_trim:
         del work["gpuwarden heap trim"]
     background = [events.run(), fleet.churn(args.deletion_lag), *(run() for run in work.values())]

@@ -31,7 +31,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "check an install: agents sampling and reporting, policies evaluated",
     ),
     "report": (
-        "gpuwarden.operator.accounting.report",
+        "gpuwarden.operator.accounting.command",
         "GPU-hours allocated, used and idle by namespace and workload",
     ),
     "restore": ("gpuwarden.operator.reclaim.restore", "undo a reclaim: put an idle workload's replicas back"),

@@ -30,7 +30,7 @@ from gpuwarden.policy import (
 from gpuwarden.wire.node import NodeReport
 from gpuwarden.wire.scrape import ScrapeFailure, ScrapeTarget, ServiceSample, dump_plan
 
-__all__ = ["MAX_FUTURE_SKEW", "MAX_GPUS_PER_POD", "MAX_REPORT_AGE", "Intake", "ReportAdmission"]
+__all__ = ["MAX_FUTURE_SKEW", "MAX_GPUS_PER_POD", "MAX_REPORT_AGE", "Admitted", "ReportAdmission"]
 
 MAX_FUTURE_SKEW = 30.0
 """Seconds a snapshot may be ahead of the operator's clock (NTP keeps nodes within milliseconds).
@@ -48,7 +48,7 @@ _OUT_OF_SCOPE = "out_of_scope"
 
 
 @dataclass(slots=True)
-class Intake:
+class Admitted:
     """What became of an accepted report's readings."""
 
     stored: int = 0
@@ -84,7 +84,7 @@ class ReportAdmission:
         self._asks = asks
         self._clock = clock
 
-    def accept(self, report: NodeReport, node: str, now: float) -> Intake:
+    def accept(self, report: NodeReport, node: str, now: float) -> Admitted:
         """Store the readings of ``report`` from the agent of ``node``, received at ``now`` (our clock).
 
         Readings of unwatched namespaces are dropped; refused, and counted by reason: those
@@ -104,7 +104,7 @@ class ReportAdmission:
         """
         records = self._records
         add, update, health = records.store.add, self._latest.update, records.health
-        intake = Intake()
+        intake = Admitted()
         refused = intake.refused
         namespaces: set[str] = set()
         earliest, latest = now - MAX_REPORT_AGE, now + MAX_FUTURE_SKEW

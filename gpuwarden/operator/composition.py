@@ -13,7 +13,7 @@ accounting book (GPU time per workload, on ``/metrics``); the asks to the hooks 
 leak finding (:mod:`.suspicion`); the admission of the agents' reports
 (:mod:`.admission`) and the ingest endpoint that holds it; the scaler; the reclaimer; with
 ``--node-health`` the node view; the policies' runners' parts; and the
-:class:`~gpuwarden.operator.services.Services` that start and stop the servers and background tasks.
+:class:`~gpuwarden.operator.lifecycle.Lifecycle` that start and stop the servers and background tasks.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from gpuwarden.operator.admission import ReportAdmission
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.endpoints import NodeRateLimiter, ReportBook, ReportIngest, make_ingest_app
 from gpuwarden.operator.kube import EventPoster, KubeApi, TokenAuthenticator
+from gpuwarden.operator.lifecycle import Lifecycle, prune, return_freed_memory
 from gpuwarden.operator.metrics import (
     DesiredReplicasCollector,
     OperatorMetrics,
@@ -40,7 +41,6 @@ from gpuwarden.operator.policies import PolicyRunner, RunnerParts
 from gpuwarden.operator.reclaim import KubeReclaimApi, Reclaimer
 from gpuwarden.operator.resources import PolicyKey
 from gpuwarden.operator.scaling import KubeScaleApi, WorkloadScaler
-from gpuwarden.operator.services import Services, prune, return_freed_memory
 from gpuwarden.operator.sharding import Leadership, Sharding, VerdictBoard, VerdictIngest, VerdictSender
 from gpuwarden.operator.state import OperatorState
 from gpuwarden.operator.suspicion import HookAsks
@@ -59,7 +59,7 @@ class Operator:
     """``POST /v1/reports``: the agents' reports, let in by its admission."""
     parts: RunnerParts
     """What each policy's runner is given."""
-    services: Services
+    lifecycle: Lifecycle
     """The servers and background tasks (the node view's among them), started and stopped together."""
 
     def runner(self, key: PolicyKey) -> PolicyRunner:
@@ -203,7 +203,7 @@ def build_operator(
 
     metrics.watch_pods(clock=clock)
     metrics.watch_state(gauges)
-    services = Services(
+    lifecycle = Lifecycle(
         config,
         api=api,
         metrics=metrics,
@@ -227,4 +227,4 @@ def build_operator(
         scaler=scaler,
         reclaimer=reclaimer,
     )
-    return Operator(state=records, ingest=ingest, parts=parts, services=services)
+    return Operator(state=records, ingest=ingest, parts=parts, lifecycle=lifecycle)

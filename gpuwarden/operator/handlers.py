@@ -101,7 +101,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
 
 
 @kopf.on.startup(registry=registry)
-async def start_services(memo: kopf.Memo, **kwargs: Any) -> None:
+async def start_lifecycle(memo: kopf.Memo, **kwargs: Any) -> None:
     # The indexes by their names (empty this early, filled live by Kopf): which node each GPU pod runs
     # on, for the reports' pods; the pods' uids, for the node view.
     state = _operator(memo).state
@@ -110,12 +110,12 @@ async def start_services(memo: kopf.Memo, **kwargs: Any) -> None:
     state.pods = kwargs["gpu_pods"]
     state.service_pods = kwargs["service_pods"]
     state.service_policies = kwargs["service_policies"]
-    await _operator(memo).services.start()
+    await _operator(memo).lifecycle.start()
 
 
 @kopf.on.cleanup(registry=registry)
-async def stop_services(memo: kopf.Memo, **_: Any) -> None:
-    await _operator(memo).services.stop()
+async def stop_lifecycle(memo: kopf.Memo, **_: Any) -> None:
+    await _operator(memo).lifecycle.stop()
 
 
 def _has_gpu(spec: kopf.Spec, **_: Any) -> bool:

@@ -217,7 +217,7 @@ class NodeHealthMonitor:
             if node:
                 # One node's failure (a bug, an API error we did not foresee) never stops the others'.
                 try:
-                    await self._judge(node, now)
+                    await self._assess(node, now)
                 except Exception:
                     logger.exception("Judging node %s failed; it is judged again in a second.", node)
 
@@ -283,7 +283,7 @@ class NodeHealthMonitor:
         self._nodes[node] = state
         return state
 
-    async def _judge(self, node: str, now: float) -> None:
+    async def _assess(self, node: str, now: float) -> None:
         verdict = node_verdict(self.health.gpus_on(node), now, self.settings)
         if verdict is None:
             return

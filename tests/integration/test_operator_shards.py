@@ -40,7 +40,7 @@ from operator_support import (
 )
 
 from gpuwarden.operator.sharding.membership import GROUP_LABEL
-from gpuwarden.operator.sharding.ring import Ring, policy_key
+from gpuwarden.operator.sharding.ring import Ring, ring_key
 
 pytestmark = pytest.mark.integration
 
@@ -109,11 +109,11 @@ def test_three_sharded_replicas_share_the_nodes_and_survive_one_killed(
     # Who owns what, as the replicas will compute it: the policy's owner is the one killed; the agents
     # post to another replica.
     ring3 = Ring(REPLICAS)
-    killed = ring3.owner(policy_key(namespace, "idle"))
+    killed = ring3.owner(ring_key(namespace, "idle"))
     assert killed is not None
     entry = next(r for r in REPLICAS if r != killed)
     ring2 = Ring(r for r in REPLICAS if r != killed)
-    heir = ring2.owner(policy_key(namespace, "idle"))
+    heir = ring2.owner(ring_key(namespace, "idle"))
     candidates = [f"gpu-node-{i}" for i in range(2, 200)]
     # The policy's pod: on a node that its owner owns too, before and after the kill.
     watched = next(n for n in candidates if ring3.owner(n) == killed and ring2.owner(n) == heir)
@@ -266,7 +266,7 @@ def test_a_policy_whose_pods_span_shards_is_judged_whole_and_acted_on_once(
     for name in REPLICAS:
         create_plain_pod(cp, namespace, name)
     ring = Ring(REPLICAS)
-    owner = ring.owner(policy_key(namespace, "span"))
+    owner = ring.owner(ring_key(namespace, "span"))
     # One saturated pod on a node of each replica: the owner judges one, the other two send verdicts.
     candidates = [f"gpu-node-{i}" for i in range(2, 200)]
     nodes = [next(n for n in candidates if ring.owner(n) == r) for r in REPLICAS]

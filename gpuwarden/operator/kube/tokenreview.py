@@ -56,7 +56,7 @@ __all__ = [
     "TokenAuthenticator",
     "Verdict",
     "claimed_node",
-    "judge",
+    "review_from",
 ]
 
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
@@ -121,7 +121,7 @@ class Review:
     node: str = ""
 
 
-def judge(status: Mapping[str, Any], *, audience: str, username: str, pod_bound: bool = True) -> Review:
+def review_from(status: Mapping[str, Any], *, audience: str, username: str, pod_bound: bool = True) -> Review:
     """Read a TokenReview ``status``: authenticated, for ``audience``, as exactly ``username``,
     bound to a pod on a node unless ``pod_bound`` is off (the operator's replicas, which need no node)."""
     if status.get("authenticated") is not True:
@@ -212,7 +212,9 @@ class TokenAuthenticator:
         try:
             self.reviews += 1
             status = await self._review(token)
-            review = judge(status, audience=self.audience, username=self.username, pod_bound=self.pod_bound)
+            review = review_from(
+                status, audience=self.audience, username=self.username, pod_bound=self.pod_bound
+            )
         except asyncio.CancelledError:
             # The request that ran the review went away; those sharing it get an error, not a cancel.
             future.set_exception(ReviewAbandoned("the shared TokenReview was abandoned; retry"))

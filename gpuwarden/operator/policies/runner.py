@@ -282,7 +282,7 @@ class PolicyRunner:
         url = parts.shard.verdicts_to(self.key.namespace, self.key.name)
         if url is None:
             return  # ours, not settled yet (nothing to send), or an owner that takes nothing
-        judge = self._judge_by(generation, spec)
+        judge = self._evaluator_for(generation, spec)
         if judge is None:
             return
         pacing.interval = judge.spec.evaluation_interval_seconds
@@ -306,7 +306,7 @@ class PolicyRunner:
         )
         await parts.sender.send(url, report)
 
-    def _judge_by(self, generation: int | None, spec: Mapping[str, Any]) -> PolicyEvaluator | None:
+    def _evaluator_for(self, generation: int | None, spec: Mapping[str, Any]) -> PolicyEvaluator | None:
         """The evaluator that judges for the owner, by the spec of ``generation`` (None: invalid)."""
         if self._judge is not None and self._judge[0] == generation:
             return self._judge[1]

@@ -12,14 +12,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 
-__all__ = ["Ring", "policy_key"]
+__all__ = ["Ring", "ring_key"]
 
 
 def _weight(member: bytes, key: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(member + b"\0" + key, digest_size=8).digest(), "big")
 
 
-def policy_key(namespace: str, name: str) -> str:
+def ring_key(namespace: str, name: str) -> str:
     """The ring key of a policy (nodes are keyed by their name; names hold no ``/``)."""
     return f"{namespace}/{name}"
 

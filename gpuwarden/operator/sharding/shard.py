@@ -32,7 +32,7 @@ from gpuwarden.operator.sharding.membership import (
     lease_name,
     live_members,
 )
-from gpuwarden.operator.sharding.ring import policy_key
+from gpuwarden.operator.sharding.ring import ring_key
 
 __all__ = ["Sharding"]
 
@@ -83,12 +83,12 @@ class Sharding(Leadership):
 
     def acts_on_policy(self, namespace: str, name: str) -> bool:
         """Whether this replica evaluates, announces, scales and writes the status of a policy."""
-        return self.view.settled_owner(policy_key(namespace, name), self.monotonic())
+        return self.view.settled_owner(ring_key(namespace, name), self.monotonic())
 
     def verdicts_to(self, namespace: str, name: str) -> str | None:
         """Where the policy's owner in the current ring takes this replica's verdicts on it; None while
         it is ours, not settled yet, or owned by a replica that advertises no URL."""
-        owner = self.view.owner(policy_key(namespace, name))
+        owner = self.view.owner(ring_key(namespace, name))
         if owner is None or owner.identity == self.me.identity or owner.url is None:
             return None
         return verdicts_url(owner.url)

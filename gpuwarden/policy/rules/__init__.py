@@ -6,7 +6,7 @@ plot need to know of it); ``common`` holds what they share (:class:`Outcome`, :c
 :class:`WindowParams`, the evaluator's contract :data:`~gpuwarden.policy.rules.common.Judge` and
 its :class:`~gpuwarden.policy.rules.common.JudgeContext`, windows and coverage); ``activity`` the
 GPUs' activity the utilization kinds read; ``throttling`` the throttling beside their verdicts;
-``serving`` what the kinds that read the pods' own metrics share. A kind's module imports these,
+``service`` what the kinds that read the pods' own metrics share. A kind's module imports these,
 never another kind's (``tests/unit/policy/rules/test_registry.py`` holds it).
 
 Others in the policy engine import this package (the registry) and ``common``; a kind's own module

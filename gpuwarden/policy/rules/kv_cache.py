@@ -26,7 +26,7 @@ from gpuwarden.policy.rules.common import (
     percent,
     unknown,
 )
-from gpuwarden.policy.rules.serving import SERVER, SHORT_OF_REPLICAS, metric_field, metric_of, parse_source
+from gpuwarden.policy.rules.service import SERVER, SHORT_OF_REPLICAS, metric_field, metric_of, parse_source
 from gpuwarden.policy.spec.model import Server
 from gpuwarden.policy.spec.schema import Body, Check, Choice, Duration, Number
 from gpuwarden.policy.spec.servers import Metric, source_metric

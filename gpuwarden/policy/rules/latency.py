@@ -29,7 +29,7 @@ from gpuwarden.policy.rules.common import (
     on_services,
     unknown,
 )
-from gpuwarden.policy.rules.serving import SERVER, SHORT_OF_REPLICAS, metric_field, metric_of, parse_source
+from gpuwarden.policy.rules.service import SERVER, SHORT_OF_REPLICAS, metric_field, metric_of, parse_source
 from gpuwarden.policy.spec.model import Server
 from gpuwarden.policy.spec.schema import Body, Check, Choice, Duration, Integer, Number
 from gpuwarden.policy.spec.servers import Latency, Metric, source_metric

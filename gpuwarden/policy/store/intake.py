@@ -60,7 +60,7 @@ from collections.abc import Collection, Iterator, Sequence
 
 from gpuwarden.policy.store.series import HookPoint, PodId, Point, SeriesKey, UtilizationSource
 from gpuwarden.policy.store.service import Histogram, ServiceScrape
-from gpuwarden.wire.node import DeviceState, GpuSample, NodeReport, ProcessSample, Snapshot
+from gpuwarden.wire.node import DeviceState, GpuSample, NodeReport, ProcessSample, Snapshot, device_key
 from gpuwarden.wire.scrape import ServiceSample
 
 KEPT_SITES = 3
@@ -73,11 +73,6 @@ PROCESS_NAMESPACE = ""
 def process_subject(pid: int) -> str:
     """The pod name standing for a host process in local mode: ``pid/<pid>``."""
     return f"pid/{pid}"
-
-
-def device_id(gpu: GpuSample) -> str:
-    """The series' GPU id: the MIG device UUID for a MIG instance, else the GPU UUID."""
-    return gpu.mig_id or gpu.uuid
 
 
 def points_from_report(report: NodeReport) -> Iterator[tuple[SeriesKey, Point]]:
@@ -93,7 +88,7 @@ def points_from_snapshot(snapshot: Snapshot) -> Iterator[tuple[SeriesKey, Point]
     for gpu in snapshot.gpus:
         if gpu.state is not DeviceState.OK:
             continue
-        device = gpu.mig_id or gpu.uuid
+        device = gpu.mig_id or gpu.uuid  # device_key(gpu), inlined: this runs per GPU per report
         refs = gpu.pods
         if len(refs) == 1:
             # The common case, a GPU allocated to one pod that runs whatever runs on it: that pod
@@ -185,7 +180,7 @@ def points_from_processes(snapshot: Snapshot) -> Iterator[tuple[SeriesKey, Point
     for gpu in snapshot.gpus:
         if gpu.state is not DeviceState.OK or not gpu.processes:
             continue
-        device = device_id(gpu)
+        device = device_key(gpu)
         by_pid: dict[int, list[ProcessSample]] = {}
         for proc in gpu.processes:
             by_pid.setdefault(proc.pid, []).append(proc)

@@ -260,13 +260,13 @@ class ServiceStore:
 
     def current(self, pod: PodId, now: float, stale_after: float) -> ServiceScrape | None:
         """The pod's newest scrape at or before ``now`` if it is fresh and succeeded (see the class)."""
-        return self._judged(pod, now, stale_after)[0]
+        return self._usable(pod, now, stale_after)[0]
 
     def unjudged(self, pod: PodId, now: float, stale_after: float) -> str:
         """Why there is no :meth:`current` scrape to judge, in words; empty when there is one."""
-        return self._judged(pod, now, stale_after)[1]
+        return self._usable(pod, now, stale_after)[1]
 
-    def _judged(self, pod: PodId, now: float, stale_after: float) -> tuple[ServiceScrape | None, str]:
+    def _usable(self, pod: PodId, now: float, stale_after: float) -> tuple[ServiceScrape | None, str]:
         scrapes, n = self._upto(pod, now)
         if not n:
             return None, "no scrape of its metrics yet"

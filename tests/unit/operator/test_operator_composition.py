@@ -80,7 +80,7 @@ async def test_the_mode_is_chosen_once_and_not_sharded_is_a_shard_of_one(shards:
     shard = operator.parts.shard
     assert isinstance(shard, Sharding) == shards
     # The runners, the ingest and the services are all given the one shard.
-    assert operator.services.shard is shard
+    assert operator.lifecycle.shard is shard
     assert operator.ingest.route == shard.route
     if not shards:
         assert type(shard) is Leadership
@@ -92,7 +92,7 @@ async def test_the_mode_is_chosen_once_and_not_sharded_is_a_shard_of_one(shards:
         assert shard.verdicts_to("ns", "any-policy") is None
         assert shard.members() == 0
     # Only a shard of several takes other shards' verdicts: 503 Standby (no view yet), else no route.
-    client = TestClient(TestServer(operator.services.ingest_app))
+    client = TestClient(TestServer(operator.lifecycle.ingest_app))
     await client.start_server()
     try:
         rsp = await client.post("/v1/verdicts", data=b"{}")
@@ -140,9 +140,9 @@ async def test_a_scale_whose_events_meet_an_outage_and_an_etcd_stall_announces_e
     assert api.replicas == 3
     # Queued, not posted inside the evaluation round: the round never waits for the API server.
     assert api.attempts == 0
-    posting = asyncio.create_task(operator.services.events.run())
+    posting = asyncio.create_task(operator.lifecycle.events.run())
     try:
-        await asyncio.wait_for(operator.services.events.drain(), timeout=600)
+        await asyncio.wait_for(operator.lifecycle.events.drain(), timeout=600)
     finally:
         posting.cancel()
     # The policy's Event met no answer, then a stall that stored it: retried under its name, once.

@@ -23,7 +23,7 @@ async def test_a_series_that_stops_receiving_readings_is_dropped_after_the_reten
     # A pod whose last report landed after its deletion, and one still reporting.
     gone, alive = SeriesKey("ns", "gone", "GPU-1"), SeriesKey("ns", "alive", "GPU-2")
     state.store.add(gone, Point(t=T0, gpu_util=3.0))
-    pruning = asyncio.create_task(operator.services.tasks["gpuwarden pruning"]())  # as the root wired it
+    pruning = asyncio.create_task(operator.lifecycle.tasks["gpuwarden pruning"]())  # as the root wired it
     try:
         for second in range(int(MIN_RETENTION + 2 * PRUNE_SECONDS)):
             state.store.add(alive, Point(t=T0 + second, gpu_util=50.0))

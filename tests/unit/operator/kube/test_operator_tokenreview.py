@@ -16,7 +16,7 @@ from gpuwarden.operator.kube.tokenreview import (
     TokenAuthenticator,
     Verdict,
     claimed_node,
-    judge,
+    review_from,
 )
 
 AUDIENCE = "gpuwarden-operator"
@@ -34,7 +34,7 @@ def status(
 
 
 def test_accepts_the_agent_for_our_audience_as_its_pods_node() -> None:
-    review = judge(status(), audience=AUDIENCE, username=AGENT)
+    review = review_from(status(), audience=AUDIENCE, username=AGENT)
     assert review.verdict is Verdict.ACCEPTED
     assert review.node == "node-7"
 
@@ -54,7 +54,7 @@ def test_accepts_the_agent_for_our_audience_as_its_pods_node() -> None:
     ],
 )
 def test_refusals(review: dict[str, Any], verdict: Verdict, says: str) -> None:
-    result = judge(review, audience=AUDIENCE, username=AGENT)
+    result = review_from(review, audience=AUDIENCE, username=AGENT)
     assert result.verdict is verdict
     assert says in result.message
 

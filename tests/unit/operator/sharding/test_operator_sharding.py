@@ -32,7 +32,7 @@ from gpuwarden.operator.sharding.membership import (
     ShardView,
     lease_name,
 )
-from gpuwarden.operator.sharding.ring import policy_key
+from gpuwarden.operator.sharding.ring import ring_key
 from gpuwarden.operator.sharding.shard import Sharding
 from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.store.series import Point, SeriesKey
@@ -239,7 +239,7 @@ def runner_parts(config: OperatorConfig, api: Any, clock: Callable[[], float], e
 
 
 def owner_of_pol(*identities: str) -> str:
-    return view(identities[0], *(Member(i) for i in identities)).ring.owner(policy_key("ns", "pol")) or ""
+    return view(identities[0], *(Member(i) for i in identities)).ring.owner(ring_key("ns", "pol")) or ""
 
 
 async def test_only_the_policys_owner_evaluates_and_a_new_owner_does_not_announce_again(world: Any) -> None:
@@ -323,7 +323,7 @@ async def test_a_policy_spanning_shards_is_judged_on_all_its_pods_and_announced_
     ]
     for parts in (owner, shard):
         parts.records.pod_nodes = {("ns", "p"): [node_a], ("ns", "q"): [node_b]}
-    server = TestServer(owner_operator.services.ingest_app)  # /v1/reports and /v1/verdicts, as wired
+    server = TestServer(owner_operator.lifecycle.ingest_app)  # /v1/reports and /v1/verdicts, as wired
     c = TestClient(server)
     await c.start_server()
     try:

@@ -16,7 +16,7 @@ from gpuwarden.operator.sharding.membership import (
     lease_name,
     live_members,
 )
-from gpuwarden.operator.sharding.ring import Ring, policy_key
+from gpuwarden.operator.sharding.ring import Ring, ring_key
 
 NODES = [f"gpu-node-{i:05d}.pool-{i % 7}" for i in range(10_000)]
 
@@ -63,7 +63,7 @@ def test_every_replica_computes_the_same_owner_whatever_the_order() -> None:
     members = replicas(7)
     assert all(Ring(members).owner(n) == Ring(reversed(members)).owner(n) for n in NODES[:500])
     assert Ring(()).owner("any") is None
-    assert Ring(members).owner(policy_key("team-a", "idle")) in members
+    assert Ring(members).owner(ring_key("team-a", "idle")) in members
 
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from gpuwarden.accounting.report import Finding, Line, WorkloadRef, build_report, render
+from gpuwarden.accounting.table import Finding, Line, WorkloadRef, build_report, render
 
 WEB = WorkloadRef("search", "Deployment", "web")
 NB = WorkloadRef("research", "Pod", "notebook")

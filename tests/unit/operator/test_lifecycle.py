@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from tls_support import SERVICE_NAME, make_pki
 
-from gpuwarden.operator.services import reload_certificate, trim_heap
+from gpuwarden.operator.lifecycle import reload_certificate, trim_heap
 
 
 def _rss_mib() -> float:

@@ -25,7 +25,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from gpuwarden.accounting.report import FORMATS, Finding, Line, WorkloadRef, build_report, render
+from gpuwarden.accounting.table import FORMATS, Finding, Line, WorkloadRef, build_report, render
 from gpuwarden.clients import (
     LoginError,
     PrometheusClient,

@@ -32,7 +32,7 @@ from gpuwarden.operator.sharding import Leadership, VerdictSender
 from gpuwarden.operator.state import PRUNE_SECONDS, OperatorState
 from gpuwarden.serving import ConnectionCollector, ConnectionLimiter, connection_cap, raise_fd_limit, serve
 
-__all__ = ["Services", "prune", "return_freed_memory", "trim_heap"]
+__all__ = ["Lifecycle", "prune", "return_freed_memory", "trim_heap"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ async def return_freed_memory(every: float = PRUNE_SECONDS) -> None:
             return
 
 
-class Services:
+class Lifecycle:
     """Servers and tasks the operator runs besides Kopf's own; built by the composition root.
 
     ``ingest_app``: the ingest server's routes; ``shard``: the leadership loop (peering, or sharded
