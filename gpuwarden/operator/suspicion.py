@@ -114,6 +114,8 @@ class HookAsks:
 
     def for_node(self, node: str) -> str | None:
         """The answer's ``hookAsks`` for ``node`` (JSON), None when nothing waits for it."""
+        if not self._waiting:  # nearly always: this answers every report
+            return None
         asks = [w.ask for w in self._waiting.values() if w.node == node]
         return dump_asks(asks) if asks else None
 
