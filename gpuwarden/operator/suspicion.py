@@ -121,13 +121,16 @@ class HookAsks:
 
     def replied(self, node: str, replies: Sequence[HookReply]) -> None:
         """Take ``node``'s agent's replies: each one ends its ask, and says what happened in an Event."""
+        # A pod's hooked processes each reply to the same ask, together: the ask ends after all of them.
+        answered: set[int] = set()
         for reply in replies:
             waiting = self._waiting.get(reply.id)
             if waiting is None or waiting.node != node or waiting.ask.op != reply.op:
-                continue  # not ours to hear from this node (or heard already from another process)
-            if not _more_to_come(reply, replies):
-                del self._waiting[reply.id]
+                continue  # not ours to hear from this node (or heard already in an earlier snapshot)
+            answered.add(reply.id)
             self._heard(waiting, reply)
+        for id_ in answered:
+            del self._waiting[id_]
 
     def forget_pod(self, namespace: str, name: str) -> None:
         """A pod was deleted: drop its asks and what it was asked."""
@@ -204,10 +207,3 @@ class HookAsks:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-def _more_to_come(reply: HookReply, replies: Sequence[HookReply]) -> bool:
-    """Whether another process of the same ask replies later in ``replies`` (a pod of several hooked
-    processes answers once per process; the ask ends with the last of them here)."""
-    later = replies[replies.index(reply) + 1 :]
-    return any(r.id == reply.id for r in later)
