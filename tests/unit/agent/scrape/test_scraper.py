@@ -30,6 +30,15 @@ MiB = 1024 * 1024
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+# Just under the cap (about 810 kB) and valid: 9,000 series of one gauge, for the parser to chew on.
+# Built once, so that serving it costs the event loop (which the test server shares) nothing to speak of.
+BIG_PAGE = (
+    f"# TYPE {WAITING} gauge\n"
+    + "\n".join(f'{WAITING}{{model_name="m{i}",replica="{i % 7}",pad="{"x" * 20}"}} {i}' for i in range(9_000))
+    + "\n"
+)
+
+
 def vllm_page() -> bytes:
     registry = CollectorRegistry()
     latency = Histogram(LATENCY, "e2e", ["model_name"], buckets=(0.5, 1.0, 2.0), registry=registry)
@@ -100,13 +109,7 @@ class Pods:
         return web.Response(body=b"#\n" * (5 * MiB), content_type="text/plain")
 
     async def big(self, request: web.Request) -> web.Response:
-        # Just under the cap (about 810 kB) and valid: 9,000 series of one gauge, for the parser to chew on.
-        lines = [
-            f'{WAITING}{{model_name="m{i}",replica="{i % 7}",pad="{"x" * 20}"}} {i}' for i in range(9_000)
-        ]
-        return web.Response(
-            text="# TYPE " + WAITING + " gauge\n" + "\n".join(lines) + "\n", content_type="text/plain"
-        )
+        return web.Response(text=BIG_PAGE, content_type="text/plain")
 
     async def text(self, request: web.Request) -> web.Response:
         return web.Response(text="<html><body>It works!</body></html>", content_type="text/html")
@@ -270,17 +273,28 @@ async def test_hung_and_huge_pods_do_not_slow_the_good_ones(pods: Pods, registry
         target(pods, "text", "/text"),
         target(pods, "big", "/big"),
     ]
+    # What parsing the big page costs here, on this loop, now: the lag a tick would see were the
+    # scraper to parse on the loop (about 200 ms on the 2-core VM under load, 60 ms on a fast core).
+    parse = min(timed(lambda: compact(BIG_PAGE, "text/plain", [WAITING])) for _ in range(2))
     lags: list[float] = []
     ticking = asyncio.get_running_loop().create_task(ticker(lags))
     scraper.set_plan(ScrapePlan(targets=plan))
-    got = await collect(scraper, lambda g: len(g.get("good", [])) >= 4 and "hung" in g and "big" in g)
+    got = await collect(
+        scraper, lambda g: len(g.get("good", [])) >= 4 and "hung" in g and len(g.get("big", [])) >= 3
+    )
     await stop(task)
     await stop(ticking)
-    # The event loop (the agent's sampler, hook socket, /metrics and reports share it) stayed free:
-    # what a 10 ms timer was late by, at worst, while the big page was parsed and the others failed
-    # (47 ms on the 2-core VM under load; parsed on the loop, the page alone holds it about 200 ms).
-    print(f"\nevent loop lag while scraping: max {max(lags) * 1000:.1f} ms over {len(lags)} ticks")
-    assert max(lags) < 0.2
+    # The event loop (the agent's sampler, hook socket, /metrics and reports share it) stayed free while
+    # the big page was parsed three times and the others failed. Judged by the third-worst tick, against
+    # the parse's own cost: parsed on the loop, three ticks are late by a whole parse; in its thread the
+    # parser yields the GIL every 5 ms, and one descheduling of a loaded CI machine (a 208 ms tick was
+    # seen once) is one tick, not three.
+    worst = sorted(lags, reverse=True)
+    print(
+        f"\nevent loop lag while scraping: worst ticks {[round(lag * 1000, 1) for lag in worst[:3]]} ms "
+        f"over {len(lags)}; the page parsed on the loop takes {parse * 1000:.1f} ms"
+    )
+    assert worst[2] < parse / 2
     (big,) = got["big"][:1]
     assert big.error is None
     assert len(big.gauges[0].values) == 16
@@ -293,6 +307,12 @@ async def test_hung_and_huge_pods_do_not_slow_the_good_ones(pods: Pods, registry
     assert got["text"][0].error is ScrapeFailure.NOT_PROMETHEUS
     for result in ("timeout", "too_large", "not_prometheus"):
         assert value(registry, "gpuwarden_agent_service_scrapes_total", result=result) >= 1
+
+
+def timed(work: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    work()
+    return time.perf_counter() - started
 
 
 async def ticker(lags: list[float]) -> None:
