@@ -16,10 +16,12 @@ an orphan series, which the store's pruning drops once past the retention: they 
 store starts in its steady state: each pod's series pre-filled for its age, at most the retention
 (10 min).
 
-Every ``--sample-every`` seconds: the server's RSS (``/proc/<pid>/status`` VmRSS) and open file
-descriptors (``/proc/<pid>/fd``), with what it holds (series, readings) and what it did (reports,
-Events, status writes). At the end, the least-squares slope of RSS and of fds over the samples
-after ``--settle`` minutes, and of RSS over the second half of the run, per hour, printed as JSON.
+Every ``--sample-every`` seconds: the server's RSS (``/proc/<pid>/status`` VmRSS) and where it lives
+(``/proc/<pid>/smaps``: glibc's heap, other anonymous mappings, the rest), the blocks Python has
+allocated, open file descriptors (``/proc/<pid>/fd``), with what it holds (series, readings) and
+what it did (reports, Events, status writes). At the end, the least-squares slope of RSS and of fds
+over the samples after ``--settle`` minutes, and of RSS and its parts over the second half of the
+run, per hour, printed as JSON.
 
     .venv/bin/python bench/soak.py                    # 1 h
     .venv/bin/python bench/soak.py --minutes 10       # what docs/benchmarks.md reports
@@ -249,6 +251,8 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
                 "points": get("gpuwarden_operator_points_total"),
                 "series": store.series,
                 "held": store.points,
+                # Python's own objects, counted: flat while RSS rises means the C allocator keeps pages.
+                "python_blocks": sys.getallocatedblocks(),
                 # Series of pods that are gone: a report that landed after its pod's deletion.
                 "orphans": sum(1 for k in state.store.keys() if (k.namespace, k.pod) not in alive),  # noqa: SIM118
                 "replaced_pods": fleet.replaced,
@@ -290,6 +294,21 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def rss_by_region(pid: int) -> dict[str, float]:
+    """Where the RSS lives, in MiB: glibc's main heap (``[heap]``, what ``malloc`` takes below its mmap
+    threshold on the main thread), other anonymous mappings (pymalloc's arenas, large buffers, other
+    threads' malloc arenas) and the rest (code, libraries, stacks)."""
+    regions = {"heap": 0, "anon": 0, "other": 0}
+    name = ""
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and not fields[0].endswith(":"):  # a mapping's header: range perms ... [name]
+            name = fields[5] if len(fields) > 5 else ""
+        elif fields[0] == "Rss:":
+            regions["heap" if name == "[heap]" else "anon" if name == "" else "other"] += int(fields[1])
+    return {region: round(kib / 1024, 1) for region, kib in regions.items()}
 
 
 def open_fds(pid: int) -> int:
@@ -380,6 +399,8 @@ def main() -> int:
         sample = {
             "minute": round((stats["now"] - start) / 60, 2),
             "rss_mib": round(rss_mib(server_pid), 1),
+            **{f"{region}_mib": mib for region, mib in rss_by_region(server_pid).items()},
+            "python_blocks": stats["python_blocks"],
             "open_fds": open_fds(server_pid),
             "series": stats["series"],
             "readings_held": stats["held"],
@@ -443,6 +464,10 @@ def main() -> int:
         "rss_slope_mib_per_hour": slope("rss_mib"),
         "second_half_minutes": [second_half[0]["minute"], second_half[-1]["minute"]],
         "rss_slope_second_half_mib_per_hour": slope("rss_mib", second_half),
+        # Which part of the RSS moved in the second half, and whether Python's objects did.
+        "second_half_slopes_per_hour": {
+            key: slope(key, second_half) for key in ("heap_mib", "anon_mib", "other_mib", "python_blocks")
+        },
         "open_fds": spread("open_fds"),
         "fds_slope_per_hour": slope("open_fds"),
         "series": spread("series"),
