@@ -34,7 +34,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # Built once, so that serving it costs the event loop (which the test server shares) nothing to speak of.
 BIG_PAGE = (
     f"# TYPE {WAITING} gauge\n"
-    + "\n".join(f'{WAITING}{{model_name="m{i}",replica="{i % 7}",pad="{"x" * 20}"}} {i}' for i in range(9_000))
+    + "\n".join(f'{WAITING}{{model_name="m{i}",replica="{i % 7}",pad="{"x" * 20}"}} {i}' for i in range(9000))
     + "\n"
 )
 
