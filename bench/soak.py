@@ -18,19 +18,29 @@ store starts in its steady state: each pod's series pre-filled for its age, at m
 
 Every ``--sample-every`` seconds: the server's RSS (``/proc/<pid>/status`` VmRSS) and where it lives
 (``/proc/<pid>/smaps``: glibc's heap, other anonymous mappings, the rest), the blocks Python has
-allocated, open file descriptors (``/proc/<pid>/fd``), with what it holds (series, readings) and
+allocated, glibc's own account of its heap (``mallinfo2``: in use, free, mapped apart), the
+collector's runs per generation, open file descriptors (``/proc/<pid>/fd``), with what it holds
+(series, readings) and
 what it did (reports, Events, status writes). At the end, the least-squares slope of RSS and of fds
 over the samples after ``--settle`` minutes, and of RSS and its parts over the second half of the
 run, per hour, printed as JSON.
 
     .venv/bin/python bench/soak.py                    # 1 h
     .venv/bin/python bench/soak.py --minutes 10       # what docs/benchmarks.md reports
+
+To find what grows: ``--count-objects`` (live objects by type, and the untracked ones by holder),
+``--count-garbage`` (the cyclic garbage by type, collected each minute) or ``--tracemalloc``
+(allocation sites; slows the server several times). Each changes what it measures: not for the
+figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
+import ctypes.util
+import gc
 import heapq
 import json
 import multiprocessing as mp
@@ -185,6 +195,7 @@ class Fleet:
 
 async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: Any, stop_event: Any) -> None:
     baseline: list[tracemalloc.Snapshot] = []
+    counted: list[dict[str, int]] = []
     api = BenchApi()
     operator = build_operator(OperatorConfig(node_rate=20.0, max_body_bytes=8 * 2**20), api=api)  # type: ignore[arg-type]
     state, metrics, events = operator.state, operator.parts.metrics, operator.lifecycle.events
@@ -238,6 +249,15 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
             # What grew since the last sample: past the stores' warm-up, only what keeps growing.
             recent = _growth(snapshot, baseline[-1])
             baseline[1:] = [snapshot]
+        if args.count_objects:
+            holders: dict[str, int] = {}
+            counts = _objects_by_type(holders)
+            counts.update({f"held {k}": n for k, n in holders.items()})
+            if not counted:
+                counted.append(counts)
+            growth = _count_growth(counts, counted[0])
+            recent = _count_growth(counts, counted[-1])
+            counted[1:] = [counts]
         get = metrics.registry.get_sample_value
         store = state.store.stats()
         usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -253,6 +273,12 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
                 "held": store.points,
                 # Python's own objects, counted: flat while RSS rises means the C allocator keeps pages.
                 "python_blocks": sys.getallocatedblocks(),
+                "malloc_mib": _malloc_info(),
+                # The collector's generations: how often the oldest is collected decides how long
+                # cyclic garbage waits.
+                "gc_collections": [g["collections"] for g in gc.get_stats()],
+                "gc_collected": [g["collected"] for g in gc.get_stats()],
+                "gc_garbage": _garbage() if args.count_garbage else [],
                 # Series of pods that are gone: a report that landed after its pod's deletion.
                 "orphans": sum(1 for k in state.store.keys() if (k.namespace, k.pod) not in alive),  # noqa: SIM118
                 "replaced_pods": fleet.replaced,
@@ -279,6 +305,90 @@ def _growth(snapshot: tracemalloc.Snapshot, since: tracemalloc.Snapshot) -> list
         + " < ".join(f"{f.filename.rpartition('/')[2]}:{f.lineno}" for f in reversed(d.traceback))
         for d in snapshot.compare_to(since, "traceback")[:6]
     ]
+
+
+def _objects_by_type(holders: dict[str, int] | None = None) -> dict[str, int]:
+    """Live objects by type: those the collector tracks and what they hold that it does not (floats,
+    strings, ints, bytes, tuples of such), each counted once. Blind to objects only C code holds.
+    ``holders``, when given, gets the untracked objects counted by who holds them: ``int<dict<Usage``
+    (the type, its holder's, and that holder's holder where it is a dict, list or tuple)."""
+    seen: set[int] = set()
+    counts: dict[str, int] = {}
+    tracked = gc.get_objects()
+    for obj in tracked:
+        seen.add(id(obj))
+    owner: dict[int, str] = {}
+    if holders is not None:
+        for obj in tracked:
+            if type(obj) not in (dict, list, tuple, set):
+                for ref in gc.get_referents(obj):
+                    if type(ref) in (dict, list, tuple, set):
+                        owner[id(ref)] = type(obj).__qualname__
+    for obj in tracked:
+        kind = type(obj)
+        counts[kind.__qualname__] = counts.get(kind.__qualname__, 0) + 1
+        for ref in gc.get_referents(obj):
+            if id(ref) not in seen and not gc.is_tracked(ref):
+                seen.add(id(ref))
+                name = type(ref).__qualname__
+                counts[name] = counts.get(name, 0) + 1
+                if holders is not None:
+                    where = f"{name}<{kind.__qualname__}<{owner.get(id(obj), '?')}"
+                    holders[where] = holders.get(where, 0) + 1
+    del tracked
+    return counts
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+            "keepcost",
+        )
+    ]  # fmt: skip
+
+
+def _malloc_info() -> dict[str, float]:
+    """glibc's own account of its heap (``mallinfo2``), in MiB: ``in_use`` (allocated by the
+    program), ``free`` (held by malloc, not given back: what a trim could not return, or has not
+    yet), ``mmapped`` (large blocks mapped on their own); empty where there is no glibc."""
+    name = ctypes.util.find_library("c")
+    try:
+        mallinfo2 = ctypes.CDLL(name).mallinfo2 if name else None
+    except (OSError, AttributeError):
+        mallinfo2 = None
+    if mallinfo2 is None:
+        return {}
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    return {
+        "in_use": round(info.uordblks / 2**20, 1),
+        "free": round(info.fordblks / 2**20, 1),
+        "mmapped": round(info.hblkhd / 2**20, 1),
+    }
+
+
+def _garbage() -> list[str]:
+    """What a full collection now finds unreachable, by type (the ten commonest): the cyclic garbage
+    waiting for the collector."""
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        counts: dict[str, int] = {}
+        for obj in gc.garbage:
+            name = type(obj).__qualname__
+            counts[name] = counts.get(name, 0) + 1
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    return [f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])[:10]]
+
+
+def _count_growth(counts: dict[str, int], since: dict[str, int]) -> list[str]:
+    """The twelve types whose live count grew most from ``since`` to ``counts``."""
+    diffs = sorted(((n - since.get(k, 0), k) for k, n in counts.items()), reverse=True)[:12]
+    return [f"{d:+d} {k} ({counts[k]})" for d, k in diffs]
 
 
 def server_main(args: argparse.Namespace, layout: ChurningLayout, port_queue: Any, stop_event: Any) -> None:
@@ -358,6 +468,18 @@ def main() -> int:
         help="trace the server's allocations (slower); each sample then names the top growth since the "
         "first sample and since the one before",
     )
+    parser.add_argument(
+        "--count-objects",
+        action="store_true",
+        help="count the server's live objects by type at each sample (a second or two each, without "
+        "tracemalloc's slowing of every allocation); each sample then names the types that grew most",
+    )
+    parser.add_argument(
+        "--count-garbage",
+        action="store_true",
+        help="at each sample, collect the cyclic garbage and name it by type (collecting it each minute "
+        "changes what the run measures: for finding what makes cycles, not for the figures)",
+    )
     args = parser.parse_args()
     args.mode = "steady"  # what bench/ingest.py's load reads
     # Plain HTTP: the soak measures what the operator holds over time, not the TLS handshake's cost
@@ -401,6 +523,10 @@ def main() -> int:
             "rss_mib": round(rss_mib(server_pid), 1),
             **{f"{region}_mib": mib for region, mib in rss_by_region(server_pid).items()},
             "python_blocks": stats["python_blocks"],
+            "malloc_mib": stats["malloc_mib"],
+            "gc_collections": stats["gc_collections"],
+            "gc_collected": stats["gc_collected"],
+            "gc_garbage": stats["gc_garbage"],
             "open_fds": open_fds(server_pid),
             "series": stats["series"],
             "readings_held": stats["held"],
