@@ -259,6 +259,7 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
             recent = _count_growth(counts, counted[-1])
             counted[1:] = [counts]
         get = metrics.registry.get_sample_value
+        generations = gc.get_stats()
         store = state.store.stats()
         usage = resource.getrusage(resource.RUSAGE_SELF)
         alive = {(r.view.namespace, r.view.name) for records in fleet.pods.values() for r in records}
@@ -276,8 +277,8 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
                 "malloc_mib": _malloc_info(),
                 # The collector's generations: how often the oldest is collected decides how long
                 # cyclic garbage waits.
-                "gc_collections": [g["collections"] for g in gc.get_stats()],
-                "gc_collected": [g["collected"] for g in gc.get_stats()],
+                "gc_collections": [g["collections"] for g in generations],
+                "gc_collected": [g["collected"] for g in generations],
                 "gc_garbage": _garbage() if args.count_garbage else [],
                 # Series of pods that are gone: a report that landed after its pod's deletion.
                 "orphans": sum(1 for k in state.store.keys() if (k.namespace, k.pod) not in alive),  # noqa: SIM118
