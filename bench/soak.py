@@ -50,7 +50,7 @@ import sys
 import time
 import traceback
 import tracemalloc
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -195,7 +195,7 @@ class Fleet:
 
 async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: Any, stop_event: Any) -> None:
     baseline: list[tracemalloc.Snapshot] = []
-    counted: list[dict[str, int]] = []
+    counted: list[Counter[str]] = []
     api = BenchApi()
     operator = build_operator(OperatorConfig(node_rate=20.0, max_body_bytes=8 * 2**20), api=api)  # type: ignore[arg-type]
     state, metrics, events = operator.state, operator.parts.metrics, operator.lifecycle.events
@@ -250,7 +250,7 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
             recent = _growth(snapshot, baseline[-1])
             baseline[1:] = [snapshot]
         if args.count_objects:
-            holders: dict[str, int] = {}
+            holders: Counter[str] = Counter()
             counts = _objects_by_type(holders)
             counts.update({f"held {k}": n for k, n in holders.items()})
             if not counted:
@@ -308,16 +308,15 @@ def _growth(snapshot: tracemalloc.Snapshot, since: tracemalloc.Snapshot) -> list
     ]
 
 
-def _objects_by_type(holders: dict[str, int] | None = None) -> dict[str, int]:
+def _objects_by_type(holders: Counter[str] | None = None) -> Counter[str]:
     """Live objects by type: those the collector tracks and what they hold that it does not (floats,
     strings, ints, bytes, tuples of such), each counted once. Blind to objects only C code holds.
     ``holders``, when given, gets the untracked objects counted by who holds them: ``int<dict<Usage``
     (the type, its holder's, and that holder's holder where it is a dict, list or tuple)."""
-    seen: set[int] = set()
-    counts: dict[str, int] = {}
+    # Listed before the counter makes anything of its own, so that its id set and tables are not
+    # among what it counts.
     tracked = gc.get_objects()
-    for obj in tracked:
-        seen.add(id(obj))
+    seen = {id(obj) for obj in tracked}
     owner: dict[int, str] = {}
     if holders is not None:
         for obj in tracked:
@@ -325,17 +324,17 @@ def _objects_by_type(holders: dict[str, int] | None = None) -> dict[str, int]:
                 for ref in gc.get_referents(obj):
                     if type(ref) in (dict, list, tuple, set):
                         owner[id(ref)] = type(obj).__qualname__
+    counts: Counter[str] = Counter()
     for obj in tracked:
-        kind = type(obj)
-        counts[kind.__qualname__] = counts.get(kind.__qualname__, 0) + 1
+        kind = type(obj).__qualname__
+        counts[kind] += 1
         for ref in gc.get_referents(obj):
             if id(ref) not in seen and not gc.is_tracked(ref):
                 seen.add(id(ref))
                 name = type(ref).__qualname__
-                counts[name] = counts.get(name, 0) + 1
+                counts[name] += 1
                 if holders is not None:
-                    where = f"{name}<{kind.__qualname__}<{owner.get(id(obj), '?')}"
-                    holders[where] = holders.get(where, 0) + 1
+                    holders[f"{name}<{kind}<{owner.get(id(obj), '?')}"] += 1
     del tracked
     return counts
 
@@ -376,19 +375,16 @@ def _garbage() -> list[str]:
     gc.set_debug(gc.DEBUG_SAVEALL)
     try:
         gc.collect()
-        counts: dict[str, int] = {}
-        for obj in gc.garbage:
-            name = type(obj).__qualname__
-            counts[name] = counts.get(name, 0) + 1
+        counts = Counter(type(obj).__qualname__ for obj in gc.garbage)
     finally:
         gc.set_debug(0)
         gc.garbage.clear()
-    return [f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])[:10]]
+    return [f"{n} {k}" for k, n in counts.most_common(10)]
 
 
-def _count_growth(counts: dict[str, int], since: dict[str, int]) -> list[str]:
+def _count_growth(counts: Counter[str], since: Counter[str]) -> list[str]:
     """The twelve types whose live count grew most from ``since`` to ``counts``."""
-    diffs = sorted(((n - since.get(k, 0), k) for k, n in counts.items()), reverse=True)[:12]
+    diffs = sorted(((n - since[k], k) for k, n in counts.items()), reverse=True)[:12]
     return [f"{d:+d} {k} ({counts[k]})" for d, k in diffs]
 
 
@@ -463,13 +459,15 @@ def main() -> int:
         help="leave out the heap trim the operator runs after each prune (to measure without it)",
     )
     parser.add_argument("--out", type=Path, help="also write the samples here, one JSON object a line")
-    parser.add_argument(
+    # One way of finding what grows at a time: each fills the samples' growth lists.
+    finders = parser.add_mutually_exclusive_group()
+    finders.add_argument(
         "--tracemalloc",
         action="store_true",
         help="trace the server's allocations (slower); each sample then names the top growth since the "
         "first sample and since the one before",
     )
-    parser.add_argument(
+    finders.add_argument(
         "--count-objects",
         action="store_true",
         help="count the server's live objects by type at each sample (a second or two each, without "
