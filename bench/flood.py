@@ -51,6 +51,7 @@ from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.endpoints.reports import make_ingest_app
 from gpuwarden.operator.kube.tokenreview import TokenAuthenticator
+from gpuwarden.operator.memory import pace_collector
 from gpuwarden.operator.resources import PolicyKey
 from gpuwarden.operator.sharding.exchange import VerdictIngest
 from gpuwarden.wire.node import GpuSample, NodeReport, PodRef, Snapshot, dump_report
@@ -66,6 +67,7 @@ def serve(port_queue: Any, stop: Any, layout: Layout) -> None:
         api = BenchApi()
         config = OperatorConfig()
         operator = build_operator(config, api=api)  # type: ignore[arg-type]
+        pace_collector()  # as `gpuwarden operator` does once the operator is built
         state = operator.state
         operator.parts.shard.active = True
         state.pod_nodes, state.pods_synced = pod_nodes(layout), True

@@ -48,6 +48,7 @@ from ingest import TOKEN_PREFIX, BenchApi
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.endpoints.reports import make_ingest_app
+from gpuwarden.operator.memory import pace_collector
 from gpuwarden.serving import ConnectionLimiter, connection_cap, raise_fd_limit, serve
 from gpuwarden.wire.node import GpuSample, NodeReport, PodRef, Snapshot, dump_report
 
@@ -59,6 +60,7 @@ NODE = "good-node"
 
 async def _server(variant: str, fd_limit: int, port_queue: Any, stop: Any, stats_queue: Any) -> None:
     operator = build_operator(OperatorConfig(), api=BenchApi())  # type: ignore[arg-type]
+    pace_collector()  # as `gpuwarden operator` does once the operator is built
     operator.parts.shard.active = True
     app = make_ingest_app(operator.ingest)
     limiter: ConnectionLimiter | None = None

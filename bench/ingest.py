@@ -71,6 +71,7 @@ from gpuwarden import serving
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.endpoints.reports import make_ingest_app
+from gpuwarden.operator.memory import pace_collector
 from gpuwarden.operator.policies.runner import PolicyRunner
 from gpuwarden.operator.resources import PodRecord, PolicyKey
 from gpuwarden.operator.sharding import Leadership, Sharding
@@ -271,6 +272,7 @@ async def serve(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> N
     sharded = {"shards": True, "identity": SELF, "pod_namespace": "bench"} if args.shards else {}
     config = OperatorConfig(node_rate=20.0, max_body_bytes=8 * 2**20, **sharded)  # type: ignore[arg-type]
     operator = build_operator(config, api=api)  # type: ignore[arg-type]
+    pace_collector()  # as `gpuwarden operator` does once the operator is built
     state, shard = operator.state, operator.parts.shard
     shard.active = True
     membership = asyncio.create_task(keep_membership(shard, args.shards)) if args.shards else None

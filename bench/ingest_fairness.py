@@ -38,6 +38,7 @@ from ingest import TOKEN_PREFIX, BenchApi, Layout, exchange, node_gpus, pod_node
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig, parse_size
 from gpuwarden.operator.endpoints.reports import make_ingest_app
+from gpuwarden.operator.memory import pace_collector
 from gpuwarden.wire.node import NodeReport, Snapshot, dump_report
 
 
@@ -58,6 +59,7 @@ def serve(port_queue: Any, stop: Any, layout: Layout, max_body: str) -> None:
     async def main() -> None:
         config = OperatorConfig(max_body_bytes=parse_size(max_body, flag="--max-body-bytes"))
         operator = build_operator(config, api=BenchApi())  # type: ignore[arg-type]
+        pace_collector()  # as `gpuwarden operator` does once the operator is built
         operator.parts.shard.active = True
         operator.state.pod_nodes, operator.state.pods_synced = pod_nodes(layout), True
         runner = web.AppRunner(make_ingest_app(operator.ingest), access_log=None)

@@ -38,8 +38,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
-import ctypes.util
 import gc
 import heapq
 import json
@@ -75,6 +73,7 @@ from ingest import (
 from gpuwarden.operator.composition import Operator, build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.endpoints.reports import make_ingest_app
+from gpuwarden.operator.memory import GlibcHeap, pace_collector
 from gpuwarden.operator.policies.runner import PolicyRunner
 from gpuwarden.operator.resources import PodRecord, PolicyKey
 from gpuwarden.operator.state import MIN_RETENTION
@@ -197,7 +196,9 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
     baseline: list[tracemalloc.Snapshot] = []
     counted: list[Counter[str]] = []
     api = BenchApi()
+    heap = GlibcHeap.open()
     operator = build_operator(OperatorConfig(node_rate=20.0, max_body_bytes=8 * 2**20), api=api)  # type: ignore[arg-type]
+    pace_collector()  # as `gpuwarden operator` does once the operator is built
     state, metrics, events = operator.state, operator.parts.metrics, operator.lifecycle.events
     operator.parts.shard.active = True
     fleet = Fleet(operator, layout)
@@ -208,10 +209,8 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
         tracemalloc.start(4)  # after the prefill, which it would slow tenfold
 
     # What Lifecycle runs in the operator (the pruning, the accounting, which resolves each new pod's
-    # workload and retires the pods gone silent, and the heap trim), and the churn.
+    # workload and retires the pods gone silent, and the collector's and heap's upkeep), and the churn.
     work = dict(operator.lifecycle.tasks)
-    if args.no_trim:
-        del work["gpuwarden heap trim"]
     background = [events.run(), fleet.churn(args.deletion_lag), *(run() for run in work.values())]
     tasks = [asyncio.create_task(t) for t in background]
     # The runners as the soak has always run them: neither scaling nor reclaiming.
@@ -225,6 +224,17 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
         for ns in layout.namespaces
     ]
     died: list[str] = []
+    # The collector's time by generation (its runs pause the server: they are on its hot path).
+    collecting: list[float] = [0.0, 0.0, 0.0]
+    began: list[float] = [0.0]
+
+    def time_collector(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            began[0] = time.perf_counter()
+        else:
+            collecting[info["generation"]] += time.perf_counter() - began[0]
+
+    gc.callbacks.append(time_collector)
 
     def report_death(task: asyncio.Task[Any]) -> None:
         # A loop that raised would otherwise die unseen, and the soak would go on measuring a server
@@ -274,11 +284,12 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
                 "held": store.points,
                 # Python's own objects, counted: flat while RSS rises means the C allocator keeps pages.
                 "python_blocks": sys.getallocatedblocks(),
-                "malloc_mib": _malloc_info(),
+                "malloc_mib": _malloc_info(heap),
                 # The collector's generations: how often the oldest is collected decides how long
                 # cyclic garbage waits.
                 "gc_collections": [g["collections"] for g in generations],
                 "gc_collected": [g["collected"] for g in generations],
+                "gc_seconds": [round(c, 3) for c in collecting],
                 "gc_garbage": _garbage() if args.count_garbage else [],
                 # Series of pods that are gone: a report that landed after its pod's deletion.
                 "orphans": sum(1 for k in state.store.keys() if (k.namespace, k.pod) not in alive),  # noqa: SIM118
@@ -339,34 +350,11 @@ def _objects_by_type(holders: Counter[str] | None = None) -> Counter[str]:
     return counts
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-            "keepcost",
-        )
-    ]  # fmt: skip
-
-
-def _malloc_info() -> dict[str, float]:
-    """glibc's own account of its heap (``mallinfo2``), in MiB: ``in_use`` (allocated by the
-    program), ``free`` (held by malloc, not given back: what a trim could not return, or has not
-    yet), ``mmapped`` (large blocks mapped on their own); empty where there is no glibc."""
-    name = ctypes.util.find_library("c")
-    try:
-        mallinfo2 = ctypes.CDLL(name).mallinfo2 if name else None
-    except (OSError, AttributeError):
-        mallinfo2 = None
-    if mallinfo2 is None:
+def _malloc_info(heap: GlibcHeap | None) -> dict[str, float]:
+    """glibc's own account of its heap (:class:`HeapUse`) in MiB; empty where there is no glibc."""
+    if heap is None:
         return {}
-    mallinfo2.restype = _MallInfo2
-    info = mallinfo2()
-    return {
-        "in_use": round(info.uordblks / 2**20, 1),
-        "free": round(info.fordblks / 2**20, 1),
-        "mmapped": round(info.hblkhd / 2**20, 1),
-    }
+    return {name: round(value / 2**20, 1) for name, value in heap.use()._asdict().items()}
 
 
 def _garbage() -> list[str]:
@@ -453,11 +441,6 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=256, help="client connections in all")
     parser.add_argument("--server-cpu", type=int, default=0)
     parser.add_argument("--load-processes", type=int, default=0, help="default: one per other CPU")
-    parser.add_argument(
-        "--no-trim",
-        action="store_true",
-        help="leave out the heap trim the operator runs after each prune (to measure without it)",
-    )
     parser.add_argument("--out", type=Path, help="also write the samples here, one JSON object a line")
     # One way of finding what grows at a time: each fills the samples' growth lists.
     finders = parser.add_mutually_exclusive_group()
@@ -525,6 +508,7 @@ def main() -> int:
             "malloc_mib": stats["malloc_mib"],
             "gc_collections": stats["gc_collections"],
             "gc_collected": stats["gc_collected"],
+            "gc_seconds": stats["gc_seconds"],
             "gc_garbage": stats["gc_garbage"],
             "open_fds": open_fds(server_pid),
             "series": stats["series"],

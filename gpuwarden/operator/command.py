@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
     from gpuwarden.operator.composition import build_operator
     from gpuwarden.operator.handlers import registry
+    from gpuwarden.operator.memory import pace_collector
 
     kopf.configure(debug=config.debug, verbose=config.verbose, log_format=kopf.LogFormat.PLAIN)
     log = logging.getLogger("gpuwarden.operator")
@@ -45,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
         config.priority,
         "all namespaces" if config.clusterwide else "namespaces " + ", ".join(config.namespaces),
     )
+    operator = build_operator(config)
+    pace_collector()  # what exists now lives as long as the process
     try:
         kopf.run(
             clusterwide=config.clusterwide,
@@ -56,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
             identity=cast(Any, config.identity),  # Kopf's Identity is a NewType of str
             # Sharded mode: every replica runs every policy's daemon; the ring says which one acts.
             standalone=config.shards,
-            memo=kopf.Memo(operator=build_operator(config)),
+            memo=kopf.Memo(operator=operator),
             registry=registry,
         )
     except Exception as exc:

@@ -29,7 +29,8 @@ from gpuwarden.operator.admission import ReportAdmission
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.endpoints import NodeRateLimiter, ReportBook, ReportIngest, make_ingest_app
 from gpuwarden.operator.kube import EventPoster, KubeApi, TokenAuthenticator
-from gpuwarden.operator.lifecycle import Lifecycle, prune, return_freed_memory
+from gpuwarden.operator.lifecycle import Lifecycle, prune
+from gpuwarden.operator.memory import GlibcHeap, keep_memory
 from gpuwarden.operator.metrics import (
     DesiredReplicasCollector,
     OperatorMetrics,
@@ -173,7 +174,7 @@ def build_operator(
     )
     tasks: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
         "gpuwarden pruning": lambda: prune(records, clock),
-        "gpuwarden heap trim": return_freed_memory,
+        "gpuwarden memory": lambda: keep_memory(GlibcHeap.open()),
         "gpuwarden accounting": accounting.run,
     }
     if config.node_health:

@@ -5,7 +5,7 @@ Built by the composition root, started by a ``@kopf.on.startup`` handler and sto
 the ingest server (``POST /v1/reports``), the metrics server (``/metrics``,
 ``/healthz``, ``/readyz``), the leadership loop (peering verdict, or sharded mode's membership →
 pod label), the Event poster, and the tasks the composition root names: the pruning of the records
-(:func:`prune`) and the heap trim after it (:func:`return_freed_memory`), the accounting, and with
+(:func:`prune`), the heap trim (:func:`.memory.return_freed_memory`), the accounting, and with
 ``--node-health`` the node view of GPU health (:mod:`.nodehealth`). The servers go through
 :mod:`gpuwarden.serving` (timeouts, one connection cap for both under the file-descriptor limit
 raised here).
@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import logging
 import os
 import ssl
@@ -32,28 +30,12 @@ from gpuwarden.operator.sharding import Leadership, VerdictSender
 from gpuwarden.operator.state import PRUNE_SECONDS, OperatorState
 from gpuwarden.serving import ConnectionCollector, ConnectionLimiter, connection_cap, raise_fd_limit, serve
 
-__all__ = ["Lifecycle", "prune", "return_freed_memory", "trim_heap"]
+__all__ = ["Lifecycle", "prune"]
 
 logger = logging.getLogger(__name__)
 
 DRAIN_SECONDS = 5.0
 """At exit, how long queued Events get to be posted (within the pod's termination grace period)."""
-
-
-def trim_heap() -> bool:
-    """Give the C heap's free pages back to the system (glibc's ``malloc_trim``); False where there
-    is no glibc. Large buffers (the series' columns) are freed and reallocated as readings come
-    and go; glibc keeps the freed pages mapped unless asked, so resident memory creeps up while
-    what Python holds stays flat (docs/benchmarks.md, the soak)."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        trim = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):
-        return False
-    trim(0)
-    return True
 
 
 async def prune(records: OperatorState, clock: Callable[[], float]) -> None:
@@ -62,14 +44,6 @@ async def prune(records: OperatorState, clock: Callable[[], float]) -> None:
     while True:
         await asyncio.sleep(PRUNE_SECONDS)
         records.prune(clock())
-
-
-async def return_freed_memory(every: float = PRUNE_SECONDS) -> None:
-    """Forever, every ``every`` seconds, :func:`trim_heap` (after the stores' pruning has freed)."""
-    while True:
-        await asyncio.sleep(every)
-        if not trim_heap():
-            return
 
 
 class Lifecycle:
