@@ -19,7 +19,7 @@ store starts in its steady state: each pod's series pre-filled for its age, at m
 Every ``--sample-every`` seconds: the server's RSS (``/proc/<pid>/status`` VmRSS) and where it lives
 (``/proc/<pid>/smaps``: glibc's heap, other anonymous mappings, the rest), the blocks Python has
 allocated, glibc's own account of its heap (``mallinfo2``: in use, free, mapped apart), the
-collector's runs per generation, open file descriptors (``/proc/<pid>/fd``), with what it holds
+collector's runs and seconds per generation, open file descriptors (``/proc/<pid>/fd``), with what it holds
 (series, readings) and
 what it did (reports, Events, status writes). At the end, the least-squares slope of RSS and of fds
 over the samples after ``--settle`` minutes, and of RSS and its parts over the second half of the
