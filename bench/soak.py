@@ -18,12 +18,12 @@ store starts in its steady state: each pod's series pre-filled for its age, at m
 
 Every ``--sample-every`` seconds: the server's RSS (``/proc/<pid>/status`` VmRSS) and where it lives
 (``/proc/<pid>/smaps``: glibc's heap, other anonymous mappings, the rest), the blocks Python has
-allocated, glibc's own account of its heap (``mallinfo2``: in use, free, mapped apart), the
-collector's runs and seconds per generation, open file descriptors (``/proc/<pid>/fd``), with what it holds
-(series, readings) and
-what it did (reports, Events, status writes). At the end, the least-squares slope of RSS and of fds
-over the samples after ``--settle`` minutes, and of RSS and its parts over the second half of the
-run, per hour, printed as JSON.
+allocated and pymalloc's own account (its arenas now, at most and reclaimed; the bytes in live
+blocks, in free blocks and in unused pools), glibc's own account of its heap (``mallinfo2``: in use,
+free, mapped apart), the collector's runs and seconds per generation, open file descriptors
+(``/proc/<pid>/fd``), with what it holds (series, readings) and what it did (reports, Events, status
+writes). At the end, the least-squares slope of RSS and of fds over the samples after ``--settle``
+minutes, and of RSS and its parts over the second half of the run, per hour, printed as JSON.
 
     .venv/bin/python bench/soak.py                    # 1 h
     .venv/bin/python bench/soak.py --minutes 10       # what docs/benchmarks.md reports
@@ -43,8 +43,10 @@ import heapq
 import json
 import multiprocessing as mp
 import os
+import re
 import resource
 import sys
+import tempfile
 import time
 import traceback
 import tracemalloc
@@ -285,6 +287,7 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
                 # Python's own objects, counted: flat while RSS rises means the C allocator keeps pages.
                 "python_blocks": sys.getallocatedblocks(),
                 "malloc_mib": _malloc_info(heap),
+                "pymalloc": _pymalloc(),
                 # The collector's generations: how often the oldest is collected decides how long
                 # cyclic garbage waits.
                 "gc_collections": [g["collections"] for g in generations],
@@ -355,6 +358,37 @@ def _malloc_info(heap: GlibcHeap | None) -> dict[str, float]:
     if heap is None:
         return {}
     return {name: round(value / 2**20, 1) for name, value in heap.use()._asdict().items()}
+
+
+def _pymalloc() -> dict[str, float]:
+    """Python's small-object allocator's own account (``sys._debugmallocstats``, which writes to the
+    C stderr): its arenas (1 MiB each) now, at most so far and ever reclaimed, and of their bytes
+    (MiB) those in live blocks, those free in used pools and the unused pools."""
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as out:
+        saved = os.dup(2)
+        os.dup2(out.fileno(), 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+
+    def number(label: str) -> int:
+        found = re.search(rf"^{re.escape(label)}\s*=\s*([\d,]+)", text, re.MULTILINE)
+        return int(found.group(1).replace(",", "")) if found else -1
+
+    unused = re.search(r"^(\d+) unused pools \* (\d+) bytes", text, re.MULTILINE)
+    return {
+        "arenas": number("# arenas allocated current"),
+        "arenas_highwater": number("# arenas highwater mark"),
+        "arenas_reclaimed": number("# arenas reclaimed"),
+        "in_blocks_mib": round(number("# bytes in allocated blocks") / 2**20, 1),
+        "free_blocks_mib": round(number("# bytes in available blocks") / 2**20, 1),
+        "unused_pools_mib": round(int(unused.group(1)) * int(unused.group(2)) / 2**20, 1) if unused else -1,
+    }
 
 
 def _garbage() -> list[str]:
@@ -506,6 +540,7 @@ def main() -> int:
             **{f"{region}_mib": mib for region, mib in rss_by_region(server_pid).items()},
             "python_blocks": stats["python_blocks"],
             "malloc_mib": stats["malloc_mib"],
+            "pymalloc": stats["pymalloc"],
             "gc_collections": stats["gc_collections"],
             "gc_collected": stats["gc_collected"],
             "gc_seconds": stats["gc_seconds"],
