@@ -5,7 +5,7 @@ Built by the composition root, started by a ``@kopf.on.startup`` handler and sto
 the ingest server (``POST /v1/reports``), the metrics server (``/metrics``,
 ``/healthz``, ``/readyz``), the leadership loop (peering verdict, or sharded mode's membership →
 pod label), the Event poster, and the tasks the composition root names: the pruning of the records
-(:func:`prune`), the heap trim (:func:`.memory.return_freed_memory`), the accounting, and with
+(:func:`prune`), the memory's upkeep (:func:`.memory.keep_memory`), the accounting, and with
 ``--node-health`` the node view of GPU health (:mod:`.nodehealth`). The servers go through
 :mod:`gpuwarden.serving` (timeouts, one connection cap for both under the file-descriptor limit
 raised here).
