@@ -9,9 +9,10 @@ second each, 7% of a core in the collector and the server stalled meanwhile (ben
 ``gc_seconds``). Reports make next to no cyclic garbage (those full collections found ~7 objects a
 minute), so :func:`pace_collector` lets the young generation grow to :data:`YOUNG_THRESHOLD` before
 a collection, and freezes what exists at start-up (modules, classes, the composition's objects, all
-living as long as the process) out of every collection. At that pace a full collection would come
-about hourly; :func:`keep_memory` runs one every :data:`FULL_COLLECTION_SECONDS`, so that cyclic
-garbage among long-lived objects (a closed connection's, say) waits minutes, not an hour.
+living as long as the process) out of every collection. At that pace the full collections CPython
+sets off itself all but stop (the soak's hour had 11, all periodic); :func:`keep_memory` runs one every
+:data:`FULL_COLLECTION_SECONDS`, so that cyclic garbage among long-lived objects (a closed
+connection's, say) waits minutes at most.
 
 **The heap.** glibc keeps the pages of freed blocks resident until asked (``malloc_trim``), and the
 operator's allocations come and go with the load: the series' columns, each request's body and
@@ -37,7 +38,7 @@ YOUNG_THRESHOLD = 50_000
 The older generations keep CPython's pace (a collection every 10 of the one below)."""
 
 FULL_COLLECTION_SECONDS = 300.0
-"""How often every generation is collected (a quarter second with a fleet's state), then trimmed."""
+"""How often every generation is collected (~0.46 s each with the soak's state), then trimmed."""
 
 CHECK_SECONDS = 2.0
 """How often the heap's free memory is read."""
