@@ -499,7 +499,8 @@ def test_notes_warn_when_no_node_carries_the_agents_label(
     """NOTES ask the cluster which nodes carry agent.nodeSelector's label; without a cluster to ask
     (client-side --dry-run, as `helm template`) they say it was not checked."""
     cp = control_plane
-    value = secrets.token_hex(4)
+    # A letter first: PyYAML (YAML 1.1) writes 123e4567 unquoted and Helm (YAML 1.2) reads it as a number.
+    value = f"v{secrets.token_hex(4)}"
     label = f"gpuwarden.test/gpu={value}"
     values = tmp_path / "values.yaml"
     # null drops the default label: Helm merges maps.
