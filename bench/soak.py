@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import gc
 import heapq
 import json
@@ -75,12 +76,20 @@ from ingest import (
 from gpuwarden.operator.composition import Operator, build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.endpoints.reports import make_ingest_app
-from gpuwarden.operator.memory import GlibcHeap, pace_collector
+from gpuwarden.operator.memory import GlibcHeap, jemalloc_loaded, pace_collector
 from gpuwarden.operator.policies.runner import PolicyRunner
 from gpuwarden.operator.resources import PodRecord, PolicyKey
 from gpuwarden.operator.state import MIN_RETENTION
 from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.store.series import Point, SeriesKey
+
+ALLOCATORS: dict[str, dict[str, str]] = {
+    # What Dockerfile.operator sets: every object from jemalloc, preloaded (Debian's libjemalloc2).
+    "jemalloc": {"LD_PRELOAD": "libjemalloc.so.2", "PYTHONMALLOC": "malloc"},
+    # The interpreter's own: pymalloc's 1 MiB arenas for small objects, glibc for the rest.
+    "pymalloc": {},
+}
+"""The server's allocator (``--allocator``): what its environment gets."""
 
 GOLDEN = 0.6180339887498949
 """Spreads the pods' phases evenly over a lifetime (the golden-ratio sequence)."""
@@ -287,7 +296,8 @@ async def serve(args: argparse.Namespace, layout: ChurningLayout, port_queue: An
                 # Python's own objects, counted: flat while RSS rises means the C allocator keeps pages.
                 "python_blocks": sys.getallocatedblocks(),
                 "malloc_mib": _malloc_info(heap),
-                "pymalloc": _pymalloc(),
+                "pymalloc": _pymalloc() if args.allocator == "pymalloc" else {},
+                "jemalloc_mib": _jemalloc() if args.allocator == "jemalloc" else {},
                 # The collector's generations: how often the oldest is collected decides how long
                 # cyclic garbage waits.
                 "gc_collections": [g["collections"] for g in generations],
@@ -360,6 +370,22 @@ def _malloc_info(heap: GlibcHeap | None) -> dict[str, float]:
     return {name: round(value / 2**20, 1) for name, value in heap.use()._asdict().items()}
 
 
+def _jemalloc() -> dict[str, float]:
+    """jemalloc's own account (``mallctl`` ``stats.*``, refreshed by an ``epoch``), in MiB: bytes the
+    program holds (``allocated``), in pages with live objects (``active``), resident (``resident``),
+    mapped, and unmapped but kept for reuse (``retained``)."""
+    mallctl = ctypes.CDLL(None).mallctl
+    epoch = ctypes.c_uint64(1)
+    mallctl(b"epoch", None, None, ctypes.byref(epoch), ctypes.c_size_t(8))
+    out: dict[str, float] = {}
+    for name in ("allocated", "active", "resident", "mapped", "retained"):
+        value, size = ctypes.c_size_t(), ctypes.c_size_t(ctypes.sizeof(ctypes.c_size_t))
+        if mallctl(f"stats.{name}".encode(), ctypes.byref(value), ctypes.byref(size), None, 0) != 0:
+            return {}
+        out[name] = round(value.value / 2**20, 1)
+    return out
+
+
 def _pymalloc() -> dict[str, float]:
     """Python's small-object allocator's own account (``sys._debugmallocstats``, which writes to the
     C stderr): its arenas (1 MiB each) now, at most so far and ever reclaimed, and of their bytes
@@ -411,6 +437,11 @@ def _count_growth(counts: Counter[str], since: Counter[str]) -> list[str]:
 
 
 def server_main(args: argparse.Namespace, layout: ChurningLayout, port_queue: Any, stop_event: Any) -> None:
+    if jemalloc_loaded() != (args.allocator == "jemalloc"):
+        # Never measure another allocator than the one asked for without a word.
+        raise SystemExit(
+            f"soak: the server does not run on {args.allocator} (jemalloc: apt install libjemalloc2)"
+        )
     os.sched_setaffinity(0, {args.server_cpu})
     asyncio.run(serve(args, layout, port_queue, stop_event))
 
@@ -476,6 +507,13 @@ def main() -> int:
     parser.add_argument("--server-cpu", type=int, default=0)
     parser.add_argument("--load-processes", type=int, default=0, help="default: one per other CPU")
     parser.add_argument("--out", type=Path, help="also write the samples here, one JSON object a line")
+    parser.add_argument(
+        "--allocator",
+        choices=sorted(ALLOCATORS),
+        default="jemalloc",
+        help="the server's allocator: jemalloc, as the operator image runs (the default), or the "
+        "interpreter's own pymalloc",
+    )
     # One way of finding what grows at a time: each fills the samples' growth lists.
     finders = parser.add_mutually_exclusive_group()
     finders.add_argument(
@@ -513,7 +551,13 @@ def main() -> int:
     ctx = mp.get_context("spawn")
     port_queue, result_queue, stop_event = ctx.Queue(), ctx.Queue(), ctx.Event()
     server = ctx.Process(target=server_main, args=(args, layout, port_queue, stop_event))
-    server.start()
+    saved = dict(os.environ)
+    os.environ.update(ALLOCATORS[args.allocator])  # the server's alone: the load's processes keep ours
+    try:
+        server.start()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     assert server.pid is not None  # started
     server_pid = server.pid
     port = port_queue.get(timeout=900)
@@ -541,6 +585,7 @@ def main() -> int:
             "python_blocks": stats["python_blocks"],
             "malloc_mib": stats["malloc_mib"],
             "pymalloc": stats["pymalloc"],
+            "jemalloc_mib": stats["jemalloc_mib"],
             "gc_collections": stats["gc_collections"],
             "gc_collected": stats["gc_collected"],
             "gc_seconds": stats["gc_seconds"],

@@ -31,7 +31,7 @@ import ctypes.util
 import gc
 from typing import NamedTuple
 
-__all__ = ["GlibcHeap", "HeapUse", "keep_memory", "pace_collector"]
+__all__ = ["GlibcHeap", "HeapUse", "jemalloc_loaded", "keep_memory", "pace_collector"]
 
 YOUNG_THRESHOLD = 50_000
 """Allocations (less deallocations) of containers between two young collections; CPython's is 700.
@@ -78,9 +78,16 @@ class _MallInfo2(ctypes.Structure):
     ]  # fmt: skip
 
 
+def jemalloc_loaded() -> bool:
+    """Whether the process allocates with jemalloc (the operator image preloads it): its ``mallctl``
+    is then among the process's symbols."""
+    return hasattr(ctypes.CDLL(None), "mallctl")
+
+
 class GlibcHeap:
     """glibc's ``mallinfo2`` and ``malloc_trim``, looked up once. :meth:`open` is None where there
-    is no glibc (or one older than 2.33, without ``mallinfo2``): nothing to trim there."""
+    is no glibc (or one older than 2.33, without ``mallinfo2``), or where jemalloc replaced its
+    ``malloc``: nothing to trim there."""
 
     def __init__(self, libc: ctypes.CDLL) -> None:
         self._mallinfo2 = libc.mallinfo2
@@ -90,6 +97,8 @@ class GlibcHeap:
 
     @classmethod
     def open(cls) -> GlibcHeap | None:
+        if jemalloc_loaded():
+            return None  # glibc's heap holds nothing: jemalloc gives its free pages back itself
         name = ctypes.util.find_library("c")
         if name is None:
             return None
