@@ -44,7 +44,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ingest.py's server parts
 
 from aiohttp import web
-from ingest import TOKEN_PREFIX, BenchApi, Layout, exchange, node_gpus, pod_nodes
+from ingest import (
+    TOKEN_PREFIX,
+    BenchApi,
+    Layout,
+    add_allocator_argument,
+    check_allocator,
+    exchange,
+    node_gpus,
+    pod_nodes,
+    start_server,
+)
 from ingest_fairness import summary
 
 from gpuwarden.operator.composition import build_operator
@@ -240,10 +250,11 @@ def run_attack(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     port_queue, out = ctx.Queue(), ctx.Queue()
     stop, attack_stop = ctx.Event(), ctx.Event()
     server = ctx.Process(target=serve, args=(port_queue, stop, layout))
-    server.start()
+    start_server(server, args.allocator)
     pid = server.pid
     assert pid is not None
     port = port_queue.get(timeout=60)
+    check_allocator(server, args.allocator)
     samples: list[tuple[float, float]] = []
     sampling = threading.Event()
 
@@ -320,6 +331,7 @@ def main() -> None:
     parser.add_argument("--baseline", type=float, default=20.0)
     parser.add_argument("--attack", type=float, default=60.0)
     parser.add_argument("--after", type=float, default=30.0)
+    add_allocator_argument(parser)
     args = parser.parse_args()
     results = [run_attack(kind, args) for kind in args.attacks.split(",")]
     print(json.dumps({"results": results, "agents": args.agents, "cpus": os.cpu_count()}, indent=2))

@@ -66,30 +66,25 @@ from ingest import (
     Bodies,
     Layout,
     Template,
+    add_allocator_argument,
+    check_allocator,
     fetch_stats,
     policy_body,
     reading,
     serve_until_stopped,
     start_load,
+    start_server,
 )
 
 from gpuwarden.operator.composition import Operator, build_operator
 from gpuwarden.operator.config import OperatorConfig
 from gpuwarden.operator.endpoints.reports import make_ingest_app
-from gpuwarden.operator.memory import GlibcHeap, jemalloc_loaded, pace_collector
+from gpuwarden.operator.memory import GlibcHeap, pace_collector
 from gpuwarden.operator.policies.runner import PolicyRunner
 from gpuwarden.operator.resources import PodRecord, PolicyKey
 from gpuwarden.operator.state import MIN_RETENTION
 from gpuwarden.policy.engine import PodView
 from gpuwarden.policy.store.series import Point, SeriesKey
-
-ALLOCATORS: dict[str, dict[str, str]] = {
-    # What Dockerfile.operator sets: every object from jemalloc, preloaded (Debian's libjemalloc2).
-    "jemalloc": {"LD_PRELOAD": "libjemalloc.so.2", "PYTHONMALLOC": "malloc"},
-    # The interpreter's own: pymalloc's 1 MiB arenas for small objects, glibc for the rest.
-    "pymalloc": {},
-}
-"""The server's allocator (``--allocator``): what its environment gets."""
 
 GOLDEN = 0.6180339887498949
 """Spreads the pods' phases evenly over a lifetime (the golden-ratio sequence)."""
@@ -437,11 +432,6 @@ def _count_growth(counts: Counter[str], since: Counter[str]) -> list[str]:
 
 
 def server_main(args: argparse.Namespace, layout: ChurningLayout, port_queue: Any, stop_event: Any) -> None:
-    if jemalloc_loaded() != (args.allocator == "jemalloc"):
-        # Never measure another allocator than the one asked for without a word.
-        raise SystemExit(
-            f"soak: the server does not run on {args.allocator} (jemalloc: apt install libjemalloc2)"
-        )
     os.sched_setaffinity(0, {args.server_cpu})
     asyncio.run(serve(args, layout, port_queue, stop_event))
 
@@ -507,13 +497,7 @@ def main() -> int:
     parser.add_argument("--server-cpu", type=int, default=0)
     parser.add_argument("--load-processes", type=int, default=0, help="default: one per other CPU")
     parser.add_argument("--out", type=Path, help="also write the samples here, one JSON object a line")
-    parser.add_argument(
-        "--allocator",
-        choices=sorted(ALLOCATORS),
-        default="jemalloc",
-        help="the server's allocator: jemalloc, as the operator image runs (the default), or the "
-        "interpreter's own pymalloc",
-    )
+    add_allocator_argument(parser)
     # One way of finding what grows at a time: each fills the samples' growth lists.
     finders = parser.add_mutually_exclusive_group()
     finders.add_argument(
@@ -551,16 +535,11 @@ def main() -> int:
     ctx = mp.get_context("spawn")
     port_queue, result_queue, stop_event = ctx.Queue(), ctx.Queue(), ctx.Event()
     server = ctx.Process(target=server_main, args=(args, layout, port_queue, stop_event))
-    saved = dict(os.environ)
-    os.environ.update(ALLOCATORS[args.allocator])  # the server's alone: the load's processes keep ours
-    try:
-        server.start()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    start_server(server, args.allocator)
     assert server.pid is not None  # started
     server_pid = server.pid
     port = port_queue.get(timeout=900)
+    check_allocator(server, args.allocator)
     start = time.time() + 2.0
     loaders = start_load(ctx, args, port, others, result_queue, start, ChurningBodies(layout))
 

@@ -8,6 +8,8 @@
 #   iptables, conntrack           kube-proxy's Service routing    (iptables, conntrack)
 #   docker-registry               an OCI registry for the release test, `make release` pushes to it
 #                                 (tests/integration/test_release.py; run by the test, never a service)
+#   libjemalloc.so.2              the operator image's allocator, preloaded by the memory tests
+#                                 (tests/unit/operator/test_memory.py) and bench/soak.py (libjemalloc2)
 #
 # No recommends, and no service is left running: the harness (tests/integration/node.py) starts its
 # own containerd with its own root, state and socket.
@@ -28,6 +30,7 @@ want /usr/lib/cni/loopback containernetworking-plugins
 want iptables iptables
 want conntrack conntrack
 want docker-registry docker-registry
+/sbin/ldconfig -p 2>/dev/null | grep -q 'libjemalloc\.so\.2 ' || packages+=(libjemalloc2)
 mapfile -t packages < <(printf '%s\n' "${packages[@]}" | sort -u | sed '/^$/d')
 
 if [[ ${#packages[@]} -gt 0 ]]; then

@@ -67,6 +67,19 @@ def test_operator_image_runs_as_65532(images: Images) -> None:
     assert "--ingest-address" in help_text.stdout
 
 
+def test_operator_image_allocates_every_object_with_jemalloc(images: Images) -> None:
+    """What bench/soak.py measures: jemalloc preloaded, and Python's objects its (none from pymalloc's
+    arenas), so keep_memory finds no glibc heap to trim."""
+    probe = (
+        "import sys; from gpuwarden.operator.memory import GlibcHeap, jemalloc_loaded; "
+        "maps = open('/proc/self/maps').read(); "
+        "print('/libjemalloc.so' in maps, jemalloc_loaded(), sys.getallocatedblocks(), GlibcHeap.open())"
+    )
+    run = run_once(images.operator.name, _container("malloc"), "-c", probe, entrypoint="python")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["True", "True", "0", "None"], run.stdout + run.stderr
+
+
 def _container_kubeconfig(cp: ControlPlane, path: Path) -> Path:
     """The control plane's kubeconfig with its CA inline, readable by the operator's uid 65532."""
     config = yaml.safe_load(cp.kubeconfig.read_text())
