@@ -17,13 +17,14 @@ store starts in its steady state: each pod's series pre-filled for its age, at m
 (10 min).
 
 Every ``--sample-every`` seconds: the server's RSS (``/proc/<pid>/status`` VmRSS) and where it lives
-(``/proc/<pid>/smaps``: glibc's heap, other anonymous mappings, the rest), the blocks Python has
-allocated and pymalloc's own account (its arenas now, at most and reclaimed; the bytes in live
-blocks, in free blocks and in unused pools), glibc's own account of its heap (``mallinfo2``: in use,
-free, mapped apart), the collector's runs and seconds per generation, open file descriptors
-(``/proc/<pid>/fd``), with what it holds (series, readings) and what it did (reports, Events, status
-writes). At the end, the least-squares slope of RSS and of fds over the samples after ``--settle``
-minutes, and of RSS and its parts over the second half of the run, per hour, printed as JSON.
+(``/proc/<pid>/smaps``: glibc's heap, other anonymous mappings, the rest), the allocator's own
+account (``--allocator``: by default jemalloc's, as the operator image runs: bytes live, in active
+pages, resident, mapped and retained; with pymalloc its arenas now, at most and reclaimed, the bytes in
+live blocks, free blocks and unused pools, Python's allocated blocks and glibc's ``mallinfo2``), the
+collector's runs and seconds per generation, open file descriptors (``/proc/<pid>/fd``), with what it
+holds (series, readings) and what it did (reports, Events, status writes). At the end, the
+least-squares slope of RSS and of fds over the samples after ``--settle`` minutes, and of RSS and its
+parts over the second half of the run, per hour, printed as JSON.
 
     .venv/bin/python bench/soak.py                    # 1 h
     .venv/bin/python bench/soak.py --minutes 10       # what docs/benchmarks.md reports

@@ -1,5 +1,5 @@
-"""The operator process's memory: the cyclic collector's pace, and the C heap's free memory given
-back to the system (glibc) as soon as there is enough of it.
+"""The operator process's memory: the cyclic collector's pace, and, where glibc allocates, the C
+heap's free memory given back to the system as soon as there is enough of it.
 
 **The collector.** Each report allocates a few hundred containers that die within the request. At
 CPython's default pace (a young collection every 700 allocations) a collection often catches them
@@ -14,13 +14,15 @@ sets off itself all but stop (the soak's hour had 11, all periodic); :func:`keep
 :data:`FULL_COLLECTION_SECONDS`, so that cyclic garbage among long-lived objects (a closed
 connection's, say) waits minutes at most.
 
-**The heap.** glibc keeps the pages of freed blocks resident until asked (``malloc_trim``), and the
-operator's allocations come and go with the load: the series' columns, each request's body and
-objects. A burst (the server falling behind for a minute, then catching up) leaves tens of MiB free
-but resident; trimmed only on a clock, it stays until the next tick, and each burst's high-water
-mark shows as growth (docs/benchmarks.md, the soak). So :func:`keep_memory` reads the heap often,
-which is cheap (``mallinfo2``), and trims it once enough has been freed since the last trim, and at
-least every :data:`TRIM_SECONDS`.
+**The heap.** The operator image allocates every object with jemalloc (``LD_PRELOAD`` of Debian's
+``libjemalloc2`` and ``PYTHONMALLOC=malloc``, Dockerfile.operator), which gives freed pages back by
+itself; pymalloc, CPython's own, keeps each 1 MiB arena while any object in it lives, and with the
+fleet's churning state the soak's arenas crept up all hour (docs/operator.md, "Memory"). Elsewhere
+(a virtual environment) glibc's heap holds what is not pymalloc's, and glibc keeps the pages of freed
+blocks resident until asked (``malloc_trim``): a burst (the server falling behind for a minute, then
+catching up) leaves tens of MiB free but resident. So :func:`keep_memory` reads that heap often, which
+is cheap (``mallinfo2``), and trims it once enough has been freed since the last trim, and at least
+every :data:`TRIM_SECONDS`.
 """
 
 from __future__ import annotations
