@@ -43,18 +43,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ingest.py's server parts
 
+import allocators
 from aiohttp import web
-from ingest import (
-    TOKEN_PREFIX,
-    BenchApi,
-    Layout,
-    add_allocator_argument,
-    check_allocator,
-    exchange,
-    node_gpus,
-    pod_nodes,
-    start_server,
-)
+from ingest import TOKEN_PREFIX, BenchApi, Layout, exchange, node_gpus, pod_nodes
 from ingest_fairness import summary
 
 from gpuwarden.operator.composition import build_operator
@@ -250,11 +241,9 @@ def run_attack(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     port_queue, out = ctx.Queue(), ctx.Queue()
     stop, attack_stop = ctx.Event(), ctx.Event()
     server = ctx.Process(target=serve, args=(port_queue, stop, layout))
-    start_server(server, args.allocator)
+    port = allocators.start_server(server, args.allocator, port_queue, timeout=60)
     pid = server.pid
-    assert pid is not None
-    port = port_queue.get(timeout=60)
-    check_allocator(server, args.allocator)
+    assert pid is not None  # started
     samples: list[tuple[float, float]] = []
     sampling = threading.Event()
 
@@ -331,7 +320,7 @@ def main() -> None:
     parser.add_argument("--baseline", type=float, default=20.0)
     parser.add_argument("--attack", type=float, default=60.0)
     parser.add_argument("--after", type=float, default=30.0)
-    add_allocator_argument(parser)
+    allocators.add_argument(parser)
     args = parser.parse_args()
     results = [run_attack(kind, args) for kind in args.attacks.split(",")]
     print(json.dumps({"results": results, "agents": args.agents, "cpus": os.cpu_count()}, indent=2))

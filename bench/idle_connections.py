@@ -42,8 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import aiohttp
+import allocators
 from aiohttp import web
-from ingest import TOKEN_PREFIX, BenchApi, add_allocator_argument, check_allocator, start_server
+from ingest import TOKEN_PREFIX, BenchApi
 
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig
@@ -223,9 +224,7 @@ def run_variant(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     port_queue, stats_queue, stop = ctx.Queue(), ctx.Queue(), ctx.Event()
     server = ctx.Process(target=server_main, args=(variant, args.fd_limit, port_queue, stop, stats_queue))
-    start_server(server, args.allocator)
-    port = port_queue.get(timeout=60)
-    check_allocator(server, args.allocator)
+    port = allocators.start_server(server, args.allocator, port_queue, timeout=60)
     baseline = asyncio.run(good_agent(port, 3))
     rss_before = rss_mib(server.pid)  # type: ignore[arg-type]
     flood_stop = ctx.Event()
@@ -274,7 +273,7 @@ def main() -> int:
     parser.add_argument("--fd-limit", type=int, default=20_000, help="the server's descriptors (20000)")
     parser.add_argument("--seconds", type=float, default=20.0, help="how long the flood is held (20)")
     parser.add_argument("--variants", default="main,now")
-    add_allocator_argument(parser)
+    allocators.add_argument(parser)
     args = parser.parse_args()
     results = [run_variant(v, args) for v in args.variants.split(",")]
     print(json.dumps(results, indent=2))

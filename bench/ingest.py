@@ -65,6 +65,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import allocators
 from aiohttp import web
 
 from gpuwarden import serving
@@ -97,13 +98,6 @@ AGENT = "system:serviceaccount:gpuwarden-system:gpuwarden-agent"
 GPUS = 8
 TOKEN_PREFIX = "bench-token/"
 
-ALLOCATORS: dict[str, dict[str, str]] = {
-    # What Dockerfile.operator sets: every object from jemalloc, preloaded (Debian's libjemalloc2).
-    "jemalloc": {"LD_PRELOAD": "libjemalloc.so.2", "PYTHONMALLOC": "malloc"},
-    # The interpreter's own: pymalloc's 1 MiB arenas for small objects, glibc's malloc for the rest.
-    "pymalloc": {},
-}
-"""The server's allocator (``--allocator``): the variables its environment gets."""
 """A node's token is this and its name: the review binds it to that node, as a pod-bound token is."""
 
 
@@ -411,38 +405,6 @@ def server_main(args: argparse.Namespace, port_queue: Any, stop_event: Any) -> N
     profiler = cProfile.Profile()
     profiler.runcall(asyncio.run, serve(args, port_queue, stop_event))
     pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(25)
-
-
-def add_allocator_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--allocator",
-        choices=sorted(ALLOCATORS),
-        default="jemalloc",
-        help="the server's allocator: jemalloc, as the operator image runs (the default), or the "
-        "interpreter's own pymalloc",
-    )
-
-
-def start_server(process: Any, allocator: str) -> None:
-    """Start the bench's server ``process`` (a spawned one) on ``allocator``: the variables of
-    :data:`ALLOCATORS` go into its environment alone, not into the load's processes'."""
-    saved = dict(os.environ)
-    os.environ.update(ALLOCATORS[allocator])
-    try:
-        process.start()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-
-
-def check_allocator(process: Any, allocator: str) -> None:
-    """Stop the run unless the server ``process``, up, allocates with ``allocator``: a bench must
-    never measure another allocator than the one asked for without a word."""
-    jemalloc = "/libjemalloc" in Path(f"/proc/{process.pid}/maps").read_text()
-    if jemalloc != (allocator == "jemalloc"):
-        raise SystemExit(
-            f"bench: the server does not run on {allocator} (jemalloc: apt install libjemalloc2)"
-        )
 
 
 # -- TLS --------------------------------------------------------------------------------------------
@@ -757,7 +719,7 @@ def main() -> int:
         "--shards", type=int, default=0, help="sharded mode, as one of this many live replicas (0: off)"
     )
     parser.add_argument("--tls", action="store_true", help="serve the ingest over TLS, as the chart does")
-    add_allocator_argument(parser)
+    allocators.add_argument(parser)
     args = parser.parse_args()
     args.tls_dir = make_certificate(tempfile.mkdtemp(prefix="bench-tls-")) if args.tls else ""
 
@@ -769,9 +731,7 @@ def main() -> int:
     ctx = mp.get_context("spawn")
     port_queue, result_queue, stop_event = ctx.Queue(), ctx.Queue(), ctx.Event()
     server = ctx.Process(target=server_main, args=(args, port_queue, stop_event))
-    start_server(server, args.allocator)
-    port = port_queue.get(timeout=600)
-    check_allocator(server, args.allocator)
+    port = allocators.start_server(server, args.allocator, port_queue, timeout=600)
 
     seconds = args.seconds
     args.seconds = args.warmup + seconds

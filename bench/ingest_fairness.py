@@ -32,18 +32,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ingest.py's server parts
 
+import allocators
 from aiohttp import web
-from ingest import (
-    TOKEN_PREFIX,
-    BenchApi,
-    Layout,
-    add_allocator_argument,
-    check_allocator,
-    exchange,
-    node_gpus,
-    pod_nodes,
-    start_server,
-)
+from ingest import TOKEN_PREFIX, BenchApi, Layout, exchange, node_gpus, pod_nodes
 
 from gpuwarden.operator.composition import build_operator
 from gpuwarden.operator.config import OperatorConfig, parse_size
@@ -157,7 +148,7 @@ def main() -> None:
         default=str(OperatorConfig().max_body_bytes),
         help="the operator's (%(default)s bytes)",
     )
-    add_allocator_argument(parser)
+    allocators.add_argument(parser)
     args = parser.parse_args()
 
     ctx = mp.get_context("spawn")
@@ -165,9 +156,7 @@ def main() -> None:
     stop, ready, start, bulk_stop = ctx.Event(), ctx.Event(), ctx.Event(), ctx.Event()
     layout = Layout(nodes=args.bulk + 1, nodes_per_policy=args.bulk + 1)
     server = ctx.Process(target=serve, args=(port_queue, stop, layout, args.max_body_bytes))
-    start_server(server, args.allocator)
-    port = port_queue.get(timeout=60)
-    check_allocator(server, args.allocator)
+    port = allocators.start_server(server, args.allocator, port_queue, timeout=60)
     try:
         baseline = asyncio.run(probe(port, args, layout, args.seconds))
         loader = ctx.Process(target=bulk, args=(port, args, layout, ready, start, bulk_stop, out))

@@ -60,6 +60,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import allocators
 from aiohttp import web
 from ingest import (
     GPUS,
@@ -67,14 +68,11 @@ from ingest import (
     Bodies,
     Layout,
     Template,
-    add_allocator_argument,
-    check_allocator,
     fetch_stats,
     policy_body,
     reading,
     serve_until_stopped,
     start_load,
-    start_server,
 )
 
 from gpuwarden.operator.composition import Operator, build_operator
@@ -498,7 +496,7 @@ def main() -> int:
     parser.add_argument("--server-cpu", type=int, default=0)
     parser.add_argument("--load-processes", type=int, default=0, help="default: one per other CPU")
     parser.add_argument("--out", type=Path, help="also write the samples here, one JSON object a line")
-    add_allocator_argument(parser)
+    allocators.add_argument(parser)
     # One way of finding what grows at a time: each fills the samples' growth lists.
     finders = parser.add_mutually_exclusive_group()
     finders.add_argument(
@@ -520,6 +518,8 @@ def main() -> int:
         "changes what the run measures: for finding what makes cycles, not for the figures)",
     )
     args = parser.parse_args()
+    if args.minutes <= args.settle:
+        parser.error(f"--minutes {args.minutes:g} leaves no sample after --settle {args.settle:g}")
     args.mode = "steady"  # what bench/ingest.py's load reads
     # Plain HTTP: the soak measures what the operator holds over time, not the TLS handshake's cost
     # (bench/ingest.py --tls measures that).
@@ -536,11 +536,9 @@ def main() -> int:
     ctx = mp.get_context("spawn")
     port_queue, result_queue, stop_event = ctx.Queue(), ctx.Queue(), ctx.Event()
     server = ctx.Process(target=server_main, args=(args, layout, port_queue, stop_event))
-    start_server(server, args.allocator)
-    assert server.pid is not None  # started
+    port = allocators.start_server(server, args.allocator, port_queue, timeout=900)
     server_pid = server.pid
-    port = port_queue.get(timeout=900)
-    check_allocator(server, args.allocator)
+    assert server_pid is not None  # started
     start = time.time() + 2.0
     loaders = start_load(ctx, args, port, others, result_queue, start, ChurningBodies(layout))
 
