@@ -97,7 +97,6 @@ from gpuwarden.wire.node import (
 AGENT = "system:serviceaccount:gpuwarden-system:gpuwarden-agent"
 GPUS = 8
 TOKEN_PREFIX = "bench-token/"
-
 """A node's token is this and its name: the review binds it to that node, as a pod-bound token is."""
 
 
